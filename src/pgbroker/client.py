@@ -1,0 +1,277 @@
+"""The synchronous client: Broker (connections, install, queue management) and Queue.
+
+Every method builds a Query in pgbroker.queries and hands it to an executor:
+a pool (each call borrows a connection in autocommit), or one connection
+that the caller owns, for example inside ``with broker.transaction() as tx``
+so that sends and acks commit or roll back with the caller's own writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from pgbroker import queries as q
+from pgbroker.errors import from_postgres
+from pgbroker.install import InstallResult, install
+from pgbroker.models import Message, Metrics, QueueInfo, Receipt
+from pgbroker.queries import Delay, Query, Receivable
+
+T = TypeVar("T")
+
+
+class Executor(Protocol):
+    def run(self, query: Query[T]) -> T: ...
+
+
+def _run_on(conn: psycopg.Connection[Any], query: Query[T]) -> T:
+    try:
+        cursor = conn.execute(query.sql, query.params)
+        rows = cursor.fetchall() if cursor.description else []
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return query.decode(rows)
+
+
+class PoolExecutor:
+    """Runs each query on a pooled connection in autocommit: one call, one transaction."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self.pool = pool
+
+    def run(self, query: Query[T]) -> T:
+        with self.pool.connection() as conn:
+            return _run_on(conn, query)
+
+
+class ConnectionExecutor:
+    """Runs queries on one connection the caller owns, in whatever transaction it is in."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def run(self, query: Query[T]) -> T:
+        return _run_on(self.conn, query)
+
+
+class Queue:
+    """One queue, bound to an executor. Get it from Broker.queue() or Transaction.queue()."""
+
+    def __init__(self, name: str, executor: Executor) -> None:
+        self.name = name
+        self._executor = executor
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    # sending
+
+    def send(
+        self, message: Any, *, headers: Mapping[str, Any] | None = None, delay: Delay | None = None
+    ) -> int:
+        """Send one message; returns its msg_id."""
+        query = q.message_send_many(
+            self.name, [message], headers=None if headers is None else [headers], delay=delay
+        )
+        return self._executor.run(query)[0]
+
+    def send_many(
+        self,
+        messages: Iterable[Any],
+        *,
+        headers: Sequence[Mapping[str, Any] | None] | None = None,
+        delay: Delay | None = None,
+    ) -> list[int]:
+        """Send messages in one statement; returns their msg_ids in order."""
+        return self._executor.run(q.message_send_many(self.name, messages, headers=headers, delay=delay))
+
+    # reading
+
+    def read(
+        self,
+        *,
+        vt: int | timedelta = 30,
+        wait: float | timedelta = 0,
+        conditional: Mapping[str, Any] | None = None,
+    ) -> Message | None:
+        """Lease the oldest visible message for vt seconds, waiting up to ``wait`` seconds for one."""
+        found = self.read_many(1, vt=vt, wait=wait, conditional=conditional)
+        return found[0] if found else None
+
+    def read_many(
+        self,
+        qty: int,
+        *,
+        vt: int | timedelta = 30,
+        wait: float | timedelta = 0,
+        conditional: Mapping[str, Any] | None = None,
+    ) -> list[Message]:
+        """Lease up to qty visible messages, oldest first; each carries a receipt."""
+        return self._executor.run(
+            q.message_read_many(self.name, qty, vt=vt, wait=wait, conditional=conditional)
+        )
+
+    def pop(self) -> Message | None:
+        """Delete and return the oldest visible message (at-most-once delivery)."""
+        found = self.pop_many(1)
+        return found[0] if found else None
+
+    def pop_many(self, qty: int) -> list[Message]:
+        return self._executor.run(q.message_pop_many(self.name, qty))
+
+    # fenced acknowledgement
+
+    def ack(self, item: Receivable, *, archive: bool = True) -> None:
+        """Archive (or delete) a read message; StaleReceipt if its lease no longer holds."""
+        self._executor.run(q.message_ack(self.name, item, archive=archive))
+
+    def ack_many(self, items: Iterable[Receivable], *, archive: bool = True) -> list[int]:
+        """Ack every message whose receipt still holds; returns their msg_ids (stale ones are left)."""
+        return self._executor.run(q.message_ack_many(self.name, items, archive=archive))
+
+    def nack(self, item: Receivable, *, delay: int | timedelta = 0) -> None:
+        """Give a message back: visible again after ``delay`` seconds; StaleReceipt if stale."""
+        self._executor.run(q.message_nack(self.name, item, delay=delay))
+
+    def nack_many(self, items: Iterable[Receivable], *, delay: int | timedelta = 0) -> list[int]:
+        return self._executor.run(q.message_nack_many(self.name, items, delay=delay))
+
+    def extend(self, item: Receivable, *, vt: int | timedelta) -> Receipt:
+        """Make the lease end vt seconds from now; returns the new receipt (the old one is spent)."""
+        return self._executor.run(q.message_extend(self.name, item, vt=vt))
+
+    def extend_many(self, items: Iterable[Receivable], *, vt: int | timedelta) -> dict[int, Receipt]:
+        return self._executor.run(q.message_extend_many(self.name, items, vt=vt))
+
+    # unfenced, by msg_id (pgmq's semantics)
+
+    def archive(self, msg_id: int) -> bool:
+        return bool(self.archive_many([msg_id]))
+
+    def archive_many(self, msg_ids: Iterable[int]) -> list[int]:
+        return self._executor.run(q.message_archive_many(self.name, msg_ids))
+
+    def delete(self, msg_id: int) -> bool:
+        return bool(self.delete_many([msg_id]))
+
+    def delete_many(self, msg_ids: Iterable[int]) -> list[int]:
+        return self._executor.run(q.message_delete_many(self.name, msg_ids))
+
+    def set_vt(self, msg_id: int, vt: int | timedelta | datetime) -> Message | None:
+        found = self._executor.run(q.message_set_vt_many(self.name, [msg_id], vt))
+        return found[0] if found else None
+
+    # the queue as a whole
+
+    def purge(self) -> int:
+        """Delete every message (not the archive); returns how many there were."""
+        return self._executor.run(q.queue_purge(self.name))
+
+    def metrics(self) -> Metrics:
+        return self._executor.run(q.queue_metrics(self.name))
+
+
+class Transaction:
+    """A transaction on one connection, shared by the caller's own SQL and pgbroker's."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.connection = conn
+        self._executor = ConnectionExecutor(conn)
+
+    def queue(self, name: str) -> Queue:
+        return Queue(name, self._executor)
+
+
+class Broker:
+    """Entry point: a DSN (pooled), a pool, or a single connection.
+
+    With none of them the DSN comes from DATABASE_URL, else the embedded
+    cluster is started (see pgbroker.dsn).
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: ConnectionPool | None = None,
+        connection: psycopg.Connection[Any] | None = None,
+        max_connections: int = 10,
+    ) -> None:
+        if sum(x is not None for x in (dsn, pool, connection)) > 1:
+            raise ValueError("pass at most one of dsn, pool and connection")
+        self._owned_pool: ConnectionPool | None = None
+        self._connection = connection
+        if connection is None and pool is None:
+            from pgbroker.dsn import resolve_dsn
+
+            pool = ConnectionPool(
+                resolve_dsn(dsn),
+                min_size=1,
+                max_size=max_connections,
+                kwargs={"autocommit": True},
+                check=ConnectionPool.check_connection,
+                open=True,
+                name="pgbroker",
+            )
+            self._owned_pool = pool
+        self._pool = pool
+        self._executor: Executor = (
+            ConnectionExecutor(connection) if connection is not None else PoolExecutor(pool)  # type: ignore[arg-type]
+        )
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the pool this broker opened (a pool or connection passed in is left open)."""
+        if self._owned_pool is not None:
+            self._owned_pool.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._connection is not None:
+            yield self._connection
+        else:
+            assert self._pool is not None
+            with self._pool.connection() as conn:
+                yield conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """A transaction whose queue operations commit or roll back with the caller's own SQL."""
+        with self.connection() as conn, conn.transaction():
+            yield Transaction(conn)
+
+    def install(self) -> InstallResult:
+        """Install or upgrade the schema (idempotent)."""
+        with self.connection() as conn:
+            return install(conn)
+
+    def queue(self, name: str) -> Queue:
+        return Queue(name, self._executor)
+
+    def create_queue(self, name: str, *, unlogged: bool = False) -> Queue:
+        """Create a queue if it does not exist (idempotent) and return it."""
+        self._executor.run(q.queue_create(name, unlogged=unlogged))
+        return self.queue(name)
+
+    def drop_queue(self, name: str) -> bool:
+        """Drop a queue and its archive; False when there was no such queue."""
+        return self._executor.run(q.queue_drop(name))
+
+    def list_queues(self) -> list[QueueInfo]:
+        return self._executor.run(q.queue_list())
+
+    def metrics(self, name: str) -> Metrics:
+        return self._executor.run(q.queue_metrics(name))
+
+    def metrics_all(self) -> list[Metrics]:
+        return self._executor.run(q.queue_metrics_all())

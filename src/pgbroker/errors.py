@@ -1,0 +1,92 @@
+"""Typed exceptions, and the mapping from Postgres errors to them.
+
+The SQL engine raises its own errors with SQLSTATEs of class PB (see
+sql/migrations/0001_pgmq_core.sql), so the mapping is by code, never by
+message text. Every exception keeps the server's message and hint, which
+name what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import errors as pg_errors
+
+
+class PgbrokerError(Exception):
+    """Base class of every error pgbroker raises."""
+
+    sqlstate: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint or None
+
+    def __str__(self) -> str:
+        return f"{self.message}\nhint: {self.hint}" if self.hint else self.message
+
+
+class InvalidQueueName(PgbrokerError):
+    """The queue name is empty, too long, or contains forbidden characters."""
+
+
+class QueueNotFound(PgbrokerError):
+    """The queue was never created, or was dropped."""
+
+
+class QueueNameConflict(PgbrokerError):
+    """A queue with the same name in another letter case exists."""
+
+
+class StaleReceipt(PgbrokerError):
+    """The receipt no longer holds: lease expired, or message redelivered, nacked or acked."""
+
+
+class InvalidArgument(PgbrokerError, ValueError):
+    """An argument is out of range, null where a value is needed, or malformed."""
+
+
+class InvalidMessage(InvalidArgument):
+    """A payload or headers object is not valid JSON."""
+
+
+class MessageTooLarge(InvalidMessage):
+    """A message is larger than pgbroker.max_message_bytes."""
+
+
+class NotInstalled(PgbrokerError):
+    """The database has no pgbroker schema (run `pgbroker install`)."""
+
+
+class InstallError(PgbrokerError):
+    """The schema cannot be installed or upgraded in this database."""
+
+
+class DatabaseError(PgbrokerError):
+    """Any other database error, passed through with its SQLSTATE."""
+
+
+_BY_SQLSTATE: dict[str, type[PgbrokerError]] = {
+    "PB001": InvalidQueueName,
+    "PB002": QueueNotFound,
+    "PB003": StaleReceipt,
+    "PB004": QueueNameConflict,
+    "PB005": MessageTooLarge,
+    "PB007": InvalidArgument,
+    "22P02": InvalidMessage,  # invalid text representation, e.g. bad JSON
+}
+
+
+def from_postgres(exc: psycopg.Error) -> PgbrokerError:
+    """The pgbroker exception for a psycopg error."""
+    diag = exc.diag
+    sqlstate = diag.sqlstate or ""
+    message = diag.message_primary or str(exc).strip()
+    hint = diag.message_hint
+    cls = _BY_SQLSTATE.get(sqlstate)
+    missing_schema = isinstance(exc, (pg_errors.UndefinedFunction, pg_errors.InvalidSchemaName))
+    if cls is None and missing_schema and ("pgmq" in message or "pgbroker" in message):
+        cls, hint = NotInstalled, "Install the schema first: pgbroker install (or Broker.install())."
+    error = (cls or DatabaseError)(message, hint=hint)
+    error.sqlstate = sqlstate or None
+    return error

@@ -1,0 +1,80 @@
+"""Typed records returned by the clients: messages, receipts, queues, metrics."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pgbroker.errors import InvalidArgument
+
+_RECEIPT = re.compile(r"^(\d{1,19}):(\d{1,10}):(-?\d{1,19})$")
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """Proof of one delivery of one message, needed to ack, nack or extend it.
+
+    Its text form ``<msg_id>:<read_ct>:<lease>`` is made by the SQL function
+    pgbroker.receipt(); here it is only carried and parsed, never computed.
+    """
+
+    msg_id: int
+    read_ct: int
+    lease: int  # the lease's end (the message's vt) in microseconds since the epoch
+
+    @classmethod
+    def parse(cls, token: str) -> Receipt:
+        match = _RECEIPT.match(token.strip())
+        if match is None:
+            raise InvalidArgument(
+                f"malformed receipt {token!r}: expected <msg_id>:<read_ct>:<lease>",
+                hint="Pass the receipt exactly as the read returned it.",
+            )
+        return cls(int(match[1]), int(match[2]), int(match[3]))
+
+    def __str__(self) -> str:
+        return f"{self.msg_id}:{self.read_ct}:{self.lease}"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as read, popped or returned by set_vt.
+
+    ``receipt`` is set for messages read through pgbroker (a lease is held)
+    and is None for popped messages and set_vt results.
+    """
+
+    msg_id: int
+    read_ct: int
+    enqueued_at: datetime
+    last_read_at: datetime | None
+    vt: datetime
+    message: Any
+    headers: dict[str, Any] | None
+    receipt: Receipt | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A row of pgmq.list_queues()."""
+
+    queue_name: str
+    is_partitioned: bool
+    is_unlogged: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """A row of pgmq.metrics(); ages in whole seconds, None when the queue is empty."""
+
+    queue_name: str
+    queue_length: int
+    newest_msg_age_sec: int | None
+    oldest_msg_age_sec: int | None
+    total_messages: int
+    scrape_time: datetime
+    queue_visible_length: int
+    default_partition_length: int

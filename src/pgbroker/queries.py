@@ -1,0 +1,279 @@
+"""The query layer shared by the sync and asyncio clients.
+
+Each function here turns one client operation into a Query: the SQL text
+(from sql/queries.sql), its parameters, and how to decode the rows. It does
+no I/O, so a sync and an async executor can run the same Query objects and
+no operation is written twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
+
+from pgbroker import sql
+from pgbroker.errors import InvalidArgument, InvalidMessage
+from pgbroker.models import Message, Metrics, QueueInfo, Receipt
+
+T = TypeVar("T")
+Row: TypeAlias = tuple[Any, ...]
+Delay: TypeAlias = int | timedelta | datetime
+Receivable: TypeAlias = Receipt | Message | str
+
+
+@dataclass(frozen=True, slots=True)
+class Query(Generic[T]):
+    sql: LiteralString
+    params: Mapping[str, Any]
+    decode: Callable[[list[Row]], T]
+
+
+def _named(name: str) -> LiteralString:
+    return sql.queries()[name]
+
+
+# -- encoding -----------------------------------------------------------------
+
+
+def encode_json(value: Any, what: str = "message") -> str:
+    """JSON text for a payload or headers object, or InvalidMessage naming the problem."""
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage(
+            f"{what} is not JSON-serialisable: {exc}",
+            hint="Send dicts, lists, strings, numbers, booleans or None (no NaN or Infinity).",
+        ) from None
+
+
+def _headers_object(headers: Mapping[str, Any] | None) -> str | None:
+    if headers is None:
+        return None
+    if not isinstance(headers, Mapping):
+        raise InvalidMessage(f"headers must be a mapping, got {type(headers).__name__}")
+    return encode_json(dict(headers), "headers")
+
+
+def _seconds(value: int | float | timedelta, what: str) -> int:
+    """Whole seconds >= 0, rounding fractions up so that a wait is never shorter."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
+    if seconds < 0:
+        raise InvalidArgument(f"{what} must be >= 0 seconds, got {value!r}")
+    return math.ceil(seconds)
+
+
+def _count(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgument(f"{what} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def receipt_of(item: Receivable) -> Receipt:
+    """The receipt carried by a message, or the receipt itself (object or text form)."""
+    if isinstance(item, Receipt):
+        return item
+    if isinstance(item, Message):
+        if item.receipt is None:
+            raise InvalidArgument(
+                f"message {item.msg_id} carries no receipt (it was popped or set with set_vt)",
+                hint="Only messages read through pgbroker can be acked, nacked or extended.",
+            )
+        return item.receipt
+    if isinstance(item, str):
+        return Receipt.parse(item)
+    raise InvalidArgument(f"expected a Receipt, Message or receipt text, got {type(item).__name__}")
+
+
+# -- decoding -----------------------------------------------------------------
+
+
+def _message(row: Row) -> Message:
+    receipt = Receipt.parse(row[7]) if len(row) > 7 and row[7] is not None else None
+    msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers = row[:7]
+    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, receipt)
+
+
+def _messages(rows: list[Row]) -> list[Message]:
+    return [_message(row) for row in rows]
+
+
+def _ids(rows: list[Row]) -> list[int]:
+    return [row[0] for row in rows]
+
+
+def _scalar(rows: list[Row]) -> Any:
+    return rows[0][0]
+
+
+def _nothing(rows: list[Row]) -> None:
+    return None
+
+
+def _metrics(rows: list[Row]) -> list[Metrics]:
+    return [Metrics(*row) for row in rows]
+
+
+def _queue_infos(rows: list[Row]) -> list[QueueInfo]:
+    return [QueueInfo(*row) for row in rows]
+
+
+# -- queue management ---------------------------------------------------------
+
+
+def queue_create(queue: str, *, unlogged: bool = False) -> Query[None]:
+    name = "queue_create_unlogged" if unlogged else "queue_create"
+    return Query(_named(name), {"queue": queue}, _nothing)
+
+
+def queue_drop(queue: str) -> Query[bool]:
+    return Query(_named("queue_drop"), {"queue": queue}, _scalar)
+
+
+def queue_list() -> Query[list[QueueInfo]]:
+    return Query(_named("queue_list"), {}, _queue_infos)
+
+
+def queue_metrics(queue: str) -> Query[Metrics]:
+    return Query(_named("queue_metrics"), {"queue": queue}, lambda rows: _metrics(rows)[0])
+
+
+def queue_metrics_all() -> Query[list[Metrics]]:
+    return Query(_named("queue_metrics_all"), {}, _metrics)
+
+
+def queue_purge(queue: str) -> Query[int]:
+    return Query(_named("queue_purge"), {"queue": queue}, _scalar)
+
+
+# -- messages -----------------------------------------------------------------
+
+
+def message_send_many(
+    queue: str,
+    messages: Iterable[Any],
+    *,
+    headers: Sequence[Mapping[str, Any] | None] | None = None,
+    delay: Delay | None = None,
+) -> Query[list[int]]:
+    encoded = [encode_json(m) for m in messages]
+    if not encoded:
+        raise InvalidArgument("messages must not be empty", hint="Pass at least one message.")
+    encoded_headers = None
+    if headers is not None:
+        encoded_headers = [_headers_object(h) for h in headers]
+        if len(encoded_headers) != len(encoded):
+            raise InvalidArgument(
+                f"headers has {len(encoded_headers)} entries for {len(encoded)} messages",
+                hint="Give one headers mapping (or None) per message, or no headers at all.",
+            )
+    params: dict[str, Any] = {"queue": queue, "messages": encoded, "headers": encoded_headers}
+    if delay is None:
+        return Query(_named("message_send_many"), params, _ids)
+    if isinstance(delay, datetime):
+        if delay.tzinfo is None:
+            raise InvalidArgument("delay must be a timezone-aware datetime (naive datetimes are ambiguous)")
+        return Query(_named("message_send_many_delay_until"), {**params, "delay": delay}, _ids)
+    seconds = _seconds(delay, "delay")
+    return Query(_named("message_send_many_delay_seconds"), {**params, "delay": seconds}, _ids)
+
+
+def message_read_many(
+    queue: str,
+    qty: int,
+    *,
+    vt: int | timedelta = 30,
+    wait: float | timedelta = 0,
+    poll_interval: float = 0.1,
+    conditional: Mapping[str, Any] | None = None,
+) -> Query[list[Message]]:
+    params: dict[str, Any] = {
+        "queue": queue,
+        "vt": _seconds(vt, "vt"),
+        "qty": _count(qty, "qty"),
+        "conditional": encode_json(dict(conditional or {}), "conditional"),
+    }
+    wait_seconds = _seconds(wait, "wait")
+    if wait_seconds == 0:
+        return Query(_named("message_read_many"), params, _messages)
+    interval_ms = max(1, round(poll_interval * 1000))
+    params |= {"max_poll_seconds": wait_seconds, "poll_interval_ms": interval_ms}
+    return Query(_named("message_read_many_with_poll"), params, _messages)
+
+
+def message_pop_many(queue: str, qty: int) -> Query[list[Message]]:
+    return Query(_named("message_pop_many"), {"queue": queue, "qty": _count(qty, "qty")}, _messages)
+
+
+def message_ack(queue: str, item: Receivable, *, archive: bool = True) -> Query[None]:
+    params = {"queue": queue, "receipt": str(receipt_of(item)), "archive": archive}
+    return Query(_named("message_ack"), params, _nothing)
+
+
+def message_ack_many(queue: str, items: Iterable[Receivable], *, archive: bool = True) -> Query[list[int]]:
+    params = {"queue": queue, "receipts": [str(receipt_of(i)) for i in items], "archive": archive}
+    return Query(_named("message_ack_many"), params, _ids)
+
+
+def message_nack(queue: str, item: Receivable, *, delay: int | timedelta = 0) -> Query[None]:
+    params = {"queue": queue, "receipt": str(receipt_of(item)), "delay": _seconds(delay, "delay")}
+    return Query(_named("message_nack"), params, _nothing)
+
+
+def message_nack_many(
+    queue: str, items: Iterable[Receivable], *, delay: int | timedelta = 0
+) -> Query[list[int]]:
+    params = {
+        "queue": queue,
+        "receipts": [str(receipt_of(i)) for i in items],
+        "delay": _seconds(delay, "delay"),
+    }
+    return Query(_named("message_nack_many"), params, _ids)
+
+
+def message_extend(queue: str, item: Receivable, *, vt: int | timedelta) -> Query[Receipt]:
+    params = {"queue": queue, "receipt": str(receipt_of(item)), "vt": _seconds(vt, "vt")}
+    return Query(_named("message_extend"), params, lambda rows: Receipt.parse(rows[0][0]))
+
+
+def message_extend_many(
+    queue: str, items: Iterable[Receivable], *, vt: int | timedelta
+) -> Query[dict[int, Receipt]]:
+    params = {"queue": queue, "receipts": [str(receipt_of(i)) for i in items], "vt": _seconds(vt, "vt")}
+    return Query(
+        _named("message_extend_many"),
+        params,
+        lambda rows: {msg_id: Receipt.parse(token) for msg_id, token in rows},
+    )
+
+
+def _msg_ids(msg_ids: Iterable[int]) -> list[int]:
+    ids = list(msg_ids)
+    for msg_id in ids:
+        if isinstance(msg_id, bool) or not isinstance(msg_id, int):
+            raise InvalidArgument(f"msg_id must be an integer, got {msg_id!r}")
+    return ids
+
+
+def message_archive_many(queue: str, msg_ids: Iterable[int]) -> Query[list[int]]:
+    return Query(_named("message_archive_many"), {"queue": queue, "msg_ids": _msg_ids(msg_ids)}, _ids)
+
+
+def message_delete_many(queue: str, msg_ids: Iterable[int]) -> Query[list[int]]:
+    return Query(_named("message_delete_many"), {"queue": queue, "msg_ids": _msg_ids(msg_ids)}, _ids)
+
+
+def message_set_vt_many(
+    queue: str, msg_ids: Iterable[int], vt: int | timedelta | datetime
+) -> Query[list[Message]]:
+    params: dict[str, Any] = {"queue": queue, "msg_ids": _msg_ids(msg_ids)}
+    if isinstance(vt, datetime):
+        if vt.tzinfo is None:
+            raise InvalidArgument("vt must be a timezone-aware datetime (naive datetimes are ambiguous)")
+        return Query(_named("message_set_vt_until"), {**params, "vt": vt}, _messages)
+    return Query(_named("message_set_vt_seconds"), {**params, "vt": _seconds(vt, "vt")}, _messages)

@@ -1,0 +1,75 @@
+-- The client's queries, one per operation, shared by the sync and asyncio
+-- clients through pgbroker.queries. Each is a call to the SQL API, so no
+-- client re-implements queue semantics. Parameters are named (%(x)s);
+-- messages and headers arrive as JSON text, serialised once in Python.
+
+-- name: queue_create
+SELECT pgmq.create(%(queue)s)
+
+-- name: queue_create_unlogged
+SELECT pgmq.create_unlogged(%(queue)s)
+
+-- name: queue_drop
+SELECT pgmq.drop_queue(%(queue)s)
+
+-- name: queue_list
+SELECT queue_name, is_partitioned, is_unlogged, created_at FROM pgmq.list_queues()
+
+-- name: queue_metrics
+SELECT * FROM pgmq.metrics(%(queue)s)
+
+-- name: queue_metrics_all
+SELECT * FROM pgmq.metrics_all()
+
+-- name: queue_purge
+SELECT pgmq.purge_queue(%(queue)s)
+
+-- name: message_send_many
+SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jsonb[])
+
+-- name: message_send_many_delay_seconds
+SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(delay)s::integer)
+
+-- name: message_send_many_delay_until
+SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(delay)s::timestamptz)
+
+-- name: message_read_many
+SELECT * FROM pgbroker.read(%(queue)s, %(vt)s::integer, %(qty)s::integer, %(conditional)s::jsonb)
+
+-- name: message_read_many_with_poll
+SELECT * FROM pgbroker.read_with_poll(%(queue)s, %(vt)s::integer, %(qty)s::integer,
+                                      %(max_poll_seconds)s::integer, %(poll_interval_ms)s::integer,
+                                      %(conditional)s::jsonb)
+
+-- name: message_pop_many
+SELECT * FROM pgmq.pop(%(queue)s, %(qty)s::integer)
+
+-- name: message_ack
+SELECT pgbroker.ack(%(queue)s, %(receipt)s::text, %(archive)s::boolean)
+
+-- name: message_ack_many
+SELECT * FROM pgbroker.ack(%(queue)s, %(receipts)s::text[], %(archive)s::boolean)
+
+-- name: message_nack
+SELECT pgbroker.nack(%(queue)s, %(receipt)s::text, %(delay)s::integer)
+
+-- name: message_nack_many
+SELECT * FROM pgbroker.nack(%(queue)s, %(receipts)s::text[], %(delay)s::integer)
+
+-- name: message_extend
+SELECT pgbroker.extend(%(queue)s, %(receipt)s::text, %(vt)s::integer)
+
+-- name: message_extend_many
+SELECT msg_id, receipt FROM pgbroker.extend(%(queue)s, %(receipts)s::text[], %(vt)s::integer)
+
+-- name: message_archive_many
+SELECT * FROM pgmq.archive(%(queue)s, %(msg_ids)s::bigint[])
+
+-- name: message_delete_many
+SELECT * FROM pgmq.delete(%(queue)s, %(msg_ids)s::bigint[])
+
+-- name: message_set_vt_seconds
+SELECT * FROM pgmq.set_vt(%(queue)s, %(msg_ids)s::bigint[], %(vt)s::integer)
+
+-- name: message_set_vt_until
+SELECT * FROM pgmq.set_vt(%(queue)s, %(msg_ids)s::bigint[], %(vt)s::timestamptz)

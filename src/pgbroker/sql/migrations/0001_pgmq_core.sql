@@ -162,15 +162,15 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
             LIMIT $1
             FOR UPDATE SKIP LOCKED
         ),
-        due AS (
-            SELECT msg_id FROM pgmq.%1$I
-            WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= $3 %2$s
-            ORDER BY vt
-            LIMIT 1000
-        ),
         timed AS (
+            -- ARRAY(...) makes the due rows an InitPlan probed by primary key;
+            -- as a join the planner may walk the whole primary key instead.
             SELECT q.msg_id FROM pgmq.%1$I q
-            WHERE q.msg_id IN (SELECT msg_id FROM due)
+            WHERE q.msg_id = ANY (ARRAY(
+                    SELECT msg_id FROM pgmq.%1$I
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= $3 %2$s
+                    ORDER BY vt
+                    LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= $3
             ORDER BY q.msg_id
             LIMIT $1

@@ -8,13 +8,16 @@ database newer than this package is refused rather than downgraded.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, LiteralString, TypeAlias, TypeVar
 
 import psycopg
 
 from pgbroker import sql
 from pgbroker.errors import InstallError, from_postgres
+
+R = TypeVar("R")
 
 # Any constant will do; it only has to be the same for every installer.
 _INSTALL_LOCK = 0x70676272_6F6B6572 & 0x7FFFFFFFFFFFFFFF
@@ -44,56 +47,99 @@ def latest_version() -> int:
     return sql.migrations()[-1].version
 
 
-def installed_version(conn: psycopg.Connection[Any]) -> int:
-    """The schema version in this database; 0 when pgbroker is not installed."""
-    row = conn.execute("SELECT to_regclass('pgbroker.schema_migrations') IS NOT NULL").fetchone()
-    if not row or not row[0]:
+# One install written once as a generator of statements: it yields
+# (sql, params) and is sent the rows back, so the sync and asyncio drivers
+# below only execute, and the install logic exists in one place.
+Statement: TypeAlias = tuple[LiteralString, tuple[Any, ...]]
+Steps: TypeAlias = Generator[Statement, list[tuple[Any, ...]], R]
+
+
+def _installed_version_steps() -> Steps[int]:
+    rows = yield "SELECT to_regclass('pgbroker.schema_migrations') IS NOT NULL", ()
+    if not rows[0][0]:
         return 0
-    row = conn.execute("SELECT coalesce(max(version), 0) FROM pgbroker.schema_migrations").fetchone()
-    return int(row[0]) if row else 0
+    rows = yield "SELECT coalesce(max(version), 0) FROM pgbroker.schema_migrations", ()
+    return int(rows[0][0])
 
 
-def install(conn: psycopg.Connection[Any], *, target: int | None = None) -> InstallResult:
-    """Apply every migration up to ``target`` (default: the latest) that is not applied yet."""
-    known = sql.migrations()
+def _install_steps(target: int | None) -> Steps[InstallResult]:
     target = latest_version() if target is None else target
     if not 0 < target <= latest_version():
         raise InstallError(f"no migration {target}: this pgbroker knows versions 1 to {latest_version()}")
+    yield "SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,)
+    rows = yield _FOREIGN_PGMQ, ()
+    _refuse_foreign_pgmq(*rows[0])
+    current = yield from _installed_version_steps()
+    if current > latest_version():
+        raise InstallError(
+            f"the database has pgbroker schema version {current}, newer than this "
+            f"package's {latest_version()}; refusing to downgrade",
+            hint="Upgrade the pgbroker package instead.",
+        )
+    yield _BOOTSTRAP, ()
+    for migration in sql.migrations():
+        if current < migration.version <= target:
+            yield migration.sql, ()
+            yield (
+                "INSERT INTO pgbroker.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                (migration.version, migration.name, migration.checksum),
+            )
+    return InstallResult(current, max(current, target))
+
+
+def _drive(conn: psycopg.Connection[Any], steps: Steps[R]) -> R:
     try:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,))
-            _refuse_foreign_pgmq(conn)
-            current = installed_version(conn)
-            if current > latest_version():
-                raise InstallError(
-                    f"the database has pgbroker schema version {current}, newer than this "
-                    f"package's {latest_version()}; refusing to downgrade",
-                    hint="Upgrade the pgbroker package instead.",
-                )
-            conn.execute(_BOOTSTRAP)
-            for migration in known:
-                if current < migration.version <= target:
-                    conn.execute(migration.sql)
-                    conn.execute(
-                        "INSERT INTO pgbroker.schema_migrations (version, name, checksum)"
-                        " VALUES (%s, %s, %s)",
-                        (migration.version, migration.name, migration.checksum),
-                    )
-            return InstallResult(current, max(current, target))
+        statement = next(steps)
+        while True:
+            query, params = statement
+            cursor = conn.execute(query, params or None)  # no params: '%' is literal
+            statement = steps.send(cursor.fetchall() if cursor.description else [])
+    except StopIteration as done:
+        result: R = done.value
+        return result
     except psycopg.Error as exc:
         raise from_postgres(exc) from exc
 
 
-def _refuse_foreign_pgmq(conn: psycopg.Connection[Any]) -> None:
-    row = conn.execute(
-        """
-        SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq'),
-               to_regnamespace('pgmq') IS NOT NULL,
-               to_regclass('pgbroker.schema_migrations') IS NOT NULL
-        """
-    ).fetchone()
-    assert row is not None
-    has_extension, has_schema, has_pgbroker = row
+async def _drive_async(conn: psycopg.AsyncConnection[Any], steps: Steps[R]) -> R:
+    try:
+        statement = next(steps)
+        while True:
+            query, params = statement
+            cursor = await conn.execute(query, params or None)
+            statement = steps.send(await cursor.fetchall() if cursor.description else [])
+    except StopIteration as done:
+        result: R = done.value
+        return result
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+
+
+def installed_version(conn: psycopg.Connection[Any]) -> int:
+    """The schema version in this database; 0 when pgbroker is not installed."""
+    return _drive(conn, _installed_version_steps())
+
+
+def install(conn: psycopg.Connection[Any], *, target: int | None = None) -> InstallResult:
+    """Apply every migration up to ``target`` (default: the latest) that is not applied yet."""
+    with conn.transaction():
+        return _drive(conn, _install_steps(target))
+
+
+async def install_async(conn: psycopg.AsyncConnection[Any], *, target: int | None = None) -> InstallResult:
+    """install() for an asyncio connection."""
+    async with conn.transaction():
+        return await _drive_async(conn, _install_steps(target))
+
+
+_FOREIGN_PGMQ = """
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq'),
+       to_regnamespace('pgmq') IS NOT NULL,
+       to_regclass('pgbroker.schema_migrations') IS NOT NULL
+"""
+
+
+def _refuse_foreign_pgmq(has_extension: bool, has_schema: bool, has_pgbroker: bool) -> None:
     if has_extension:
         raise InstallError(
             "the pgmq extension is installed in this database; pgbroker provides the same "

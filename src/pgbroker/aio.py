@@ -1,0 +1,282 @@
+"""The asyncio client: AsyncBroker and AsyncQueue, twins of pgbroker.client.
+
+They run the very same Query objects from pgbroker.queries on psycopg's
+async connections and pool, so the two clients cannot drift apart: only the
+awaiting differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from pgbroker import queries as q
+from pgbroker.errors import from_postgres
+from pgbroker.install import InstallResult, install_async
+from pgbroker.models import Message, Metrics, QueueInfo, Receipt
+from pgbroker.queries import Delay, Query, Receivable
+
+T = TypeVar("T")
+
+
+class AsyncExecutor(Protocol):
+    async def run(self, query: Query[T]) -> T: ...
+
+
+async def _run_on(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
+    try:
+        cursor = await conn.execute(query.sql, query.params)
+        rows = await cursor.fetchall() if cursor.description else []
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return query.decode(rows)
+
+
+class AsyncPoolExecutor:
+    """Runs each query on a pooled connection in autocommit: one call, one transaction."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    async def run(self, query: Query[T]) -> T:
+        async with self.pool.connection() as conn:
+            return await _run_on(conn, query)
+
+
+class AsyncConnectionExecutor:
+    """Runs queries on one connection the caller owns, in whatever transaction it is in."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    async def run(self, query: Query[T]) -> T:
+        return await _run_on(self.conn, query)
+
+
+class AsyncQueue:
+    """One queue, bound to an async executor; the methods mirror pgbroker.Queue."""
+
+    def __init__(self, name: str, executor: AsyncExecutor) -> None:
+        self.name = name
+        self._executor = executor
+
+    def __repr__(self) -> str:
+        return f"AsyncQueue({self.name!r})"
+
+    async def send(
+        self, message: Any, *, headers: Mapping[str, Any] | None = None, delay: Delay | None = None
+    ) -> int:
+        query = q.message_send_many(
+            self.name, [message], headers=None if headers is None else [headers], delay=delay
+        )
+        return (await self._executor.run(query))[0]
+
+    async def send_many(
+        self,
+        messages: Iterable[Any],
+        *,
+        headers: Sequence[Mapping[str, Any] | None] | None = None,
+        delay: Delay | None = None,
+    ) -> list[int]:
+        query = q.message_send_many(self.name, messages, headers=headers, delay=delay)
+        return await self._executor.run(query)
+
+    async def read(
+        self,
+        *,
+        vt: int | timedelta = 30,
+        wait: float | timedelta = 0,
+        conditional: Mapping[str, Any] | None = None,
+    ) -> Message | None:
+        found = await self.read_many(1, vt=vt, wait=wait, conditional=conditional)
+        return found[0] if found else None
+
+    async def read_many(
+        self,
+        qty: int,
+        *,
+        vt: int | timedelta = 30,
+        wait: float | timedelta = 0,
+        conditional: Mapping[str, Any] | None = None,
+    ) -> list[Message]:
+        query = q.message_read_many(self.name, qty, vt=vt, wait=wait, conditional=conditional)
+        return await self._executor.run(query)
+
+    async def consume(
+        self,
+        *,
+        batch_size: int = 10,
+        vt: int | timedelta = 30,
+        idle_wait: float = 1.0,
+    ) -> AsyncIterator[Message]:
+        """Yield messages forever: read batches, and wait up to idle_wait seconds when empty.
+
+        The caller acks (or nacks) each message; one left alone becomes
+        visible again when its lease of vt seconds runs out.
+        """
+        while True:
+            batch = await self.read_many(batch_size, vt=vt, wait=idle_wait)
+            for message in batch:
+                yield message
+            if not batch:
+                await asyncio.sleep(0)  # let cancellation in between empty waits
+
+    async def pop(self) -> Message | None:
+        found = await self.pop_many(1)
+        return found[0] if found else None
+
+    async def pop_many(self, qty: int) -> list[Message]:
+        return await self._executor.run(q.message_pop_many(self.name, qty))
+
+    async def ack(self, item: Receivable, *, archive: bool = True) -> None:
+        await self._executor.run(q.message_ack(self.name, item, archive=archive))
+
+    async def ack_many(self, items: Iterable[Receivable], *, archive: bool = True) -> list[int]:
+        return await self._executor.run(q.message_ack_many(self.name, items, archive=archive))
+
+    async def nack(self, item: Receivable, *, delay: int | timedelta = 0) -> None:
+        await self._executor.run(q.message_nack(self.name, item, delay=delay))
+
+    async def nack_many(self, items: Iterable[Receivable], *, delay: int | timedelta = 0) -> list[int]:
+        return await self._executor.run(q.message_nack_many(self.name, items, delay=delay))
+
+    async def extend(self, item: Receivable, *, vt: int | timedelta) -> Receipt:
+        return await self._executor.run(q.message_extend(self.name, item, vt=vt))
+
+    async def extend_many(
+        self, items: Iterable[Receivable], *, vt: int | timedelta
+    ) -> dict[int, Receipt]:
+        return await self._executor.run(q.message_extend_many(self.name, items, vt=vt))
+
+    async def archive(self, msg_id: int) -> bool:
+        return bool(await self.archive_many([msg_id]))
+
+    async def archive_many(self, msg_ids: Iterable[int]) -> list[int]:
+        return await self._executor.run(q.message_archive_many(self.name, msg_ids))
+
+    async def delete(self, msg_id: int) -> bool:
+        return bool(await self.delete_many([msg_id]))
+
+    async def delete_many(self, msg_ids: Iterable[int]) -> list[int]:
+        return await self._executor.run(q.message_delete_many(self.name, msg_ids))
+
+    async def set_vt(self, msg_id: int, vt: int | timedelta | datetime) -> Message | None:
+        found = await self._executor.run(q.message_set_vt_many(self.name, [msg_id], vt))
+        return found[0] if found else None
+
+    async def purge(self) -> int:
+        return await self._executor.run(q.queue_purge(self.name))
+
+    async def metrics(self) -> Metrics:
+        return await self._executor.run(q.queue_metrics(self.name))
+
+
+class AsyncTransaction:
+    """A transaction on one async connection, shared by the caller's SQL and pgbroker's."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.connection = conn
+        self._executor = AsyncConnectionExecutor(conn)
+
+    def queue(self, name: str) -> AsyncQueue:
+        return AsyncQueue(name, self._executor)
+
+
+class AsyncBroker:
+    """Entry point of the asyncio client: ``async with AsyncBroker(dsn) as broker``.
+
+    Takes a DSN (an async pool is opened on enter), an AsyncConnectionPool,
+    or one AsyncConnection. With none, the DSN is resolved like Broker's.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: AsyncConnectionPool | None = None,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+        max_connections: int = 10,
+    ) -> None:
+        if sum(x is not None for x in (dsn, pool, connection)) > 1:
+            raise ValueError("pass at most one of dsn, pool and connection")
+        self._connection = connection
+        self._owned_pool: AsyncConnectionPool | None = None
+        if connection is None and pool is None:
+            from pgbroker.dsn import resolve_dsn
+
+            pool = AsyncConnectionPool(
+                resolve_dsn(dsn),
+                min_size=1,
+                max_size=max_connections,
+                kwargs={"autocommit": True},
+                check=AsyncConnectionPool.check_connection,
+                open=False,
+                name="pgbroker-async",
+            )
+            self._owned_pool = pool
+        self._pool = pool
+        self._executor: AsyncExecutor = (
+            AsyncConnectionExecutor(connection)
+            if connection is not None
+            else AsyncPoolExecutor(pool)  # type: ignore[arg-type]
+        )
+
+    async def open(self) -> AsyncBroker:
+        if self._owned_pool is not None:
+            await self._owned_pool.open()
+        return self
+
+    async def close(self) -> None:
+        if self._owned_pool is not None:
+            await self._owned_pool.close()
+
+    async def __aenter__(self) -> AsyncBroker:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        if self._connection is not None:
+            yield self._connection
+        else:
+            assert self._pool is not None
+            async with self._pool.connection() as conn:
+                yield conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncTransaction]:
+        async with self.connection() as conn, conn.transaction():
+            yield AsyncTransaction(conn)
+
+    async def install(self) -> InstallResult:
+        """Install or upgrade the schema (idempotent)."""
+        async with self.connection() as conn:
+            return await install_async(conn)
+
+    def queue(self, name: str) -> AsyncQueue:
+        return AsyncQueue(name, self._executor)
+
+    async def create_queue(self, name: str, *, unlogged: bool = False) -> AsyncQueue:
+        await self._executor.run(q.queue_create(name, unlogged=unlogged))
+        return self.queue(name)
+
+    async def drop_queue(self, name: str) -> bool:
+        return await self._executor.run(q.queue_drop(name))
+
+    async def list_queues(self) -> list[QueueInfo]:
+        return await self._executor.run(q.queue_list())
+
+    async def metrics(self, name: str) -> Metrics:
+        return await self._executor.run(q.queue_metrics(name))
+
+    async def metrics_all(self) -> list[Metrics]:
+        return await self._executor.run(q.queue_metrics_all())
+

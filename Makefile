@@ -1,0 +1,110 @@
+# Developer and CI entry points for pgbroker: venv, test, test-quick, lint, demo, bench, clean,
+# pg-partman.
+# Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
+# from another directory; `make test` is what .ci/run runs.
+
+# Every recipe runs from the repository root, wherever make was started.
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+VENV := $(ROOT)/.venv
+PY := $(VENV)/bin/python
+# Re-installs when pyproject.toml changes (new dependency, new extra).
+STAMP := $(VENV)/.pgbroker-installed
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.ONESHELL:
+.DEFAULT_GOAL := test
+
+.PHONY: venv test test-quick lint demo bench clean pg-partman
+
+# mypy fails on a directory without Python files (bench/ until it is written): name only those
+# that have some.
+MYPY_PATHS = $$(for d in src tests bench; do \
+  if [ -n "$$(find "$$d" -name '*.py' -print -quit 2>/dev/null)" ]; then echo "$$d"; fi; done)
+
+venv: $(STAMP)
+
+$(STAMP): $(ROOT)/pyproject.toml
+	@cd "$(ROOT)"
+	echo "make venv: installing pgbroker[dev,embedded] into $(VENV)"
+	# A shim (pyenv) may resolve differently inside make, or not at all for a version it lacks:
+	# ask each candidate for its real interpreter and keep the first that is >= 3.11.
+	pick_python() {
+	  local cand exe
+	  for cand in python3.11 python3 /usr/bin/python3.11 /usr/bin/python3; do
+	    command -v "$$cand" >/dev/null 2>&1 || continue
+	    exe=$$("$$cand" -c 'import sys; assert sys.version_info >= (3, 11); print(sys.executable)' \
+	      2>/dev/null) || continue
+	    [ -n "$$exe" ] && { echo "$$exe"; return 0; }
+	  done
+	  return 1
+	}
+	if ! "$(PY)" -c 'import sys; assert sys.version_info >= (3, 11)' >/dev/null 2>&1; then
+	  python=$$(pick_python) || { echo "make venv: Python >= 3.11 not found on PATH" >&2; exit 1; }
+	  rm -rf "$(VENV)"
+	  if ! "$$python" -m venv "$(VENV)"; then
+	    # Debian ships venv's ensurepip in a separate package.
+	    rm -rf "$(VENV)"
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	      ver=$$("$$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+	      apt-get update -qq
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "python$$ver-venv" \
+	        || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+	      "$$python" -m venv "$(VENV)"
+	    else
+	      echo "make venv: '$$python -m venv' failed; install python3-venv and retry" >&2
+	      exit 1
+	    fi
+	  fi
+	fi
+	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded]'
+	touch "$@"
+
+# Partitioned queues need pg_partman on the server. As root with apt-get, install Debian's
+# postgresql-<major>-partman for every server under /usr/lib/postgresql that lacks it (the
+# embedded test cluster runs those binaries); otherwise just say so: those tests then skip.
+pg-partman:
+	@missing=()
+	for bin in /usr/lib/postgresql/*/bin/postgres; do
+	  [ -x "$$bin" ] || continue
+	  major=$$(basename "$$(dirname "$$(dirname "$$bin")")")
+	  [ -e "/usr/share/postgresql/$$major/extension/pg_partman.control" ] \
+	    || missing+=("postgresql-$$major-partman")
+	done
+	[ $${#missing[@]} -gt 0 ] || exit 0
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	  echo "make pg-partman: installing $${missing[*]}"
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}"; } \
+	    || echo "make pg-partman: could not install $${missing[*]}; partitioned-queue tests will skip" >&2
+	else
+	  echo "make pg-partman: $${missing[*]} missing (installing needs root and apt-get);" \
+	    "partitioned-queue tests will skip" >&2
+	fi
+
+test: venv pg-partman
+	cd "$(ROOT)"
+	.venv/bin/ruff check src tests bench
+	.venv/bin/mypy $(MYPY_PATHS)
+	.venv/bin/pytest
+
+test-quick: venv
+	cd "$(ROOT)"
+	.venv/bin/pytest -m 'not slow' -x
+
+lint: venv
+	cd "$(ROOT)"
+	.venv/bin/ruff check src tests bench
+	.venv/bin/mypy $(MYPY_PATHS)
+
+demo: venv
+	cd "$(ROOT)"
+	.venv/bin/python -m pgbroker.demo
+
+bench: venv
+	cd "$(ROOT)"
+	.venv/bin/python -m bench
+
+clean:
+	cd "$(ROOT)"
+	rm -rf .venv build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Compatibility suite: the official pgmq client against pgbroker, and pgbroker against the reference SQL."""

@@ -1,0 +1,164 @@
+"""Fixtures of the compatibility suite: a reference pgmq database beside pgbroker's, and pgmq clients.
+
+``reference_dsn`` is a fresh database of the same server with the reference pgmq 1.13 SQL
+installed (cloned from a session template, see ``tests/compat/reference.py``); ``dsn`` (from
+``tests/conftest.py``) is the pgbroker one. The pgmq clients are built from the pgbroker DSN with
+their ``CREATE EXTENSION pgmq`` step switched off (``init_extension=False``): pgbroker is plain SQL,
+not an extension, and the client must work against it unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any, TypedDict
+
+import psycopg
+import pytest
+from pgmq import AsyncPGMQueue, PGMQueue
+from psycopg.conninfo import conninfo_to_dict
+
+from tests.compat.reference import (
+    EXPECTED_VERSION,
+    clone_database,
+    create_reference_database,
+    drop_database,
+    reference_version,
+)
+from tests.conftest import dsn_for_db
+
+# The pgmq client reads PG_* and DATABASE_URL from the environment; the tests pass every
+# connection field explicitly, so none of those can redirect them to another server.
+_CLIENT_ENV = ("DATABASE_URL", "PG_HOST", "PG_PORT", "PG_DATABASE", "PG_USERNAME", "PG_PASSWORD")
+
+
+class ConnectionFields(TypedDict):
+    """The connection keyword arguments of the pgmq clients."""
+
+    host: str
+    port: str
+    database: str
+    username: str
+    password: str
+
+
+def client_connection_fields(dsn: str, *, for_asyncpg: bool = False) -> ConnectionFields:
+    """The pgmq client's connection keyword arguments for a libpq DSN.
+
+    The client builds its own connection string from host/port/database/username/password. For
+    psycopg (sync client) a Unix-socket directory works as ``host`` as it is. The async client
+    builds a URI (``postgresql://user:pw@host:port/db``) for asyncpg, where a path would break the
+    URI; asyncpg percent-decodes the host, so the directory is passed percent-encoded.
+    """
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "localhost")
+    if for_asyncpg and host.startswith("/"):
+        host = urllib.parse.quote(host, safe="")
+    return {
+        "host": host,
+        "port": str(params.get("port") or "5432"),
+        "database": str(params["dbname"]),
+        "username": str(params.get("user") or "postgres"),
+        # The client insists on a non-empty password; a trust-auth server ignores it.
+        "password": str(params.get("password") or "postgres"),
+    }
+
+
+def make_sync_client(dsn: str, **options: Any) -> PGMQueue:
+    """The official sync client on ``dsn``, without its extension-install step."""
+    return PGMQueue(**client_connection_fields(dsn), init_extension=False, pool_size=4, **options)
+
+
+async def make_async_client(dsn: str, **options: Any) -> AsyncPGMQueue:
+    """The official asyncio client (asyncpg) on ``dsn``, initialised, without the extension step."""
+    client = AsyncPGMQueue(
+        **client_connection_fields(dsn, for_asyncpg=True), init_extension=False, pool_size=4, **options
+    )
+    await client.init()
+    return client
+
+
+def public_methods(cls: type) -> set[str]:
+    """Every public callable attribute of a client class (methods, not dataclass field defaults)."""
+    return {name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name))}
+
+
+def has_pg_partman(admin_dsn: str) -> bool:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'pg_partman')")
+        found = row.fetchone()
+    return bool(found and found[0])
+
+
+@pytest.fixture(autouse=True)
+def _no_client_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in _CLIENT_ENV:
+        if name in os.environ:
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(scope="session")
+def pg_partman(pg_admin_dsn: str) -> bool:
+    """Whether the server can create the pg_partman extension (needed by partitioned queues)."""
+    return has_pg_partman(pg_admin_dsn)
+
+
+@pytest.fixture
+def require_pg_partman(pg_partman: bool, dsn: str) -> None:
+    """Skip unless pg_partman is available; when it is, create it in the pgbroker database."""
+    if not pg_partman:
+        pytest.skip("pg_partman is not available on the test server (pg_available_extensions)")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_partman")
+
+
+@pytest.fixture(scope="session")
+def reference_template(pg_admin_dsn: str) -> Iterator[str]:
+    """A database with the reference pgmq SQL installed, cloned by ``reference_dsn``."""
+    assert reference_version() == EXPECTED_VERSION, (
+        f"the pgmq wheel carries SQL {reference_version()}; this suite compares against {EXPECTED_VERSION}"
+    )
+    name = create_reference_database(pg_admin_dsn)
+    try:
+        yield name
+    finally:
+        drop_database(pg_admin_dsn, name)
+
+
+@pytest.fixture
+def reference_dsn(pg_admin_dsn: str, reference_template: str) -> Iterator[str]:
+    """DSN of a fresh database with the reference pgmq SQL installed, dropped after the test."""
+    name = create_reference_database(pg_admin_dsn, template=reference_template)
+    try:
+        yield dsn_for_db(pg_admin_dsn, name)
+    finally:
+        drop_database(pg_admin_dsn, name)
+
+
+@pytest.fixture(scope="module")
+def module_dsns(pg_admin_dsn: str, template_db: str, reference_template: str) -> Iterator[tuple[str, str]]:
+    """(pgbroker DSN, reference DSN) of two fresh databases shared by one module's tests.
+
+    For tests that change nothing (catalog checks, calls that must fail): they save the two
+    database clones a test otherwise costs.
+    """
+    ours = clone_database(pg_admin_dsn, template_db, "t_mod_")
+    try:
+        theirs = clone_database(pg_admin_dsn, reference_template, "pgmq_ref_mod_")
+        try:
+            yield dsn_for_db(pg_admin_dsn, ours), dsn_for_db(pg_admin_dsn, theirs)
+        finally:
+            drop_database(pg_admin_dsn, theirs)
+    finally:
+        drop_database(pg_admin_dsn, ours)
+
+
+@pytest.fixture
+def client(dsn: str) -> Iterator[PGMQueue]:
+    """The official sync pgmq client on a fresh pgbroker database."""
+    queue = make_sync_client(dsn)
+    try:
+        yield queue
+    finally:
+        queue.close()

@@ -86,6 +86,14 @@ BEGIN
             USING ERRCODE = 'PB001',
                   HINT = 'Table names are q_<name> and a_<name>, and identifiers stop at 63 bytes.';
     END IF;
+    IF octet_length(queue_name) > 47 THEN
+        -- Identifiers stop at 63 bytes: a longer multibyte name would be cut,
+        -- and q_<name>_ready_idx and q_<name>_vt_idx would collide.
+        RAISE EXCEPTION 'queue name is too long: % bytes in UTF-8, the maximum is 47 bytes',
+            octet_length(queue_name)
+            USING ERRCODE = 'PB001',
+                  HINT = 'Use a shorter name; letters outside ASCII take two to four bytes each.';
+    END IF;
     IF queue_name ~ '\$|;|--|''' THEN
         RAISE EXCEPTION 'queue name contains invalid characters: $, ;, --, or '' (got %)',
             quote_literal(queue_name)
@@ -131,9 +139,15 @@ $$;
 CREATE FUNCTION pgbroker._check_message_size(size bigint)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    max_bytes bigint := coalesce(nullif(current_setting('pgbroker.max_message_bytes', true), '')::bigint,
-                                 1048576);
+    setting text := coalesce(nullif(current_setting('pgbroker.max_message_bytes', true), ''), '1048576');
+    max_bytes bigint;
 BEGIN
+    IF setting !~ '^[0-9]{1,18}$' THEN
+        RAISE EXCEPTION 'pgbroker.max_message_bytes must be a whole number of bytes, got %',
+            quote_literal(setting)
+            USING ERRCODE = 'PB007', HINT = 'Set it to 0 to disable the limit.';
+    END IF;
+    max_bytes := setting::bigint;
     IF max_bytes > 0 AND size > max_bytes THEN
         RAISE EXCEPTION 'message is too large: % bytes, the limit is % bytes', size, max_bytes
             USING ERRCODE = 'PB005',
@@ -407,7 +421,9 @@ BEGIN
         format('headers array length (%s) must match msgs array length (%s)',
                cardinality(headers), cardinality(msgs)),
         'Give one headers object per message, or none at all.');
-    SELECT max(pg_column_size(m)) INTO max_size FROM unnest(msgs) m;
+    -- A message's size counts its headers too: both are stored in its row.
+    SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(headers[m.n]), 0)) INTO max_size
+    FROM unnest(msgs) WITH ORDINALITY AS m(msg, n);
     PERFORM pgbroker._check_message_size(max_size);
     RETURN QUERY EXECUTE format(
         $Q$

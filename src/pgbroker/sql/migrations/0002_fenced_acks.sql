@@ -12,49 +12,75 @@
 -- extend returns a new receipt (the old one is spent), like a fencing token.
 -- Every function here is SQL, so any language can use fenced acks.
 
-CREATE FUNCTION pgbroker.receipt(msg_id bigint, read_ct integer, vt timestamptz)
-RETURNS text LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
-    SELECT msg_id || ':' || read_ct || ':' || (extract(epoch FROM vt) * 1000000)::bigint;
+-- A timestamp as whole microseconds since the epoch: the lease in a receipt.
+-- Receipts are compared in this integer form, so no text ever has to be
+-- turned back into a timestamp exactly.
+CREATE FUNCTION pgbroker._micros(ts timestamptz)
+RETURNS bigint LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT (extract(epoch FROM ts) * 1000000)::bigint;
 $$;
 
-CREATE FUNCTION pgbroker._parse_receipt(receipt text, OUT msg_id bigint, OUT read_ct integer, OUT lease timestamptz)
+CREATE FUNCTION pgbroker.receipt(msg_id bigint, read_ct integer, vt timestamptz)
+RETURNS text LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT msg_id || ':' || read_ct || ':' || pgbroker._micros(vt);
+$$;
+
+CREATE FUNCTION pgbroker._parse_receipt(receipt text, OUT msg_id bigint, OUT read_ct integer, OUT lease bigint)
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     parts text[];
 BEGIN
-    IF receipt IS NULL OR receipt !~ '^[0-9]{1,19}:[0-9]{1,10}:-?[0-9]{1,19}$' THEN
-        RAISE EXCEPTION 'malformed receipt %: expected <msg_id>:<read_ct>:<lease>',
-            coalesce(quote_literal(receipt), 'NULL')
-            USING ERRCODE = 'PB007',
-                  HINT = 'Pass the receipt exactly as pgbroker.read returned it.';
+    IF receipt ~ '^[0-9]{1,19}:[0-9]{1,10}:-?[0-9]{1,19}$' THEN
+        parts := string_to_array(receipt, ':');
+        -- Range checks as numerics, so an out-of-range number is a malformed
+        -- receipt (PB007) rather than a cast error.
+        IF parts[1]::numeric <= 9223372036854775807 AND parts[2]::numeric <= 2147483647
+           AND abs(parts[3]::numeric) <= 9223372036854775807 THEN
+            msg_id := parts[1]::bigint;
+            read_ct := parts[2]::integer;
+            lease := parts[3]::bigint;
+            RETURN;
+        END IF;
     END IF;
-    parts := string_to_array(receipt, ':');
-    msg_id := parts[1]::bigint;
-    read_ct := parts[2]::integer;
-    lease := 'epoch'::timestamptz + parts[3]::bigint * interval '1 microsecond';
+    RAISE EXCEPTION 'malformed receipt %: expected <msg_id>:<read_ct>:<lease>, three integers',
+        coalesce(quote_literal(receipt), 'NULL')
+        USING ERRCODE = 'PB007',
+              HINT = 'Pass the receipt exactly as pgbroker.read returned it.';
 END;
 $$;
 
--- Why a receipt no longer holds, for the error message of the single forms.
-CREATE FUNCTION pgbroker._stale_receipt(qtable text, queue_name text, receipt text)
-RETURNS void LANGUAGE plpgsql AS $$
+-- Why a receipt no longer holds, or NULL while it does. Clients call this
+-- after a batch ack left a receipt out, to explain it without raising inside
+-- the caller's transaction.
+CREATE FUNCTION pgbroker.stale_reason(queue_name text, receipt text)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
 DECLARE
+    qtable text := pgbroker._table(queue_name);
     r record := pgbroker._parse_receipt(receipt);
     cur record;
-    reason text;
 BEGIN
-    EXECUTE format('SELECT read_ct, vt FROM pgmq.%I WHERE msg_id = $1', qtable) INTO cur USING r.msg_id;
+    EXECUTE format('SELECT read_ct, vt, clock_timestamp() AS now FROM pgmq.%I WHERE msg_id = $1', qtable)
+        INTO cur USING r.msg_id;
     IF cur IS NULL THEN
-        reason := 'it is no longer in the queue (acknowledged, deleted, archived or popped)';
+        RETURN 'it is no longer in the queue (acknowledged, deleted, archived or popped)';
     ELSIF cur.read_ct <> r.read_ct THEN
-        reason := format('it was delivered again (delivery %s; the receipt is for delivery %s)',
-                         cur.read_ct, r.read_ct);
-    ELSIF cur.vt <> r.lease THEN
-        reason := 'its lease was changed by a nack, extend or set_vt after this receipt was issued';
-    ELSE
-        reason := format('its lease expired at %s', r.lease);
+        RETURN format('it was delivered again (delivery %s; the receipt is for delivery %s)',
+                      cur.read_ct, r.read_ct);
+    ELSIF pgbroker._micros(cur.vt) <> r.lease THEN
+        RETURN 'its lease was changed by a nack, extend or set_vt after this receipt was issued';
+    ELSIF cur.vt <= cur.now THEN
+        RETURN format('its lease expired at %s', cur.vt);
     END IF;
-    RAISE EXCEPTION 'stale receipt for message % in queue "%": %', r.msg_id, queue_name, reason
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION pgbroker._raise_stale(queue_name text, receipt text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'stale receipt for message % in queue "%": %',
+        (pgbroker._parse_receipt(receipt)).msg_id, queue_name,
+        coalesce(pgbroker.stale_reason(queue_name, receipt), 'its lease ended as it was used')
         USING ERRCODE = 'PB003',
               HINT = 'Another consumer may now hold the message; extend leases before they run out.';
 END;
@@ -104,7 +130,7 @@ BEGIN
         removed AS (
             DELETE FROM pgmq.%1$I q USING held
             WHERE q.msg_id = held.msg_id AND q.read_ct = held.read_ct
-              AND q.vt = held.lease AND q.vt > clock_timestamp()
+              AND pgbroker._micros(q.vt) = held.lease AND q.vt > clock_timestamp()
             RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
         ),
         archived AS (
@@ -125,7 +151,7 @@ DECLARE
 BEGIN
     SELECT a INTO acked FROM pgbroker.ack(queue_name, ARRAY[receipt], archive) a;
     IF acked IS NULL THEN
-        PERFORM pgbroker._stale_receipt(pgbroker._table(queue_name), queue_name, receipt);
+        PERFORM pgbroker._raise_stale(queue_name, receipt);
     END IF;
     RETURN acked;
 END;
@@ -149,7 +175,7 @@ BEGIN
             UPDATE pgmq.%I q SET vt = clock_timestamp() + make_interval(secs => $2)
             FROM held
             WHERE q.msg_id = held.msg_id AND q.read_ct = held.read_ct
-              AND q.vt = held.lease AND q.vt > clock_timestamp()
+              AND pgbroker._micros(q.vt) = held.lease AND q.vt > clock_timestamp()
             RETURNING q.msg_id
         )
         SELECT msg_id FROM released ORDER BY msg_id
@@ -165,7 +191,7 @@ DECLARE
 BEGIN
     SELECT n INTO released FROM pgbroker.nack(queue_name, ARRAY[receipt], delay) n;
     IF released IS NULL THEN
-        PERFORM pgbroker._stale_receipt(pgbroker._table(queue_name), queue_name, receipt);
+        PERFORM pgbroker._raise_stale(queue_name, receipt);
     END IF;
     RETURN released;
 END;
@@ -189,7 +215,7 @@ BEGIN
             UPDATE pgmq.%I q SET vt = clock_timestamp() + make_interval(secs => $2)
             FROM held
             WHERE q.msg_id = held.msg_id AND q.read_ct = held.read_ct
-              AND q.vt = held.lease AND q.vt > clock_timestamp()
+              AND pgbroker._micros(q.vt) = held.lease AND q.vt > clock_timestamp()
             RETURNING q.msg_id, q.read_ct, q.vt
         )
         SELECT msg_id, pgbroker.receipt(msg_id, read_ct, vt) FROM extended ORDER BY msg_id
@@ -205,7 +231,7 @@ DECLARE
 BEGIN
     SELECT e.receipt INTO renewed FROM pgbroker.extend(queue_name, ARRAY[receipt], vt) e;
     IF renewed IS NULL THEN
-        PERFORM pgbroker._stale_receipt(pgbroker._table(queue_name), queue_name, receipt);
+        PERFORM pgbroker._raise_stale(queue_name, receipt);
     END IF;
     RETURN renewed;
 END;

@@ -74,6 +74,7 @@ _BY_SQLSTATE: dict[str, type[PgbrokerError]] = {
     "PB005": MessageTooLarge,
     "PB007": InvalidArgument,
     "22P02": InvalidMessage,  # invalid text representation, e.g. bad JSON
+    "22P05": InvalidMessage,  # untranslatable character, e.g. \u0000 in a JSON string
 }
 
 
@@ -87,6 +88,8 @@ def from_postgres(exc: psycopg.Error) -> PgbrokerError:
     missing_schema = isinstance(exc, (pg_errors.UndefinedFunction, pg_errors.InvalidSchemaName))
     if cls is None and missing_schema and ("pgmq" in message or "pgbroker" in message):
         cls, hint = NotInstalled, "Install the schema first: pgbroker install (or Broker.install())."
+    if sqlstate == "22P05":
+        hint = hint or "PostgreSQL's jsonb cannot store the NUL character (\\u0000); remove it."
     error = (cls or DatabaseError)(message, hint=hint)
     error.sqlstate = sqlstate or None
     return error

@@ -9,7 +9,9 @@ from typing import Any
 
 from pgbroker.errors import InvalidArgument
 
-_RECEIPT = re.compile(r"^(\d{1,19}):(\d{1,10}):(-?\d{1,19})$")
+_RECEIPT = re.compile(r"^([0-9]{1,19}):([0-9]{1,10}):(-?[0-9]{1,19})$")
+_BIGINT_MAX = 2**63 - 1
+_INTEGER_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +29,13 @@ class Receipt:
     @classmethod
     def parse(cls, token: str) -> Receipt:
         match = _RECEIPT.match(token.strip())
-        if match is None:
+        # The same rules as pgbroker._parse_receipt: integers within their SQL types.
+        if (
+            match is None
+            or int(match[1]) > _BIGINT_MAX
+            or int(match[2]) > _INTEGER_MAX
+            or abs(int(match[3])) > _BIGINT_MAX
+        ):
             raise InvalidArgument(
                 f"malformed receipt {token!r}: expected <msg_id>:<read_ct>:<lease>",
                 hint="Pass the receipt exactly as the read returned it.",

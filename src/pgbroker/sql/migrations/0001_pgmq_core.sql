@@ -409,11 +409,10 @@ $$;
 -- which is what puts it in the ready index.
 ------------------------------------------------------------------------------
 
-CREATE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
-RETURNS SETOF bigint LANGUAGE plpgsql AS $$
-DECLARE
-    qtable text := pgbroker._table(queue_name);
-    max_size bigint;
+-- The shape of a batch, checked before anything is sent (send_batch_topic
+-- checks it once even when no queue matches).
+CREATE FUNCTION pgbroker._check_batch(msgs jsonb[], headers jsonb[])
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     PERFORM pgbroker._check_arg(msgs IS NOT NULL AND cardinality(msgs) > 0,
         'msgs cannot be NULL or empty', 'Pass at least one message.');
@@ -421,6 +420,16 @@ BEGIN
         format('headers array length (%s) must match msgs array length (%s)',
                cardinality(headers), cardinality(msgs)),
         'Give one headers object per message, or none at all.');
+END;
+$$;
+
+CREATE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+DECLARE
+    qtable text := pgbroker._table(queue_name);
+    max_size bigint;
+BEGIN
+    PERFORM pgbroker._check_batch(msgs, headers);
     -- A message's size counts its headers too: both are stored in its row.
     SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(headers[m.n]), 0)) INTO max_size
     FROM unnest(msgs) WITH ORDINALITY AS m(msg, n);

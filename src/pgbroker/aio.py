@@ -1,13 +1,12 @@
 """The asyncio client: AsyncBroker and AsyncQueue, twins of pgbroker.client.
 
 They run the very same Query objects from pgbroker.queries on psycopg's
-async connections and pool, so the two clients cannot drift apart: only the
-awaiting differs.
+async connections and pool, and wait on the same schedule (pgbroker.listen),
+so the two clients cannot drift apart: only the awaiting differs.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
@@ -19,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgbroker import queries as q
 from pgbroker.errors import from_postgres
 from pgbroker.install import InstallResult, install_async
+from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, Waiting, conninfo_of
 from pgbroker.models import Message, Metrics, QueueInfo, Receipt
 from pgbroker.queries import Delay, Query, Receivable
 
@@ -62,9 +62,10 @@ class AsyncConnectionExecutor:
 class AsyncQueue:
     """One queue, bound to an async executor; the methods mirror pgbroker.Queue."""
 
-    def __init__(self, name: str, executor: AsyncExecutor) -> None:
+    def __init__(self, name: str, executor: AsyncExecutor, listener: AsyncListener) -> None:
         self.name = name
         self._executor = executor
+        self._listener = listener
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self.name!r})"
@@ -105,8 +106,18 @@ class AsyncQueue:
         wait: float | timedelta = 0,
         conditional: Mapping[str, Any] | None = None,
     ) -> list[Message]:
-        query = q.message_read_many(self.name, qty, vt=vt, wait=wait, conditional=conditional)
-        return await self._executor.run(query)
+        query = q.message_read_many(self.name, qty, vt=vt, conditional=conditional)
+        waiting = Waiting(q.duration(wait, "wait"), self._listener.poll_interval)
+        found = await self._executor.run(query)
+        if waiting.done(found):
+            return found
+        channel_of = q.notify_channel(self.name)
+        subscription = await self._listener.subscribe(
+            self.name, lambda: self._executor.run(channel_of), waiting.timeout()
+        )
+        while not waiting.done(found := await self._executor.run(query)):
+            await subscription.wait(waiting.timeout())
+        return found
 
     async def consume(
         self,
@@ -117,15 +128,13 @@ class AsyncQueue:
     ) -> AsyncIterator[Message]:
         """Yield messages forever: read batches, and wait up to idle_wait seconds when empty.
 
-        The caller acks (or nacks) each message; one left alone becomes
-        visible again when its lease of vt seconds runs out.
+        An empty queue is waited on like read_many(wait=...): woken by a
+        notification, else polled. The caller acks (or nacks) each message;
+        one left alone becomes visible again when its lease of vt seconds runs out.
         """
         while True:
-            batch = await self.read_many(batch_size, vt=vt, wait=idle_wait)
-            for message in batch:
+            for message in await self.read_many(batch_size, vt=vt, wait=idle_wait):
                 yield message
-            if not batch:
-                await asyncio.sleep(0)  # let cancellation in between empty waits
 
     async def pop(self) -> Message | None:
         found = await self.pop_many(1)
@@ -170,6 +179,13 @@ class AsyncQueue:
         found = await self._executor.run(q.message_set_vt_many(self.name, [msg_id], vt))
         return found[0] if found else None
 
+    async def enable_notify(self, throttle_ms: int = q.DEFAULT_NOTIFY_THROTTLE_MS) -> None:
+        """See Queue.enable_notify."""
+        await self._executor.run(q.notify_enable(self.name, throttle_ms))
+
+    async def disable_notify(self) -> None:
+        await self._executor.run(q.notify_disable(self.name))
+
     async def purge(self) -> int:
         return await self._executor.run(q.queue_purge(self.name))
 
@@ -180,12 +196,13 @@ class AsyncQueue:
 class AsyncTransaction:
     """A transaction on one async connection, shared by the caller's SQL and pgbroker's."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], listener: AsyncListener) -> None:
         self.connection = conn
         self._executor = AsyncConnectionExecutor(conn)
+        self._listener = listener
 
     def queue(self, name: str) -> AsyncQueue:
-        return AsyncQueue(name, self._executor)
+        return AsyncQueue(name, self._executor, self._listener)
 
 
 class AsyncBroker:
@@ -193,6 +210,7 @@ class AsyncBroker:
 
     Takes a DSN (an async pool is opened on enter), an AsyncConnectionPool,
     or one AsyncConnection. With none, the DSN is resolved like Broker's.
+    poll_interval is as Broker's.
     """
 
     def __init__(
@@ -202,9 +220,11 @@ class AsyncBroker:
         pool: AsyncConnectionPool | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
         max_connections: int = 10,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
+        self._listener = AsyncListener(self._listen_conninfo, poll_interval)
         self._connection = connection
         self._owned_pool: AsyncConnectionPool | None = None
         if connection is None and pool is None:
@@ -233,6 +253,7 @@ class AsyncBroker:
         return self
 
     async def close(self) -> None:
+        await self._listener.close()
         if self._owned_pool is not None:
             await self._owned_pool.close()
 
@@ -254,7 +275,11 @@ class AsyncBroker:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncTransaction]:
         async with self.connection() as conn, conn.transaction():
-            yield AsyncTransaction(conn)
+            yield AsyncTransaction(conn, self._listener)
+
+    async def _listen_conninfo(self) -> str:
+        async with self.connection() as conn:
+            return conninfo_of(conn.info)
 
     async def install(self) -> InstallResult:
         """Install or upgrade the schema (idempotent)."""
@@ -262,11 +287,14 @@ class AsyncBroker:
             return await install_async(conn)
 
     def queue(self, name: str) -> AsyncQueue:
-        return AsyncQueue(name, self._executor)
+        return AsyncQueue(name, self._executor, self._listener)
 
-    async def create_queue(self, name: str, *, unlogged: bool = False) -> AsyncQueue:
+    async def create_queue(self, name: str, *, unlogged: bool = False, notify: bool = False) -> AsyncQueue:
         await self._executor.run(q.queue_create(name, unlogged=unlogged))
-        return self.queue(name)
+        queue = self.queue(name)
+        if notify:
+            await queue.enable_notify()
+        return queue
 
     async def drop_queue(self, name: str) -> bool:
         return await self._executor.run(q.queue_drop(name))

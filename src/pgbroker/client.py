@@ -4,6 +4,8 @@ Every method builds a Query in pgbroker.queries and hands it to an executor:
 a pool (each call borrows a connection in autocommit), or one connection
 that the caller owns, for example inside ``with broker.transaction() as tx``
 so that sends and acks commit or roll back with the caller's own writes.
+A read that waits sleeps on the broker's Listener (pgbroker.listen) between
+reads, holding no connection meanwhile.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from psycopg_pool import ConnectionPool
 from pgbroker import queries as q
 from pgbroker.errors import from_postgres
 from pgbroker.install import InstallResult, install
+from pgbroker.listen import DEFAULT_POLL_INTERVAL, Listener, Waiting, conninfo_of
 from pgbroker.models import Message, Metrics, QueueInfo, Receipt
 from pgbroker.queries import Delay, Query, Receivable
 
@@ -62,9 +65,10 @@ class ConnectionExecutor:
 class Queue:
     """One queue, bound to an executor. Get it from Broker.queue() or Transaction.queue()."""
 
-    def __init__(self, name: str, executor: Executor) -> None:
+    def __init__(self, name: str, executor: Executor, listener: Listener) -> None:
         self.name = name
         self._executor = executor
+        self._listener = listener
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
@@ -111,10 +115,24 @@ class Queue:
         wait: float | timedelta = 0,
         conditional: Mapping[str, Any] | None = None,
     ) -> list[Message]:
-        """Lease up to qty visible messages, oldest first; each carries a receipt."""
-        return self._executor.run(
-            q.message_read_many(self.name, qty, vt=vt, wait=wait, conditional=conditional)
+        """Lease up to qty visible messages, oldest first; each carries a receipt.
+
+        With ``wait`` > 0 and nothing to read, wait up to that many seconds for
+        messages: woken by a notification when notify is enabled on the queue
+        (see enable_notify), else by polling every poll interval of the broker.
+        """
+        query = q.message_read_many(self.name, qty, vt=vt, conditional=conditional)
+        waiting = Waiting(q.duration(wait, "wait"), self._listener.poll_interval)
+        found = self._executor.run(query)
+        if waiting.done(found):
+            return found
+        channel_of = q.notify_channel(self.name)
+        subscription = self._listener.subscribe(
+            self.name, lambda: self._executor.run(channel_of), waiting.timeout()
         )
+        while not waiting.done(found := self._executor.run(query)):
+            subscription.wait(waiting.timeout())
+        return found
 
     def pop(self) -> Message | None:
         """Delete and return the oldest visible message (at-most-once delivery)."""
@@ -168,6 +186,20 @@ class Queue:
 
     # the queue as a whole
 
+    def enable_notify(self, throttle_ms: int = q.DEFAULT_NOTIFY_THROTTLE_MS) -> None:
+        """Notify waiting readers of sends, at most once per ``throttle_ms`` milliseconds (idempotent).
+
+        A message sent within throttle_ms of a notified one is not announced:
+        waiting readers find it at their next poll. 0 announces every send
+        (concurrent ones share a notification). Notifying transactions commit
+        one at a time (Postgres' notify lock), so keep a throttle on queues
+        with many concurrent senders.
+        """
+        self._executor.run(q.notify_enable(self.name, throttle_ms))
+
+    def disable_notify(self) -> None:
+        self._executor.run(q.notify_disable(self.name))
+
     def purge(self) -> int:
         """Delete every message (not the archive); returns how many there were."""
         return self._executor.run(q.queue_purge(self.name))
@@ -179,19 +211,21 @@ class Queue:
 class Transaction:
     """A transaction on one connection, shared by the caller's own SQL and pgbroker's."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], listener: Listener) -> None:
         self.connection = conn
         self._executor = ConnectionExecutor(conn)
+        self._listener = listener
 
     def queue(self, name: str) -> Queue:
-        return Queue(name, self._executor)
+        return Queue(name, self._executor, self._listener)
 
 
 class Broker:
     """Entry point: a DSN (pooled), a pool, or a single connection.
 
     With none of them the DSN comes from DATABASE_URL, else the embedded
-    cluster is started (see pgbroker.dsn).
+    cluster is started (see pgbroker.dsn). A read that waits and finds nothing
+    reads again every ``poll_interval`` seconds, or sooner when notified.
     """
 
     def __init__(
@@ -201,9 +235,11 @@ class Broker:
         pool: ConnectionPool | None = None,
         connection: psycopg.Connection[Any] | None = None,
         max_connections: int = 10,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
     ) -> None:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
+        self._listener = Listener(self._listen_conninfo, poll_interval)
         self._owned_pool: ConnectionPool | None = None
         self._connection = connection
         if connection is None and pool is None:
@@ -231,7 +267,8 @@ class Broker:
         self.close()
 
     def close(self) -> None:
-        """Close the pool this broker opened (a pool or connection passed in is left open)."""
+        """Close the listener and the pool this broker opened (a pool or connection passed in stays open)."""
+        self._listener.close()
         if self._owned_pool is not None:
             self._owned_pool.close()
 
@@ -248,7 +285,11 @@ class Broker:
     def transaction(self) -> Iterator[Transaction]:
         """A transaction whose queue operations commit or roll back with the caller's own SQL."""
         with self.connection() as conn, conn.transaction():
-            yield Transaction(conn)
+            yield Transaction(conn, self._listener)
+
+    def _listen_conninfo(self) -> str:
+        with self.connection() as conn:
+            return conninfo_of(conn.info)
 
     def install(self) -> InstallResult:
         """Install or upgrade the schema (idempotent)."""
@@ -256,12 +297,18 @@ class Broker:
             return install(conn)
 
     def queue(self, name: str) -> Queue:
-        return Queue(name, self._executor)
+        return Queue(name, self._executor, self._listener)
 
-    def create_queue(self, name: str, *, unlogged: bool = False) -> Queue:
-        """Create a queue if it does not exist (idempotent) and return it."""
+    def create_queue(self, name: str, *, unlogged: bool = False, notify: bool = False) -> Queue:
+        """Create a queue if it does not exist (idempotent) and return it.
+
+        notify=True also enables notify with the default throttle (Queue.enable_notify).
+        """
         self._executor.run(q.queue_create(name, unlogged=unlogged))
-        return self.queue(name)
+        queue = self.queue(name)
+        if notify:
+            queue.enable_notify()
+        return queue
 
     def drop_queue(self, name: str) -> bool:
         """Drop a queue and its archive; False when there was no such queue."""

@@ -58,14 +58,19 @@ def _headers_object(headers: Mapping[str, Any] | None) -> str | None:
     return encode_json(dict(headers), "headers")
 
 
-def _seconds(value: int | float | timedelta, what: str) -> int:
-    """Whole seconds >= 0, rounding fractions up so that a wait is never shorter."""
+def duration(value: int | float | timedelta, what: str) -> float:
+    """Seconds >= 0 from a number or timedelta, or InvalidArgument naming ``what``."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
         raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
     if seconds < 0:
         raise InvalidArgument(f"{what} must be >= 0 seconds, got {value!r}")
-    return math.ceil(seconds)
+    return float(seconds)
+
+
+def _seconds(value: int | float | timedelta, what: str) -> int:
+    """Whole seconds >= 0, rounding fractions up so that a wait is never shorter."""
+    return math.ceil(duration(value, what))
 
 
 def _count(value: int, what: str) -> int:
@@ -151,6 +156,23 @@ def queue_purge(queue: str) -> Query[int]:
     return Query(_named("queue_purge"), {"queue": queue}, _scalar)
 
 
+# As pgmq.enable_notify_insert's default.
+DEFAULT_NOTIFY_THROTTLE_MS = 250
+
+
+def notify_enable(queue: str, throttle_ms: int = DEFAULT_NOTIFY_THROTTLE_MS) -> Query[None]:
+    params = {"queue": queue, "throttle_ms": _count(throttle_ms, "throttle_ms")}
+    return Query(_named("notify_enable"), params, _nothing)
+
+
+def notify_disable(queue: str) -> Query[None]:
+    return Query(_named("notify_disable"), {"queue": queue}, _nothing)
+
+
+def notify_channel(queue: str) -> Query[str]:
+    return Query(_named("notify_channel"), {"queue": queue}, _scalar)
+
+
 # -- messages -----------------------------------------------------------------
 
 
@@ -188,22 +210,16 @@ def message_read_many(
     qty: int,
     *,
     vt: int | timedelta = 30,
-    wait: float | timedelta = 0,
-    poll_interval: float = 0.1,
     conditional: Mapping[str, Any] | None = None,
 ) -> Query[list[Message]]:
+    """One read, never waiting: a waiting read repeats it (see pgbroker.listen.Waiting)."""
     params: dict[str, Any] = {
         "queue": queue,
         "vt": _seconds(vt, "vt"),
         "qty": _count(qty, "qty"),
         "conditional": encode_json(dict(conditional or {}), "conditional"),
     }
-    wait_seconds = _seconds(wait, "wait")
-    if wait_seconds == 0:
-        return Query(_named("message_read_many"), params, _messages)
-    interval_ms = max(1, round(poll_interval * 1000))
-    params |= {"max_poll_seconds": wait_seconds, "poll_interval_ms": interval_ms}
-    return Query(_named("message_read_many_with_poll"), params, _messages)
+    return Query(_named("message_read_many"), params, _messages)
 
 
 def message_pop_many(queue: str, qty: int) -> Query[list[Message]]:

@@ -24,6 +24,15 @@ SELECT * FROM pgmq.metrics_all()
 -- name: queue_purge
 SELECT pgmq.purge_queue(%(queue)s)
 
+-- name: notify_enable
+SELECT pgmq.enable_notify_insert(%(queue)s, %(throttle_ms)s::integer)
+
+-- name: notify_disable
+SELECT pgmq.disable_notify_insert(%(queue)s)
+
+-- name: notify_channel
+SELECT pgbroker.notify_channel(%(queue)s)
+
 -- name: message_send_many
 SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jsonb[])
 
@@ -35,11 +44,6 @@ SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jso
 
 -- name: message_read_many
 SELECT * FROM pgbroker.read(%(queue)s, %(vt)s::integer, %(qty)s::integer, %(conditional)s::jsonb)
-
--- name: message_read_many_with_poll
-SELECT * FROM pgbroker.read_with_poll(%(queue)s, %(vt)s::integer, %(qty)s::integer,
-                                      %(max_poll_seconds)s::integer, %(poll_interval_ms)s::integer,
-                                      %(conditional)s::jsonb)
 
 -- name: message_pop_many
 SELECT * FROM pgmq.pop(%(queue)s, %(qty)s::integer)

@@ -1,0 +1,1 @@
+"""pgbroker's benchmark scenarios; each module runs on its own (python -m bench.<name>)."""

@@ -1,0 +1,43 @@
+"""The pure parts of pgbroker.listen: the schedule of a waiting read and the reconnect delays."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pgbroker.errors import InvalidArgument
+from pgbroker.listen import Waiting, check_poll_interval, reconnect_delay
+
+
+def test_a_read_that_does_not_wait_is_done_at_once() -> None:
+    assert Waiting(0, 0.5).done([])
+
+
+def test_a_waiting_read_is_done_when_it_found_messages() -> None:
+    waiting = Waiting(60, 0.5)
+    assert not waiting.done([])
+    assert waiting.done(["message"])
+
+
+def test_sleeps_last_a_poll_interval_at_most_and_never_past_the_deadline() -> None:
+    assert Waiting(60, 0.5).timeout() == 0.5
+    assert 0 < Waiting(0.2, 0.5).timeout() <= 0.2
+    expired = Waiting(0.01, 0.5)
+    time.sleep(0.02)
+    assert expired.timeout() == 0
+    assert expired.done([])
+
+
+def test_reconnect_delays_grow_from_a_tenth_of_a_second_to_five_seconds() -> None:
+    delays = [reconnect_delay(n) for n in range(10)]
+    assert delays[0] == pytest.approx(0.1)
+    assert delays == sorted(delays)
+    assert delays[-1] == 5.0
+    assert reconnect_delay(10_000) == 5.0
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), True, "1"])
+def test_poll_interval_must_be_positive_seconds(bad: object) -> None:
+    with pytest.raises(InvalidArgument, match="poll_interval"):
+        check_poll_interval(bad)  # type: ignore[arg-type]

@@ -29,21 +29,37 @@ class PgbrokerError(Exception):
 class InvalidQueueName(PgbrokerError):
     """The queue name is empty, too long, or contains forbidden characters."""
 
+    sqlstate = "PB001"
+
 
 class QueueNotFound(PgbrokerError):
     """The queue was never created, or was dropped."""
+
+    sqlstate = "PB002"
 
 
 class QueueNameConflict(PgbrokerError):
     """A queue with the same name in another letter case exists."""
 
+    sqlstate = "PB004"
+
 
 class StaleReceipt(PgbrokerError):
     """The receipt no longer holds: lease expired, or message redelivered, nacked or acked."""
 
+    sqlstate = "PB003"
+
+
+class QueueFull(PgbrokerError):
+    """A send would take the queue past its policy's max_depth (backpressure)."""
+
+    sqlstate = "PB006"
+
 
 class InvalidArgument(PgbrokerError, ValueError):
     """An argument is out of range, null where a value is needed, or malformed."""
+
+    sqlstate = "PB007"
 
 
 class InvalidMessage(InvalidArgument):
@@ -52,6 +68,8 @@ class InvalidMessage(InvalidArgument):
 
 class MessageTooLarge(InvalidMessage):
     """A message is larger than pgbroker.max_message_bytes."""
+
+    sqlstate = "PB005"
 
 
 class NotInstalled(PgbrokerError):
@@ -66,13 +84,17 @@ class DatabaseError(PgbrokerError):
     """Any other database error, passed through with its SQLSTATE."""
 
 
+_CODED: tuple[type[PgbrokerError], ...] = (
+    InvalidQueueName,
+    QueueNotFound,
+    StaleReceipt,
+    QueueNameConflict,
+    MessageTooLarge,
+    QueueFull,
+    InvalidArgument,
+)
 _BY_SQLSTATE: dict[str, type[PgbrokerError]] = {
-    "PB001": InvalidQueueName,
-    "PB002": QueueNotFound,
-    "PB003": StaleReceipt,
-    "PB004": QueueNameConflict,
-    "PB005": MessageTooLarge,
-    "PB007": InvalidArgument,
+    **{cls.sqlstate: cls for cls in _CODED if cls.sqlstate},
     "22P02": InvalidMessage,  # invalid text representation, e.g. bad JSON
     "22P05": InvalidMessage,  # untranslatable character, e.g. \u0000 in a JSON string
 }
@@ -91,5 +113,5 @@ def from_postgres(exc: psycopg.Error) -> PgbrokerError:
     if sqlstate == "22P05":
         hint = hint or "PostgreSQL's jsonb cannot store the NUL character (\\u0000); remove it."
     error = (cls or DatabaseError)(message, hint=hint)
-    error.sqlstate = sqlstate or None
+    error.sqlstate = sqlstate or error.sqlstate
     return error

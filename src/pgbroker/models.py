@@ -34,7 +34,7 @@ class Receipt:
             match is None
             or int(match[1]) > _BIGINT_MAX
             or int(match[2]) > _INTEGER_MAX
-            or abs(int(match[3])) > _BIGINT_MAX
+            or not -_BIGINT_MAX - 1 <= int(match[3]) <= _BIGINT_MAX
         ):
             raise InvalidArgument(
                 f"malformed receipt {token!r}: expected <msg_id>:<read_ct>:<lease>",

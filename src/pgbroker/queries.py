@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
 from pgbroker import sql
-from pgbroker.errors import InvalidArgument, InvalidMessage
+from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, StaleReceipt
 from pgbroker.models import Message, Metrics, QueueInfo, Receipt
 
 T = TypeVar("T")
@@ -30,6 +30,13 @@ class Query(Generic[T]):
     sql: LiteralString
     params: Mapping[str, Any]
     decode: Callable[[list[Row]], T]
+
+    def __post_init__(self) -> None:
+        # libpq cannot send a NUL inside a string at all: say which name is wrong
+        # before psycopg fails with a transport error.
+        queue = self.params.get("queue")
+        if isinstance(queue, str) and "\x00" in queue:
+            raise InvalidQueueName(f"queue name contains a NUL character: {queue!r}")
 
 
 def _named(name: str) -> LiteralString:
@@ -68,14 +75,21 @@ def duration(value: int | float | timedelta, what: str) -> float:
     return float(seconds)
 
 
+_INTEGER_MAX = 2**31 - 1  # SQL integer: vt, qty, delay
+_BIGINT_MAX = 2**63 - 1  # SQL bigint: msg_id
+
+
 def _seconds(value: int | float | timedelta, what: str) -> int:
-    """Whole seconds >= 0, rounding fractions up so that a wait is never shorter."""
-    return math.ceil(duration(value, what))
+    """Whole seconds >= 0 that fit SQL's integer, rounding fractions up so a wait is never shorter."""
+    seconds = math.ceil(duration(value, what))
+    if seconds > _INTEGER_MAX:
+        raise InvalidArgument(f"{what} must be at most {_INTEGER_MAX} seconds, got {value!r}")
+    return seconds
 
 
 def _count(value: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgument(f"{what} must be an integer >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INTEGER_MAX:
+        raise InvalidArgument(f"{what} must be an integer from 0 to {_INTEGER_MAX}, got {value!r}")
     return value
 
 
@@ -226,9 +240,25 @@ def message_pop_many(queue: str, qty: int) -> Query[list[Message]]:
     return Query(_named("message_pop_many"), {"queue": queue, "qty": _count(qty, "qty")}, _messages)
 
 
+def _held(queue: str, receipt: Receipt) -> Callable[[list[Row]], Any]:
+    """Decode a single fenced operation: its result, or StaleReceipt with the server's reason."""
+
+    def decode(rows: list[Row]) -> Any:
+        done, reason = rows[0]
+        if done is None:
+            raise StaleReceipt(
+                f'stale receipt for message {receipt.msg_id} in queue "{queue}": {reason}',
+                hint="Another consumer may now hold the message; extend leases before they run out.",
+            )
+        return done
+
+    return decode
+
+
 def message_ack(queue: str, item: Receivable, *, archive: bool = True) -> Query[None]:
-    params = {"queue": queue, "receipt": str(receipt_of(item)), "archive": archive}
-    return Query(_named("message_ack"), params, _nothing)
+    receipt = receipt_of(item)
+    params = {"queue": queue, "receipt": str(receipt), "archive": archive}
+    return Query(_named("message_ack"), params, _held(queue, receipt))
 
 
 def message_ack_many(queue: str, items: Iterable[Receivable], *, archive: bool = True) -> Query[list[int]]:
@@ -237,8 +267,9 @@ def message_ack_many(queue: str, items: Iterable[Receivable], *, archive: bool =
 
 
 def message_nack(queue: str, item: Receivable, *, delay: int | timedelta = 0) -> Query[None]:
-    params = {"queue": queue, "receipt": str(receipt_of(item)), "delay": _seconds(delay, "delay")}
-    return Query(_named("message_nack"), params, _nothing)
+    receipt = receipt_of(item)
+    params = {"queue": queue, "receipt": str(receipt), "delay": _seconds(delay, "delay")}
+    return Query(_named("message_nack"), params, _held(queue, receipt))
 
 
 def message_nack_many(
@@ -253,8 +284,10 @@ def message_nack_many(
 
 
 def message_extend(queue: str, item: Receivable, *, vt: int | timedelta) -> Query[Receipt]:
-    params = {"queue": queue, "receipt": str(receipt_of(item)), "vt": _seconds(vt, "vt")}
-    return Query(_named("message_extend"), params, lambda rows: Receipt.parse(rows[0][0]))
+    receipt = receipt_of(item)
+    params = {"queue": queue, "receipt": str(receipt), "vt": _seconds(vt, "vt")}
+    held = _held(queue, receipt)
+    return Query(_named("message_extend"), params, lambda rows: Receipt.parse(held(rows)))
 
 
 def message_extend_many(
@@ -271,8 +304,8 @@ def message_extend_many(
 def _msg_ids(msg_ids: Iterable[int]) -> list[int]:
     ids = list(msg_ids)
     for msg_id in ids:
-        if isinstance(msg_id, bool) or not isinstance(msg_id, int):
-            raise InvalidArgument(f"msg_id must be an integer, got {msg_id!r}")
+        if isinstance(msg_id, bool) or not isinstance(msg_id, int) or not 0 <= msg_id <= _BIGINT_MAX:
+            raise InvalidArgument(f"msg_id must be an integer from 0 to {_BIGINT_MAX}, got {msg_id!r}")
     return ids
 
 

@@ -49,19 +49,26 @@ SELECT * FROM pgbroker.read(%(queue)s, %(vt)s::integer, %(qty)s::integer, %(cond
 SELECT * FROM pgmq.pop(%(queue)s, %(qty)s::integer)
 
 -- name: message_ack
-SELECT pgbroker.ack(%(queue)s, %(receipt)s::text, %(archive)s::boolean)
+-- The single forms go through the batch functions, which skip a stale receipt
+-- instead of raising: the client raises StaleReceipt itself, with the server's
+-- reason, and a caller's transaction is not aborted by it.
+SELECT done, CASE WHEN done IS NULL THEN pgbroker.stale_reason(%(queue)s, %(receipt)s) END
+FROM (SELECT (SELECT a FROM pgbroker.ack(%(queue)s, ARRAY[%(receipt)s::text], %(archive)s::boolean) a) AS done) s
 
 -- name: message_ack_many
 SELECT * FROM pgbroker.ack(%(queue)s, %(receipts)s::text[], %(archive)s::boolean)
 
 -- name: message_nack
-SELECT pgbroker.nack(%(queue)s, %(receipt)s::text, %(delay)s::integer)
+SELECT done, CASE WHEN done IS NULL THEN pgbroker.stale_reason(%(queue)s, %(receipt)s) END
+FROM (SELECT (SELECT n FROM pgbroker.nack(%(queue)s, ARRAY[%(receipt)s::text], %(delay)s::integer) n) AS done) s
 
 -- name: message_nack_many
 SELECT * FROM pgbroker.nack(%(queue)s, %(receipts)s::text[], %(delay)s::integer)
 
 -- name: message_extend
-SELECT pgbroker.extend(%(queue)s, %(receipt)s::text, %(vt)s::integer)
+SELECT done, CASE WHEN done IS NULL THEN pgbroker.stale_reason(%(queue)s, %(receipt)s) END
+FROM (SELECT (SELECT e.receipt FROM pgbroker.extend(%(queue)s, ARRAY[%(receipt)s::text], %(vt)s::integer) e)
+      AS done) s
 
 -- name: message_extend_many
 SELECT msg_id, receipt FROM pgbroker.extend(%(queue)s, %(receipts)s::text[], %(vt)s::integer)

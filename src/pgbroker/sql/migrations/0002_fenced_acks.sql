@@ -35,7 +35,7 @@ BEGIN
         -- Range checks as numerics, so an out-of-range number is a malformed
         -- receipt (PB007) rather than a cast error.
         IF parts[1]::numeric <= 9223372036854775807 AND parts[2]::numeric <= 2147483647
-           AND abs(parts[3]::numeric) <= 9223372036854775807 THEN
+           AND parts[3]::numeric BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
             msg_id := parts[1]::bigint;
             read_ct := parts[2]::integer;
             lease := parts[3]::bigint;

@@ -56,6 +56,12 @@ class QueueFull(PgbrokerError):
     sqlstate = "PB006"
 
 
+class MissingExtension(PgbrokerError):
+    """The operation needs a Postgres extension that is not installed (pg_partman)."""
+
+    sqlstate = "PB008"
+
+
 class InvalidArgument(PgbrokerError, ValueError):
     """An argument is out of range, null where a value is needed, or malformed."""
 
@@ -91,6 +97,7 @@ _CODED: tuple[type[PgbrokerError], ...] = (
     QueueNameConflict,
     MessageTooLarge,
     QueueFull,
+    MissingExtension,
     InvalidArgument,
 )
 _BY_SQLSTATE: dict[str, type[PgbrokerError]] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from pgbroker.errors import InvalidArgument
 
@@ -85,4 +85,46 @@ class Metrics:
     total_messages: int
     scrape_time: datetime
     queue_visible_length: int
-    default_partition_length: int
+    default_partition_length: int | None  # None for a queue that is not partitioned
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A queue's delivery policy (pgbroker.policy()); None turns a limit off.
+
+    ``dead_letter_queue`` None sends dead letters to the queue's archive; the
+    archive settings apply to pgbroker.trim_archive (`pgbroker maintain`).
+    """
+
+    queue_name: str
+    max_deliveries: int | None
+    backoff: str  # 'fixed' or 'exponential'
+    backoff_base_seconds: int
+    backoff_max_seconds: int
+    backoff_jitter: bool
+    dead_letter_queue: str | None
+    ack_mode: str  # 'archive' or 'delete'
+    max_depth: int | None
+    archive_retention_seconds: int | None
+    archive_max_rows: int | None
+    updated_at: datetime
+
+
+class PolicyChanges(TypedDict, total=False):
+    """Settings to change with set_policy; a setting left out stays as it is.
+
+    0 turns max_deliveries, max_depth, archive_retention_seconds and
+    archive_max_rows off; dead_letter_queue='' sends dead letters to the
+    queue's archive again.
+    """
+
+    max_deliveries: int
+    backoff: Literal["fixed", "exponential"]
+    backoff_base_seconds: int
+    backoff_max_seconds: int
+    backoff_jitter: bool
+    dead_letter_queue: str
+    ack_mode: Literal["archive", "delete"]
+    max_depth: int
+    archive_retention_seconds: int
+    archive_max_rows: int

@@ -1309,11 +1309,11 @@ def test_deliberate_notify_works_for_mixed_case_queue_names(pair: Pair) -> None:
 # -- partitioned queues (migration 0006) ------------------------------------------------------
 
 
-def test_partitioned_queue_without_the_pg_partman_extension_fails_on_both(unchanged: Pair) -> None:
+def test_partitioned_queue_without_the_pg_partman_extension_fails_on_both(pair: Pair) -> None:
     """Neither database has CREATE EXTENSION pg_partman (whether or not the server could)."""
-    unchanged.both_fail("SELECT pgmq.create_partitioned('parts')", reference="P0001")
-    unchanged.both_fail("SELECT pgmq.create_partitioned('parts', '1 day', '7 days')", reference="P0001")
-    unchanged.assert_same_state()
+    pair.both_fail("SELECT pgmq.create_partitioned('parts')", reference="P0001")
+    pair.both_fail("SELECT pgmq.create_partitioned('parts', '1 day', '7 days')", reference="P0001")
+    pair.assert_same_state()
 
 
 def test_partitioned_queue(pair: Pair, pg_partman: bool) -> None:

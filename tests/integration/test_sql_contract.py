@@ -337,7 +337,7 @@ def test_metrics_of_an_empty_queue_have_null_ages_and_zero_counts(conn: Conn, q:
     assert row is not None
     assert row[:5] == (q, 0, None, None, 0)
     assert isinstance(row[5], datetime)
-    assert row[6:] == (0, 0)
+    assert row[6:] == (0, None)  # default_partition_length: NULL unless partitioned, as in pgmq
 
 
 def test_metrics_count_messages_ever_sent_and_visible_ones(conn: Conn, q: str) -> None:
@@ -348,7 +348,7 @@ def test_metrics_count_messages_ever_sent_and_visible_ones(conn: Conn, q: str) -
     row = conn.execute("SELECT * FROM pgmq.metrics(queue_name => %s)", [q]).fetchone()
     assert row is not None
     name, length, newest, oldest, total, _scrape, visible, default_partition = row
-    assert (name, length, total, visible, default_partition) == (q, 4, 5, 2, 0)
+    assert (name, length, total, visible, default_partition) == (q, 4, 5, 2, None)
     assert isinstance(newest, int)
     assert isinstance(oldest, int)
     assert 0 <= newest <= oldest <= 5

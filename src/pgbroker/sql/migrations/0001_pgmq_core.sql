@@ -68,7 +68,8 @@ CREATE TYPE pgmq.metrics_result AS (
 -- that every client, in any language, can tell them apart:
 --   PB001 invalid queue name      PB002 queue not found
 --   PB003 stale receipt           PB004 queue name conflict (case)
---   PB005 message too large       PB007 invalid argument
+--   PB005 message too large       PB006 queue full (0008)
+--   PB007 invalid argument        PB008 missing extension (0006)
 ------------------------------------------------------------------------------
 
 CREATE FUNCTION pgbroker._check_name(queue_name text)
@@ -384,7 +385,7 @@ BEGIN
                (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgmq.%3$I),
                now(),
                count(*) FILTER (WHERE vt <= now()),
-               0::bigint
+               NULL::bigint  -- only partitioned queues have default partitions
         FROM pgmq.%2$I
         $Q$, queue_name, qtable, qtable || '_msg_id_seq')
     INTO result;

@@ -1,0 +1,182 @@
+"""Query-plan regression tests: a read finds its rows through the ready and timed partial indexes and
+touches a number of buffers set by the batch, not by the backlog.
+
+Two queues are built (fast, with INSERT ... SELECT, then a real pgmq.read that leases the oldest
+messages for an hour): a big one with 200k ready and 20k in flight, and one ten times smaller.
+The statement that picks the rows is the engine's own: its text comes from
+pgbroker._visible_sql, the fragment pgmq.read and pgmq.pop run, so these tests follow the engine
+as it changes. It is explained with EXPLAIN (ANALYZE, BUFFERS). The whole read (pick and lease,
+as pgmq.read runs it inside PL/pgSQL) is seen through auto_explain with log_nested_statements,
+whose plans come back to the test's session as notices (bench.buffers.PlanCapture).
+"""
+
+from __future__ import annotations
+
+import statistics
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from bench.buffers import PlanCapture
+from psycopg import sql
+
+from tests.conftest import dsn_for_db
+
+pytestmark = pytest.mark.slow
+
+BIG = ("plan_big", 200_000, 20_000)
+SMALL = ("plan_small", 20_000, 2_000)
+BATCH = 10
+
+#: Shared buffers a pick of 10 may touch: index descents and the ten heap rows, whatever the backlog.
+PICK_BOUND = 50
+#: Shared buffers a whole read of 10 may touch, the lease (UPDATE) of the ten rows included.
+READ_BOUND = 200
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def _build(conn: Conn, name: str, ready: int, in_flight: int) -> None:
+    table = sql.Identifier(f"q_{name}")
+    conn.execute("SELECT pgmq.create(%s)", [name])
+    # vt = enqueued_at = now(): exactly what a send without delay stores.
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO pgmq.{} (vt, message) SELECT now(), jsonb_build_object('n', g) "
+            "FROM generate_series(1, %s) g"
+        ).format(table),
+        [ready + in_flight],
+    )
+    conn.execute("SELECT count(*) FROM pgmq.read(%s, 3600, %s)", [name, in_flight])
+    conn.execute(sql.SQL("VACUUM ANALYZE pgmq.{}").format(table))
+
+
+@pytest.fixture(scope="module")
+def plan_dsn(pg_admin_dsn: str, template_db: str) -> Iterator[str]:
+    """A database with the two backlogs, shared by this module's tests (each read leases 10 more)."""
+    name = f"plans_{uuid.uuid4().hex}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template_db)
+            )
+        )
+    try:
+        dsn = dsn_for_db(pg_admin_dsn, name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for queue, ready, in_flight in (BIG, SMALL):
+                _build(conn, queue, ready, in_flight)
+        yield dsn
+    finally:
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def plan_conn(plan_dsn: str) -> Iterator[Conn]:
+    with psycopg.connect(plan_dsn, autocommit=True) as conn:
+        # PL/pgSQL's EXECUTE ... USING plans with the values at hand; so does a custom plan.
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+        yield conn
+
+
+def _explain_pick(conn: Conn, queue: str) -> dict[str, Any]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the engine's pick of 10 on ``queue``: the top plan node."""
+    fragment = conn.execute("SELECT pgbroker._visible_sql(%s, NULL)", [f"q_{queue}"]).fetchone()
+    assert fragment is not None
+    assert fragment[0], "pgbroker._visible_sql returned nothing"
+    statement = f"p_{uuid.uuid4().hex[:12]}"
+    # $1 qty, $2 conditional (unused without one), $3 the reader's clock: as pgmq.read passes them.
+    conn.execute(
+        sql.SQL("PREPARE {} (integer, jsonb, timestamptz) AS WITH {} SELECT msg_id FROM picked").format(
+            sql.Identifier(statement), sql.SQL(fragment[0])
+        )
+    )
+    try:
+        # EXPLAIN takes no parameters: the arguments are literals.
+        explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {} ({}, NULL, clock_timestamp())")
+        row = conn.execute(explain.format(sql.Identifier(statement), sql.Literal(BATCH))).fetchone()
+    finally:
+        conn.execute(sql.SQL("DEALLOCATE {}").format(sql.Identifier(statement)))
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _buffers(node: dict[str, Any]) -> int:
+    return int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
+
+
+def _assert_scans_are_targeted(plan: dict[str, Any], queue: str) -> None:
+    table = f"q_{queue}"
+    for node in _nodes(plan):
+        if node.get("Relation Name") != table:
+            continue
+        assert node["Node Type"] not in ("Seq Scan", "Bitmap Heap Scan"), (
+            f"{node['Node Type']} on {table}: a read must walk an index, never the table"
+        )
+        if node.get("Index Name") == f"{table}_pkey":
+            # The primary key serves lookups of known msg_ids only, never a walk in msg_id order.
+            assert "Index Cond" in node, f"a scan of {table}_pkey without a condition walks every message"
+        assert node.get("Rows Removed by Filter", 0) <= BATCH, (
+            f"{node.get('Index Name')} scanned {node.get('Rows Removed by Filter')} rows it then discarded"
+        )
+
+
+def test_pick_uses_the_ready_and_timed_partial_indexes(plan_conn: Conn) -> None:
+    queue = BIG[0]
+    plan = _explain_pick(plan_conn, queue)
+
+    indexes = {node.get("Index Name") for node in _nodes(plan)}
+    assert f"q_{queue}_ready_idx" in indexes
+    assert f"q_{queue}_vt_idx" in indexes
+    _assert_scans_are_targeted(plan, queue)
+    assert plan["Actual Rows"] == BATCH
+
+
+def test_pick_buffers_stay_flat_with_the_backlog(plan_conn: Conn) -> None:
+    big = _buffers(_explain_pick(plan_conn, BIG[0]))
+    small = _buffers(_explain_pick(plan_conn, SMALL[0]))
+
+    assert big <= PICK_BOUND, f"a pick of {BATCH} touched {big} buffers ({BIG[1]:,} ready, {BIG[2]:,} leased)"
+    assert small <= PICK_BOUND
+    # Ten times the backlog adds at most an index level, never a share of the rows.
+    assert big <= small + 10, f"{big} buffers with the big backlog against {small} with the small one"
+
+
+def _read_buffers(conn: Conn, queue: str, reads: int = 5) -> tuple[int, int, set[str]]:
+    """Median buffers of (the whole pgmq.read call, its main statement), and that statement's indexes."""
+    capture = PlanCapture(conn)
+    assert capture.enable(), "auto_explain needs a superuser session"
+    capture.call("SELECT * FROM pgmq.read(%s, 30, %s)", [queue, BATCH])  # warm the caches
+    calls, statements, indexes = [], [], set()
+    for _ in range(reads):
+        plans = capture.call("SELECT * FROM pgmq.read(%s, 30, %s)", [queue, BATCH])
+        assert len(plans.rows) == BATCH
+        calls.append(plans.top.buffers)
+        statements.append(plans.main.buffers)
+        indexes |= set(plans.main.indexes)
+        assert "Seq Scan" not in plans.main.node_types
+    return int(statistics.median(calls)), int(statistics.median(statements)), indexes
+
+
+def test_read_buffers_including_the_lease_stay_flat_with_the_backlog(plan_conn: Conn) -> None:
+    big_call, big_statement, big_indexes = _read_buffers(plan_conn, BIG[0])
+    _, small_statement, _ = _read_buffers(plan_conn, SMALL[0])
+
+    assert {f"q_{BIG[0]}_ready_idx", f"q_{BIG[0]}_vt_idx"} <= big_indexes
+    assert big_statement <= READ_BOUND, f"a read of {BATCH} touched {big_statement} buffers"
+    assert big_call <= READ_BOUND + 20, f"the pgmq.read call touched {big_call} buffers"
+    assert small_statement <= READ_BOUND
+    # Flat: a backlog ten times as large costs a few index levels more, not ten times the buffers.
+    assert big_statement <= small_statement * 1.5, (
+        f"{big_statement} buffers with the big backlog against {small_statement} with the small one"
+    )

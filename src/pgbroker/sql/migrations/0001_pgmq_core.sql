@@ -110,13 +110,15 @@ END;
 $$;
 
 -- The queue's table name for prefix 'q' or 'a'; fails with PB002 when the
--- queue was never created, naming the fix. The lookup is one index probe on
--- the small meta table.
+-- queue was never created, naming the fix. Every operation calls this, so the
+-- usual case is one index probe on the small meta table: only a name that is
+-- not there is checked further, to say whether it is invalid or just missing
+-- (a name in meta passed _check_name when its queue was created).
 CREATE FUNCTION pgbroker._table(queue_name text, prefix text DEFAULT 'q')
 RETURNS text LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM pgbroker._check_name(queue_name);
     IF NOT EXISTS (SELECT 1 FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_table.queue_name)) THEN
+        PERFORM pgbroker._check_name(queue_name);
         RAISE EXCEPTION 'queue "%" does not exist', queue_name
             USING ERRCODE = 'PB002',
                   HINT = format('Create it first: SELECT pgmq.create(%L); or: pgbroker create %s',

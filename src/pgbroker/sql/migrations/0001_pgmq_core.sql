@@ -558,14 +558,10 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION pgmq.read_with_poll(
-    queue_name TEXT,
-    vt INTEGER,
-    qty INTEGER,
-    max_poll_seconds INTEGER DEFAULT 5,
-    poll_interval_ms INTEGER DEFAULT 100,
-    conditional JSONB DEFAULT '{}'
-)
+-- Run a read statement until it returns rows or max_poll_seconds have
+-- passed, sleeping poll_interval_ms between tries; shared by every
+-- *_with_poll form. It always reads at least once.
+CREATE FUNCTION pgbroker._poll(read_statement text, max_poll_seconds integer, poll_interval_ms integer)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
     deadline timestamptz;
@@ -577,12 +573,27 @@ BEGIN
         format('poll_interval_ms must be > 0, got %s', coalesce(poll_interval_ms::text, 'NULL')));
     deadline := clock_timestamp() + make_interval(secs => max_poll_seconds);
     LOOP
-        RETURN QUERY SELECT * FROM pgmq.read(queue_name, vt, qty, conditional);
+        RETURN QUERY EXECUTE read_statement;
         GET DIAGNOSTICS got = ROW_COUNT;
         EXIT WHEN got > 0 OR clock_timestamp() >= deadline;
         PERFORM pg_sleep(poll_interval_ms / 1000.0);
     END LOOP;
 END;
+$$;
+
+CREATE FUNCTION pgmq.read_with_poll(
+    queue_name TEXT,
+    vt INTEGER,
+    qty INTEGER,
+    max_poll_seconds INTEGER DEFAULT 5,
+    poll_interval_ms INTEGER DEFAULT 100,
+    conditional JSONB DEFAULT '{}'
+)
+RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT * FROM pgbroker._poll(
+        format('SELECT * FROM pgmq.read(%L, %s, %s, %L)', queue_name, coalesce(vt::text, 'NULL'),
+               coalesce(qty::text, 'NULL'), conditional),
+        max_poll_seconds, poll_interval_ms);
 $$;
 
 CREATE FUNCTION pgmq.pop(queue_name TEXT, qty INTEGER DEFAULT 1)

@@ -229,25 +229,13 @@ $$;
 
 CREATE FUNCTION pgbroker._read_grouped_with_poll(
     queue_name text, vt integer, qty integer, max_poll_seconds integer, poll_interval_ms integer, mode text)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
-DECLARE
-    deadline timestamptz;
-    got bigint;
-BEGIN
-    PERFORM pgbroker._check_arg(max_poll_seconds IS NOT NULL AND max_poll_seconds >= 0,
-        format('max_poll_seconds must be >= 0, got %s', coalesce(max_poll_seconds::text, 'NULL')));
-    PERFORM pgbroker._check_arg(poll_interval_ms IS NOT NULL AND poll_interval_ms > 0,
-        format('poll_interval_ms must be > 0, got %s', coalesce(poll_interval_ms::text, 'NULL')));
-    deadline := clock_timestamp() + make_interval(secs => max_poll_seconds);
+RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
     -- Reads at least once, like pgmq.read_with_poll here (pgmq's grouped poll
     -- forms return nothing without reading when max_poll_seconds is 0).
-    LOOP
-        RETURN QUERY SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, mode);
-        GET DIAGNOSTICS got = ROW_COUNT;
-        EXIT WHEN got > 0 OR clock_timestamp() >= deadline;
-        PERFORM pg_sleep(poll_interval_ms / 1000.0);
-    END LOOP;
-END;
+    SELECT * FROM pgbroker._poll(
+        format('SELECT * FROM pgbroker._read_grouped(%L, %s, %s, %L)', queue_name,
+               coalesce(vt::text, 'NULL'), coalesce(qty::text, 'NULL'), mode),
+        max_poll_seconds, poll_interval_ms);
 $$;
 
 CREATE FUNCTION pgmq.read_grouped(queue_name TEXT, vt INTEGER, qty INTEGER)

@@ -45,8 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dsn", help="a superuser DSN of the server to use (default: a private embedded cluster)")
     p.add_argument("--data-dir", type=Path, help="keep the embedded cluster in this directory (reused)")
     p.add_argument("--quick", action="store_true", help="short durations and small backlogs: a smoke test")
-    p.add_argument("--only", help="scenarios to run, e.g. 'a,c' (a pgbench, b producer/consumer, "
-                   "c backlog, d bloat, e client overhead)")
+    p.add_argument(
+        "--only",
+        help="scenarios to run, e.g. 'a,c' (a pgbench, b producer/consumer, "
+        "c backlog, d bloat, e client overhead)",
+    )
     p.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
     docs = p.add_mutually_exclusive_group()
     docs.add_argument("--docs", action="store_true", help="regenerate docs/performance.md even in --quick")

@@ -60,9 +60,7 @@ def steps(producers: int, consumers: int) -> list[Step]:
             out.append(Step(f"send-{size}-{batch}", f"send x{batch}, {s}", size, producers, batch, 0, 0))
     for size, batch in ((22, 1), (22, 10), (1024, 10)):
         s = _size_label(size)
-        out.append(
-            Step(f"consume-{size}-{batch}", f"read+ack x{batch}, {s}", size, 0, 0, consumers, batch)
-        )
+        out.append(Step(f"consume-{size}-{batch}", f"read+ack x{batch}, {s}", size, 0, 0, consumers, batch))
     end_to_end = ((22, 1, 10), (22, 10, 10), (22, 100, 10), (22, 10, 1), (1024, 1, 10), (1024, 10, 10))
     for size, pb, cb in end_to_end:
         s = _size_label(size)

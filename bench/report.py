@@ -81,10 +81,22 @@ TARGETS = (
     Target("send x1 (driver, 22 B)", "b", "send-22-1", "msg/s", "ratio", 1.2),
     Target("send_batch x10 (pgbench)", "a", "enqueue-10", "msg/s", "ratio", 1.2),
     Target("send_batch x10 (driver, 22 B)", "b", "send-22-10", "msg/s", "ratio", 1.2),
-    Target("buffers per read of 10, backlog + in flight (call)", "c", _IN_FLIGHT, "buffers/read (call)",
-           "at most", 50),
-    Target("buffers per read of 10, backlog + in flight (statement)", "c", _IN_FLIGHT,
-           "buffers/read (statement)", "at most", 50),
+    Target(
+        "buffers per read of 10, backlog + in flight (call)",
+        "c",
+        _IN_FLIGHT,
+        "buffers/read (call)",
+        "at most",
+        50,
+    ),
+    Target(
+        "buffers per read of 10, backlog + in flight (statement)",
+        "c",
+        _IN_FLIGHT,
+        "buffers/read (statement)",
+        "at most",
+        50,
+    ),
     Target("end to end, 22 B, batch 10", "b", "e2e-22-10x10", "msg/s", "ratio", 2.0),
 )
 
@@ -164,14 +176,21 @@ def scenario_rows(result: ScenarioResult) -> tuple[list[str], list[list[str]]]:
 
 
 def settings_line(settings: dict[str, str]) -> str:
-    keys = ("server_version", "synchronous_commit", "fsync", "shared_buffers", "full_page_writes",
-            "wal_level", "autovacuum", "max_wal_size", "jit")
+    keys = (
+        "server_version",
+        "synchronous_commit",
+        "fsync",
+        "shared_buffers",
+        "full_page_writes",
+        "wal_level",
+        "autovacuum",
+        "max_wal_size",
+        "jit",
+    )
     return ", ".join(f"{k}={settings.get(k, '?')}" for k in keys)
 
 
-def print_report(
-    meta: dict[str, Any], results: list[ScenarioResult], outcomes: list[TargetOutcome]
-) -> None:
+def print_report(meta: dict[str, Any], results: list[ScenarioResult], outcomes: list[TargetOutcome]) -> None:
     print()
     print(f"pgbroker benchmark — {meta['mode']} run, {meta['timestamp']}")
     print(f"server: {meta['server']}")
@@ -194,8 +213,15 @@ def print_report(
         print()
         print("Targets (issue 7), pgbroker against pgmq on this server in this run:")
         rows = [
-            [o.target.label, f"({o.target.scenario})", fmt(o.pgmq), fmt(o.pgbroker), _achieved(o),
-             _goal(o.target), _verdict(o)]
+            [
+                o.target.label,
+                f"({o.target.scenario})",
+                fmt(o.pgmq),
+                fmt(o.pgbroker),
+                _achieved(o),
+                _goal(o.target),
+                _verdict(o),
+            ]
             for o in outcomes
         ]
         for line in _table(["target", "from", "pgmq", "pgbroker", "achieved", "goal", ""], rows):
@@ -284,7 +310,7 @@ def _figure(
 
     rows, cols = _grid(len(groups))
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.2 * rows), squeeze=False)
-    for ax in axes.flat[len(groups):]:
+    for ax in axes.flat[len(groups) :]:
         ax.set_visible(False)
     for ax, (group, items) in zip(axes.flat, groups.items(), strict=False):
         draw(ax, group, items)
@@ -328,8 +354,15 @@ def _draw_histogram(ax: Any, group: str, items: list[Histogram]) -> None:
         data = [x for x in h.samples if x > 0]
         if data:
             weights = [1 / len(data)] * len(data)
-            ax.hist(data, bins=edges, weights=weights, histtype="step", label=f"{h.label} (n={len(data):,})",
-                    color=COLORS.get(h.label), linewidth=1.3)
+            ax.hist(
+                data,
+                bins=edges,
+                weights=weights,
+                histtype="step",
+                label=f"{h.label} (n={len(data):,})",
+                color=COLORS.get(h.label),
+                linewidth=1.3,
+            )
     ax.set_xscale("log")
     _plain_log_ticks(ax.xaxis)
     ax.set_title(group, fontsize=9)
@@ -425,8 +458,18 @@ def markdown(
         lines += ["### Targets", ""]
         lines += _md_table(
             ["target", "from", "pgmq", "pgbroker", "achieved", "goal", ""],
-            [[o.target.label, f"({o.target.scenario})", fmt(o.pgmq), fmt(o.pgbroker), _achieved(o),
-              _goal(o.target), _verdict(o)] for o in outcomes],
+            [
+                [
+                    o.target.label,
+                    f"({o.target.scenario})",
+                    fmt(o.pgmq),
+                    fmt(o.pgbroker),
+                    _achieved(o),
+                    _goal(o.target),
+                    _verdict(o),
+                ]
+                for o in outcomes
+            ],
         )
         lines.append("")
     names = {p.name for p in plots}

@@ -1,10 +1,11 @@
 """pgbroker: a message broker inside PostgreSQL, call-compatible with pgmq.
 
 The public surface is small: Broker and Queue (sync; pgbroker.aio has the
-asyncio twins), the records Message, Receipt, QueueInfo and Metrics, and the
-exceptions in pgbroker.errors.
+asyncio twins), App and Worker (the consumer runtime), the records Message,
+Receipt, QueueInfo, Metrics and Policy, and the exceptions in pgbroker.errors.
 """
 
+from pgbroker.app import App
 from pgbroker.client import Broker, Queue, Transaction
 from pgbroker.errors import (
     InvalidArgument,
@@ -18,9 +19,11 @@ from pgbroker.errors import (
     QueueNotFound,
     StaleReceipt,
 )
-from pgbroker.models import Message, Metrics, QueueInfo, Receipt
+from pgbroker.models import Message, Metrics, Policy, QueueInfo, Receipt
+from pgbroker.worker import Worker
 
 __all__ = [
+    "App",
     "Broker",
     "InvalidArgument",
     "InvalidMessage",
@@ -30,6 +33,7 @@ __all__ = [
     "Metrics",
     "NotInstalled",
     "PgbrokerError",
+    "Policy",
     "Queue",
     "QueueFull",
     "QueueInfo",
@@ -38,5 +42,6 @@ __all__ = [
     "Receipt",
     "StaleReceipt",
     "Transaction",
+    "Worker",
 ]
 __version__ = "0.1.0"

@@ -7,19 +7,22 @@ so the two clients cannot drift apart: only the awaiting differs.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, Unpack
 
 import psycopg
+from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import queries as q
-from pgbroker.errors import from_postgres
+from pgbroker.backoff import SEND_RETRY, Patience
+from pgbroker.errors import QueueFull, from_postgres
 from pgbroker.install import InstallResult, install_async
-from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, Waiting, conninfo_of
-from pgbroker.models import Message, Metrics, QueueInfo, Receipt
+from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, AsyncSubscription, Waiting, conninfo_of
+from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
 from pgbroker.queries import Delay, Query, Receivable
 
 T = TypeVar("T")
@@ -27,6 +30,10 @@ T = TypeVar("T")
 
 class AsyncExecutor(Protocol):
     async def run(self, query: Query[T]) -> T: ...
+
+    async def run_in_savepoint(self, query: Query[T]) -> T:
+        """Run in a savepoint when the caller's transaction is open: a failure leaves it usable."""
+        ...
 
 
 async def _run_on(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
@@ -41,12 +48,14 @@ async def _run_on(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
 class AsyncPoolExecutor:
     """Runs each query on a pooled connection in autocommit: one call, one transaction."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
 
     async def run(self, query: Query[T]) -> T:
         async with self.pool.connection() as conn:
             return await _run_on(conn, query)
+
+    run_in_savepoint = run  # each call is its own transaction: nothing to protect
 
 
 class AsyncConnectionExecutor:
@@ -57,6 +66,12 @@ class AsyncConnectionExecutor:
 
     async def run(self, query: Query[T]) -> T:
         return await _run_on(self.conn, query)
+
+    async def run_in_savepoint(self, query: Query[T]) -> T:
+        if self.conn.info.transaction_status != pq.TransactionStatus.INTRANS:
+            return await _run_on(self.conn, query)
+        async with self.conn.transaction():  # a savepoint: an error rolls back to it, not the caller's work
+            return await _run_on(self.conn, query)
 
 
 class AsyncQueue:
@@ -71,12 +86,17 @@ class AsyncQueue:
         return f"AsyncQueue({self.name!r})"
 
     async def send(
-        self, message: Any, *, headers: Mapping[str, Any] | None = None, delay: Delay | None = None
+        self,
+        message: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        delay: Delay | None = None,
+        wait: float | timedelta = 0,
     ) -> int:
-        query = q.message_send_many(
-            self.name, [message], headers=None if headers is None else [headers], delay=delay
+        sent = await self.send_many(
+            [message], headers=None if headers is None else [headers], delay=delay, wait=wait
         )
-        return (await self._executor.run(query))[0]
+        return sent[0]
 
     async def send_many(
         self,
@@ -84,9 +104,19 @@ class AsyncQueue:
         *,
         headers: Sequence[Mapping[str, Any] | None] | None = None,
         delay: Delay | None = None,
+        wait: float | timedelta = 0,
     ) -> list[int]:
+        """See Queue.send_many: with ``wait`` > 0, QueueFull is retried for up to that many seconds."""
         query = q.message_send_many(self.name, messages, headers=headers, delay=delay)
-        return await self._executor.run(query)
+        retry = Patience(*SEND_RETRY, within=q.duration(wait, "wait"))
+        while True:
+            try:
+                return await (self._executor.run_in_savepoint(query) if wait else self._executor.run(query))
+            except QueueFull:
+                pause = retry.next()
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
 
     async def read(
         self,
@@ -111,13 +141,15 @@ class AsyncQueue:
         found = await self._executor.run(query)
         if waiting.done(found):
             return found
-        channel_of = q.notify_channel(self.name)
-        subscription = await self._listener.subscribe(
-            self.name, lambda: self._executor.run(channel_of), waiting.timeout()
-        )
+        subscription = await self.listen(waiting.timeout())
         while not waiting.done(found := await self._executor.run(query)):
             await subscription.wait(waiting.timeout())
         return found
+
+    async def listen(self, timeout: float = 5.0) -> AsyncSubscription:
+        """See Queue.listen."""
+        channel_of = q.notify_channel(self.name)
+        return await self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), timeout)
 
     async def consume(
         self,
@@ -135,6 +167,9 @@ class AsyncQueue:
         while True:
             for message in await self.read_many(batch_size, vt=vt, wait=idle_wait):
                 yield message
+
+    async def peek(self, qty: int = 10, *, after: int = 0) -> list[Message]:
+        return await self._executor.run(q.message_peek_many(self.name, qty, after=after))
 
     async def pop(self) -> Message | None:
         found = await self.pop_many(1)
@@ -163,6 +198,32 @@ class AsyncQueue:
     ) -> dict[int, Receipt]:
         return await self._executor.run(q.message_extend_many(self.name, items, vt=vt))
 
+    async def complete_many(self, items: Iterable[Receivable]) -> list[int]:
+        """See Queue.complete_many."""
+        return await self._executor.run(q.message_complete_many(self.name, items))
+
+    async def fail(self, item: Receivable, *, error: str | None = None) -> str:
+        """See Queue.fail."""
+        return await self._executor.run(q.message_fail(self.name, item, error=error))
+
+    async def policy(self) -> Policy:
+        return await self._executor.run(q.policy_get(self.name))
+
+    async def set_policy(self, **changes: Unpack[PolicyChanges]) -> Policy:
+        return await self._executor.run(q.policy_set(self.name, changes))
+
+    async def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
+        return await self._executor.run(q.dead_letter_list(self.name, qty, after=after))
+
+    async def replay_dead_letters(self, msg_ids: Iterable[int] | None = None) -> dict[int, int]:
+        return await self._executor.run(q.dead_letter_replay_many(self.name, msg_ids))
+
+    async def purge_dead_letters(self, msg_ids: Iterable[int] | None = None) -> int:
+        return await self._executor.run(q.dead_letter_purge_many(self.name, msg_ids))
+
+    async def trim_archive(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        return await self._executor.run(q.archive_trim(self.name, batch_size))
+
     async def archive(self, msg_id: int) -> bool:
         return bool(await self.archive_many([msg_id]))
 
@@ -179,9 +240,12 @@ class AsyncQueue:
         found = await self._executor.run(q.message_set_vt_many(self.name, [msg_id], vt))
         return found[0] if found else None
 
-    async def enable_notify(self, throttle_ms: int = q.DEFAULT_NOTIFY_THROTTLE_MS) -> None:
+    async def enable_notify(
+        self, throttle_ms: int = q.DEFAULT_NOTIFY_THROTTLE_MS, *, keep_existing: bool = False
+    ) -> None:
         """See Queue.enable_notify."""
-        await self._executor.run(q.notify_enable(self.name, throttle_ms))
+        builder = q.notify_enable_if_disabled if keep_existing else q.notify_enable
+        await self._executor.run(builder(self.name, throttle_ms))
 
     async def disable_notify(self) -> None:
         await self._executor.run(q.notify_disable(self.name))
@@ -217,7 +281,7 @@ class AsyncBroker:
         self,
         dsn: str | None = None,
         *,
-        pool: AsyncConnectionPool | None = None,
+        pool: AsyncConnectionPool[Any] | None = None,
         connection: psycopg.AsyncConnection[Any] | None = None,
         max_connections: int = 10,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
@@ -307,4 +371,7 @@ class AsyncBroker:
 
     async def metrics_all(self) -> list[Metrics]:
         return await self._executor.run(q.queue_metrics_all())
+
+    async def policies(self) -> list[Policy]:
+        return await self._executor.run(q.policy_list())
 

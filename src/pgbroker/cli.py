@@ -217,6 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="start it, stop it, show its status, or print its DSN (for DATABASE_URL)",
     )
     sub.add_argument("--data-dir", type=Path, metavar="DIR", help="the cluster's data directory")
+
+    # The jobs parse their own arguments (pgbroker.spark.jobs); -h is handed over to them too.
+    summary = "data pipeline jobs on Spark: drain, route, archive-report (see pgbroker pipeline -h)"
+    sub = commands.add_parser("pipeline", help=summary, description=summary, add_help=False)
+    sub.add_argument("-h", "--help", action="store_true", dest="pipeline_help", help="show the jobs' help")
+    sub.add_argument("job_args", nargs=argparse.REMAINDER, metavar="JOB ...", help="a job and its arguments")
+
+    # Commands of other modules; imported here because they import this module's helpers.
+    from pgbroker import cli_keys, cli_serve, cli_worker
+
+    cli_worker.register(commands)
+    cli_keys.register(commands)
+    cli_serve.register(commands)
     return parser
 
 
@@ -259,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "db":
             return _cmd_db(args)
+        if args.command == "pipeline":
+            return _cmd_pipeline(args)
         with _connected(args.dsn) as broker:
             handler: Handler = args.handler
             return handler(args, broker)
@@ -625,6 +640,26 @@ def _cmd_db(args: argparse.Namespace) -> int:
         print("\n".join(f"{k + ':':<16}{'-' if v is None else v}" for k, v in fields.items()))
     # Like `pg_ctl status`, the exit code answers "is it running?" for scripts.
     return EXIT_OK if status.running else EXIT_NOTHING_DONE
+
+
+# -- the data pipeline ----------------------------------------------------------------------------
+
+
+def _cmd_pipeline(args: argparse.Namespace) -> int:
+    # Imported here: the jobs need the spark extra, which the rest of the CLI does without.
+    from pgbroker.spark.jobs import main as pipeline_main
+
+    job_args = list(args.job_args)
+    if args.pipeline_help or not job_args:
+        job_args.insert(0, "--help")
+    elif args.dsn and "--dsn" not in job_args:
+        job_args += ["--dsn", args.dsn]
+    if args.verbose and job_args[0] != "--help":
+        job_args.append("-v")
+    try:
+        return pipeline_main(job_args, prog="pgbroker pipeline")
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
 # -- formatting -----------------------------------------------------------------------------------

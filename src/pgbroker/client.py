@@ -10,19 +10,22 @@ reads, holding no connection meanwhile.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, Unpack
 
 import psycopg
+from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from pgbroker import queries as q
-from pgbroker.errors import from_postgres
+from pgbroker.backoff import SEND_RETRY, Patience
+from pgbroker.errors import QueueFull, from_postgres
 from pgbroker.install import InstallResult, install
-from pgbroker.listen import DEFAULT_POLL_INTERVAL, Listener, Waiting, conninfo_of
-from pgbroker.models import Message, Metrics, QueueInfo, Receipt
+from pgbroker.listen import DEFAULT_POLL_INTERVAL, Listener, Subscription, Waiting, conninfo_of
+from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
 from pgbroker.queries import Delay, Query, Receivable
 
 T = TypeVar("T")
@@ -30,6 +33,10 @@ T = TypeVar("T")
 
 class Executor(Protocol):
     def run(self, query: Query[T]) -> T: ...
+
+    def run_in_savepoint(self, query: Query[T]) -> T:
+        """Run in a savepoint when the caller's transaction is open: a failure leaves it usable."""
+        ...
 
 
 def _run_on(conn: psycopg.Connection[Any], query: Query[T]) -> T:
@@ -44,12 +51,14 @@ def _run_on(conn: psycopg.Connection[Any], query: Query[T]) -> T:
 class PoolExecutor:
     """Runs each query on a pooled connection in autocommit: one call, one transaction."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, pool: ConnectionPool[Any]) -> None:
         self.pool = pool
 
     def run(self, query: Query[T]) -> T:
         with self.pool.connection() as conn:
             return _run_on(conn, query)
+
+    run_in_savepoint = run  # each call is its own transaction: nothing to protect
 
 
 class ConnectionExecutor:
@@ -60,6 +69,12 @@ class ConnectionExecutor:
 
     def run(self, query: Query[T]) -> T:
         return _run_on(self.conn, query)
+
+    def run_in_savepoint(self, query: Query[T]) -> T:
+        if self.conn.info.transaction_status != pq.TransactionStatus.INTRANS:
+            return _run_on(self.conn, query)
+        with self.conn.transaction():  # a savepoint: an error rolls back to it, not the caller's work
+            return _run_on(self.conn, query)
 
 
 class Queue:
@@ -76,13 +91,17 @@ class Queue:
     # sending
 
     def send(
-        self, message: Any, *, headers: Mapping[str, Any] | None = None, delay: Delay | None = None
+        self,
+        message: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        delay: Delay | None = None,
+        wait: float | timedelta = 0,
     ) -> int:
-        """Send one message; returns its msg_id."""
-        query = q.message_send_many(
-            self.name, [message], headers=None if headers is None else [headers], delay=delay
-        )
-        return self._executor.run(query)[0]
+        """Send one message; returns its msg_id. ``wait``: see send_many."""
+        return self.send_many(
+            [message], headers=None if headers is None else [headers], delay=delay, wait=wait
+        )[0]
 
     def send_many(
         self,
@@ -90,9 +109,24 @@ class Queue:
         *,
         headers: Sequence[Mapping[str, Any] | None] | None = None,
         delay: Delay | None = None,
+        wait: float | timedelta = 0,
     ) -> list[int]:
-        """Send messages in one statement; returns their msg_ids in order."""
-        return self._executor.run(q.message_send_many(self.name, messages, headers=headers, delay=delay))
+        """Send messages in one statement; returns their msg_ids in order.
+
+        A queue at its policy's max_depth refuses the send with QueueFull at once; with
+        ``wait`` > 0 the send is tried again, less and less often, for up to that many
+        seconds (inside a transaction, each try in a savepoint).
+        """
+        query = q.message_send_many(self.name, messages, headers=headers, delay=delay)
+        retry = Patience(*SEND_RETRY, within=q.duration(wait, "wait"))
+        while True:
+            try:
+                return self._executor.run_in_savepoint(query) if wait else self._executor.run(query)
+            except QueueFull:
+                pause = retry.next()
+                if pause is None:
+                    raise
+                time.sleep(pause)
 
     # reading
 
@@ -126,13 +160,23 @@ class Queue:
         found = self._executor.run(query)
         if waiting.done(found):
             return found
-        channel_of = q.notify_channel(self.name)
-        subscription = self._listener.subscribe(
-            self.name, lambda: self._executor.run(channel_of), waiting.timeout()
-        )
+        subscription = self.listen(waiting.timeout())
         while not waiting.done(found := self._executor.run(query)):
             subscription.wait(waiting.timeout())
         return found
+
+    def listen(self, timeout: float = 5.0) -> Subscription:
+        """Wake-ups for this queue: ``wait(seconds)`` returns early when a send was announced.
+
+        Waits up to ``timeout`` seconds for the LISTEN to be in place. A wake-up is a hint
+        (see pgbroker.listen): read after it, and read now and then without one.
+        """
+        channel_of = q.notify_channel(self.name)
+        return self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), timeout)
+
+    def peek(self, qty: int = 10, *, after: int = 0) -> list[Message]:
+        """Up to qty messages with msg_id > ``after``, oldest first, without leasing them."""
+        return self._executor.run(q.message_peek_many(self.name, qty, after=after))
 
     def pop(self) -> Message | None:
         """Delete and return the oldest visible message (at-most-once delivery)."""
@@ -166,6 +210,41 @@ class Queue:
     def extend_many(self, items: Iterable[Receivable], *, vt: int | timedelta) -> dict[int, Receipt]:
         return self._executor.run(q.message_extend_many(self.name, items, vt=vt))
 
+    # outcomes by the queue's policy
+
+    def complete_many(self, items: Iterable[Receivable]) -> list[int]:
+        """Ack as the queue's policy says (archive or delete); returns the msg_ids whose receipts held."""
+        return self._executor.run(q.message_complete_many(self.name, items))
+
+    def fail(self, item: Receivable, *, error: str | None = None) -> str:
+        """Report a failed delivery: 'retry' (visible again after the policy's back-off) or
+        'dead_lettered' (that was its last allowed delivery); StaleReceipt if stale."""
+        return self._executor.run(q.message_fail(self.name, item, error=error))
+
+    def policy(self) -> Policy:
+        """The queue's policy (the defaults when none was set)."""
+        return self._executor.run(q.policy_get(self.name))
+
+    def set_policy(self, **changes: Unpack[PolicyChanges]) -> Policy:
+        """Change the settings given (see PolicyChanges); returns the policy now in force."""
+        return self._executor.run(q.policy_set(self.name, changes))
+
+    def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
+        """This queue's dead letters, oldest first; their headers say why (x-pgbroker-dead-letter)."""
+        return self._executor.run(q.dead_letter_list(self.name, qty, after=after))
+
+    def replay_dead_letters(self, msg_ids: Iterable[int] | None = None) -> dict[int, int]:
+        """Send dead letters back to this queue (all, or those given): {dead letter id: new msg_id}."""
+        return self._executor.run(q.dead_letter_replay_many(self.name, msg_ids))
+
+    def purge_dead_letters(self, msg_ids: Iterable[int] | None = None) -> int:
+        """Delete dead letters (all, or those given); returns how many."""
+        return self._executor.run(q.dead_letter_purge_many(self.name, msg_ids))
+
+    def trim_archive(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Apply the archive retention to at most batch_size rows; returns how many went (repeat until 0)."""
+        return self._executor.run(q.archive_trim(self.name, batch_size))
+
     # unfenced, by msg_id (pgmq's semantics)
 
     def archive(self, msg_id: int) -> bool:
@@ -186,16 +265,20 @@ class Queue:
 
     # the queue as a whole
 
-    def enable_notify(self, throttle_ms: int = q.DEFAULT_NOTIFY_THROTTLE_MS) -> None:
+    def enable_notify(
+        self, throttle_ms: int = q.DEFAULT_NOTIFY_THROTTLE_MS, *, keep_existing: bool = False
+    ) -> None:
         """Notify waiting readers of sends, at most once per ``throttle_ms`` milliseconds (idempotent).
 
         A message sent within throttle_ms of a notified one is not announced:
         waiting readers find it at their next poll. 0 announces every send
         (concurrent ones share a notification). Notifying transactions commit
         one at a time (Postgres' notify lock), so keep a throttle on queues
-        with many concurrent senders.
+        with many concurrent senders. keep_existing=True leaves a queue that
+        already notifies with the throttle it has.
         """
-        self._executor.run(q.notify_enable(self.name, throttle_ms))
+        builder = q.notify_enable_if_disabled if keep_existing else q.notify_enable
+        self._executor.run(builder(self.name, throttle_ms))
 
     def disable_notify(self) -> None:
         self._executor.run(q.notify_disable(self.name))
@@ -232,7 +315,7 @@ class Broker:
         self,
         dsn: str | None = None,
         *,
-        pool: ConnectionPool | None = None,
+        pool: ConnectionPool[Any] | None = None,
         connection: psycopg.Connection[Any] | None = None,
         max_connections: int = 10,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
@@ -322,3 +405,7 @@ class Broker:
 
     def metrics_all(self) -> list[Metrics]:
         return self._executor.run(q.queue_metrics_all())
+
+    def policies(self) -> list[Policy]:
+        """Every queue's policy, by queue name."""
+        return self._executor.run(q.policy_list())

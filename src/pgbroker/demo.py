@@ -22,6 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker.cli import metrics_table
 from pgbroker.client import Broker, Queue
+from pgbroker.demo_workers import workers_stage
 from pgbroker.dsn import resolve_dsn
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import PgbrokerError, StaleReceipt
@@ -211,7 +212,7 @@ def _tell_takeover(demo: Demo) -> None:
 
 
 Stage = Callable[[Demo], None]
-STAGES: list[Stage] = [set_up, produce, consume, report]
+STAGES: list[Stage] = [set_up, produce, consume, report, workers_stage]
 
 
 # -- consumers ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
 from pgbroker import sql
 from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, StaleReceipt
-from pgbroker.models import Message, Metrics, QueueInfo, Receipt
+from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
 
 T = TypeVar("T")
 Row: TypeAlias = tuple[Any, ...]
@@ -179,6 +179,11 @@ def notify_enable(queue: str, throttle_ms: int = DEFAULT_NOTIFY_THROTTLE_MS) -> 
     return Query(_named("notify_enable"), params, _nothing)
 
 
+def notify_enable_if_disabled(queue: str, throttle_ms: int = DEFAULT_NOTIFY_THROTTLE_MS) -> Query[None]:
+    params = {"queue": queue, "throttle_ms": _count(throttle_ms, "throttle_ms")}
+    return Query(_named("notify_enable_if_disabled"), params, _nothing)
+
+
 def notify_disable(queue: str) -> Query[None]:
     return Query(_named("notify_disable"), {"queue": queue}, _nothing)
 
@@ -326,3 +331,106 @@ def message_set_vt_many(
             raise InvalidArgument("vt must be a timezone-aware datetime (naive datetimes are ambiguous)")
         return Query(_named("message_set_vt_until"), {**params, "vt": vt}, _messages)
     return Query(_named("message_set_vt_seconds"), {**params, "vt": _seconds(vt, "vt")}, _messages)
+
+
+def message_peek_many(queue: str, qty: int, *, after: int = 0) -> Query[list[Message]]:
+    """Messages after msg_id ``after``, oldest first, without leasing them."""
+    params = {"queue": queue, "qty": _count(qty, "qty"), "after": _msg_ids([after])[0]}
+    return Query(_named("message_peek_many"), params, _messages)
+
+
+# -- outcomes by policy, dead letters and retention ------------------------------
+
+
+def message_complete_many(queue: str, items: Iterable[Receivable]) -> Query[list[int]]:
+    """Ack with the queue's policy (archive or delete); returns the msg_ids whose receipts held."""
+    params = {"queue": queue, "receipts": [str(receipt_of(i)) for i in items]}
+    return Query(_named("message_complete_many"), params, _ids)
+
+
+def message_fail(queue: str, item: Receivable, *, error: str | None = None) -> Query[str]:
+    """Retry later with the policy's back-off, or dead-letter: 'retry' or 'dead_lettered'."""
+    receipt = receipt_of(item)
+    if error is not None and not isinstance(error, str):
+        raise InvalidArgument(f"error must be a string or None, got {type(error).__name__}")
+    # libpq cannot send NUL; an exception's text may carry one.
+    text = None if error is None else error.replace("\x00", "")
+    params = {"queue": queue, "receipt": str(receipt), "error": text}
+    return Query(_named("message_fail"), params, _held(queue, receipt))
+
+
+def _policies(rows: list[Row]) -> list[Policy]:
+    return [Policy(*row) for row in rows]
+
+
+def policy_get(queue: str) -> Query[Policy]:
+    return Query(_named("policy_get"), {"queue": queue}, lambda rows: _policies(rows)[0])
+
+
+def policy_list() -> Query[list[Policy]]:
+    return Query(_named("policy_list"), {}, _policies)
+
+
+_POLICY_LIMITS = {
+    "max_deliveries": _INTEGER_MAX,
+    "backoff_base_seconds": _INTEGER_MAX,
+    "backoff_max_seconds": _INTEGER_MAX,
+    "max_depth": _BIGINT_MAX,
+    "archive_retention_seconds": _BIGINT_MAX,
+    "archive_max_rows": _BIGINT_MAX,
+}
+_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode")
+
+
+def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
+    """Change the settings given; the server checks their values (InvalidArgument naming the setting)."""
+    settings = [*_POLICY_LIMITS, *_POLICY_TEXTS, "backoff_jitter"]
+    params: dict[str, Any] = {"queue": queue, **dict.fromkeys(settings)}
+    for name, value in changes.items():
+        if name not in settings:
+            hint = f"Settings: {', '.join(settings)}."
+            raise InvalidArgument(f"unknown policy setting {name!r}", hint=hint)
+        limit = _POLICY_LIMITS.get(name)
+        # The server checks ranges; here only what could not even be sent as the right type.
+        if limit is not None and not (
+            isinstance(value, int) and not isinstance(value, bool) and abs(value) <= limit
+        ):
+            raise InvalidArgument(f"{name} must be a whole number up to {limit}, got {value!r}")
+        if name in _POLICY_TEXTS and not isinstance(value, str):
+            raise InvalidArgument(f"{name} must be a string, got {value!r}")
+        if name == "backoff_jitter" and not isinstance(value, bool):
+            raise InvalidArgument(f"backoff_jitter must be True or False, got {value!r}")
+        params[name] = value
+    return Query(_named("policy_set"), params, lambda rows: _policies(rows)[0])
+
+
+def _optional_ids(msg_ids: Iterable[int] | None) -> list[int] | None:
+    return None if msg_ids is None else _msg_ids(msg_ids)
+
+
+def dead_letter_list(queue: str, qty: int, *, after: int = 0) -> Query[list[Message]]:
+    """The queue's dead letters (in its dead-letter queue, or its archive), oldest first."""
+    params = {"queue": queue, "qty": _count(qty, "qty"), "after": _msg_ids([after])[0]}
+    return Query(_named("dead_letter_list"), params, _messages)
+
+
+def dead_letter_replay_many(queue: str, msg_ids: Iterable[int] | None = None) -> Query[dict[int, int]]:
+    """Send dead letters back to their queue: {dead letter's msg_id: new msg_id}; None replays all."""
+    params = {"queue": queue, "msg_ids": _optional_ids(msg_ids)}
+    return Query(_named("dead_letter_replay_many"), params, lambda rows: {row[0]: row[1] for row in rows})
+
+
+def dead_letter_purge_many(queue: str, msg_ids: Iterable[int] | None = None) -> Query[int]:
+    """Delete dead letters (None: all of the queue's); returns how many."""
+    params = {"queue": queue, "msg_ids": _optional_ids(msg_ids)}
+    return Query(_named("dead_letter_purge_many"), params, _scalar)
+
+
+# Rows deleted per statement by archive retention: short transactions, few round trips.
+DEFAULT_TRIM_BATCH = 10_000
+
+
+def archive_trim(queue: str, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
+    """One batch of archive retention; returns the rows deleted (repeat until 0)."""
+    params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
+    return Query(_named("archive_trim"), params, _scalar)

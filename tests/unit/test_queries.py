@@ -67,6 +67,17 @@ def test_every_query_builder_supplies_exactly_the_parameters_its_sql_names() -> 
         q.message_delete_many("x", [1]),
         q.message_set_vt_many("x", [1], 5),
         q.message_set_vt_many("x", [1], NOW),
+        q.message_peek_many("x", 1),
+        q.message_complete_many("x", [receipt]),
+        q.message_fail("x", receipt, error="e"),
+        q.notify_enable_if_disabled("x"),
+        q.policy_get("x"),
+        q.policy_list(),
+        q.policy_set("x", {"max_deliveries": 3}),
+        q.dead_letter_list("x", 1),
+        q.dead_letter_replay_many("x"),
+        q.dead_letter_purge_many("x", [1]),
+        q.archive_trim("x"),
     ]
     for query in built:
         assert placeholders(query) == set(query.params), query.sql

@@ -84,3 +84,52 @@ SELECT * FROM pgmq.set_vt(%(queue)s, %(msg_ids)s::bigint[], %(vt)s::integer)
 
 -- name: message_set_vt_until
 SELECT * FROM pgmq.set_vt(%(queue)s, %(msg_ids)s::bigint[], %(vt)s::timestamptz)
+
+-- name: notify_enable_if_disabled
+-- A worker's start: a queue that notifies already keeps the throttle its owner chose.
+SELECT pgmq.enable_notify_insert(%(queue)s, %(throttle_ms)s::integer)
+WHERE NOT EXISTS (SELECT 1 FROM pgmq.notify_insert_throttle t
+                  WHERE lower(t.queue_name) = lower(%(queue)s::text))
+
+-- name: message_complete_many
+SELECT * FROM pgbroker.complete(%(queue)s, %(receipts)s::text[])
+
+-- name: message_fail
+SELECT done, CASE WHEN done IS NULL THEN pgbroker.stale_reason(%(queue)s, %(receipt)s) END
+FROM (SELECT (SELECT f.outcome FROM pgbroker.fail(%(queue)s, ARRAY[%(receipt)s::text], %(error)s::text) f)
+      AS done) s
+
+-- name: message_peek_many
+SELECT * FROM pgbroker.peek(%(queue)s, %(qty)s::integer, %(after)s::bigint)
+
+-- name: policy_get
+SELECT * FROM pgbroker.policy(%(queue)s)
+
+-- name: policy_list
+SELECT * FROM pgbroker.policies()
+
+-- name: policy_set
+SELECT * FROM pgbroker.set_policy(
+    %(queue)s,
+    max_deliveries => %(max_deliveries)s::integer,
+    backoff => %(backoff)s::text,
+    backoff_base_seconds => %(backoff_base_seconds)s::integer,
+    backoff_max_seconds => %(backoff_max_seconds)s::integer,
+    backoff_jitter => %(backoff_jitter)s::boolean,
+    dead_letter_queue => %(dead_letter_queue)s::text,
+    ack_mode => %(ack_mode)s::text,
+    max_depth => %(max_depth)s::bigint,
+    archive_retention_seconds => %(archive_retention_seconds)s::bigint,
+    archive_max_rows => %(archive_max_rows)s::bigint)
+
+-- name: dead_letter_list
+SELECT * FROM pgbroker.dead_letters(%(queue)s, %(qty)s::integer, %(after)s::bigint)
+
+-- name: dead_letter_replay_many
+SELECT dead_letter_id, msg_id FROM pgbroker.replay_dead_letters(%(queue)s, %(msg_ids)s::bigint[])
+
+-- name: dead_letter_purge_many
+SELECT pgbroker.purge_dead_letters(%(queue)s, %(msg_ids)s::bigint[])
+
+-- name: archive_trim
+SELECT pgbroker.trim_archive(%(queue)s, %(batch_size)s::integer)

@@ -1,0 +1,55 @@
+"""``pgbroker serve``: run the HTTP API (pgbroker.http) with uvicorn.
+
+``register(subparsers)`` adds the command to pgbroker's parser. The server opens its own async
+pool on the database the CLI connected to.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pgbroker.cli import EXIT_OK, _add_global_options
+from pgbroker.client import Broker
+from pgbroker.listen import conninfo_of
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``serve`` to pgbroker's parser."""
+    summary = "serve the HTTP API, /metrics and the dashboard"
+    sub = subparsers.add_parser(
+        "serve", help=summary, description=summary, epilog="exit codes: see pgbroker --help"
+    )
+    _add_global_options(sub, top_level=False, json_output=False)
+    sub.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    sub.add_argument("--port", type=int, default=8080, help="port (8080)")
+    sub.add_argument("--max-body", type=int, default=1024 * 1024, metavar="BYTES", help="request body limit")
+    sub.add_argument(
+        "--rate", type=float, default=100.0, metavar="PER_SECOND", help="per-key rate limit (100)"
+    )
+    sub.add_argument("--burst", type=float, default=200.0, metavar="N", help="per-key burst (200)")
+    sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
+    sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
+    sub.set_defaults(handler=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace, broker: Broker) -> int:
+    # Imported here: the http extra is needed only by this command.
+    import uvicorn
+
+    from pgbroker.http import Settings, create_app
+
+    with broker.connection() as conn:
+        dsn = conninfo_of(conn.info)
+    settings = Settings(
+        max_body_bytes=args.max_body,
+        rate_per_second=args.rate,
+        rate_burst=args.burst,
+        metrics_public=args.public_metrics,
+    )
+    app = create_app(dsn, settings=settings, max_connections=args.connections)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level="info" if getattr(args, "verbose", 0) else "warning"
+    )
+    return EXIT_OK

@@ -1,0 +1,122 @@
+"""JSON error responses with stable codes, and the mapping from pgbroker's exceptions to them.
+
+Clients branch on ``error.code``, never on the message text, so a code once published never
+changes meaning; the HTTP status only groups them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+from psycopg_pool import PoolTimeout
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from pgbroker.errors import (
+    InvalidArgument,
+    InvalidMessage,
+    InvalidQueueName,
+    MessageTooLarge,
+    MissingExtension,
+    NotInstalled,
+    PgbrokerError,
+    QueueFull,
+    QueueNameConflict,
+    QueueNotFound,
+    StaleReceipt,
+)
+
+
+class ApiError(Exception):
+    """A failure answered with one JSON error: status, stable code, message and optional hint."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        hint: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.headers = headers
+
+
+# Most specific first: InvalidMessage and MessageTooLarge are InvalidArguments.
+_BY_CLASS: tuple[tuple[type[PgbrokerError], int, str], ...] = (
+    (QueueNotFound, 404, "queue_not_found"),
+    (InvalidQueueName, 400, "invalid_queue_name"),
+    (QueueNameConflict, 409, "queue_name_conflict"),
+    (StaleReceipt, 409, "stale_receipt"),
+    (MessageTooLarge, 413, "message_too_large"),
+    (InvalidMessage, 400, "invalid_message"),
+    (InvalidArgument, 400, "invalid_argument"),
+    # Backpressure, not a client mistake: retry later, like an overloaded server.
+    (QueueFull, 503, "queue_full"),
+    (MissingExtension, 409, "missing_extension"),
+    (NotInstalled, 503, "not_installed"),
+)
+
+#: Every code the API can answer with, and its status (the OpenAPI spec lists them).
+ERROR_CODES: dict[str, int] = {
+    **{code: status for _, status, code in _BY_CLASS},
+    "invalid_json": 400,
+    "invalid_body": 422,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "request_too_large": 413,
+    "rate_limited": 429,
+    "database_error": 503,
+    "database_unavailable": 503,
+    "internal_error": 500,
+}
+
+
+def api_error_of(exc: BaseException) -> ApiError:
+    """The ApiError to answer for an exception raised while handling a request."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, PgbrokerError):
+        for cls, status, code in _BY_CLASS:
+            if isinstance(exc, cls):
+                headers = {"Retry-After": "1"} if cls is QueueFull else None
+                return ApiError(status, code, exc.message, hint=exc.hint, headers=headers)
+        return ApiError(503, "database_error", exc.message, hint=exc.hint)
+    if isinstance(exc, PoolTimeout | psycopg.OperationalError):
+        return ApiError(
+            503,
+            "database_unavailable",
+            "the database is unreachable or overloaded",
+            headers={"Retry-After": "1"},
+        )
+    if isinstance(exc, HTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return ApiError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}) or None)
+    return ApiError(500, "internal_error", "unexpected server error", hint="See the server's log.")
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.hint:
+        body["hint"] = error.hint
+    return JSONResponse({"error": body}, status_code=error.status, headers=error.headers)
+
+
+log = logging.getLogger("pgbroker.http")
+
+
+async def handle_exception(request: Request, exc: Exception) -> Response:
+    error = api_error_of(exc)
+    if error.status >= 500 and error.code != "queue_full":
+        log.error("%s %s failed: %s", request.method, request.url.path, error.code, exc_info=exc)
+    return error_response(error)

@@ -1,0 +1,86 @@
+"""/metrics: queue statistics in the Prometheus text format, from pgbroker.queue_stats().
+
+The statistics are read asynchronously per scrape and handed to a collector on a registry made
+for that scrape: prometheus_client's collectors are synchronous, and a scrape must reflect the
+database now, not a cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from pgbroker.aio import AsyncBroker
+from pgbroker.errors import from_postgres
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A row of pgbroker.queue_stats(): counts past ``exact_below`` are estimates."""
+
+    queue_name: str
+    queue_length: int
+    visible_length: int
+    length_is_estimate: bool
+    oldest_msg_age_sec: float | None
+    newest_msg_age_sec: float | None
+    total_sent: int
+    dead_letter_length: int | None
+    scrape_time: datetime
+
+
+async def queue_stats(broker: AsyncBroker, exact_below: int = 10_000) -> list[QueueStats]:
+    async with broker.connection() as conn:
+        try:
+            cur = await conn.execute("SELECT * FROM pgbroker.queue_stats(%s)", (exact_below,))
+            rows = await cur.fetchall()
+        except psycopg.Error as exc:
+            raise from_postgres(exc) from exc
+    return [QueueStats(*row) for row in rows]
+
+
+class _QueueCollector(Collector):
+    def __init__(self, stats: Sequence[QueueStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["queue"])
+
+        length = gauge("pgbroker_queue_length", "Messages in the queue (estimated past a bound).")
+        visible = gauge("pgbroker_queue_visible_length", "Messages a read could take now.")
+        estimated = gauge("pgbroker_queue_length_estimated", "1 when the lengths are planner estimates.")
+        oldest = gauge("pgbroker_queue_oldest_message_age_seconds", "Age of the oldest message.")
+        newest = gauge("pgbroker_queue_newest_message_age_seconds", "Age of the newest message.")
+        dead = gauge("pgbroker_queue_dead_letters", "Dead letters of the queue (absent when costly).")
+        sent = CounterMetricFamily(
+            "pgbroker_queue_messages_sent",
+            "Messages ever sent to the queue (its msg_id sequence).",
+            labels=["queue"],
+        )
+        for s in self._stats:
+            labels = [s.queue_name]
+            length.add_metric(labels, s.queue_length)
+            visible.add_metric(labels, s.visible_length)
+            estimated.add_metric(labels, 1.0 if s.length_is_estimate else 0.0)
+            # An empty queue has no oldest message: 0 keeps age alerts quiet and series continuous.
+            oldest.add_metric(labels, s.oldest_msg_age_sec or 0.0)
+            newest.add_metric(labels, s.newest_msg_age_sec or 0.0)
+            sent.add_metric(labels, s.total_sent)
+            if s.dead_letter_length is not None:
+                dead.add_metric(labels, s.dead_letter_length)
+        yield from (length, visible, estimated, oldest, newest, sent, dead)
+
+
+def render(stats: Iterable[QueueStats]) -> bytes:
+    """The exposition text for these statistics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_QueueCollector(list(stats)))
+    return generate_latest(registry)

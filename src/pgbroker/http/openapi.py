@@ -1,0 +1,317 @@
+"""The OpenAPI 3.1 description of the REST API, written out by hand next to the routes it
+describes (pgbroker.http.app); tests/http checks that the two list the same operations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pgbroker.http.errors import ERROR_CODES
+
+_INT32 = 2**31 - 1
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {"description": description, **_json(_ref("Error"))}
+
+
+def _obj(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+_COMMON_ERRORS = {
+    "401": _error("no key, or an invalid or revoked key (code unauthorized)"),
+    "403": _error("the key lacks the scope or the queue (code forbidden)"),
+    "429": _error("the key's rate limit is exceeded (code rate_limited; see Retry-After)"),
+    "503": _error("database unavailable or pgbroker not installed"),
+}
+_BODY_ERRORS = {
+    "400": _error("invalid JSON, queue name or argument"),
+    "413": _error("request body too large (request_too_large) or message too large"),
+    "422": _error("the body has the wrong shape (invalid_body)"),
+}
+_QUEUE_PARAM = {"name": "queue", "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def _op(
+    summary: str,
+    scope: str | None,
+    ok: tuple[str, dict[str, Any]],
+    *,
+    body: dict[str, Any] | None = None,
+    queue: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    status, schema = ok
+    op: dict[str, Any] = {
+        "summary": summary,
+        "description": f"Needs a key with scope {scope!r} (admin implies every scope)."
+        if scope
+        else "Needs any valid key.",
+        "responses": {status: {"description": "success", **_json(schema)}, **_COMMON_ERRORS},
+    }
+    if queue:
+        op["parameters"] = [_QUEUE_PARAM]
+        op["responses"]["404"] = _error("queue_not_found")
+    if body is not None:
+        op["requestBody"] = {"required": True, **_json(body)}
+        op["responses"].update(_BODY_ERRORS)
+    op["responses"].update(extra or {})
+    return op
+
+
+def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
+    """The spec, with the server's limits in it."""
+    receipts = {
+        "receipt": {"type": "string", "description": "one receipt: a stale one answers 409 stale_receipt"},
+        "receipts": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": max_batch},
+    }
+    stale_409 = {"409": _error("stale_receipt (single receipt form only)")}
+    msg_ids = _obj(
+        {
+            "msg_ids": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": 1},
+                "minItems": 1,
+                "maxItems": max_batch,
+            }
+        },
+        ("msg_ids",),
+    )
+    ids = {"type": "array", "items": {"type": "integer"}}
+    stale = {"type": "array", "items": {"type": "string"}}
+    paths: dict[str, Any] = {
+        "/v1/queues": {
+            "get": _op(
+                "list the queues the key can see",
+                None,
+                ("200", _obj({"queues": {"type": "array", "items": _ref("QueueInfo")}})),
+                queue=False,
+            ),
+            "post": _op(
+                "create a queue (idempotent)",
+                "admin",
+                ("201", _obj({"queue_name": {"type": "string"}})),
+                body=_obj(
+                    {
+                        "name": {"type": "string"},
+                        "unlogged": {"type": "boolean", "default": False},
+                        "notify": {"type": "boolean", "default": True},
+                    },
+                    ("name",),
+                ),
+                queue=False,
+                extra={"409": _error("queue_name_conflict")},
+            ),
+        },
+        "/v1/queues/{queue}": {
+            "delete": _op(
+                "drop a queue and its archive", "admin", ("200", _obj({"dropped": {"type": "string"}}))
+            ),
+        },
+        "/v1/queues/{queue}/metrics": {
+            "get": _op("exact lengths and ages of one queue", "read", ("200", _ref("Metrics"))),
+        },
+        "/v1/queues/{queue}/messages": {
+            "post": _op(
+                "send one message (message) or a batch (messages)",
+                "send",
+                ("201", _obj({"msg_ids": ids})),
+                body={
+                    "type": "object",
+                    "properties": {
+                        "message": {"description": "any JSON value"},
+                        "messages": {"type": "array", "minItems": 1, "maxItems": max_batch},
+                        "headers": {"description": "an object, or with messages an array of objects/nulls"},
+                        "delay": {"type": "integer", "minimum": 0, "maximum": _INT32, "default": 0},
+                    },
+                },
+                extra={"503": _error("queue_full (max_depth reached; see Retry-After) or database error")},
+            ),
+        },
+        "/v1/queues/{queue}/read": {
+            "post": _op(
+                "lease up to qty visible messages for vt seconds, waiting up to wait seconds",
+                "read",
+                ("200", _obj({"messages": {"type": "array", "items": _ref("Message")}})),
+                body=_obj(
+                    {
+                        "vt": {"type": "integer", "minimum": 0, "maximum": _INT32, "default": 30},
+                        "qty": {"type": "integer", "minimum": 1, "maximum": max_batch, "default": 1},
+                        "wait": {"type": "number", "minimum": 0, "maximum": max_wait_seconds, "default": 0},
+                    }
+                ),
+            ),
+        },
+        "/v1/queues/{queue}/ack": {
+            "post": _op(
+                "acknowledge by receipt",
+                "read",
+                ("200", _obj({"acked": ids, "stale": stale})),
+                body=_obj({**receipts, "archive": {"type": "boolean", "default": True}}),
+                extra=stale_409,
+            ),
+        },
+        "/v1/queues/{queue}/nack": {
+            "post": _op(
+                "give messages back, visible after delay seconds",
+                "read",
+                ("200", _obj({"nacked": ids, "stale": stale})),
+                body=_obj({**receipts, "delay": {"type": "integer", "minimum": 0, "maximum": _INT32}}),
+                extra=stale_409,
+            ),
+        },
+        "/v1/queues/{queue}/extend": {
+            "post": _op(
+                "extend leases to vt seconds from now; returns the new receipts by msg_id",
+                "read",
+                (
+                    "200",
+                    _obj(
+                        {
+                            "receipts": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "stale": stale,
+                        }
+                    ),
+                ),
+                body=_obj({**receipts, "vt": {"type": "integer", "minimum": 0, "maximum": _INT32}}, ("vt",)),
+                extra=stale_409,
+            ),
+        },
+        "/v1/queues/{queue}/archive": {
+            "post": _op(
+                "archive messages by msg_id (unfenced)",
+                "read",
+                ("200", _obj({"archived": ids})),
+                body=msg_ids,
+            ),
+        },
+        "/v1/queues/{queue}/delete": {
+            "post": _op(
+                "delete messages by msg_id (unfenced)", "read", ("200", _obj({"deleted": ids})), body=msg_ids
+            ),
+        },
+        "/v1/queues/{queue}/purge": {
+            "post": _op(
+                "delete every message of the queue", "admin", ("200", _obj({"purged": {"type": "integer"}}))
+            ),
+        },
+        "/v1/stats": {
+            "get": _op(
+                "cheap statistics of the queues the key can see (the dashboard's feed)",
+                None,
+                ("200", _obj({"queues": {"type": "array", "items": {"type": "object"}}})),
+                queue=False,
+            ),
+        },
+        "/metrics": {
+            "get": {
+                "summary": "queue statistics in the Prometheus text format",
+                "responses": {
+                    "200": {
+                        "description": "exposition text",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_COMMON_ERRORS,
+                },
+            },
+        },
+        "/healthz": {
+            "get": {
+                "summary": "the server and its database are up",
+                "security": [],
+                "responses": {
+                    "200": {"description": "ok", **_json(_obj({"status": {"type": "string"}}))},
+                    "503": _error("database unavailable"),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "this document",
+                "security": [],
+                "responses": {"200": {"description": "the spec", **_json({"type": "object"})}},
+            }
+        },
+        "/dashboard": {
+            "get": {
+                "summary": "the dashboard page (asks for a key in the browser)",
+                "security": [],
+                "responses": {
+                    "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}
+                },
+            }
+        },
+    }
+    ts = {"type": "string", "format": "date-time"}
+    nullable_ts = {"type": ["string", "null"], "format": "date-time"}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "pgbroker", "version": "1", "description": "Queues inside PostgreSQL, over HTTP."},
+        "security": [{"bearer": []}, {"apiKey": []}],
+        "paths": paths,
+        "components": {
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            },
+            "schemas": {
+                "Error": _obj(
+                    {
+                        "error": _obj(
+                            {
+                                "code": {"type": "string", "enum": sorted(ERROR_CODES)},
+                                "message": {"type": "string"},
+                                "hint": {"type": "string"},
+                            },
+                            ("code", "message"),
+                        )
+                    },
+                    ("error",),
+                ),
+                "Message": _obj(
+                    {
+                        "msg_id": {"type": "integer"},
+                        "read_ct": {"type": "integer"},
+                        "enqueued_at": ts,
+                        "last_read_at": nullable_ts,
+                        "vt": ts,
+                        "message": {},
+                        "headers": {"type": ["object", "null"]},
+                        "receipt": {"type": ["string", "null"]},
+                    },
+                    ("msg_id", "read_ct", "enqueued_at", "vt", "message", "receipt"),
+                ),
+                "QueueInfo": _obj(
+                    {
+                        "queue_name": {"type": "string"},
+                        "is_partitioned": {"type": "boolean"},
+                        "is_unlogged": {"type": "boolean"},
+                        "created_at": ts,
+                    }
+                ),
+                "Metrics": _obj(
+                    {
+                        "queue_name": {"type": "string"},
+                        "queue_length": {"type": "integer"},
+                        "newest_msg_age_sec": {"type": ["integer", "null"]},
+                        "oldest_msg_age_sec": {"type": ["integer", "null"]},
+                        "total_messages": {"type": "integer"},
+                        "scrape_time": ts,
+                        "queue_visible_length": {"type": "integer"},
+                        "default_partition_length": {"type": ["integer", "null"]},
+                    }
+                ),
+            },
+        },
+    }

@@ -1,0 +1,162 @@
+"""The REST API end to end on a real database: every endpoint, and its JSON errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def make_queue(client: httpx.AsyncClient, admin: str, name: str = "jobs") -> None:
+    r = await client.post("/v1/queues", json={"name": name}, headers=auth(admin))
+    assert r.status_code == 201, r.text
+
+
+async def test_queue_lifecycle(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    await make_queue(client, keys["admin"])
+    await make_queue(client, keys["admin"])  # idempotent
+    r = await client.get("/v1/queues", headers=auth(keys["admin"]))
+    assert [q["queue_name"] for q in r.json()["queues"]] == ["jobs"]
+    r = await client.get("/v1/queues/jobs/metrics", headers=auth(keys["consumer"]))
+    assert r.status_code == 200
+    assert r.json()["queue_length"] == 0
+    r = await client.delete("/v1/queues/jobs", headers=auth(keys["admin"]))
+    assert r.json() == {"dropped": "jobs"}
+    r = await client.delete("/v1/queues/jobs", headers=auth(keys["admin"]))
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "queue_not_found"
+
+
+async def test_send_read_ack_cycle(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    await make_queue(client, keys["admin"])
+    both = auth(keys["both"])
+    r = await client.post(
+        "/v1/queues/jobs/messages", json={"message": {"n": 1}, "headers": {"k": "v"}}, headers=both
+    )
+    assert r.status_code == 201
+    [first] = r.json()["msg_ids"]
+    r = await client.post(
+        "/v1/queues/jobs/messages",
+        json={"messages": [{"n": 2}, {"n": 3}], "headers": [None, {"x": 1}]},
+        headers=both,
+    )
+    assert len(r.json()["msg_ids"]) == 2
+    r = await client.post("/v1/queues/jobs/read", json={"vt": 30, "qty": 10}, headers=both)
+    messages = r.json()["messages"]
+    assert [m["message"] for m in messages] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    assert messages[0]["headers"] == {"k": "v"}
+    assert messages[0]["msg_id"] == first
+    receipts = [m["receipt"] for m in messages]
+
+    r = await client.post("/v1/queues/jobs/extend", json={"receipt": receipts[0], "vt": 60}, headers=both)
+    assert r.status_code == 200
+    renewed = r.json()["receipts"][str(first)]
+    # The old receipt no longer holds: the single form answers 409, the batch form lists it.
+    r = await client.post("/v1/queues/jobs/ack", json={"receipt": receipts[0]}, headers=both)
+    assert r.status_code == 409
+    assert r.json()["error"]["code"] == "stale_receipt"
+    forged = f"{messages[1]['msg_id']}:9:1"
+    r = await client.post("/v1/queues/jobs/ack", json={"receipts": [renewed, forged]}, headers=both)
+    assert r.json() == {"acked": [first], "stale": [forged]}
+
+    r = await client.post("/v1/queues/jobs/nack", json={"receipts": receipts[1:]}, headers=both)
+    assert sorted(r.json()["nacked"]) == [m["msg_id"] for m in messages[1:]]
+    r = await client.post("/v1/queues/jobs/read", json={"qty": 10}, headers=both)
+    again = r.json()["messages"]
+    assert [m["read_ct"] for m in again] == [2, 2]
+    r = await client.post(
+        "/v1/queues/jobs/nack", json={"receipt": again[0]["receipt"], "delay": 0}, headers=both
+    )
+    assert r.json()["nacked"] == [again[0]["msg_id"]]
+
+
+async def test_archive_delete_purge(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    await make_queue(client, keys["admin"])
+    r = await client.post(
+        "/v1/queues/jobs/messages", json={"messages": [1, 2, 3, 4]}, headers=auth(keys["producer"])
+    )
+    a, b, c, _ = r.json()["msg_ids"]
+    r = await client.post(
+        "/v1/queues/jobs/archive", json={"msg_ids": [a, 999]}, headers=auth(keys["consumer"])
+    )
+    assert r.json() == {"archived": [a]}
+    r = await client.post("/v1/queues/jobs/delete", json={"msg_ids": [b]}, headers=auth(keys["consumer"]))
+    assert r.json() == {"deleted": [b]}
+    r = await client.post("/v1/queues/jobs/purge", headers=auth(keys["admin"]))
+    assert r.json() == {"purged": 2}
+    assert c
+
+
+async def test_delay_and_long_poll(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    await make_queue(client, keys["admin"])
+    both = auth(keys["both"])
+    await client.post("/v1/queues/jobs/messages", json={"message": "later", "delay": 60}, headers=both)
+    r = await client.post("/v1/queues/jobs/read", json={}, headers=both)
+    assert r.json() == {"messages": []}
+
+    async def send_soon() -> None:
+        await asyncio.sleep(0.3)
+        await client.post("/v1/queues/jobs/messages", json={"message": "now"}, headers=both)
+
+    started = time.monotonic()
+    sender = asyncio.create_task(send_soon())
+    r = await client.post("/v1/queues/jobs/read", json={"wait": 5}, headers=both)
+    await sender
+    assert [m["message"] for m in r.json()["messages"]] == ["now"]
+    assert 0.25 < time.monotonic() - started < 4
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/v1/queues/nope/messages", {"message": 1}, 404, "queue_not_found"),
+        ("/v1/queues/jobs/messages", {}, 422, "invalid_body"),
+        ("/v1/queues/jobs/messages", {"message": 1, "messages": [1]}, 422, "invalid_body"),
+        ("/v1/queues/jobs/messages", {"messages": []}, 422, "invalid_body"),
+        ("/v1/queues/jobs/messages", {"message": 1, "delay": -1}, 422, "invalid_body"),
+        ("/v1/queues/jobs/messages", {"message": 1, "headers": [1]}, 422, "invalid_body"),
+        ("/v1/queues/jobs/read", {"qty": 0}, 422, "invalid_body"),
+        ("/v1/queues/jobs/read", {"wait": 1e9}, 422, "invalid_body"),
+        ("/v1/queues/jobs/read", {"vt": True}, 422, "invalid_body"),
+        ("/v1/queues/jobs/ack", {"receipt": "garbage"}, 400, "invalid_argument"),
+        ("/v1/queues/jobs/ack", {}, 422, "invalid_body"),
+        ("/v1/queues/jobs/extend", {"receipt": "1:1:1"}, 422, "invalid_body"),
+        ("/v1/queues/jobs/delete", {"msg_ids": ["x"]}, 422, "invalid_body"),
+        ("/v1/queues", {"name": "x" * 200}, 400, "invalid_queue_name"),
+        ("/v1/queues", {"name": 3}, 422, "invalid_body"),
+    ],
+)
+async def test_errors(
+    client: httpx.AsyncClient, keys: dict[str, str], path: str, body: object, status: int, code: str
+) -> None:
+    await make_queue(client, keys["admin"])
+    r = await client.post(path, json=body, headers=auth(keys["admin"]))
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code
+    assert r.json()["error"]["message"]
+
+
+async def test_invalid_json_and_unknown_routes(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    await make_queue(client, keys["admin"])
+    headers = {**auth(keys["admin"]), "content-type": "application/json"}
+    r = await client.post("/v1/queues/jobs/messages", content=b"{nope", headers=headers)
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json")
+    r = await client.post("/v1/queues/jobs/messages", content=b'{"message": NaN}', headers=headers)
+    assert r.json()["error"]["code"] == "invalid_json"
+    r = await client.get("/v1/nowhere")
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "not_found")
+    r = await client.get("/v1/queues/jobs/read")
+    assert (r.status_code, r.json()["error"]["code"]) == (405, "method_not_allowed")
+
+
+async def test_healthz(client: httpx.AsyncClient) -> None:
+    r = await client.get("/healthz")
+    assert r.json() == {"status": "ok"}

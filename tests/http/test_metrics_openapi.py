@@ -1,0 +1,110 @@
+"""/metrics (parsed with prometheus_client's own parser), pgbroker.queue_stats() on both sides of
+its exact-count bound, the dashboard feed, and the OpenAPI spec against the routes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.routing import Route
+
+from pgbroker.aio import AsyncBroker
+from pgbroker.http import Settings, create_app
+from tests.http.conftest import client_for
+
+pytestmark = pytest.mark.anyio
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def samples(text: str) -> dict[tuple[str, str], float]:
+    return {
+        (s.name, s.labels.get("queue", "")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def test_metrics(
+    client: httpx.AsyncClient, keys: dict[str, str], conn: psycopg.Connection[Any]
+) -> None:
+    admin = auth(keys["admin"])
+    assert (await client.get("/metrics")).status_code == 401
+    for name in ("jobs", "other-x"):
+        await client.post("/v1/queues", json={"name": name}, headers=admin)
+    await client.post("/v1/queues/jobs/messages", json={"messages": [1, 2, 3]}, headers=admin)
+    await client.post("/v1/queues/jobs/read", json={"vt": 60}, headers=admin)
+    r = await client.get("/metrics", headers=admin)
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/plain")
+    got = samples(r.text)
+    assert got[("pgbroker_queue_length", "jobs")] == 3
+    assert got[("pgbroker_queue_visible_length", "jobs")] == 2
+    assert got[("pgbroker_queue_messages_sent_total", "jobs")] == 3
+    assert got[("pgbroker_queue_length_estimated", "jobs")] == 0
+    assert got[("pgbroker_queue_dead_letters", "jobs")] == 0
+    assert 0 <= got[("pgbroker_queue_oldest_message_age_seconds", "jobs")] < 60
+    assert got[("pgbroker_queue_length", "other-x")] == 0
+    # A key sees only its queues.
+    got = samples((await client.get("/metrics", headers=auth(keys["other"]))).text)
+    assert {queue for _, queue in got} == {"other-x"}
+
+
+async def test_metrics_public(broker: AsyncBroker) -> None:
+    async with client_for(broker, Settings(metrics_public=True)) as client:
+        assert (await client.get("/metrics")).status_code == 200
+
+
+def test_queue_stats_estimates_past_the_bound(conn: psycopg.Connection[Any]) -> None:
+    conn.execute("SELECT pgmq.create('big')")
+    conn.execute("SELECT pgmq.send_batch('big', array_fill('{}'::jsonb, ARRAY[500]))")
+    conn.execute("SELECT pgbroker.read('big', 60, 50)")
+    conn.execute("ANALYZE pgmq.q_big")
+    row = conn.execute(
+        "SELECT queue_length, visible_length, length_is_estimate, total_sent FROM pgbroker.queue_stats(100)"
+    ).fetchone()
+    assert row is not None
+    length, visible, estimated, sent = row
+    assert estimated
+    assert sent == 500
+    assert 400 <= length <= 600  # the planner's estimate, scaled to the table's size
+    assert visible == length - 50  # the leased 50 are counted exactly through the vt index
+    exact = conn.execute(
+        "SELECT queue_length, visible_length, length_is_estimate FROM pgbroker.queue_stats()"
+    )
+    assert exact.fetchone() == (500, 450, False)
+
+
+async def test_stats_feed_and_dashboard(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    admin = auth(keys["admin"])
+    await client.post("/v1/queues", json={"name": "jobs"}, headers=admin)
+    await client.post("/v1/queues/jobs/messages", json={"message": 1}, headers=admin)
+    r = await client.get("/v1/stats", headers=admin)
+    [jobs] = r.json()["queues"]
+    assert (jobs["queue_name"], jobs["queue_length"], jobs["total_sent"]) == ("jobs", 1, 1)
+    r = await client.get("/dashboard")
+    assert r.status_code == 200
+    assert "<canvas" in r.text
+    assert "/v1/stats" in r.text
+
+
+async def test_openapi_matches_routes(client: httpx.AsyncClient, broker: AsyncBroker) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    assert spec["openapi"].startswith("3.")
+    documented = {(path, method.upper()) for path, ops in spec["paths"].items() for method in ops}
+    app = create_app(broker=broker)
+    served = {
+        (r.path, method)
+        for r in app.routes
+        if isinstance(r, Route)
+        for method in (r.methods or ())
+        if method != "HEAD"
+    }
+    assert documented == served
+    codes = set(spec["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"])
+    assert {"queue_not_found", "stale_receipt", "unauthorized", "forbidden", "rate_limited"} <= codes

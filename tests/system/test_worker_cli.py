@@ -1,0 +1,329 @@
+"""`pgbroker worker`, `dlq`, `policy` and `maintain` as a shell sees them: real processes, signals,
+output and exit codes; and the demo's worker stage.
+
+The worker processes import their handlers from this module (``tests.system.test_worker_cli:...``)
+and find the database in $WORKER_TEST_DSN.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgbroker import Broker, Message, Queue
+from pgbroker.demo import Demo
+from pgbroker.demo_workers import workers_stage
+from tests.integration.helpers import Conn, a_rows, q_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2"
+HERE = "tests.system.test_worker_cli"
+
+
+# -- handlers, run inside the worker processes ----------------------------------------------------
+
+
+def record(message: Message) -> None:
+    """Note the delivery (msg_id, delivery, pid) in table ``handled``, then sleep as the message asks."""
+    with psycopg.connect(os.environ["WORKER_TEST_DSN"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO handled (msg_id, read_ct, pid) VALUES (%s, %s, %s)",
+            [message.msg_id, message.read_ct, os.getpid()],
+        )
+    time.sleep(message.message.get("sleep", 0) if isinstance(message.message, dict) else 0)
+
+
+# -- running the command --------------------------------------------------------------------------
+
+
+def _env(dsn: str) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": UNREACHABLE, "WORKER_TEST_DSN": dsn}
+
+
+def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, *args],
+        capture_output=True,
+        text=True,
+        env=_env(dsn),
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+
+
+def ok(dsn: str, *args: str) -> str:
+    res = cli(dsn, *args)
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr}"
+    return res.stdout
+
+
+def assert_error(res: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert res.returncode == code, f"exit {res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr}"
+    assert res.stderr.startswith("pgbroker: error: "), res.stderr
+    assert "Traceback" not in res.stderr
+    for fragment in fragments:
+        assert fragment in res.stderr
+
+
+class WorkerProcess:
+    """`pgbroker worker ...` running in the background."""
+
+    def __init__(self, dsn: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, "-v", "worker", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(dsn),
+            cwd=ROOT,
+        )
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def finish(self, timeout: float = 30) -> tuple[int, str]:
+        _, stderr = self.process.communicate(timeout=timeout)
+        return self.process.returncode, stderr
+
+    def children(self) -> set[int]:
+        """The pids of its worker processes (Linux: from /proc; multiprocessing's resource tracker aside)."""
+        found = set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+                command = (stat.parent / "cmdline").read_bytes()
+            except (OSError, IndexError, ValueError):
+                continue
+            if parent == self.process.pid and b"spawn_main" in command:
+                found.add(int(stat.parent.name))
+        return found
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            for child in self.children():
+                os.kill(child, signal.SIGKILL)
+            self.process.kill()
+            self.process.communicate()
+
+
+@pytest.fixture
+def workers() -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def start(dsn: str, *args: str) -> WorkerProcess:
+        started.append(WorkerProcess(dsn, *args))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.kill()
+
+
+@pytest.fixture
+def broker(dsn: str) -> Iterator[Broker]:
+    with Broker(dsn, max_connections=2) as b:
+        yield b
+
+
+@pytest.fixture
+def jobs(broker: Broker, conn: Conn) -> Queue:
+    conn.execute(
+        "CREATE TABLE handled (msg_id bigint, read_ct int, pid int, at timestamptz DEFAULT clock_timestamp())"
+    )
+    return broker.create_queue("jobs")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        time.sleep(0.05)
+
+
+def handled(conn: Conn) -> list[tuple[int, int, int]]:
+    return [(r[0], r[1], r[2]) for r in conn.execute("SELECT msg_id, read_ct, pid FROM handled ORDER BY at")]
+
+
+# -- worker ---------------------------------------------------------------------------------------
+
+
+def test_a_worker_consumes_the_queue_and_exits_0_on_sigterm(
+    dsn: str, conn: Conn, jobs: Queue, workers: Callable[..., WorkerProcess]
+) -> None:
+    sent = jobs.send_many([{"n": n} for n in range(30)])
+    worker = workers(dsn, f"{HERE}:record", "--queue", "jobs", "--concurrency", "4", "--progress", "0.2")
+    wait_for(lambda: len(a_rows(conn, "jobs")) == 30, what="30 messages archived")
+    worker.signal(signal.SIGTERM)
+    code, stderr = worker.finish()
+    assert code == 0, stderr
+    assert "worker.started queue=jobs concurrency=4" in stderr
+    assert "progress queue=jobs completed=" in stderr
+    assert "worker.stopped queue=jobs completed=30 retried=0 dead_lettered=0 stale=0 released=0" in stderr
+    assert sorted(r[0] for r in handled(conn)) == sent
+
+
+def test_sigterm_lets_a_slow_handler_finish_and_ack(
+    dsn: str, conn: Conn, jobs: Queue, workers: Callable[..., WorkerProcess]
+) -> None:
+    jobs.send({"sleep": 1.5})
+    worker = workers(dsn, f"{HERE}:record", "--queue", "jobs")
+    wait_for(lambda: bool(handled(conn)), what="the handler to start")
+    worker.signal(signal.SIGTERM)
+    code, stderr = worker.finish()
+    assert code == 0, stderr
+    assert "worker.draining queue=jobs in_flight=1" in stderr
+    assert [r[1] for r in a_rows(conn, "jobs")] == [1]
+
+
+def test_sigint_twice_gives_back_what_is_in_flight_at_once(
+    dsn: str, conn: Conn, jobs: Queue, workers: Callable[..., WorkerProcess]
+) -> None:
+    sent = jobs.send({"sleep": 60})
+    worker = workers(dsn, f"{HERE}:record", "--queue", "jobs", "--vt", "300")
+    wait_for(lambda: bool(handled(conn)), what="the handler to start")
+    started = time.monotonic()
+    worker.signal(signal.SIGINT)
+    time.sleep(0.3)
+    worker.signal(signal.SIGINT)
+    code, stderr = worker.finish()
+    assert code == 0, stderr
+    assert time.monotonic() - started < 10
+    assert "worker.released queue=jobs messages=1" in stderr
+    [(msg_id, read_ct, _, _, _)] = q_rows(conn, "jobs")
+    assert (msg_id, read_ct) == (sent, 1)
+    assert jobs.read() is not None  # visible again now, not in 300 s
+
+
+def test_the_supervisor_restarts_a_killed_worker_process_and_stops_them_all(
+    dsn: str, conn: Conn, jobs: Queue, workers: Callable[..., WorkerProcess]
+) -> None:
+    jobs.send_many([{"sleep": 0.05} for _ in range(100)])
+    supervisor = workers(dsn, f"{HERE}:record", "--queue", "jobs", "--processes", "2", "--vt", "2")
+    wait_for(lambda: len(supervisor.children()) == 2, what="two worker processes")
+    wait_for(lambda: len({r[2] for r in handled(conn)}) == 2, what="both worker processes handling")
+    first = supervisor.children()
+    victim = min(first)
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: len(supervisor.children() - first) == 1, what="a new worker process")
+    wait_for(lambda: q_rows(conn, "jobs") == [], timeout=60, what="the queue to drain")
+    supervisor.signal(signal.SIGTERM)
+    code, stderr = supervisor.finish()
+    assert code == 0, stderr
+    assert f"supervisor.restarting pid={victim} signal=9" in stderr
+    assert supervisor.children() == set()
+    assert len(a_rows(conn, "jobs")) == 100
+
+
+def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:
+    assert_error(cli(dsn, "worker", f"{HERE}:record"), 2, "say which queue it consumes", "--queue")
+    assert_error(cli(dsn, "worker", "tests.system.nothing_here:handler", "--queue", "jobs"), 2, "cannot load")
+    assert_error(cli(dsn, "worker", f"{HERE}:no_such_handler", "--queue", "jobs"), 2, "cannot load")
+    assert_error(cli(dsn, "worker", f"{HERE}:ROOT", "--queue", "jobs"), 2, "neither a pgbroker.App")
+    assert_error(cli(dsn, "worker", f"{HERE}:record", "--queue", "nope"), 4, 'queue "nope" does not exist')
+
+
+# -- dead letters, policies, maintenance ----------------------------------------------------------
+
+
+def test_policy_set_and_show(dsn: str, jobs: Queue, broker: Broker) -> None:
+    broker.create_queue("jobs_dlq")
+    out = ok(
+        dsn,
+        "policy",
+        "set",
+        "jobs",
+        "--max-deliveries",
+        "5",
+        "--backoff-base",
+        "2s",
+        "--backoff-max",
+        "10m",
+        "--no-jitter",
+        "--dead-letter-queue",
+        "jobs_dlq",
+        "--max-depth",
+        "1000",
+        "--archive-retention",
+        "7d",
+    )
+    assert 'policy of queue "jobs" changed' in out
+    assert "exponential 2s..10m" in out
+    policy = jobs.policy()
+    assert (policy.max_deliveries, policy.backoff_base_seconds, policy.backoff_max_seconds) == (5, 2, 600)
+    assert (policy.backoff_jitter, policy.dead_letter_queue, policy.max_depth) == (False, "jobs_dlq", 1000)
+    assert policy.archive_retention_seconds == 7 * 86400
+    table = ok(dsn, "policy", "show")
+    assert table.splitlines()[0].split()[:3] == ["QUEUE", "MAX", "DELIVERIES"]
+    assert "jobs_dlq" in table
+    assert "7d" in table
+    [shown] = json.loads(ok(dsn, "policy", "show", "jobs", "--json"))
+    assert shown["max_depth"] == 1000
+    ok(dsn, "policy", "set", "jobs", "--no-dead-letter-queue", "--max-depth", "0")
+    assert (jobs.policy().dead_letter_queue, jobs.policy().max_depth) == (None, None)
+    assert_error(cli(dsn, "policy", "set", "jobs"), 2, "nothing to change")
+    assert_error(
+        cli(dsn, "policy", "set", "jobs", "--backoff-base", "9", "--backoff-max", "3"), 2, "must be >="
+    )
+    assert_error(cli(dsn, "policy", "set", "nope", "--max-depth", "1"), 4, "does not exist")
+    assert cli(dsn, "policy", "set", "jobs", "--backoff-base", "soon").returncode == 2
+
+
+def test_dlq_list_replay_and_purge(dsn: str, jobs: Queue, conn: Conn) -> None:
+    jobs.set_policy(max_deliveries=1)
+    jobs.send_many([{"n": 1}, {"n": 2}, {"n": 3}])
+    for message in jobs.read_many(3):
+        jobs.fail(message, error=f"no stock for {message.message['n']}")
+    table = ok(dsn, "dlq", "list", "jobs")
+    assert "no stock for 2" in table
+    assert table.splitlines()[0].split() == ["MSG_ID", "DELIVERIES", "DEAD-LETTERED", "ERROR", "MESSAGE"]
+    letters = [json.loads(line) for line in ok(dsn, "dlq", "list", "jobs", "--json").splitlines()]
+    assert [letter["message"] for letter in letters] == [{"n": 1}, {"n": 2}, {"n": 3}]
+    first, second, _ = (letter["msg_id"] for letter in letters)
+    assert "replayed 1 dead letter" in ok(dsn, "dlq", "replay", "jobs", str(first))
+    assert [r[3] for r in q_rows(conn, "jobs")] == [{"n": 1}]
+    assert_error(cli(dsn, "dlq", "replay", "jobs", str(first)), 1, f"no dead letter {first}")
+    assert_error(cli(dsn, "dlq", "purge", "jobs"), 2, "--yes")
+    assert "purged 1 dead letter" in ok(dsn, "dlq", "purge", "jobs", str(second), "--yes")
+    assert "replayed 1 dead letter" in ok(dsn, "dlq", "replay", "jobs")
+    assert [r[3] for r in q_rows(conn, "jobs")] == [{"n": 1}, {"n": 3}]
+    assert ok(dsn, "dlq", "list", "jobs").strip() == 'no dead letters from queue "jobs"'
+    assert_error(cli(dsn, "dlq", "replay", "jobs"), 1, "nothing replayed")
+    assert_error(cli(dsn, "dlq", "list", "nope"), 4)
+
+
+def test_maintain_applies_archive_retention_in_batches(dsn: str, jobs: Queue, broker: Broker) -> None:
+    assert "no queue has an archive retention" in ok(dsn, "maintain")
+    for msg_id in jobs.send_many(list(range(5))):
+        jobs.archive(msg_id)  # one by one: rows archived together share archived_at, and ties are kept
+    jobs.set_policy(archive_max_rows=2)
+    broker.create_queue("other").set_policy(archive_retention_seconds=3600)
+    out = ok(dsn, "-v", "maintain", "--batch-size", "2")
+    assert 'queue "jobs": deleted 3 archived messages' in out
+    assert 'queue "other": deleted 0 archived messages' in out
+    assert 'queue "jobs": deleted 0 archived messages' in ok(dsn, "maintain", "jobs")
+
+
+# -- the demo -------------------------------------------------------------------------------------
+
+
+def test_the_demo_worker_stage_dead_letters_the_poison_task(dsn: str) -> None:
+    out = io.StringIO()
+    with Broker(dsn) as broker:
+        demo = Demo(broker, out)
+        workers_stage(demo)
+    text = out.getvalue()
+    assert demo.ok, text
+    assert "handled 1,999 + dead-lettered 1 + still queued 0 = 2,000: OK" in text
+    assert '"deliveries": 3' in text
+    assert "PoisonError" in text

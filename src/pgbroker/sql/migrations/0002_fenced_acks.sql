@@ -52,9 +52,11 @@ BEGIN
 END;
 $$;
 
--- Receipts as rows (msg_id, read_ct, lease), for the batch operations: one
+-- Receipts as arrays (msg_ids, read_cts, leases), for the batch operations: one
 -- set-based statement that checks every receipt first (PB007 for the first
--- malformed one) instead of a PL/pgSQL call per receipt.
+-- malformed one) instead of a PL/pgSQL call per receipt. The batch statements
+-- then find their rows with ``msg_id = ANY(msg_ids)``, a primary-key probe
+-- the planner cannot mistake for a join over the whole queue.
 CREATE FUNCTION pgbroker._receipt_ok(receipt text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT receipt ~ '^[0-9]{1,19}:[0-9]{1,10}:-?[0-9]{1,19}$'
@@ -63,8 +65,8 @@ RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
        AND split_part(receipt, ':', 3)::numeric BETWEEN -9223372036854775808 AND 9223372036854775807;
 $$;
 
-CREATE FUNCTION pgbroker._held(receipts text[])
-RETURNS TABLE (msg_id bigint, read_ct integer, lease bigint) LANGUAGE plpgsql STABLE AS $$
+CREATE FUNCTION pgbroker._held(receipts text[], OUT msg_ids bigint[], OUT read_cts integer[], OUT leases bigint[])
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     bad text;
 BEGIN
@@ -72,9 +74,11 @@ BEGIN
     IF FOUND THEN
         PERFORM pgbroker._parse_receipt(bad);  -- raises PB007 naming it
     END IF;
-    RETURN QUERY SELECT split_part(r, ':', 1)::bigint, split_part(r, ':', 2)::integer,
-                        split_part(r, ':', 3)::bigint
-                 FROM unnest(receipts) r;
+    SELECT coalesce(array_agg(split_part(r, ':', 1)::bigint), '{}'),
+           coalesce(array_agg(split_part(r, ':', 2)::integer), '{}'),
+           coalesce(array_agg(split_part(r, ':', 3)::bigint), '{}')
+    INTO msg_ids, read_cts, leases
+    FROM unnest(receipts) r;
 END;
 $$;
 
@@ -149,27 +153,26 @@ CREATE FUNCTION pgbroker.ack(queue_name text, receipts text[], archive boolean D
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := pgbroker._table(queue_name);
+    held record := pgbroker._held(receipts);
 BEGIN
     PERFORM pgbroker._check_arg(archive IS NOT NULL, 'archive must be true or false, got NULL');
     RETURN QUERY EXECUTE format(
         $Q$
-        WITH held AS (
-            SELECT * FROM pgbroker._held($1)
-        ),
-        removed AS (
-            DELETE FROM pgmq.%1$I q USING held
-            WHERE q.msg_id = held.msg_id AND q.read_ct = held.read_ct
-              AND pgbroker._micros(q.vt) = held.lease AND q.vt > clock_timestamp()
+        WITH removed AS (
+            DELETE FROM pgmq.%1$I q
+            WHERE q.msg_id = ANY($1)
+              AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest($1, $2, $3))
+              AND q.vt > clock_timestamp()
             RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
         ),
         archived AS (
             INSERT INTO pgmq.%2$I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
             SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM removed
-            WHERE $2
+            WHERE $4
         )
         SELECT msg_id FROM removed ORDER BY msg_id
         $Q$, qtable, 'a' || substr(qtable, 2))
-    USING receipts, archive;
+    USING held.msg_ids, held.read_cts, held.leases, archive;
 END;
 $$;
 
@@ -192,24 +195,22 @@ CREATE FUNCTION pgbroker.nack(queue_name text, receipts text[], delay integer DE
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := pgbroker._table(queue_name);
+    held record := pgbroker._held(receipts);
 BEGIN
     PERFORM pgbroker._check_arg(delay IS NOT NULL AND delay >= 0,
         format('delay must be a number of seconds >= 0, got %s', coalesce(delay::text, 'NULL')));
     RETURN QUERY EXECUTE format(
         $Q$
-        WITH held AS (
-            SELECT * FROM pgbroker._held($1)
-        ),
-        released AS (
-            UPDATE pgmq.%I q SET vt = clock_timestamp() + make_interval(secs => $2)
-            FROM held
-            WHERE q.msg_id = held.msg_id AND q.read_ct = held.read_ct
-              AND pgbroker._micros(q.vt) = held.lease AND q.vt > clock_timestamp()
+        WITH released AS (
+            UPDATE pgmq.%I q SET vt = clock_timestamp() + make_interval(secs => $4)
+            WHERE q.msg_id = ANY($1)
+              AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest($1, $2, $3))
+              AND q.vt > clock_timestamp()
             RETURNING q.msg_id
         )
         SELECT msg_id FROM released ORDER BY msg_id
         $Q$, qtable)
-    USING receipts, delay;
+    USING held.msg_ids, held.read_cts, held.leases, delay;
 END;
 $$;
 
@@ -232,24 +233,22 @@ CREATE FUNCTION pgbroker.extend(queue_name text, receipts text[], vt integer)
 RETURNS TABLE (msg_id bigint, receipt text) LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := pgbroker._table(queue_name);
+    held record := pgbroker._held(receipts);
 BEGIN
     PERFORM pgbroker._check_arg(vt IS NOT NULL AND vt >= 0,
         format('vt must be a number of seconds >= 0, got %s', coalesce(vt::text, 'NULL')));
     RETURN QUERY EXECUTE format(
         $Q$
-        WITH held AS (
-            SELECT * FROM pgbroker._held($1)
-        ),
-        extended AS (
-            UPDATE pgmq.%I q SET vt = clock_timestamp() + make_interval(secs => $2)
-            FROM held
-            WHERE q.msg_id = held.msg_id AND q.read_ct = held.read_ct
-              AND pgbroker._micros(q.vt) = held.lease AND q.vt > clock_timestamp()
+        WITH extended AS (
+            UPDATE pgmq.%I q SET vt = clock_timestamp() + make_interval(secs => $4)
+            WHERE q.msg_id = ANY($1)
+              AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest($1, $2, $3))
+              AND q.vt > clock_timestamp()
             RETURNING q.msg_id, q.read_ct, q.vt
         )
         SELECT msg_id, pgbroker.receipt(msg_id, read_ct, vt) FROM extended ORDER BY msg_id
         $Q$, qtable)
-    USING receipts, vt;
+    USING held.msg_ids, held.read_cts, held.leases, vt;
 END;
 $$;
 

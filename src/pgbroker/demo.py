@@ -27,6 +27,7 @@ from pgbroker.dsn import resolve_dsn
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import PgbrokerError, StaleReceipt
 from pgbroker.models import Message
+from pgbroker.spark.demo_stage import spark_stage
 
 QUEUE = "demo_orders"
 MESSAGES = 5_000
@@ -212,7 +213,7 @@ def _tell_takeover(demo: Demo) -> None:
 
 
 Stage = Callable[[Demo], None]
-STAGES: list[Stage] = [set_up, produce, consume, report, workers_stage]
+STAGES: list[Stage] = [set_up, produce, consume, report, workers_stage, spark_stage]
 
 
 # -- consumers ------------------------------------------------------------------------------------

@@ -1,0 +1,111 @@
+"""The Spark stage of the demo (``make demo``): the archive the tour just filled, analysed by Spark
+through the pgbroker data source, and a result sent back to a queue through its exactly-once sink.
+
+pgbroker.demo adds ``spark_stage`` to its STAGES after the report; it needs the ``spark`` extra
+and Java, and says so (without failing the tour) when either is missing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from pgbroker.listen import conninfo_of
+
+if TYPE_CHECKING:
+    from pgbroker.demo import Demo
+
+ORDERS = "demo_orders"
+TOTALS = "demo_customer_totals"
+LABEL = "spark"
+
+
+def spark_stage(demo: Demo) -> None:
+    from pgbroker.spark.requirements import MissingRequirement, check_java, check_python_packages
+
+    try:
+        check_python_packages()
+        check_java()
+    except MissingRequirement as exc:
+        demo.say(LABEL, f"skipped: {exc.message}")
+        demo.say("", f"({exc.hint})")
+        return
+    from pgbroker.spark import session
+
+    with demo.broker.connection() as conn:
+        dsn = conninfo_of(conn.info)
+    totals = demo.broker.create_queue(TOTALS)
+    totals.purge()
+
+    started = time.perf_counter()
+    demo.say(LABEL, "starting a local Spark session (local[*]) with the pgbroker data source")
+    spark = session.start("pgbroker demo", conf={"spark.ui.enabled": "false"}, ship=False)
+    try:
+        demo.say("", f"ready in {time.perf_counter() - started:.1f} s")
+        _analyse_archive(demo, spark, dsn)
+        _send_totals(demo, spark, dsn)
+    finally:
+        spark.stop()
+    demo.say("", f"Spark stage done in {time.perf_counter() - started:.1f} s")
+
+
+def _analyse_archive(demo: Demo, spark: Any, dsn: str) -> None:
+    from pyspark.sql import functions as F
+
+    started = time.perf_counter()
+    archive = (
+        spark.read.format("pgbroker")
+        .option("queue", ORDERS)
+        .option("dsn", dsn)
+        .option("archive", "true")
+        .option("columns", "msg_id,read_ct,enqueued_at,archived_at")
+        .load()
+    )
+    latency = (F.unix_micros("archived_at") - F.unix_micros("enqueued_at")) / F.lit(1000.0)
+    row = archive.agg(
+        F.count("*").alias("messages"),
+        F.percentile_approx(latency, [0.5, 0.99], 10_000).alias("q"),
+        F.max(latency).alias("max"),
+    ).first()
+    assert row is not None
+    deliveries = archive.groupBy("read_ct").count().orderBy("read_ct").collect()
+    demo.say(
+        "",
+        f"read the archive ({row['messages']:,} messages, a peek in parallel msg_id ranges) in "
+        f"{time.perf_counter() - started:.1f} s",
+    )
+    if row["messages"]:
+        demo.say(
+            "",
+            f"latency enqueued -> archived: p50 {row['q'][0]:,.0f} ms, p99 {row['q'][1]:,.0f} ms, "
+            f"max {row['max']:,.0f} ms",
+        )
+        demo.say(
+            "", "deliveries per message: " + ", ".join(f"{r['read_ct']}: {r['count']:,}" for r in deliveries)
+        )
+
+
+def _send_totals(demo: Demo, spark: Any, dsn: str) -> None:
+    from pyspark.sql import functions as F
+
+    started = time.perf_counter()
+    orders = spark.read.format("pgbroker").option("queue", ORDERS).option("dsn", dsn)
+    orders = orders.option("archive", "true").option("columns", "message").load()
+    order = F.from_json("message", "customer string, total_cents long")
+    per_customer = (
+        orders.select(order.alias("o"))
+        .groupBy("o.customer")
+        .agg(F.count("*").alias("orders"), F.sum("o.total_cents").alias("total_cents"))
+    )
+    messages = per_customer.select(F.to_json(F.struct("customer", "orders", "total_cents")).alias("message"))
+    messages.write.format("pgbroker").option("queue", TOTALS).option("dsn", dsn).mode("append").save()
+    expected = per_customer.count()
+    sent = demo.broker.metrics(TOTALS).queue_length
+    ok = sent == expected
+    demo.ok = demo.ok and ok
+    demo.say(
+        "",
+        f"sent {sent} per-customer totals to queue {TOTALS} (one transaction per partition, keyed for "
+        f"exactly-once) in {time.perf_counter() - started:.1f} s: "
+        + ("OK" if ok else f"FAILED, expected {expected}"),
+    )

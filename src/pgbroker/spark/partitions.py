@@ -1,0 +1,85 @@
+"""The units of parallel reading: msg_id ranges (batch reads, log mode) and slices of a claim
+(claim mode); each knows the SELECT that reads it.
+
+A partition carries everything its read needs (table, columns, bounds), because Spark runs
+read() on an executor, in a reader object that never saw the driver's planning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from psycopg import sql
+from pyspark.sql.datasource import InputPartition
+
+from pgbroker.spark.connect import table_ident
+
+
+def split(first: int, last: int, parts: int) -> list[tuple[int, int]]:
+    """[first, last] cut into at most ``parts`` contiguous inclusive ranges of near-equal width.
+
+    Only the bounds decide the cut, so planning the same batch twice cuts it the same way: a
+    replayed micro-batch must put the same rows in the same partitions.
+    """
+    if last < first:
+        return []
+    width = last - first + 1
+    parts = max(1, min(parts, width))
+    bounds = [first + width * i // parts for i in range(parts + 1)]
+    return [(bounds[i], bounds[i + 1] - 1) for i in range(parts)]
+
+
+@dataclass
+class RangePartition(InputPartition):
+    """Rows with first <= msg_id <= last of a queue table or archive."""
+
+    table: str
+    columns: tuple[str, ...]
+    first: int
+    last: int
+
+    def select(self) -> sql.Composed:
+        return sql.SQL("SELECT {} FROM {} WHERE msg_id BETWEEN {} AND {} ORDER BY msg_id").format(
+            _columns(self.columns), table_ident(self.table), sql.Literal(self.first), sql.Literal(self.last)
+        )
+
+
+@dataclass
+class ClaimPartition(InputPartition):
+    """Elements first..last (1-based, inclusive) of claim (consumer, seq), read from the queue.
+
+    A message whose lease the claim lost (receipt NULL), or that was delivered again since
+    (read_ct differs), is not the claim's any more and is left out.
+    """
+
+    table: str
+    columns: tuple[str, ...]
+    consumer: str
+    seq: int
+    first: int
+    last: int
+
+    def select(self) -> sql.Composed:
+        return sql.SQL(
+            "SELECT {columns} FROM pgbroker.spark_claims c"
+            " CROSS JOIN LATERAL unnest(c.msg_ids[{first}:{last}], c.receipts[{first}:{last}])"
+            " AS u(msg_id, receipt)"
+            " JOIN {table} q ON q.msg_id = u.msg_id"
+            " WHERE c.consumer = {consumer} AND c.seq = {seq} AND u.receipt IS NOT NULL"
+            " AND q.read_ct = split_part(u.receipt, ':', 2)::integer"
+            " ORDER BY q.msg_id"
+        ).format(
+            columns=_columns(self.columns, "q"),
+            first=sql.Literal(self.first),
+            last=sql.Literal(self.last),
+            table=table_ident(self.table),
+            consumer=sql.Literal(self.consumer),
+            seq=sql.Literal(self.seq),
+        )
+
+
+def _columns(columns: Sequence[str], alias: str | None = None) -> sql.Composable:
+    if alias is None:
+        return sql.SQL(", ").join(map(sql.Identifier, columns))
+    return sql.SQL(", ").join(sql.Identifier(alias, c) for c in columns)

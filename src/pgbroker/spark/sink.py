@@ -1,0 +1,63 @@
+"""One writer task's partition sent to a queue exactly once: the partition's key is recorded in
+the transaction that sends its messages (table pgbroker.spark_sink_commits).
+
+A retried task, a speculative copy, or a micro-batch replayed after a driver crash carries the
+same key; it finds the key committed and sends nothing. This holds as long as a replayed batch
+puts the same rows in the same partitions, which Spark guarantees for a deterministic plan over
+a source that replays exactly (both pgbroker stream modes do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from pgbroker.spark.arrow_write import send_batches
+from pgbroker.spark.connect import connect
+from pgbroker.spark.schema import WriteLayout
+
+
+@dataclass(frozen=True)
+class SinkKey:
+    query_id: str
+    batch_id: int
+    partition_id: int
+
+
+@dataclass
+class PartitionWritten(WriterCommitMessage):
+    """What a writer task reports to the driver."""
+
+    query_id: str
+    batch_id: int
+    partition_id: int
+    messages: int
+    # True when an earlier attempt had already sent this partition: nothing was sent again.
+    duplicate: bool
+
+
+def write_partition(
+    dsn: str, queue: str, layout: WriteLayout, key: SinkKey, batches: Iterable[Any]
+) -> PartitionWritten:
+    with connect(dsn, role="writer") as conn, conn.transaction():
+        row = conn.execute(
+            "SELECT pgbroker.spark_sink_begin(%s, %s, %s, %s)",
+            (key.query_id, key.batch_id, key.partition_id, queue),
+        ).fetchone()
+        if row is None or not row[0]:
+            return PartitionWritten(key.query_id, key.batch_id, key.partition_id, 0, duplicate=True)
+        sent = send_batches(conn, queue, layout, batches)
+        conn.execute(
+            "SELECT pgbroker.spark_sink_finish(%s, %s, %s, %s)",
+            (key.query_id, key.batch_id, key.partition_id, sent),
+        )
+    return PartitionWritten(key.query_id, key.batch_id, key.partition_id, sent, duplicate=False)
+
+
+def forget(dsn: str, query_id: str, before_batch: int) -> None:
+    """Drop the keys of batches before ``before_batch``: they can never be replayed."""
+    with connect(dsn, role="writer commit") as conn:
+        conn.execute("SELECT pgbroker.spark_sink_forget(%s, %s)", (query_id, before_batch))

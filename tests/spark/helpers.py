@@ -1,0 +1,83 @@
+"""Helpers of the Spark tests: fill queues through the SQL API and look at their tables directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def create(conn: Conn, *queues: str) -> None:
+    for queue in queues:
+        conn.execute("SELECT pgmq.create(%s)", (queue,))
+
+
+def fill(conn: Conn, queue: str, count: int, *, start: int = 0) -> None:
+    """``count`` messages {"n": start..start+count-1} in one statement, through the SQL API."""
+    conn.execute(
+        "SELECT count(*) FROM pgmq.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', g)"
+        " FROM generate_series(%s::int, %s::int) g ORDER BY g))",
+        (queue, start, start + count - 1),
+    )
+
+
+def numbers(conn: Conn, table: str) -> list[int]:
+    """The "n" of every message in pgmq.<table>, sorted (duplicates kept)."""
+    rows = conn.execute(
+        sql.SQL("SELECT (message->>'n')::int FROM pgmq.{} ORDER BY 1").format(sql.Identifier(table))
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def count(conn: Conn, table: str) -> int:
+    row = conn.execute(sql.SQL("SELECT count(*) FROM pgmq.{}").format(sql.Identifier(table))).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def stream(
+    spark: Any,
+    dsn: str,
+    source: str,
+    target: str,
+    checkpoint: Any,
+    *,
+    available_now: bool = True,
+    trigger_seconds: float = 0.2,
+    **options: str,
+) -> Any:
+    """Start a streaming query copying queue ``source`` to queue ``target`` through Spark."""
+    df = (
+        spark.readStream.format("pgbroker")
+        .option("queue", source)
+        .option("dsn", dsn)
+        .options(**options)
+        .load()
+    )
+    writer = (
+        df.select("message", "headers")
+        .writeStream.format("pgbroker")
+        .option("queue", target)
+        .option("dsn", dsn)
+        .option("checkpointLocation", str(checkpoint))
+    )
+    if available_now:
+        return writer.trigger(availableNow=True).start()
+    return writer.trigger(processingTime=f"{trigger_seconds} seconds").start()
+
+
+def batch_sizes(query: Any) -> list[int]:
+    return [int(p["numInputRows"]) for p in query.recentProgress if int(p["numInputRows"]) > 0]
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)

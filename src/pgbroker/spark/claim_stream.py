@@ -93,6 +93,11 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._table: str | None = None
         self._renewer: LeaseRenewer | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The background thread and its connection belong to the driver's process: a copy
+        # shipped elsewhere starts without them.
+        return {**self.__dict__, "_renewer": None}
+
     # -- offsets (driver) -------------------------------------------------------------------------
 
     def initialOffset(self) -> Offset:

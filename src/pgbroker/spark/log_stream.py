@@ -63,6 +63,11 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._table: str | None = None
         self._releaser: BackgroundRelease | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The background thread and its connection belong to the driver's process: a copy
+        # shipped elsewhere starts without them.
+        return {**self.__dict__, "_releaser": None}
+
     # -- offsets (driver) -------------------------------------------------------------------------
 
     def initialOffset(self) -> Offset:
@@ -93,17 +98,20 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Spark asks for the next offset only once the batch ending at start is committed.
             self._release(start)
         with self._connect() as conn:
-            watermark = self._watermark(conn, self.options.watermark_wait_ms)
-            if watermark is None:
-                log.warning(
-                    "pgbroker: queue %r: a transaction writing to it stayed open longer than %d ms; "
-                    "the stream waits for it to end",
-                    self.options.queue,
-                    self.options.watermark_wait_ms,
-                )
-                return start
             if self._target is not None:
-                watermark = min(watermark, self._target)
+                # Trigger.AvailableNow: everything up to the target was settled when it was taken.
+                watermark = self._target
+            else:
+                found = self._watermark(conn, self.options.watermark_wait_ms)
+                if found is None:
+                    log.warning(
+                        "pgbroker: queue %r: a transaction writing to it stayed open longer than %d ms; "
+                        "the stream waits for it to end",
+                        self.options.queue,
+                        self.options.watermark_wait_ms,
+                    )
+                    return start
+                watermark = found
             first = scalar(
                 conn,
                 sql.SQL("SELECT min(msg_id) FROM {} WHERE msg_id > %s AND msg_id <= %s").format(

@@ -458,15 +458,17 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_batch(msgs, headers);
     -- A message's size counts its headers too: both are stored in its row.
-    SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(headers[m.n]), 0)) INTO max_size
-    FROM unnest(msgs) WITH ORDINALITY AS m(msg, n);
+    -- unnest(msgs, headers) walks both arrays once; headers[n] per row would
+    -- walk the array for every message (quadratic in the batch).
+    SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO max_size
+    FROM unnest(msgs, headers) AS m(msg, hdr);
     PERFORM pgbroker._check_message_size(max_size);
     PERFORM pgbroker._check_depth(queue_name, qtable, cardinality(msgs));
     RETURN QUERY EXECUTE format(
         $Q$
         INSERT INTO pgmq.%I (vt, message, headers)
-        SELECT coalesce($3, now()), m.msg, $2[m.n]
-        FROM unnest($1) WITH ORDINALITY AS m(msg, n)
+        SELECT coalesce($3, now()), m.msg, m.hdr
+        FROM unnest($1, $2) WITH ORDINALITY AS m(msg, hdr, n)
         ORDER BY m.n
         RETURNING msg_id
         $Q$, qtable)

@@ -7,7 +7,13 @@ and Java, and says so (without failing the tour) when either is missing.
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pgbroker.listen import conninfo_of
@@ -39,7 +45,10 @@ def spark_stage(demo: Demo) -> None:
 
     started = time.perf_counter()
     demo.say(LABEL, "starting a local Spark session (local[*]) with the pgbroker data source")
-    spark = session.start("pgbroker demo", conf={"spark.ui.enabled": "false"}, ship=False)
+    log = Path(tempfile.gettempdir()) / "pgbroker-demo-spark.log"
+    with _stderr_to(log):  # the JVM inherits stderr at launch and keeps it: its log goes to the file
+        spark = session.start("pgbroker demo", conf={"spark.ui.enabled": "false"}, ship=False)
+    demo.say("", f"Spark's own log: {log}")
     try:
         demo.say("", f"ready in {time.perf_counter() - started:.1f} s")
         _analyse_archive(demo, spark, dsn)
@@ -47,6 +56,24 @@ def spark_stage(demo: Demo) -> None:
     finally:
         spark.stop()
     demo.say("", f"Spark stage done in {time.perf_counter() - started:.1f} s")
+
+
+@contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` meanwhile, so that a child process started now writes there.
+
+    The demo is quiet by default; Spark's start-up chatter (log4j profile, hostname warnings)
+    comes from the JVM, which only a redirect at its launch can keep off the terminal.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with path.open("ab") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _analyse_archive(demo: Demo, spark: Any, dsn: str) -> None:

@@ -3,8 +3,9 @@
 Each producer and consumer is a process of its own with one autocommit connection whose
 statements are prepared at first use (``prepare_threshold = 0``), as a tuned client would run
 them. pgmq is driven as its own clients drive it (``pgmq.send``/``send_batch``, ``pgmq.read`` then
-``pgmq.delete``/``archive``), pgbroker with its fenced API (``pgbroker.read`` then ``pgbroker.ack``);
-a batch of 1 uses each system's single-message forms. All processes start together on a barrier
+``pgmq.delete``/``archive``), pgbroker with its consumer call (``pgbroker.consume``: a fenced ack of
+the batch before and the read of the next, one call and one transaction a batch); pgmq's batch of 1
+uses its single-message forms. All processes start together on a barrier
 and run for a fixed time; each counts messages in one-second buckets and keeps its latencies.
 """
 
@@ -150,7 +151,46 @@ def _produce(
     return report
 
 
+_CONSUME: LiteralString = (
+    "SELECT msg_id, enqueued_at, message, receipt"
+    " FROM pgbroker.consume(%s, %s::integer, %s::integer, %s::text[], %s::boolean)"
+)
+
+
+def _consume_pgbroker(conn: psycopg.Connection[Any], w: Workload, t0: float) -> WorkerReport:
+    """pgbroker's consumer loop: each pgbroker.consume call acks the batch before and reads the next.
+
+    A batch counts as consumed when the call that acks it returns (its end-to-end latency ends
+    there too); the batch read by the last call is acked after the clock stops and not counted.
+    """
+    report = WorkerReport("consumer")
+    deadline = t0 + w.seconds
+    held: list[Any] = []
+    while time.monotonic() < deadline:
+        start = time.perf_counter()
+        receipts = [row[3] for row in held]
+        rows = conn.execute(_CONSUME, (w.queue, w.vt, w.consumer_batch, receipts, w.archive)).fetchall()
+        done = time.time()
+        if held:
+            report.op_ms.append((time.perf_counter() - start) * 1000)
+            report.e2e_ms.extend((done - row[1].timestamp()) * 1000 for row in held)
+            report.consumed += len(held)
+            _count(report.per_second, t0, time.monotonic(), len(held))
+        held = rows
+        if not rows:
+            report.empty_reads += 1
+            time.sleep(w.empty_backoff)
+    if held:
+        conn.execute(
+            "SELECT * FROM pgbroker.ack(%s, %s::text[], %s::boolean)",
+            (w.queue, [row[3] for row in held], w.archive),
+        ).fetchall()
+    return report
+
+
 def _consume(conn: psycopg.Connection[Any], w: Workload, st: _Statements, t0: float) -> WorkerReport:
+    if w.system == PGBROKER:
+        return _consume_pgbroker(conn, w, t0)
     report = WorkerReport("consumer")
     deadline = t0 + w.seconds
     while time.monotonic() < deadline:

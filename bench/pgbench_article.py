@@ -4,7 +4,9 @@ The article enqueues (one INSERT a transaction) and dequeues (one DELETE of the 
 with FOR UPDATE SKIP LOCKED) with 15 pgbench clients, in isolation and concurrently. The same
 workloads are expressed with pgmq's and pgbroker's SQL API as pgbench custom scripts: send (one
 message, or a batch of 10), pop, and read + delete (pgmq) / read + ack (pgbroker) with 1 and 10
-messages a read. Every run uses ``-M prepared``, ``-n``, and a backlog prefilled so that a
+messages a read. pgbroker's dequeue with read and ack is its consumer call, ``pgbroker.consume``,
+which acks the previous batch and reads the next in one transaction (pgmq has no such call: its
+clients read, then delete). Every run uses ``-M prepared``, ``-n``, and a backlog prefilled so that a
 dequeue never finds the queue empty; messages a second are counted from the queue's length before
 and after, not assumed from the transaction count.
 """
@@ -95,13 +97,16 @@ def _read_ack(system: str, queue: str, qty: int, archive: bool) -> Script:
         read = f"SELECT coalesce(array_agg(msg_id), '{{}}') AS ids FROM pgmq.read('{queue}', 30, {qty})"  # noqa: S608
         ack_ids = f"SELECT * FROM pgmq.{ack}('{queue}', :ids::bigint[]);"  # noqa: S608
         return Script(f"{read} \\gset\n{ack_ids}\n", qty)
-    read = (
-        "SELECT coalesce(array_agg(receipt), '{}') AS receipts "  # noqa: S608
-        f"FROM pgbroker.read('{queue}', 30, {qty})"
-    )
+    # pgbroker's consumer loop is one call a batch: pgbroker.consume acks the receipts of the
+    # batch before (carried in a pgbench variable, '{}' at the start: -D receipts={}) and reads the
+    # next one, in one transaction. Messages read by a client's last call stay in the queue
+    # and are not counted.
     flag = str(archive).lower()
-    ack_receipts = f"SELECT * FROM pgbroker.ack('{queue}', :receipts::text[], {flag});"  # noqa: S608
-    return Script(f"{read} \\gset\n{ack_receipts}\n", qty)
+    consume = (
+        "SELECT coalesce(array_agg(receipt), '{}') AS receipts "  # noqa: S608
+        f"FROM pgbroker.consume('{queue}', 30, {qty}, :receipts::text[], {flag})"
+    )
+    return Script(f"{consume} \\gset\n", qty)
 
 
 @dataclass(frozen=True)
@@ -117,8 +122,8 @@ STEPS = (
     Step("enqueue-1", "enqueue, 1 msg/tx (INSERT / send)", "enqueue", (NAIVE, PGMQ, PGBROKER)),
     Step("enqueue-10", "enqueue, 10 msg/tx (send_batch)", "enqueue", (PGMQ, PGBROKER)),
     Step("dequeue-1", "dequeue, 1 msg/tx (DELETE / pop)", "dequeue", (NAIVE, PGMQ, PGBROKER)),
-    Step("read-1", "read 1 + delete/ack", "dequeue", (PGMQ, PGBROKER)),
-    Step("read-10", "read 10 + delete/ack", "dequeue", (PGMQ, PGBROKER)),
+    Step("read-1", "read 1 + delete / consume 1", "dequeue", (PGMQ, PGBROKER)),
+    Step("read-10", "read 10 + delete / consume 10", "dequeue", (PGMQ, PGBROKER)),
     Step("concurrent", "concurrent enqueue 1 + dequeue 1", "concurrent", (NAIVE, PGMQ, PGBROKER)),
 )
 
@@ -202,6 +207,8 @@ class _Process:
             str(config.pgbench_log_sampling),
             "--log-prefix",
             str(self.prefix),
+            "-D",
+            "receipts={}",
             "-f",
             str(script_file),
             dsn,

@@ -69,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--pgbench-clients", type=int)
     g.add_argument("--pgbench-threads", type=int)
     g.add_argument("--pgbench-prefill", type=int)
+    g.add_argument("--pgbench-rounds", type=int, help="runs per step and system, in alternating order")
     g.add_argument("--driver-seconds", type=float)
     g.add_argument("--producers", type=int)
     g.add_argument("--consumers", type=int)

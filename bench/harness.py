@@ -84,6 +84,9 @@ class Config:
     pgbench_threads: int
     pgbench_seconds: float
     pgbench_prefill: int
+    #: each step runs the systems in this many rounds of pgbench_seconds / rounds, in alternating
+    #: order (A B B A ...), so that a change in the machine's load weighs on every system alike
+    pgbench_rounds: int
     pgbench_log_sampling: float
     # (b) producer/consumer driver
     driver_seconds: float
@@ -115,6 +118,7 @@ class Config:
             pgbench_threads=2,
             pgbench_seconds=10.0,
             pgbench_prefill=600_000,
+            pgbench_rounds=2,
             pgbench_log_sampling=0.2,
             driver_seconds=8.0,
             producers=2,
@@ -137,6 +141,7 @@ class Config:
             mode="quick",
             pgbench_seconds=2.0,
             pgbench_prefill=60_000,
+            pgbench_rounds=1,
             driver_seconds=1.5,
             consume_prefill=40_000,
             backlog_waiting=(0, 10_000, 100_000),

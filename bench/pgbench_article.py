@@ -29,6 +29,7 @@ from bench.harness import (
     PGBROKER,
     PGMQ,
     Bench,
+    Config,
     Histogram,
     Row,
     ScenarioResult,
@@ -150,6 +151,11 @@ def _scripts(step: Step, system: str, queue: str, archive: bool) -> dict[str, Sc
 # -- running pgbench -------------------------------------------------------------------------------
 
 
+def run_seconds(config: Config) -> int:
+    """How long one pgbench run lasts: the step's time shared among its rounds."""
+    return max(1, round(config.pgbench_seconds / max(1, config.pgbench_rounds)))
+
+
 def find_pgbench() -> str:
     override = os.environ.get("PGBROKER_PG_BIN")
     if override and Path(override, "pgbench").is_file():
@@ -199,7 +205,7 @@ class _Process:
             "-j",
             str(config.pgbench_threads),
             "-T",
-            str(max(1, round(config.pgbench_seconds))),
+            str(run_seconds(config)),
             "-P",
             "1",
             "-l",
@@ -287,9 +293,12 @@ def _top_up(bench: Bench, system: System, queue: str, target: int) -> None:
 
 def run(bench: Bench, result: ScenarioResult) -> None:
     config = bench.config
-    seconds = max(1, round(config.pgbench_seconds))
+    seconds = run_seconds(config)
+    rounds = max(1, config.pgbench_rounds)
     result.description = (
-        f"pgbench, {config.pgbench_clients} clients, {config.pgbench_threads} threads, {seconds} s a run, "
+        f"pgbench, {config.pgbench_clients} clients, {config.pgbench_threads} threads, "
+        f"{rounds} run{'s' if rounds > 1 else ''} of {seconds} s per step and system "
+        "(in alternating order; rates averaged, latencies pooled), "
         f"-M prepared; dequeue runs start from a backlog of {config.pgbench_prefill:,} messages; "
         f"acks {'archive' if config.ack_archive else 'delete'}. Latency is per transaction "
         "(a dequeue's read and ack together), from pgbench's log sampled at "
@@ -302,17 +311,32 @@ def run(bench: Bench, result: ScenarioResult) -> None:
         bench.create_queue(bench.systems[key], name)
     workroot = Path(tempfile.mkdtemp(prefix="pgbroker-pgbench-"))
     try:
+        rounds = max(1, config.pgbench_rounds)
         for step in STEPS:
             throughput: dict[str, dict[str, float | None]] = {"enqueue": {}, "dequeue": {}}
             p50: dict[str, float | None] = {}
             p99: dict[str, float | None] = {}
-            for key in step.systems:
-                system = bench.systems[key]
-                measured = _run_step(bench, step, system, dequeue_queues, workroot, result)
-                for role, rate in measured.rates.items():
-                    throughput[role][key] = rate
-                p50[key] = measured.p50
-                p99[key] = measured.p99
+            runs: dict[str, list[_Measured]] = {key: [] for key in step.systems}
+            for n in range(rounds):
+                # A B ... then ... B A: a drift in the machine's load weighs on every system alike.
+                order = step.systems if n % 2 == 0 else tuple(reversed(step.systems))
+                for key in order:
+                    system = bench.systems[key]
+                    runs[key].append(
+                        _run_step(bench, step, system, dequeue_queues, workroot, result, first=n == 0)
+                    )
+            for key, measured in runs.items():
+                for role in measured[0].rates:
+                    rates = [m.rates[role] for m in measured]
+                    throughput[role][key] = (
+                        None if any(r is None for r in rates) else sum(r or 0.0 for r in rates) / len(rates)
+                    )
+                latencies = [ms for m in measured for ms in m.latencies]
+                p50[key] = percentile(latencies, 50)
+                p99[key] = percentile(latencies, 99)
+                if latencies:
+                    name = step.label
+                    result.histograms.append(Histogram(name, key, latencies))
             roles = ["enqueue", "dequeue"] if step.kind == "concurrent" else [step.kind]
             for role in roles:
                 label = f"{step.label}: {role}" if step.kind == "concurrent" else step.label
@@ -329,8 +353,8 @@ def run(bench: Bench, result: ScenarioResult) -> None:
 @dataclass
 class _Measured:
     rates: dict[str, float | None]
-    p50: float | None
-    p99: float | None
+    #: sampled transaction latencies of every process of the run, ms
+    latencies: list[float]
 
 
 def _run_step(
@@ -340,7 +364,14 @@ def _run_step(
     dequeue_queues: dict[str, str],
     workroot: Path,
     result: ScenarioResult,
+    *,
+    first: bool,
 ) -> _Measured:
+    """One run of a step on a system: pgbench_seconds / pgbench_rounds long.
+
+    Only a step's first round adds its throughput-over-time series to the result (the plots show
+    one run per system); every round's latencies go to the step's histogram.
+    """
     config = bench.config
     label = f"(a) {system.key:8} {step.label}"
     with bench.progress.step(label) as out:
@@ -355,7 +386,7 @@ def _run_step(
         bench.settle(system)
         scripts = _scripts(step, system.key, queue, config.ack_archive)
         before = _length(bench, system, queue)
-        workdir = workroot / f"{system.key}_{step.key}"
+        workdir = workroot / f"{system.key}_{step.key}_{time.monotonic_ns()}"
         workdir.mkdir()
         t0 = time.monotonic()
         processes = {role: _Process(bench, system.dsn, s, workdir, role) for role, s in scripts.items()}
@@ -365,7 +396,7 @@ def _run_step(
         if fresh:
             bench.drop_queue(system, queue)
 
-        seconds = float(max(1, round(config.pgbench_seconds)))
+        seconds = float(run_seconds(config))
         enqueued = runs["enqueue"].transactions * scripts["enqueue"].batch if "enqueue" in runs else 0
         dequeued = before + enqueued - after
         rates: dict[str, float | None] = {}
@@ -377,11 +408,10 @@ def _run_step(
         for role, r in runs.items():
             batch = scripts[role].batch
             name = f"{step.label}: {role}" if len(runs) > 1 else step.label
-            result.series.append(
-                Series(name, system.key, "msg/s", [(t, tps * batch) for t, tps in r.progress])
-            )
-            if r.latencies:
-                result.histograms.append(Histogram(name, system.key, r.latencies))
+            if first:
+                result.series.append(
+                    Series(name, system.key, "msg/s", [(t, tps * batch) for t, tps in r.progress])
+                )
             if r.failed:
                 result.errors.append(f"{system.key} {step.label} ({role}): {r.message}")
                 out.append(f"{role} FAILED: {r.message}")
@@ -402,4 +432,4 @@ def _run_step(
                 "rates": rates,
             }
         )
-        return _Measured(rates, percentile(latencies, 50), percentile(latencies, 99))
+        return _Measured(rates, latencies)

@@ -87,11 +87,13 @@ def run(bench: Bench, result: ScenarioResult) -> None:
         f"(1 KB) messages; acks {'archive' if config.ack_archive else 'delete'}; a consumer that reads "
         "nothing sleeps 5 ms."
     )
-    for step in steps(config.producers, config.consumers):
+    for i, step in enumerate(steps(config.producers, config.consumers)):
         rates: dict[str, float | None] = {}
         p50: dict[str, float | None] = {}
         p99: dict[str, float | None] = {}
-        for key in COLUMNS:
+        # Alternate which system goes first, so that a drift in the machine's load does not always
+        # favour the same one.
+        for key in COLUMNS if i % 2 == 0 else list(reversed(COLUMNS)):
             measured = _run_step(bench, step, key, result)
             if measured is None:
                 rates[key] = p50[key] = p99[key] = None

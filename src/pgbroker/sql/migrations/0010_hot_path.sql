@@ -38,7 +38,7 @@
 -- removes it, and every read walked them all from the start: after 100,000
 -- messages consumed, ~300 index pages a read. Reads now start at
 -- queue_head.ready_from, a msg_id below which no message can be ready, and
--- now and then (one read in eight) a reader moves it up. Sends take no lock
+-- now and then (one read in sixteen) a reader moves it up. Sends take no lock
 -- for this; the bound is safe in two steps:
 --   1. An advance records a candidate: the queue sequence's last value V and
 --      the xmax of a snapshot taken after reading it. A send takes its
@@ -68,13 +68,13 @@ CREATE TABLE pgbroker.queue_head (
     -- transactions older than next_xmax
     next_from bigint,
     next_xmax xid8
-);
+) WITH (fillfactor = 10);  -- pruned on almost every visit: reads never walk long update chains
 
 -- The text of a queue's hot statement, as PREPARE <name>(types) AS <query>.
 --   read / read_c      pgmq.read's rows (read_c: with a conditional, $2)
 --   deliver / deliver_c pgbroker.read's rows (the receipt appended)
 --   pop                pgmq.pop
---   send               _send_many's insert
+--   send / send1       _send_many's insert (send1: of one message)
 --   ack_a / ack_d      pgbroker.ack (archive / delete)
 -- Parameters follow pgbroker._visible_sql: $1 qty, $2 conditional, $3 the
 -- reader's clock; then $4 the visibility timeout (reads) and $5 the queue's
@@ -136,6 +136,13 @@ BEGIN
             )
             SELECT * FROM popped ORDER BY msg_id
             $Q$, name, pgbroker._visible_from_sql(qtable, NULL), qtable, columns);
+    ELSIF op = 'send1' THEN
+        RETURN format(
+            $Q$
+            PREPARE %1$I (jsonb, jsonb, timestamptz) AS
+            INSERT INTO pgmq.%2$I (vt, message, headers) VALUES (coalesce($3, now()), $1, $2)
+            RETURNING msg_id
+            $Q$, name, qtable);
     ELSIF op = 'send' THEN
         RETURN format(
             $Q$
@@ -253,12 +260,16 @@ DECLARE
     qtable text := lower('q_' || stored_name);
     op text := CASE WHEN deliver THEN 'deliver' ELSE 'read' END
                || CASE WHEN conditional IS NULL OR conditional = '{}'::jsonb THEN '' ELSE '_c' END;
+    stmt text := pgbroker._statement_name(qtable, op);
 BEGIN
-    IF random() < 0.125 THEN
+    IF random() < 0.0625 THEN
         PERFORM pgbroker._advance_head(stored_name, qtable);
     END IF;
-    RETURN format('EXECUTE %I(%s, %L, %L, %s, %s)', pgbroker._prepared(qtable, op), qty,
-                  conditional, clock_timestamp(), vt, ready_from);
+    -- pgbroker._prepared, inline: this is every read's path.
+    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
+        EXECUTE pgbroker._statement(qtable, op);
+    END IF;
+    RETURN format('EXECUTE %I(%s, %L, %L, %s, %s)', stmt, qty, conditional, clock_timestamp(), vt, ready_from);
 END;
 $$;
 
@@ -282,7 +293,8 @@ $$;
 -- As in 0008: a read with receipts that dead-letters messages past
 -- max_deliveries instead of delivering them.
 CREATE OR REPLACE FUNCTION pgbroker.read(queue_name text, vt integer, qty integer, conditional jsonb DEFAULT '{}')
-RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
+RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     q record;
 BEGIN
@@ -293,12 +305,18 @@ BEGIN
     IF vt IS NULL OR vt < 0 OR qty IS NULL OR qty < 0 THEN
         PERFORM pgbroker._check_read_args(vt, qty);
     END IF;
-    RETURN QUERY SELECT * FROM pgbroker._deliver(q.stored_name, q.ready_from, q.max_deliveries, vt, qty,
-                                                 conditional);
+    IF q.max_deliveries IS NULL THEN
+        RETURN QUERY EXECUTE pgbroker._run_read(q.stored_name, q.ready_from, vt, qty, conditional, true);
+    ELSE
+        RETURN QUERY SELECT * FROM pgbroker._deliver(q.stored_name, q.ready_from, q.max_deliveries, vt, qty,
+                                                     conditional);
+    END IF;
 END;
 $$;
 
--- Read and deliver (pgbroker.read's body once the queue and arguments are checked).
+-- Read and deliver for a queue with max_deliveries (pgbroker.read's body once
+-- the queue and arguments are checked; without max_deliveries the callers run
+-- the read statement themselves).
 CREATE FUNCTION pgbroker._deliver(stored_name text, ready_from bigint, max_deliveries integer, vt integer,
                                   qty integer, conditional jsonb)
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql
@@ -309,10 +327,6 @@ DECLARE
     batch pgbroker.delivery[] := '{}';
     over bigint[];
 BEGIN
-    IF max_deliveries IS NULL THEN
-        RETURN QUERY EXECUTE statement;
-        RETURN;
-    END IF;
     -- The statement returns its rows in msg_id order.
     FOR d IN EXECUTE statement LOOP
         batch := array_append(batch, d);
@@ -343,7 +357,7 @@ BEGIN
         PERFORM pgbroker._check_read_args(0, qty);
     END IF;
     qtable := lower('q_' || queue_name);
-    IF random() < 0.125 THEN
+    IF random() < 0.0625 THEN
         PERFORM pgbroker._advance_head(q.stored_name, qtable);
     END IF;
     RETURN QUERY EXECUTE format('EXECUTE %I(%s, NULL, %L, NULL, %s)', pgbroker._prepared(qtable, 'pop'), qty,
@@ -363,15 +377,18 @@ $$;
 CREATE FUNCTION pgbroker._send_sql(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
+    qtable text := lower('q_' || queue_name);
+    op text := CASE WHEN cardinality(msgs) = 1 THEN 'send1' ELSE 'send' END;
+    stmt text := pgbroker._statement_name(qtable, op);
     q record;
-    qtable text;
     max_size bigint;
 BEGIN
-    SELECT * INTO q FROM pgbroker._queue(queue_name);
+    -- The queue, its max_depth, and whether this session has the statement: one probe.
+    SELECT h.max_depth, EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) AS prepared
+    INTO q FROM pgbroker._queue(queue_name) h;
     IF NOT FOUND THEN
         PERFORM pgbroker._table(queue_name);
     END IF;
-    qtable := lower('q_' || queue_name);
     IF msgs IS NULL OR cardinality(msgs) = 0
        OR (headers IS NOT NULL AND cardinality(headers) <> cardinality(msgs)) THEN
         PERFORM pgbroker._check_batch(msgs, headers);
@@ -383,7 +400,10 @@ BEGIN
         SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO max_size
         FROM unnest(msgs, headers) AS m(msg, hdr);
     END IF;
-    PERFORM pgbroker._check_message_size(max_size);
+    -- Without pgbroker.max_message_bytes the limit is 1 MiB (pgbroker._check_message_size).
+    IF max_size > 1048576 OR coalesce(current_setting('pgbroker.max_message_bytes', true), '') <> '' THEN
+        PERFORM pgbroker._check_message_size(max_size);
+    END IF;
     IF q.max_depth IS NOT NULL THEN
         PERFORM pgbroker._check_depth(queue_name, qtable, cardinality(msgs));
     END IF;
@@ -399,7 +419,13 @@ BEGIN
             RETURNING msg_id
             $Q$, qtable);
     END IF;
-    RETURN format('EXECUTE %I(%L, %L, %L)', pgbroker._prepared(qtable, 'send'), msgs, headers, delay);
+    IF NOT q.prepared THEN
+        EXECUTE pgbroker._statement(qtable, op);
+    END IF;
+    IF op = 'send1' THEN
+        RETURN format('EXECUTE %I(%L, %L, %L)', stmt, msgs[1], headers[1], delay);
+    END IF;
+    RETURN format('EXECUTE %I(%L, %L, %L)', stmt, msgs, headers, delay);
 END;
 $$;
 
@@ -571,10 +597,14 @@ $$;
 CREATE FUNCTION pgbroker._run_ack(qtable text, msg_ids bigint[], read_cts integer[], leases bigint[],
                                   archive boolean)
 RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    op text := CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END;
+    stmt text := pgbroker._statement_name(qtable, op);
 BEGIN
-    RETURN format('EXECUTE %I(%L, %L, %L)',
-                  pgbroker._prepared(qtable, CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END),
-                  msg_ids, read_cts, leases);
+    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
+        EXECUTE pgbroker._statement(qtable, op);
+    END IF;
+    RETURN format('EXECUTE %I(%L, %L, %L)', stmt, msg_ids, read_cts, leases);
 END;
 $$;
 
@@ -610,8 +640,12 @@ BEGIN
         EXECUTE pgbroker._run_ack(qtable, held.msg_ids, held.read_cts, held.leases,
                                   coalesce(archive, coalesce(q.ack_mode, 'archive') = 'archive'));
     END IF;
-    RETURN QUERY SELECT * FROM pgbroker._deliver(q.stored_name, q.ready_from, q.max_deliveries, vt, qty,
-                                                 '{}'::jsonb);
+    IF q.max_deliveries IS NULL THEN
+        RETURN QUERY EXECUTE pgbroker._run_read(q.stored_name, q.ready_from, vt, qty, '{}'::jsonb, true);
+    ELSE
+        RETURN QUERY SELECT * FROM pgbroker._deliver(q.stored_name, q.ready_from, q.max_deliveries, vt, qty,
+                                                     '{}'::jsonb);
+    END IF;
 END;
 $$;
 
@@ -642,5 +676,32 @@ BEGIN
         WHERE h.queue_name = pgbroker._stored_name(set_vt.queue_name) AND h.ready_from > lowest;
     END IF;
     RETURN QUERY SELECT * FROM unnest(changed);
+END;
+$$;
+
+------------------------------------------------------------------------------
+-- Receipts: as in 0002, checked and split in one statement instead of two
+------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION pgbroker._held(receipts text[], OUT msg_ids bigint[], OUT read_cts integer[],
+                                          OUT leases bigint[])
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    all_ok boolean;
+    bad text;
+BEGIN
+    -- Each receipt is checked once (OFFSET 0 keeps the check from being inlined
+    -- into every use) and split only when it passed, so a malformed one never
+    -- reaches a cast.
+    SELECT coalesce(bool_and(c.ok), true),
+           coalesce(array_agg(CASE WHEN c.ok THEN split_part(c.r, ':', 1)::bigint END), '{}'),
+           coalesce(array_agg(CASE WHEN c.ok THEN split_part(c.r, ':', 2)::integer END), '{}'),
+           coalesce(array_agg(CASE WHEN c.ok THEN split_part(c.r, ':', 3)::bigint END), '{}')
+    INTO all_ok, msg_ids, read_cts, leases
+    FROM (SELECT r, pgbroker._receipt_ok(r) IS TRUE AS ok FROM unnest(receipts) r OFFSET 0) c;
+    IF NOT all_ok THEN
+        SELECT r INTO bad FROM unnest(receipts) r WHERE pgbroker._receipt_ok(r) IS NOT TRUE LIMIT 1;
+        PERFORM pgbroker._parse_receipt(bad);  -- raises PB007 naming it
+    END IF;
 END;
 $$;

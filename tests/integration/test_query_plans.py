@@ -180,3 +180,32 @@ def test_read_buffers_including_the_lease_stay_flat_with_the_backlog(plan_conn: 
     assert big_statement <= small_statement * 1.5, (
         f"{big_statement} buffers with the big backlog against {small_statement} with the small one"
     )
+
+
+def test_reads_skip_the_dead_entries_left_by_consumed_messages(plan_conn: Conn) -> None:
+    """60,000 messages read and acked, no VACUUM: their dead entries sit at the head of the ready
+    index. Reads start at queue_head.ready_from instead (see migration 0010), so a read of 10 still
+    touches about what it does on a settled queue."""
+    name = "plan_churn"
+    table = sql.Identifier(f"q_{name}")
+    plan_conn.execute("SELECT pgmq.create(%s)", [name])
+    fill = "INSERT INTO pgmq.{} (vt, message) SELECT now(), '{{}}' FROM generate_series(1, 100000)"
+    plan_conn.execute(sql.SQL(fill).format(table))
+    plan_conn.execute(sql.SQL("VACUUM ANALYZE pgmq.{}").format(table))
+    for _ in range(60):
+        read = plan_conn.execute("SELECT receipt FROM pgbroker.read(%s, 30, 1000)", [name])
+        receipts = [r[0] for r in read]
+        plan_conn.execute("SELECT count(*) FROM pgbroker.ack(%s, %s::text[], false)", [name, receipts])
+    # Reads advance ready_from now and then; three advances (each in its own transaction, as this
+    # connection is in autocommit) make sure it has passed the consumed messages.
+    for _ in range(3):
+        plan_conn.execute("SELECT pgbroker._advance_head(%s, %s)", [name, f"q_{name}"])
+    head = "SELECT ready_from FROM pgbroker.queue_head WHERE queue_name = %s"
+    row = plan_conn.execute(head, [name]).fetchone()
+    assert row is not None
+    assert row[0] > 60_000
+
+    call, statement, indexes = _read_buffers(plan_conn, name)
+    assert f"q_{name}_ready_idx" in indexes
+    assert statement <= READ_BOUND, f"a read of {BATCH} after 60,000 acks touched {statement} buffers"
+    assert call <= READ_BOUND + 20

@@ -1,11 +1,12 @@
--- pgbroker migration 0010: the hot path (send, read, pop, ack) without
--- per-call planning, and pgbroker.consume (ack the last batch and read the
--- next in one call, one transaction, one commit).
+-- pgbroker migration 0010: the hot path. Reads, pops and acks without
+-- per-call planning, sends with less around them, pgbroker.consume (ack the
+-- last batch and read the next in one call, one transaction, one commit), and
+-- reads that start past the dead entries of consumed messages.
 --
 -- Queue tables have a name per queue, so the engine's statements are dynamic
 -- SQL, and PL/pgSQL's EXECUTE plans a dynamic statement on every call: for a
--- read of 10, planning its CTE cost more than running it. Here each hot
--- statement is made a session-level prepared statement the first time a
+-- read of 10, planning its CTE cost more than running it. Here the read, pop
+-- and ack statements are made session-level prepared statements the first time a
 -- backend runs it for a queue (PREPARE, named pgb_<op>_<table>), and later
 -- calls run it with EXECUTE: parsed, analysed and planned once per backend
 -- and queue. pgbroker._statement(qtable, op) writes every such statement, so
@@ -74,12 +75,10 @@ CREATE TABLE pgbroker.queue_head (
 --   read / read_c      pgmq.read's rows (read_c: with a conditional, $2)
 --   deliver / deliver_c pgbroker.read's rows (the receipt appended)
 --   pop                pgmq.pop
---   send / send1       _send_many's insert (send1: of one message)
 --   ack_a / ack_d      pgbroker.ack (archive / delete)
 -- Parameters follow pgbroker._visible_sql: $1 qty, $2 conditional, $3 the
 -- reader's clock; then $4 the visibility timeout (reads) and $5 the queue's
--- ready_from. send: $1 msgs, $2 headers, $3 delay. ack: $1 msg_ids,
--- $2 read_cts, $3 leases.
+-- ready_from. ack: $1 msg_ids, $2 read_cts, $3 leases.
 CREATE FUNCTION pgbroker._statement_name(qtable text, op text)
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT 'pgb_' || op || '_' || qtable;
@@ -136,23 +135,6 @@ BEGIN
             )
             SELECT * FROM popped ORDER BY msg_id
             $Q$, name, pgbroker._visible_from_sql(qtable, NULL), qtable, columns);
-    ELSIF op = 'send1' THEN
-        RETURN format(
-            $Q$
-            PREPARE %1$I (jsonb, jsonb, timestamptz) AS
-            INSERT INTO pgmq.%2$I (vt, message, headers) VALUES (coalesce($3, now()), $1, $2)
-            RETURNING msg_id
-            $Q$, name, qtable);
-    ELSIF op = 'send' THEN
-        RETURN format(
-            $Q$
-            PREPARE %1$I (jsonb[], jsonb[], timestamptz) AS
-            INSERT INTO pgmq.%2$I (vt, message, headers)
-            SELECT coalesce($3, now()), m.msg, m.hdr
-            FROM unnest($1, $2) WITH ORDINALITY AS m(msg, hdr, n)
-            ORDER BY m.n
-            RETURNING msg_id
-            $Q$, name, qtable);
     ELSIF op IN ('ack_a', 'ack_d') THEN
         RETURN format(
             $Q$
@@ -371,21 +353,17 @@ $$;
 
 -- As in 0008's _send_many, returning the statement that inserts the batch
 -- instead of running it: run it with EXECUTE ... USING msgs, headers, delay.
--- A batch travels to the prepared insert as array literals, so a very large
--- one (over 1,000 messages) gets the dynamic statement instead, which takes
--- the USING values and whose planning is then a small part of its cost.
+-- Sends stay dynamic SQL: planning a plain INSERT costs about what running a
+-- prepared one through EXECUTE does (55-60 us of backend CPU either way),
+-- and the values then travel as parameters, never as literals to parse again.
 CREATE FUNCTION pgbroker._send_sql(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := lower('q_' || queue_name);
-    op text := CASE WHEN cardinality(msgs) = 1 THEN 'send1' ELSE 'send' END;
-    stmt text := pgbroker._statement_name(qtable, op);
     q record;
     max_size bigint;
 BEGIN
-    -- The queue, its max_depth, and whether this session has the statement: one probe.
-    SELECT h.max_depth, EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) AS prepared
-    INTO q FROM pgbroker._queue(queue_name) h;
+    SELECT * INTO q FROM pgbroker._queue(queue_name);
     IF NOT FOUND THEN
         PERFORM pgbroker._table(queue_name);
     END IF;
@@ -409,23 +387,18 @@ BEGIN
     END IF;
     -- The transaction id before the msg_ids: queue_head's advances rely on it.
     PERFORM pg_current_xact_id();
-    IF cardinality(msgs) > 1000 THEN
-        RETURN format(
-            $Q$
-            INSERT INTO pgmq.%I (vt, message, headers)
-            SELECT coalesce($3, now()), m.msg, m.hdr
-            FROM unnest($1, $2) WITH ORDINALITY AS m(msg, hdr, n)
-            ORDER BY m.n
-            RETURNING msg_id
-            $Q$, qtable);
+    IF cardinality(msgs) = 1 THEN
+        RETURN format('INSERT INTO pgmq.%I (vt, message, headers) VALUES (coalesce($3, now()), $1[1], $2[1])'
+                      ' RETURNING msg_id', qtable);
     END IF;
-    IF NOT q.prepared THEN
-        EXECUTE pgbroker._statement(qtable, op);
-    END IF;
-    IF op = 'send1' THEN
-        RETURN format('EXECUTE %I(%L, %L, %L)', stmt, msgs[1], headers[1], delay);
-    END IF;
-    RETURN format('EXECUTE %I(%L, %L, %L)', stmt, msgs, headers, delay);
+    RETURN format(
+        $Q$
+        INSERT INTO pgmq.%I (vt, message, headers)
+        SELECT coalesce($3, now()), m.msg, m.hdr
+        FROM unnest($1, $2) WITH ORDINALITY AS m(msg, hdr, n)
+        ORDER BY m.n
+        RETURNING msg_id
+        $Q$, qtable);
 END;
 $$;
 

@@ -57,7 +57,7 @@ $(STAMP): $(ROOT)/pyproject.toml
 	    fi
 	  fi
 	fi
-	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http]'
+	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http,bridge]'
 	touch "$@"
 
 # Partitioned queues need pg_partman on the server. As root with apt-get, install Debian's

@@ -1,0 +1,29 @@
+"""The RabbitMQ bridge: pgbroker queues published to RabbitMQ, and RabbitMQ queues received.
+
+OutboundBridge is a transactional outbox (pgbroker.bridge.outbound), InboundBridge a consumer
+that writes into a pgbroker queue and acks RabbitMQ only after the commit, de-duplicating
+redeliveries by message_id (pgbroker.bridge.inbound). Both run on an AsyncBroker until stop().
+Needs the ``bridge`` extra (aiormq).
+"""
+
+from pgbroker.bridge.errors import (
+    AmqpAccessRefused,
+    AmqpConnectionLost,
+    AmqpNotFound,
+    AmqpUnreachable,
+    BridgeError,
+    Unpublishable,
+)
+from pgbroker.bridge.outbound import OutboundBridge, OutboundSettings, OutboundStats
+
+__all__ = [
+    "AmqpAccessRefused",
+    "AmqpConnectionLost",
+    "AmqpNotFound",
+    "AmqpUnreachable",
+    "BridgeError",
+    "OutboundBridge",
+    "OutboundSettings",
+    "OutboundStats",
+    "Unpublishable",
+]

@@ -80,6 +80,16 @@ class Rabbit:
         await probe.close()
         return True
 
+    async def queue_exists(self, name: str) -> bool:
+        assert self._connection is not None
+        probe = await self._connection.channel()
+        try:
+            await probe.queue_declare(name, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
+        await probe.close()
+        return True
+
     async def queue(self, *, bind: tuple[str, str] | None = None, durable: bool = True) -> str:
         name = unique("q")
         await self.channel.queue_declare(name, durable=durable)

@@ -14,6 +14,7 @@ from pgbroker.bridge.errors import (
     BridgeError,
     Unpublishable,
 )
+from pgbroker.bridge.inbound import InboundBridge, InboundSettings, InboundStats
 from pgbroker.bridge.outbound import OutboundBridge, OutboundSettings, OutboundStats
 
 __all__ = [
@@ -22,6 +23,9 @@ __all__ = [
     "AmqpNotFound",
     "AmqpUnreachable",
     "BridgeError",
+    "InboundBridge",
+    "InboundSettings",
+    "InboundStats",
     "OutboundBridge",
     "OutboundSettings",
     "OutboundStats",

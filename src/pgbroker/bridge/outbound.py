@@ -51,11 +51,10 @@ import aiormq
 from aiormq.abc import AbstractChannel, AbstractConnection
 
 from pgbroker.aio import AsyncBroker, AsyncQueue
-from pgbroker.backoff import Backoff
 from pgbroker.bridge import amqp
 from pgbroker.bridge.errors import AmqpConnectionLost, AmqpNotFound, Unpublishable
 from pgbroker.bridge.mapping import Outgoing, Route, outgoing
-from pgbroker.bridge.retrying import is_transient
+from pgbroker.bridge.reconnect import run_connected
 from pgbroker.models import Message, Receipt
 
 __all__ = ["OutboundBridge", "OutboundSettings", "OutboundStats"]
@@ -115,42 +114,17 @@ class OutboundBridge:
         await self._queue.policy()  # QueueNotFound now rather than on the first read
         if self.settings.enable_notify:
             await self._queue.enable_notify(keep_existing=True)
-        backoff = Backoff(0.2, 30.0)
-        connection: AbstractConnection | None = await amqp.connect(
-            self._url, timeout=self.settings.connect_timeout
+        await run_connected(
+            self._url,
+            self._serve,
+            stopping=self._stopping,
+            connect_timeout=self.settings.connect_timeout,
+            log=log,
+            on_reconnect=self._count_reconnect,
         )
-        while connection is not None:
-            try:
-                await self._serve(connection)
-                return
-            except AmqpConnectionLost as exc:
-                log.warning("bridge.out.connection_lost queue=%s error=%s", self._queue.name, exc)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                log.warning("bridge.out.database_error queue=%s error=%s", self._queue.name, exc)
-            finally:
-                await amqp.close_quietly(connection)
-            connection = await self._reconnect(backoff)
 
-    async def _reconnect(self, backoff: Backoff) -> AbstractConnection | None:
-        """A new connection after a pause, or None when stopped meanwhile."""
-        while not self._stopping.is_set():
-            with suppress(TimeoutError):
-                async with asyncio.timeout(backoff.next()):
-                    await self._stopping.wait()
-            if self._stopping.is_set():
-                break
-            try:
-                connection = await amqp.connect(self._url, timeout=self.settings.connect_timeout)
-            except Exception as exc:  # unreachable or refused: keep trying, as a restart takes a while
-                log.warning("bridge.out.reconnect_failed queue=%s error=%s", self._queue.name, exc)
-                continue
-            self.stats.reconnects += 1
-            log.info("bridge.out.reconnected queue=%s", self._queue.name)
-            backoff.reset()
-            return connection
-        return None
+    def _count_reconnect(self) -> None:
+        self.stats.reconnects += 1
 
     async def _serve(self, connection: AbstractConnection) -> None:
         try:

@@ -15,6 +15,7 @@ Exit codes (a shell script may rely on them):
   3   stale receipt: the lease ran out or the message was redelivered, so the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed (``pgbroker install``)
+  6   RabbitMQ (``bridge``): unreachable, login refused, or an exchange or queue missing
   70  unexpected error (a bug: please report it with the output of ``-v``)
   130 interrupted (Ctrl-C)
 """
@@ -58,6 +59,7 @@ EXIT_USAGE = 2
 EXIT_STALE_RECEIPT = 3
 EXIT_QUEUE_NOT_FOUND = 4
 EXIT_DATABASE = 5
+EXIT_AMQP = 6
 EXIT_UNEXPECTED = 70
 EXIT_INTERRUPTED = 130
 
@@ -70,6 +72,7 @@ exit codes:
   3   stale receipt: the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed
+  6   RabbitMQ unreachable, login refused, or an exchange or queue missing
   70  unexpected error (run again with -v and report it)
 
 The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL
@@ -225,9 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("job_args", nargs=argparse.REMAINDER, metavar="JOB ...", help="a job and its arguments")
 
     # Commands of other modules; imported here because they import this module's helpers.
-    from pgbroker import cli_keys, cli_serve, cli_worker
+    from pgbroker import cli_bridge, cli_keys, cli_serve, cli_worker
 
     cli_worker.register(commands)
+    cli_bridge.register(commands)
     cli_keys.register(commands)
     cli_serve.register(commands)
     return parser

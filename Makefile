@@ -1,5 +1,5 @@
 # Developer and CI entry points for pgbroker: venv, test, test-quick, lint, demo, bench, clean,
-# pg-partman.
+# pg-partman, rabbitmq.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
 
@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint demo bench clean pg-partman
+.PHONY: venv test test-quick lint demo bench clean pg-partman rabbitmq
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -81,7 +81,13 @@ pg-partman:
 	    "partitioned-queue tests will skip" >&2
 	fi
 
-test: venv pg-partman
+# The bridge tests need a RabbitMQ: the one on localhost:5672 (or $PGBROKER_TEST_AMQP) when it
+# answers, else the installed rabbitmq-server started, else Debian's installed (as root); otherwise
+# this fails saying how to get one (the bridge tests never skip).
+rabbitmq:
+	@"$(ROOT)/scripts/ensure-rabbitmq"
+
+test: venv pg-partman rabbitmq
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench
 	.venv/bin/mypy $(MYPY_PATHS)

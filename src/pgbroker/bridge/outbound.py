@@ -131,6 +131,8 @@ class OutboundBridge:
             channel = await connection.channel(publisher_confirms=True)
         except amqp.CONNECTION_ERRORS as exc:
             raise amqp.lost(exc, "opening a channel") from exc
+        # The concrete channel: its basic_publish can skip waiting for each write (see _publish).
+        assert isinstance(channel, aiormq.Channel)
         exchanges = _Exchanges(connection, self.settings.declare, self.settings.exchange_type)
         missing = await exchanges.check([self._default.exchange])
         if missing:
@@ -153,7 +155,7 @@ class OutboundBridge:
             for task in pumps:
                 task.cancel()
 
-    async def _pump(self, channel: AbstractChannel, exchanges: _Exchanges, aborting: asyncio.Event) -> None:
+    async def _pump(self, channel: aiormq.Channel, exchanges: _Exchanges, aborting: asyncio.Event) -> None:
         while not (self._stopping.is_set() or aborting.is_set()):
             if channel.is_closed:
                 raise amqp.lost(channel.closing.exception() or ConnectionError("channel closed"), "idle")
@@ -184,7 +186,7 @@ class OutboundBridge:
                 break
         return found
 
-    async def _window(self, channel: AbstractChannel, exchanges: _Exchanges, messages: list[Message]) -> None:
+    async def _window(self, channel: aiormq.Channel, exchanges: _Exchanges, messages: list[Message]) -> None:
         receipts: dict[int, Receipt] = {m.msg_id: m.receipt for m in messages if m.receipt is not None}
         failures: dict[str, list[int]] = defaultdict(list)
         ready: list[Outgoing] = []
@@ -228,7 +230,7 @@ class OutboundBridge:
         if lost is not None:
             raise amqp.lost(lost, "waiting for publisher confirms")
 
-    async def _publish(self, channel: AbstractChannel, o: Outgoing) -> BaseException | None:
+    async def _publish(self, channel: aiormq.Channel, o: Outgoing) -> BaseException | None:
         """None once the broker confirmed the message, else what went wrong."""
         try:
             await channel.basic_publish(

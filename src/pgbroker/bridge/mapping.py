@@ -80,7 +80,8 @@ def outgoing(message: Message, default: Route) -> Outgoing:
         _short_text(headers.get(EXCHANGE_HEADER, default.exchange), EXCHANGE_HEADER),
         _short_text(headers.get(ROUTING_KEY_HEADER, default.routing_key), ROUTING_KEY_HEADER),
     )
-    given = headers.get(PROPERTIES_HEADER) or {}
+    given = headers.get(PROPERTIES_HEADER)
+    given = {} if given is None else given
     if not isinstance(given, Mapping):
         raise Unpublishable(f"header {PROPERTIES_HEADER} must be an object, got {type(given).__name__}")
     unknown = sorted(set(given) - {*_TEXT_PROPERTIES, "expiration", "priority", "timestamp", "headers"})
@@ -95,7 +96,8 @@ def outgoing(message: Message, default: Route) -> Outgoing:
         if name in given
     }
     table = {k: v for k, v in headers.items() if not k.startswith(_RESERVED_PREFIXES)}
-    extra = given.get("headers") or {}
+    extra = given.get("headers")
+    extra = {} if extra is None else extra
     if not isinstance(extra, Mapping):
         raise Unpublishable(f"{PROPERTIES_HEADER}.headers must be an object, got {type(extra).__name__}")
     table.update(extra)

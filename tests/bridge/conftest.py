@@ -7,13 +7,14 @@ scripts/ensure-rabbitmq first, which makes sure one is there.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import aiormq
 import pytest
 
-from pgbroker import Broker
 from tests.bridge.rabbit import amqp_url
+
+# The integration tests' Broker on the test's database, shared rather than written again.
+from tests.integration.conftest import broker  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -35,10 +36,3 @@ def amqp() -> str:
             pytrace=False,
         )
     return url
-
-
-@pytest.fixture
-def broker(dsn: str) -> Iterator[Broker]:
-    """A Broker on the test's database (pgbroker installed), closed after the test."""
-    with Broker(dsn, max_connections=4) as b:
-        yield b

@@ -26,7 +26,7 @@ venv: $(STAMP)
 
 $(STAMP): $(ROOT)/pyproject.toml
 	@cd "$(ROOT)"
-	echo "make venv: installing pgbroker[dev,embedded,spark,bench,http] into $(VENV)"
+	echo "make venv: installing pgbroker[dev,embedded,spark,bench,http,bridge] into $(VENV)"
 	# A shim (pyenv) may resolve differently inside make, or not at all for a version it lacks:
 	# ask each candidate for its real interpreter and keep the first that is >= 3.11.
 	pick_python() {

@@ -3,7 +3,7 @@
 OutboundBridge is a transactional outbox (pgbroker.bridge.outbound), InboundBridge a consumer
 that writes into a pgbroker queue and acks RabbitMQ only after the commit, de-duplicating
 redeliveries by message_id (pgbroker.bridge.inbound). Both run on an AsyncBroker until stop().
-Needs the ``bridge`` extra (aiormq).
+Needs the ``bridge`` extra (pika).
 """
 
 from pgbroker.bridge.errors import (

@@ -29,9 +29,6 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-import aiormq
-from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
-
 from pgbroker.aio import AsyncBroker, AsyncQueue
 from pgbroker.backoff import SEND_RETRY, Backoff
 from pgbroker.bridge import amqp
@@ -108,15 +105,15 @@ class InboundBridge:
     def _count_reconnect(self) -> None:
         self.stats.reconnects += 1
 
-    async def _serve(self, connection: AbstractConnection) -> None:
+    async def _serve(self, connection: amqp.Connection) -> None:
         try:
-            channel = await connection.channel(publisher_confirms=False)
-        except amqp.CONNECTION_ERRORS as exc:
-            raise amqp.lost(exc, "opening a channel") from exc
-        await self._check_source(channel)
-        inbox: asyncio.Queue[DeliveredMessage] = asyncio.Queue()
-        await channel.basic_qos(prefetch_count=max(self.settings.prefetch, self.settings.batch_size))
-        await channel.basic_consume(self._source, inbox.put, no_ack=False)
+            channel = await connection.channel()
+            await self._check_source(channel)
+            inbox: asyncio.Queue[amqp.Delivery] = asyncio.Queue()
+            prefetch = max(self.settings.prefetch, self.settings.batch_size)
+            await channel.consume(self._source, prefetch, inbox.put_nowait)
+        except amqp.ChannelClosed as exc:
+            raise amqp.lost(exc, f"starting to consume {self._source!r}") from exc
         log.info(
             "bridge.in.started from=%s queue=%s broker=%s",
             self._source,
@@ -128,32 +125,31 @@ class InboundBridge:
             if batch:
                 await self._write(channel, batch)
 
-    async def _check_source(self, channel: AbstractChannel) -> None:
+    async def _check_source(self, channel: amqp.Channel) -> None:
         try:
-            await channel.queue_declare(self._source, passive=not self.settings.declare, durable=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
+            await channel.queue_declare(self._source, passive=not self.settings.declare)
+        except amqp.ChannelClosed as exc:
+            if not exc.not_found:
+                raise
             raise AmqpNotFound(
                 f"RabbitMQ has no queue {self._source!r} at {amqp.where(self._url)}",
                 hint="Declare it in RabbitMQ, or run the bridge with --declare (declare=True).",
             ) from None
-        except amqp.CONNECTION_ERRORS as exc:
-            raise amqp.lost(exc, f"checking queue {self._source!r}") from exc
 
     async def _collect(
-        self, inbox: asyncio.Queue[DeliveredMessage], channel: AbstractChannel
-    ) -> list[DeliveredMessage]:
+        self, inbox: asyncio.Queue[amqp.Delivery], channel: amqp.Channel
+    ) -> list[amqp.Delivery]:
         """The next batch: wait for a first delivery (or a stop, or the channel closing), then
         take what else arrives within ``linger``, up to batch_size."""
         first = asyncio.ensure_future(inbox.get())
         stopped = asyncio.ensure_future(self._stopping.wait())
-        closed = asyncio.ensure_future(channel.closing)
-        await asyncio.wait((first, stopped, closed), return_when=asyncio.FIRST_COMPLETED)
+        # channel.closed is shared: waited on, never cancelled.
+        await asyncio.wait((first, stopped, channel.closed), return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
-        closed.cancel()
         if not first.done():
             first.cancel()
             if channel.is_closed:
-                raise amqp.lost(ConnectionError("channel closed"), "waiting for deliveries")
+                raise amqp.lost(channel.closed.result(), "waiting for deliveries")
             return []
         batch = [first.result()]
         loop = asyncio.get_running_loop()
@@ -169,7 +165,7 @@ class InboundBridge:
                 break
         return batch
 
-    async def _write(self, channel: AbstractChannel, batch: list[DeliveredMessage]) -> None:
+    async def _write(self, channel: amqp.Channel, batch: list[amqp.Delivery]) -> None:
         items = [incoming(m, self._source) for m in batch]
         try:
             await self._send(items)
@@ -202,26 +198,24 @@ class InboundBridge:
             self.stats.duplicates += len(items) - len(sent)
             return
 
-    async def _ack(self, channel: AbstractChannel, last: DeliveredMessage, *, multiple: bool) -> None:
-        assert last.delivery_tag is not None
+    async def _ack(self, channel: amqp.Channel, last: amqp.Delivery, *, multiple: bool) -> None:
         try:
-            await channel.basic_ack(last.delivery_tag, multiple=multiple)
-        except amqp.CONNECTION_ERRORS as exc:
+            channel.ack(last.delivery_tag, multiple=multiple)
+        except amqp.ChannelClosed as exc:
             # Committed but not acked: RabbitMQ delivers these again, and they are recognised.
             raise amqp.lost(exc, "acking deliveries written to Postgres") from exc
 
-    async def _reject(self, channel: AbstractChannel, message: DeliveredMessage) -> None:
-        assert message.delivery_tag is not None
+    async def _reject(self, channel: amqp.Channel, message: amqp.Delivery) -> None:
         log.error(
             "bridge.in.rejected from=%s message_id=%s: pgbroker refused it (invalid or too large);"
             " rejected without requeue (RabbitMQ dead-letters it if the queue has a dead-letter exchange)",
             self._source,
-            message.header.properties.message_id,
+            message.properties.message_id,
         )
         self.stats.rejected += 1
         try:
-            await channel.basic_reject(message.delivery_tag, requeue=False)
-        except amqp.CONNECTION_ERRORS as exc:
+            channel.reject(message.delivery_tag)
+        except amqp.ChannelClosed as exc:
             raise amqp.lost(exc, "rejecting a delivery") from exc
 
     async def _prune(self) -> None:

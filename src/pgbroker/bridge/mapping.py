@@ -8,7 +8,8 @@ Outbound, a message's headers may say where and how to publish it:
                       expiration, priority, type, app_id, user_id, timestamp, headers
 
 Every other header that does not start with ``x-amqp-`` or ``x-pgbroker-`` is copied into the
-AMQP headers table (x-amqp-properties.headers wins on a clash). The body is the payload as
+AMQP headers table (x-amqp-properties.headers wins on a clash; AMQP tables have no floating point
+type, so a float header travels as its text). The body is the payload as
 JSON (content type application/json unless the properties say otherwise); message_id is the
 msg_id and delivery is persistent, always: those are the bridge's guarantees, so the
 properties may not set them.
@@ -29,9 +30,9 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from aiormq.abc import DeliveredMessage
-from pamqp.commands import Basic
+import pika
 
+from pgbroker.bridge.amqp import Delivery
 from pgbroker.bridge.errors import Unpublishable
 from pgbroker.models import Message
 
@@ -51,8 +52,6 @@ _TEXT_PROPERTIES = (
     "app_id",
     "user_id",
 )
-# Properties named differently in pamqp, where ``type`` would shadow the builtin.
-_ATTRIBUTE = {"type": "message_type"}
 _SHORTSTR_MAX = 255  # AMQP short strings: exchange, routing key and most properties
 _PERSISTENT = 2
 
@@ -70,7 +69,7 @@ class Outgoing:
     msg_id: int
     route: Route
     body: bytes
-    properties: Basic.Properties
+    properties: pika.BasicProperties
 
 
 def outgoing(message: Message, default: Route) -> Outgoing:
@@ -91,7 +90,7 @@ def outgoing(message: Message, default: Route) -> Outgoing:
             hint="message_id (the msg_id) and delivery_mode (persistent) are set by the bridge.",
         )
     texts = {
-        _ATTRIBUTE.get(name, name): _short_text(given[name], f"{PROPERTIES_HEADER}.{name}")
+        name: _short_text(given[name], f"{PROPERTIES_HEADER}.{name}")
         for name in _TEXT_PROPERTIES
         if name in given
     }
@@ -101,11 +100,11 @@ def outgoing(message: Message, default: Route) -> Outgoing:
     if not isinstance(extra, Mapping):
         raise Unpublishable(f"{PROPERTIES_HEADER}.headers must be an object, got {type(extra).__name__}")
     table.update(extra)
-    properties = Basic.Properties(
+    properties = pika.BasicProperties(
         content_type=texts.pop("content_type", "application/json"),
         delivery_mode=_PERSISTENT,
         message_id=str(message.msg_id),
-        headers=table or None,
+        headers={k: _amqp_value(v) for k, v in table.items()} or None,
         priority=_priority(given.get("priority")),
         expiration=_expiration(given.get("expiration")),
         timestamp=_timestamp(given.get("timestamp")),
@@ -143,19 +142,33 @@ def _expiration(value: Any) -> str | None:
     return text
 
 
-def _timestamp(value: Any) -> datetime | None:
+def _timestamp(value: Any) -> int | None:
+    """AMQP timestamps are whole seconds since the epoch."""
     if value is None:
         return None
     try:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return datetime.fromtimestamp(value, UTC)
+            return int(value)
         if isinstance(value, str):
-            return datetime.fromisoformat(value)
+            stamp = datetime.fromisoformat(value)
+            return int((stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp())
     except (ValueError, OverflowError, OSError):
         pass
     raise Unpublishable(
         f"{PROPERTIES_HEADER}.timestamp must be epoch seconds or ISO 8601 text, got {value!r}"
     )
+
+
+def _amqp_value(value: Any) -> Any:
+    """A JSON value as an AMQP field value: AMQP tables have no floating point type (pika), so a
+    float travels as its text."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return {k: _amqp_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_amqp_value(v) for v in value]
+    return value
 
 
 # -- inbound -----------------------------------------------------------------------------------------
@@ -170,27 +183,28 @@ class Incoming:
     headers: dict[str, Any]
 
 
-def incoming(delivered: DeliveredMessage, queue: str) -> Incoming:
-    properties = delivered.header.properties
+def incoming(delivery: Delivery, queue: str) -> Incoming:
+    properties = delivery.properties
     headers: dict[str, Any] = {}
-    payload, kind = _payload(delivered.body)
+    payload, kind = _payload(delivery.body)
     if kind != "json":
         headers[BODY_HEADER] = kind
     kept = {
         "message_id": properties.message_id,
-        **{name: getattr(properties, _ATTRIBUTE.get(name, name)) for name in _TEXT_PROPERTIES},
+        **{name: getattr(properties, name) for name in _TEXT_PROPERTIES},
         "expiration": properties.expiration,
         "priority": properties.priority,
-        "timestamp": properties.timestamp,
+        "timestamp": None
+        if properties.timestamp is None
+        else datetime.fromtimestamp(properties.timestamp, UTC),
         "headers": properties.headers or None,
     }
     headers[PROPERTIES_HEADER] = {k: jsonable(v) for k, v in kept.items() if v is not None}
-    delivery = delivered.delivery
     headers[RECEIVED_HEADER] = {
-        "exchange": delivered.exchange,
-        "routing_key": delivered.routing_key,
+        "exchange": delivery.exchange,
+        "routing_key": delivery.routing_key,
         "queue": queue,
-        "redelivered": bool(getattr(delivery, "redelivered", False)),
+        "redelivered": delivery.redelivered,
     }
     return Incoming(properties.message_id or None, payload, headers)
 

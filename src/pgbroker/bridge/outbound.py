@@ -47,9 +47,6 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import aiormq
-from aiormq.abc import AbstractChannel, AbstractConnection
-
 from pgbroker.aio import AsyncBroker, AsyncQueue
 from pgbroker.bridge import amqp
 from pgbroker.bridge.errors import AmqpConnectionLost, AmqpNotFound, Unpublishable
@@ -126,13 +123,11 @@ class OutboundBridge:
     def _count_reconnect(self) -> None:
         self.stats.reconnects += 1
 
-    async def _serve(self, connection: AbstractConnection) -> None:
+    async def _serve(self, connection: amqp.Connection) -> None:
         try:
-            channel = await connection.channel(publisher_confirms=True)
-        except amqp.CONNECTION_ERRORS as exc:
+            channel = await connection.channel(confirms=True)
+        except amqp.ChannelClosed as exc:
             raise amqp.lost(exc, "opening a channel") from exc
-        # The concrete channel: its basic_publish can skip waiting for each write (see _publish).
-        assert isinstance(channel, aiormq.Channel)
         exchanges = _Exchanges(connection, self.settings.declare, self.settings.exchange_type)
         missing = await exchanges.check([self._default.exchange])
         if missing:
@@ -155,10 +150,10 @@ class OutboundBridge:
             for task in pumps:
                 task.cancel()
 
-    async def _pump(self, channel: aiormq.Channel, exchanges: _Exchanges, aborting: asyncio.Event) -> None:
+    async def _pump(self, channel: amqp.Channel, exchanges: _Exchanges, aborting: asyncio.Event) -> None:
         while not (self._stopping.is_set() or aborting.is_set()):
             if channel.is_closed:
-                raise amqp.lost(channel.closing.exception() or ConnectionError("channel closed"), "idle")
+                raise amqp.lost(channel.closed.result(), "idle")
             messages = await self._next_batch(aborting)
             if messages:
                 await self._window(channel, exchanges, messages)
@@ -186,7 +181,7 @@ class OutboundBridge:
                 break
         return found
 
-    async def _window(self, channel: aiormq.Channel, exchanges: _Exchanges, messages: list[Message]) -> None:
+    async def _window(self, channel: amqp.Channel, exchanges: _Exchanges, messages: list[Message]) -> None:
         receipts: dict[int, Receipt] = {m.msg_id: m.receipt for m in messages if m.receipt is not None}
         failures: dict[str, list[int]] = defaultdict(list)
         ready: list[Outgoing] = []
@@ -208,7 +203,7 @@ class OutboundBridge:
         keeper_done = asyncio.Event()
         keeper = asyncio.create_task(self._keep_leases(receipts, keeper_done))
         try:
-            results = await asyncio.gather(*(self._publish(channel, o) for o in ready))
+            results = await self._publish_all(channel, ready)
         finally:
             keeper_done.set()
             await keeper
@@ -221,32 +216,29 @@ class OutboundBridge:
                 confirmed.append(o)
                 continue
             failures[_failure_text(o, result)].append(o.msg_id)
-            if isinstance(result, aiormq.exceptions.ChannelNotFoundEntity):
-                exchanges.forget(o.route.exchange)
-            if isinstance(result, (*amqp.CONNECTION_ERRORS, aiormq.exceptions.AMQPChannelError)):
+            if isinstance(result, amqp.ChannelClosed):
                 lost = result
+                if result.not_found:
+                    exchanges.forget(o.route.exchange)
         await self._ack(confirmed, receipts, published_at)
         await self._fail(failures, receipts)
         if lost is not None:
             raise amqp.lost(lost, "waiting for publisher confirms")
 
-    async def _publish(self, channel: aiormq.Channel, o: Outgoing) -> BaseException | None:
-        """None once the broker confirmed the message, else what went wrong."""
-        try:
-            await channel.basic_publish(
-                o.body,
-                exchange=o.route.exchange,
-                routing_key=o.route.routing_key,
-                properties=o.properties,
-                mandatory=True,
-                timeout=self.settings.confirm_timeout,
-                # Not waiting for each frame's write lets the window's publishes pipeline (the
-                # confirm awaited below proves the write anyway): ~1.5-2x the rate here.
-                wait=False,
-            )
-        except Exception as exc:
-            return exc
-        return None
+    async def _publish_all(self, channel: amqp.Channel, ready: list[Outgoing]) -> list[BaseException | None]:
+        """Publish a window and await its confirms together: None for each message the broker
+        confirmed, else what went wrong (TimeoutError if no confirm came within confirm_timeout)."""
+        futures: list[asyncio.Future[None]] = []
+        for o in ready:
+            try:
+                futures.append(channel.publish(o.route.exchange, o.route.routing_key, o.body, o.properties))
+            except Exception as exc:  # pika refuses to encode it (a header value, say)
+                refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                refused.set_exception(exc)
+                futures.append(refused)
+        if futures:
+            await asyncio.wait(futures, timeout=self.settings.confirm_timeout)
+        return [_outcome(f) for f in futures]
 
     async def _ack(self, confirmed: Sequence[Outgoing], receipts: dict[int, Receipt], at: str) -> None:
         held = [o for o in confirmed if o.msg_id in receipts]
@@ -301,17 +293,24 @@ _LOST = "not published: the RabbitMQ connection was lost"
 _EXCHANGE_HINT = "Declare it in RabbitMQ, or run the bridge with --declare (declare=True) to declare it."
 
 
+def _outcome(future: asyncio.Future[None]) -> BaseException | None:
+    if not future.done():
+        future.cancel()  # a late confirm finds nothing waiting
+        return TimeoutError()
+    return future.exception()
+
+
 def _failure_text(o: Outgoing, exc: BaseException) -> str:
     where = f"exchange {o.route.exchange!r} routing key {o.route.routing_key!r}"
-    if isinstance(exc, aiormq.exceptions.PublishError):
-        return f"unroutable: no queue bound to {where} (returned as mandatory)"
-    if isinstance(exc, aiormq.exceptions.DeliveryError):
+    if isinstance(exc, amqp.Returned):
+        return f"unroutable: no queue bound to {where} (returned as mandatory: {exc})"
+    if isinstance(exc, amqp.Nacked):
         return f"RabbitMQ refused the message (basic.nack) for {where}"
-    if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
-        return f"RabbitMQ has no exchange {o.route.exchange!r} (it was deleted while in use)"
     if isinstance(exc, TimeoutError):
         return f"not confirmed by RabbitMQ within the confirm timeout, for {where}"
-    if isinstance(exc, (*amqp.CONNECTION_ERRORS, aiormq.exceptions.AMQPChannelError)):
+    if isinstance(exc, amqp.ChannelClosed):
+        if exc.not_found:
+            return f"RabbitMQ has no exchange {o.route.exchange!r} (it was deleted while in use)"
         return _LOST
     return f"publish failed for {where}: {type(exc).__name__}: {exc}"
 
@@ -319,12 +318,12 @@ def _failure_text(o: Outgoing, exc: BaseException) -> str:
 class _Exchanges:
     """Which exchanges exist (or were declared), checked on a probe channel of their own."""
 
-    def __init__(self, connection: AbstractConnection, declare: bool, exchange_type: str) -> None:
+    def __init__(self, connection: amqp.Connection, declare: bool, exchange_type: str) -> None:
         self._connection = connection
         self._declare = declare
         self._type = exchange_type
         self._checked: dict[str, float] = {"": float("inf")}  # the default exchange always exists
-        self._probe: AbstractChannel | None = None
+        self._probe: amqp.Channel | None = None
         self._lock = asyncio.Lock()
 
     def forget(self, name: str) -> None:
@@ -351,12 +350,12 @@ class _Exchanges:
         passive = not self._declare or name.startswith("amq.")
         try:
             if self._probe is None or self._probe.is_closed:
-                self._probe = await self._connection.channel(publisher_confirms=False)
-            await self._probe.exchange_declare(name, exchange_type=self._type, durable=True, passive=passive)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return f"RabbitMQ has no exchange {name!r}; declare it, or run the bridge with --declare"
-        except aiormq.exceptions.AMQPChannelError as exc:
-            return f"exchange {name!r} cannot be declared as a durable {self._type} exchange: {exc}"
-        except amqp.CONNECTION_ERRORS as exc:
+                self._probe = await self._connection.channel()
+            await self._probe.exchange_declare(name, self._type, passive=passive)
+        except amqp.ChannelClosed as exc:
+            if exc.not_found:
+                return f"RabbitMQ has no exchange {name!r}; declare it, or run the bridge with --declare"
+            if exc.reply_code:
+                return f"exchange {name!r} cannot be declared as a durable {self._type} exchange: {exc}"
             raise amqp.lost(exc, f"checking exchange {name!r}") from exc
         return None

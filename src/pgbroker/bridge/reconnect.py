@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from contextlib import suppress
 
 import psycopg
-from aiormq.abc import AbstractConnection
 from psycopg_pool import PoolTimeout
 
 from pgbroker.backoff import Backoff
@@ -42,7 +41,7 @@ def is_transient(exc: BaseException) -> bool:
 
 async def run_connected(
     url: str,
-    serve: Callable[[AbstractConnection], Awaitable[None]],
+    serve: Callable[[amqp.Connection], Awaitable[None]],
     *,
     stopping: asyncio.Event,
     connect_timeout: float,
@@ -52,7 +51,7 @@ async def run_connected(
     """Call ``serve`` with a connection to ``url`` until it returns (the bridge was stopped),
     reconnecting after transient failures; any other failure is raised."""
     backoff = Backoff(*_RECONNECT)
-    connection: AbstractConnection | None = await amqp.connect(url, timeout=connect_timeout)
+    connection: amqp.Connection | None = await amqp.Connection.open(url, timeout=connect_timeout)
     while connection is not None:
         try:
             await serve(connection)
@@ -62,7 +61,7 @@ async def run_connected(
                 raise
             log.warning("bridge.connection_lost error=%s", exc)
         finally:
-            await amqp.close_quietly(connection)
+            await connection.close()
         connection = None
         while connection is None and not stopping.is_set():
             with suppress(TimeoutError):
@@ -71,7 +70,7 @@ async def run_connected(
             if stopping.is_set():
                 return
             try:
-                connection = await amqp.connect(url, timeout=connect_timeout)
+                connection = await amqp.Connection.open(url, timeout=connect_timeout)
             except Exception as exc:  # unreachable or refused while it restarts: keep trying
                 log.warning("bridge.reconnect_failed error=%s", exc)
         if connection is not None:

@@ -244,3 +244,38 @@ def test_killing_the_inbound_bridge_mid_stream_loses_nothing_and_doubles_nothing
     assert remaining == 0  # everything was acked
     assert sorted(values) == list(range(total))
     assert seen == (total,)
+
+
+def test_the_inbound_bridge_rides_out_a_rabbitmq_restart(
+    dsn: str, private_rabbit: PrivateRabbit, tmp_path: Path
+) -> None:
+    total = 5000
+    url = private_rabbit.url
+    source = "chaos-source"
+    with Broker(dsn) as broker:
+        broker.create_queue("inbox")
+
+    async def publish() -> None:
+        async with Rabbit(url) as rabbit:
+            await rabbit.channel.queue_declare(source, durable=True)  # the node is deleted at the end
+            for i in range(total):
+                await rabbit.publish(source, json.dumps({"n": i}).encode(), message_id=f"m-{i}")
+
+    asyncio.run(publish())
+    options = ["bridge", "in", "--amqp", url, "--from", source, "--queue", "inbox", "--batch-size", "100"]
+    bridge = Bridge(*options, "--prefetch", "300", "--progress", "0.5", dsn=dsn, logs=tmp_path)
+    try:
+        with Broker(dsn) as broker:
+            wait_for(lambda: broker.metrics("inbox").queue_length >= total // 4, "a quarter received", 60)
+            private_rabbit.restart()
+            wait_for(lambda: broker.metrics("inbox").queue_length >= total, "all received", 90)
+            time.sleep(1.0)  # redeliveries would land now
+    finally:
+        code, err = bridge.stop()
+    assert code == 0, err
+    assert "bridge.connection_lost" in err
+    with psycopg.connect(dsn) as conn:
+        values = [row[0] for row in conn.execute("SELECT (message->>'n')::int FROM pgmq.q_inbox")]
+    progress = [line for line in err.splitlines() if line.startswith("progress ")]
+    print(f"\nchaos inbound restart: sent={total} in_queue={len(values)} {progress[-1] if progress else ''}")
+    assert sorted(values) == list(range(total))

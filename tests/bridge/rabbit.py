@@ -90,9 +90,15 @@ class Rabbit:
         await probe.close()
         return True
 
-    async def queue(self, *, bind: tuple[str, str] | None = None, durable: bool = True) -> str:
+    async def queue(
+        self,
+        *,
+        bind: tuple[str, str] | None = None,
+        durable: bool = True,
+        arguments: dict[str, Any] | None = None,
+    ) -> str:
         name = unique("q")
-        await self.channel.queue_declare(name, durable=durable)
+        await self.channel.queue_declare(name, durable=durable, arguments=arguments)
         self._queues.append(name)
         if bind is not None:
             await self.channel.queue_bind(name, bind[0], routing_key=bind[1])

@@ -194,6 +194,27 @@ def test_unroutable_message_is_retried_then_dead_lettered_with_the_error(
     assert "returned as mandatory" in dead["error"]
 
 
+def test_a_message_the_broker_nacks_is_retried_then_dead_lettered(
+    broker: Broker, dsn: str, conn: Conn, amqp: str
+) -> None:
+    outbox = broker.create_queue("outbox")
+    outbox.set_policy(max_deliveries=2, backoff="fixed", backoff_base_seconds=0)
+
+    async def scenario() -> None:
+        async with Rabbit(amqp) as rabbit, AsyncBroker(dsn) as abroker:
+            # A full queue that rejects publishes: RabbitMQ answers them with basic.nack.
+            full = await rabbit.queue(arguments={"x-max-length": 0, "x-overflow": "reject-publish"})
+            outbox.send("refused")
+            bridge = OutboundBridge(abroker, "outbox", amqp, OutboundSettings(routing_key=full))
+            await run_bridges([bridge], queue_empty(abroker, "outbox"))
+            assert (bridge.stats.published, bridge.stats.retried, bridge.stats.dead_lettered) == (0, 1, 1)
+
+    asyncio.run(scenario())
+    (letter,) = archive_headers(conn, "outbox").values()
+    assert "basic.nack" in letter[DEAD]["error"]
+    assert PUBLISHED not in letter
+
+
 def test_a_missing_exchange_fails_its_messages_and_not_the_others(
     broker: Broker, dsn: str, conn: Conn, amqp: str
 ) -> None:

@@ -117,6 +117,20 @@ class PrivateRabbit:
         os.killpg(pgid, signal.SIGKILL)
         process.wait()
 
+    def ctl(self, *args: str) -> str:
+        """Run rabbitmqctl against this node (same cookie, same node name); its output."""
+        ctl = Path(self.server).with_name("rabbitmqctl")
+        done = subprocess.run(
+            [str(ctl), "-n", self._node, *args],
+            env=self._environment(),
+            cwd=self.base,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return done.stdout
+
     def restart(self) -> None:
         self.stop()
         self.start()

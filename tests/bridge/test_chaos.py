@@ -29,6 +29,8 @@ import psycopg
 import pytest
 
 from pgbroker import Broker
+from pgbroker.aio import AsyncBroker
+from pgbroker.bridge import OutboundBridge, OutboundSettings
 from tests.bridge.private_rabbit import PrivateRabbit, server_binary
 from tests.bridge.rabbit import Rabbit
 from tests.conftest import scratch_dir
@@ -279,3 +281,35 @@ def test_the_inbound_bridge_rides_out_a_rabbitmq_restart(
     progress = [line for line in err.splitlines() if line.startswith("progress ")]
     print(f"\nchaos inbound restart: sent={total} in_queue={len(values)} {progress[-1] if progress else ''}")
     assert sorted(values) == list(range(total))
+
+
+def test_leases_are_extended_while_rabbitmq_holds_back_confirms(
+    dsn: str, private_rabbit: PrivateRabbit
+) -> None:
+    """A memory alarm blocks publishers: confirms stop coming for longer than the lease. The
+    bridge keeps extending its leases, so nothing is read twice, and publishes once unblocked."""
+    with Broker(dsn) as broker:
+        outbox = broker.create_queue("outbox")
+        outbox.send_many(list(range(50)))
+
+    async def scenario() -> None:
+        async with Rabbit(private_rabbit.url) as rabbit, AsyncBroker(dsn) as abroker:
+            target = await rabbit.queue()
+            private_rabbit.ctl("set_vm_memory_high_watermark", "absolute", "1")  # an alarm: blocked
+            settings = OutboundSettings(routing_key=target, lease=2, confirm_timeout=60)
+            bridge = OutboundBridge(abroker, "outbox", private_rabbit.url, settings)
+            task = asyncio.create_task(bridge.run())
+            try:
+                await asyncio.sleep(6)  # three leases
+                assert bridge.stats.published == 0
+                private_rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+                got = await rabbit.drain(target, expect=50, timeout=30)
+                assert sorted(json.loads(m.body) for m in got) == list(range(50))
+            finally:
+                bridge.stop()
+                await task
+            assert (bridge.stats.published, bridge.stats.stale, bridge.stats.retried) == (50, 0, 0)
+
+    asyncio.run(scenario())
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT max(read_ct), count(*) FROM pgmq.a_outbox").fetchone() == (1, 50)

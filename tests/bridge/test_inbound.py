@@ -198,3 +198,38 @@ def test_a_missing_rabbit_queue_is_a_clear_error_unless_declared(broker: Broker,
                 await task
 
     asyncio.run(scenario())
+
+
+def test_a_full_queue_holds_deliveries_unacked_until_there_is_room(
+    broker: Broker, dsn: str, conn: Conn, amqp: str
+) -> None:
+    inbox = broker.create_queue("inbox")
+    inbox.set_policy(max_depth=50)
+
+    async def scenario() -> None:
+        async with Rabbit(amqp) as rabbit, AsyncBroker(dsn) as abroker:
+            source = await rabbit.queue()
+            for i in range(100):
+                await rabbit.publish(source, b'{"n": %d}' % i, message_id=f"m-{i}")
+            bridge = InboundBridge(
+                abroker, source, "inbox", amqp, InboundSettings(batch_size=10, prefetch=20)
+            )
+            task = asyncio.create_task(bridge.run())
+            try:
+                async with asyncio.timeout(20):
+                    while bridge.stats.received < 50:
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(1.0)
+                assert bridge.stats.received == 50  # the queue is full: the rest waits in RabbitMQ
+                taken = inbox.pop_many(50)
+                async with asyncio.timeout(20):
+                    while bridge.stats.received < 100:
+                        await asyncio.sleep(0.05)
+            finally:
+                bridge.stop()
+                await task
+            assert await rabbit.count(source) == 0
+            rest = inbox.pop_many(100)
+            assert sorted(m.message["n"] for m in taken + rest) == list(range(100))
+
+    asyncio.run(scenario())

@@ -18,7 +18,8 @@ A message pgbroker refuses (too large for pgbroker.max_message_bytes, say) would
 forever: it is rejected without requeue, so RabbitMQ dead-letters it if the queue has a
 dead-letter exchange, and logged. A full pgbroker queue (max_depth) holds the batch unacked and
 retries it after a pause: backpressure reaches RabbitMQ, which stops delivering once
-``prefetch`` deliveries are unacked.
+``prefetch`` deliveries are unacked. A batch is sent whole or not at all, so max_depth must be
+larger than batch_size.
 
 The RabbitMQ queue must exist unless ``declare`` is set (then it is declared durable).
 """
@@ -182,6 +183,7 @@ class InboundBridge:
     async def _send(self, items: list[Incoming]) -> None:
         """Send a batch in one transaction, retrying while the queue is full (the deliveries wait unacked)."""
         pause = Backoff(*SEND_RETRY)
+        waited = 0
         while True:
             try:
                 sent = await self._queue.receive_many(
@@ -191,7 +193,9 @@ class InboundBridge:
                     seen_within=self.settings.seen_within,
                 )
             except QueueFull as exc:
-                log.warning("bridge.in.queue_full queue=%s error=%s", self._queue.name, exc.message)
+                if waited == 0:  # once per batch: the pauses grow to a second, the log would not
+                    log.warning("bridge.in.queue_full queue=%s error=%s", self._queue.name, exc.message)
+                waited += 1
                 await asyncio.sleep(pause.next())
                 continue
             self.stats.received += len(sent)

@@ -113,10 +113,18 @@ async def test_stats_feed_and_dashboard(client: httpx.AsyncClient, keys: dict[st
     r = await client.get("/v1/stats", headers=admin)
     [jobs] = r.json()["queues"]
     assert (jobs["queue_name"], jobs["queue_length"], jobs["total_sent"]) == ("jobs", 1, 1)
+    assert jobs["total_consumed"] == 0
     r = await client.get("/dashboard")
     assert r.status_code == 200
-    assert "<canvas" in r.text
-    assert "/v1/stats" in r.text
+    assert r.headers["content-type"].startswith("text/html")
+    assert '<script src="/dashboard/app.js"' in r.text
+    # No script but this server's: a payload shown in the page could not run.
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    script = await client.get("/dashboard/app.js")
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert "/v1/stats" in script.text
+    assert "sessionStorage" in script.text
+    assert (await client.get("/dashboard/app.css")).headers["content-type"].startswith("text/css")
 
 
 async def test_openapi_matches_routes(client: httpx.AsyncClient, broker: AsyncBroker) -> None:

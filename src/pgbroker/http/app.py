@@ -21,14 +21,14 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.errors import PgbrokerError
 from pgbroker.http import metrics as prom
 from pgbroker.http.auth import ApiKey, KeyStore, RateLimiter
-from pgbroker.http.dashboard import DASHBOARD_HTML
+from pgbroker.http.dashboard import asset
 from pgbroker.http.errors import ApiError, handle_exception
 from pgbroker.http.openapi import openapi_spec
 from pgbroker.models import Message
@@ -103,6 +103,9 @@ def create_app(
         route("/openapi.json", _openapi, "GET"),
         route("/metrics", _metrics, "GET"),
         route("/dashboard", _dashboard, "GET"),
+        route("/dashboard/app.js", _dashboard_js, "GET"),
+        route("/dashboard/app.css", _dashboard_css, "GET"),
+        route("/v1/key", _whoami, "GET"),
         route("/v1/stats", _stats, "GET"),
         route("/v1/queues", _list_queues, "GET"),
         route("/v1/queues", _create_queue, "POST"),
@@ -116,6 +119,8 @@ def create_app(
         route("/v1/queues/{queue}/archive", _archive, "POST"),
         route("/v1/queues/{queue}/delete", _delete, "POST"),
         route("/v1/queues/{queue}/purge", _purge, "POST"),
+        route("/v1/queues/{queue}/dead-letters", _dead_letters, "GET"),
+        route("/v1/queues/{queue}/dead-letters/replay", _replay_dead_letters, "POST"),
     ]
     return Starlette(
         routes=routes,
@@ -290,6 +295,15 @@ def _invalid(message: str) -> ApiError:
     return ApiError(422, "invalid_body", message)
 
 
+def _query_int(request: Request, name: str, default: int, *, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit() or not lo <= int(raw) <= hi:
+        raise ApiError(422, "invalid_query", f"{name} must be an integer from {lo} to {hi}")
+    return int(raw)
+
+
 def _queue_of(request: Request) -> str:
     name: str = request.path_params["queue"]
     return name
@@ -326,7 +340,20 @@ async def _openapi(request: Request, state: _State) -> Response:
 
 
 async def _dashboard(request: Request, state: _State) -> Response:
-    return HTMLResponse(DASHBOARD_HTML)
+    return asset("dashboard.html")
+
+
+async def _dashboard_js(request: Request, state: _State) -> Response:
+    return asset("dashboard.js")
+
+
+async def _dashboard_css(request: Request, state: _State) -> Response:
+    return asset("dashboard.css")
+
+
+async def _whoami(request: Request, state: _State) -> Response:
+    key = await _authorize(request, state, None)
+    return JSONResponse({"name": key.name, "scopes": sorted(key.scopes), "queues": list(key.queues)})
 
 
 async def _metrics(request: Request, state: _State) -> Response:
@@ -490,6 +517,26 @@ async def _purge(request: Request, state: _State) -> Response:
     queue = _queue_of(request)
     await _authorize(request, state, "admin", queue)
     return JSONResponse({"purged": await state.broker.queue(queue).purge()})
+
+
+async def _dead_letters(request: Request, state: _State) -> Response:
+    queue = _queue_of(request)
+    await _authorize(request, state, "read", queue)
+    limit = _query_int(request, "limit", 100, lo=1, hi=state.settings.max_batch)
+    after = _query_int(request, "after", 0, lo=0, hi=2**63 - 1)
+    found = await state.broker.queue(queue).dead_letters(limit, after=after)
+    return JSONResponse({"messages": [_message_json(m) for m in found]})
+
+
+async def _replay_dead_letters(request: Request, state: _State) -> Response:
+    queue = _queue_of(request)
+    await _authorize(request, state, "admin", queue)
+    body = await _Body.read(request, state, optional=True)
+    msg_ids = body.get_ids("msg_ids", state.settings.max_batch) if body.has("msg_ids") else None
+    replayed = await state.broker.queue(queue).replay_dead_letters(msg_ids)
+    return JSONResponse(
+        {"replayed": [{"dead_letter_id": old, "msg_id": new} for old, new in sorted(replayed.items())]}
+    )
 
 
 __all__ = ["Settings", "create_app"]

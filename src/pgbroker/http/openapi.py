@@ -49,6 +49,7 @@ def _op(
     ok: tuple[str, dict[str, Any]],
     *,
     body: dict[str, Any] | None = None,
+    body_required: bool = True,
     queue: bool = True,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -64,10 +65,32 @@ def _op(
         op["parameters"] = [_QUEUE_PARAM]
         op["responses"]["404"] = _error("queue_not_found")
     if body is not None:
-        op["requestBody"] = {"required": True, **_json(body)}
+        op["requestBody"] = {"required": body_required, **_json(body)}
         op["responses"].update(_BODY_ERRORS)
     op["responses"].update(extra or {})
     return op
+
+
+def _static(summary: str, media_type: str) -> dict[str, Any]:
+    return {
+        "get": {
+            "summary": summary,
+            "security": [],
+            "responses": {
+                "200": {"description": media_type, "content": {media_type: {"schema": {"type": "string"}}}}
+            },
+        }
+    }
+
+
+def _query_int(name: str, description: str, lo: int, hi: int, default: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": {"type": "integer", "minimum": lo, "maximum": hi, "default": default},
+    }
 
 
 def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
@@ -151,6 +174,7 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                         "wait": {"type": "number", "minimum": 0, "maximum": max_wait_seconds, "default": 0},
                     }
                 ),
+                body_required=False,
             ),
         },
         "/v1/queues/{queue}/ack": {
@@ -206,11 +230,65 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                 "delete every message of the queue", "admin", ("200", _obj({"purged": {"type": "integer"}}))
             ),
         },
+        "/v1/queues/{queue}/dead-letters": {
+            "get": {
+                **_op(
+                    "the queue's dead letters, oldest first (headers say why: x-pgbroker-dead-letter)",
+                    "read",
+                    ("200", _obj({"messages": {"type": "array", "items": _ref("Message")}})),
+                    extra={"422": _error("limit or after out of range (invalid_query)")},
+                ),
+                "parameters": [
+                    _QUEUE_PARAM,
+                    _query_int("limit", "at most this many", 1, max_batch, 100),
+                    _query_int("after", "only dead letters with a larger id (paging)", 0, 2**63 - 1, 0),
+                ],
+            },
+        },
+        "/v1/queues/{queue}/dead-letters/replay": {
+            "post": _op(
+                "send dead letters back to their queue as new messages: all, or those of msg_ids",
+                "admin",
+                (
+                    "200",
+                    _obj(
+                        {
+                            "replayed": {
+                                "type": "array",
+                                "items": _obj(
+                                    {"dead_letter_id": {"type": "integer"}, "msg_id": {"type": "integer"}}
+                                ),
+                            }
+                        }
+                    ),
+                ),
+                body=_obj({"msg_ids": msg_ids["properties"]["msg_ids"]}),
+                body_required=False,
+                extra={"503": _error("queue_full (max_depth reached; see Retry-After) or database error")},
+            ),
+        },
         "/v1/stats": {
             "get": _op(
                 "cheap statistics of the queues the key can see (the dashboard's feed)",
                 None,
-                ("200", _obj({"queues": {"type": "array", "items": {"type": "object"}}})),
+                ("200", _obj({"queues": {"type": "array", "items": _ref("QueueStats")}})),
+                queue=False,
+            ),
+        },
+        "/v1/key": {
+            "get": _op(
+                "the calling key: its name, scopes and queue patterns",
+                None,
+                (
+                    "200",
+                    _obj(
+                        {
+                            "name": {"type": "string"},
+                            "scopes": {"type": "array", "items": {"type": "string"}},
+                            "queues": {"type": "array", "items": {"type": "string"}},
+                        }
+                    ),
+                ),
                 queue=False,
             ),
         },
@@ -243,15 +321,9 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                 "responses": {"200": {"description": "the spec", **_json({"type": "object"})}},
             }
         },
-        "/dashboard": {
-            "get": {
-                "summary": "the dashboard page (asks for a key in the browser)",
-                "security": [],
-                "responses": {
-                    "200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}
-                },
-            }
-        },
+        "/dashboard": _static("the dashboard page (asks for a key in the browser)", "text/html"),
+        "/dashboard/app.js": _static("the dashboard's script", "text/javascript"),
+        "/dashboard/app.css": _static("the dashboard's stylesheet", "text/css"),
     }
     ts = {"type": "string", "format": "date-time"}
     nullable_ts = {"type": ["string", "null"], "format": "date-time"}
@@ -298,6 +370,20 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                         "is_partitioned": {"type": "boolean"},
                         "is_unlogged": {"type": "boolean"},
                         "created_at": ts,
+                    }
+                ),
+                "QueueStats": _obj(
+                    {
+                        "queue_name": {"type": "string"},
+                        "queue_length": {"type": "integer"},
+                        "visible_length": {"type": "integer"},
+                        "length_is_estimate": {"type": "boolean"},
+                        "oldest_msg_age_sec": {"type": ["number", "null"]},
+                        "newest_msg_age_sec": {"type": ["number", "null"]},
+                        "total_sent": {"type": "integer"},
+                        "dead_letter_length": {"type": ["integer", "null"]},
+                        "scrape_time": ts,
+                        "total_consumed": {"type": "integer"},
                     }
                 ),
                 "Metrics": _obj(

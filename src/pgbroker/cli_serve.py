@@ -29,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rate", type=float, default=100.0, metavar="PER_SECOND", help="per-key rate limit (100)"
     )
     sub.add_argument("--burst", type=float, default=200.0, metavar="N", help="per-key burst (200)")
+    sub.add_argument(
+        "--max-wait", type=float, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
+    )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
     sub.set_defaults(handler=_cmd_serve)
@@ -46,6 +49,7 @@ def _cmd_serve(args: argparse.Namespace, broker: Broker) -> int:
         max_body_bytes=args.max_body,
         rate_per_second=args.rate,
         rate_burst=args.burst,
+        max_wait_seconds=args.max_wait,
         metrics_public=args.public_metrics,
     )
     app = create_app(dsn, settings=settings, max_connections=args.connections)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -30,7 +31,7 @@ from pgbroker.http import metrics as prom
 from pgbroker.http.auth import ApiKey, KeyStore, RateLimiter
 from pgbroker.http.dashboard import asset
 from pgbroker.http.errors import ApiError, handle_exception
-from pgbroker.http.openapi import openapi_spec
+from pgbroker.http.openapi import QUEUE_NAME_MAX, QUEUE_NAME_PATTERN, openapi_spec
 from pgbroker.models import Message
 from pgbroker.queries import receipt_of
 
@@ -49,7 +50,7 @@ class Settings:
     stats_exact_below: int = 10_000  # counts past this are estimated (pgbroker.queue_stats)
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[[Request, "_State"], Awaitable[Response]]
 
 
 @dataclass
@@ -92,36 +93,39 @@ def create_app(
                 await the_broker.close()
                 await pool.close()
 
-    def route(path: str, endpoint: Callable[[Request, _State], Awaitable[Response]], method: str) -> Route:
-        async def bound(request: Request) -> Response:
-            return await endpoint(request, state)
+    endpoints: dict[str, dict[str, Endpoint]] = {
+        "/healthz": {"GET": _healthz},
+        "/openapi.json": {"GET": _openapi},
+        "/metrics": {"GET": _metrics},
+        "/dashboard": {"GET": _dashboard},
+        "/dashboard/app.js": {"GET": _dashboard_js},
+        "/dashboard/app.css": {"GET": _dashboard_css},
+        "/v1/key": {"GET": _whoami},
+        "/v1/stats": {"GET": _stats},
+        "/v1/queues": {"GET": _list_queues, "POST": _create_queue},
+        "/v1/queues/{queue}": {"DELETE": _drop_queue},
+        "/v1/queues/{queue}/metrics": {"GET": _queue_metrics},
+        "/v1/queues/{queue}/messages": {"POST": _send},
+        "/v1/queues/{queue}/read": {"POST": _read},
+        "/v1/queues/{queue}/ack": {"POST": _ack},
+        "/v1/queues/{queue}/nack": {"POST": _nack},
+        "/v1/queues/{queue}/extend": {"POST": _extend},
+        "/v1/queues/{queue}/archive": {"POST": _archive},
+        "/v1/queues/{queue}/delete": {"POST": _delete},
+        "/v1/queues/{queue}/purge": {"POST": _purge},
+        "/v1/queues/{queue}/dead-letters": {"GET": _dead_letters},
+        "/v1/queues/{queue}/dead-letters/replay": {"POST": _replay_dead_letters},
+    }
 
-        return Route(path, bound, methods=[method], name=endpoint.__name__.lstrip("_"))
+    def route(path: str, by_method: dict[str, Endpoint]) -> Route:
+        # One route per path, whatever its methods: a 405 then lists them all in Allow.
+        async def dispatch(request: Request) -> Response:
+            method = "GET" if request.method == "HEAD" else request.method
+            return await by_method[method](request, state)
 
-    routes = [
-        route("/healthz", _healthz, "GET"),
-        route("/openapi.json", _openapi, "GET"),
-        route("/metrics", _metrics, "GET"),
-        route("/dashboard", _dashboard, "GET"),
-        route("/dashboard/app.js", _dashboard_js, "GET"),
-        route("/dashboard/app.css", _dashboard_css, "GET"),
-        route("/v1/key", _whoami, "GET"),
-        route("/v1/stats", _stats, "GET"),
-        route("/v1/queues", _list_queues, "GET"),
-        route("/v1/queues", _create_queue, "POST"),
-        route("/v1/queues/{queue}", _drop_queue, "DELETE"),
-        route("/v1/queues/{queue}/metrics", _queue_metrics, "GET"),
-        route("/v1/queues/{queue}/messages", _send, "POST"),
-        route("/v1/queues/{queue}/read", _read, "POST"),
-        route("/v1/queues/{queue}/ack", _ack, "POST"),
-        route("/v1/queues/{queue}/nack", _nack, "POST"),
-        route("/v1/queues/{queue}/extend", _extend, "POST"),
-        route("/v1/queues/{queue}/archive", _archive, "POST"),
-        route("/v1/queues/{queue}/delete", _delete, "POST"),
-        route("/v1/queues/{queue}/purge", _purge, "POST"),
-        route("/v1/queues/{queue}/dead-letters", _dead_letters, "GET"),
-        route("/v1/queues/{queue}/dead-letters/replay", _replay_dead_letters, "POST"),
-    ]
+        return Route(path, dispatch, methods=list(by_method))
+
+    routes = [route(path, by_method) for path, by_method in endpoints.items()]
     return Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -199,6 +203,7 @@ async def _authorize(request: Request, state: _State, scope: str | None, queue: 
 
 
 _Absent = object()
+_PORTABLE_NAME = re.compile(QUEUE_NAME_PATTERN)
 
 
 class _Body:
@@ -238,10 +243,10 @@ class _Body:
         return name in self.data
 
     def get_int(self, name: str, default: Any = _Absent, *, lo: int = 0, hi: int = 2**31 - 1) -> int:
-        value = self.data.get(name, default)
+        value = _integer(self.data.get(name, default))
         if value is _Absent:
             raise _invalid(f"{name} is required")
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        if not isinstance(value, int) or not lo <= value <= hi:
             raise _invalid(f"{name} must be an integer from {lo} to {hi}")
         return value
 
@@ -270,8 +275,8 @@ class _Body:
         return value
 
     def get_ids(self, name: str, max_items: int) -> list[int]:
-        values = self.get_list(name, max_items)
-        if any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**63 - 1 for v in values):
+        values = [_integer(v) for v in self.get_list(name, max_items)]
+        if any(not isinstance(v, int) or not 1 <= v <= 2**63 - 1 for v in values):
             raise _invalid(f"{name} must hold positive integer msg_ids")
         return values
 
@@ -285,6 +290,16 @@ class _Body:
         if not all(isinstance(v, str) for v in values):
             raise _invalid("receipts must be an array of strings")
         return values, False
+
+
+def _integer(value: Any) -> Any:
+    """An integral float as the int it is (JSON Schema counts 30.0 as an integer, and so do we);
+    anything else as it came (bool is not an integer here, although Python says it is)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool):
+        return None
+    return value
 
 
 def _reject_constant(name: str) -> Any:
@@ -380,6 +395,14 @@ async def _create_queue(request: Request, state: _State) -> Response:
     token_key = await _authorize(request, state, None)
     body = await _Body.read(request, state)
     name = body.get_str("name")
+    # Stricter than the SQL API: what the HTTP API creates is portable (the spec's pattern).
+    if not (len(name) <= QUEUE_NAME_MAX and _PORTABLE_NAME.fullmatch(name)):
+        raise ApiError(
+            400,
+            "invalid_queue_name",
+            f"queue name {name!r} is not allowed over HTTP",
+            hint="Use 1 to 47 letters, digits, _ and - (never two - in a row).",
+        )
     if not token_key.allows("admin", name):
         raise ApiError(403, "forbidden", f"key {token_key.name!r} may not admin on queue {name!r}")
     await state.broker.create_queue(

@@ -3,6 +3,7 @@ describes (pgbroker.http.app); tests/http checks that the two list the same oper
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pgbroker.http.errors import ERROR_CODES
@@ -40,7 +41,26 @@ _BODY_ERRORS = {
     "413": _error("request body too large (request_too_large) or message too large"),
     "422": _error("the body has the wrong shape (invalid_body)"),
 }
-_QUEUE_PARAM = {"name": "queue", "in": "path", "required": True, "schema": {"type": "string"}}
+# The names every pgbroker accepts: letters, digits, _ and - (never two - in a row: SQL's comment),
+# at most 47. The server takes some others too (non-ASCII letters, up to 47 bytes); the spec
+# promises the portable set.
+QUEUE_NAME_PATTERN = "^-?[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*-?$"
+QUEUE_NAME_MAX = 47
+QUEUE_NAME = {"type": "string", "pattern": QUEUE_NAME_PATTERN, "maxLength": QUEUE_NAME_MAX}
+_QUEUE_PARAM = {
+    "name": "queue",
+    "in": "path",
+    "required": True,
+    "schema": QUEUE_NAME,
+    "example": "orders",
+}
+_RECEIPT = {
+    "type": "string",
+    "pattern": "^[0-9]{1,18}:[0-9]{1,9}:-?[0-9]{1,18}$",
+    "description": "<msg_id>:<read_ct>:<lease>, exactly as a read returned it",
+}
+_NUL_FREE = {"type": "string", "pattern": "^[^\\u0000]*$"}
+_MSG_ID = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
 
 
 def _op(
@@ -64,6 +84,7 @@ def _op(
     if queue:
         op["parameters"] = [_QUEUE_PARAM]
         op["responses"]["404"] = _error("queue_not_found")
+        op["responses"]["400"] = _error("invalid_queue_name, or an invalid argument")
     if body is not None:
         op["requestBody"] = {"required": body_required, **_json(body)}
         op["responses"].update(_BODY_ERRORS)
@@ -93,18 +114,47 @@ def _query_int(name: str, description: str, lo: int, hi: int, default: int) -> d
     }
 
 
+def _link_queue_operations(paths: dict[str, Any]) -> None:
+    """Links from a created queue to every operation on a queue (a client, or a stateful test,
+    can follow them with the name the create returned)."""
+    created = paths["/v1/queues"]["post"]["responses"]["201"]
+    created["links"] = {
+        re.sub(r"[^A-Za-z0-9]+", "_", f"{method}{path}").strip("_"): {
+            "operationRef": "#/paths/" + path.replace("~", "~0").replace("/", "~1") + "/" + method,
+            "parameters": {"queue": "$response.body#/queue_name"},
+        }
+        for path, operations in paths.items()
+        if "{queue}" in path
+        for method in operations
+    }
+
+
 def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
     """The spec, with the server's limits in it."""
-    receipts = {
-        "receipt": {"type": "string", "description": "one receipt: a stale one answers 409 stale_receipt"},
-        "receipts": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": max_batch},
-    }
+
+    def by_receipt(extra: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+        """A body with one receipt (a stale one answers 409) or a batch (stale ones are listed)."""
+        single = {"receipt": _RECEIPT, **extra}
+        batch = {
+            "receipts": {"type": "array", "items": _RECEIPT, "minItems": 1, "maxItems": max_batch},
+            **extra,
+        }
+        return {
+            "oneOf": [
+                {**_obj(single, ("receipt", *required)), "not": {"required": ["receipts"]}},
+                {**_obj(batch, ("receipts", *required)), "not": {"required": ["receipt"]}},
+            ]
+        }
+
     stale_409 = {"409": _error("stale_receipt (single receipt form only)")}
+    headers = {"anyOf": [_ref("JsonObject"), {"type": "null"}], "description": "the message's headers"}
+    message = {**_ref("JsonValue"), "description": "any JSON value jsonb can store (no NUL character)"}
+    delay = {"delay": {"type": "integer", "minimum": 0, "maximum": _INT32, "default": 0}}
     msg_ids = _obj(
         {
             "msg_ids": {
                 "type": "array",
-                "items": {"type": "integer", "minimum": 1},
+                "items": _MSG_ID,
                 "minItems": 1,
                 "maxItems": max_batch,
             }
@@ -127,7 +177,7 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                 ("201", _obj({"queue_name": {"type": "string"}})),
                 body=_obj(
                     {
-                        "name": {"type": "string"},
+                        "name": QUEUE_NAME,
                         "unlogged": {"type": "boolean", "default": False},
                         "notify": {"type": "boolean", "default": True},
                     },
@@ -151,13 +201,32 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                 "send",
                 ("201", _obj({"msg_ids": ids})),
                 body={
-                    "type": "object",
-                    "properties": {
-                        "message": {"description": "any JSON value"},
-                        "messages": {"type": "array", "minItems": 1, "maxItems": max_batch},
-                        "headers": {"description": "an object, or with messages an array of objects/nulls"},
-                        "delay": {"type": "integer", "minimum": 0, "maximum": _INT32, "default": 0},
-                    },
+                    "description": "With messages, headers (when given) has one entry per message.",
+                    "oneOf": [
+                        {
+                            **_obj(
+                                {"message": message, "headers": headers, **delay},
+                                ("message",),
+                            ),
+                            "not": {"required": ["messages"]},
+                        },
+                        {
+                            **_obj(
+                                {
+                                    "messages": {
+                                        "type": "array",
+                                        "items": message,
+                                        "minItems": 1,
+                                        "maxItems": max_batch,
+                                    },
+                                    "headers": {"type": ["array", "null"], "items": headers},
+                                    **delay,
+                                },
+                                ("messages",),
+                            ),
+                            "not": {"required": ["message"]},
+                        },
+                    ],
                 },
                 extra={"503": _error("queue_full (max_depth reached; see Retry-After) or database error")},
             ),
@@ -182,7 +251,7 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                 "acknowledge by receipt",
                 "read",
                 ("200", _obj({"acked": ids, "stale": stale})),
-                body=_obj({**receipts, "archive": {"type": "boolean", "default": True}}),
+                body=by_receipt({"archive": {"type": "boolean", "default": True}}),
                 extra=stale_409,
             ),
         },
@@ -191,7 +260,7 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                 "give messages back, visible after delay seconds",
                 "read",
                 ("200", _obj({"nacked": ids, "stale": stale})),
-                body=_obj({**receipts, "delay": {"type": "integer", "minimum": 0, "maximum": _INT32}}),
+                body=by_receipt(delay),
                 extra=stale_409,
             ),
         },
@@ -208,7 +277,7 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                         }
                     ),
                 ),
-                body=_obj({**receipts, "vt": {"type": "integer", "minimum": 0, "maximum": _INT32}}, ("vt",)),
+                body=by_receipt({"vt": {"type": "integer", "minimum": 0, "maximum": _INT32}}, ("vt",)),
                 extra=stale_409,
             ),
         },
@@ -325,6 +394,7 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
         "/dashboard/app.js": _static("the dashboard's script", "text/javascript"),
         "/dashboard/app.css": _static("the dashboard's stylesheet", "text/css"),
     }
+    _link_queue_operations(paths)
     ts = {"type": "string", "format": "date-time"}
     nullable_ts = {"type": ["string", "null"], "format": "date-time"}
     return {
@@ -338,6 +408,20 @@ def openapi_spec(max_batch: int, max_wait_seconds: float) -> dict[str, Any]:
                 "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
             },
             "schemas": {
+                # JSON as PostgreSQL's jsonb takes it: the NUL character is the one thing it refuses.
+                "JsonValue": {
+                    "anyOf": [
+                        _NUL_FREE,
+                        {"type": ["number", "boolean", "null"]},
+                        {"type": "array", "items": _ref("JsonValue")},
+                        _ref("JsonObject"),
+                    ]
+                },
+                "JsonObject": {
+                    "type": "object",
+                    "propertyNames": _NUL_FREE,
+                    "additionalProperties": _ref("JsonValue"),
+                },
                 "Error": _obj(
                     {
                         "error": _obj(

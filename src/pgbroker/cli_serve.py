@@ -7,6 +7,8 @@ pool on the database the CLI connected to.
 from __future__ import annotations
 
 import argparse
+import signal
+from types import FrameType
 
 from pgbroker.cli import EXIT_OK, _add_global_options
 from pgbroker.client import Broker
@@ -53,7 +55,29 @@ def _cmd_serve(args: argparse.Namespace, broker: Broker) -> int:
         metrics_public=args.public_metrics,
     )
     app = create_app(dsn, settings=settings, max_connections=args.connections)
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level="info" if getattr(args, "verbose", 0) else "warning"
-    )
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
+    # found: with the default one the process would die of it (exit -15, no cleanup). SIGTERM is
+    # how a server is normally stopped, so it ends here, as a success.
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info" if getattr(args, "verbose", 0) else "warning",
+            # Requests in flight are answered first; the longest is a long poll.
+            timeout_graceful_shutdown=int(args.max_wait) + 5,
+        )
+    except _Stopped:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return EXIT_OK
+
+
+class _Stopped(Exception):
+    """SIGTERM, passed on by uvicorn once it has shut down."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped

@@ -5,13 +5,16 @@ schemathesis run, the CLI's shutdown)."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -27,6 +30,11 @@ def free_port() -> int:
 class LiveServer:
     url: str
     process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        """What the server wrote to stdout and stderr so far."""
+        return self.log_path.read_text(errors="replace")
 
 
 @contextmanager
@@ -35,7 +43,12 @@ def pgbroker_serve(dsn: str, *options: str) -> Iterator[LiveServer]:
     it with SIGTERM afterwards (killing it only if it does not exit)."""
     port = free_port()
     argv = [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, "serve", "--port", str(port), *options]
-    process = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    log_dir = Path(tempfile.mkdtemp(prefix="pgbroker-serve-"))
+    log_path = log_dir / "serve.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            argv, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log, stderr=subprocess.STDOUT
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -46,11 +59,14 @@ def pgbroker_serve(dsn: str, *options: str) -> Iterator[LiveServer]:
             except httpx.HTTPError:
                 pass
             if process.poll() is not None:
-                raise RuntimeError(f"pgbroker serve exited with {process.returncode} before answering")
+                raise RuntimeError(
+                    f"pgbroker serve exited with {process.returncode} before answering:\n"
+                    + log_path.read_text(errors="replace")
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError("pgbroker serve did not answer /healthz within 30 s")
             time.sleep(0.1)
-        yield LiveServer(url, process)
+        yield LiveServer(url, process, log_path)
     finally:
         if process.poll() is None:
             process.terminate()
@@ -59,3 +75,4 @@ def pgbroker_serve(dsn: str, *options: str) -> Iterator[LiveServer]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        shutil.rmtree(log_dir, ignore_errors=True)

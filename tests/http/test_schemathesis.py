@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from pgbroker.http.auth import create_key
+from pgbroker.http.openapi import openapi_spec
 from tests.http.live import pgbroker_serve
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
@@ -59,6 +60,9 @@ def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(
     summary = output[output.find("SUMMARY") :]
     print(summary)
     assert run.returncode == 0, output[-6000:]
-    assert "Tested: 21" in summary  # every operation of the spec, not a schema that failed to load
+    # Every operation of the spec was tested (but GET /openapi.json: schemathesis leaves out the
+    # operation that serves the schema it runs from), not a schema that failed to load.
+    operations = sum(len(methods) for methods in openapi_spec(1000, 0.5)["paths"].values())
+    assert f"Tested: {operations - 1}" in summary, summary
     for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
         assert f"✅ {phase}" in summary, f"{phase} phase did not pass:\n{summary}"

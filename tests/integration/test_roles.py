@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgbroker import Broker
+from pgbroker import Broker, cli
 from pgbroker.install import install, install_roles
 
 Conn = psycopg.Connection[Any]
@@ -27,7 +27,8 @@ def users(dsn: str, conn: Conn, pg_admin_dsn: str) -> Iterator[dict[str, str]]:
     dropped after it.
     """
     prefix = f"t{uuid.uuid4().hex[:10]}"
-    install_roles(conn, prefix)
+    # Made the way an operator makes them: through the CLI.
+    assert cli.main(["--dsn", dsn, "install", "--roles", "--role-prefix", prefix]) == 0
     dsns = {}
     for kind in KINDS:
         user = f"{prefix}_{kind}_user"
@@ -149,6 +150,41 @@ def test_roles_are_idempotent_and_survive_an_upgrade(users: dict[str, str], jobs
     assert not denied(users["producer"], "SELECT pgmq.send('jobs', '{}')")
 
 
+def test_grants_are_exactly_the_listed_entry_points(users: dict[str, str], conn: Conn) -> None:
+    prefix = users["producer"].split("user=")[1].split("_producer")[0]
+    listed = {
+        kind: {row[0] for row in conn.execute("SELECT pgbroker._role_procs(%s)::regprocedure::text", (kind,))}
+        for kind in KINDS
+    }
+    definers = {
+        row[0]
+        for row in conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname IN ('pgmq', 'pgbroker') AND p.prosecdef"
+        )
+    }
+    assert definers == set().union(*listed.values())
+    assert "pgmq.send(text,jsonb)" in listed["producer"]
+    assert "pgmq.metrics(text)" in listed["monitor"]
+    for kind in KINDS:
+        role = f"{prefix}_{kind}"
+        callable_definers = {
+            name
+            for name in definers
+            if conn.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, name)).fetchone()
+            == (True,)
+        }
+        assert callable_definers == listed[kind], kind
+        tables = conn.execute(
+            "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname IN ('pgmq', 'pgbroker') AND c.relkind IN ('r', 'p', 'v', 'S')"
+            " AND (has_table_privilege(%s, c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE')"
+            "      OR (c.relkind = 'S' AND has_sequence_privilege(%s, c.oid, 'USAGE, SELECT, UPDATE')))",
+            (role, role),
+        ).fetchall()
+        assert tables == [], kind
+
+
 def test_entry_points_are_not_open_to_public(users: dict[str, str], conn: Conn, dsn: str) -> None:
     stranger = f"t{uuid.uuid4().hex[:10]}_stranger"
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(stranger)))
@@ -156,6 +192,12 @@ def test_entry_points_are_not_open_to_public(users: dict[str, str], conn: Conn, 
         conn.execute("SELECT pgmq.create('jobs')")
         for statement in ("SELECT pgmq.send('jobs', '{}')", "SELECT * FROM pgmq.metrics('jobs')"):
             assert denied(make_conninfo(dsn, user=stranger), statement), statement
+        reachable = conn.execute(
+            "SELECT p::regprocedure::text FROM pgbroker._role_procs(NULL) p"
+            " WHERE has_function_privilege(%s, p, 'EXECUTE')",
+            (stranger,),
+        ).fetchall()
+        assert reachable == []
     finally:
         conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(stranger)))
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(stranger)))

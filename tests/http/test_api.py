@@ -181,8 +181,9 @@ async def test_dead_letters_listed_and_replayed(
         f"/v1/queues/jobs/dead-letters?limit=1&after={letters[0]['msg_id']}", headers=auth(keys["consumer"])
     )
     assert [m["msg_id"] for m in r.json()["messages"]] == [letters[1]["msg_id"]]
-    r = await client.get("/v1/queues/jobs/dead-letters?limit=0", headers=auth(keys["consumer"]))
-    assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_query")
+    for query in ("limit=0", "limit=x", "after=-1", "after=" + "9" * 5000):
+        r = await client.get(f"/v1/queues/jobs/dead-letters?{query}", headers=auth(keys["consumer"]))
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_query"), query
 
     replay = "/v1/queues/jobs/dead-letters/replay"
     r = await client.post(replay, headers=auth(keys["consumer"]))

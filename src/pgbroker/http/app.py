@@ -314,7 +314,8 @@ def _query_int(request: Request, name: str, default: int, *, lo: int, hi: int) -
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isascii() or not raw.isdigit() or not lo <= int(raw) <= hi:
+    # Digits checked first, and counted: int() refuses (ValueError) past 4,300 digits.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and lo <= int(raw) <= hi):
         raise ApiError(422, "invalid_query", f"{name} must be an integer from {lo} to {hi}")
     return int(raw)
 

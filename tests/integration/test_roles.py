@@ -90,6 +90,7 @@ def test_consumer_reads_and_acks_but_cannot_create_drop_or_purge(
         [message] = queue.read_many(10, vt=30)
         assert message.message == {"secret": "payload"}
         queue.ack(message)
+        assert queue.read_many(10, wait=0.3) == []  # the long poll (LISTEN, then a read) works too
     assert conn.execute("SELECT count(*) FROM pgmq.a_jobs").fetchone() == (1,)
     for statement in (
         "SELECT pgmq.drop_queue('jobs')",

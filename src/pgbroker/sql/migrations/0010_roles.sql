@@ -66,7 +66,8 @@ SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['queue_stats', 'messages_consu
 -- too, and a backend reports its counts at most about once a second.
 CREATE FUNCTION pgbroker.messages_consumed(queue_name text)
 RETURNS bigint LANGUAGE sql STABLE AS $$
-    WITH q AS (SELECT format('pgmq.%I', pgbroker._table(queue_name))::regclass AS rel)
+    -- to_regclass: a queue dropped while a scrape runs counts 0, it does not fail the scrape.
+    WITH q AS (SELECT to_regclass(format('pgmq.%I', pgbroker._table(queue_name))) AS rel)
     SELECT coalesce(sum(pg_stat_get_tuples_deleted(c.oid)), 0)::bigint
     FROM pg_class c
     -- pg_partition_tree lists nothing for a plain table: the table itself is added.

@@ -247,7 +247,12 @@ async function replay(queue) {
 
 async function showDeadLetters(queue) {
   state.deadLetterQueue = queue;
-  await loadDeadLetters();
+  try {
+    await loadDeadLetters();
+  } catch (e) {
+    state.deadLetterQueue = null;  // a key without the read scope: 403, said in the status line
+    setStatus(e.message, true);
+  }
 }
 
 async function loadDeadLetters() {

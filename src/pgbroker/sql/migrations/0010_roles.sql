@@ -1,4 +1,4 @@
--- 0010: least-privilege database roles (`pgbroker install --roles`), and the
+-- Least-privilege database roles (`pgbroker install --roles`), and the
 -- consume counter of /metrics.
 --
 -- Roles. pgbroker.grant_roles(prefix) makes three NOLOGIN group roles,

@@ -51,6 +51,7 @@ from pgbroker.errors import (
     QueueNotFound,
     StaleReceipt,
 )
+from pgbroker.install import install_roles
 from pgbroker.models import Message, Metrics, QueueInfo, Receipt
 
 EXIT_OK = 0
@@ -163,7 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    command("install", "install or upgrade the pgbroker schema (idempotent)", _cmd_install)
+    sub = command("install", "install or upgrade the pgbroker schema (idempotent)", _cmd_install)
+    sub.add_argument(
+        "--roles",
+        action="store_true",
+        help="also create the least-privilege roles PREFIX_producer, PREFIX_consumer, PREFIX_monitor",
+    )
+    sub.add_argument(
+        "--role-prefix", default="pgbroker", metavar="PREFIX", help="prefix of the roles' names (pgbroker)"
+    )
 
     sub = command("create", "create a queue (idempotent)", _cmd_create)
     sub.add_argument("name", help="queue name")
@@ -377,6 +386,11 @@ def _cmd_install(args: argparse.Namespace, broker: Broker) -> int:
         print(f"installed version {result.version} (was not installed)")
     else:
         print(f"installed version {result.version} (was {result.previous_version})")
+    if args.roles:
+        with broker.connection() as conn:
+            granted = install_roles(conn, args.role_prefix)
+        for role, functions in granted.items():
+            print(f"role {role}: execute on {functions} functions, no table privileges")
     return EXIT_OK
 
 

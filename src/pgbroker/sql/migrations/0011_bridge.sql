@@ -131,3 +131,10 @@ BEGIN
     RETURN pruned;
 END;
 $$;
+
+-- The least-privilege roles (pgbroker install --roles): an outbound bridge
+-- consumes, an inbound bridge produces (and prunes what it recorded).
+INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name) VALUES
+    ('consumer', 'pgbroker', 'ack_published'),
+    ('producer', 'pgbroker', 'receive_many'),
+    ('producer', 'pgbroker', 'prune_inbound_seen');

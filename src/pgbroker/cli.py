@@ -768,4 +768,8 @@ def _json_argument(text: str, what: str) -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the pgbroker.cli the command modules import, not this __main__ copy of it: one module,
+    # one CliError class for main() to recognise.
+    from pgbroker.cli import main as _main
+
+    sys.exit(_main())

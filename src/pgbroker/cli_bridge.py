@@ -31,7 +31,7 @@ from pgbroker.cli import (
     _positive_int,
     _seconds,
 )
-from pgbroker.cli_worker import _duration, _Reported
+from pgbroker.cli_worker import _duration
 from pgbroker.client import Broker
 from pgbroker.listen import conninfo_of
 
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
         )
         _add_global_options(sub, top_level=False, json_output=False)
-        sub.set_defaults(handler=_Reported(handler))
+        sub.set_defaults(handler=handler)
         sub.add_argument(
             "--amqp", metavar="URL", help=f"RabbitMQ, amqp://user:password@host:5672/vhost (${AMQP_ENV})"
         )

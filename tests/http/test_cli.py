@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from pgbroker import cli_keys, cli_serve
+from pgbroker.cli import CliError
 from pgbroker.client import Broker
 from pgbroker.http.auth import create_key
 from tests.http.live import pgbroker_serve
@@ -26,7 +27,10 @@ def run(conn: psycopg.Connection[Any], *argv: str) -> int:
     cli_keys.register(subparsers)
     cli_serve.register(subparsers)
     args = parser.parse_args(argv)
-    code: int = args.handler(args, Broker(connection=conn))
+    try:
+        code: int = args.handler(args, Broker(connection=conn))
+    except CliError as exc:  # what pgbroker.cli.main turns into the exit code
+        return exc.code
     return code
 
 

@@ -164,6 +164,8 @@ def test_a_worker_consumes_the_queue_and_exits_0_on_sigterm(
     sent = jobs.send_many([{"n": n} for n in range(30)])
     worker = workers(dsn, f"{HERE}:record", "--queue", "jobs", "--concurrency", "4", "--progress", "0.2")
     wait_for(lambda: len(a_rows(conn, "jobs")) == 30, what="30 messages archived")
+    # 30 messages can be done before the first progress tick: let two ticks pass.
+    time.sleep(0.5)
     worker.signal(signal.SIGTERM)
     code, stderr = worker.finish()
     assert code == 0, stderr

@@ -2,9 +2,8 @@
 
 Why CSV and not fetched tuples: pyarrow's CSV parser is C++ and builds the columns directly,
 where a cursor would make a Python object per value (a datetime per timestamp) only to turn it
-back into Arrow. The server's cost is the same either way (jsonb to text dominates). CSV rows
-from COPY never contain a raw newline outside quotes, and jsonb text never contains one at all,
-so the stream can be cut into blocks at any newline.
+back into Arrow. The server's cost is the same either way (jsonb to text dominates). libpq hands
+COPY's output over one row at a time, so the stream is cut into blocks at row ends.
 """
 
 from __future__ import annotations

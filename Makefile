@@ -1,5 +1,5 @@
 # Developer and CI entry points for pgbroker: venv, test, test-quick, lint, demo, bench, clean,
-# pg-partman.
+# pg-partman, chromium, rabbitmq.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
 
@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint demo bench clean pg-partman
+.PHONY: venv test test-quick lint demo bench clean pg-partman chromium rabbitmq
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -26,7 +26,7 @@ venv: $(STAMP)
 
 $(STAMP): $(ROOT)/pyproject.toml
 	@cd "$(ROOT)"
-	echo "make venv: installing pgbroker[dev,embedded,spark,bench,http] into $(VENV)"
+	echo "make venv: installing pgbroker[dev,embedded,spark,bench,http,bridge] into $(VENV)"
 	# A shim (pyenv) may resolve differently inside make, or not at all for a version it lacks:
 	# ask each candidate for its real interpreter and keep the first that is >= 3.11.
 	pick_python() {
@@ -57,7 +57,7 @@ $(STAMP): $(ROOT)/pyproject.toml
 	    fi
 	  fi
 	fi
-	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http]'
+	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http,bridge]'
 	touch "$@"
 
 # Partitioned queues need pg_partman on the server. As root with apt-get, install Debian's
@@ -81,7 +81,27 @@ pg-partman:
 	    "partitioned-queue tests will skip" >&2
 	fi
 
-test: venv pg-partman
+# The bridge tests need a RabbitMQ: the one on localhost:5672 (or $PGBROKER_TEST_AMQP) when it
+# answers, else the installed rabbitmq-server started, else Debian's installed (as root); otherwise
+# this fails saying how to get one (the bridge tests never skip).
+rabbitmq:
+	@"$(ROOT)/scripts/ensure-rabbitmq"
+
+# The dashboard's browser test drives Debian's chromium through its chromedriver (never a browser
+# downloaded by a test tool). As root with apt-get, install both when missing; otherwise say so:
+# that test then fails and says how to install them (it does not skip).
+chromium:
+	@[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && exit 0
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	  echo "make chromium: installing chromium chromium-driver"
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+	    || echo "make chromium: could not install chromium chromium-driver; the dashboard test will fail" >&2
+	else
+	  echo "make chromium: chromium and chromium-driver missing (installing needs root and apt-get);" \
+	    "the dashboard test will fail" >&2
+	fi
+
+test: venv pg-partman chromium rabbitmq
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench
 	.venv/bin/mypy $(MYPY_PATHS)

@@ -8,6 +8,10 @@ Targets on the reference 2-core machine: batch read >= 300k msg/s, write >= 150k
 streaming queue to queue >= 50k msg/s with 100k-row micro-batches. Spark's fixed costs (session
 start, first query, Python worker start) are paid by a warm-up and left out of the figures; a
 streaming figure counts the micro-batches after the first, whose time includes the query's start.
+
+On a machine shared with other work the rates swing with its load; the CPU time used per message
+(by the embedded Postgres, and by this process with Spark's JVM and Python workers) does much
+less, and is printed beside them (Linux only; Postgres only for the embedded cluster).
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ class Result:
     scenario: str
     messages: int
     seconds: float
+    # CPU microseconds per message over the scenario's measured runs (None: not measured).
+    postgres_us: float | None = None
+    client_us: float | None = None
 
     @property
     def rate(self) -> float:
@@ -81,11 +88,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+class CpuMeter:
+    """CPU seconds used so far by process trees: this process (the driver, Spark's JVM and its
+    Python workers) and the embedded cluster's postmaster (its backends, exited ones included)."""
+
+    def __init__(self, postmaster: int | None) -> None:
+        self.roots = {"client": os.getpid(), "postgres": postmaster}
+
+    def read(self) -> dict[str, float | None]:
+        return {name: None if pid is None else tree_cpu(pid) for name, pid in self.roots.items()}
+
+    def per_message(self, before: dict[str, float | None], messages: int) -> tuple[float | None, ...]:
+        after = self.read()
+        return tuple(
+            None if b is None or after[k] is None else (after[k] - b) * 1e6 / messages  # type: ignore[operator]
+            for k, b in before.items()
+        )
+
+
+def tree_cpu(root: int) -> float | None:
+    """CPU seconds of ``root`` and its descendants: each live process's own time and that of its
+    exited children (their time moves to their parent's cutime/cstime when reaped)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent pid, CPU seconds)
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        stats[int(entry.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / tick)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in stats.items():
+        children.setdefault(parent, []).append(pid)
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            total += stats[pid][1]
+            todo += children.get(pid, [])
+    return total
+
+
 @contextmanager
-def server(dsn: str | None) -> Iterator[str]:
-    """A superuser DSN: the one given, or a private embedded cluster removed at the end."""
+def server(dsn: str | None) -> Iterator[tuple[str, int | None]]:
+    """A superuser DSN and the postmaster's pid: the DSN given (pid None), or a private embedded
+    cluster removed at the end."""
     if dsn:
-        yield dsn
+        yield dsn, None
         return
     tmp = Path(
         tempfile.mkdtemp(
@@ -95,7 +149,8 @@ def server(dsn: str | None) -> Iterator[str]:
     tmp.chmod(0o711)  # as root the server runs as another user, which must enter it
     cluster = EmbeddedPostgres(tmp / "pg")
     try:
-        yield cluster.start()
+        dsn = cluster.start()
+        yield dsn, int((cluster.data_dir / "postmaster.pid").read_text().split()[0])
     finally:
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -160,7 +215,7 @@ def timed(run: Callable[[], None]) -> float:
     return time.perf_counter() - started
 
 
-def bench_write(spark: Any, dsn: str, args: argparse.Namespace) -> Result:
+def bench_write(spark: Any, dsn: str, args: argparse.Namespace, meter: CpuMeter) -> Result:
     from pyspark.sql import functions as F
 
     orders = (
@@ -178,6 +233,7 @@ def bench_write(spark: Any, dsn: str, args: argparse.Namespace) -> Result:
     )
     orders.count()  # generated once, outside the measurement
     best = float("inf")
+    before = meter.read()
     for _ in range(args.repeat):
         purge(dsn, "bench_in")
         best = min(
@@ -192,12 +248,15 @@ def bench_write(spark: Any, dsn: str, args: argparse.Namespace) -> Result:
                 )
             ),
         )
+    cpu = meter.per_message(before, args.messages * args.repeat)
     orders.unpersist()
     assert count(dsn, "q_bench_in") == args.messages
-    return Result("batch write", args.messages, best)
+    return Result("batch write", args.messages, best, *cpu)
 
 
-def bench_read(spark: Any, dsn: str, args: argparse.Namespace, columns: str | None = None) -> Result:
+def bench_read(
+    spark: Any, dsn: str, args: argparse.Namespace, meter: CpuMeter, columns: str | None = None
+) -> Result:
     reader = (
         spark.read.format("pgbroker")
         .option("queue", "bench_in")
@@ -206,11 +265,13 @@ def bench_read(spark: Any, dsn: str, args: argparse.Namespace, columns: str | No
     )
     df = (reader.option("columns", columns) if columns else reader).load()
     # The noop sink makes Spark read every column of every row, and keeps nothing.
+    before = meter.read()
     best = min(timed(lambda: df.write.format("noop").mode("overwrite").save()) for _ in range(args.repeat))
-    return Result(f"batch read ({columns})" if columns else "batch read", args.messages, best)
+    cpu = meter.per_message(before, args.messages * args.repeat)
+    return Result(f"batch read ({columns})" if columns else "batch read", args.messages, best, *cpu)
 
 
-def bench_stream(spark: Any, dsn: str, args: argparse.Namespace, *, sink: str) -> Result:
+def bench_stream(spark: Any, dsn: str, args: argparse.Namespace, meter: CpuMeter, *, sink: str) -> Result:
     """bench_stream to bench_out (sink "pgbroker") or to nowhere ("noop"), archiving what it read."""
     source = "bench_stream"
     purge(dsn, source)
@@ -234,8 +295,11 @@ def bench_stream(spark: Any, dsn: str, args: argparse.Namespace, *, sink: str) -
             )
         else:
             writer = stream.writeStream.format("noop")
+        before = meter.read()
         query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
         query.awaitTermination()
+        # All the batches, the first one too: CPU does not wait for the query to start.
+        cpu = meter.per_message(before, args.messages)
         batches = [
             (int(p["numInputRows"]), p["durationMs"]["triggerExecution"]) for p in query.recentProgress
         ]
@@ -244,7 +308,7 @@ def bench_stream(spark: Any, dsn: str, args: argparse.Namespace, *, sink: str) -
     assert count(dsn, f"q_{source}") == 0, "every batch, the last one too, must be released"
     steady = [b for b in batches[1:] if b[0] > 0] or batches
     name = "stream queue -> queue" if sink == "pgbroker" else "stream read + release"
-    return Result(name, sum(rows for rows, _ in steady), sum(ms for _, ms in steady) / 1000)
+    return Result(name, sum(rows for rows, _ in steady), sum(ms for _, ms in steady) / 1000, *cpu)
 
 
 def purge(dsn: str, queue: str) -> None:
@@ -265,12 +329,16 @@ def report(results: list[Result], conf: dict[str, dict[str, str]], args: argpars
         f"pgbroker Spark pipeline benchmark: {args.messages:,} messages, {args.partitions} partitions, "
         f"micro-batches of {args.batch_rows:,} rows",
         "",
-        f"{'scenario':<32}{'messages':>11}{'seconds':>9}{'msg/s':>10}   target",
+        f"{'scenario':<32}{'messages':>11}{'seconds':>9}{'msg/s':>10}{'CPU us/msg: pg':>16}{'client':>8}"
+        "   target",
     ]
     for r in results:
         target = TARGETS.get(r.scenario)
         verdict = f">= {target:,}  {'OK' if r.rate >= target else 'BELOW'}" if target else ""
-        lines.append(f"{r.scenario:<32}{r.messages:>11,}{r.seconds:>9.2f}{r.rate:>10,.0f}   {verdict}")
+        cpu = "".join(
+            f"{'-' if us is None else f'{us:.1f}':>{w}}" for us, w in ((r.postgres_us, 16), (r.client_us, 8))
+        )
+        lines.append(f"{r.scenario:<32}{r.messages:>11,}{r.seconds:>9.2f}{r.rate:>10,.0f}{cpu}   {verdict}")
     for section, values in conf.items():
         lines += ["", f"{section}:"] + [f"  {k} = {v}" for k, v in values.items()]
     return "\n".join(lines)
@@ -280,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from pgbroker.spark import session
 
-    with server(args.dsn) as admin_dsn:
+    with server(args.dsn) as (admin_dsn, postmaster):
+        meter = CpuMeter(postmaster)
         dsn = fresh_database(admin_dsn)
         spark = session.start(
             "pgbroker spark bench",
@@ -289,17 +358,21 @@ def main(argv: list[str] | None = None) -> int:
             ship=False,
         )
         try:
-            # Warm-up: JVM code paths, Python workers, the data source's first planning.
+            # Warm-up: JVM code paths, Python workers (and the modules they import to read and to
+            # write), the data source's first planning.
             fill(dsn, "warm", 10_000)
-            spark.read.format("pgbroker").option("queue", "warm").option("dsn", dsn).load().count()
+            warm = spark.read.format("pgbroker").option("queue", "warm").option("dsn", dsn).load()
+            warm.select("message").write.format("pgbroker").option("queue", "warm").option("dsn", dsn).mode(
+                "append"
+            ).save()
             conf = settings(dsn, spark)
             results: list[Result] = []
             scenarios: list[Callable[[], Result]] = [
-                lambda: bench_write(spark, dsn, args),
-                lambda: bench_read(spark, dsn, args),
-                lambda: bench_read(spark, dsn, args, "msg_id,message"),
-                lambda: bench_stream(spark, dsn, args, sink="pgbroker"),
-                lambda: bench_stream(spark, dsn, args, sink="noop"),
+                lambda: bench_write(spark, dsn, args, meter),
+                lambda: bench_read(spark, dsn, args, meter),
+                lambda: bench_read(spark, dsn, args, meter, "msg_id,message"),
+                lambda: bench_stream(spark, dsn, args, meter, sink="pgbroker"),
+                lambda: bench_stream(spark, dsn, args, meter, sink="noop"),
             ]
             for scenario in scenarios:
                 results.append(scenario())

@@ -206,6 +206,30 @@ class AsyncQueue:
         """See Queue.fail."""
         return await self._executor.run(q.message_fail(self.name, item, error=error))
 
+    async def fail_many(self, items: Iterable[Receivable], *, error: str | None = None) -> dict[int, str]:
+        """See Queue.fail_many."""
+        return await self._executor.run(q.message_fail_many(self.name, items, error=error))
+
+    async def ack_published_many(
+        self, items: Sequence[Receivable], published: Sequence[Mapping[str, Any]]
+    ) -> list[int]:
+        """Ack by policy messages a broker confirmed, archived ones with their publish records
+        (header x-pgbroker-published); returns the msg_ids whose receipts held."""
+        return await self._executor.run(q.message_ack_published_many(self.name, items, published))
+
+    async def receive_many(
+        self,
+        message_ids: Sequence[str | None],
+        messages: Sequence[Any],
+        headers: Sequence[Mapping[str, Any] | None],
+        *,
+        seen_within: float,
+    ) -> list[tuple[str | None, int]]:
+        """Send messages from another broker, skipping ids seen within ``seen_within`` seconds
+        (see pgbroker.queries.message_receive_many)."""
+        query = q.message_receive_many(self.name, message_ids, messages, headers, seen_within=seen_within)
+        return await self._executor.run(query)
+
     async def policy(self) -> Policy:
         return await self._executor.run(q.policy_get(self.name))
 
@@ -371,6 +395,10 @@ class AsyncBroker:
 
     async def metrics_all(self) -> list[Metrics]:
         return await self._executor.run(q.queue_metrics_all())
+
+    async def prune_inbound_seen(self, seen_within: float, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget inbound message ids older than ``seen_within`` seconds, one batch; returns how many."""
+        return await self._executor.run(q.inbound_seen_prune(seen_within, batch_size))
 
     async def policies(self) -> list[Policy]:
         return await self._executor.run(q.policy_list())

@@ -15,6 +15,7 @@ Exit codes (a shell script may rely on them):
   3   stale receipt: the lease ran out or the message was redelivered, so the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed (``pgbroker install``)
+  6   RabbitMQ (``bridge``): unreachable, login refused, or an exchange or queue missing
   70  unexpected error (a bug: please report it with the output of ``-v``)
   130 interrupted (Ctrl-C)
 """
@@ -50,6 +51,7 @@ from pgbroker.errors import (
     QueueNotFound,
     StaleReceipt,
 )
+from pgbroker.install import install_roles
 from pgbroker.models import Message, Metrics, QueueInfo, Receipt
 
 EXIT_OK = 0
@@ -58,6 +60,7 @@ EXIT_USAGE = 2
 EXIT_STALE_RECEIPT = 3
 EXIT_QUEUE_NOT_FOUND = 4
 EXIT_DATABASE = 5
+EXIT_AMQP = 6
 EXIT_UNEXPECTED = 70
 EXIT_INTERRUPTED = 130
 
@@ -70,6 +73,7 @@ exit codes:
   3   stale receipt: the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed
+  6   RabbitMQ unreachable, login refused, or an exchange or queue missing
   70  unexpected error (run again with -v and report it)
 
 The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL
@@ -160,7 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    command("install", "install or upgrade the pgbroker schema (idempotent)", _cmd_install)
+    sub = command("install", "install or upgrade the pgbroker schema (idempotent)", _cmd_install)
+    sub.add_argument(
+        "--roles",
+        action="store_true",
+        help="also create the least-privilege roles PREFIX_producer, PREFIX_consumer, PREFIX_monitor",
+    )
+    sub.add_argument(
+        "--role-prefix", default="pgbroker", metavar="PREFIX", help="prefix of the roles' names (pgbroker)"
+    )
 
     sub = command("create", "create a queue (idempotent)", _cmd_create)
     sub.add_argument("name", help="queue name")
@@ -225,9 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("job_args", nargs=argparse.REMAINDER, metavar="JOB ...", help="a job and its arguments")
 
     # Commands of other modules; imported here because they import this module's helpers.
-    from pgbroker import cli_keys, cli_serve, cli_worker
+    from pgbroker import cli_bridge, cli_keys, cli_serve, cli_worker
 
     cli_worker.register(commands)
+    cli_bridge.register(commands)
     cli_keys.register(commands)
     cli_serve.register(commands)
     return parser
@@ -373,6 +386,11 @@ def _cmd_install(args: argparse.Namespace, broker: Broker) -> int:
         print(f"installed version {result.version} (was not installed)")
     else:
         print(f"installed version {result.version} (was {result.previous_version})")
+    if args.roles:
+        with broker.connection() as conn:
+            granted = install_roles(conn, args.role_prefix)
+        for role, functions in granted.items():
+            print(f"role {role}: execute on {functions} functions, no table privileges")
     return EXIT_OK
 
 
@@ -750,4 +768,8 @@ def _json_argument(text: str, what: str) -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the pgbroker.cli the command modules import, not this __main__ copy of it: one module,
+    # one CliError class for main() to recognise.
+    from pgbroker.cli import main as _main
+
+    sys.exit(_main())

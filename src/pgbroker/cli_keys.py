@@ -14,8 +14,8 @@ from pgbroker.cli import (
     EXIT_NOTHING_DONE,
     EXIT_OK,
     EXIT_USAGE,
+    CliError,
     _add_global_options,
-    _print_error,
     _table,
     _timestamp,
 )
@@ -25,25 +25,6 @@ from pgbroker.http.auth import SCOPES, ApiKey, create_key, list_keys, revoke_key
 __all__ = ["register"]
 
 Command = Callable[[argparse.Namespace, Broker], int]
-
-
-class _Failed(Exception):
-    def __init__(self, message: str, code: int, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.code, self.hint = message, code, hint
-
-
-def _reported(command: Command) -> Command:
-    # Reports its own failures: pgbroker.cli may run as __main__, a second copy of the module
-    # whose main() would not know an error class imported from here.
-    def run(args: argparse.Namespace, broker: Broker) -> int:
-        try:
-            return command(args, broker)
-        except _Failed as exc:
-            _print_error(exc.message, exc.hint)
-            return exc.code
-
-    return run
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -60,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
         )
         _add_global_options(sub, top_level=False, json_output=json_output)
-        sub.set_defaults(handler=_reported(handler))
+        sub.set_defaults(handler=handler)
         return sub
 
     sub = command(
@@ -107,14 +88,14 @@ def _key_json(key: ApiKey) -> dict[str, object]:
 
 def _cmd_create(args: argparse.Namespace, broker: Broker) -> int:
     if args.rate is not None and not args.rate > 0:
-        raise _Failed(f"--rate must be > 0, got {args.rate}", EXIT_USAGE)
+        raise CliError(f"--rate must be > 0, got {args.rate}", code=EXIT_USAGE)
     with broker.connection() as conn:
         try:
             key, token = create_key(
                 conn, args.name, scopes=args.scopes, queues=args.queues or ["*"], rate_per_second=args.rate
             )
         except ValueError as exc:
-            raise _Failed(str(exc), EXIT_USAGE) from None
+            raise CliError(str(exc), code=EXIT_USAGE) from None
     if getattr(args, "json", False):
         print(json.dumps({**_key_json(key), "token": token}))
     else:
@@ -148,8 +129,8 @@ def _cmd_list(args: argparse.Namespace, broker: Broker) -> int:
 def _cmd_revoke(args: argparse.Namespace, broker: Broker) -> int:
     with broker.connection() as conn:
         if not revoke_key(conn, args.id):
-            raise _Failed(
-                f"no live key with id {args.id}", EXIT_NOTHING_DONE, "See pgbroker keys list --all."
+            raise CliError(
+                f"no live key with id {args.id}", code=EXIT_NOTHING_DONE, hint="See pgbroker keys list --all."
             )
     print(f"revoked key {args.id}")
     return EXIT_OK

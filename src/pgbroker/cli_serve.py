@@ -7,6 +7,8 @@ pool on the database the CLI connected to.
 from __future__ import annotations
 
 import argparse
+import signal
+from types import FrameType
 
 from pgbroker.cli import EXIT_OK, _add_global_options
 from pgbroker.client import Broker
@@ -29,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rate", type=float, default=100.0, metavar="PER_SECOND", help="per-key rate limit (100)"
     )
     sub.add_argument("--burst", type=float, default=200.0, metavar="N", help="per-key burst (200)")
+    sub.add_argument(
+        "--max-wait", type=float, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
+    )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
     sub.set_defaults(handler=_cmd_serve)
@@ -46,10 +51,33 @@ def _cmd_serve(args: argparse.Namespace, broker: Broker) -> int:
         max_body_bytes=args.max_body,
         rate_per_second=args.rate,
         rate_burst=args.burst,
+        max_wait_seconds=args.max_wait,
         metrics_public=args.public_metrics,
     )
     app = create_app(dsn, settings=settings, max_connections=args.connections)
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level="info" if getattr(args, "verbose", 0) else "warning"
-    )
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
+    # found: with the default one the process would die of it (exit -15, no cleanup). SIGTERM is
+    # how a server is normally stopped, so it ends here, as a success.
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info" if getattr(args, "verbose", 0) else "warning",
+            # Requests in flight are answered first; the longest is a long poll.
+            timeout_graceful_shutdown=int(args.max_wait) + 5,
+        )
+    except _Stopped:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return EXIT_OK
+
+
+class _Stopped(Exception):
+    """SIGTERM, passed on by uvicorn once it has shut down."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped

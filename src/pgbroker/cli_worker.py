@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
         )
         _add_global_options(sub, top_level=False, json_output=json_output)
-        sub.set_defaults(handler=_Reported(handler))
+        sub.set_defaults(handler=handler)
         return sub
 
     sub = command(
@@ -170,25 +170,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "queues", nargs="*", metavar="QUEUE", help="these queues (default: all with a retention)"
     )
     sub.add_argument("--batch-size", type=_positive_int, default=10_000, metavar="N", help="rows per batch")
-
-
-class _Reported:
-    """A command that reports its own CliError.
-
-    ``python -m pgbroker.cli`` runs pgbroker.cli as __main__, a second copy of the module
-    beside the pgbroker.cli imported here, and its main() knows only its own CliError class.
-    (A class, not a closure: the worker supervisor pickles the arguments for its processes.)
-    """
-
-    def __init__(self, command: Callable[[argparse.Namespace, Broker], int]) -> None:
-        self.command = command
-
-    def __call__(self, args: argparse.Namespace, broker: Broker) -> int:
-        try:
-            return self.command(args, broker)
-        except CliError as exc:
-            _print_error(exc.message, exc.hint)
-            return exc.code
 
 
 # -- argument types -------------------------------------------------------------------------------

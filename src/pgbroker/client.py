@@ -221,6 +221,11 @@ class Queue:
         'dead_lettered' (that was its last allowed delivery); StaleReceipt if stale."""
         return self._executor.run(q.message_fail(self.name, item, error=error))
 
+    def fail_many(self, items: Iterable[Receivable], *, error: str | None = None) -> dict[int, str]:
+        """fail() for many receipts with one error: {msg_id: 'retry' | 'dead_lettered'} for those
+        whose receipts held; stale ones are left out and change nothing."""
+        return self._executor.run(q.message_fail_many(self.name, items, error=error))
+
     def policy(self) -> Policy:
         """The queue's policy (the defaults when none was set)."""
         return self._executor.run(q.policy_get(self.name))

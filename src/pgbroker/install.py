@@ -84,6 +84,11 @@ def _install_steps(target: int | None) -> Steps[InstallResult]:
                 "INSERT INTO pgbroker.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                 (migration.version, migration.name, migration.checksum),
             )
+    # A migration may have redefined a role's entry point (back to SECURITY INVOKER, its grants
+    # gone): roles made by install_roles are granted again.
+    rows = yield "SELECT to_regclass('pgbroker.role_sets') IS NOT NULL", ()
+    if rows[0][0]:
+        yield "SELECT pgbroker.grant_roles(prefix) FROM pgbroker.role_sets ORDER BY prefix", ()
     return InstallResult(current, max(current, target))
 
 
@@ -124,6 +129,20 @@ def install(conn: psycopg.Connection[Any], *, target: int | None = None) -> Inst
     """Apply every migration up to ``target`` (default: the latest) that is not applied yet."""
     with conn.transaction():
         return _drive(conn, _install_steps(target))
+
+
+def install_roles(conn: psycopg.Connection[Any], prefix: str = "pgbroker") -> dict[str, int]:
+    """Create (or bring up to date) the NOLOGIN roles <prefix>_producer, _consumer and _monitor
+    with exactly their grants; returns the number of functions granted to each role. Needs an
+    installed schema and the right to create roles."""
+    try:
+        with conn.transaction():
+            rows = conn.execute(
+                "SELECT role_name, functions FROM pgbroker.grant_roles(%s)", (prefix,)
+            ).fetchall()
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return {name: count for name, count in rows}
 
 
 async def install_async(conn: psycopg.AsyncConnection[Any], *, target: int | None = None) -> InstallResult:

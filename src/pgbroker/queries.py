@@ -351,12 +351,23 @@ def message_complete_many(queue: str, items: Iterable[Receivable]) -> Query[list
 def message_fail(queue: str, item: Receivable, *, error: str | None = None) -> Query[str]:
     """Retry later with the policy's back-off, or dead-letter: 'retry' or 'dead_lettered'."""
     receipt = receipt_of(item)
+    params = {"queue": queue, "receipt": str(receipt), "error": _error_text(error)}
+    return Query(_named("message_fail"), params, _held(queue, receipt))
+
+
+def _error_text(error: str | None) -> str | None:
     if error is not None and not isinstance(error, str):
         raise InvalidArgument(f"error must be a string or None, got {type(error).__name__}")
     # libpq cannot send NUL; an exception's text may carry one.
-    text = None if error is None else error.replace("\x00", "")
-    params = {"queue": queue, "receipt": str(receipt), "error": text}
-    return Query(_named("message_fail"), params, _held(queue, receipt))
+    return None if error is None else error.replace("\x00", "")
+
+
+def message_fail_many(
+    queue: str, items: Iterable[Receivable], *, error: str | None = None
+) -> Query[dict[int, str]]:
+    """message_fail for many receipts with one error: {msg_id: outcome} for those that held."""
+    params = {"queue": queue, "receipts": [str(receipt_of(i)) for i in items], "error": _error_text(error)}
+    return Query(_named("message_fail_many"), params, lambda rows: dict(rows))
 
 
 def _policies(rows: list[Row]) -> list[Policy]:
@@ -434,3 +445,54 @@ def archive_trim(queue: str, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]
     """One batch of archive retention; returns the rows deleted (repeat until 0)."""
     params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
     return Query(_named("archive_trim"), params, _scalar)
+
+
+# -- the RabbitMQ bridge ------------------------------------------------------------
+
+
+def message_ack_published_many(
+    queue: str, items: Sequence[Receivable], published: Sequence[Mapping[str, Any]]
+) -> Query[list[int]]:
+    """Ack (by policy) messages the broker confirmed; archived ones keep their publish record."""
+    if len(items) != len(published):
+        raise InvalidArgument(f"{len(published)} publish records for {len(items)} receipts")
+    params = {
+        "queue": queue,
+        "receipts": [str(receipt_of(i)) for i in items],
+        "published": [encode_json(dict(p), "publish record") for p in published],
+    }
+    return Query(_named("message_ack_published_many"), params, _ids)
+
+
+def message_receive_many(
+    queue: str,
+    message_ids: Sequence[str | None],
+    messages: Sequence[Any],
+    headers: Sequence[Mapping[str, Any] | None],
+    *,
+    seen_within: float,
+) -> Query[list[tuple[str | None, int]]]:
+    """Send the messages whose ids were not seen within ``seen_within`` seconds, in one transaction.
+
+    Returns (message_id, msg_id) per message sent; the others were duplicates. A message
+    without an id (None) cannot be recognised again, so it is always sent.
+    """
+    if not len(message_ids) == len(messages) == len(headers):
+        raise InvalidArgument("message_ids, messages and headers must have one entry per message")
+    params = {
+        "queue": queue,
+        "message_ids": list(message_ids),
+        "messages": [encode_json(m) for m in messages],
+        "headers": [_headers_object(h) for h in headers],
+        "seen_within": duration(seen_within, "seen_within"),
+    }
+    return Query(_named("message_receive_many"), params, lambda rows: [(r[0], r[1]) for r in rows])
+
+
+def inbound_seen_prune(seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
+    """One batch of forgetting inbound message ids older than ``seen_within`` seconds (repeat until 0)."""
+    params = {
+        "seen_within": duration(seen_within, "seen_within"),
+        "batch_size": _count(batch_size, "batch_size"),
+    }
+    return Query(_named("inbound_seen_prune"), params, _scalar)

@@ -8,6 +8,8 @@ import time
 import httpx
 import pytest
 
+from pgbroker.aio import AsyncBroker
+
 pytestmark = pytest.mark.anyio
 
 
@@ -160,3 +162,43 @@ async def test_invalid_json_and_unknown_routes(client: httpx.AsyncClient, keys: 
 async def test_healthz(client: httpx.AsyncClient) -> None:
     r = await client.get("/healthz")
     assert r.json() == {"status": "ok"}
+
+
+async def test_dead_letters_listed_and_replayed(
+    client: httpx.AsyncClient, keys: dict[str, str], broker: AsyncBroker
+) -> None:
+    await make_queue(client, keys["admin"])
+    queue = broker.queue("jobs")
+    await queue.set_policy(max_deliveries=1)
+    await queue.send_many([{"n": 1}, {"n": 2}])
+    for message in await queue.read_many(2):
+        assert await queue.fail(message, error="boom") == "dead_lettered"
+    r = await client.get("/v1/queues/jobs/dead-letters", headers=auth(keys["consumer"]))
+    letters = r.json()["messages"]
+    assert [m["message"] for m in letters] == [{"n": 1}, {"n": 2}]
+    assert letters[0]["headers"]["x-pgbroker-dead-letter"]["error"] == "boom"
+    r = await client.get(
+        f"/v1/queues/jobs/dead-letters?limit=1&after={letters[0]['msg_id']}", headers=auth(keys["consumer"])
+    )
+    assert [m["msg_id"] for m in r.json()["messages"]] == [letters[1]["msg_id"]]
+    for query in ("limit=0", "limit=x", "after=-1", "after=" + "9" * 5000):
+        r = await client.get(f"/v1/queues/jobs/dead-letters?{query}", headers=auth(keys["consumer"]))
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_query"), query
+
+    replay = "/v1/queues/jobs/dead-letters/replay"
+    r = await client.post(replay, headers=auth(keys["consumer"]))
+    assert r.status_code == 403  # replaying is an admin action
+    r = await client.post(replay, json={"msg_ids": [letters[0]["msg_id"]]}, headers=auth(keys["admin"]))
+    [pair] = r.json()["replayed"]
+    assert pair["dead_letter_id"] == letters[0]["msg_id"]
+    r = await client.post(replay, headers=auth(keys["admin"]))  # no body: all that are left
+    assert [p["dead_letter_id"] for p in r.json()["replayed"]] == [letters[1]["msg_id"]]
+    again = await queue.read_many(5)
+    assert sorted(m.message["n"] for m in again) == [1, 2]
+    assert all("x-pgbroker-dead-letter" not in (m.headers or {}) for m in again)
+
+
+async def test_whoami(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    r = await client.get("/v1/key", headers=auth(keys["other"]))
+    assert r.json() == {"name": "other", "scopes": ["admin", "read", "send"], "queues": ["other-*"]}
+    assert (await client.get("/v1/key")).status_code == 401

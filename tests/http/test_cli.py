@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
 
 from pgbroker import cli_keys, cli_serve
+from pgbroker.cli import CliError
 from pgbroker.client import Broker
+from pgbroker.http.auth import create_key
+from tests.http.live import pgbroker_serve
 
 
 def run(conn: psycopg.Connection[Any], *argv: str) -> int:
@@ -20,7 +27,10 @@ def run(conn: psycopg.Connection[Any], *argv: str) -> int:
     cli_keys.register(subparsers)
     cli_serve.register(subparsers)
     args = parser.parse_args(argv)
-    code: int = args.handler(args, Broker(connection=conn))
+    try:
+        code: int = args.handler(args, Broker(connection=conn))
+    except CliError as exc:  # what pgbroker.cli.main turns into the exit code
+        return exc.code
     return code
 
 
@@ -44,3 +54,29 @@ def test_serve_parser() -> None:
     cli_serve.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["serve", "--port", "9000", "--public-metrics"])
     assert (args.port, args.public_metrics, args.host) == (9000, True, "127.0.0.1")
+
+
+def test_serve_runs_through_the_cli_and_stops_cleanly_on_sigterm(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    _, token = create_key(conn, "cli", scopes=["admin"])
+    headers = {"Authorization": f"Bearer {token}"}
+    conn.execute("SELECT pgmq.create('jobs')")
+    with pgbroker_serve(dsn, "--max-wait", "5") as server:
+        assert (
+            httpx.get(f"{server.url}/v1/queues", headers=headers).json()["queues"][0]["queue_name"] == "jobs"
+        )
+        # A long poll in flight when SIGTERM comes is answered before the server exits.
+        with ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(
+                httpx.post, f"{server.url}/v1/queues/jobs/read", json={"wait": 2}, headers=headers, timeout=10
+            )
+            time.sleep(0.5)
+            started = time.monotonic()
+            server.process.send_signal(signal.SIGTERM)
+            assert server.process.wait(timeout=15) == 0
+            assert reading.result().json() == {"messages": []}
+        assert time.monotonic() - started < 10
+        assert "Traceback" not in server.log(), server.log()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{server.url}/healthz")

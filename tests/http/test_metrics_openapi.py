@@ -3,6 +3,8 @@ its exact-count bound, the dashboard feed, and the OpenAPI spec against the rout
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -50,9 +52,33 @@ async def test_metrics(
     assert got[("pgbroker_queue_dead_letters", "jobs")] == 0
     assert 0 <= got[("pgbroker_queue_oldest_message_age_seconds", "jobs")] < 60
     assert got[("pgbroker_queue_length", "other-x")] == 0
+    assert got[("pgbroker_queue_messages_consumed_total", "jobs")] == 0
     # A key sees only its queues.
     got = samples((await client.get("/metrics", headers=auth(keys["other"]))).text)
     assert {queue for _, queue in got} == {"other-x"}
+
+
+async def test_consumed_counter_follows_acks_and_deletes(
+    client: httpx.AsyncClient, keys: dict[str, str]
+) -> None:
+    admin = auth(keys["admin"])
+    await client.post("/v1/queues", json={"name": "jobs"}, headers=admin)
+    await client.post("/v1/queues/jobs/messages", json={"messages": [1, 2, 3, 4, 5]}, headers=admin)
+    r = await client.post("/v1/queues/jobs/read", json={"qty": 3}, headers=admin)
+    await client.post(
+        "/v1/queues/jobs/ack", json={"receipts": [m["receipt"] for m in r.json()["messages"]]}, headers=admin
+    )
+    [fourth] = (await client.post("/v1/queues/jobs/read", json={}, headers=admin)).json()["messages"]
+    await client.post("/v1/queues/jobs/delete", json={"msg_ids": [fourth["msg_id"]]}, headers=admin)
+    # Backends report their table statistics at most about once a second.
+    deadline = time.monotonic() + 10
+    while True:
+        got = samples((await client.get("/metrics", headers=admin)).text)
+        if got[("pgbroker_queue_messages_consumed_total", "jobs")] == 4 or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    assert got[("pgbroker_queue_messages_consumed_total", "jobs")] == 4
+    assert got[("pgbroker_queue_length", "jobs")] == 1
 
 
 async def test_metrics_public(broker: AsyncBroker) -> None:
@@ -87,10 +113,18 @@ async def test_stats_feed_and_dashboard(client: httpx.AsyncClient, keys: dict[st
     r = await client.get("/v1/stats", headers=admin)
     [jobs] = r.json()["queues"]
     assert (jobs["queue_name"], jobs["queue_length"], jobs["total_sent"]) == ("jobs", 1, 1)
+    assert jobs["total_consumed"] == 0
     r = await client.get("/dashboard")
     assert r.status_code == 200
-    assert "<canvas" in r.text
-    assert "/v1/stats" in r.text
+    assert r.headers["content-type"].startswith("text/html")
+    assert '<script src="/dashboard/app.js"' in r.text
+    # No script but this server's: a payload shown in the page could not run.
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    script = await client.get("/dashboard/app.js")
+    assert script.headers["content-type"].startswith("text/javascript")
+    assert "/v1/stats" in script.text
+    assert "sessionStorage" in script.text
+    assert (await client.get("/dashboard/app.css")).headers["content-type"].startswith("text/css")
 
 
 async def test_openapi_matches_routes(client: httpx.AsyncClient, broker: AsyncBroker) -> None:

@@ -184,7 +184,7 @@ def test_read_buffers_including_the_lease_stay_flat_with_the_backlog(plan_conn: 
 
 def test_reads_skip_the_dead_entries_left_by_consumed_messages(plan_conn: Conn) -> None:
     """60,000 messages read and acked, no VACUUM: their dead entries sit at the head of the ready
-    index. Reads start at queue_head.ready_from instead (see migration 0010), so a read of 10 still
+    index. Reads start at queue_head.ready_from instead (see migration 0012_hot_path), so a read of 10 still
     touches about what it does on a settled queue."""
     name = "plan_churn"
     table = sql.Identifier(f"q_{name}")

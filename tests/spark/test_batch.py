@@ -172,3 +172,29 @@ def test_a_partition_key_sends_once(dsn: str, conn: Conn) -> None:
     assert (again.messages, again.duplicate) == (0, True)
     assert (other.messages, other.duplicate) == (2, False)
     assert numbers(conn, "q_out") == [1, 1, 2, 2]
+
+
+def test_binary_arrays_keep_every_value_and_the_order(dsn: str, conn: Conn) -> None:
+    """Messages and headers go to send_batch as binary jsonb[]: NULLs, escapes and non-ASCII text
+    survive, whatever the Arrow string type, across calls of SEND_ROWS messages."""
+    create(conn, "out")
+    texts = [json.dumps({"n": n, "s": 'q"\\é\n'}) for n in range(2_500)]
+    headers = [None if n % 3 else json.dumps({"k": n}) for n in range(2_500)]
+    layout = WriteLayout(headers=True, delay=None)
+    parts = [(pa.string(), 0, 1_200), (pa.large_string(), 1_200, 2_500)]
+    for partition, (kind, first, last) in enumerate(parts):
+        batches = [
+            pa.record_batch(
+                [
+                    pa.array(texts[a : min(a + 500, last)], kind),
+                    pa.array(headers[a : min(a + 500, last)], kind),
+                ],
+                names=["MESSAGE", "headers"],
+            )
+            for a in range(first, last, 500)
+        ]
+        sent = write_partition(dsn, "out", layout, SinkKey("q", 0, partition), batches)
+        assert sent.messages == last - first
+    rows = conn.execute("SELECT message, headers FROM pgmq.q_out ORDER BY msg_id").fetchall()
+    assert [m for m, _ in rows] == [json.loads(t) for t in texts]
+    assert [h for _, h in rows] == [None if h is None else json.loads(h) for h in headers]

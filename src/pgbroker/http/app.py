@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -17,20 +18,20 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg_pool import PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.errors import PgbrokerError
 from pgbroker.http import metrics as prom
 from pgbroker.http.auth import ApiKey, KeyStore, RateLimiter
-from pgbroker.http.dashboard import DASHBOARD_HTML
+from pgbroker.http.dashboard import asset
 from pgbroker.http.errors import ApiError, handle_exception
-from pgbroker.http.openapi import openapi_spec
+from pgbroker.http.openapi import QUEUE_NAME_MAX, QUEUE_NAME_PATTERN, openapi_spec
 from pgbroker.models import Message
 from pgbroker.queries import receipt_of
 
@@ -49,7 +50,7 @@ class Settings:
     stats_exact_below: int = 10_000  # counts past this are estimated (pgbroker.queue_stats)
 
 
-Handler = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[[Request, "_State"], Awaitable[Response]]
 
 
 @dataclass
@@ -72,8 +73,8 @@ def create_app(
     if (dsn is None) == (broker is None):
         raise ValueError("pass exactly one of dsn and broker")
     cfg = settings or Settings()
-    owned = broker is None
-    the_broker = broker or AsyncBroker(dsn, max_connections=max_connections)
+    pool = None if dsn is None else _server_pool(dsn, max_connections)
+    the_broker = broker or AsyncBroker(pool=pool)
     state = _State(
         the_broker,
         KeyStore(the_broker, cfg.key_cache_seconds),
@@ -83,39 +84,48 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        if owned:
-            await the_broker.open()
+        if pool is not None:
+            await pool.open(wait=True)
         try:
             yield
         finally:
-            if owned:
+            if pool is not None:  # ours: the broker (its listener) and the pool under it
                 await the_broker.close()
+                await pool.close()
 
-    def route(path: str, endpoint: Callable[[Request, _State], Awaitable[Response]], method: str) -> Route:
-        async def bound(request: Request) -> Response:
-            return await endpoint(request, state)
+    endpoints: dict[str, dict[str, Endpoint]] = {
+        "/healthz": {"GET": _healthz},
+        "/openapi.json": {"GET": _openapi},
+        "/metrics": {"GET": _metrics},
+        "/dashboard": {"GET": _dashboard},
+        "/dashboard/app.js": {"GET": _dashboard_js},
+        "/dashboard/app.css": {"GET": _dashboard_css},
+        "/v1/key": {"GET": _whoami},
+        "/v1/stats": {"GET": _stats},
+        "/v1/queues": {"GET": _list_queues, "POST": _create_queue},
+        "/v1/queues/{queue}": {"DELETE": _drop_queue},
+        "/v1/queues/{queue}/metrics": {"GET": _queue_metrics},
+        "/v1/queues/{queue}/messages": {"POST": _send},
+        "/v1/queues/{queue}/read": {"POST": _read},
+        "/v1/queues/{queue}/ack": {"POST": _ack},
+        "/v1/queues/{queue}/nack": {"POST": _nack},
+        "/v1/queues/{queue}/extend": {"POST": _extend},
+        "/v1/queues/{queue}/archive": {"POST": _archive},
+        "/v1/queues/{queue}/delete": {"POST": _delete},
+        "/v1/queues/{queue}/purge": {"POST": _purge},
+        "/v1/queues/{queue}/dead-letters": {"GET": _dead_letters},
+        "/v1/queues/{queue}/dead-letters/replay": {"POST": _replay_dead_letters},
+    }
 
-        return Route(path, bound, methods=[method], name=endpoint.__name__.lstrip("_"))
+    def route(path: str, by_method: dict[str, Endpoint]) -> Route:
+        # One route per path, whatever its methods: a 405 then lists them all in Allow.
+        async def dispatch(request: Request) -> Response:
+            method = "GET" if request.method == "HEAD" else request.method
+            return await by_method[method](request, state)
 
-    routes = [
-        route("/healthz", _healthz, "GET"),
-        route("/openapi.json", _openapi, "GET"),
-        route("/metrics", _metrics, "GET"),
-        route("/dashboard", _dashboard, "GET"),
-        route("/v1/stats", _stats, "GET"),
-        route("/v1/queues", _list_queues, "GET"),
-        route("/v1/queues", _create_queue, "POST"),
-        route("/v1/queues/{queue}", _drop_queue, "DELETE"),
-        route("/v1/queues/{queue}/metrics", _queue_metrics, "GET"),
-        route("/v1/queues/{queue}/messages", _send, "POST"),
-        route("/v1/queues/{queue}/read", _read, "POST"),
-        route("/v1/queues/{queue}/ack", _ack, "POST"),
-        route("/v1/queues/{queue}/nack", _nack, "POST"),
-        route("/v1/queues/{queue}/extend", _extend, "POST"),
-        route("/v1/queues/{queue}/archive", _archive, "POST"),
-        route("/v1/queues/{queue}/delete", _delete, "POST"),
-        route("/v1/queues/{queue}/purge", _purge, "POST"),
-    ]
+        return Route(path, dispatch, methods=list(by_method))
+
+    routes = [route(path, by_method) for path, by_method in endpoints.items()]
     return Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -125,6 +135,24 @@ def create_app(
             cls: handle_exception
             for cls in (ApiError, PgbrokerError, psycopg.Error, PoolTimeout, HTTPException, Exception)
         },
+    )
+
+
+def _server_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
+    """A fixed-size pool that hands out connections unchecked.
+
+    AsyncBroker's own pool checks each connection with a round trip before handing it out: for
+    a server answering one query per request that doubled the database round trips of a send.
+    A connection that broke meanwhile fails its request with 503 database_unavailable, and the
+    pool discards it when it comes back.
+    """
+    return AsyncConnectionPool(
+        dsn,
+        min_size=size,
+        max_size=size,
+        kwargs={"autocommit": True},
+        open=False,
+        name="pgbroker-http",
     )
 
 
@@ -175,6 +203,7 @@ async def _authorize(request: Request, state: _State, scope: str | None, queue: 
 
 
 _Absent = object()
+_PORTABLE_NAME = re.compile(QUEUE_NAME_PATTERN)
 
 
 class _Body:
@@ -214,10 +243,10 @@ class _Body:
         return name in self.data
 
     def get_int(self, name: str, default: Any = _Absent, *, lo: int = 0, hi: int = 2**31 - 1) -> int:
-        value = self.data.get(name, default)
+        value = _integer(self.data.get(name, default))
         if value is _Absent:
             raise _invalid(f"{name} is required")
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        if not isinstance(value, int) or not lo <= value <= hi:
             raise _invalid(f"{name} must be an integer from {lo} to {hi}")
         return value
 
@@ -246,8 +275,8 @@ class _Body:
         return value
 
     def get_ids(self, name: str, max_items: int) -> list[int]:
-        values = self.get_list(name, max_items)
-        if any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2**63 - 1 for v in values):
+        values = [_integer(v) for v in self.get_list(name, max_items)]
+        if any(not isinstance(v, int) or not 1 <= v <= 2**63 - 1 for v in values):
             raise _invalid(f"{name} must hold positive integer msg_ids")
         return values
 
@@ -263,12 +292,32 @@ class _Body:
         return values, False
 
 
+def _integer(value: Any) -> Any:
+    """An integral float as the int it is (JSON Schema counts 30.0 as an integer, and so do we);
+    anything else as it came (bool is not an integer here, although Python says it is)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool):
+        return None
+    return value
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
 def _invalid(message: str) -> ApiError:
     return ApiError(422, "invalid_body", message)
+
+
+def _query_int(request: Request, name: str, default: int, *, lo: int, hi: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    # Digits checked first, and counted: int() refuses (ValueError) past 4,300 digits.
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 19 and lo <= int(raw) <= hi):
+        raise ApiError(422, "invalid_query", f"{name} must be an integer from {lo} to {hi}")
+    return int(raw)
 
 
 def _queue_of(request: Request) -> str:
@@ -307,7 +356,20 @@ async def _openapi(request: Request, state: _State) -> Response:
 
 
 async def _dashboard(request: Request, state: _State) -> Response:
-    return HTMLResponse(DASHBOARD_HTML)
+    return asset("dashboard.html")
+
+
+async def _dashboard_js(request: Request, state: _State) -> Response:
+    return asset("dashboard.js")
+
+
+async def _dashboard_css(request: Request, state: _State) -> Response:
+    return asset("dashboard.css")
+
+
+async def _whoami(request: Request, state: _State) -> Response:
+    key = await _authorize(request, state, None)
+    return JSONResponse({"name": key.name, "scopes": sorted(key.scopes), "queues": list(key.queues)})
 
 
 async def _metrics(request: Request, state: _State) -> Response:
@@ -334,6 +396,14 @@ async def _create_queue(request: Request, state: _State) -> Response:
     token_key = await _authorize(request, state, None)
     body = await _Body.read(request, state)
     name = body.get_str("name")
+    # Stricter than the SQL API: what the HTTP API creates is portable (the spec's pattern).
+    if not (len(name) <= QUEUE_NAME_MAX and _PORTABLE_NAME.fullmatch(name)):
+        raise ApiError(
+            400,
+            "invalid_queue_name",
+            f"queue name {name!r} is not allowed over HTTP",
+            hint="Use 1 to 47 letters, digits, _ and - (never two - in a row).",
+        )
     if not token_key.allows("admin", name):
         raise ApiError(403, "forbidden", f"key {token_key.name!r} may not admin on queue {name!r}")
     await state.broker.create_queue(
@@ -471,6 +541,26 @@ async def _purge(request: Request, state: _State) -> Response:
     queue = _queue_of(request)
     await _authorize(request, state, "admin", queue)
     return JSONResponse({"purged": await state.broker.queue(queue).purge()})
+
+
+async def _dead_letters(request: Request, state: _State) -> Response:
+    queue = _queue_of(request)
+    await _authorize(request, state, "read", queue)
+    limit = _query_int(request, "limit", 100, lo=1, hi=state.settings.max_batch)
+    after = _query_int(request, "after", 0, lo=0, hi=2**63 - 1)
+    found = await state.broker.queue(queue).dead_letters(limit, after=after)
+    return JSONResponse({"messages": [_message_json(m) for m in found]})
+
+
+async def _replay_dead_letters(request: Request, state: _State) -> Response:
+    queue = _queue_of(request)
+    await _authorize(request, state, "admin", queue)
+    body = await _Body.read(request, state, optional=True)
+    msg_ids = body.get_ids("msg_ids", state.settings.max_batch) if body.has("msg_ids") else None
+    replayed = await state.broker.queue(queue).replay_dead_letters(msg_ids)
+    return JSONResponse(
+        {"replayed": [{"dead_letter_id": old, "msg_id": new} for old, new in sorted(replayed.items())]}
+    )
 
 
 __all__ = ["Settings", "create_app"]

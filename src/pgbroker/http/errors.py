@@ -70,6 +70,7 @@ ERROR_CODES: dict[str, int] = {
     **{code: status for _, status, code in _BY_CLASS},
     "invalid_json": 400,
     "invalid_body": 422,
+    "invalid_query": 422,
     "unauthorized": 401,
     "forbidden": 403,
     "not_found": 404,

@@ -34,12 +34,16 @@ class QueueStats:
     total_sent: int
     dead_letter_length: int | None
     scrape_time: datetime
+    total_consumed: int  # pgbroker.messages_consumed(): approximate, resets with the statistics
 
 
 async def queue_stats(broker: AsyncBroker, exact_below: int = 10_000) -> list[QueueStats]:
     async with broker.connection() as conn:
         try:
-            cur = await conn.execute("SELECT * FROM pgbroker.queue_stats(%s)", (exact_below,))
+            cur = await conn.execute(
+                "SELECT s.*, pgbroker.messages_consumed(s.queue_name) FROM pgbroker.queue_stats(%s) s",
+                (exact_below,),
+            )
             rows = await cur.fetchall()
         except psycopg.Error as exc:
             raise from_postgres(exc) from exc
@@ -65,6 +69,13 @@ class _QueueCollector(Collector):
             "Messages ever sent to the queue (its msg_id sequence).",
             labels=["queue"],
         )
+        # The consume rate is rate() of this counter: the server keeps no clock of its own.
+        consumed = CounterMetricFamily(
+            "pgbroker_queue_messages_consumed",
+            "Messages removed from the queue: acked, deleted, archived, popped or dead-lettered"
+            " (from Postgres' table statistics: approximate, reset with them).",
+            labels=["queue"],
+        )
         for s in self._stats:
             labels = [s.queue_name]
             length.add_metric(labels, s.queue_length)
@@ -74,9 +85,10 @@ class _QueueCollector(Collector):
             oldest.add_metric(labels, s.oldest_msg_age_sec or 0.0)
             newest.add_metric(labels, s.newest_msg_age_sec or 0.0)
             sent.add_metric(labels, s.total_sent)
+            consumed.add_metric(labels, s.total_consumed)
             if s.dead_letter_length is not None:
                 dead.add_metric(labels, s.dead_letter_length)
-        yield from (length, visible, estimated, oldest, newest, sent, dead)
+        yield from (length, visible, estimated, oldest, newest, sent, consumed, dead)
 
 
 def render(stats: Iterable[QueueStats]) -> bytes:

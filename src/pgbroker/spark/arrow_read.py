@@ -2,18 +2,19 @@
 
 Why CSV and not fetched tuples: pyarrow's CSV parser is C++ and builds the columns directly,
 where a cursor would make a Python object per value (a datetime per timestamp) only to turn it
-back into Arrow. The server's cost is the same either way (jsonb to text dominates). CSV rows
-from COPY never contain a raw newline outside quotes, and jsonb text never contains one at all,
-so the stream can be cut into blocks at any newline.
+back into Arrow. The server's cost is the same either way (jsonb to text dominates). libpq hands
+COPY's output over one row at a time, so the stream is cut into blocks at row ends.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import closing
 from typing import Any
 
-from psycopg import sql
+import psycopg
+from psycopg import pq, sql
 
 from pgbroker.spark.connect import Connection
 from pgbroker.spark.schema import arrow_types
@@ -23,10 +24,16 @@ from pgbroker.spark.schema import arrow_types
 BLOCK_BYTES = 8 * 1024 * 1024
 
 
-def copy_batches(conn: Connection, select: sql.Composable, columns: Sequence[str]) -> Iterator[Any]:
+def copy_batches(
+    conn: Connection,
+    select: sql.Composable,
+    columns: Sequence[str],
+    settings: Sequence[tuple[str, str]] = (),
+) -> Iterator[Any]:
     """Run ``COPY (select) TO STDOUT`` and yield pyarrow RecordBatches of ``columns``.
 
-    ``select`` must return exactly ``columns``, in that order.
+    ``select`` must return exactly ``columns``, in that order. ``settings`` (name, value) are set
+    for the rest of the session first.
     """
     import pyarrow as pa
     from pyarrow import csv
@@ -52,15 +59,56 @@ def copy_batches(conn: Connection, select: sql.Composable, columns: Sequence[str
         )
         yield from table.cast(schema).to_batches()
 
+    for name, value in settings:
+        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
     statement = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(select)
     pending = bytearray()
-    with conn.cursor() as cur, cur.copy(statement) as copy:
-        for chunk in copy:
+    with closing(_copy_out(conn, statement)) as rows:
+        # Each chunk is one whole row: a block ends at a row's end.
+        for chunk in rows:
             pending += chunk
             if len(pending) >= BLOCK_BYTES:
-                cut = pending.rfind(b"\n") + 1
-                if cut:
-                    yield from parse(bytes(pending[:cut]))
-                    del pending[:cut]
+                yield from parse(bytes(pending))
+                pending.clear()
     if pending:
         yield from parse(bytes(pending))
+
+
+def _copy_out(conn: Connection, statement: sql.Composable) -> Generator[Any, None, None]:
+    """The rows of ``COPY ... TO STDOUT``, one chunk per row, read from libpq directly.
+
+    psycopg's Copy.read() costs about twice the Python time per row (0.9 against 0.45 µs here),
+    and a partition is hundreds of thousands of rows. ``conn`` must be idle and in autocommit. A
+    generator closed before its end (Spark stopped reading, say) closes ``conn``, which is still
+    busy with the COPY.
+    """
+    pgconn = conn.pgconn
+    pgconn.send_query(statement.as_bytes(conn))
+    done = False
+    try:
+        result = pgconn.get_result()
+        if result is None or result.status != pq.ExecStatus.COPY_OUT:
+            done = True
+            _finish(conn, result)
+            return
+        while True:
+            size, data = pgconn.get_copy_data(0)  # blocks until a row, the end (-1) or an error (-2)
+            if size < 0:
+                break
+            yield data
+        done = True
+        _finish(conn, pgconn.get_result())
+    finally:
+        if not done:
+            conn.close()
+
+
+def _finish(conn: Connection, result: Any) -> None:
+    """Read the statement's remaining results; raise its error if it failed."""
+    pgconn = conn.pgconn
+    while pgconn.get_result() is not None:
+        pass
+    if result is None:
+        raise psycopg.OperationalError(pgconn.get_error_message())
+    if result.status != pq.ExecStatus.COMMAND_OK:
+        raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)

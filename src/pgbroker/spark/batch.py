@@ -51,7 +51,7 @@ class BatchReader(DataSourceReader):
         if partition.last < partition.first:
             return
         with connect(self.options.dsn, role="reader") as conn:
-            yield from copy_batches(conn, partition.select(), partition.columns)
+            yield from copy_batches(conn, partition.select(), partition.columns, partition.settings)
 
 
 class BatchWriter(DataSourceArrowWriter):

@@ -159,7 +159,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, RangePartition)
         with connect(self.options.dsn, role="reader") as conn:
-            yield from copy_batches(conn, partition.select(), partition.columns)
+            yield from copy_batches(conn, partition.select(), partition.columns, partition.settings)
 
     # -- helpers ----------------------------------------------------------------------------------
 

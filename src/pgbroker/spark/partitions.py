@@ -39,6 +39,12 @@ class RangePartition(InputPartition):
     first: int
     last: int
 
+    # Session settings for the read. A range is read in the primary key's order: a table without
+    # statistics yet (a queue just filled, before autovacuum analyzed it) would otherwise get a
+    # bitmap scan and a sort of every row, on disk past work_mem (0.15 s instead of 0.07 s for
+    # 250,000 rows here).
+    settings = (("enable_sort", "off"),)
+
     def select(self) -> sql.Composed:
         return sql.SQL("SELECT {} FROM {} WHERE msg_id BETWEEN {} AND {} ORDER BY msg_id").format(
             _columns(self.columns), table_ident(self.table), sql.Literal(self.first), sql.Literal(self.last)

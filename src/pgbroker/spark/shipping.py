@@ -2,7 +2,7 @@
 share this one's files: a zip of the installed package, added with SparkContext.addPyFile.
 
 The zip holds the package as it is installed here (its .py and .sql files), so driver and
-executors run the same code. Its dependencies (psycopg, psycopg-pool, pyarrow) are compiled and
+executors run the same code. Its dependencies (psycopg, psycopg-pool, pyarrow, numpy) are compiled and
 cannot travel in a zip: they must be installed on the executors' Python, or shipped as a packed
 environment (spark-submit --archives env.tar.gz#env, with PYSPARK_PYTHON=./env/bin/python).
 check_executors says which one is missing, from an executor.
@@ -19,7 +19,7 @@ import pgbroker
 from pgbroker.spark.requirements import MissingRequirement
 
 # What a task needs besides pgbroker itself.
-EXECUTOR_MODULES = ("psycopg", "psycopg_pool", "pyarrow")
+EXECUTOR_MODULES = ("psycopg", "psycopg_pool", "pyarrow", "numpy")
 
 
 def build_zip(directory: Path | None = None) -> Path:

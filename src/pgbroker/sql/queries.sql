@@ -133,3 +133,18 @@ SELECT pgbroker.purge_dead_letters(%(queue)s, %(msg_ids)s::bigint[])
 
 -- name: archive_trim
 SELECT pgbroker.trim_archive(%(queue)s, %(batch_size)s::integer)
+
+-- name: message_fail_many
+SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text)
+
+-- name: message_ack_published_many
+SELECT * FROM pgbroker.ack_published(%(queue)s, %(receipts)s::text[], %(published)s::jsonb[])
+
+-- name: message_receive_many
+SELECT message_id, msg_id FROM pgbroker.receive_many(
+    %(queue)s, %(message_ids)s::text[], %(messages)s::jsonb[], %(headers)s::jsonb[],
+    make_interval(secs => %(seen_within)s::double precision))
+
+-- name: inbound_seen_prune
+SELECT pgbroker.prune_inbound_seen(make_interval(secs => %(seen_within)s::double precision),
+                                   %(batch_size)s::integer)

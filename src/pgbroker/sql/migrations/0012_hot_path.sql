@@ -1,4 +1,4 @@
--- pgbroker migration 0010: the hot path. Reads, pops and acks without
+-- pgbroker migration 0012: the hot path. Reads, pops and acks without
 -- per-call planning, sends with less around them, pgbroker.consume (ack the
 -- last batch and read the next in one call, one transaction, one commit), and
 -- reads that start past the dead entries of consumed messages.
@@ -678,3 +678,7 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- The least-privilege roles (pgbroker install --roles): consume is a consumer's call.
+INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
+VALUES ('consumer', 'pgbroker', 'consume');

@@ -1,0 +1,221 @@
+"""``pgbroker bridge out|in``: the RabbitMQ bridge (pgbroker.bridge) from a shell.
+
+``bridge out --queue Q --amqp URL`` publishes queue Q to RabbitMQ (a transactional outbox);
+``bridge in --amqp URL --from RABBIT_QUEUE --queue Q`` receives a RabbitMQ queue into Q. Both
+run until SIGTERM or Ctrl-C: the first signal finishes the batch in hand (published and acked,
+or written and acked) and exits 0; a second one exits at once (what was in hand is delivered
+again later, as after a crash) and exits 130. The AMQP URL is --amqp, else $PGBROKER_AMQP_URL.
+
+Exit codes are pgbroker's (see pgbroker --help); 6 is the bridge's own: RabbitMQ unreachable,
+a refused login, or a missing exchange or queue (without --declare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from pgbroker.cli import (
+    EXIT_AMQP,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    _add_global_options,
+    _positive_int,
+    _seconds,
+)
+from pgbroker.cli_worker import _duration
+from pgbroker.client import Broker
+from pgbroker.listen import conninfo_of
+
+__all__ = ["register"]
+
+AMQP_ENV = "PGBROKER_AMQP_URL"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``bridge out`` and ``bridge in`` to pgbroker's parser."""
+    summary = "the RabbitMQ bridge: publish a queue to RabbitMQ (out), or receive one (in)"
+    bridge = subparsers.add_parser("bridge", help=summary, description=summary)
+    actions = bridge.add_subparsers(dest="bridge_action", metavar="DIRECTION", required=True)
+
+    def command(
+        name: str, summary: str, handler: Callable[[argparse.Namespace, Broker], int]
+    ) -> argparse.ArgumentParser:
+        sub = actions.add_parser(
+            name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
+        )
+        _add_global_options(sub, top_level=False, json_output=False)
+        sub.set_defaults(handler=handler)
+        sub.add_argument(
+            "--amqp", metavar="URL", help=f"RabbitMQ, amqp://user:password@host:5672/vhost (${AMQP_ENV})"
+        )
+        sub.add_argument(
+            "--declare", action="store_true", help="declare what is missing in RabbitMQ (durable)"
+        )
+        sub.add_argument(
+            "--batch-size", type=_positive_int, default=500, metavar="N", help="messages per batch (500)"
+        )
+        sub.add_argument(
+            "--progress",
+            type=_seconds,
+            nargs="?",
+            const=5.0,
+            metavar="SECONDS",
+            help="print counts every SECONDS (5)",
+        )
+        return sub
+
+    sub = command(
+        "out", "publish a pgbroker queue to RabbitMQ, acking each message after its confirm", _cmd_out
+    )
+    sub.add_argument("--queue", required=True, metavar="NAME", help="the pgbroker queue to publish")
+    sub.add_argument(
+        "--exchange", default="", metavar="NAME", help="exchange without x-amqp-exchange (default '')"
+    )
+    sub.add_argument(
+        "--routing-key", metavar="KEY", help="routing key without x-amqp-routing-key (the queue's name)"
+    )
+    sub.add_argument(
+        "--exchange-type", default="topic", metavar="TYPE", help="with --declare: exchange type (topic)"
+    )
+    sub.add_argument(
+        "--windows", type=_positive_int, default=2, metavar="N", help="batches in flight at once (2)"
+    )
+    sub.add_argument(
+        "--lease", type=_positive_int, default=30, metavar="SECONDS", help="lease per message (30)"
+    )
+    sub.add_argument(
+        "--confirm-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="wait for a confirm this long (30)",
+    )
+    sub.add_argument(
+        "--no-notify", dest="notify", action="store_false", help="do not enable notify on the queue"
+    )
+
+    sub = command("in", "receive a RabbitMQ queue into a pgbroker queue, acking after the commit", _cmd_in)
+    sub.add_argument(
+        "--from", dest="source", required=True, metavar="RABBIT_QUEUE", help="the RabbitMQ queue"
+    )
+    sub.add_argument("--queue", required=True, metavar="NAME", help="the pgbroker queue to write to")
+    sub.add_argument(
+        "--prefetch", type=_positive_int, default=1000, metavar="N", help="unacked deliveries (1000)"
+    )
+    sub.add_argument(
+        "--dedup-window",
+        type=_duration,
+        default=86_400,
+        metavar="DURATION",
+        help="remember message_ids this long, e.g. 1h or 7d (1d)",
+    )
+
+
+class _Bridge(Protocol):
+    stats: Any
+
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _amqp_url(args: argparse.Namespace) -> str:
+    url: str | None = args.amqp or os.environ.get(AMQP_ENV)
+    if not url:
+        raise CliError(
+            "no RabbitMQ given",
+            code=EXIT_USAGE,
+            hint=f"Pass --amqp amqp://user:password@host:5672/ or set ${AMQP_ENV}.",
+        )
+    return url
+
+
+def _cmd_out(args: argparse.Namespace, broker: Broker) -> int:
+    from pgbroker.bridge import OutboundBridge, OutboundSettings
+
+    settings = OutboundSettings(
+        exchange=args.exchange,
+        routing_key=args.routing_key,
+        batch_size=args.batch_size,
+        windows=args.windows,
+        lease=args.lease,
+        confirm_timeout=args.confirm_timeout,
+        declare=args.declare,
+        exchange_type=args.exchange_type,
+        enable_notify=args.notify,
+    )
+    url = _amqp_url(args)
+    return _serve(broker, args, lambda abroker: OutboundBridge(abroker, args.queue, url, settings))
+
+
+def _cmd_in(args: argparse.Namespace, broker: Broker) -> int:
+    from pgbroker.bridge import InboundBridge, InboundSettings
+
+    settings = InboundSettings(
+        batch_size=args.batch_size,
+        prefetch=args.prefetch,
+        seen_within=args.dedup_window,
+        declare=args.declare,
+    )
+    url = _amqp_url(args)
+    return _serve(
+        broker, args, lambda abroker: InboundBridge(abroker, args.source, args.queue, url, settings)
+    )
+
+
+def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Bridge]) -> int:
+    from pgbroker.aio import AsyncBroker
+    from pgbroker.bridge import BridgeError
+
+    with broker.connection() as conn:
+        dsn = conninfo_of(conn.info)
+
+    async def run() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            bridge = make(abroker)
+            task = asyncio.create_task(bridge.run())
+            loop = asyncio.get_running_loop()
+            signals = 0
+
+            def on_signal() -> None:
+                nonlocal signals
+                signals += 1
+                bridge.stop()
+                if signals > 1:
+                    task.cancel()  # a second signal: leave now
+
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, on_signal)
+            reporter = asyncio.create_task(_report(bridge, args.progress)) if args.progress else None
+            try:
+                await task
+            finally:
+                if reporter is not None:
+                    reporter.cancel()
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(signum)
+
+    try:
+        asyncio.run(run())
+    except asyncio.CancelledError:
+        print("pgbroker: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BridgeError as exc:
+        raise CliError(exc.message, code=EXIT_AMQP, hint=exc.hint) from exc
+    return EXIT_OK
+
+
+async def _report(bridge: _Bridge, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        fields = " ".join(f"{k}={v}" for k, v in asdict(bridge.stats).items() if not isinstance(v, dict))
+        print(f"progress {fields}", file=sys.stderr, flush=True)

@@ -1,0 +1,38 @@
+"""Fixtures of the bridge tests: a RabbitMQ that answers (a test fails, never skips, without one).
+
+The server is $PGBROKER_TEST_AMQP, else amqp://guest:guest@127.0.0.1:5672/; ``make test`` runs
+scripts/ensure-rabbitmq first, which makes sure one is there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiormq
+import pytest
+
+from tests.bridge.rabbit import amqp_url
+
+# The integration tests' Broker on the test's database, shared rather than written again.
+from tests.integration.conftest import broker  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def amqp() -> str:
+    """The AMQP URL of a RabbitMQ that accepted a connection."""
+    url = amqp_url()
+
+    async def probe() -> None:
+        async with asyncio.timeout(10):
+            connection = await aiormq.connect(url)
+        await connection.close()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        pytest.fail(
+            f"the bridge tests need RabbitMQ at {url} and cannot connect: {type(exc).__name__}: {exc}\n"
+            "Run scripts/ensure-rabbitmq (make test does), or point PGBROKER_TEST_AMQP at a RabbitMQ.",
+            pytrace=False,
+        )
+    return url

@@ -1,0 +1,202 @@
+"""The dashboard in a real headless browser: Debian's chromium, driven through its chromedriver by
+Selenium, against ``pgbroker serve`` on loopback and a real database.
+
+It loads, lists a queue the test made, its depth chart follows sends and its throughput chart
+follows acks, it shows dead letters, and an admin key's purge and replay buttons work (a read-only
+key gets none). A screenshot is saved to tests/http/artifacts/dashboard.png (not in git).
+
+No chromium is not a skip: `make test` installs it when it can (root with apt-get); otherwise
+this test fails and says how to install it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from pgbroker import Broker
+from pgbroker.http.auth import create_key
+from tests.http.live import LiveServer, pgbroker_serve
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS = Path(__file__).parent / "artifacts"
+QUEUE = "dash_jobs"
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.fail(
+            f"{', '.join(missing)} not installed: the dashboard test needs Debian's chromium and its"
+            " driver. Install them with `sudo apt-get install -y chromium chromium-driver` (or run"
+            " `make test` as root, which does it).",
+            pytrace=False,
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1100"):
+        options.add_argument(argument)
+    # An explicit driver path: Selenium Manager must not go looking for (or download) another.
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def server(dsn: str) -> Iterator[LiveServer]:
+    with pgbroker_serve(dsn, "--rate", "1000", "--burst", "1000") as live:
+        yield live
+
+
+def wait_for(
+    driver: WebDriver, what: str, condition: Callable[[WebDriver], T | None], timeout: float = 20
+) -> T:
+    """The condition's first truthy result, polled every 0.1 s."""
+    try:
+        found: T = WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: condition(d) or False)
+        return found
+    except TimeoutException:
+        status = driver.find_element(By.ID, "status").text
+        raise AssertionError(
+            f"timed out waiting for {what}; the page's status line says {status!r}"
+        ) from None
+
+
+def series(driver: WebDriver, chart: str, kind: str) -> dict[str, Any] | None:
+    """The queue's line on a chart, as the page drew it: last value, points, largest value."""
+    found: dict[str, Any] | None = driver.execute_script(
+        """
+        const [chart, kind, queue] = arguments;
+        const path = document.querySelector(`#${chart} path.${kind}[data-queue="${queue}"]`);
+        if (!path) return null;
+        const ys = [...path.getAttribute("d").matchAll(/[ML][^,]+,([-0-9.]+)/g)].map(m => Number(m[1]));
+        return {last: Number(path.dataset.last), points: Number(path.dataset.points),
+                lowest_y: Math.min(...ys), baseline_y: Math.max(...ys)};
+        """,
+        chart,
+        kind,
+        QUEUE,
+    )
+    return found
+
+
+def line_where(
+    chart: str, kind: str, check: Callable[[dict[str, Any]], bool]
+) -> Callable[[WebDriver], dict[str, Any] | None]:
+    """A wait_for condition: the queue's line on the chart, once ``check`` holds for it."""
+
+    def condition(driver: WebDriver) -> dict[str, Any] | None:
+        found = series(driver, chart, kind)
+        return found if found is not None and check(found) else None
+
+    return condition
+
+
+def row_text(driver: WebDriver, css: str) -> str:
+    text: str = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;", css
+    )
+    return text
+
+
+def accept_confirm(driver: WebDriver) -> None:
+    def alert_accepted(d: WebDriver) -> bool:
+        try:
+            d.switch_to.alert.accept()
+        except NoAlertPresentException:
+            return False
+        return True
+
+    wait_for(driver, "the confirmation dialog", alert_accepted, timeout=5)
+
+
+def use_key(driver: WebDriver, token: str) -> None:
+    field = driver.find_element(By.ID, "key")
+    field.clear()
+    field.send_keys(token)
+    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
+
+
+def test_dashboard_in_a_real_browser(
+    browser: WebDriver, server: LiveServer, conn: psycopg.Connection[Any]
+) -> None:
+    _, admin = create_key(conn, "dashboard-admin", scopes=["admin"])
+    _, reader = create_key(conn, "dashboard-reader", scopes=["read"])
+    conn.execute("SELECT pgmq.create(%s)", (QUEUE,))
+
+    browser.get(f"{server.url}/dashboard?refresh=400")
+    assert browser.title == "pgbroker dashboard"
+    use_key(browser, admin)
+    wait_for(browser, "the queue's row", lambda d: row_text(d, f'tr[data-queue="{QUEUE}"]'))
+    before = wait_for(browser, "the depth line", lambda d: series(d, "chart-depth", "depth"))
+    assert before["last"] == 0
+    assert "admin" in browser.find_element(By.ID, "who").text
+
+    conn.execute("SELECT pgmq.send_batch(%s, array_fill('{\"n\": 1}'::jsonb, ARRAY[25]))", (QUEUE,))
+    after = wait_for(
+        browser,
+        "the depth chart to show 25 messages",
+        line_where("chart-depth", "depth", lambda s: s["last"] == 25),
+    )
+    assert after["points"] > before["points"]
+    assert after["lowest_y"] < after["baseline_y"]  # the line rose: 25 is drawn above 0
+
+    # Consume some: the throughput chart's consumed line leaves zero.
+    conn.execute("SELECT pgmq.delete(%s, array_agg(msg_id)) FROM pgmq.read(%s, 30, 10)", (QUEUE, QUEUE))
+    wait_for(
+        browser,
+        "the throughput chart to show consumption",
+        line_where("chart-throughput", "consumed", lambda s: bool(s["lowest_y"] < s["baseline_y"])),
+    )
+
+    # A poison message: dead-lettered on its first failure, shown with its error.
+    queue = Broker(connection=conn).queue(QUEUE)
+    queue.set_policy(max_deliveries=1)
+    [poison] = queue.read_many(1)
+    assert queue.fail(poison, error="boom") == "dead_lettered"
+    browser.find_element(
+        By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"] button[data-action=show-dead-letters]'
+    ).click()
+    wait_for(browser, "the dead letter", lambda d: row_text(d, "#dead-letters tbody tr td.error") == "boom")
+    assert json.loads(row_text(browser, "#dead-letters tbody tr td.message")) == {"n": 1}
+    dead_letters = f'tr[data-queue="{QUEUE}"] td.dead-letters'
+    wait_for(browser, "the dead-letter count", lambda d: row_text(d, dead_letters) == "1")
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "dashboard.png"
+    browser.save_screenshot(str(screenshot))
+    print(f"dashboard screenshot: {screenshot}")
+
+    # Admin actions: purge empties the queue, replay brings the dead letter back.
+    browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"] button[data-action=purge]').click()
+    accept_confirm(browser)
+    wait_for(browser, "the purge", line_where("chart-depth", "depth", lambda s: s["last"] == 0))
+    assert conn.execute("SELECT queue_length FROM pgmq.metrics(%s)", (QUEUE,)).fetchone() == (0,)
+    browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"] button[data-action=replay]').click()
+    accept_confirm(browser)
+    wait_for(browser, "the replay", line_where("chart-depth", "depth", lambda s: s["last"] == 1))
+    wait_for(browser, "the dead letters to empty", lambda d: d.find_element(By.ID, "dl-empty").is_displayed())
+
+    # A read-only key sees the queue but gets no admin buttons.
+    use_key(browser, reader)
+    wait_for(browser, "the reader's view", lambda d: "dashboard-reader" in d.find_element(By.ID, "who").text)
+    wait_for(browser, "the queue's row", lambda d: row_text(d, f'tr[data-queue="{QUEUE}"]'))
+    assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action=purge]")
+    assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action=replay]")

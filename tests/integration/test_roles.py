@@ -1,0 +1,214 @@
+"""The least-privilege roles of ``pgbroker install --roles``, used by real LOGIN users that are
+members of them: each can do its operations and nothing else, on queues made before and after."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from pgbroker import Broker, cli
+from pgbroker.install import install, install_roles
+
+Conn = psycopg.Connection[Any]
+KINDS = ("producer", "consumer", "monitor")
+
+
+@pytest.fixture
+def users(dsn: str, conn: Conn, pg_admin_dsn: str) -> Iterator[dict[str, str]]:
+    """A DSN per role kind, for a LOGIN user that is a member of that role (and nothing else).
+
+    Roles belong to the whole server: the prefix is unique to the test, and the roles are
+    dropped after it.
+    """
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    # Made the way an operator makes them: through the CLI.
+    assert cli.main(["--dsn", dsn, "install", "--roles", "--role-prefix", prefix]) == 0
+    dsns = {}
+    for kind in KINDS:
+        user = f"{prefix}_{kind}_user"
+        conn.execute(
+            sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                sql.Identifier(user), sql.Identifier(f"{prefix}_{kind}")
+            )
+        )
+        dsns[kind] = make_conninfo(dsn, user=user)
+    try:
+        yield dsns
+    finally:
+        roles = [sql.Identifier(f"{prefix}_{kind}{suffix}") for kind in KINDS for suffix in ("_user", "")]
+        # Their grants live in this database: taken back here before the roles can go.
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.SQL(", ").join(roles)))
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.SQL(", ").join(roles)))
+
+
+def denied(dsn: str, statement: str) -> bool:
+    """Whether ``statement`` fails for lack of privilege (any other outcome is not a denial)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        try:
+            c.execute(statement.encode())
+        except psycopg.errors.InsufficientPrivilege:
+            return True
+    return False
+
+
+@pytest.fixture
+def jobs(conn: Conn) -> str:
+    conn.execute("SELECT pgmq.create('jobs')")
+    conn.execute("""SELECT pgmq.send('jobs', '{"secret": "payload"}')""")
+    return "jobs"
+
+
+def test_producer_sends_but_cannot_read(users: dict[str, str], jobs: str) -> None:
+    with Broker(users["producer"]) as producer:
+        assert producer.queue(jobs).send_many([{"n": 1}, {"n": 2}], headers=[{"h": 1}, None])
+        assert producer.queue(jobs).send({"n": 3}, delay=5)
+    for statement in (
+        "SELECT * FROM pgmq.read('jobs', 30, 1)",
+        "SELECT * FROM pgbroker.read('jobs', 30, 1)",
+        "SELECT * FROM pgmq.pop('jobs')",
+        "SELECT pgmq.delete('jobs', 1::bigint)",
+        "SELECT pgmq.archive('jobs', 1::bigint)",
+        "SELECT * FROM pgbroker.peek('jobs')",
+        "SELECT message FROM pgmq.q_jobs",
+        "SELECT pgmq.purge_queue('jobs')",
+    ):
+        assert denied(users["producer"], statement), statement
+
+
+def test_consumer_reads_and_acks_but_cannot_create_drop_or_purge(
+    users: dict[str, str], jobs: str, conn: Conn
+) -> None:
+    with Broker(users["consumer"]) as consumer:
+        queue = consumer.queue(jobs)
+        [message] = queue.read_many(10, vt=30)
+        assert message.message == {"secret": "payload"}
+        queue.ack(message)
+        assert queue.read_many(10, wait=0.3) == []  # the long poll (LISTEN, then a read) works too
+    assert conn.execute("SELECT count(*) FROM pgmq.a_jobs").fetchone() == (1,)
+    # consume: the ack of one batch and the read of the next in one call.
+    conn.execute("""SELECT pgmq.send('jobs', '{"n": 2}')""")
+    with psycopg.connect(users["consumer"], autocommit=True) as consumer_conn:
+        row = consumer_conn.execute(
+            "SELECT message, receipt FROM pgbroker.consume('jobs', 30, 10)"
+        ).fetchone()
+        assert row is not None
+        assert row[0] == {"n": 2}
+        consumer_conn.execute("SELECT pgbroker.consume('jobs', 30, 10, ARRAY[%s])", (row[1],))
+    assert conn.execute("SELECT count(*) FROM pgmq.a_jobs").fetchone() == (2,)
+    for statement in (
+        "SELECT pgmq.drop_queue('jobs')",
+        "SELECT pgmq.create('other')",
+        "SELECT pgmq.purge_queue('jobs')",
+        "SELECT pgmq.send('jobs', '{}')",
+        "DELETE FROM pgmq.q_jobs",
+        "DROP TABLE pgmq.q_jobs",
+    ):
+        assert denied(users["consumer"], statement), statement
+    assert conn.execute("SELECT queue_name FROM pgmq.list_queues()").fetchall() == [("jobs",)]
+
+
+def test_monitor_sees_metrics_but_no_payloads(users: dict[str, str], jobs: str, conn: Conn) -> None:
+    conn.execute("SELECT pgmq.archive('jobs', 1::bigint)")
+    conn.execute("""SELECT pgmq.send('jobs', '{"secret": "second"}')""")
+    with psycopg.connect(users["monitor"], autocommit=True) as monitor:
+        assert monitor.execute("SELECT queue_length FROM pgmq.metrics('jobs')").fetchone() == (1,)
+        assert monitor.execute("SELECT count(*) FROM pgmq.metrics_all()").fetchone() == (1,)
+        assert monitor.execute("SELECT queue_name FROM pgmq.list_queues()").fetchall() == [("jobs",)]
+        row = monitor.execute(
+            "SELECT queue_length, total_sent FROM pgbroker.queue_stats() WHERE queue_name = 'jobs'"
+        ).fetchone()
+        assert row == (1, 2)
+    for statement in (
+        "SELECT message FROM pgmq.q_jobs",
+        "SELECT message FROM pgmq.a_jobs",
+        "SELECT msg_id FROM pgmq.q_jobs",
+        "SELECT * FROM pgmq.read('jobs', 0, 1)",
+        "SELECT * FROM pgbroker.peek('jobs')",
+        "SELECT * FROM pgbroker.dead_letters('jobs')",
+        "SELECT * FROM pgmq.set_vt('jobs', 2::bigint, 0)",
+    ):
+        assert denied(users["monitor"], statement), statement
+
+
+def test_queues_created_after_the_roles_are_usable(users: dict[str, str], conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('later')")
+    with Broker(users["producer"]) as producer:
+        producer.queue("later").send({"late": True})
+    with Broker(users["consumer"]) as consumer:
+        [message] = consumer.queue("later").read_many(5)
+        consumer.queue("later").ack(message, archive=False)
+    assert denied(users["monitor"], "SELECT message FROM pgmq.q_later")
+    assert denied(users["producer"], "SELECT * FROM pgmq.read('later', 30, 1)")
+
+
+def test_roles_are_idempotent_and_survive_an_upgrade(users: dict[str, str], jobs: str, conn: Conn) -> None:
+    prefix = users["producer"].split("user=")[1].split("_producer")[0]
+    first = install_roles(conn, prefix)
+    assert install_roles(conn, prefix) == first
+    assert set(first) == {f"{prefix}_{kind}" for kind in KINDS}
+    # A migration that redefines an entry point resets it to SECURITY INVOKER: the producer
+    # loses sending (and gains nothing); the next install grants it again.
+    conn.execute("ALTER FUNCTION pgmq.send(text, jsonb) SECURITY INVOKER")
+    assert denied(users["producer"], "SELECT pgmq.send('jobs', '{}')")
+    install(conn)
+    assert not denied(users["producer"], "SELECT pgmq.send('jobs', '{}')")
+
+
+def test_grants_are_exactly_the_listed_entry_points(users: dict[str, str], conn: Conn) -> None:
+    prefix = users["producer"].split("user=")[1].split("_producer")[0]
+    listed = {
+        kind: {row[0] for row in conn.execute("SELECT pgbroker._role_procs(%s)::regprocedure::text", (kind,))}
+        for kind in KINDS
+    }
+    definers = {
+        row[0]
+        for row in conn.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname IN ('pgmq', 'pgbroker') AND p.prosecdef"
+        )
+    }
+    assert definers == set().union(*listed.values())
+    assert "pgmq.send(text,jsonb)" in listed["producer"]
+    assert "pgmq.metrics(text)" in listed["monitor"]
+    for kind in KINDS:
+        role = f"{prefix}_{kind}"
+        callable_definers = {
+            name
+            for name in definers
+            if conn.execute("SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, name)).fetchone()
+            == (True,)
+        }
+        assert callable_definers == listed[kind], kind
+        tables = conn.execute(
+            "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname IN ('pgmq', 'pgbroker') AND c.relkind IN ('r', 'p', 'v', 'S')"
+            " AND (has_table_privilege(%s, c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE')"
+            "      OR (c.relkind = 'S' AND has_sequence_privilege(%s, c.oid, 'USAGE, SELECT, UPDATE')))",
+            (role, role),
+        ).fetchall()
+        assert tables == [], kind
+
+
+def test_entry_points_are_not_open_to_public(users: dict[str, str], conn: Conn, dsn: str) -> None:
+    stranger = f"t{uuid.uuid4().hex[:10]}_stranger"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(stranger)))
+    try:
+        conn.execute("SELECT pgmq.create('jobs')")
+        for statement in ("SELECT pgmq.send('jobs', '{}')", "SELECT * FROM pgmq.metrics('jobs')"):
+            assert denied(make_conninfo(dsn, user=stranger), statement), statement
+        reachable = conn.execute(
+            "SELECT p::regprocedure::text FROM pgbroker._role_procs(NULL) p"
+            " WHERE has_function_privilege(%s, p, 'EXECUTE')",
+            (stranger,),
+        ).fetchall()
+        assert reachable == []
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(stranger)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(stranger)))

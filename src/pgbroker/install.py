@@ -76,6 +76,9 @@ def _install_steps(target: int | None) -> Steps[InstallResult]:
             f"package's {latest_version()}; refusing to downgrade",
             hint="Upgrade the pgbroker package instead.",
         )
+    if current:
+        rows = yield "SELECT version, name, checksum FROM pgbroker.schema_migrations ORDER BY version", ()
+        _refuse_foreign_history([(int(v), str(n), str(c)) for v, n, c in rows])
     yield _BOOTSTRAP, ()
     for migration in sql.migrations():
         if current < migration.version <= target:
@@ -90,6 +93,24 @@ def _install_steps(target: int | None) -> Steps[InstallResult]:
     if rows[0][0]:
         yield "SELECT pgbroker.grant_roles(prefix) FROM pgbroker.role_sets ORDER BY prefix", ()
     return InstallResult(current, max(current, target))
+
+
+def _refuse_foreign_history(applied: list[tuple[int, str, str]]) -> None:
+    """Refuse a database whose applied migrations are not this package's: upgrading it would run
+    the next migrations on a schema they were not written for (a build from another branch, or
+    an unreleased one)."""
+    shipped = {m.version: m for m in sql.migrations()}
+    for version, name, checksum in applied:
+        mine = shipped.get(version)
+        if mine is not None and (mine.name, mine.checksum) != (name, checksum):
+            raise InstallError(
+                f"the database's schema migration {version} is {name!r} (checksum {checksum[:12]}), "
+                f"but this pgbroker's migration {version} is {mine.name!r} (checksum "
+                f"{mine.checksum[:12]}): the schema was installed by another build of pgbroker",
+                hint="Install into a new database, or drop schemas pgmq and pgbroker (losing their "
+                "queues) and install again; for the embedded cluster: pgbroker db stop, then remove "
+                "its data directory.",
+            )
 
 
 def _drive(conn: psycopg.Connection[Any], steps: Steps[R]) -> R:

@@ -7,6 +7,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgbroker import Broker, NotInstalled
 from pgbroker.errors import InstallError
@@ -101,6 +102,25 @@ def test_install_refuses_to_downgrade_a_newer_schema(dsn: str) -> None:
         assert applied(conn) == before
         with pytest.raises(InstallError, match="refusing to downgrade"):
             install(conn, target=1)
+
+
+@pytest.mark.parametrize("column", ["name", "checksum"])
+def test_install_refuses_a_schema_installed_by_another_build(dsn: str, column: str) -> None:
+    # What a database installed from another branch looks like: the same version number
+    # recorded for a different migration.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("UPDATE pgbroker.schema_migrations SET {} = 'elsewhere' WHERE version = %s").format(
+                sql.Identifier(column)
+            ),
+            (latest_version(),),
+        )
+        before = applied(conn)
+        with pytest.raises(InstallError, match=f"migration {latest_version()} is") as info:
+            install(conn)
+        assert "another build of pgbroker" in str(info.value)
+        assert info.value.hint
+        assert applied(conn) == before
 
 
 @pytest.mark.parametrize("target", [0, -1, latest_version() + 1])

@@ -304,7 +304,8 @@ def test_parallel_bridges_publish_every_message_exactly_once(broker: Broker, dsn
             async def produce() -> None:
                 for start in range(0, total, 100):
                     outbox.send_many(list(range(start, start + 100)))
-                    await asyncio.sleep(0.01)
+                    # Spread over ~1.5 s, so that the bridges' batches interleave.
+                    await asyncio.sleep(0.05)
 
             producer = asyncio.create_task(produce())
 
@@ -317,7 +318,9 @@ def test_parallel_bridges_publish_every_message_exactly_once(broker: Broker, dsn
             assert len(got) == total
             assert len(ids) == total
             assert sorted(json.loads(m.body) for m in got) == list(range(total))
-            assert all(b.stats.published > 0 for b in bridges), [b.stats for b in bridges]
+            # They did run in parallel: the queue was shared (which bridge takes which batch is
+            # up to SKIP LOCKED and the event loop, so one of three may find nothing left).
+            assert sum(b.stats.published > 0 for b in bridges) >= 2, [b.stats for b in bridges]
 
     asyncio.run(scenario())
 

@@ -33,22 +33,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.harness import REPORTED_SETTINGS
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.install import install
 
-PG_SETTINGS = (
-    "server_version",
-    "synchronous_commit",
-    "fsync",
-    "full_page_writes",
-    "wal_level",
-    "shared_buffers",
-    "work_mem",
-    "max_wal_size",
-    "checkpoint_timeout",
-    "autovacuum",
-    "jit",
-)
 SPARK_SETTINGS = (
     "spark.master",
     "spark.driver.memory",
@@ -185,7 +173,7 @@ def settings(dsn: str, spark: Any) -> dict[str, dict[str, str]]:
     with psycopg.connect(dsn) as conn:
         pg = {
             name: str(conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0])  # type: ignore[index]
-            for name in PG_SETTINGS
+            for name in REPORTED_SETTINGS
         }
     conf = spark.sparkContext.getConf()
     spark_settings = {name: conf.get(name) or _session_conf(spark, name) for name in SPARK_SETTINGS}

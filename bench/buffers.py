@@ -51,8 +51,14 @@ class CallPlans:
 
     @property
     def main(self) -> StatementPlan:
-        """The nested statement that touched the most buffers: the read's or ack's own query."""
-        return max(self.nested, key=lambda p: p.buffers) if self.nested else self.top
+        """The nested statement that touched the most buffers: the read's or ack's own query.
+
+        A statement that only calls another function (pgbroker's entry points call their route:
+        SELECT * FROM pgbroker._route_read(...)) counts everything that function did, so it is
+        passed over for the statements run inside.
+        """
+        own = [p for p in self.nested if p.node_types[:1] != ["Function Scan"]]
+        return max(own, key=lambda p: p.buffers) if own else self.top
 
 
 def _walk(plan: dict[str, Any], indexes: list[str], node_types: list[str]) -> None:

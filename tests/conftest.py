@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,26 +90,29 @@ def template_db(pg_admin_dsn: str) -> Iterator[str]:
         _drop_db(pg_admin_dsn, name)
 
 
+@contextmanager
+def fresh_database(admin_dsn: str, template: str) -> Iterator[str]:
+    """DSN of a new database cloned from ``template``, dropped on leaving."""
+    name = f"t_{uuid.uuid4().hex}"
+    _create_db(admin_dsn, name, template)
+    try:
+        yield dsn_for_db(admin_dsn, name)
+    finally:
+        _drop_db(admin_dsn, name)
+
+
 @pytest.fixture
 def dsn(pg_admin_dsn: str, template_db: str) -> Iterator[str]:
     """DSN of a fresh database with pgbroker installed, dropped after the test."""
-    name = f"t_{uuid.uuid4().hex}"
-    _create_db(pg_admin_dsn, name, template_db)
-    try:
-        yield dsn_for_db(pg_admin_dsn, name)
-    finally:
-        _drop_db(pg_admin_dsn, name)
+    with fresh_database(pg_admin_dsn, template_db) as fresh:
+        yield fresh
 
 
 @pytest.fixture
 def empty_dsn(pg_admin_dsn: str) -> Iterator[str]:
     """DSN of a fresh database with nothing installed (for install and migration tests)."""
-    name = f"t_{uuid.uuid4().hex}"
-    _create_db(pg_admin_dsn, name, "template0")
-    try:
-        yield dsn_for_db(pg_admin_dsn, name)
-    finally:
-        _drop_db(pg_admin_dsn, name)
+    with fresh_database(pg_admin_dsn, "template0") as fresh:
+        yield fresh
 
 
 @pytest.fixture

@@ -193,9 +193,7 @@ class AsyncQueue:
     async def extend(self, item: Receivable, *, vt: int | timedelta) -> Receipt:
         return await self._executor.run(q.message_extend(self.name, item, vt=vt))
 
-    async def extend_many(
-        self, items: Iterable[Receivable], *, vt: int | timedelta
-    ) -> dict[int, Receipt]:
+    async def extend_many(self, items: Iterable[Receivable], *, vt: int | timedelta) -> dict[int, Receipt]:
         return await self._executor.run(q.message_extend_many(self.name, items, vt=vt))
 
     async def complete_many(self, items: Iterable[Receivable]) -> list[int]:
@@ -330,9 +328,7 @@ class AsyncBroker:
             self._owned_pool = pool
         self._pool = pool
         self._executor: AsyncExecutor = (
-            AsyncConnectionExecutor(connection)
-            if connection is not None
-            else AsyncPoolExecutor(pool)  # type: ignore[arg-type]
+            AsyncConnectionExecutor(connection) if connection is not None else AsyncPoolExecutor(pool)  # type: ignore[arg-type]
         )
 
     async def open(self) -> AsyncBroker:
@@ -402,4 +398,3 @@ class AsyncBroker:
 
     async def policies(self) -> list[Policy]:
         return await self._executor.run(q.policy_list())
-

@@ -90,6 +90,8 @@ class Config:
     pgbench_log_sampling: float
     # (b) producer/consumer driver
     driver_seconds: float
+    #: as pgbench_rounds, for the driver's steps: rounds of driver_seconds / rounds, alternating
+    driver_rounds: int
     producers: int
     consumers: int
     consume_prefill: int
@@ -121,6 +123,7 @@ class Config:
             pgbench_rounds=2,
             pgbench_log_sampling=0.2,
             driver_seconds=8.0,
+            driver_rounds=2,
             producers=2,
             consumers=4,
             consume_prefill=300_000,
@@ -143,6 +146,7 @@ class Config:
             pgbench_prefill=60_000,
             pgbench_rounds=1,
             driver_seconds=1.5,
+            driver_rounds=1,
             consume_prefill=40_000,
             backlog_waiting=(0, 10_000, 100_000),
             backlog_in_flight=10_000,
@@ -216,6 +220,23 @@ def percentile(samples: Sequence[float], q: float) -> float | None:
     ordered = sorted(samples)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[min(rank, len(ordered)) - 1]
+
+
+def alternating_rounds(systems: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
+    """(round, system) for a step run in rounds: A B, then B A, then A B ...
+
+    A change in the machine's load during the step then weighs on every system alike.
+    """
+    for n in range(max(1, rounds)):
+        for key in systems if n % 2 == 0 else list(reversed(systems)):
+            yield n, key
+
+
+def mean_rate(rates: Sequence[float | None]) -> float | None:
+    """The mean of a step's rates over its rounds; None if any round has none (it failed)."""
+    if not rates or any(r is None for r in rates):
+        return None
+    return sum(r for r in rates if r is not None) / len(rates)
 
 
 def json_payload(size: int) -> str:

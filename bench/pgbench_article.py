@@ -35,7 +35,9 @@ from bench.harness import (
     ScenarioResult,
     Series,
     System,
+    alternating_rounds,
     connect,
+    mean_rate,
     percentile,
 )
 
@@ -317,20 +319,14 @@ def run(bench: Bench, result: ScenarioResult) -> None:
             p50: dict[str, float | None] = {}
             p99: dict[str, float | None] = {}
             runs: dict[str, list[_Measured]] = {key: [] for key in step.systems}
-            for n in range(rounds):
-                # A B ... then ... B A: a drift in the machine's load weighs on every system alike.
-                order = step.systems if n % 2 == 0 else tuple(reversed(step.systems))
-                for key in order:
-                    system = bench.systems[key]
-                    runs[key].append(
-                        _run_step(bench, step, system, dequeue_queues, workroot, result, first=n == 0)
-                    )
+            for n, key in alternating_rounds(step.systems, rounds):
+                system = bench.systems[key]
+                runs[key].append(
+                    _run_step(bench, step, system, dequeue_queues, workroot, result, first=n == 0)
+                )
             for key, measured in runs.items():
                 for role in measured[0].rates:
-                    rates = [m.rates[role] for m in measured]
-                    throughput[role][key] = (
-                        None if any(r is None for r in rates) else sum(r or 0.0 for r in rates) / len(rates)
-                    )
+                    throughput[role][key] = mean_rate([m.rates[role] for m in measured])
                 latencies = [ms for m in measured for ms in m.latencies]
                 p50[key] = percentile(latencies, 50)
                 p99[key] = percentile(latencies, 99)

@@ -167,6 +167,20 @@ def test_ready_from_waits_for_a_send_still_open(conn: Conn, q: str) -> None:
     assert [r[0] for r in _read(conn, q, 10)] == [early]
 
 
+def test_ready_from_waits_for_an_open_send_holding_the_newest_transaction_id(conn: Conn, q: str) -> None:
+    # Nothing finishes between the send taking its id and the advances: a snapshot's xmax is then
+    # the send's own id, which 0012 took for "every older transaction has ended" (migration 0013).
+    consumed = _send(conn, q, 3)
+    batch = _read(conn, q, 3)
+    conn.execute("SELECT pgbroker.ack(%s, %s::text[], false)", [q, [r[1] for r in batch]])
+    assert _advance(_dsn(conn), q) == consumed[-1] + 1
+    with psycopg.connect(_dsn(conn)) as sender:  # not autocommit: the send stays open
+        (open_send,) = _send(sender, q, 1)
+        assert _advance(_dsn(conn), q, times=5) <= open_send
+        sender.commit()
+    assert [r[0] for r in _read(conn, q, 10)] == [open_send]
+
+
 def test_set_vt_making_an_old_message_ready_lowers_ready_from(conn: Conn, q: str) -> None:
     (delayed,) = [r[0] for r in conn.execute("SELECT * FROM pgmq.send(%s, '{}'::jsonb, 3600)", [q])]
     _send(conn, q, 3)

@@ -174,7 +174,7 @@ def test_grants_are_exactly_the_listed_entry_points(users: dict[str, str], conn:
             " WHERE n.nspname IN ('pgmq', 'pgbroker') AND p.prosecdef"
         )
     }
-    # Two internal definers rewrite the routes (migration 0013) whoever creates a queue; no role
+    # Two internal definers rewrite the routes (migration 0014) whoever creates a queue; no role
     # may call them (checked with the rest below).
     internal = {"pgbroker._write_routes()", "pgbroker._routes_changed()"}
     assert definers == set().union(*listed.values()) | internal

@@ -1,4 +1,4 @@
-"""Routes (migration 0013): the hot statements of every queue as static SQL in generated functions.
+"""Routes (migration 0014): the hot statements of every queue as static SQL in generated functions.
 
 A route must only ever be a faster way to the same statement: the same calls on a routed queue
 and on one that takes the dynamic path give the same rows and the same errors, in the same order.

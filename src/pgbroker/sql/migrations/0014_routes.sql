@@ -1,4 +1,4 @@
--- pgbroker migration 0013: routes, the hot statements of every queue as
+-- pgbroker migration 0014: routes, the hot statements of every queue as
 -- static SQL with cached plans.
 --
 -- Queue tables have a name per queue, so 0012 still ran each hot statement
@@ -514,14 +514,23 @@ $$;
 
 -- As in 0012: ack the receipts (archive NULL: the queue policy's ack_mode),
 -- then read. Errors in 0012's order: the queue, the read arguments, the
--- receipts.
+-- receipts. The queue's bounds advance (now and then) before the ack: only a
+-- transaction that has written nothing yet can record their candidates (0013).
 CREATE OR REPLACE FUNCTION pgbroker.consume(queue_name text, vt integer, qty integer,
                                             receipts text[] DEFAULT NULL, archive boolean DEFAULT NULL)
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
+DECLARE
+    stored text;
 BEGIN
     IF vt IS NULL OR vt < 0 OR qty IS NULL OR qty < 0 THEN
         PERFORM pgbroker._table(queue_name);
         PERFORM pgbroker._check_read_args(vt, qty);
+    END IF;
+    IF cardinality(receipts) > 0 AND random() < 0.0625 THEN
+        stored := pgbroker._stored_name(queue_name);
+        IF stored IS NOT NULL THEN
+            PERFORM pgbroker._advance_head(stored, lower('q_' || stored));
+        END IF;
     END IF;
     IF cardinality(receipts) > 0 THEN
         PERFORM pgbroker._route_ack(queue_name, receipts, archive, true);

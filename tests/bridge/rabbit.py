@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiormq
@@ -71,20 +71,17 @@ class Rabbit:
         return name
 
     async def exchange_exists(self, name: str) -> bool:
-        assert self._connection is not None
-        probe = await self._connection.channel()  # a missing exchange closes the channel asked
-        try:
-            await probe.exchange_declare(name, passive=True)
-        except aiormq.exceptions.ChannelNotFoundEntity:
-            return False
-        await probe.close()
-        return True
+        return await self._exists(lambda probe: probe.exchange_declare(name, passive=True))
 
     async def queue_exists(self, name: str) -> bool:
+        return await self._exists(lambda probe: probe.queue_declare(name, passive=True))
+
+    async def _exists(self, declare: Callable[[AbstractChannel], Awaitable[object]]) -> bool:
+        """Whether a passive declare on a channel of its own succeeds."""
         assert self._connection is not None
-        probe = await self._connection.channel()
+        probe = await self._connection.channel()  # a missing entity closes the channel asked
         try:
-            await probe.queue_declare(name, passive=True)
+            await declare(probe)
         except aiormq.exceptions.ChannelNotFoundEntity:
             return False
         await probe.close()

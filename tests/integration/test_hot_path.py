@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.integration.helpers import Conn, a_ids, q_ids
+from tests.integration.helpers import Conn, a_ids, advance_head, q_ids
 
 
 @pytest.fixture
@@ -42,12 +42,7 @@ def _read(conn: Conn, q: str, qty: int, vt: int = 30) -> list[tuple[Any, ...]]:
 
 def _advance(dsn: str, q: str, times: int = 3) -> int:
     """Advance q's ready_from ``times`` times, each in a transaction of its own; return it."""
-    with psycopg.connect(dsn, autocommit=True) as other:
-        for _ in range(times):
-            other.execute("SELECT pgbroker._advance_head(%s, %s)", [q, f"q_{q}"])
-        query = "SELECT ready_from FROM pgbroker.queue_head WHERE queue_name = %s"
-        row = other.execute(query, [q]).fetchone()
-    return int(row[0]) if row else 0
+    return int(advance_head(dsn, q, times)["ready_from"])
 
 
 def _dsn(conn: Conn) -> str:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import psycopg
 import pytest
 from bench.buffers import PlanCapture
 from psycopg import sql
 
-from tests.integration.helpers import Conn
+from tests.integration.helpers import Conn, advance_head
 
 MARGIN = 1.0  # seconds: the candidate's margin in pgbroker._advance_timed
 
@@ -28,18 +26,6 @@ MARGIN = 1.0  # seconds: the candidate's margin in pgbroker._advance_timed
 def q(conn: Conn) -> str:
     conn.execute("SELECT pgmq.create('timed')")
     return "timed"
-
-
-def _advance(dsn: str, q: str, times: int = 3) -> dict[str, Any]:
-    """Advance q's bounds ``times`` times, each in a transaction of its own; return its head row."""
-    with psycopg.connect(dsn, autocommit=True) as other:
-        for _ in range(times):
-            other.execute("SELECT pgbroker._advance_head(%s, %s)", [q, f"q_{q}"])
-        cur = other.execute("SELECT * FROM pgbroker.queue_head WHERE queue_name = %s", [q])
-        row = cur.fetchone()
-        assert row is not None
-        assert cur.description is not None
-        return dict(zip([c.name for c in cur.description], row, strict=True))
 
 
 def _lease_and_ack(conn: Conn, q: str, n: int, vt: int) -> None:
@@ -79,7 +65,7 @@ def test_reads_skip_the_dead_timed_entries_of_acked_messages(conn: Conn, dsn: st
     _lease_and_ack(conn, q, 20_000, vt=1)
     _send(conn, q, 20)
     time.sleep(1 + MARGIN + 0.2)  # every acked lease has ended and is older than the margin
-    head = _advance(dsn, q)
+    head = advance_head(dsn, q)
     assert head["timed_from"] is not None
     bounded = _read_buffers(conn, q)
     # No bound, and no candidate that a read's own advance could complete.
@@ -95,9 +81,9 @@ def test_an_expired_lease_is_read_again_after_the_bound_moves(conn: Conn, dsn: s
     [msg_id] = _send(conn, q, 1)
     conn.execute("SELECT * FROM pgbroker.read(%s, 1, 1)", [q])
     time.sleep(1 + MARGIN + 0.2)
-    _advance(dsn, q)
+    advance_head(dsn, q)
     time.sleep(MARGIN + 0.2)
-    head = _advance(dsn, q)
+    head = advance_head(dsn, q)
     assert head["timed_from"] is not None
     rows = conn.execute("SELECT msg_id, read_ct FROM pgbroker.read(%s, 30, 5)", [q]).fetchall()
     assert rows == [(msg_id, 2)]
@@ -106,7 +92,7 @@ def test_an_expired_lease_is_read_again_after_the_bound_moves(conn: Conn, dsn: s
 def test_a_lease_written_by_a_transaction_open_during_advances_is_not_passed(dsn: str, q: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as setup:
         [msg_id] = _send(setup, q, 1)
-    _advance(dsn, q, times=1)
+    advance_head(dsn, q, times=1)
     with psycopg.connect(dsn) as writer:
         # A read advances the bounds now and then, holding the queue's advance lock to its end; in
         # REPEATABLE READ it never does, so the advances below are the other session's.
@@ -114,11 +100,11 @@ def test_a_lease_written_by_a_transaction_open_during_advances_is_not_passed(dsn
         # vt 0: the lease ends at once, so the message is due, at a vt the advances below pass.
         writer.execute("SELECT * FROM pgbroker.read(%s, 0, 1)", [q]).fetchall()
         time.sleep(MARGIN + 0.2)
-        _advance(dsn, q, times=4)  # records a candidate past the lease; step 2 must wait for writer
+        advance_head(dsn, q, times=4)  # records a candidate past the lease; step 2 must wait for writer
         time.sleep(MARGIN + 0.2)
-        _advance(dsn, q, times=2)
+        advance_head(dsn, q, times=2)
         writer.commit()
-    _advance(dsn, q, times=3)
+    advance_head(dsn, q, times=3)
     with psycopg.connect(dsn, autocommit=True) as reader:
         rows = reader.execute("SELECT msg_id, read_ct FROM pgbroker.read(%s, 30, 5)", [q]).fetchall()
     assert rows == [(msg_id, 2)]
@@ -128,12 +114,12 @@ def test_set_vt_into_the_past_lowers_the_bound(conn: Conn, dsn: str, q: str) -> 
     [msg_id] = _send(conn, q, 1)
     conn.execute("SELECT * FROM pgbroker.read(%s, 3600, 1)", [q])  # leased for an hour
     time.sleep(MARGIN + 0.2)
-    _advance(dsn, q)
+    advance_head(dsn, q)
     time.sleep(MARGIN + 0.2)
-    before = _advance(dsn, q)["timed_from"]
+    before = advance_head(dsn, q)["timed_from"]
     assert before is not None
     conn.execute("SELECT * FROM pgmq.set_vt(%s, %s, now() - interval '1 day')", [q, msg_id])
-    assert _advance(dsn, q, times=1)["timed_from"] < before
+    assert advance_head(dsn, q, times=1)["timed_from"] < before
     rows = conn.execute("SELECT msg_id FROM pgmq.read(%s, 30, 5)", [q]).fetchall()
     assert rows == [(msg_id,)]
 
@@ -146,15 +132,9 @@ def test_the_sweep_finds_a_due_message_below_the_bound(conn: Conn, dsn: str, q: 
         "UPDATE pgbroker.queue_head"
         " SET timed_from = clock_timestamp() + interval '1 minute', timed_swept_at = {}"
     )
-    _advance(dsn, q, times=1)
+    advance_head(dsn, q, times=1)
     conn.execute(sql.SQL(stray).format(sql.SQL("clock_timestamp()")))
     assert conn.execute("SELECT msg_id FROM pgmq.read(%s, 30, 5)", [q]).fetchall() == []
     conn.execute(sql.SQL(stray).format(sql.SQL("NULL")))  # the sweep is due
-    _advance(dsn, q, times=1)
+    advance_head(dsn, q, times=1)
     assert conn.execute("SELECT msg_id FROM pgmq.read(%s, 30, 5)", [q]).fetchall() == [(msg_id,)]
-
-
-@pytest.fixture
-def conn(dsn: str) -> Iterator[Conn]:
-    with psycopg.connect(dsn, autocommit=True) as c:
-        yield c

@@ -39,7 +39,7 @@
 -- next advance could move ready_from past the send's message. Candidates now
 -- carry the advancing transaction's own id, taken after reading the sequence
 -- and the clock, so only a transaction that has no id yet records them (a
--- read advances before it leases; pgbroker.consume before it acks).
+-- read advances before it leases, an ack before it deletes).
 --
 -- Behaviour (results, order, errors) is unchanged; reads get cheaper.
 

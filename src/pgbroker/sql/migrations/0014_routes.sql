@@ -121,6 +121,7 @@ DECLARE
     pop_bodies text[] := '{}';
     ack_bodies text[] := '{}';
     read_params constant text[] := ARRAY['p_qty', 'NULL::jsonb', 'r_clock', 'p_vt', 'r_from'];
+    pop_params constant text[] := ARRAY['p_qty', 'NULL::jsonb', 'r_clock', 'NULL::integer', 'r_from'];
     ack_params constant text[] := ARRAY['r_held.msg_ids', 'r_held.read_cts', 'r_held.leases'];
     send_params constant text[] := ARRAY['p_msgs', 'p_headers', 'p_delay'];
     qtable text;
@@ -150,7 +151,7 @@ BEGIN
         deliver_bodies := deliver_bodies || format('RETURN QUERY %s;',
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'deliver'), read_params));
         pop_bodies := pop_bodies || format('RETURN QUERY %s;',
-            pgbroker._route_statement(pgbroker._statement_query(qtable, 'pop'), read_params));
+            pgbroker._route_statement(pgbroker._statement_query(qtable, 'pop'), pop_params));
         ack_bodies := ack_bodies || format(E'IF r_archive THEN\nRETURN QUERY %s;\nELSE\nRETURN QUERY %s;\nEND IF;',
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'ack_a'), ack_params),
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'ack_d'), ack_params));
@@ -276,28 +277,26 @@ DECLARE
     r_name text;
     r_from bigint;
     r_clock timestamptz;
-    p_vt integer;  -- unused by a pop; named in the shared statement parameters
 BEGIN
     IF r IS NULL THEN
         SELECT * INTO r_queue FROM pgbroker._queue(p_queue_name);
         IF NOT FOUND THEN
             PERFORM pgbroker._table(p_queue_name);
         END IF;
+        r_name := r_queue.stored_name;
+    ELSE
+        r_name := (%2$L::text[])[r];
     END IF;
     IF p_qty IS NULL OR p_qty < 0 THEN
         PERFORM pgbroker._check_read_args(0, p_qty);
     END IF;
+    r_from := pgbroker._route_ready_from(r_name);
     IF r IS NULL THEN
-        IF random() < 0.0625 THEN
-            PERFORM pgbroker._advance_head(r_queue.stored_name, lower('q_' || p_queue_name));
-        END IF;
         RETURN QUERY EXECUTE format('EXECUTE %%I(%%s, NULL, %%L, NULL, %%s)',
-                                    pgbroker._prepared(lower('q_' || p_queue_name), 'pop'), p_qty,
-                                    clock_timestamp(), r_queue.ready_from);
+                                    pgbroker._prepared(lower('q_' || r_name), 'pop'), p_qty,
+                                    clock_timestamp(), r_from);
         RETURN;
     END IF;
-    r_name := (%2$L::text[])[r];
-    r_from := pgbroker._route_ready_from(r_name);
     r_clock := clock_timestamp();
 %3$s
 END;
@@ -306,6 +305,9 @@ $R$, keys, names, pgbroker._route_tree(pop_bodies, 1, cardinality(pop_bodies)));
 
     -- pgbroker.ack, as in 0012; with p_policy_mode a NULL archive means the
     -- queue policy's ack_mode (pgbroker.consume), otherwise it is an error.
+    -- Like the reads, it advances the queue's bounds now and then, before it
+    -- writes: only a transaction that has written nothing yet can record their
+    -- candidates (0013), and in pgbroker.consume the ack writes first.
     EXECUTE format($R$
 CREATE OR REPLACE FUNCTION pgbroker._route_ack(p_queue_name text, p_receipts text[], p_archive boolean,
                                                p_policy_mode boolean)
@@ -314,6 +316,7 @@ SET plan_cache_mode = force_generic_plan AS $F$
 DECLARE
     r integer := array_position(%1$L::text[], lower(p_queue_name));
     r_queue record;
+    r_name text;
     r_held record;
     r_archive boolean := p_archive;
 BEGIN
@@ -322,6 +325,12 @@ BEGIN
         IF NOT FOUND THEN
             PERFORM pgbroker._table(p_queue_name);
         END IF;
+        r_name := r_queue.stored_name;
+    ELSE
+        r_name := (%2$L::text[])[r];
+    END IF;
+    IF random() < 0.0625 THEN
+        PERFORM pgbroker._advance_head(r_name, lower('q_' || r_name));
     END IF;
     r_held := pgbroker._held(p_receipts);
     IF r_archive IS NULL THEN
@@ -331,18 +340,18 @@ BEGIN
         IF r IS NULL THEN
             r_archive := coalesce(r_queue.ack_mode, 'archive') = 'archive';
         ELSE
-            r_archive := (%2$L::boolean[])[r];
+            r_archive := (%3$L::boolean[])[r];
         END IF;
     END IF;
     IF r IS NULL THEN
-        RETURN QUERY EXECUTE pgbroker._run_ack(lower('q_' || p_queue_name), r_held.msg_ids, r_held.read_cts,
+        RETURN QUERY EXECUTE pgbroker._run_ack(lower('q_' || r_name), r_held.msg_ids, r_held.read_cts,
                                                r_held.leases, r_archive);
         RETURN;
     END IF;
-%3$s
+%4$s
 END;
 $F$
-$R$, keys, archives, pgbroker._route_tree(ack_bodies, 1, cardinality(ack_bodies)));
+$R$, keys, names, archives, pgbroker._route_tree(ack_bodies, 1, cardinality(ack_bodies)));
 END;
 $W$;
 
@@ -514,23 +523,14 @@ $$;
 
 -- As in 0012: ack the receipts (archive NULL: the queue policy's ack_mode),
 -- then read. Errors in 0012's order: the queue, the read arguments, the
--- receipts. The queue's bounds advance (now and then) before the ack: only a
--- transaction that has written nothing yet can record their candidates (0013).
+-- receipts.
 CREATE OR REPLACE FUNCTION pgbroker.consume(queue_name text, vt integer, qty integer,
                                             receipts text[] DEFAULT NULL, archive boolean DEFAULT NULL)
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
-DECLARE
-    stored text;
 BEGIN
     IF vt IS NULL OR vt < 0 OR qty IS NULL OR qty < 0 THEN
         PERFORM pgbroker._table(queue_name);
         PERFORM pgbroker._check_read_args(vt, qty);
-    END IF;
-    IF cardinality(receipts) > 0 AND random() < 0.0625 THEN
-        stored := pgbroker._stored_name(queue_name);
-        IF stored IS NOT NULL THEN
-            PERFORM pgbroker._advance_head(stored, lower('q_' || stored));
-        END IF;
     END IF;
     IF cardinality(receipts) > 0 THEN
         PERFORM pgbroker._route_ack(queue_name, receipts, archive, true);

@@ -187,8 +187,8 @@ BEGIN
 END;
 $$;
 
--- pgmq's own helper, kept as pgmq writes it: it refuses only the characters
--- that could end a literal or a statement.
+-- pgmq's helper, with pgmq's check and message: it refuses only the characters
+-- that could end a literal or a statement (pgbroker._check_name checks fully).
 CREATE FUNCTION pgmq.format_table_name(queue_name text, prefix text)
 RETURNS TEXT LANGUAGE plpgsql AS $$
 BEGIN
@@ -269,8 +269,8 @@ BEGIN
 END;
 $$;
 
--- pgmq's three ways to create a plain queue; "create" makes a plain queue too
--- (pgmq's create is not partitioned either).
+-- pgmq's ways to create a plain queue (pgmq.create makes a plain queue in
+-- pgmq too).
 CREATE FUNCTION pgmq.create_non_partitioned(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN

@@ -184,7 +184,6 @@ $$;
 -- Backpressure
 ------------------------------------------------------------------------------
 
-
 -- Refuse a send that would take the queue past its max_depth. The cheap
 -- upper bound (ids handed out minus the oldest id present) settles almost
 -- every send in two index probes; only near the limit is the queue counted,
@@ -225,10 +224,11 @@ $$;
 
 ------------------------------------------------------------------------------
 -- Archive retention (for non-partitioned queues; partitioned archives follow
--- pg_partman's retention, see 76_partitions.sql). Deletes at most batch_size rows per
--- call, so that each call is a short transaction; callers repeat until it
--- returns 0 (pgbroker maintain does).
+-- pg_partman's retention, see 76_partitions.sql). Deletes at most batch_size
+-- rows per call, so that each call is a short transaction; callers repeat
+-- until it returns 0 (pgbroker maintain does).
 ------------------------------------------------------------------------------
+
 CREATE FUNCTION pgbroker.trim_archive(queue_name text, batch_size integer DEFAULT 10000)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

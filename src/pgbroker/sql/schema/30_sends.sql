@@ -62,6 +62,7 @@ BEGIN
 END;
 $$;
 
+-- A delay given as a time, which must not be NULL.
 CREATE FUNCTION pgbroker._check_delay_time(delay timestamptz)
 RETURNS timestamptz LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -149,7 +150,6 @@ BEGIN
 END;
 $$;
 
-
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[],
                                 delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
@@ -192,4 +192,3 @@ BEGIN
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, pgbroker._delay_to_time(delay));
 END;
 $$;
-

@@ -55,7 +55,8 @@ BEGIN
 END;
 $$;
 
--- Whether a receipt is well formed, as _parse_receipt judges it, without raising.
+-- Whether a receipt is well formed, as _parse_receipt judges it, without
+-- raising.
 CREATE FUNCTION pgbroker._receipt_ok(receipt text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT receipt ~ '^[0-9]{1,19}:[0-9]{1,10}:-?[0-9]{1,19}$'

@@ -148,8 +148,8 @@ $$;
 
 -- pgbroker._visible_sql starting where the queue's bounds say: the ready scan
 -- at $5 (the caller's ready_from), the timed scan at timed_from. That bound is
--- a subquery (an InitPlan, read once a call) on the queue's name as
--- written in the statement, so no caller passes it.
+-- a subquery (an InitPlan, read once a call) on the queue's name as written
+-- in the statement, so no caller passes it.
 CREATE FUNCTION pgbroker._visible_from_sql(qtable text, conditional jsonb)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -306,9 +306,9 @@ $$;
 -- Where reads start
 ------------------------------------------------------------------------------
 
--- Move a queue's bounds up (see the header), and sweep below
--- timed_from when a sweep is due; a no-op unless this transaction is the one
--- advancing the queue now. Each bound moves in two steps: a candidate, then,
+-- Move a queue's bounds up (see the header), and sweep below timed_from when
+-- a sweep is due; a no-op unless this transaction is the one advancing the
+-- queue now. Each bound moves in two steps: a candidate, then,
 -- once every transaction older than the candidate's id has ended, the bound.
 CREATE FUNCTION pgbroker._advance_head(stored_name text, qtable text)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -404,7 +404,6 @@ $$;
 ------------------------------------------------------------------------------
 -- Reads
 ------------------------------------------------------------------------------
-
 
 -- The read statement of a queue, run: pgmq.read's rows (deliver: with
 -- receipts). The caller has checked the queue and the arguments.
@@ -526,7 +525,8 @@ $$;
 
 -- pgbroker.read, polled as pgmq.read_with_poll polls, so that waiting reads
 -- honour max_deliveries too. (pgbroker._poll returns message records: the
--- receipt is made again from msg_id, read_ct and vt, as pgbroker.read makes it.)
+-- receipt is made again from msg_id, read_ct and vt, as pgbroker.read makes
+-- it.)
 CREATE FUNCTION pgbroker.read_with_poll(
     queue_name text, vt integer, qty integer,
     max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100,

@@ -27,7 +27,6 @@ RETURNS BOOLEAN LANGUAGE sql AS $$
     SELECT EXISTS (SELECT 1 FROM pgmq.delete(queue_name, ARRAY[msg_id]));
 $$;
 
-
 -- Move messages into the queue's archive, keeping their msg_ids.
 CREATE FUNCTION pgmq.archive(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
@@ -52,7 +51,6 @@ CREATE FUNCTION pgmq.archive(queue_name TEXT, msg_id BIGINT)
 RETURNS BOOLEAN LANGUAGE sql AS $$
     SELECT EXISTS (SELECT 1 FROM pgmq.archive(queue_name, ARRAY[msg_id]));
 $$;
-
 
 -- Set the messages' visibility time, whatever it was; returns them. As the
 -- only writer of an arbitrary vt, it keeps queue_head's bounds
@@ -135,7 +133,6 @@ BEGIN
 END;
 $$;
 
-
 -- The ack statement of a queue the routes do not hold, prepared in this
 -- session, as an EXECUTE to run (see 50_reads.sql's header).
 CREATE FUNCTION pgbroker._run_ack(qtable text, msg_ids bigint[], read_cts integer[], leases bigint[],
@@ -190,7 +187,6 @@ BEGIN
 END;
 $$;
 
-
 -- Extend many: the lease now ends vt seconds from now; returns a new
 -- receipt for each message whose receipt still held.
 CREATE FUNCTION pgbroker.extend(queue_name text, receipts text[], vt integer)
@@ -229,7 +225,6 @@ BEGIN
 END;
 $$;
 
-
 ------------------------------------------------------------------------------
 -- Consume: ack the previous batch, read the next, in one call
 ------------------------------------------------------------------------------
@@ -259,7 +254,6 @@ $$;
 ------------------------------------------------------------------------------
 -- Acknowledging by policy
 ------------------------------------------------------------------------------
-
 
 -- Ack many with the policy's ack_mode (archive or delete); returns the
 -- msg_ids whose receipts still held, as pgbroker.ack does.

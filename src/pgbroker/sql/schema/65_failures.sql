@@ -3,7 +3,8 @@
 --
 -- pgbroker.fail gives a message back with the policy's back-off, or
 -- dead-letters it after max_deliveries; pgbroker.read dead-letters a message
--- that reached max_deliveries without an ack or a failure report (50_reads.sql).
+-- that reached max_deliveries without an ack or a failure report
+-- (pgbroker._deliver, 50_reads.sql).
 --
 -- A dead letter is the message as it was sent (payload and headers) plus a
 -- header x-pgbroker-dead-letter: {queue, msg_id, deliveries, error,
@@ -16,8 +17,8 @@
 -- Dead letters
 ------------------------------------------------------------------------------
 
-
--- The table a queue's dead letters go to: its dead-letter queue, or its archive.
+-- The table a queue's dead letters go to: its dead-letter queue, or its
+-- archive.
 CREATE FUNCTION pgbroker._dead_letter_table(p pgbroker.queue_policy)
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p.dead_letter_queue IS NULL THEN pgbroker._table(p.queue_name, 'a')
@@ -112,7 +113,6 @@ BEGIN
 END;
 $$;
 
-
 -- A queue's dead letters, oldest first: up to qty after msg_id after_msg_id
 -- (ids of the table they are in: the dead-letter queue, or the archive).
 CREATE FUNCTION pgbroker.dead_letters(queue_name text, qty integer DEFAULT 100, after_msg_id bigint DEFAULT 0)
@@ -165,7 +165,8 @@ BEGIN
 END;
 $$;
 
--- Delete a queue's dead letters: all of them, or those of msg_ids. Returns how many.
+-- Delete a queue's dead letters: all of them, or those of msg_ids. Returns
+-- how many.
 CREATE FUNCTION pgbroker.purge_dead_letters(queue_name text, msg_ids bigint[] DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

@@ -1,4 +1,4 @@
--- Topics: routing by key to bound queues (pgmq 1.13 bind_topic, send_topic, ...).
+-- Topics: sends by routing key to bound queues (pgmq 1.13 bind_topic, ...).
 --
 -- A queue binds patterns; a message sent with a routing key goes to every
 -- queue with at least one pattern matching the key, once per queue. Keys and

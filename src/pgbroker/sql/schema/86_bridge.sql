@@ -119,8 +119,9 @@ BEGIN
 END;
 $$;
 
--- Forget inbound message ids seen longer than seen_within ago, at most batch_size per
--- call (a short transaction); returns how many went. Callers repeat until 0.
+-- Forget inbound message ids seen longer than seen_within ago, at most
+-- batch_size per call (a short transaction); returns how many went. Callers
+-- repeat until 0.
 CREATE FUNCTION pgbroker.prune_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

@@ -40,6 +40,8 @@ CREATE TABLE pgbroker.role_function (
     PRIMARY KEY (role_kind, function_schema, function_name)
 );
 
+-- A producer sends, a consumer reads and settles what it read, a monitor
+-- reads lengths and ages.
 INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 SELECT 'producer', 'pgmq', f FROM unnest(ARRAY['send', 'send_batch', 'send_topic', 'send_batch_topic']) f
 UNION ALL

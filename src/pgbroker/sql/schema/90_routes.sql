@@ -71,8 +71,9 @@ END;
 $$;
 
 -- Rewrite every route from pgmq.meta and the queue policies. SECURITY
--- DEFINER: whoever creates a queue or sets a policy, the routes stay owned by
--- the installer.
+-- DEFINER, so that whoever creates a queue or sets a policy can rewrite the
+-- routes, which stay the installer's. (Comments in its body refer to the
+-- migrations that introduced what each route does.)
 CREATE FUNCTION pgbroker._write_routes()
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 -- Routes are compiled by the sessions that call them, not here.

@@ -1,4 +1,6 @@
 -- Policies: per-queue delivery rules, beyond pgmq.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- A queue may have a policy row: how often a message may be delivered, how
 -- long to back off after a failure, where poison messages go, whether an ack

@@ -1,4 +1,6 @@
 -- Sends: pgmq.send and pgmq.send_batch in every form.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- Every form lands in the send route, pgbroker._route_send (90_routes.sql),
 -- which checks the batch, the message size and the queue's max_depth, in

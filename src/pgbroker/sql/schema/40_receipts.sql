@@ -1,4 +1,6 @@
 -- Receipts: what fences acknowledgement, beyond pgmq.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- A read hands out a receipt per message: '<msg_id>:<read_ct>:<lease>' where
 -- lease is the message's vt in microseconds since the epoch. read_ct tells

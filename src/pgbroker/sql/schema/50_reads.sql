@@ -1,4 +1,6 @@
 -- Reads: what a read may take, the hot statements, and where reads start.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- The hot statements. Queue tables have a name per queue, so the engine's
 -- statements are written per table: pgbroker._statement writes the read,

@@ -1,4 +1,6 @@
 -- Acks: what ends or changes a delivery.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- pgmq's delete, archive and set_vt act on msg_ids, whoever holds the
 -- message (unfenced, as in pgmq). pgbroker's ack, nack and extend act on

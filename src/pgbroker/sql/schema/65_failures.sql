@@ -1,5 +1,7 @@
 -- Failures: retries with back-off, and dead letters, by the queue's policy
 -- (20_policies.sql).
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- pgbroker.fail gives a message back with the policy's back-off, or
 -- dead-letters it after max_deliveries; pgbroker.read dead-letters a message

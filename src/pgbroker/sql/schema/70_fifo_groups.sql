@@ -1,4 +1,6 @@
 -- FIFO groups (pgmq 1.13 read_grouped*, create_fifo_index*).
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- A message's group is headers->>'x-pgmq-group'; messages without it share
 -- one default group. Within a group messages are delivered strictly in

@@ -1,4 +1,6 @@
 -- Topics: sends by routing key to bound queues (pgmq 1.13 bind_topic, ...).
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- A queue binds patterns; a message sent with a routing key goes to every
 -- queue with at least one pattern matching the key, once per queue. Keys and

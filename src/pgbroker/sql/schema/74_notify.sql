@@ -1,4 +1,6 @@
 -- Notify: NOTIFY on insert, pgmq's enable_notify_insert family.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- A queue with notify enabled gets an AFTER INSERT trigger that sends
 -- NOTIFY "pgmq.q_<lower name>.INSERT" (pgmq's channel, empty payload) at most

@@ -1,5 +1,7 @@
 -- Partitions: partitioned queues with pg_partman, and retention that never
 -- drops a message nobody has processed.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- pgmq.create_partitioned makes q_<name> and a_<name> range-partitioned
 -- tables that pg_partman manages: by msg_id when the interval is a number

@@ -1,4 +1,6 @@
 -- Stats: what monitoring reads, cheaply.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- pgmq.metrics and metrics_all are pgmq's, exact (they count whole tables).
 -- pgbroker.queue_stats() is what the HTTP API's /metrics scrapes. A scrape

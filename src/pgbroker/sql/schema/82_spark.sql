@@ -1,4 +1,6 @@
 -- Spark: what the PySpark connector (pgbroker.spark) keeps in the database.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- Spark's exactly-once needs three things from a source and a sink: a batch
 -- that can be read again exactly as it was, a sink that recognises a batch it

@@ -1,4 +1,6 @@
 -- Keys: API keys for the HTTP API (pgbroker serve).
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- pgbroker.api_keys holds only the SHA-256 of each key's token: the token
 -- itself is shown once, by `pgbroker keys create`, and a stolen table grants

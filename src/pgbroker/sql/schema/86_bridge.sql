@@ -1,4 +1,6 @@
 -- Bridge: what the RabbitMQ bridge (pgbroker.bridge) needs, beyond pgmq.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- Outbound keeps a publish record: pgbroker.ack_published acks like
 -- pgbroker.complete (fenced by receipts, with the policy's ack_mode), and

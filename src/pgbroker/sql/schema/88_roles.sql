@@ -1,4 +1,6 @@
 -- Roles: least-privilege database roles (`pgbroker install --roles`).
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- pgbroker.grant_roles(prefix) makes three NOLOGIN group roles,
 -- <prefix>_producer, <prefix>_consumer and <prefix>_monitor, and grants each

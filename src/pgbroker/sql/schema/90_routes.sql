@@ -1,4 +1,6 @@
 -- Routes: the hot statements of every queue as static SQL with cached plans.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
 --
 -- Queue tables have a name per queue, so a statement that names its table
 -- must be written per queue. Run through EXECUTE it is parsed and planned

@@ -7,12 +7,14 @@ from the version that brings them notify triggers, FIFO indexes, topic bindings,
 queues and archives (when the server has pg_partman), policies (which the generated route functions
 write in) and least-privilege roles. Another database is installed new, from the schema files, and
 gets the same queues in the same order. Their catalogs, and the rows the engine keeps about its
-queues, must be identical. The tests follow ``pgbroker.sql.migrations()``, so each new migration is
+queues, must be identical; so must a database upgraded from an older version in one go, by either
+driver (sync or asyncio). The tests follow ``pgbroker.sql.migrations()``, so each new migration is
 checked without editing them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -22,7 +24,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgbroker.install import InstallResult, install, install_roles, latest_version
+from pgbroker.install import InstallResult, install, install_async, install_roles, latest_version
 from pgbroker.sql import migrations, schema
 from tests.conftest import fresh_database
 from tests.integration.helpers import Conn
@@ -355,6 +357,25 @@ def test_upgrading_an_older_install_in_one_go_gives_the_schema_of_a_new_install(
         make_queues(fresh, latest_version())
         fresh_catalog = catalog_snapshot(fresh)
     assert_same_catalog(upgraded_catalog, fresh_catalog)
+
+
+@pytest.mark.parametrize("start", [0, latest_version() - 2])
+def test_the_asyncio_installer_installs_and_upgrades_to_the_same_schema(
+    empty_dsn: str, other_empty_dsn: str, start: int
+) -> None:
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
+            if start:
+                await install_async(conn, target=start)
+            assert await install_async(conn) == InstallResult(start, latest_version())
+
+    asyncio.run(run())
+    with psycopg.connect(empty_dsn, autocommit=True) as installed:
+        make_queues(installed, latest_version())
+        installed_catalog = catalog_snapshot(installed)
+    with install_new(other_empty_dsn, no_setup) as fresh:
+        make_queues(fresh, latest_version())
+        assert_same_catalog(installed_catalog, catalog_snapshot(fresh))
 
 
 def test_installing_again_changes_no_catalog_object(dsn: str) -> None:

@@ -68,8 +68,9 @@ NAMES = {
     "__aiter__": "__iter__",
     "__anext__": "__next__",
 }
-# asyncio attributes with a sync equivalent; `import asyncio` becomes the import of its module.
-ASYNCIO_ATTRIBUTES = {"sleep": ("time", "sleep")}
+# asyncio's functions that have a sync equivalent, and the module `import asyncio` becomes.
+ASYNCIO_FUNCTIONS = {"sleep": "time.sleep"}
+ASYNCIO_IMPORT = "time"
 # Words of prose (docstrings, comments) beyond the names above.
 PROSE = {"async with": "with", "async for": "for", "asyncio client": "synchronous client"}
 
@@ -91,50 +92,54 @@ def header(target: Target) -> str:
     )
 
 
-def _is_async_marker(node: ast.stmt) -> bool:
-    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "ASYNC"
-
-
-def _is_async_flag(node: ast.stmt) -> bool:
-    return (
-        isinstance(node, ast.Assign)
-        and len(node.targets) == 1
-        and isinstance(node.targets[0], ast.Name)
-        and node.targets[0].id == "ASYNC"
-    )
-
-
 def _drop_marked_blocks(source: str) -> list[str]:
     """Lines of ``source`` without the ``if ASYNC:`` blocks (else branches dedented) and the flag."""
     lines = source.splitlines(keepends=True)
     keep = [True] * len(lines)
     dedent: set[int] = set()
     for node in ast.walk(ast.parse(source)):
-        body = getattr(node, "body", None)
-        if not isinstance(body, list):
-            continue
-        for stmt in body + list(getattr(node, "orelse", [])):
-            if _is_async_flag(stmt):
-                first = stmt.lineno - 1
-                while first > 0 and lines[first - 1].lstrip().startswith("#"):
-                    first -= 1  # the flag's comment goes with it
-                _blank_out(keep, lines, first, stmt.end_lineno or stmt.lineno)
-            elif _is_async_marker(stmt):
-                assert isinstance(stmt, ast.If)
-                if stmt.orelse:
-                    # Drop from `if ASYNC:` through the `else:` line; keep the else body, dedented.
-                    else_body_start = stmt.orelse[0].lineno - 1
-                    while lines[else_body_start - 1].strip() != "else:":
-                        else_body_start -= 1
-                    _blank_out(keep, lines, stmt.lineno - 1, else_body_start)
-                    dedent.update(range(else_body_start, stmt.end_lineno or stmt.lineno))
-                else:
-                    _blank_out(keep, lines, stmt.lineno - 1, stmt.end_lineno or stmt.lineno)
+        if isinstance(node, ast.Assign) and _is_async_flag(node):
+            first = node.lineno - 1
+            while first > 0 and lines[first - 1].lstrip().startswith("#"):
+                first -= 1  # the flag's comment goes with it
+            _blank_out(keep, lines, first, _block_end(lines, node))
+        elif isinstance(node, ast.If) and _is_async_marker(node):
+            if not node.orelse:
+                _blank_out(keep, lines, node.lineno - 1, _block_end(lines, node))
+                continue
+            # Drop from `if ASYNC:` through the `else:` line; keep the else body, dedented.
+            else_line = node.orelse[0].lineno - 2
+            while lines[else_line].split("#")[0].strip() != "else:":
+                if lines[else_line].lstrip().startswith("elif") or else_line <= node.lineno:
+                    raise SystemExit(f"line {node.lineno}: `if ASYNC:` takes an else, not an elif")
+                else_line -= 1
+            _blank_out(keep, lines, node.lineno - 1, else_line + 1)
+            dedent.update(range(else_line + 1, _block_end(lines, node)))
     out = []
     for i, line in enumerate(lines):
         if keep[i]:
             out.append(line.removeprefix(_INDENT) if i in dedent else line)
     return out
+
+
+def _is_async_marker(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "ASYNC"
+
+
+def _is_async_flag(node: ast.Assign) -> bool:
+    return len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "ASYNC"
+
+
+def _block_end(lines: list[str], node: ast.stmt) -> int:
+    """The index of the line after ``node``, its trailing comments (indented deeper) included."""
+    end = node.end_lineno or node.lineno
+    indent = len(lines[node.lineno - 1]) - len(lines[node.lineno - 1].lstrip())
+    while end < len(lines):
+        line = lines[end]
+        if not line.lstrip().startswith("#") or len(line) - len(line.lstrip()) <= indent:
+            break
+        end += 1
+    return end
 
 
 def _blank_out(keep: list[bool], lines: list[str], start: int, end: int) -> None:
@@ -199,15 +204,12 @@ def _rewrite_tokens(text: str) -> str:
 def _asyncio_edit(
     tokens: list[tokenize.TokenInfo], i: int, offset: Callable[[tuple[int, int]], int]
 ) -> tuple[int, int, str]:
+    """``import asyncio`` and ``asyncio.sleep`` have a sync form; anything else of asyncio is an error."""
     tok = tokens[i]
-    before = tokens[i - 1].string if i else ""
-    if before == "import":
-        modules = {module for module, _ in ASYNCIO_ATTRIBUTES.values()}
-        if len(modules) == 1:
-            return offset(tok.start), offset(tok.end), modules.pop()
-    elif i + 2 < len(tokens) and tokens[i + 1].string == "." and tokens[i + 2].string in ASYNCIO_ATTRIBUTES:
-        module, attribute = ASYNCIO_ATTRIBUTES[tokens[i + 2].string]
-        return offset(tok.start), offset(tokens[i + 2].end), f"{module}.{attribute}"
+    if i and tokens[i - 1].string == "import":
+        return offset(tok.start), offset(tok.end), ASYNCIO_IMPORT
+    if i + 2 < len(tokens) and tokens[i + 1].string == "." and tokens[i + 2].string in ASYNCIO_FUNCTIONS:
+        return offset(tok.start), offset(tokens[i + 2].end), ASYNCIO_FUNCTIONS[tokens[i + 2].string]
     raise SystemExit(
         f"line {tok.start[0]}: asyncio has no sync equivalent here ({tok.line.strip()!r}): "
         "put it in an `if ASYNC:` block, or end the line with `# sync: <code>`"
@@ -258,14 +260,14 @@ def _check_sync(text: str, target: Target) -> None:
             raise SystemExit(f"{target.generated}:{node.lineno}: ASYNC is left: only `if ASYNC:` is a marker")
 
 
-def stale(root: Path = ROOT) -> list[Target]:
-    """The targets whose generated file is missing or differs from what the generator makes now."""
-    out = []
+def stale() -> dict[Target, str]:
+    """The targets whose generated file is missing or out of date, with what it should hold."""
+    out = {}
     for target in TARGETS:
-        wanted = generate((root / target.source).read_text(), target)
-        path = root / target.generated
+        wanted = generate((ROOT / target.source).read_text(), target)
+        path = ROOT / target.generated
         if not path.exists() or path.read_text() != wanted:
-            out.append(target)
+            out[target] = wanted
     return out
 
 
@@ -273,18 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a file is stale")
     args = parser.parse_args(argv)
-    if args.check:
-        behind = stale()
-        for target in behind:
+    behind = stale()
+    for target, wanted in behind.items():
+        if args.check:
             print(f"{target.generated} is stale: run {COMMAND}", file=sys.stderr)
-        return 1 if behind else 0
-    for target in TARGETS:
-        path = ROOT / target.generated
-        wanted = generate((ROOT / target.source).read_text(), target)
-        if not path.exists() or path.read_text() != wanted:
-            path.write_text(wanted)
+        else:
+            (ROOT / target.generated).write_text(wanted)
             print(f"wrote {target.generated}")
-    return 0
+    return 1 if args.check and behind else 0
 
 
 if __name__ == "__main__":

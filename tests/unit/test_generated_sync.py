@@ -63,3 +63,16 @@ class Broker:
         time.sleep(1)
 '''
     assert generate(source, TARGETS[0]) == expected
+
+
+@pytest.mark.parametrize(
+    ("source", "complaint"),
+    [
+        ("import asyncio\n\nasyncio.Event()\n", "asyncio has no sync equivalent"),
+        ("if ASYNC:\n    a = 1\nelif b:\n    a = 2\n", "takes an else, not an elif"),
+        ("ASYNC = True\nprint(ASYNC)\n", "ASYNC is left"),
+    ],
+)
+def test_what_has_no_sync_form_stops_the_generator(source: str, complaint: str) -> None:
+    with pytest.raises(SystemExit, match=complaint):
+        generate(source, TARGETS[0])

@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint demo bench clean pg-partman chromium rabbitmq
+.PHONY: venv test test-quick lint generate demo bench clean pg-partman chromium rabbitmq
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -115,6 +115,12 @@ lint: venv
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench
 	.venv/bin/mypy $(MYPY_PATHS)
+
+# The sync client is generated from the asyncio one (scripts/async_to_sync.py says how); run this
+# after changing src/pgbroker/aio.py. tests/unit/test_generated_sync.py fails until it is run.
+generate: venv
+	cd "$(ROOT)"
+	.venv/bin/python scripts/async_to_sync.py
 
 demo: venv
 	cd "$(ROOT)"

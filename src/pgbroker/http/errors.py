@@ -10,9 +10,9 @@ import logging
 from typing import Annotated
 
 import psycopg
+from psycopg_pool import PoolTimeout
 from pydantic import BaseModel, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
-from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response

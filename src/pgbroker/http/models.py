@@ -54,7 +54,11 @@ RECEIPT_PATTERN = "^[0-9]{1,18}:[0-9]{1,9}:-?[0-9]{1,18}$"
 
 #: The answers to the refusals raised under their own names: (status, code, hint).
 REFUSALS: dict[str, tuple[int, str, str | None]] = {
-    "invalid_queue_name": (400, "invalid_queue_name", "Use 1 to 47 letters, digits, _ and - (never two - in a row)."),
+    "invalid_queue_name": (
+        400,
+        "invalid_queue_name",
+        "Use 1 to 47 letters, digits, _ and - (never two - in a row).",
+    ),
     "invalid_receipt": (400, "invalid_argument", "Pass the receipt exactly as the read returned it."),
 }
 
@@ -98,7 +102,9 @@ class Limit:
             raise PydanticCustomError("less_than_equal", "at most {bound:g}", {"bound": bound})
         return value
 
-    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
         json_schema = handler(schema)
         json_schema[LIMIT_MARK] = self.setting
         return json_schema
@@ -152,7 +158,9 @@ QueueName = Annotated[
 ReceiptText = Annotated[
     str,
     StringConstraints(pattern=RECEIPT_PATTERN),
-    WrapValidator(_renamed_refusal("invalid_receipt", "malformed receipt {value}: expected <msg_id>:<read_ct>:<lease>")),
+    WrapValidator(
+        _renamed_refusal("invalid_receipt", "malformed receipt {value}: expected <msg_id>:<read_ct>:<lease>")
+    ),
     Field(description="<msg_id>:<read_ct>:<lease>, exactly as a read returned it"),
 ]
 
@@ -217,12 +225,14 @@ def _storable(value: Any, info: ValidationInfo) -> Any:
 DOCUMENT_MARK = "x-pgbroker-document"
 
 
-def _json_document(name: str, python_type: Any) -> Any:
-    return Annotated[python_type, AfterValidator(_storable), WithJsonSchema({DOCUMENT_MARK: name}, mode="validation")]
-
-
-JsonValue = _json_document("JsonValue", Any)
-JsonObject = _json_document("JsonObject", dict[str, Any])
+JsonValue = Annotated[
+    Any, AfterValidator(_storable), WithJsonSchema({DOCUMENT_MARK: "JsonValue"}, mode="validation")
+]
+JsonObject = Annotated[
+    dict[str, Any],
+    AfterValidator(_storable),
+    WithJsonSchema({DOCUMENT_MARK: "JsonObject"}, mode="validation"),
+]
 
 
 # -- request bodies -----------------------------------------------------------------------------
@@ -251,7 +261,9 @@ class OneForm(Body):
     @classmethod
     def _alone(cls, data: Any) -> Any:
         if isinstance(data, dict) and cls.excludes in data:
-            raise ValueError(f"give either {cls.excludes.rstrip('s')} or {cls.excludes.rstrip('s')}s, not both")
+            raise ValueError(
+                f"give either {cls.excludes.rstrip('s')} or {cls.excludes.rstrip('s')}s, not both"
+            )
         return data
 
 

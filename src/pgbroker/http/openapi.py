@@ -91,7 +91,9 @@ def _document(operation: Operation, schemas: dict[tuple[str, str], Any]) -> dict
     parameters = []
     if operation.on_queue:
         queue_name = TypeAdapter(QueueName).json_schema(schema_generator=SchemaWriter)
-        parameters.append({"name": "queue", "in": "path", "required": True, "schema": queue_name, "example": "orders"})
+        parameters.append(
+            {"name": "queue", "in": "path", "required": True, "schema": queue_name, "example": "orders"}
+        )
     if operation.query is not None:
         query = operation.query.json_schema(schema_generator=SchemaWriter)
         for name, schema in query["properties"].items():
@@ -144,19 +146,23 @@ def _resolve_marks(node: Any, settings: Settings) -> None:
 
 def openapi_spec(operations: Sequence[Operation], settings: Settings) -> dict[str, Any]:
     """The spec of these operations, with the server's limits in it."""
-    inputs: list[tuple[tuple[str, str], Any, TypeAdapter[Any]]] = [(("Error", ""), "serialization", TypeAdapter(Error))]
+    inputs: list[tuple[tuple[str, str], Any, TypeAdapter[Any]]] = [
+        (("Error", ""), "serialization", TypeAdapter(Error))
+    ]
     for operation in operations:
         if operation.body is not None:
             inputs.append(((operation.operation_id, "body"), "validation", operation.body))
         if operation.answer is not None:
-            inputs.append(((operation.operation_id, "answer"), "serialization", TypeAdapter(operation.answer)))
+            inputs.append(
+                ((operation.operation_id, "answer"), "serialization", TypeAdapter(operation.answer))
+            )
     by_input, definitions = TypeAdapter.json_schemas(inputs, ref_template=_REF, schema_generator=SchemaWriter)
     schemas = {key: schema for (key, _), schema in by_input.items()}
     paths: dict[str, Any] = {}
     for operation in operations:
         paths.setdefault(operation.path, {})[operation.method.lower()] = _document(operation, schemas)
     _link_queue_operations(paths)
-    spec = {
+    spec: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "pgbroker", "version": "1", "description": "Queues inside PostgreSQL, over HTTP."},
         "security": [{"bearer": []}, {"apiKey": []}],

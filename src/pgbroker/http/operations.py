@@ -112,7 +112,9 @@ class Router:
     def delete(self, path: str, summary: str, **options: Unpack[Options]) -> Callable[[Handler], Handler]:
         return self._declare("DELETE", path, summary, options)
 
-    def _declare(self, method: str, path: str, summary: str, options: Options) -> Callable[[Handler], Handler]:
+    def _declare(
+        self, method: str, path: str, summary: str, options: Options
+    ) -> Callable[[Handler], Handler]:
         def declare(handler: Handler) -> Handler:
             hints = typing.get_type_hints(handler, include_extras=True)
             answer = hints["return"]
@@ -200,7 +202,9 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
         arguments["body"] = body
     if operation.query is not None:
         query = dict(request.query_params)
-        arguments["query"] = validated(operation.query, query, RequestContext(state.settings), "invalid_query")
+        arguments["query"] = validated(
+            operation.query, query, RequestContext(state.settings), "invalid_query"
+        )
     result = await operation.handler(Call(request, state, key), **arguments)
     if isinstance(result, Response):
         return result

@@ -3,7 +3,7 @@ as new messages."""
 
 from __future__ import annotations
 
-from pgbroker.http.models import DeadLetterQuery, Message, Messages, Replayed, ReplayedPair, ReplayBody
+from pgbroker.http.models import DeadLetterQuery, Message, Messages, ReplayBody, Replayed, ReplayedPair
 from pgbroker.http.operations import Call, Router
 
 router = Router()

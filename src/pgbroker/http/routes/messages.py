@@ -12,8 +12,8 @@ from pgbroker.http.models import (
     Acked,
     Archived,
     Deleted,
-    Extended,
     ExtendBody,
+    Extended,
     Message,
     Messages,
     MsgIdList,
@@ -79,7 +79,9 @@ async def _settle(
     return done, [r for r in receipts if receipt_of(r).msg_id not in done]
 
 
-def _by_msg_id(settled: Callable[[list[str]], Awaitable[list[int]]]) -> Callable[[list[str]], Awaitable[dict[int, None]]]:
+def _by_msg_id(
+    settled: Callable[[list[str]], Awaitable[list[int]]],
+) -> Callable[[list[str]], Awaitable[dict[int, None]]]:
     async def settle(receipts: list[str]) -> dict[int, None]:
         return dict.fromkeys(await settled(receipts))
 

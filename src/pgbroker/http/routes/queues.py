@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pgbroker.http.errors import ApiError
-from pgbroker.http.models import CreateQueue, Created, Dropped, Metrics, Purged, QueueInfo, QueueList
+from pgbroker.http.models import Created, CreateQueue, Dropped, Metrics, Purged, QueueInfo, QueueList
 from pgbroker.http.operations import Call, Router
 
 router = Router()

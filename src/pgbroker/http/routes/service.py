@@ -21,9 +21,7 @@ async def healthz(call: Call) -> Health:
     return Health(status="ok")
 
 
-@router.get(
-    "/openapi.json", "this document", access="public", answer_schema={"type": "object"}
-)
+@router.get("/openapi.json", "this document", access="public", answer_schema={"type": "object"})
 async def openapi(call: Call) -> Response:
     return JSONResponse(call.state.spec)
 

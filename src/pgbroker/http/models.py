@@ -40,6 +40,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from pgbroker import models as core
+from pgbroker.http import metrics as prom
 from pgbroker.http.settings import Settings
 
 INT32_MAX = 2**31 - 1
@@ -173,6 +174,11 @@ class SchemaWriter(GenerateJsonSchema):
 
     def model_schema(self, schema: core_schema.ModelSchema) -> JsonSchemaValue:
         json_schema = super().model_schema(schema)
+        json_schema.pop("title", None)
+        return json_schema
+
+    def dataclass_schema(self, schema: core_schema.DataclassSchema) -> JsonSchemaValue:
+        json_schema = super().dataclass_schema(schema)
         json_schema.pop("title", None)
         return json_schema
 
@@ -405,40 +411,10 @@ class DeadLetterQuery(BaseModel):
 
 
 class Answer(BaseModel):
-    """A JSON answer; built from pgbroker's records by attribute."""
+    """A JSON answer. pgbroker's records (QueueInfo, Metrics, QueueStats: dataclasses) answer
+    as they are, and their schemas are derived from them."""
 
     model_config = ConfigDict(from_attributes=True, frozen=True)
-
-
-class QueueInfo(Answer):
-    queue_name: str
-    is_partitioned: bool
-    is_unlogged: bool
-    created_at: datetime
-
-
-class QueueStats(Answer):
-    queue_name: str
-    queue_length: int
-    visible_length: int
-    length_is_estimate: bool
-    oldest_msg_age_sec: float | None
-    newest_msg_age_sec: float | None
-    total_sent: int
-    dead_letter_length: int | None
-    scrape_time: datetime
-    total_consumed: int
-
-
-class Metrics(Answer):
-    queue_name: str
-    queue_length: int
-    newest_msg_age_sec: int | None
-    oldest_msg_age_sec: int | None
-    total_messages: int
-    scrape_time: datetime
-    queue_visible_length: int
-    default_partition_length: int | None
 
 
 class Message(Answer):
@@ -470,11 +446,11 @@ class Messages(Answer):
 
 
 class QueueList(Answer):
-    queues: list[QueueInfo]
+    queues: list[core.QueueInfo]
 
 
 class StatsList(Answer):
-    queues: list[QueueStats]
+    queues: list[prom.QueueStats]
 
 
 class Created(Answer):

@@ -153,9 +153,7 @@ def openapi_spec(operations: Sequence[Operation], settings: Settings) -> dict[st
         if operation.body is not None:
             inputs.append(((operation.operation_id, "body"), "validation", operation.body))
         if operation.answer is not None:
-            inputs.append(
-                ((operation.operation_id, "answer"), "serialization", TypeAdapter(operation.answer))
-            )
+            inputs.append(((operation.operation_id, "answer"), "serialization", operation.answer))
     by_input, definitions = TypeAdapter.json_schemas(inputs, ref_template=_REF, schema_generator=SchemaWriter)
     schemas = {key: schema for (key, _), schema in by_input.items()}
     paths: dict[str, Any] = {}

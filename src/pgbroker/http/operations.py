@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -69,7 +69,7 @@ class Operation:
     body: TypeAdapter[Any] | None
     body_required: bool
     query: TypeAdapter[Any] | None
-    answer: type[BaseModel] | None  # None: the handler answers a Response of media_type
+    answer: TypeAdapter[Any] | None  # None: the handler answers a Response of media_type
     media_type: str
     answer_schema: Mapping[str, Any]  # the schema of a Response answer
     errors: Mapping[int, str]  # failures beyond those every such operation has
@@ -131,7 +131,9 @@ class Router:
                     body=None if body is None else TypeAdapter(body),
                     body_required=options.get("body_required", True),
                     query=None if query is None else TypeAdapter(query),
-                    answer=answer if isinstance(answer, type) and issubclass(answer, BaseModel) else None,
+                    answer=None
+                    if isinstance(answer, type) and issubclass(answer, Response)
+                    else TypeAdapter(answer),
                     media_type=options.get("media_type", "application/json"),
                     answer_schema=options.get("answer_schema", {"type": "string"}),
                     errors=options.get("errors", {}),
@@ -206,10 +208,12 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
             operation.query, query, RequestContext(state.settings), "invalid_query"
         )
     result = await operation.handler(Call(request, state, key), **arguments)
-    if isinstance(result, Response):
+    if operation.answer is None:
+        assert isinstance(result, Response)
         return result
-    assert isinstance(result, BaseModel)
-    return Response(result.model_dump_json(), status_code=operation.status, media_type="application/json")
+    return Response(
+        operation.answer.dump_json(result), status_code=operation.status, media_type="application/json"
+    )
 
 
 async def read_json(request: Request, limit: int, required: bool) -> tuple[Any, bool]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pgbroker.http.errors import ApiError
-from pgbroker.http.models import Created, CreateQueue, Dropped, Metrics, Purged, QueueInfo, QueueList
+from pgbroker.http.models import Created, CreateQueue, Dropped, Purged, QueueList
 from pgbroker.http.operations import Call, Router
+from pgbroker.models import Metrics
 
 router = Router()
 
@@ -12,7 +13,7 @@ router = Router()
 @router.get("/v1/queues", "list the queues the key can see")
 async def list_queues(call: Call) -> QueueList:
     queues = await call.broker.list_queues()
-    return QueueList(queues=[QueueInfo.model_validate(q) for q in queues if call.caller.sees(q.queue_name)])
+    return QueueList(queues=[q for q in queues if call.caller.sees(q.queue_name)])
 
 
 @router.post(
@@ -37,7 +38,7 @@ async def drop_queue(call: Call) -> Dropped:
 
 @router.get("/v1/queues/{queue}/metrics", "exact lengths and ages of one queue", scope="read")
 async def queue_metrics(call: Call) -> Metrics:
-    return Metrics.model_validate(await call.broker.metrics(call.queue))
+    return await call.broker.metrics(call.queue)
 
 
 @router.post("/v1/queues/{queue}/purge", "delete every message of the queue", scope="admin")

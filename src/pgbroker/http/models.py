@@ -81,6 +81,9 @@ def _context(info: ValidationInfo) -> RequestContext:
     return context if isinstance(context, RequestContext) else RequestContext(Settings())
 
 
+LIMIT_MARK = "x-pgbroker-limit"
+
+
 @dataclass(frozen=True)
 class Limit:
     """An upper bound set by the server's settings: the items of an array or a number's maximum.
@@ -98,9 +101,9 @@ class Limit:
         bound: float = getattr(_context(info).settings, self.setting)
         if isinstance(value, list):
             if len(value) > bound:
-                raise PydanticCustomError("too_long", "at most {bound} items", {"bound": bound})
+                raise PydanticCustomError("too_long", "at most {bound} items", {"bound": f"{bound:g}"})
         elif value > bound:
-            raise PydanticCustomError("less_than_equal", "at most {bound:g}", {"bound": bound})
+            raise PydanticCustomError("less_than_equal", "at most {bound}", {"bound": f"{bound:g}"})
         return value
 
     def __get_pydantic_json_schema__(
@@ -109,9 +112,6 @@ class Limit:
         json_schema = handler(schema)
         json_schema[LIMIT_MARK] = self.setting
         return json_schema
-
-
-LIMIT_MARK = "x-pgbroker-limit"
 
 
 def _integral(value: Any) -> Any:
@@ -267,9 +267,8 @@ class OneForm(Body):
     @classmethod
     def _alone(cls, data: Any) -> Any:
         if isinstance(data, dict) and cls.excludes in data:
-            raise ValueError(
-                f"give either {cls.excludes.rstrip('s')} or {cls.excludes.rstrip('s')}s, not both"
-            )
+            stem = cls.excludes.removesuffix("s")
+            raise ValueError(f"give either {stem} or {stem}s, not both")
         return data
 
 
@@ -284,17 +283,19 @@ class CreateQueue(Body):
     notify: bool = True
 
 
-class SendOptions(Body):
+class Delayed(Body):
+    """Visible only after ``delay`` seconds (a send, or a nack's return)."""
+
     delay: Int32 = 0
 
 
-class SendOne(OneForm, SendOptions):
+class SendOne(OneForm, Delayed):
     excludes: ClassVar[str] = "messages"
     message: Annotated[JsonValue, Field(description="any JSON value jsonb can store (no NUL character)")]
     headers: Annotated[JsonObject | None, Field(description="the message's headers")] = None
 
 
-class SendBatch(OneForm, SendOptions):
+class SendBatch(OneForm, Delayed):
     excludes: ClassVar[str] = "message"
     messages: Annotated[list[JsonValue], Field(min_length=1), Limit("max_batch")]
     headers: Annotated[
@@ -353,11 +354,11 @@ class AckBatch(ReceiptBatch, AckOptions):
     pass
 
 
-class NackOne(OneReceipt, SendOptions):
+class NackOne(OneReceipt, Delayed):
     pass
 
 
-class NackBatch(ReceiptBatch, SendOptions):
+class NackBatch(ReceiptBatch, Delayed):
     pass
 
 

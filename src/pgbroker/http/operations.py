@@ -267,5 +267,7 @@ def refusal(exc: ValidationError, code: str) -> ApiError:
     described = []
     for failure in failures[:3]:
         where = ".".join(str(part) for part in failure["loc"] if part not in FORMS)
-        described.append(f"{where}: {failure['msg']}" if where else failure["msg"])
+        # A model's own rule (ValueError) says it all, without pydantic's "Value error, ".
+        message = str(failure["ctx"]["error"]) if failure["type"] == "value_error" else failure["msg"]
+        described.append(f"{where}: {message}" if where else message)
     return ApiError(422, code, "; ".join(described))

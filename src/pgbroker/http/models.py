@@ -209,13 +209,19 @@ JSON_SCHEMAS: dict[str, Any] = {
 }
 
 
-def _holds_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any("\x00" in k or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(v) for v in value)
+def _holds_nul(document: Any) -> bool:
+    # A stack, not recursion: json.loads takes documents nested deeper than the frames left here.
+    pending = [document]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                return True
+        elif isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
     return False
 
 

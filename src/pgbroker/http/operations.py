@@ -32,6 +32,7 @@ same; the rest is this module and openapi.py.
 
 from __future__ import annotations
 
+import inspect
 import json
 import typing
 from collections.abc import Awaitable, Callable, Mapping
@@ -116,6 +117,9 @@ class Router:
         self, method: str, path: str, summary: str, options: Options
     ) -> Callable[[Handler], Handler]:
         def declare(handler: Handler) -> Handler:
+            _, *inputs = inspect.signature(handler).parameters
+            if not set(inputs) <= {"body", "query"}:
+                raise TypeError(f"{handler.__name__}: a handler takes (call, [body], [query]), not {inputs}")
             hints = typing.get_type_hints(handler, include_extras=True)
             answer = hints["return"]
             body, query = hints.get("body"), hints.get("query")
@@ -239,6 +243,8 @@ async def read_json(request: Request, limit: int, required: bool) -> tuple[Any, 
         data = json.loads(raw, parse_constant=_reject_constant)
     except ValueError as exc:
         raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "invalid_json", "body is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(422, "invalid_body", "the body must be a JSON object")
     # json.loads refuses raw control characters in strings: a NUL can only come escaped.

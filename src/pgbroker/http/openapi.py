@@ -2,7 +2,8 @@
 (pgbroker.http.operations) and their models (pgbroker.http.models): nothing here describes an
 operation by hand.
 
-Per operation: its path and method, summary, scope (in words and as ``x-pgbroker-scope``), the
+Per operation: its path and method, summary, scope (in words, and as ``x-pgbroker-scope``: send,
+read or admin, ``key`` for any valid key, ``none`` for an operation open to anybody), the
 queue path parameter, its query parameters, body and answer schemas (pydantic's JSON Schema, the
 models shared under components/schemas) and the failures its kind of operation can meet, in the
 API's one error shape. The server's limits are written in where the models mark them (Limit).

@@ -53,6 +53,8 @@ from pgbroker.http.settings import Settings
 #: Who may call: ``key`` any valid key (and the scope, when one is named), ``public`` anybody,
 #: ``metrics`` a key unless the server serves /metrics publicly.
 Access = Literal["key", "public", "metrics"]
+#: The scopes of pgbroker.http.auth.SCOPES (admin implies the others).
+Scope = Literal["send", "read", "admin"]
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
 
 
@@ -64,7 +66,7 @@ class Operation:
     path: str
     summary: str
     handler: Callable[..., Awaitable[Any]]
-    scope: str | None
+    scope: Scope | None
     access: Access
     status: int
     body: TypeAdapter[Any] | None
@@ -88,7 +90,7 @@ class Operation:
 class Options(TypedDict, total=False):
     """What an operation declares beyond its method, path and summary."""
 
-    scope: str  # the scope the key needs (admin implies every scope); none: any valid key
+    scope: Scope  # the scope the key needs (admin implies every scope); none: any valid key
     access: Access  # "key" unless said otherwise
     status: int  # of a success (200)
     body_required: bool  # False: an empty body is {} (True)

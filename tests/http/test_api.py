@@ -202,3 +202,13 @@ async def test_whoami(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
     r = await client.get("/v1/key", headers=auth(keys["other"]))
     assert r.json() == {"name": "other", "scopes": ["admin", "read", "send"], "queues": ["other-*"]}
     assert (await client.get("/v1/key")).status_code == 401
+
+
+async def test_deeply_nested_json_is_refused_not_a_server_error(
+    client: httpx.AsyncClient, keys: dict[str, str]
+) -> None:
+    await make_queue(client, keys["admin"])
+    headers = {**auth(keys["admin"]), "content-type": "application/json"}
+    deep = b'{"message": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
+    r = await client.post("/v1/queues/jobs/messages", content=deep, headers=headers)
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json")

@@ -4,6 +4,7 @@ its exact-count bound, the dashboard feed, and the OpenAPI spec against the rout
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -142,3 +143,101 @@ async def test_openapi_matches_routes(client: httpx.AsyncClient, broker: AsyncBr
     assert documented == served
     codes = set(spec["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"])
     assert {"queue_not_found", "stale_receipt", "unauthorized", "forbidden", "rate_limited"} <= codes
+
+
+async def test_every_route_is_in_the_spec_with_the_scope_it_enforces(
+    client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]
+) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    await client.post("/v1/queues", json={"name": "jobs"}, headers=auth(keys["admin"]))
+    # A key with every scope but the one named: it must be refused (403) where that scope is needed.
+    lacking = {"send": keys["consumer"], "read": keys["producer"], "admin": keys["both"]}
+    app = create_app(broker=broker)
+    served = [
+        (r.path, method)
+        for r in app.routes
+        if isinstance(r, Route)
+        for method in r.methods or ()
+        if method != "HEAD"
+    ]
+    assert len(served) == 22
+    for path, method in served:
+        operation = spec["paths"][path][method.lower()]
+        scope = operation["x-pgbroker-scope"]
+        url = path.replace("{queue}", "jobs")
+        # A body that would pass, so that only the key decides (a queue named in the body: create).
+        body = {"name": "new"} if (path, method) == ("/v1/queues", "POST") else None
+        anonymous = await client.request(method, url, json=body)
+        if scope == "none":
+            assert operation["security"] == [], path
+            assert anonymous.status_code == 200, (path, method)
+            continue
+        assert "security" not in operation  # the spec's default: a bearer token or X-API-Key
+        assert (anonymous.status_code, anonymous.json()["error"]["code"]) == (401, "unauthorized"), path
+        assert scope in ("key", *lacking), (path, method, scope)
+        if scope in lacking:
+            r = await client.request(method, url, json=body, headers=auth(lacking[scope]))
+            assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden"), (path, method, r.text)
+
+
+async def test_every_spec_operation_has_a_handler(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    await client.post("/v1/queues", json={"name": "jobs"}, headers=auth(keys["admin"]))
+    for path, operations in spec["paths"].items():
+        for method in operations:
+            r = await client.request(
+                method.upper(), path.replace("{queue}", "jobs"), headers=auth(keys["admin"])
+            )
+            assert r.status_code not in (404, 405) or r.json()["error"]["code"] == "queue_not_found", (
+                path,
+                method,
+            )
+            documented = operations[method]["responses"]
+            assert str(r.status_code) in documented, (path, method, r.status_code, r.text)
+
+
+async def test_the_spec_and_the_server_share_the_settings_limits(
+    broker: AsyncBroker, keys: dict[str, str]
+) -> None:
+    settings = Settings(key_cache_seconds=0, max_batch=5, max_wait_seconds=1.5)
+    async with client_for(broker, settings, keys["admin"]) as client:
+        spec = (await client.get("/openapi.json")).json()
+        schemas = spec["components"]["schemas"]
+        assert schemas["SendBatch"]["properties"]["messages"]["maxItems"] == 5
+        assert schemas["ReadBody"]["properties"]["qty"]["maximum"] == 5
+        assert schemas["ReadBody"]["properties"]["wait"]["maximum"] == 1.5
+        [_, limit, _] = spec["paths"]["/v1/queues/{queue}/dead-letters"]["get"]["parameters"]
+        assert limit["schema"]["maximum"] == 5
+        assert "x-pgbroker-limit" not in json.dumps(spec)
+        await client.post("/v1/queues", json={"name": "jobs"})
+        for path, body in [
+            ("/v1/queues/jobs/messages", {"messages": [1] * 6}),
+            ("/v1/queues/jobs/read", {"qty": 6}),
+            ("/v1/queues/jobs/read", {"wait": 1.6}),
+            ("/v1/queues/jobs/delete", {"msg_ids": [1, 2, 3, 4, 5, 6]}),
+        ]:
+            r = await client.post(path, json=body)
+            assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_body"), (path, body)
+        r = await client.post("/v1/queues/jobs/messages", json={"messages": [1] * 5})
+        assert r.status_code == 201
+        r = await client.get("/v1/queues/jobs/dead-letters?limit=6")
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_query")
+
+
+async def test_nul_characters_are_refused_by_the_model(
+    client: httpx.AsyncClient, keys: dict[str, str]
+) -> None:
+    # jsonb cannot store U+0000: the spec's JsonValue says so, and the server refuses it before
+    # Postgres would.
+    admin = {**auth(keys["admin"]), "content-type": "application/json"}
+    await client.post("/v1/queues", json={"name": "jobs"}, headers=admin)
+    for body in (
+        b'{"message": "a\\u0000b"}',
+        b'{"message": {"k\\u0000": 1}}',
+        b'{"messages": [1], "headers": [{"x": ["\\u0000"]}]}',
+    ):
+        r = await client.post("/v1/queues/jobs/messages", content=body, headers=admin)
+        assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_body"), body
+    # An escaped backslash before u0000 is no NUL.
+    r = await client.post("/v1/queues/jobs/messages", content=b'{"message": "\\\\u0000"}', headers=admin)
+    assert r.status_code == 201, r.text

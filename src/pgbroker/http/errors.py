@@ -7,13 +7,15 @@ changes meaning; the HTTP status only groups them.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Annotated
 
 import psycopg
 from psycopg_pool import PoolTimeout
+from pydantic import BaseModel, WithJsonSchema
+from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from pgbroker.errors import (
     InvalidArgument,
@@ -28,6 +30,7 @@ from pgbroker.errors import (
     QueueNotFound,
     StaleReceipt,
 )
+from pgbroker.http.models import SchemaWriter
 
 
 class ApiError(Exception):
@@ -106,11 +109,30 @@ def api_error_of(exc: BaseException) -> ApiError:
     return ApiError(500, "internal_error", "unexpected server error", hint="See the server's log.")
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    body: dict[str, Any] = {"code": error.code, "message": error.message}
-    if error.hint:
-        body["hint"] = error.hint
-    return JSONResponse({"error": body}, status_code=error.status, headers=error.headers)
+class ErrorDetail(BaseModel):
+    code: Annotated[str, WithJsonSchema({"type": "string", "enum": sorted(ERROR_CODES)})]
+    message: str
+    hint: str | SkipJsonSchema[None] = None  # left out of the answer when there is none
+
+
+class Error(BaseModel):
+    """The one shape of every error answer."""
+
+    # Written out in place: the shape reads in one piece, as a client meets it.
+    error: Annotated[
+        ErrorDetail,
+        WithJsonSchema(ErrorDetail.model_json_schema(mode="serialization", schema_generator=SchemaWriter)),
+    ]
+
+
+def error_response(error: ApiError) -> Response:
+    body = Error(error=ErrorDetail(code=error.code, message=error.message, hint=error.hint or None))
+    return Response(
+        body.model_dump_json(exclude_none=True),
+        status_code=error.status,
+        headers=error.headers,
+        media_type="application/json",
+    )
 
 
 log = logging.getLogger("pgbroker.http")

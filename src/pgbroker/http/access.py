@@ -1,0 +1,54 @@
+"""Who may call what: a request's API key (a bearer token or X-API-Key), its rate limit and its
+scope on a queue, each refusal answered with its own error (401, 429, 403)."""
+
+from __future__ import annotations
+
+import math
+
+from starlette.requests import Request
+
+from pgbroker.http.auth import ApiKey, KeyStore, RateLimiter
+from pgbroker.http.errors import ApiError
+
+
+def token_of(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, credentials = header.partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    return request.headers.get("x-api-key") or None
+
+
+async def authenticate(request: Request, keys: KeyStore, limiter: RateLimiter) -> ApiKey:
+    """The request's live key, charged one request against its rate limit."""
+    token = token_of(request)
+    if token is None:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "no API key given",
+            hint="Send 'Authorization: Bearer <token>' (create one with `pgbroker keys create`).",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    key = await keys.authenticate(token)
+    if key is None:
+        raise ApiError(
+            401, "unauthorized", "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"}
+        )
+    # Charged before any scope check: a key probing what it may do is still rate limited.
+    wait = limiter.take(key)
+    if wait > 0:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"rate limit of key {key.name!r} exceeded",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )
+    return key
+
+
+def require(key: ApiKey, scope: str, queue: str | None) -> None:
+    """403 unless ``key`` may do ``scope`` on ``queue`` (None: on no one queue)."""
+    if not key.allows(scope, queue):
+        target = f" on queue {queue!r}" if queue is not None else ""
+        raise ApiError(403, "forbidden", f"key {key.name!r} may not {scope}{target}")

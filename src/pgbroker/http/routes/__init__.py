@@ -1,0 +1,13 @@
+"""The API's operations, one module per resource: queues, their messages, their dead letters,
+statistics, the calling key, and the service's own pages (health, spec, dashboard)."""
+
+from __future__ import annotations
+
+from pgbroker.http.operations import Operation
+from pgbroker.http.routes import dead_letters, keys, messages, queues, service, stats
+
+ROUTERS = (queues.router, messages.router, dead_letters.router, stats.router, keys.router, service.router)
+
+
+def all_operations() -> tuple[Operation, ...]:
+    return tuple(operation for router in ROUTERS for operation in router.operations)

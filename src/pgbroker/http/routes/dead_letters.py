@@ -1,0 +1,34 @@
+"""A queue's dead letters: listed oldest first (their headers say why), and replayed to the queue
+as new messages."""
+
+from __future__ import annotations
+
+from pgbroker.http.models import DeadLetterQuery, Message, Messages, ReplayBody, Replayed, ReplayedPair
+from pgbroker.http.operations import Call, Router
+
+router = Router()
+
+
+@router.get(
+    "/v1/queues/{queue}/dead-letters",
+    "the queue's dead letters, oldest first (headers say why: x-pgbroker-dead-letter)",
+    scope="read",
+)
+async def dead_letters(call: Call, query: DeadLetterQuery) -> Messages:
+    found = await call.broker.queue(call.queue).dead_letters(query.limit, after=query.after)
+    return Messages(messages=[Message.of(m) for m in found])
+
+
+@router.post(
+    "/v1/queues/{queue}/dead-letters/replay",
+    "send dead letters back to their queue as new messages: all, or those of msg_ids",
+    scope="admin",
+    body_required=False,
+    errors={503: "queue_full (max_depth reached; see Retry-After) or database error"},
+)
+async def replay_dead_letters(call: Call, body: ReplayBody) -> Replayed:
+    msg_ids = body.msg_ids if "msg_ids" in body.model_fields_set else None
+    replayed = await call.broker.queue(call.queue).replay_dead_letters(msg_ids)
+    return Replayed(
+        replayed=[ReplayedPair(dead_letter_id=old, msg_id=new) for old, new in sorted(replayed.items())]
+    )

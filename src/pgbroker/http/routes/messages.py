@@ -1,0 +1,134 @@
+"""A queue's messages: send, read (lease), and settle by receipt (ack, nack, extend) or, unfenced,
+by msg_id (archive, delete). A receipt form takes one receipt (a stale one answers 409) or a batch
+(stale ones are listed in the answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from pgbroker.http.models import (
+    AckBody,
+    Acked,
+    Archived,
+    Deleted,
+    ExtendBody,
+    Extended,
+    Message,
+    Messages,
+    MsgIdList,
+    MsgIds,
+    NackBody,
+    Nacked,
+    OneReceipt,
+    ReadBody,
+    ReceiptBatch,
+    SendBody,
+    SendOne,
+)
+from pgbroker.http.operations import Call, Router
+from pgbroker.queries import receipt_of
+
+router = Router()
+_QUEUE_FULL = {503: "queue_full (max_depth reached; see Retry-After) or database error"}
+_STALE = {409: "stale_receipt (single receipt form only)"}
+T = TypeVar("T")
+
+
+@router.post(
+    "/v1/queues/{queue}/messages",
+    "send one message (message) or a batch (messages)",
+    scope="send",
+    status=201,
+    errors=_QUEUE_FULL,
+)
+async def send(call: Call, body: SendBody) -> MsgIdList:
+    if isinstance(body, SendOne):
+        messages, headers = [body.message], [body.headers]
+    else:
+        messages, headers = body.messages, body.headers or [None] * len(body.messages)
+    ids = await call.broker.queue(call.queue).send_many(
+        messages, headers=None if all(h is None for h in headers) else headers, delay=body.delay
+    )
+    return MsgIdList(msg_ids=ids)
+
+
+@router.post(
+    "/v1/queues/{queue}/read",
+    "lease up to qty visible messages for vt seconds, waiting up to wait seconds",
+    scope="read",
+    body_required=False,
+)
+async def read(call: Call, body: ReadBody) -> Messages:
+    found = await call.broker.queue(call.queue).read_many(body.qty, vt=body.vt, wait=body.wait)
+    return Messages(messages=[Message.of(m) for m in found])
+
+
+async def _settle(
+    body: OneReceipt | ReceiptBatch,
+    one: Callable[[str], Awaitable[T]],
+    many: Callable[[list[str]], Awaitable[dict[int, T]]],
+) -> tuple[dict[int, T], list[str]]:
+    """What settling the body's receipts returned by msg_id, and the receipts that were stale.
+    One receipt goes through the single call, so that a stale one raises (409)."""
+    receipts = body.receipt_list()
+    if isinstance(body, OneReceipt):
+        done = {receipt_of(body.receipt).msg_id: await one(body.receipt)}
+    else:
+        done = await many(receipts)
+    return done, [r for r in receipts if receipt_of(r).msg_id not in done]
+
+
+def _by_msg_id(
+    settled: Callable[[list[str]], Awaitable[list[int]]],
+) -> Callable[[list[str]], Awaitable[dict[int, None]]]:
+    async def settle(receipts: list[str]) -> dict[int, None]:
+        return dict.fromkeys(await settled(receipts))
+
+    return settle
+
+
+@router.post("/v1/queues/{queue}/ack", "acknowledge by receipt", scope="read", errors=_STALE)
+async def ack(call: Call, body: AckBody) -> Acked:
+    q = call.broker.queue(call.queue)
+    done, stale = await _settle(
+        body,
+        lambda r: q.ack(r, archive=body.archive),
+        _by_msg_id(lambda rs: q.ack_many(rs, archive=body.archive)),
+    )
+    return Acked(acked=list(done), stale=stale)
+
+
+@router.post(
+    "/v1/queues/{queue}/nack", "give messages back, visible after delay seconds", scope="read", errors=_STALE
+)
+async def nack(call: Call, body: NackBody) -> Nacked:
+    q = call.broker.queue(call.queue)
+    done, stale = await _settle(
+        body, lambda r: q.nack(r, delay=body.delay), _by_msg_id(lambda rs: q.nack_many(rs, delay=body.delay))
+    )
+    return Nacked(nacked=list(done), stale=stale)
+
+
+@router.post(
+    "/v1/queues/{queue}/extend",
+    "extend leases to vt seconds from now; returns the new receipts by msg_id",
+    scope="read",
+    errors=_STALE,
+)
+async def extend(call: Call, body: ExtendBody) -> Extended:
+    q = call.broker.queue(call.queue)
+    done, stale = await _settle(
+        body, lambda r: q.extend(r, vt=body.vt), lambda rs: q.extend_many(rs, vt=body.vt)
+    )
+    return Extended(receipts={str(msg_id): str(r) for msg_id, r in done.items()}, stale=stale)
+
+
+@router.post("/v1/queues/{queue}/archive", "archive messages by msg_id (unfenced)", scope="read")
+async def archive(call: Call, body: MsgIds) -> Archived:
+    return Archived(archived=await call.broker.queue(call.queue).archive_many(body.msg_ids))
+
+
+@router.post("/v1/queues/{queue}/delete", "delete messages by msg_id (unfenced)", scope="read")
+async def delete(call: Call, body: MsgIds) -> Deleted:
+    return Deleted(deleted=await call.broker.queue(call.queue).delete_many(body.msg_ids))

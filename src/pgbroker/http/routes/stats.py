@@ -1,0 +1,27 @@
+"""Statistics of the queues a key can see: the dashboard's JSON feed and Prometheus' /metrics."""
+
+from __future__ import annotations
+
+from starlette.responses import Response
+
+from pgbroker.http import metrics as prom
+from pgbroker.http.models import StatsList
+from pgbroker.http.operations import Call, Router
+
+router = Router()
+
+
+@router.get("/v1/stats", "cheap statistics of the queues the key can see (the dashboard's feed)")
+async def stats(call: Call) -> StatsList:
+    found = await prom.queue_stats(call.broker, call.settings.stats_exact_below)
+    return StatsList(queues=[s for s in found if call.caller.sees(s.queue_name)])
+
+
+@router.get(
+    "/metrics", "queue statistics in the Prometheus text format", access="metrics", media_type="text/plain"
+)
+async def metrics(call: Call) -> Response:
+    found = await prom.queue_stats(call.broker, call.settings.stats_exact_below)
+    if call.key is not None:
+        found = [s for s in found if call.key.sees(s.queue_name)]
+    return Response(prom.render(found), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,21 @@
+"""The server's settings: limits and knobs of ``pgbroker serve``. The request models read the
+limits from them when they validate (pgbroker.http.models.Limit), and the OpenAPI spec is written
+with the same values, so a client sees the bounds the server enforces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Limits and knobs of the server; the defaults suit a small deployment."""
+
+    max_body_bytes: int = 1024 * 1024
+    max_batch: int = 1000  # messages per send, read or ack
+    max_wait_seconds: float = 20.0  # long-poll cap: a proxy's idle timeout is often 30 s or more
+    rate_per_second: float = 100.0  # per key, unless the key sets its own
+    rate_burst: float = 200.0
+    key_cache_seconds: float = 5.0  # how long a revoked key may still be honoured
+    metrics_public: bool = False  # /metrics without a key (for a scraper on a private network)
+    stats_exact_below: int = 10_000  # counts past this are estimated (pgbroker.queue_stats)

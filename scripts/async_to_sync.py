@@ -3,6 +3,11 @@
     python scripts/async_to_sync.py          # rewrite every generated file (what `make generate` runs)
     python scripts/async_to_sync.py --check  # exit 1, naming the stale files, when one would change
 
+The generated files are build products, like a parser generator's output: setup.py runs this script
+whenever the package is built or installed (editable installs too), `make test` and `make lint` run
+it first, and git ignores its output. So the repository holds each method once, and a generated
+file can never be committed stale.
+
 Why tokens and not an ``ast`` round trip: ``ast.unparse`` throws away comments, blank lines and
 the layout of every long call, and the generated twin is read and reviewed like hand-written code.
 So the source is rewritten in place, token by token (``tokenize`` sees ``async``, ``await`` and
@@ -44,7 +49,7 @@ class Target:
     generated: str  # where its sync twin goes
 
 
-TARGETS = (Target("src/pgbroker/aio.py", "src/pgbroker/_generated/client.py"),)
+TARGETS = (Target("src/pgbroker/aio.py", "src/pgbroker/client.py"),)
 
 COMMAND = "python scripts/async_to_sync.py (or: make generate)"
 

@@ -1,8 +1,7 @@
-# The one written copy of the client: the synchronous twin, pgbroker/_generated/client.py (re-exported
-# by pgbroker.client), is generated from this file by tools/async_to_sync.py. Edit here, then run
-# `make generate`; tests/unit/test_generated_sync.py fails while the two disagree. Where the twins
-# really differ: `if ASYNC:` blocks are left out of the sync twin, and a line ending in
-# `# sync: <code>` becomes <code> there.
+# The one written copy of the client. Its synchronous twin, pgbroker/client.py, is generated from
+# this file by scripts/async_to_sync.py when the package is built or installed (setup.py) and by
+# `make generate`; it is not kept in git. Where the twins really differ: `if ASYNC:` blocks are
+# left out of the sync twin, and a line ending in `# sync: <code>` becomes <code> there.
 """The asyncio client: AsyncBroker (connections, install, queue management) and AsyncQueue.
 
 Every method builds a Query in pgbroker.queries and hands it to an executor:

@@ -105,6 +105,7 @@ test: venv pg-partman chromium rabbitmq
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench
 	.venv/bin/mypy $(MYPY_PATHS)
+	.venv/bin/lint-imports --no-logo
 	.venv/bin/pytest
 
 test-quick: venv
@@ -115,6 +116,7 @@ lint: venv
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench
 	.venv/bin/mypy $(MYPY_PATHS)
+	.venv/bin/lint-imports --no-logo
 
 demo: venv
 	cd "$(ROOT)"
@@ -126,5 +128,5 @@ bench: venv
 
 clean:
 	cd "$(ROOT)"
-	rm -rf .venv build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf .venv build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache
 	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,52 +1,34 @@
-"""``pgbroker keys create|list|revoke``: the API keys of the HTTP API (pgbroker.http.auth).
+"""``pgbroker keys create|list|revoke``: the API keys of the HTTP API (pgbroker.keys).
 
-``register(subparsers)`` adds the commands to pgbroker's parser. The token is printed once, by
-create; the database keeps only its hash.
+The token is printed once, by create; the database keeps only its hash. Managing keys needs no
+HTTP server, so these commands work without the ``http`` extra.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 
-from pgbroker.cli import (
+from pgbroker.cli.base import (
     EXIT_NOTHING_DONE,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
-    _add_global_options,
-    _table,
-    _timestamp,
+    Subcommands,
+    add_command,
+    add_group,
 )
 from pgbroker.client import Broker
-from pgbroker.http.auth import SCOPES, ApiKey, create_key, list_keys, revoke_key
+from pgbroker.keys import SCOPES, ApiKey, create_key, list_keys, revoke_key
+from pgbroker.tables import local_time, table
 
 __all__ = ["register"]
 
-Command = Callable[[argparse.Namespace, Broker], int]
 
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``keys create|list|revoke`` to pgbroker's parser."""
-    keys = subparsers.add_parser(
-        "keys", help="API keys of the HTTP API", description="API keys of the HTTP API"
-    )
-    actions = keys.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
-
-    def command(
-        name: str, summary: str, handler: Command, *, json_output: bool = False
-    ) -> argparse.ArgumentParser:
-        sub = actions.add_parser(
-            name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
-        )
-        _add_global_options(sub, top_level=False, json_output=json_output)
-        sub.set_defaults(handler=handler)
-        return sub
-
-    sub = command(
-        "create", "create a key and print its token (shown only once)", _cmd_create, json_output=True
-    )
+def register(subcommands: Subcommands) -> None:
+    actions = add_group(subcommands, "keys", "API keys of the HTTP API")
+    summary = "create a key and print its token (shown only once)"
+    sub = add_command(actions, "create", summary, _create, json_output=True)
     sub.add_argument("name", help="what the key is for")
     sub.add_argument(
         "--scope",
@@ -67,10 +49,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rate", type=float, metavar="PER_SECOND", help="its own rate limit (default: the server's)"
     )
 
-    sub = command("list", "list the keys (never their tokens)", _cmd_list, json_output=True)
+    sub = add_command(actions, "list", "list the keys (never their tokens)", _list, json_output=True)
     sub.add_argument("--all", action="store_true", help="include revoked keys")
 
-    sub = command("revoke", "revoke a key by id", _cmd_revoke)
+    sub = add_command(actions, "revoke", "revoke a key by id", _revoke)
     sub.add_argument("id", type=int, help="the key's id (see keys list)")
 
 
@@ -86,7 +68,7 @@ def _key_json(key: ApiKey) -> dict[str, object]:
     }
 
 
-def _cmd_create(args: argparse.Namespace, broker: Broker) -> int:
+def _create(args: argparse.Namespace, broker: Broker) -> int:
     if args.rate is not None and not args.rate > 0:
         raise CliError(f"--rate must be > 0, got {args.rate}", code=EXIT_USAGE)
     with broker.connection() as conn:
@@ -103,7 +85,7 @@ def _cmd_create(args: argparse.Namespace, broker: Broker) -> int:
     return EXIT_OK
 
 
-def _cmd_list(args: argparse.Namespace, broker: Broker) -> int:
+def _list(args: argparse.Namespace, broker: Broker) -> int:
     with broker.connection() as conn:
         keys = list_keys(conn, include_revoked=args.all)
     if getattr(args, "json", False):
@@ -117,16 +99,16 @@ def _cmd_list(args: argparse.Namespace, broker: Broker) -> int:
             ",".join(sorted(k.scopes)),
             ",".join(k.queues),
             "" if k.rate_per_second is None else f"{k.rate_per_second:g}/s",
-            _timestamp(k.created_at),
-            _timestamp(k.revoked_at) if k.revoked_at else "",
+            local_time(k.created_at),
+            local_time(k.revoked_at) if k.revoked_at else "",
         ]
         for k in keys
     ]
-    print(_table(["id", "name", "scopes", "queues", "rate", "created", "revoked"], rows, right_aligned=[0]))
+    print(table(["id", "name", "scopes", "queues", "rate", "created", "revoked"], rows, right_aligned=[0]))
     return EXIT_OK
 
 
-def _cmd_revoke(args: argparse.Namespace, broker: Broker) -> int:
+def _revoke(args: argparse.Namespace, broker: Broker) -> int:
     with broker.connection() as conn:
         if not revoke_key(conn, args.id):
             raise CliError(

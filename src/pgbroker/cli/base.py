@@ -11,7 +11,8 @@ Exit codes (a shell script may rely on them):
   1   not found or nothing done: drop of a missing queue, archive/delete of missing msg_ids,
       send with no input, ``db stop``/``db url`` when the cluster is not running, and
       ``db status`` when it is not running
-  2   usage error or invalid input: bad option, bad JSON, malformed receipt, invalid queue name
+  2   usage error or invalid input: bad option, bad JSON, malformed receipt, invalid queue name;
+      also a command whose optional extra is not installed (``serve``: http, ``bridge``: bridge)
   3   stale receipt: the lease ran out or the message was redelivered, so the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed (``pgbroker install``)
@@ -33,6 +34,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
+from enum import IntEnum
 from typing import Any, TypeAlias, TypeVar
 
 import psycopg
@@ -53,22 +55,28 @@ from pgbroker.errors import (
 from pgbroker.listen import conninfo_of
 from pgbroker.models import Message
 
-EXIT_OK = 0
-EXIT_NOTHING_DONE = 1
-EXIT_USAGE = 2
-EXIT_STALE_RECEIPT = 3
-EXIT_QUEUE_NOT_FOUND = 4
-EXIT_DATABASE = 5
-EXIT_AMQP = 6
-EXIT_UNEXPECTED = 70
-EXIT_INTERRUPTED = 130
+
+class Exit(IntEnum):
+    """The exit codes, as listed above and in EPILOG."""
+
+    OK = 0
+    NOTHING_DONE = 1
+    USAGE = 2
+    STALE_RECEIPT = 3
+    QUEUE_NOT_FOUND = 4
+    DATABASE = 5
+    AMQP = 6
+    UNEXPECTED = 70
+    INTERRUPTED = 130
+
 
 EPILOG = """\
 exit codes:
   0   success (an empty read is a success with no output)
   1   not found or nothing done (drop of a missing queue, archive/delete of a
       missing msg_id, send with no input, embedded cluster not running)
-  2   usage error or invalid input (bad JSON, malformed receipt, bad queue name)
+  2   usage error or invalid input (bad JSON, malformed receipt, bad queue name),
+      or the command's optional extra not installed
   3   stale receipt: the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed
@@ -198,32 +206,23 @@ def add_global_options(
 
 
 def add_command(
-    subcommands: Subcommands, name: str, summary: str, handler: Handler, *, json_output: bool = False
+    subcommands: Subcommands,
+    name: str,
+    summary: str,
+    handler: Handler | LocalHandler,
+    *,
+    json_output: bool = False,
+    database: bool = True,
 ) -> argparse.ArgumentParser:
-    """Add a command that works on the database; it is called with a connected Broker."""
-    sub = _add(subcommands, name, summary, json_output=json_output, dsn_option=True)
-    sub.set_defaults(handler=handler, needs_database=True)
-    return sub
-
-
-def add_local_command(
-    subcommands: Subcommands, name: str, summary: str, handler: LocalHandler, *, json_output: bool = False
-) -> argparse.ArgumentParser:
-    """Add a command that connects to no database (or on its own terms)."""
-    sub = _add(subcommands, name, summary, json_output=json_output, dsn_option=False)
-    sub.set_defaults(handler=handler, needs_database=False)
-    return sub
-
-
-def _add(
-    subcommands: Subcommands, name: str, summary: str, *, json_output: bool, dsn_option: bool
-) -> argparse.ArgumentParser:
+    """Add a command. With ``database`` (the default) its handler is a Handler, called with a
+    connected Broker; without, a LocalHandler, called with the arguments alone (no --dsn)."""
     sub = subcommands.add_parser(
         name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
     )
     # Accepted after the command too (`pgbroker list --dsn ...`), without resetting a value given
     # before it.
-    add_global_options(sub, top_level=False, json_output=json_output, dsn_option=dsn_option)
+    add_global_options(sub, top_level=False, json_output=json_output, dsn_option=database)
+    sub.set_defaults(handler=handler, needs_database=database)
     return sub
 
 
@@ -252,7 +251,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
-        return EXIT_USAGE
+        return Exit.USAGE
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
     try:
@@ -264,7 +263,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             return handler(args, broker)
     except KeyboardInterrupt:
         print("pgbroker: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`pgbroker read q --qty 100 | head -1`): not worth a message, but
         # the interpreter's final flush must not fail again on the closed pipe.
@@ -275,7 +274,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         code, message, hint = classify(exc)
         if args.verbose:
             traceback.print_exc()
-        elif code == EXIT_UNEXPECTED:
+        elif code == Exit.UNEXPECTED:
             hint = "This is a bug in pgbroker; run again with -v and report the traceback."
         print_error(message, hint)
         return code
@@ -286,24 +285,24 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
     if isinstance(exc, CliError):
         return exc.code, exc.message, exc.hint
     if isinstance(exc, PgbrokerError):
-        code = EXIT_DATABASE
+        code = Exit.DATABASE
         if isinstance(exc, StaleReceipt):
-            code = EXIT_STALE_RECEIPT
+            code = Exit.STALE_RECEIPT
         elif isinstance(exc, QueueNotFound):
-            code = EXIT_QUEUE_NOT_FOUND
+            code = Exit.QUEUE_NOT_FOUND
         elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict):
-            code = EXIT_USAGE
+            code = Exit.USAGE
         elif isinstance(exc, NotInstalled):
             message = f"pgbroker is not installed in this database ({exc.message})"
             return code, message, "Install the schema first: pgbroker install"
         return code, exc.message, exc.hint
     if isinstance(exc, EmbeddedError):
         # Its message already says how to fix it.
-        return EXIT_DATABASE, str(exc), None
+        return Exit.DATABASE, str(exc), None
     if isinstance(exc, psycopg.Error):
         # Outside a query (closing, or the connection dropping between statements).
-        return EXIT_DATABASE, _first_line(str(exc)), None
-    return EXIT_UNEXPECTED, f"{type(exc).__name__}: {exc}", None
+        return Exit.DATABASE, _first_line(str(exc)), None
+    return Exit.UNEXPECTED, f"{type(exc).__name__}: {exc}", None
 
 
 def print_error(message: str, hint: str | None) -> None:
@@ -326,7 +325,7 @@ def connected(dsn: str | None) -> Iterator[Broker]:
     except psycopg.ProgrammingError as exc:
         raise CliError(
             f"invalid DSN: {_first_line(str(exc))}",
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint="Use a URL (postgresql://user@host:5432/db) or key=value pairs (host=... dbname=...).",
         ) from exc
     extra: dict[str, Any] = {}
@@ -339,12 +338,28 @@ def connected(dsn: str | None) -> Iterator[Broker]:
     except psycopg.OperationalError as exc:
         raise CliError(
             f"cannot connect to the database: {_first_line(str(exc))}",
-            code=EXIT_DATABASE,
+            code=Exit.DATABASE,
             hint="Is the server running? Check --dsn or DATABASE_URL "
             "(with neither, pgbroker uses its embedded PostgreSQL).",
         ) from exc
     with conn:
         yield Broker(connection=conn)
+
+
+@contextmanager
+def needs_extra(extra: str) -> Iterator[None]:
+    """Around the imports of a command that needs an optional extra (http, bridge): a missing
+    dependency becomes an error that says what to install, not a traceback."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] == "pgbroker":
+            raise  # pgbroker's own module missing: a broken install, not a missing extra
+        raise CliError(
+            f"this command needs pgbroker's {extra} extra ({exc.name} is not installed)",
+            code=Exit.USAGE,
+            hint=f"Install it: pip install 'pgbroker[{extra}]'",
+        ) from exc
 
 
 def dsn_of(broker: Broker) -> str:
@@ -372,7 +387,7 @@ def print_listing(
         print(empty)
     else:
         print(as_table(items))
-    return EXIT_OK
+    return Exit.OK
 
 
 def timestamped_json(record: Any, field: str) -> dict[str, Any]:
@@ -427,6 +442,6 @@ def json_argument(text: str, what: str) -> Any:
     except ValueError as exc:
         raise CliError(
             f"{what} is not valid JSON ({json_problem(exc)})",
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint="Quote it for the shell, for example '{\"order\": 1}' or '\"text\"'.",
         ) from None

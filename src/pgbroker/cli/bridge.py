@@ -22,11 +22,8 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from pgbroker.cli.base import (
-    EXIT_AMQP,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
     CliError,
+    Exit,
     Handler,
     Subcommands,
     add_command,
@@ -34,6 +31,7 @@ from pgbroker.cli.base import (
     add_progress_option,
     dsn_of,
     duration,
+    needs_extra,
     positive_int,
     seconds,
 )
@@ -120,14 +118,15 @@ def _amqp_url(args: argparse.Namespace) -> str:
     if not url:
         raise CliError(
             "no RabbitMQ given",
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint=f"Pass --amqp amqp://user:password@host:5672/ or set ${AMQP_ENV}.",
         )
     return url
 
 
 def _out(args: argparse.Namespace, broker: Broker) -> int:
-    from pgbroker.bridge import OutboundBridge, OutboundSettings
+    with needs_extra("bridge"):
+        from pgbroker.bridge import OutboundBridge, OutboundSettings
 
     settings = OutboundSettings(
         exchange=args.exchange,
@@ -145,7 +144,8 @@ def _out(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _in(args: argparse.Namespace, broker: Broker) -> int:
-    from pgbroker.bridge import InboundBridge, InboundSettings
+    with needs_extra("bridge"):
+        from pgbroker.bridge import InboundBridge, InboundSettings
 
     settings = InboundSettings(
         batch_size=args.batch_size,
@@ -194,10 +194,10 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
         asyncio.run(run())
     except asyncio.CancelledError:
         print("pgbroker: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     except BridgeError as exc:
-        raise CliError(exc.message, code=EXIT_AMQP, hint=exc.hint) from exc
-    return EXIT_OK
+        raise CliError(exc.message, code=Exit.AMQP, hint=exc.hint) from exc
+    return Exit.OK
 
 
 async def _report(bridge: _Bridge, every: float) -> None:

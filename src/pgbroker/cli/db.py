@@ -7,14 +7,15 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from pgbroker.cli.base import EXIT_NOTHING_DONE, EXIT_OK, CliError, Subcommands, add_local_command
+from pgbroker.cli.base import CliError, Exit, Subcommands, add_command
 from pgbroker.embedded import EmbeddedPostgres
 
 __all__ = ["register"]
 
 
 def register(subcommands: Subcommands) -> None:
-    sub = add_local_command(subcommands, "db", "the embedded PostgreSQL cluster", _db, json_output=True)
+    summary = "the embedded PostgreSQL cluster"
+    sub = add_command(subcommands, "db", summary, _db, json_output=True, database=False)
     sub.add_argument(
         "action",
         choices=["start", "stop", "status", "url"],
@@ -32,25 +33,25 @@ def _db(args: argparse.Namespace) -> int:
         verb = "already running" if was_running else "started"
         print(f"embedded PostgreSQL {status.server_version} {verb} in {status.data_dir} (pid {status.pid})")
         print(f"dsn: {dsn}")
-        return EXIT_OK
+        return Exit.OK
     if args.action == "stop":
         if not cluster.stop():
             raise CliError(
                 f"embedded PostgreSQL in {cluster.data_dir} is not running; nothing stopped",
-                code=EXIT_NOTHING_DONE,
+                code=Exit.NOTHING_DONE,
             )
         print(f"stopped embedded PostgreSQL in {cluster.data_dir}")
-        return EXIT_OK
+        return Exit.OK
     if args.action == "url":
         status = cluster.status()
         if status.dsn is None:
             raise CliError(
                 f"embedded PostgreSQL in {cluster.data_dir} is not running",
-                code=EXIT_NOTHING_DONE,
+                code=Exit.NOTHING_DONE,
                 hint="Start it first: pgbroker db start",
             )
         print(status.dsn)
-        return EXIT_OK
+        return Exit.OK
     status = cluster.status()
     if args.json:
         print(json.dumps(asdict(status), default=str, indent=2))
@@ -65,4 +66,4 @@ def _db(args: argparse.Namespace) -> int:
         }
         print("\n".join(f"{k + ':':<16}{'-' if v is None else v}" for k, v in fields.items()))
     # Like `pg_ctl status`, the exit code answers "is it running?" for scripts.
-    return EXIT_OK if status.running else EXIT_NOTHING_DONE
+    return Exit.OK if status.running else Exit.NOTHING_DONE

@@ -10,10 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from pgbroker.cli.base import (
-    EXIT_NOTHING_DONE,
-    EXIT_OK,
-    EXIT_USAGE,
     CliError,
+    Exit,
     Subcommands,
     add_command,
     add_group,
@@ -55,7 +53,7 @@ def _list(args: argparse.Namespace, broker: Broker) -> int:
         print(f'no dead letters from queue "{args.queue}"')
     else:
         print(_letter_table(letters))
-    return EXIT_OK
+    return Exit.OK
 
 
 def _letter_table(letters: Sequence[Message]) -> str:
@@ -80,16 +78,16 @@ def _replay(args: argparse.Namespace, broker: Broker) -> int:
     replayed = broker.queue(args.queue).replay_dead_letters(args.msg_ids or None)
     _report_missing(args, set(replayed))
     if not replayed:
-        raise CliError(f'no dead letters from queue "{args.queue}"; nothing replayed', code=EXIT_NOTHING_DONE)
+        raise CliError(f'no dead letters from queue "{args.queue}"; nothing replayed', code=Exit.NOTHING_DONE)
     print(f'replayed {plural(len(replayed), "dead letter")} to queue "{args.queue}" as new messages')
-    return EXIT_OK
+    return Exit.OK
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
     if not args.yes:
         raise CliError(
             f'purge deletes dead letters from queue "{args.queue}" and cannot be undone',
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint=f"Look first (pgbroker dlq list {args.queue}), then confirm with --yes.",
         )
     queue = broker.queue(args.queue)
@@ -99,10 +97,10 @@ def _purge(args: argparse.Namespace, broker: Broker) -> int:
         raise CliError(
             f"purged {plural(purged, 'dead letter')}; {len(set(args.msg_ids)) - purged} of the msg_ids given "
             f'are not dead letters from queue "{args.queue}"',
-            code=EXIT_NOTHING_DONE,
+            code=Exit.NOTHING_DONE,
         )
     print(f'purged {plural(purged, "dead letter")} from queue "{args.queue}"')
-    return EXIT_OK
+    return Exit.OK
 
 
 def _report_missing(args: argparse.Namespace, done: set[int]) -> None:
@@ -111,6 +109,6 @@ def _report_missing(args: argparse.Namespace, done: set[int]) -> None:
         raise CliError(
             f'no dead letter {", ".join(missing)} from queue "{args.queue}"'
             + (f" ({plural(len(done), 'other')} replayed)" if done else ""),
-            code=EXIT_NOTHING_DONE,
+            code=Exit.NOTHING_DONE,
             hint=f"See them with: pgbroker dlq list {args.queue}",
         )

@@ -10,10 +10,8 @@ import argparse
 import json
 
 from pgbroker.cli.base import (
-    EXIT_NOTHING_DONE,
-    EXIT_OK,
-    EXIT_USAGE,
     CliError,
+    Exit,
     Subcommands,
     add_command,
     add_group,
@@ -70,19 +68,19 @@ def _key_json(key: ApiKey) -> dict[str, object]:
 
 def _create(args: argparse.Namespace, broker: Broker) -> int:
     if args.rate is not None and not args.rate > 0:
-        raise CliError(f"--rate must be > 0, got {args.rate}", code=EXIT_USAGE)
+        raise CliError(f"--rate must be > 0, got {args.rate}", code=Exit.USAGE)
     with broker.connection() as conn:
         try:
             key, token = create_key(
                 conn, args.name, scopes=args.scopes, queues=args.queues or ["*"], rate_per_second=args.rate
             )
         except ValueError as exc:
-            raise CliError(str(exc), code=EXIT_USAGE) from None
+            raise CliError(str(exc), code=Exit.USAGE) from None
     if getattr(args, "json", False):
         print(json.dumps({**_key_json(key), "token": token}))
     else:
         print(token)
-    return EXIT_OK
+    return Exit.OK
 
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:
@@ -91,7 +89,7 @@ def _list(args: argparse.Namespace, broker: Broker) -> int:
     if getattr(args, "json", False):
         for key in keys:
             print(json.dumps(_key_json(key)))
-        return EXIT_OK
+        return Exit.OK
     rows = [
         [
             str(k.id),
@@ -105,14 +103,14 @@ def _list(args: argparse.Namespace, broker: Broker) -> int:
         for k in keys
     ]
     print(table(["id", "name", "scopes", "queues", "rate", "created", "revoked"], rows, right_aligned=[0]))
-    return EXIT_OK
+    return Exit.OK
 
 
 def _revoke(args: argparse.Namespace, broker: Broker) -> int:
     with broker.connection() as conn:
         if not revoke_key(conn, args.id):
             raise CliError(
-                f"no live key with id {args.id}", code=EXIT_NOTHING_DONE, hint="See pgbroker keys list --all."
+                f"no live key with id {args.id}", code=Exit.NOTHING_DONE, hint="See pgbroker keys list --all."
             )
     print(f"revoked key {args.id}")
-    return EXIT_OK
+    return Exit.OK

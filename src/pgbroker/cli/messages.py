@@ -10,11 +10,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from pgbroker.cli.base import (
-    EXIT_NOTHING_DONE,
-    EXIT_OK,
-    EXIT_STALE_RECEIPT,
-    EXIT_USAGE,
     CliError,
+    Exit,
     Subcommands,
     add_command,
     json_argument,
@@ -80,12 +77,12 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
         parsed = json_argument(args.headers, "--headers")
         if not isinstance(parsed, dict):
             raise CliError(
-                '--headers must be a JSON object, for example \'{"source": "cli"}\'', code=EXIT_USAGE
+                '--headers must be a JSON object, for example \'{"source": "cli"}\'', code=Exit.USAGE
             )
         headers = parsed
     if args.message is not None:
         print(queue.send(json_argument(args.message, "the message"), headers=headers, delay=args.delay))
-        return EXIT_OK
+        return Exit.OK
 
     def send_batch(batch: list[Any]) -> int:
         ids = queue.send_many(
@@ -101,10 +98,10 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
     if sent == 0:
         raise CliError(
             "no messages on stdin; nothing sent",
-            code=EXIT_NOTHING_DONE,
+            code=Exit.NOTHING_DONE,
             hint="Pass a message as an argument, or one JSON value per line on stdin.",
         )
-    return EXIT_OK
+    return Exit.OK
 
 
 def _send_lines(stream: TextIO, batch_size: int, send_batch: Callable[[list[Any]], int]) -> int:
@@ -128,7 +125,7 @@ def _send_lines(stream: TextIO, batch_size: int, send_batch: Callable[[list[Any]
             raise CliError(
                 f"line {line_no} is not valid JSON ({json_problem(exc)}): nothing from line "
                 f"{batch_start} on was sent ({plural(sent, 'message')} before it were)",
-                code=EXIT_USAGE,
+                code=Exit.USAGE,
                 hint='Give one JSON value per line, for example {"order": 1}.',
             ) from None
         if len(batch) == batch_size:
@@ -142,13 +139,13 @@ def _send_lines(stream: TextIO, batch_size: int, send_batch: Callable[[list[Any]
 def _read(args: argparse.Namespace, broker: Broker) -> int:
     for message in broker.queue(args.name).read_many(args.qty, vt=args.vt, wait=args.wait):
         print(message_json(message))
-    return EXIT_OK
+    return Exit.OK
 
 
 def _pop(args: argparse.Namespace, broker: Broker) -> int:
     for message in broker.queue(args.name).pop_many(args.qty):
         print(message_json(message))
-    return EXIT_OK
+    return Exit.OK
 
 
 def _ack(args: argparse.Namespace, broker: Broker) -> int:
@@ -170,10 +167,10 @@ def _ack(args: argparse.Namespace, broker: Broker) -> int:
     for acked_id in dict.fromkeys(r.msg_id for r in receipts if r.msg_id in acked):
         print(acked_id)
     if not stale:
-        return EXIT_OK
+        return Exit.OK
     for error in stale[:-1]:
         print_error(error.message, None)
-    raise CliError(stale[-1].message, code=EXIT_STALE_RECEIPT, hint=stale[-1].hint)
+    raise CliError(stale[-1].message, code=Exit.STALE_RECEIPT, hint=stale[-1].hint)
 
 
 def _archive(args: argparse.Namespace, broker: Broker) -> int:
@@ -194,19 +191,19 @@ def _by_msg_id(args: argparse.Namespace, operation: Callable[[list[int]], list[i
     if missing:
         raise CliError(
             f'no message {", ".join(missing)} in queue "{args.name}"',
-            code=EXIT_NOTHING_DONE,
+            code=Exit.NOTHING_DONE,
             hint="It was never sent, or was already deleted, archived, acknowledged or popped.",
         )
-    return EXIT_OK
+    return Exit.OK
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
     if not args.yes:
         raise CliError(
             f'purge deletes every message in queue "{args.name}" and cannot be undone',
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint=f"Confirm with: pgbroker purge {args.name} --yes",
         )
     purged = broker.queue(args.name).purge()
     print(f'purged {plural(purged, "message")} from queue "{args.name}"')
-    return EXIT_OK
+    return Exit.OK

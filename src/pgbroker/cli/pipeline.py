@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from pgbroker.cli.base import EXIT_USAGE, Subcommands
+from pgbroker.cli.base import Exit, Subcommands
 
 __all__ = ["register"]
 
@@ -35,4 +35,4 @@ def _pipeline(args: argparse.Namespace) -> int:
     try:
         return pipeline_main(job_args, prog="pgbroker pipeline")
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        return exc.code if isinstance(exc.code, int) else Exit.USAGE

@@ -11,9 +11,8 @@ from dataclasses import asdict
 
 from pgbroker.cli.base import (
     DURATION_UNITS,
-    EXIT_OK,
-    EXIT_USAGE,
     CliError,
+    Exit,
     Subcommands,
     add_command,
     add_group,
@@ -137,13 +136,13 @@ def _set(args: argparse.Namespace, broker: Broker) -> int:
     if not changes:
         raise CliError(
             "nothing to change: give at least one setting",
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint=f"See: pgbroker policy set --help; the policy now: pgbroker policy show {args.queue}",
         )
     policy = broker.queue(args.queue).set_policy(**changes)
     print(f'policy of queue "{policy.queue_name}" changed:')
     print(_policy_table([policy]))
-    return EXIT_OK
+    return Exit.OK
 
 
 def _maintain(args: argparse.Namespace, broker: Broker) -> int:
@@ -154,7 +153,7 @@ def _maintain(args: argparse.Namespace, broker: Broker) -> int:
         names = [p.queue_name for p in kept]
     if not names:
         print("no queue has an archive retention (pgbroker policy set QUEUE --archive-retention 7d sets one)")
-        return EXIT_OK
+        return Exit.OK
     for name in names:
         queue = broker.queue(name)
         trimmed = 0
@@ -163,4 +162,4 @@ def _maintain(args: argparse.Namespace, broker: Broker) -> int:
             trimmed += batch
             log.info("maintain.batch queue=%s rows=%s", name, batch)
         print(f'queue "{name}": deleted {plural(trimmed, "archived message")}')
-    return EXIT_OK
+    return Exit.OK

@@ -7,9 +7,8 @@ import json
 from collections.abc import Sequence
 
 from pgbroker.cli.base import (
-    EXIT_NOTHING_DONE,
-    EXIT_OK,
     CliError,
+    Exit,
     Subcommands,
     add_command,
     print_listing,
@@ -60,7 +59,7 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
             granted = install_roles(conn, args.role_prefix)
         for role, functions in granted.items():
             print(f"role {role}: execute on {functions} functions, no table privileges")
-    return EXIT_OK
+    return Exit.OK
 
 
 def _create(args: argparse.Namespace, broker: Broker) -> int:
@@ -72,18 +71,18 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
         print(f'queue "{args.name}" already exists as a logged queue; --unlogged changed nothing')
     else:
         print(f'queue "{args.name}" already exists')
-    return EXIT_OK
+    return Exit.OK
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
     if not broker.drop_queue(args.name):
         raise CliError(
             f'queue "{args.name}" does not exist; nothing dropped',
-            code=EXIT_NOTHING_DONE,
+            code=Exit.NOTHING_DONE,
             hint="See the queues with: pgbroker list",
         )
     print(f'dropped queue "{args.name}" and its archive')
-    return EXIT_OK
+    return Exit.OK
 
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:
@@ -109,7 +108,7 @@ def _metrics(args: argparse.Namespace, broker: Broker) -> int:
         return print_listing(args, broker.metrics_all(), _metrics_json, metrics_table)
     single = broker.metrics(args.name)
     print(json.dumps(_metrics_json(single), indent=2) if args.json else metrics_table([single]))
-    return EXIT_OK
+    return Exit.OK
 
 
 def _metrics_json(metrics: Metrics) -> dict[str, object]:

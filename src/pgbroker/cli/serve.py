@@ -10,7 +10,7 @@ import argparse
 import signal
 from types import FrameType
 
-from pgbroker.cli.base import EXIT_OK, Subcommands, add_command, dsn_of
+from pgbroker.cli.base import Exit, Subcommands, add_command, dsn_of, needs_extra
 from pgbroker.client import Broker
 
 __all__ = ["register"]
@@ -33,9 +33,10 @@ def register(subcommands: Subcommands) -> None:
 
 
 def _serve(args: argparse.Namespace, broker: Broker) -> int:
-    import uvicorn
+    with needs_extra("http"):
+        import uvicorn
 
-    from pgbroker.http import Settings, create_app
+        from pgbroker.http import Settings, create_app
 
     dsn = dsn_of(broker)
     settings = Settings(
@@ -63,7 +64,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return EXIT_OK
+    return Exit.OK
 
 
 class _Stopped(Exception):

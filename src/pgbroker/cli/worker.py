@@ -26,10 +26,9 @@ from typing import Any
 
 from pgbroker.app import App, serve
 from pgbroker.cli.base import (
-    EXIT_OK,
-    EXIT_USAGE,
     LOG_FORMAT,
     CliError,
+    Exit,
     Subcommands,
     add_command,
     add_progress_option,
@@ -99,7 +98,7 @@ def _worker(args: argparse.Namespace, broker: Broker) -> int:
 
 def _serve(workers: list[Worker], dsn: str, progress: float | None) -> int:
     asyncio.run(serve(workers, dsn=dsn, progress_every=progress))
-    return EXIT_OK
+    return Exit.OK
 
 
 def _workers(args: argparse.Namespace) -> list[Worker]:
@@ -120,7 +119,7 @@ def _workers(args: argparse.Namespace) -> list[Worker]:
     if not args.queue:
         raise CliError(
             f"{args.target} is a handler function: say which queue it consumes",
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint=f"pgbroker worker {args.target} --queue NAME",
         )
     return [Worker(name, target, **options) for name in args.queue]
@@ -131,7 +130,7 @@ def _load(target: str) -> App | Callable[[Message], Any]:
     if not module_name or not attribute:
         raise CliError(
             f"expected MODULE:ATTR, got {target!r}",
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint="For example: pgbroker worker shop.jobs:app",
         )
     # As `python -m` would: handlers usually live beside where the worker is started.
@@ -141,9 +140,9 @@ def _load(target: str) -> App | Callable[[Message], Any]:
         module = importlib.import_module(module_name)
         found = operator.attrgetter(attribute)(module)
     except (ImportError, AttributeError) as exc:
-        raise CliError(f"cannot load {target}: {exc}", code=EXIT_USAGE) from exc
+        raise CliError(f"cannot load {target}: {exc}", code=Exit.USAGE) from exc
     if not (isinstance(found, App) or callable(found)):
-        raise CliError(f"{target} is neither a pgbroker.App nor a function, but {found!r}", code=EXIT_USAGE)
+        raise CliError(f"{target} is neither a pgbroker.App nor a function, but {found!r}", code=Exit.USAGE)
     return found  # type: ignore[no-any-return]
 
 
@@ -158,7 +157,7 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     level = logging.getLogger().getEffectiveLevel()
     children: list[BaseProcess] = []
     stopping = False
-    result = EXIT_OK
+    result: int = Exit.OK
 
     def start() -> None:
         child = context.Process(target=_child, args=(args, dsn, level), name="pgbroker-worker")

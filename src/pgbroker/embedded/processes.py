@@ -38,13 +38,20 @@ def parse_pid_file(text: str) -> PidFile | None:
     )
 
 
-def _state(pid: int) -> str | None:
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
+        return False
     # The command name in parentheses may itself contain spaces and parentheses.
-    return raw.rsplit(")", 1)[-1].split()[0]
+    return raw.rsplit(")", 1)[-1].split()[0] not in ("Z", "X", "x")
+
+
+def _works_in(pid: int, ref: os.stat_result) -> bool:
+    """Whether the working directory of ``pid`` is the directory ``ref`` describes."""
+    cwd = os.stat(f"/proc/{pid}/cwd")
+    return (cwd.st_dev, cwd.st_ino) == (ref.st_dev, ref.st_ino)
 
 
 def is_our_postmaster(pid: int, data_dir: Path) -> bool:
@@ -59,16 +66,13 @@ def is_our_postmaster(pid: int, data_dir: Path) -> bool:
         except PermissionError:
             return True
         return True
-    state = _state(pid)
-    if state is None or state in ("Z", "X", "x"):
+    if not _running(pid):
         return False
     try:
-        cwd = os.stat(f"/proc/{pid}/cwd")
-        ref = data_dir.stat()
+        return _works_in(pid, data_dir.stat())
     except OSError:
         # Gone, or another user's process: a postmaster we started would be readable.
         return False
-    return (cwd.st_dev, cwd.st_ino) == (ref.st_dev, ref.st_ino)
 
 
 def orphans(data_dir: Path) -> set[int]:
@@ -85,15 +89,14 @@ def orphans(data_dir: Path) -> set[int]:
     for entry in proc.iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
+        pid = int(entry.name)
         try:
-            cwd = os.stat(entry / "cwd")
-            if (cwd.st_dev, cwd.st_ino) != (ref.st_dev, ref.st_ino):
+            if not _works_in(pid, ref):
                 continue
             if (entry / "comm").read_text().strip() not in ("postgres", "postmaster"):
                 continue
-            if _state(int(entry.name)) in ("Z", "X", "x"):
-                continue
         except OSError:
             continue
-        found.add(int(entry.name))
+        if _running(pid):
+            found.add(pid)
     return found

@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint demo bench clean pg-partman chromium rabbitmq
+.PHONY: venv test test-quick lint generate demo bench clean pg-partman chromium rabbitmq
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -117,6 +117,12 @@ lint: venv
 	.venv/bin/ruff check src tests bench
 	.venv/bin/mypy $(MYPY_PATHS)
 	.venv/bin/lint-imports --no-logo
+
+# The sync client is generated from the asyncio one (scripts/async_to_sync.py says how); run this
+# after changing src/pgbroker/aio.py. tests/unit/test_generated_sync.py fails until it is run.
+generate: venv
+	cd "$(ROOT)"
+	.venv/bin/python scripts/async_to_sync.py
 
 demo: venv
 	cd "$(ROOT)"

@@ -1,8 +1,16 @@
-"""The asyncio client: AsyncBroker and AsyncQueue, twins of pgbroker.client.
+# The one written copy of the client: the synchronous twin, pgbroker/_generated/client.py (re-exported
+# by pgbroker.client), is generated from this file by tools/async_to_sync.py. Edit here, then run
+# `make generate`; tests/unit/test_generated_sync.py fails while the two disagree. Where the twins
+# really differ: `if ASYNC:` blocks are left out of the sync twin, and a line ending in
+# `# sync: <code>` becomes <code> there.
+"""The asyncio client: AsyncBroker (connections, install, queue management) and AsyncQueue.
 
-They run the very same Query objects from pgbroker.queries on psycopg's
-async connections and pool, and wait on the same schedule (pgbroker.listen),
-so the two clients cannot drift apart: only the awaiting differs.
+Every method builds a Query in pgbroker.queries and hands it to an executor:
+a pool (each call borrows a connection in autocommit), or one connection
+that the caller owns, for example inside ``async with broker.transaction() as tx``
+so that sends and acks commit or roll back with the caller's own writes.
+A read that waits sleeps on the broker's AsyncListener (pgbroker.listen) between
+reads, holding no connection meanwhile.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, 
 from pgbroker.queries import Delay, Query, Receivable
 
 T = TypeVar("T")
+
+# True here; the generator drops this line and every `if ASYNC:` block (mypy: always_true).
+ASYNC = True
 
 
 class AsyncExecutor(Protocol):
@@ -75,7 +86,7 @@ class AsyncConnectionExecutor:
 
 
 class AsyncQueue:
-    """One queue, bound to an async executor; the methods mirror pgbroker.Queue."""
+    """One queue, bound to an executor. Get it from AsyncBroker.queue() or AsyncTransaction.queue()."""
 
     def __init__(self, name: str, executor: AsyncExecutor, listener: AsyncListener) -> None:
         self.name = name
@@ -85,6 +96,8 @@ class AsyncQueue:
     def __repr__(self) -> str:
         return f"AsyncQueue({self.name!r})"
 
+    # sending
+
     async def send(
         self,
         message: Any,
@@ -93,6 +106,7 @@ class AsyncQueue:
         delay: Delay | None = None,
         wait: float | timedelta = 0,
     ) -> int:
+        """Send one message; returns its msg_id. ``wait``: see send_many."""
         sent = await self.send_many(
             [message], headers=None if headers is None else [headers], delay=delay, wait=wait
         )
@@ -106,17 +120,25 @@ class AsyncQueue:
         delay: Delay | None = None,
         wait: float | timedelta = 0,
     ) -> list[int]:
-        """See Queue.send_many: with ``wait`` > 0, QueueFull is retried for up to that many seconds."""
+        """Send messages in one statement; returns their msg_ids in order.
+
+        A queue at its policy's max_depth refuses the send with QueueFull at once; with
+        ``wait`` > 0 the send is tried again, less and less often, for up to that many
+        seconds (inside a transaction, each try in a savepoint).
+        """
         query = q.message_send_many(self.name, messages, headers=headers, delay=delay)
         retry = Patience(*SEND_RETRY, within=q.duration(wait, "wait"))
+        run = self._executor.run_in_savepoint if wait else self._executor.run
         while True:
             try:
-                return await (self._executor.run_in_savepoint(query) if wait else self._executor.run(query))
+                return await run(query)
             except QueueFull:
                 pause = retry.next()
                 if pause is None:
                     raise
                 await asyncio.sleep(pause)
+
+    # reading
 
     async def read(
         self,
@@ -125,6 +147,7 @@ class AsyncQueue:
         wait: float | timedelta = 0,
         conditional: Mapping[str, Any] | None = None,
     ) -> Message | None:
+        """Lease the oldest visible message for vt seconds, waiting up to ``wait`` seconds for one."""
         found = await self.read_many(1, vt=vt, wait=wait, conditional=conditional)
         return found[0] if found else None
 
@@ -136,6 +159,12 @@ class AsyncQueue:
         wait: float | timedelta = 0,
         conditional: Mapping[str, Any] | None = None,
     ) -> list[Message]:
+        """Lease up to qty visible messages, oldest first; each carries a receipt.
+
+        With ``wait`` > 0 and nothing to read, wait up to that many seconds for
+        messages: woken by a notification when notify is enabled on the queue
+        (see enable_notify), else by polling every poll interval of the broker.
+        """
         query = q.message_read_many(self.name, qty, vt=vt, conditional=conditional)
         waiting = Waiting(q.duration(wait, "wait"), self._listener.poll_interval)
         found = await self._executor.run(query)
@@ -147,104 +176,133 @@ class AsyncQueue:
         return found
 
     async def listen(self, timeout: float = 5.0) -> AsyncSubscription:
-        """See Queue.listen."""
+        """Wake-ups for this queue: ``wait(seconds)`` returns early when a send was announced.
+
+        Waits up to ``timeout`` seconds for the LISTEN to be in place. A wake-up is a hint
+        (see pgbroker.listen): read after it, and read now and then without one.
+        """
         channel_of = q.notify_channel(self.name)
         return await self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), timeout)
 
-    async def consume(
-        self,
-        *,
-        batch_size: int = 10,
-        vt: int | timedelta = 30,
-        idle_wait: float = 1.0,
-    ) -> AsyncIterator[Message]:
-        """Yield messages forever: read batches, and wait up to idle_wait seconds when empty.
+    if ASYNC:
 
-        An empty queue is waited on like read_many(wait=...): woken by a
-        notification, else polled. The caller acks (or nacks) each message;
-        one left alone becomes visible again when its lease of vt seconds runs out.
-        """
-        while True:
-            for message in await self.read_many(batch_size, vt=vt, wait=idle_wait):
-                yield message
+        async def consume(
+            self,
+            *,
+            batch_size: int = 10,
+            vt: int | timedelta = 30,
+            idle_wait: float = 1.0,
+        ) -> AsyncIterator[Message]:
+            """Yield messages forever: read batches, and wait up to idle_wait seconds when empty.
+
+            An empty queue is waited on like read_many(wait=...): woken by a
+            notification, else polled. The caller acks (or nacks) each message;
+            one left alone becomes visible again when its lease of vt seconds runs out.
+            """
+            while True:
+                for message in await self.read_many(batch_size, vt=vt, wait=idle_wait):
+                    yield message
 
     async def peek(self, qty: int = 10, *, after: int = 0) -> list[Message]:
+        """Up to qty messages with msg_id > ``after``, oldest first, without leasing them."""
         return await self._executor.run(q.message_peek_many(self.name, qty, after=after))
 
     async def pop(self) -> Message | None:
+        """Delete and return the oldest visible message (at-most-once delivery)."""
         found = await self.pop_many(1)
         return found[0] if found else None
 
     async def pop_many(self, qty: int) -> list[Message]:
         return await self._executor.run(q.message_pop_many(self.name, qty))
 
+    # fenced acknowledgement
+
     async def ack(self, item: Receivable, *, archive: bool = True) -> None:
+        """Archive (or delete) a read message; StaleReceipt if its lease no longer holds."""
         await self._executor.run(q.message_ack(self.name, item, archive=archive))
 
     async def ack_many(self, items: Iterable[Receivable], *, archive: bool = True) -> list[int]:
+        """Ack every message whose receipt still holds; returns their msg_ids (stale ones are left)."""
         return await self._executor.run(q.message_ack_many(self.name, items, archive=archive))
 
     async def nack(self, item: Receivable, *, delay: int | timedelta = 0) -> None:
+        """Give a message back: visible again after ``delay`` seconds; StaleReceipt if stale."""
         await self._executor.run(q.message_nack(self.name, item, delay=delay))
 
     async def nack_many(self, items: Iterable[Receivable], *, delay: int | timedelta = 0) -> list[int]:
         return await self._executor.run(q.message_nack_many(self.name, items, delay=delay))
 
     async def extend(self, item: Receivable, *, vt: int | timedelta) -> Receipt:
+        """Make the lease end vt seconds from now; returns the new receipt (the old one is spent)."""
         return await self._executor.run(q.message_extend(self.name, item, vt=vt))
 
     async def extend_many(self, items: Iterable[Receivable], *, vt: int | timedelta) -> dict[int, Receipt]:
         return await self._executor.run(q.message_extend_many(self.name, items, vt=vt))
 
+    # outcomes by the queue's policy
+
     async def complete_many(self, items: Iterable[Receivable]) -> list[int]:
-        """See Queue.complete_many."""
+        """Ack as the queue's policy says (archive or delete); returns the msg_ids whose receipts held."""
         return await self._executor.run(q.message_complete_many(self.name, items))
 
     async def fail(self, item: Receivable, *, error: str | None = None) -> str:
-        """See Queue.fail."""
+        """Report a failed delivery: 'retry' (visible again after the policy's back-off) or
+        'dead_lettered' (that was its last allowed delivery); StaleReceipt if stale."""
         return await self._executor.run(q.message_fail(self.name, item, error=error))
 
     async def fail_many(self, items: Iterable[Receivable], *, error: str | None = None) -> dict[int, str]:
-        """See Queue.fail_many."""
+        """fail() for many receipts with one error: {msg_id: 'retry' | 'dead_lettered'} for those
+        whose receipts held; stale ones are left out and change nothing."""
         return await self._executor.run(q.message_fail_many(self.name, items, error=error))
 
-    async def ack_published_many(
-        self, items: Sequence[Receivable], published: Sequence[Mapping[str, Any]]
-    ) -> list[int]:
-        """Ack by policy messages a broker confirmed, archived ones with their publish records
-        (header x-pgbroker-published); returns the msg_ids whose receipts held."""
-        return await self._executor.run(q.message_ack_published_many(self.name, items, published))
+    if ASYNC:
+        # The RabbitMQ bridge's calls (pgbroker.bridge runs on asyncio only).
 
-    async def receive_many(
-        self,
-        message_ids: Sequence[str | None],
-        messages: Sequence[Any],
-        headers: Sequence[Mapping[str, Any] | None],
-        *,
-        seen_within: float,
-    ) -> list[tuple[str | None, int]]:
-        """Send messages from another broker, skipping ids seen within ``seen_within`` seconds
-        (see pgbroker.queries.message_receive_many)."""
-        query = q.message_receive_many(self.name, message_ids, messages, headers, seen_within=seen_within)
-        return await self._executor.run(query)
+        async def ack_published_many(
+            self, items: Sequence[Receivable], published: Sequence[Mapping[str, Any]]
+        ) -> list[int]:
+            """Ack by policy messages a broker confirmed, archived ones with their publish records
+            (header x-pgbroker-published); returns the msg_ids whose receipts held."""
+            return await self._executor.run(q.message_ack_published_many(self.name, items, published))
+
+        async def receive_many(
+            self,
+            message_ids: Sequence[str | None],
+            messages: Sequence[Any],
+            headers: Sequence[Mapping[str, Any] | None],
+            *,
+            seen_within: float,
+        ) -> list[tuple[str | None, int]]:
+            """Send messages from another broker, skipping ids seen within ``seen_within`` seconds
+            (see pgbroker.queries.message_receive_many)."""
+            query = q.message_receive_many(self.name, message_ids, messages, headers, seen_within=seen_within)
+            return await self._executor.run(query)
 
     async def policy(self) -> Policy:
+        """The queue's policy (the defaults when none was set)."""
         return await self._executor.run(q.policy_get(self.name))
 
     async def set_policy(self, **changes: Unpack[PolicyChanges]) -> Policy:
+        """Change the settings given (see PolicyChanges); returns the policy now in force."""
         return await self._executor.run(q.policy_set(self.name, changes))
 
     async def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
+        """This queue's dead letters, oldest first; their headers say why (x-pgbroker-dead-letter)."""
         return await self._executor.run(q.dead_letter_list(self.name, qty, after=after))
 
     async def replay_dead_letters(self, msg_ids: Iterable[int] | None = None) -> dict[int, int]:
+        """Send dead letters back to this queue (all, or those given): {dead letter id: new msg_id}."""
         return await self._executor.run(q.dead_letter_replay_many(self.name, msg_ids))
 
     async def purge_dead_letters(self, msg_ids: Iterable[int] | None = None) -> int:
+        """Delete dead letters (all, or those given); returns how many."""
         return await self._executor.run(q.dead_letter_purge_many(self.name, msg_ids))
 
     async def trim_archive(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Apply the archive retention to at most batch_size rows; returns how many went (repeat until 0)."""
         return await self._executor.run(q.archive_trim(self.name, batch_size))
+
+    # unfenced, by msg_id (pgmq's semantics)
 
     async def archive(self, msg_id: int) -> bool:
         return bool(await self.archive_many([msg_id]))
@@ -262,10 +320,20 @@ class AsyncQueue:
         found = await self._executor.run(q.message_set_vt_many(self.name, [msg_id], vt))
         return found[0] if found else None
 
+    # the queue as a whole
+
     async def enable_notify(
         self, throttle_ms: int = q.DEFAULT_NOTIFY_THROTTLE_MS, *, keep_existing: bool = False
     ) -> None:
-        """See Queue.enable_notify."""
+        """Notify waiting readers of sends, at most once per ``throttle_ms`` milliseconds (idempotent).
+
+        A message sent within throttle_ms of a notified one is not announced:
+        waiting readers find it at their next poll. 0 announces every send
+        (concurrent ones share a notification). Notifying transactions commit
+        one at a time (Postgres' notify lock), so keep a throttle on queues
+        with many concurrent senders. keep_existing=True leaves a queue that
+        already notifies with the throttle it has.
+        """
         builder = q.notify_enable_if_disabled if keep_existing else q.notify_enable
         await self._executor.run(builder(self.name, throttle_ms))
 
@@ -273,6 +341,7 @@ class AsyncQueue:
         await self._executor.run(q.notify_disable(self.name))
 
     async def purge(self) -> int:
+        """Delete every message (not the archive); returns how many there were."""
         return await self._executor.run(q.queue_purge(self.name))
 
     async def metrics(self) -> Metrics:
@@ -280,7 +349,7 @@ class AsyncQueue:
 
 
 class AsyncTransaction:
-    """A transaction on one async connection, shared by the caller's SQL and pgbroker's."""
+    """A transaction on one connection, shared by the caller's own SQL and pgbroker's."""
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], listener: AsyncListener) -> None:
         self.connection = conn
@@ -292,11 +361,11 @@ class AsyncTransaction:
 
 
 class AsyncBroker:
-    """Entry point of the asyncio client: ``async with AsyncBroker(dsn) as broker``.
+    """Entry point: a DSN (pooled), a pool, or a single connection; ``async with AsyncBroker(dsn)``.
 
-    Takes a DSN (an async pool is opened on enter), an AsyncConnectionPool,
-    or one AsyncConnection. With none, the DSN is resolved like Broker's.
-    poll_interval is as Broker's.
+    With none of them the DSN comes from DATABASE_URL, else the embedded
+    cluster is started (see pgbroker.dsn). A read that waits and finds nothing
+    reads again every ``poll_interval`` seconds, or sooner when notified.
     """
 
     def __init__(
@@ -311,8 +380,8 @@ class AsyncBroker:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
         self._listener = AsyncListener(self._listen_conninfo, poll_interval)
-        self._connection = connection
         self._owned_pool: AsyncConnectionPool | None = None
+        self._connection = connection
         if connection is None and pool is None:
             from pgbroker.dsn import resolve_dsn
 
@@ -322,8 +391,8 @@ class AsyncBroker:
                 max_size=max_connections,
                 kwargs={"autocommit": True},
                 check=AsyncConnectionPool.check_connection,
-                open=False,
-                name="pgbroker-async",
+                open=False,  # sync: open=True,
+                name="pgbroker-async",  # sync: name="pgbroker",
             )
             self._owned_pool = pool
         self._pool = pool
@@ -331,21 +400,26 @@ class AsyncBroker:
             AsyncConnectionExecutor(connection) if connection is not None else AsyncPoolExecutor(pool)  # type: ignore[arg-type]
         )
 
-    async def open(self) -> AsyncBroker:
-        if self._owned_pool is not None:
-            await self._owned_pool.open()
-        return self
+    if ASYNC:
 
-    async def close(self) -> None:
-        await self._listener.close()
-        if self._owned_pool is not None:
-            await self._owned_pool.close()
+        async def open(self) -> AsyncBroker:
+            """Open the pool this broker made from a DSN (``async with`` does it): an async pool
+            cannot open in the constructor, outside a running event loop."""
+            if self._owned_pool is not None:
+                await self._owned_pool.open()
+            return self
 
     async def __aenter__(self) -> AsyncBroker:
-        return await self.open()
+        return await self.open()  # sync: return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    async def close(self) -> None:
+        """Close the listener and the pool this broker opened (a pool or connection passed in stays open)."""
+        await self._listener.close()
+        if self._owned_pool is not None:
+            await self._owned_pool.close()
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -358,6 +432,7 @@ class AsyncBroker:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncTransaction]:
+        """A transaction whose queue operations commit or roll back with the caller's own SQL."""
         async with self.connection() as conn, conn.transaction():
             yield AsyncTransaction(conn, self._listener)
 
@@ -374,6 +449,10 @@ class AsyncBroker:
         return AsyncQueue(name, self._executor, self._listener)
 
     async def create_queue(self, name: str, *, unlogged: bool = False, notify: bool = False) -> AsyncQueue:
+        """Create a queue if it does not exist (idempotent) and return it.
+
+        notify=True also enables notify with the default throttle (AsyncQueue.enable_notify).
+        """
         await self._executor.run(q.queue_create(name, unlogged=unlogged))
         queue = self.queue(name)
         if notify:
@@ -381,6 +460,7 @@ class AsyncBroker:
         return queue
 
     async def drop_queue(self, name: str) -> bool:
+        """Drop a queue and its archive; False when there was no such queue."""
         return await self._executor.run(q.queue_drop(name))
 
     async def list_queues(self) -> list[QueueInfo]:
@@ -392,9 +472,12 @@ class AsyncBroker:
     async def metrics_all(self) -> list[Metrics]:
         return await self._executor.run(q.queue_metrics_all())
 
-    async def prune_inbound_seen(self, seen_within: float, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
-        """Forget inbound message ids older than ``seen_within`` seconds, one batch; returns how many."""
-        return await self._executor.run(q.inbound_seen_prune(seen_within, batch_size))
+    if ASYNC:
+
+        async def prune_inbound_seen(self, seen_within: float, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+            """Forget inbound message ids older than ``seen_within`` seconds, one batch; returns how many."""
+            return await self._executor.run(q.inbound_seen_prune(seen_within, batch_size))
 
     async def policies(self) -> list[Policy]:
+        """Every queue's policy, by queue name."""
         return await self._executor.run(q.policy_list())

@@ -1,9 +1,12 @@
 """Installs and upgrades the pgbroker schema in a database.
 
-All pending migrations run in one transaction under an advisory lock, so
-concurrent installs serialise and a failed upgrade leaves the database as it
-was. The applied versions are recorded in pgbroker.schema_migrations; a
-database newer than this package is refused rather than downgraded.
+A database without pgbroker gets the engine's current definition (sql/schema/) and every
+shipped migration recorded as applied; a database installed by an earlier version gets the
+migrations it lacks (sql/migrations/), which bring it to the same catalog. Either runs in one
+transaction under an advisory lock, so concurrent installs serialise and a failed upgrade
+leaves the database as it was. The applied versions are recorded in
+pgbroker.schema_migrations; a database newer than this package is refused rather than
+downgraded.
 """
 
 from __future__ import annotations
@@ -80,6 +83,33 @@ def _install_steps(target: int | None) -> Steps[InstallResult]:
         rows = yield "SELECT version, name, checksum FROM pgbroker.schema_migrations ORDER BY version", ()
         _refuse_foreign_history([(int(v), str(n), str(c)) for v, n, c in rows])
     yield _BOOTSTRAP, ()
+    if current == 0 and target == latest_version():
+        yield from _schema_steps()
+    else:
+        # Also below the latest version from scratch: only migrations can stop at an older one.
+        yield from _migration_steps(current, target)
+    # A migration may have redefined a role's entry point (back to SECURITY INVOKER, its grants
+    # gone): roles made by install_roles are granted again.
+    rows = yield "SELECT to_regclass('pgbroker.role_sets') IS NOT NULL", ()
+    if rows[0][0]:
+        yield "SELECT pgbroker.grant_roles(prefix) FROM pgbroker.role_sets ORDER BY prefix", ()
+    return InstallResult(current, max(current, target))
+
+
+def _schema_steps() -> Steps[None]:
+    """Install the current schema, and record every migration as applied: it gives the catalog
+    they give together, so a later upgrade starts from the last of them."""
+    for schema_file in sql.schema():
+        yield schema_file.sql, ()
+    shipped = sql.migrations()
+    yield (
+        "INSERT INTO pgbroker.schema_migrations (version, name, checksum)"
+        " SELECT * FROM unnest(%s::integer[], %s::text[], %s::text[])",
+        ([m.version for m in shipped], [m.name for m in shipped], [m.checksum for m in shipped]),
+    )
+
+
+def _migration_steps(current: int, target: int) -> Steps[None]:
     for migration in sql.migrations():
         if current < migration.version <= target:
             yield migration.sql, ()
@@ -87,12 +117,6 @@ def _install_steps(target: int | None) -> Steps[InstallResult]:
                 "INSERT INTO pgbroker.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
                 (migration.version, migration.name, migration.checksum),
             )
-    # A migration may have redefined a role's entry point (back to SECURITY INVOKER, its grants
-    # gone): roles made by install_roles are granted again.
-    rows = yield "SELECT to_regclass('pgbroker.role_sets') IS NOT NULL", ()
-    if rows[0][0]:
-        yield "SELECT pgbroker.grant_roles(prefix) FROM pgbroker.role_sets ORDER BY prefix", ()
-    return InstallResult(current, max(current, target))
 
 
 def _refuse_foreign_history(applied: list[tuple[int, str, str]]) -> None:
@@ -147,7 +171,9 @@ def installed_version(conn: psycopg.Connection[Any]) -> int:
 
 
 def install(conn: psycopg.Connection[Any], *, target: int | None = None) -> InstallResult:
-    """Apply every migration up to ``target`` (default: the latest) that is not applied yet."""
+    """Install the schema at version ``target`` (default: the latest): a new database from the
+    current schema (or, for an older ``target``, its migrations), an older one by applying the
+    migrations it has not applied yet."""
     with conn.transaction():
         return _drive(conn, _install_steps(target))
 

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
+from typing import Generic, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -168,37 +169,60 @@ class _Loop:
                 self._on_change()
 
 
-class Subscription:
-    """One sync reader's view of a channel: wait() returns once it has news."""
+class _Wakeups:
+    """What both listeners share: the poll interval, each queue's channel, and the counts heard."""
 
-    def __init__(self, listener: Listener, channel: str) -> None:
+    def __init__(self, poll_interval: float) -> None:
+        self.poll_interval = check_poll_interval(poll_interval)
+        self._channels: dict[str, str] = {}
+        self._listening: _Loop | None = None
+
+    def _count(self, channel: str) -> int:
+        return self._listening.counts.get(channel, 0) if self._listening is not None else 0
+
+
+_ListenerT = TypeVar("_ListenerT", bound=_Wakeups)
+
+
+class _Place(Generic[_ListenerT]):
+    """A reader's place in a channel's count: there is news when the count moved since it looked."""
+
+    def __init__(self, listener: _ListenerT, channel: str) -> None:
         self._listener = listener
         self._channel = channel
         self._seen = listener._count(channel)
 
+    def _has_news(self) -> bool:
+        return self._listener._count(self._channel) != self._seen
+
+    def _catch_up(self) -> None:
+        self._seen = self._listener._count(self._channel)
+
+
+class Subscription(_Place["Listener"]):
+    """One sync reader's view of a channel: wait() returns once it has news."""
+
     def wait(self, timeout: float) -> bool:
         """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came."""
-        listener = self._listener
-        with listener._cond:
-            heard = listener._cond.wait_for(lambda: listener._count(self._channel) != self._seen, timeout)
-            self._seen = listener._count(self._channel)
+        changed = self._listener._cond
+        with changed:
+            heard = changed.wait_for(self._has_news, timeout)
+            self._catch_up()
         return heard
 
 
-class Listener:
+class Listener(_Wakeups):
     """Wake-ups for the sync client: the listening loop on a daemon thread, started on first use.
 
     ``conninfo`` is called once, at start, for the dedicated connection's conninfo.
     """
 
     def __init__(self, conninfo: Callable[[], str], poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
-        self.poll_interval = check_poll_interval(poll_interval)
+        super().__init__(poll_interval)
         self._conninfo = conninfo
         self._cond = threading.Condition()
         self._start_lock = threading.Lock()
-        self._channels: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._listening: _Loop | None = None
         self._task: asyncio.Task[None] | None = None
         self._thread: threading.Thread | None = None
 
@@ -224,9 +248,6 @@ class Listener:
         if loop is not None and task is not None and thread is not None:
             loop.call_soon_threadsafe(task.cancel)
             thread.join()
-
-    def _count(self, channel: str) -> int:
-        return self._listening.counts.get(channel, 0) if self._listening is not None else 0
 
     def _changed(self) -> None:
         with self._cond:
@@ -257,23 +278,17 @@ class Listener:
             loop.close()
 
 
-class AsyncSubscription:
+class AsyncSubscription(_Place["AsyncListener"]):
     """One async reader's view of a channel: wait() returns once it has news."""
-
-    def __init__(self, listener: AsyncListener, channel: str) -> None:
-        self._listener = listener
-        self._channel = channel
-        self._seen = listener._count(channel)
 
     async def wait(self, timeout: float) -> bool:
         """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came."""
-        listener = self._listener
-        heard = await listener._until(lambda: listener._count(self._channel) != self._seen, timeout)
-        self._seen = listener._count(self._channel)
+        heard = await self._listener._until(self._has_news, timeout)
+        self._catch_up()
         return heard
 
 
-class AsyncListener:
+class AsyncListener(_Wakeups):
     """Wake-ups for the asyncio client: the listening loop as a task, started on first use.
 
     ``conninfo`` is awaited once, at start, for the dedicated connection's conninfo.
@@ -282,10 +297,8 @@ class AsyncListener:
     def __init__(
         self, conninfo: Callable[[], Awaitable[str]], poll_interval: float = DEFAULT_POLL_INTERVAL
     ) -> None:
-        self.poll_interval = check_poll_interval(poll_interval)
+        super().__init__(poll_interval)
         self._conninfo = conninfo
-        self._channels: dict[str, str] = {}
-        self._listening: _Loop | None = None
         self._task: asyncio.Task[None] | None = None
         # Replaced on every change, so that everyone sleeping on the old one wakes.
         self._changed_event = asyncio.Event()
@@ -312,9 +325,6 @@ class AsyncListener:
             task.cancel()
             with suppress(asyncio.CancelledError):
                 await task
-
-    def _count(self, channel: str) -> int:
-        return self._listening.counts.get(channel, 0) if self._listening is not None else 0
 
     def _changed(self) -> None:
         event, self._changed_event = self._changed_event, asyncio.Event()

@@ -5,15 +5,23 @@ installed (cloned from a session template, see ``tests/compat/reference.py``); `
 ``tests/conftest.py``) is the pgbroker one. The pgmq clients are built from the pgbroker DSN with
 their ``CREATE EXTENSION pgmq`` step switched off (``init_extension=False``): pgbroker is plain SQL,
 not an extension, and the client must work against it unchanged.
+
+``client`` is each of the two official clients in turn (a ``flavour``): ``PGMQueue`` (psycopg) and
+``AsyncPGMQueue`` (asyncpg), the async one driven through ``Blocking`` so that one written test
+serves both; the few calls whose form differs go through the flavour.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import urllib.parse
-from collections.abc import Iterator
-from typing import Any, TypedDict
+from collections.abc import Awaitable, Iterator
+from contextlib import AbstractContextManager, closing, contextmanager
+from typing import Any, TypedDict, TypeVar, cast
 
+import asyncpg  # type: ignore[import-untyped]
 import psycopg
 import pytest
 from pgmq import AsyncPGMQueue, PGMQueue
@@ -77,6 +85,120 @@ async def make_async_client(dsn: str, **options: Any) -> AsyncPGMQueue:
     )
     await client.init()
     return client
+
+
+T = TypeVar("T")
+
+
+class Blocking:
+    """The asyncio client called like the sync one: a coroutine a method returns is run to its end.
+
+    Every call runs on one private event loop (the asyncpg pool is bound to it); attributes that
+    are not methods (``pool``) are the async client's own.
+    """
+
+    def __init__(self, runner: asyncio.Runner, client: AsyncPGMQueue) -> None:
+        self._runner = runner
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = attribute(*args, **kwargs)
+            return self._runner.run(result) if inspect.iscoroutine(result) else result
+
+        return call
+
+
+class Flavour:
+    """One of the two official clients, and what differs in using it: errors, caller transactions."""
+
+    name: str
+    client_class: type
+    # What the client raises for a server error; both carry the SQLSTATE as ``sqlstate``.
+    error: type[Exception]
+
+    def connect(self, dsn: str, **options: Any) -> PGMQueue:
+        """A client on ``dsn``; the caller closes it."""
+        raise NotImplementedError
+
+    def caller_transaction(self, client: PGMQueue) -> AbstractContextManager[Any]:
+        """A pooled connection in a transaction of the caller's, for ``conn=``: committed at the end,
+        rolled back when the block raises."""
+        raise NotImplementedError
+
+    def pool_is_closed(self, pool: Any) -> bool:
+        raise NotImplementedError
+
+
+class SyncFlavour(Flavour):
+    name = "sync"
+    client_class = PGMQueue
+    error = psycopg.Error
+
+    def connect(self, dsn: str, **options: Any) -> PGMQueue:
+        return make_sync_client(dsn, **options)
+
+    @contextmanager
+    def caller_transaction(self, client: PGMQueue) -> Iterator[Any]:
+        assert client.pool is not None
+        with client.pool.connection() as conn, conn.transaction():
+            yield conn
+
+    def pool_is_closed(self, pool: Any) -> bool:
+        return bool(pool.closed)
+
+
+class AsyncFlavour(Flavour):
+    name = "async"
+    client_class = AsyncPGMQueue
+    error = asyncpg.PostgresError
+
+    def __init__(self, runner: asyncio.Runner) -> None:
+        self._runner = runner
+
+    def run(self, awaitable: Awaitable[T]) -> T:
+        """Run on the clients' event loop."""
+
+        async def wait() -> T:
+            return await awaitable
+
+        return self._runner.run(wait())
+
+    def connect(self, dsn: str, **options: Any) -> PGMQueue:
+        # Blocking has PGMQueue's methods with the same signatures: the tests are typed against those.
+        return cast(PGMQueue, Blocking(self._runner, self.run(make_async_client(dsn, **options))))
+
+    @contextmanager
+    def caller_transaction(self, client: PGMQueue) -> Iterator[Any]:
+        pool: Any = client.pool
+        conn = self.run(pool.acquire())
+        try:
+            transaction = conn.transaction()
+            self.run(transaction.start())
+            try:
+                yield conn
+            except BaseException:
+                self.run(transaction.rollback())
+                raise
+            self.run(transaction.commit())
+        finally:
+            self.run(pool.release(conn))
+
+    def pool_is_closed(self, pool: Any) -> bool:
+        return bool(pool.is_closing())
+
+
+@contextmanager
+def flavour_of(name: str) -> Iterator[Flavour]:
+    if name == "sync":
+        yield SyncFlavour()
+        return
+    with asyncio.Runner() as runner:
+        yield AsyncFlavour(runner)
 
 
 def public_methods(cls: type) -> set[str]:
@@ -154,11 +276,30 @@ def module_dsns(pg_admin_dsn: str, template_db: str, reference_template: str) ->
         drop_database(pg_admin_dsn, ours)
 
 
+@pytest.fixture(params=["sync", "async"])
+def flavour(request: pytest.FixtureRequest) -> Iterator[Flavour]:
+    """Each official client in turn: the sync one (psycopg), then the asyncio one (asyncpg)."""
+    with flavour_of(request.param) as chosen:
+        yield chosen
+
+
 @pytest.fixture
-def client(dsn: str) -> Iterator[PGMQueue]:
-    """The official sync pgmq client on a fresh pgbroker database."""
-    queue = make_sync_client(dsn)
-    try:
+def async_flavour() -> Iterator[AsyncFlavour]:
+    """The asyncio client's flavour alone, for what only it has."""
+    with flavour_of("async") as chosen:
+        assert isinstance(chosen, AsyncFlavour)
+        yield chosen
+
+
+@pytest.fixture
+def client(flavour: Flavour, dsn: str) -> Iterator[PGMQueue]:
+    """An official pgmq client, of each flavour in turn, on a fresh pgbroker database."""
+    with closing(flavour.connect(dsn)) as queue:
         yield queue
-    finally:
-        queue.close()
+
+
+@pytest.fixture
+def sync_client(dsn: str) -> Iterator[PGMQueue]:
+    """The official sync pgmq client alone, for what only it has."""
+    with closing(make_sync_client(dsn)) as queue:
+        yield queue

@@ -1,13 +1,18 @@
-"""The official pgmq Python client (``pgmq.PGMQueue``, psycopg) against a pgbroker database.
+"""The official pgmq Python clients against a pgbroker database: ``pgmq.PGMQueue`` (psycopg)
+and ``pgmq.AsyncPGMQueue`` (asyncpg: another driver, another wire protocol path, since asyncpg
+prepares every statement and binds JSON as text).
 
-Every public method of the client is called here and its results checked; the client is used as
-shipped, with only its ``CREATE EXTENSION pgmq`` step switched off (``init_extension=False``).
-``test_every_public_client_method_is_exercised`` enumerates the client's methods, so a method
-added by a new client release fails that test until it is exercised here.
+Every public method of each client is called here and its results checked; the clients are used
+as shipped, with only their ``CREATE EXTENSION pgmq`` step switched off (``init_extension=False``).
+Each test is written once and runs with both clients (the ``client`` fixture; the async one is
+driven from this sync code, see ``tests/compat/conftest.py``); what only one client has is tested
+for that one. ``test_every_public_client_method_is_exercised`` enumerates the clients' methods, so
+a method added by a new client release fails that test until it is exercised here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import threading
 import time
@@ -17,11 +22,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgmq import Message, PGMQueue, QueueMetrics, QueueRecord, transaction
-from pgmq.notify_listener import SyncNotificationListener
+from pgmq import AsyncPGMQueue, Message, PGMQueue, QueueMetrics, QueueRecord, async_transaction, transaction
+from pgmq.notify_listener import AsyncNotificationListener, SyncNotificationListener
 from psycopg import sql
 
-from tests.compat.conftest import make_sync_client, public_methods
+from tests.compat.conftest import AsyncFlavour, Flavour, make_async_client, public_methods
 
 Q = "jobs"
 
@@ -53,10 +58,20 @@ def one_message(value: Any) -> Message:
     return value
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a server error, from either driver (both name it ``sqlstate``)."""
+    code = getattr(exc, "sqlstate", None)
+    return str(code) if code is not None else None
+
+
+class _Abort(Exception):
+    pass
+
+
 # -- queue management -------------------------------------------------------------------------
 
 
-def test_create_list_validate_and_drop_queues(client: PGMQueue, dsn: str) -> None:
+def test_create_list_validate_and_drop_queues(client: PGMQueue, flavour: Flavour, dsn: str) -> None:
     client.create_queue(Q)
     client.create_queue(Q)  # idempotent
     client.create_queue("fast", unlogged=True)
@@ -71,9 +86,9 @@ def test_create_list_validate_and_drop_queues(client: PGMQueue, dsn: str) -> Non
     assert sql_one(dsn, "SELECT relpersistence FROM pg_class WHERE oid = 'pgmq.q_fast'::regclass") == "u"
 
     assert client.validate_queue_name("a" * 47) is True
-    with pytest.raises(psycopg.Error) as too_long:
+    with pytest.raises(flavour.error) as too_long:
         client.validate_queue_name("a" * 48)
-    assert too_long.value.sqlstate == "PB001"
+    assert sqlstate(too_long.value) == "PB001"
 
     assert client.drop_queue("fast") is True
     assert client.drop_queue("fast") is False  # not an error
@@ -133,11 +148,13 @@ def test_send_plain_with_headers_and_with_delays(client: PGMQueue, dsn: str) -> 
 
     visible = client.read_batch(Q, vt=30, batch_size=20)
     assert [m.msg_id for m in visible] == [plain, headed, ready, past, both_ts]
-    by_id = {m.msg_id: m for m in visible}
-    assert by_id[plain].message == {"kind": "plain"}
-    assert by_id[plain].headers is None
-    assert by_id[headed].headers == {"trace": "abc"}
-    assert by_id[both_ts].headers == {"h": 2}
+    assert [(m.message, m.headers) for m in visible] == [
+        ({"kind": "plain"}, None),
+        ({"kind": "headers"}, {"trace": "abc"}),
+        ({"kind": "delay 0"}, None),
+        ({"kind": "delay past"}, None),
+        ({"kind": "headers+ts"}, {"h": 2}),
+    ]
     hidden = {delayed: 3600, future: 3600, both: 3600, alias: 3600}
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = conn.execute(
@@ -193,8 +210,8 @@ def test_read_single_batch_and_conditional(client: PGMQueue) -> None:
     assert client.read_batch(Q, vt=30, batch_size=5) == []
 
 
-def test_read_uses_the_client_default_vt(dsn: str) -> None:
-    queue = make_sync_client(dsn, vt=1)
+def test_read_uses_the_client_default_vt(flavour: Flavour, dsn: str) -> None:
+    queue = flavour.connect(dsn, vt=1)
     try:
         queue.create_queue(Q)
         queue.send(Q, {"n": 1})
@@ -335,7 +352,7 @@ def test_purge(client: PGMQueue, dsn: str) -> None:
 # -- metrics ----------------------------------------------------------------------------------
 
 
-def test_metrics_and_metrics_all(client: PGMQueue) -> None:
+def test_metrics_and_metrics_all(client: PGMQueue, flavour: Flavour) -> None:
     client.create_queue(Q)
     client.create_queue("other")
     empty = client.metrics(Q)
@@ -359,33 +376,37 @@ def test_metrics_and_metrics_all(client: PGMQueue) -> None:
     assert isinstance(m.scrape_time, datetime)
     every = client.metrics_all()
     assert [(x.queue_name, x.queue_length) for x in every] == [(Q, 3), ("other", 0)]
-    with pytest.raises(psycopg.Error) as missing:
+    with pytest.raises(flavour.error) as missing:
         client.metrics("nope")
-    assert missing.value.sqlstate == "PB002"
+    assert sqlstate(missing.value) == "PB002"
 
 
 # -- transactions -----------------------------------------------------------------------------
 
 
-def test_calls_share_a_caller_transaction(client: PGMQueue, dsn: str) -> None:
+def test_calls_share_a_caller_transaction(client: PGMQueue, flavour: Flavour, dsn: str) -> None:
     """Every method takes ``conn=``: the caller's transaction, committed or rolled back as one."""
     client.create_queue(Q)
-    assert client.pool is not None
-    with client.pool.connection() as conn:
-        with conn.transaction():
-            client.send(Q, {"n": 1}, conn=conn)
-            client.send_batch(Q, [{"n": 2}, {"n": 3}], conn=conn)
-            assert queue_ids(dsn) == []  # not committed yet: invisible to others
-        with conn.transaction():
+    with flavour.caller_transaction(client) as conn:
+        client.send(Q, {"n": 1}, conn=conn)
+        client.send_batch(Q, [{"n": 2}, {"n": 3}], conn=conn)
+        assert queue_ids(dsn) == []  # not committed yet: invisible to others
+
+    def read_delete_and_send_then_fail() -> None:
+        with flavour.caller_transaction(client) as conn:
             got = one_message(client.read(Q, vt=30, conn=conn))
             assert client.delete(Q, got.msg_id, conn=conn) is True
             client.send(Q, {"n": 4}, conn=conn)
-            raise psycopg.Rollback()
+            raise _Abort
+
+    with pytest.raises(_Abort):
+        read_delete_and_send_then_fail()
     assert queue_ids(dsn) == [1, 2, 3]  # the read, delete and send were rolled back
     assert one_message(client.read(Q, vt=30)).read_ct == 1
 
 
-def test_transaction_decorator(client: PGMQueue, dsn: str) -> None:
+def test_transaction_decorator(sync_client: PGMQueue, dsn: str) -> None:
+    client = sync_client
     client.create_queue(Q)
 
     @transaction
@@ -400,6 +421,29 @@ def test_transaction_decorator(client: PGMQueue, dsn: str) -> None:
     assert queue_ids(dsn) == []
     send_pair(client, False)
     assert len(queue_ids(dsn)) == 2
+
+
+def test_async_transaction_decorator(async_flavour: AsyncFlavour, dsn: str) -> None:
+    @async_transaction
+    async def send_pair(queue: AsyncPGMQueue, fail: bool, conn: Any = None) -> None:
+        await queue.send(Q, {"first": True}, conn=conn)
+        await queue.send(Q, {"second": True}, conn=conn)
+        if fail:
+            raise RuntimeError("boom")
+
+    async def scenario() -> None:
+        client = await make_async_client(dsn)
+        try:
+            await client.create_queue(Q)
+            with pytest.raises(RuntimeError):
+                await send_pair(client, True)
+            assert queue_ids(dsn) == []
+            await send_pair(client, False)
+            assert len(queue_ids(dsn)) == 2
+        finally:
+            await client.close()
+
+    async_flavour.run(scenario())
 
 
 # -- notifications ----------------------------------------------------------------------------
@@ -422,7 +466,8 @@ def test_notify_enable_update_list_disable(client: PGMQueue) -> None:
     assert [t.queue_name for t in client.list_notify_throttles()] == [Q]
 
 
-def test_notification_listener_hears_a_send(client: PGMQueue) -> None:
+def test_notification_listener_hears_a_send(sync_client: PGMQueue) -> None:
+    client = sync_client
     client.create_queue(Q)
     client.enable_notify(Q, throttle_interval_ms=0)
     heard: list[dict[str, Any]] = []
@@ -439,6 +484,35 @@ def test_notification_listener_hears_a_send(client: PGMQueue) -> None:
         listener.stop()
     assert heard
     assert heard[0] == {"event": "insert", "payload_empty": True}
+
+
+def test_async_notification_listener_hears_a_send(async_flavour: AsyncFlavour, dsn: str) -> None:
+    async def scenario() -> None:
+        client = await make_async_client(dsn)
+        try:
+            await client.create_queue(Q)
+            await client.enable_notify(Q, throttle_interval_ms=0)
+            heard: list[dict[str, Any]] = []
+
+            async def on_notify(payload: dict[str, Any]) -> None:
+                heard.append(payload)
+
+            listener = AsyncNotificationListener(client)
+            task = asyncio.create_task(listener.listen(Q, on_notify))  # type: ignore[arg-type]
+            try:
+                deadline = time.monotonic() + 5
+                while not heard and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)  # LISTEN may not be up yet: send until heard
+                    await client.send(Q, {"n": 1})
+            finally:
+                listener.stop()
+                await asyncio.wait_for(task, timeout=5)
+            assert heard
+            assert heard[0] == {"event": "insert", "payload_empty": True}
+        finally:
+            await client.close()
+
+    async_flavour.run(scenario())
 
 
 # -- topics -----------------------------------------------------------------------------------
@@ -499,47 +573,61 @@ def test_topic_bind_route_send_and_unbind(client: PGMQueue, dsn: str) -> None:
     assert client.send_topic("orders.us.created", {"n": 5}) == 0
 
 
-def test_send_topic_with_headers_but_no_delay_is_outside_the_contract(client: PGMQueue) -> None:
+def test_send_topic_with_headers_but_no_delay_is_outside_the_contract(
+    client: PGMQueue, flavour: Flavour
+) -> None:
     """The client calls send_topic(routing_key, msg, headers), a form pgmq 1.13 does not define
     (its SQL has (key, msg), (key, msg, delay) and (key, msg, headers, delay)); pgbroker has
     exactly the contract's forms, so the call fails as it does against pgmq. Pass delay=0."""
     client.create_queue(Q)
     client.bind_topic("a.*", Q)
-    with pytest.raises(psycopg.errors.UndefinedFunction):
+    with pytest.raises(flavour.error) as undefined:
         client.send_topic("a.b", {"n": 1}, headers={"h": 1})
+    assert sqlstate(undefined.value) == "42883"  # undefined_function
 
 
 # -- errors and the client's own lifecycle ----------------------------------------------------
 
 
-def test_errors_carry_pgbroker_sqlstates(client: PGMQueue) -> None:
-    with pytest.raises(psycopg.Error) as missing:
+def test_errors_carry_pgbroker_sqlstates(client: PGMQueue, flavour: Flavour) -> None:
+    with pytest.raises(flavour.error) as missing:
         client.send("nope", {"n": 1})
-    assert missing.value.sqlstate == "PB002"
-    with pytest.raises(psycopg.Error) as bad_name:
+    assert sqlstate(missing.value) == "PB002"
+    with pytest.raises(flavour.error) as bad_name:
         client.create_queue("a;b")
-    assert bad_name.value.sqlstate == "PB001"
+    assert sqlstate(bad_name.value) == "PB001"
     client.create_queue(Q)
-    with pytest.raises(psycopg.Error) as conflict:
+    with pytest.raises(flavour.error) as conflict:
         client.create_queue("JOBS")
-    assert conflict.value.sqlstate == "PB004"
+    assert sqlstate(conflict.value) == "PB004"
 
 
-def test_close_releases_the_pool(dsn: str) -> None:
-    queue = make_sync_client(dsn)
+def test_close_releases_the_pool(flavour: Flavour, dsn: str) -> None:
+    queue = flavour.connect(dsn)
     queue.create_queue(Q)
     pool = queue.pool
     assert pool is not None
     queue.close()
     assert queue.pool is None
-    assert pool.closed
+    assert flavour.pool_is_closed(pool)
     queue.close()  # twice is fine
+
+
+def test_a_second_init_keeps_the_pool(async_flavour: AsyncFlavour, dsn: str) -> None:
+    client = async_flavour.connect(dsn)  # connected: init() has run once
+    try:
+        pool = client.pool
+        assert pool is not None
+        client.init()  # type: ignore[attr-defined]  # AsyncPGMQueue's, through Blocking
+        assert client.pool is pool
+    finally:
+        client.close()
 
 
 # -- every public method is exercised ---------------------------------------------------------
 
-# Client method -> the tests above that call it. Checked both ways: every public method of the
-# client is listed, and every listed test exists and calls the method.
+# Client method -> the tests above that call it. Checked both ways, for each client: every public
+# method of the client is listed, and every listed test exists and calls the method.
 EXERCISED: dict[str, tuple[Callable[..., None], ...]] = {
     "archive": (test_archive_and_archive_batch,),
     "archive_batch": (test_archive_and_archive_batch,),
@@ -555,7 +643,11 @@ EXERCISED: dict[str, tuple[Callable[..., None], ...]] = {
     "detach_archive": (test_detach_archive_is_a_deprecated_no_op,),
     "disable_notify": (test_notify_enable_update_list_disable,),
     "drop_queue": (test_create_list_validate_and_drop_queues,),
-    "enable_notify": (test_notify_enable_update_list_disable, test_notification_listener_hears_a_send),
+    "enable_notify": (
+        test_notify_enable_update_list_disable,
+        test_notification_listener_hears_a_send,
+        test_async_notification_listener_hears_a_send,
+    ),
     "list_notify_throttles": (test_notify_enable_update_list_disable,),
     "list_queues": (test_create_list_validate_and_drop_queues,),
     "list_topic_bindings": (test_topic_bind_route_send_and_unbind,),
@@ -582,13 +674,18 @@ EXERCISED: dict[str, tuple[Callable[..., None], ...]] = {
     "validate_routing_key": (test_topic_bind_route_send_and_unbind,),
     "validate_topic_pattern": (test_topic_bind_route_send_and_unbind,),
 }
+ONLY_ASYNC: dict[str, tuple[Callable[..., None], ...]] = {
+    "init": (test_a_second_init_keeps_the_pool,),
+}
 
 
-def test_every_public_client_method_is_exercised() -> None:
-    methods = public_methods(PGMQueue)
-    assert sorted(methods - EXERCISED.keys()) == [], "client methods no test exercises"
-    assert sorted(EXERCISED.keys() - methods) == [], "listed methods the client no longer has"
-    for method, tests in EXERCISED.items():
+@pytest.mark.parametrize("client_class", [PGMQueue, AsyncPGMQueue], ids=["sync", "async"])
+def test_every_public_client_method_is_exercised(client_class: type) -> None:
+    exercised = EXERCISED | (ONLY_ASYNC if client_class is AsyncPGMQueue else {})
+    methods = public_methods(client_class)
+    assert sorted(methods - exercised.keys()) == [], "client methods no test exercises"
+    assert sorted(exercised.keys() - methods) == [], "listed methods the client no longer has"
+    for method, tests in exercised.items():
         for test in tests:
             assert test is globals()[test.__name__]
             assert f".{method}(" in inspect.getsource(test), f"{test.__name__} does not call {method}"

@@ -1,4 +1,4 @@
-"""The pure parts of pgbroker.listen: the schedule of a waiting read and the reconnect delays."""
+"""The pure parts of pgbroker.listen: the schedule of a waiting read, the reconnect delays, news."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 import pytest
 
 from pgbroker.errors import InvalidArgument
-from pgbroker.listen import Waiting, check_poll_interval, reconnect_delay
+from pgbroker.listen import Listener, Subscription, Waiting, _Loop, check_poll_interval, reconnect_delay
 
 
 def test_a_read_that_does_not_wait_is_done_at_once() -> None:
@@ -41,3 +41,17 @@ def test_reconnect_delays_grow_from_a_tenth_of_a_second_to_five_seconds() -> Non
 def test_poll_interval_must_be_positive_seconds(bad: object) -> None:
     with pytest.raises(InvalidArgument, match="poll_interval"):
         check_poll_interval(bad)  # type: ignore[arg-type]
+
+
+def test_a_subscriber_has_news_when_its_channel_was_heard_since_it_last_looked() -> None:
+    listener = Listener(lambda: "unused: the loop is never started")
+    listener._listening = _Loop("unused", lambda: None)
+    listener._listening.counts.update({"mine": 3, "other": 0})
+    place = Subscription(listener, "mine")
+    assert not place._has_news()
+    listener._listening.counts["other"] += 1
+    assert not place._has_news()
+    listener._listening.counts["mine"] += 1
+    assert place._has_news()
+    place._catch_up()
+    assert not place._has_news()

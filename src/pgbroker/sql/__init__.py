@@ -1,4 +1,8 @@
-"""The SQL that defines pgbroker: versioned migrations and the client's named queries.
+"""The SQL that defines pgbroker: the engine's schema, its migrations, and the client's named queries.
+
+schema/*.sql is the engine as it is now, by concern; a new database is installed from it.
+migrations/*.sql are the deltas that bring a database installed by an earlier version up to
+date. tests/integration/test_migrations.py proves that both give the same catalog.
 
 Queue semantics live only in these files. Python loads them as LiteralString,
 so the types say that no query text is ever built from values
@@ -15,6 +19,8 @@ from importlib import resources
 from typing import LiteralString
 
 _MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+# The two-digit prefix is the load order: a file may use what earlier ones define.
+_SCHEMA_FILE = re.compile(r"^\d{2}_[a-z0-9_]+\.sql$")
 _QUERY_HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 
 
@@ -43,6 +49,25 @@ def migrations() -> tuple[Migration, ...]:
     if versions != list(range(1, len(found) + 1)):
         raise RuntimeError(f"migration versions must run 1..n without gaps, found {versions}")
     return tuple(found)
+
+
+@dataclass(frozen=True)
+class SchemaFile:
+    name: str
+    sql: LiteralString
+
+
+@cache
+def schema() -> tuple[SchemaFile, ...]:
+    """The engine's current definition, the files of schema/ in load order."""
+    found = []
+    for entry in resources.files(__package__).joinpath("schema").iterdir():
+        if _SCHEMA_FILE.match(entry.name):
+            sql: LiteralString = entry.read_text(encoding="utf-8")
+            found.append(SchemaFile(entry.name, sql))
+    if not found:
+        raise RuntimeError("no schema files found: the package was installed without sql/schema/*.sql")
+    return tuple(sorted(found, key=lambda f: f.name))
 
 
 @cache

@@ -1,0 +1,1 @@
+"""Developer scripts: scripts/async_to_sync.py generates the sync client from the asyncio one."""

@@ -1,0 +1,346 @@
+-- pgbroker's engine: schema/ is its current definition.
+--
+-- These files define every schema, table, type, index, function, trigger and
+-- grant of pgbroker, by concern, each function once, with the comment that
+-- explains it. They run in the order of their numeric prefixes, in one
+-- transaction, when pgbroker is installed into a new database (install.py),
+-- and that database records every migration as applied.
+--
+-- migrations/ holds the deltas that bring a database installed by an earlier
+-- version up to date. To change the engine, edit schema/ AND add a migration
+-- that makes the same change to an existing database; never edit a migration
+-- that has shipped (its checksum is recorded in users' databases).
+-- tests/integration/test_migrations.py proves that the two agree: a database
+-- upgraded through every migration and one installed from schema/ must have
+-- identical catalogs, function bodies included. Comments inside a function's
+-- body are part of its definition, so they change only with a migration.
+--
+-- The installer's own bookkeeping, pgbroker.schema_migrations, is created by
+-- install.py before these files run.
+--
+-- Files: 10 queues, 20 policies, 30 sends, 40 receipts, 50 reads, 60 acks,
+-- 65 failures (dead letters), 70 FIFO groups, 72 topics, 74 notify,
+-- 76 partitions, 80 stats, 82 spark, 84 keys, 86 bridge, 88 roles, 90 routes.
+
+-- Queues: pgmq's SQL contract (1.13) and the tables behind it.
+--
+-- Everything is plain SQL and PL/pgSQL so that it installs on any Postgres
+-- >= 14, managed services included. Names, argument names, defaults and
+-- result types in schema pgmq follow pgmq's API exactly; internals are our
+-- own and live in schema pgbroker.
+--
+-- A queue is two tables: pgmq.q_<name> holds its messages, pgmq.a_<name> its
+-- archive. How a queue table is indexed (the reason reads do not slow down
+-- with the backlog): a message is either *ready* (never delivered and visible
+-- from the moment it was sent: read_ct = 0 AND vt <= enqueued_at) or *timed*
+-- (in flight, delayed, or nacked: everything else). Ready messages sit in a
+-- partial index on msg_id, so a read walks only deliverable rows in FIFO
+-- order; timed messages sit in a partial index on vt, so due redeliveries are
+-- found from the oldest due time and in-flight rows are never scanned. pgmq
+-- instead walks msg_id order over every row and filters on vt, which touches
+-- every in-flight message at the head of the queue on every read.
+
+CREATE SCHEMA pgmq;
+-- install.py creates it first, for pgbroker.schema_migrations.
+CREATE SCHEMA IF NOT EXISTS pgbroker;
+
+CREATE TABLE pgmq.meta (
+    queue_name VARCHAR UNIQUE NOT NULL,
+    is_partitioned BOOLEAN NOT NULL,
+    is_unlogged BOOLEAN NOT NULL,
+    created_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL
+);
+-- pgmq maps 'Orders' and 'orders' to the same tables; pgbroker refuses the
+-- second name instead (and finds the queue whatever case a caller uses).
+CREATE UNIQUE INDEX meta_queue_name_lower_key ON pgmq.meta (lower(queue_name));
+
+-- pg_monitor reads every queue table, as pgmq grants it; queues created later
+-- are covered by the default privileges.
+GRANT USAGE ON SCHEMA pgmq TO pg_monitor;
+GRANT SELECT ON ALL TABLES IN SCHEMA pgmq TO pg_monitor;
+GRANT SELECT ON ALL SEQUENCES IN SCHEMA pgmq TO pg_monitor;
+ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON TABLES TO pg_monitor;
+ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON SEQUENCES TO pg_monitor;
+
+-- The field order of these types is part of the contract.
+CREATE TYPE pgmq.message_record AS (
+    msg_id BIGINT,
+    read_ct INTEGER,
+    enqueued_at TIMESTAMP WITH TIME ZONE,
+    last_read_at TIMESTAMP WITH TIME ZONE,
+    vt TIMESTAMP WITH TIME ZONE,
+    message JSONB,
+    headers JSONB
+);
+
+CREATE TYPE pgmq.queue_record AS (
+    queue_name VARCHAR,
+    is_partitioned BOOLEAN,
+    is_unlogged BOOLEAN,
+    created_at TIMESTAMP WITH TIME ZONE
+);
+
+CREATE TYPE pgmq.metrics_result AS (
+    queue_name text,
+    queue_length bigint,
+    newest_msg_age_sec int,
+    oldest_msg_age_sec int,
+    total_messages bigint,
+    scrape_time timestamp with time zone,
+    queue_visible_length bigint,
+    default_partition_length bigint
+);
+
+------------------------------------------------------------------------------
+-- Internal helpers (schema pgbroker). Errors carry SQLSTATEs of class PB so
+-- that every client, in any language, can tell them apart:
+--   PB001 invalid queue name      PB002 queue not found
+--   PB003 stale receipt           PB004 queue name conflict (case)
+--   PB005 message too large       PB006 queue full (max_depth)
+--   PB007 invalid argument        PB008 missing extension (pg_partman)
+------------------------------------------------------------------------------
+
+-- Refuse a name that cannot be a queue's (PB001), saying why: its tables are
+-- q_<name> and a_<name>, lower-cased, within Postgres' identifier length.
+CREATE FUNCTION pgbroker._check_name(queue_name text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF queue_name IS NULL OR queue_name = '' THEN
+        RAISE EXCEPTION 'queue name must not be empty'
+            USING ERRCODE = 'PB001',
+                  HINT = 'Use a name of 1 to 47 characters, for example ''orders''.';
+    END IF;
+    IF length(queue_name) > 47 THEN
+        -- The first sentence is pgmq's own message, kept for its clients.
+        RAISE EXCEPTION 'queue name is too long, maximum length is 47 characters (got % characters)',
+            length(queue_name)
+            USING ERRCODE = 'PB001',
+                  HINT = 'Table names are q_<name> and a_<name>, and identifiers stop at 63 bytes.';
+    END IF;
+    IF octet_length(queue_name) > 47 THEN
+        -- Identifiers stop at 63 bytes: a longer multibyte name would be cut,
+        -- and q_<name>_ready_idx and q_<name>_vt_idx would collide.
+        RAISE EXCEPTION 'queue name is too long: % bytes in UTF-8, the maximum is 47 bytes',
+            octet_length(queue_name)
+            USING ERRCODE = 'PB001',
+                  HINT = 'Use a shorter name; letters outside ASCII take two to four bytes each.';
+    END IF;
+    IF queue_name ~ '\$|;|--|''' THEN
+        RAISE EXCEPTION 'queue name contains invalid characters: $, ;, --, or '' (got %)',
+            quote_literal(queue_name)
+            USING ERRCODE = 'PB001',
+                  HINT = 'Use letters, digits, _ and - only.';
+    END IF;
+    IF queue_name ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'queue name contains a control character (got %)', quote_literal(queue_name)
+            USING ERRCODE = 'PB001',
+                  HINT = 'Use letters, digits, _ and - only.';
+    END IF;
+END;
+$$;
+
+-- The queue's table name for prefix 'q' or 'a'; fails with PB002 when the
+-- queue was never created, naming the fix. Every operation calls this, so the
+-- usual case is one index probe on the small meta table: only a name that is
+-- not there is checked further, to say whether it is invalid or just missing
+-- (a name in meta passed _check_name when its queue was created).
+CREATE FUNCTION pgbroker._table(queue_name text, prefix text DEFAULT 'q')
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_table.queue_name)) THEN
+        PERFORM pgbroker._check_name(queue_name);
+        RAISE EXCEPTION 'queue "%" does not exist', queue_name
+            USING ERRCODE = 'PB002',
+                  HINT = format('Create it first: SELECT pgmq.create(%L); or: pgbroker create %s',
+                                queue_name, queue_name);
+    END IF;
+    RETURN lower(prefix || '_' || queue_name);
+END;
+$$;
+
+-- Refuse an invalid argument with PB007 and a hint; ok NULL counts as false.
+CREATE FUNCTION pgbroker._check_arg(ok boolean, message text, hint text DEFAULT NULL)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF ok IS NOT TRUE THEN
+        RAISE EXCEPTION '%', message USING ERRCODE = 'PB007', HINT = coalesce(hint, '');
+    END IF;
+END;
+$$;
+
+-- The queue's name as stored in pgmq.meta (the key of the tables that refer
+-- to a queue) for any spelling; NULL when there is no such queue, so callers
+-- check with _table first.
+CREATE FUNCTION pgbroker._stored_name(queue_name text)
+RETURNS varchar LANGUAGE sql STABLE AS $$
+    SELECT m.queue_name FROM pgmq.meta m WHERE lower(m.queue_name) = lower($1);
+$$;
+
+------------------------------------------------------------------------------
+-- Names
+------------------------------------------------------------------------------
+
+CREATE FUNCTION pgmq.validate_queue_name(queue_name TEXT)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._check_name(queue_name);
+END;
+$$;
+
+-- pgmq's helper, with pgmq's check and message: it refuses only the characters
+-- that could end a literal or a statement (pgbroker._check_name checks fully).
+CREATE FUNCTION pgmq.format_table_name(queue_name text, prefix text)
+RETURNS TEXT LANGUAGE plpgsql AS $$
+BEGIN
+    IF queue_name ~ '\$|;|--|''' THEN
+        RAISE EXCEPTION 'queue name contains invalid characters: $, ;, --, or '''
+            USING ERRCODE = 'PB001';
+    END IF;
+    RETURN lower(prefix || '_' || queue_name);
+END;
+$$;
+
+------------------------------------------------------------------------------
+-- Queue management
+------------------------------------------------------------------------------
+
+-- Create a plain queue: the queue table with its ready and timed indexes, the
+-- archive, and the meta row (whose insert rewrites the routes, 90_routes.sql).
+-- Idempotent for the same name; PB004 for a name that differs only in case.
+-- Partitioned queues are made by pgmq.create_partitioned (76_partitions.sql).
+CREATE FUNCTION pgbroker._create_queue(queue_name text, unlogged boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    qtable text := lower('q_' || queue_name);
+    atable text := lower('a_' || queue_name);
+    existing pgmq.meta;
+BEGIN
+    PERFORM pgbroker._check_name(queue_name);
+    -- Serialise creators of the same name (any case) without blocking others.
+    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+
+    SELECT * INTO existing FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_create_queue.queue_name);
+    IF FOUND THEN
+        IF existing.queue_name <> queue_name THEN
+            RAISE EXCEPTION 'queue "%" conflicts with existing queue "%": names differing only in case share tables',
+                queue_name, existing.queue_name
+                USING ERRCODE = 'PB004',
+                      HINT = format('Use the existing name %L.', existing.queue_name);
+        END IF;
+        RETURN;  -- create is idempotent
+    END IF;
+
+    EXECUTE format(
+        $Q$
+        CREATE %s TABLE pgmq.%I (
+            msg_id BIGINT PRIMARY KEY GENERATED ALWAYS AS IDENTITY,
+            read_ct INT DEFAULT 0 NOT NULL,
+            enqueued_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
+            last_read_at TIMESTAMP WITH TIME ZONE,
+            vt TIMESTAMP WITH TIME ZONE NOT NULL,
+            message JSONB,
+            headers JSONB
+        )
+        $Q$, CASE WHEN unlogged THEN 'UNLOGGED' ELSE '' END, qtable);
+    EXECUTE format(
+        'CREATE INDEX %I ON pgmq.%I (msg_id) WHERE read_ct = 0 AND vt <= enqueued_at',
+        qtable || '_ready_idx', qtable);
+    EXECUTE format(
+        'CREATE INDEX %I ON pgmq.%I (vt) WHERE NOT (read_ct = 0 AND vt <= enqueued_at)',
+        qtable || '_vt_idx', qtable);
+
+    EXECUTE format(
+        $Q$
+        CREATE TABLE pgmq.%I (
+            msg_id BIGINT PRIMARY KEY,
+            read_ct INT DEFAULT 0 NOT NULL,
+            enqueued_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
+            last_read_at TIMESTAMP WITH TIME ZONE,
+            archived_at TIMESTAMP WITH TIME ZONE DEFAULT now() NOT NULL,
+            vt TIMESTAMP WITH TIME ZONE NOT NULL,
+            message JSONB,
+            headers JSONB
+        )
+        $Q$, atable);
+    EXECUTE format('CREATE INDEX %I ON pgmq.%I (archived_at)', 'archived_at_idx_' || lower(queue_name), atable);
+
+    INSERT INTO pgmq.meta (queue_name, is_partitioned, is_unlogged)
+    VALUES (queue_name, false, unlogged);
+END;
+$$;
+
+-- pgmq's ways to create a plain queue (pgmq.create makes a plain queue in
+-- pgmq too).
+CREATE FUNCTION pgmq.create_non_partitioned(queue_name TEXT)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._create_queue(queue_name, false);
+END;
+$$;
+
+CREATE FUNCTION pgmq.create_unlogged(queue_name TEXT)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._create_queue(queue_name, true);
+END;
+$$;
+
+CREATE FUNCTION pgmq."create"(queue_name TEXT)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._create_queue(queue_name, false);
+END;
+$$;
+
+-- Drop a queue's tables and its meta row; false (with a NOTICE, as pgmq) when
+-- there is no such queue. Deleting the meta row cascades to every table that
+-- refers to the queue, removes its pg_partman configuration (76_partitions.sql)
+-- and rewrites the routes (90_routes.sql).
+CREATE FUNCTION pgmq.drop_queue(queue_name TEXT)
+RETURNS BOOLEAN LANGUAGE plpgsql AS $$
+DECLARE
+    stored_name text;
+BEGIN
+    PERFORM pgbroker._check_name(queue_name);
+    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    SELECT m.queue_name INTO stored_name FROM pgmq.meta m
+    WHERE lower(m.queue_name) = lower(drop_queue.queue_name);
+    IF NOT FOUND THEN
+        RAISE NOTICE 'pgmq queue `%` does not exist', queue_name;
+        RETURN false;
+    END IF;
+    EXECUTE format('DROP TABLE IF EXISTS pgmq.%I', lower('q_' || queue_name));
+    EXECUTE format('DROP TABLE IF EXISTS pgmq.%I', lower('a_' || queue_name));
+    DELETE FROM pgmq.meta m WHERE m.queue_name = stored_name;
+    RETURN true;
+END;
+$$;
+
+CREATE FUNCTION pgmq.drop_queue(queue_name TEXT, partitioned BOOLEAN)
+RETURNS BOOLEAN LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE WARNING 'drop_queue(queue_name, partitioned) is deprecated; use drop_queue(queue_name)';
+    PERFORM pgmq.drop_queue(queue_name);
+    RETURN true;
+END;
+$$;
+
+-- Delete every message of a queue (not its archive); returns how many.
+CREATE FUNCTION pgmq.purge_queue(queue_name TEXT)
+RETURNS BIGINT LANGUAGE plpgsql AS $$
+DECLARE
+    qtable text := pgbroker._table(queue_name);
+    purged bigint;
+BEGIN
+    -- Lock first so that the count is exactly what TRUNCATE removes.
+    EXECUTE format('LOCK TABLE pgmq.%I IN ACCESS EXCLUSIVE MODE', qtable);
+    EXECUTE format('SELECT count(*) FROM pgmq.%I', qtable) INTO purged;
+    EXECUTE format('TRUNCATE TABLE pgmq.%I', qtable);
+    RETURN purged;
+END;
+$$;
+
+CREATE FUNCTION pgmq.list_queues()
+RETURNS SETOF pgmq.queue_record LANGUAGE sql STABLE AS $$
+    SELECT queue_name, is_partitioned, is_unlogged, created_at FROM pgmq.meta ORDER BY queue_name;
+$$;

@@ -1,0 +1,274 @@
+-- Policies: per-queue delivery rules, beyond pgmq.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
+--
+-- A queue may have a policy row: how often a message may be delivered, how
+-- long to back off after a failure, where poison messages go, whether an ack
+-- archives or deletes, how deep the queue may grow, and how long the archive
+-- is kept. The worker runtime and the CLI only call the functions of the
+-- engine, so every consumer of the queue, in any language, follows the same
+-- rules:
+--   pgbroker.complete(queue, receipts)     ack with the policy's ack_mode
+--                                          (60_acks.sql);
+--   pgbroker.fail(queue, receipt, error)   nack with the policy's back-off, or
+--                                          dead-letter after max_deliveries
+--                                          (65_failures.sql);
+--   pgbroker.read(...)                     dead-letters, instead of delivering,
+--                                          a message that already had
+--                                          max_deliveries (its consumers died
+--                                          or let their leases run out);
+--   every send                             refuses (PB006) to grow the queue
+--                                          past max_depth;
+--   pgbroker.trim_archive(queue)           applies the archive retention.
+-- Plain pgmq.read/delete/archive are untouched: pgmq clients keep pgmq's rules.
+-- The hot path reads max_deliveries, max_depth and ack_mode from the routes
+-- (90_routes.sql), which a change of this table rewrites.
+
+-- No column defaults: the defaults are written once, in pgbroker.policy().
+CREATE TABLE pgbroker.queue_policy (
+    queue_name varchar PRIMARY KEY
+        REFERENCES pgmq.meta (queue_name) ON DELETE CASCADE,
+    max_deliveries integer CHECK (max_deliveries >= 1),                       -- NULL: unlimited
+    backoff text NOT NULL CHECK (backoff IN ('fixed', 'exponential')),
+    backoff_base_seconds integer NOT NULL CHECK (backoff_base_seconds >= 0),
+    backoff_max_seconds integer NOT NULL,
+    backoff_jitter boolean NOT NULL,
+    dead_letter_queue varchar                                                 -- NULL: the archive
+        REFERENCES pgmq.meta (queue_name) ON DELETE SET NULL,
+    ack_mode text NOT NULL CHECK (ack_mode IN ('archive', 'delete')),
+    max_depth bigint CHECK (max_depth >= 1),                                  -- NULL: unbounded
+    archive_retention_seconds bigint CHECK (archive_retention_seconds >= 1),  -- NULL: forever
+    archive_max_rows bigint CHECK (archive_max_rows >= 1),                    -- NULL: unbounded
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CHECK (backoff_max_seconds >= backoff_base_seconds),
+    CHECK (dead_letter_queue IS DISTINCT FROM queue_name)
+);
+
+-- The policy in force: the queue's row, or the defaults when it has none. The
+-- usual case is one statement: a probe of meta (as pgbroker._table makes)
+-- joined with the policy table.
+CREATE FUNCTION pgbroker.policy(queue_name text)
+RETURNS pgbroker.queue_policy LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    hit record;
+    found_policy pgbroker.queue_policy;
+BEGIN
+    SELECT m.queue_name AS stored, p AS row INTO hit
+    FROM pgmq.meta m LEFT JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
+    WHERE lower(m.queue_name) = lower(policy.queue_name);
+    IF NOT FOUND THEN
+        PERFORM pgbroker._table(queue_name);  -- PB001/PB002, naming the problem
+    END IF;
+    found_policy := hit.row;
+    IF found_policy.queue_name IS NULL THEN
+        found_policy.queue_name := hit.stored;
+        found_policy.backoff := 'exponential';
+        found_policy.backoff_base_seconds := 1;
+        found_policy.backoff_max_seconds := 300;
+        found_policy.backoff_jitter := true;
+        found_policy.ack_mode := 'archive';
+        found_policy.updated_at := now();
+        -- max_deliveries, dead_letter_queue, max_depth and the retention stay NULL: off.
+    END IF;
+    RETURN found_policy;
+END;
+$$;
+
+-- Every queue's policy, by queue name.
+CREATE FUNCTION pgbroker.policies()
+RETURNS SETOF pgbroker.queue_policy LANGUAGE sql STABLE AS $$
+    SELECT p.* FROM pgmq.meta m CROSS JOIN LATERAL pgbroker.policy(m.queue_name) p ORDER BY m.queue_name;
+$$;
+
+-- Change a queue's policy; returns it. A NULL argument leaves that setting as
+-- it is; 0 turns max_deliveries, max_depth, archive_retention_seconds and
+-- archive_max_rows off, and '' removes the dead-letter queue.
+CREATE FUNCTION pgbroker.set_policy(
+    queue_name text,
+    max_deliveries integer DEFAULT NULL,
+    backoff text DEFAULT NULL,
+    backoff_base_seconds integer DEFAULT NULL,
+    backoff_max_seconds integer DEFAULT NULL,
+    backoff_jitter boolean DEFAULT NULL,
+    dead_letter_queue text DEFAULT NULL,
+    ack_mode text DEFAULT NULL,
+    max_depth bigint DEFAULT NULL,
+    archive_retention_seconds bigint DEFAULT NULL,
+    archive_max_rows bigint DEFAULT NULL
+)
+RETURNS pgbroker.queue_policy LANGUAGE plpgsql AS $$
+DECLARE
+    p pgbroker.queue_policy;
+    dlq varchar;
+BEGIN
+    PERFORM pgbroker._table(queue_name);
+    PERFORM pgbroker._check_arg(max_deliveries IS NULL OR max_deliveries >= 0,
+        format('max_deliveries must be >= 0 (0: unlimited), got %s', max_deliveries));
+    PERFORM pgbroker._check_arg(backoff IS NULL OR backoff IN ('fixed', 'exponential'),
+        format('backoff must be ''fixed'' or ''exponential'', got %L', backoff));
+    PERFORM pgbroker._check_arg(backoff_base_seconds IS NULL OR backoff_base_seconds >= 0,
+        format('backoff_base_seconds must be >= 0, got %s', backoff_base_seconds));
+    PERFORM pgbroker._check_arg(backoff_max_seconds IS NULL OR backoff_max_seconds >= 0,
+        format('backoff_max_seconds must be >= 0, got %s', backoff_max_seconds));
+    PERFORM pgbroker._check_arg(ack_mode IS NULL OR ack_mode IN ('archive', 'delete'),
+        format('ack_mode must be ''archive'' or ''delete'', got %L', ack_mode));
+    PERFORM pgbroker._check_arg(max_depth IS NULL OR max_depth >= 0,
+        format('max_depth must be >= 0 (0: unbounded), got %s', max_depth));
+    PERFORM pgbroker._check_arg(archive_retention_seconds IS NULL OR archive_retention_seconds >= 0,
+        format('archive_retention_seconds must be >= 0 (0: forever), got %s', archive_retention_seconds));
+    PERFORM pgbroker._check_arg(archive_max_rows IS NULL OR archive_max_rows >= 0,
+        format('archive_max_rows must be >= 0 (0: unbounded), got %s', archive_max_rows));
+    IF dead_letter_queue <> '' THEN
+        PERFORM pgbroker._table(dead_letter_queue);
+        dlq := pgbroker._stored_name(dead_letter_queue);
+        PERFORM pgbroker._check_arg(dlq <> pgbroker._stored_name(queue_name),
+            'a queue cannot be its own dead-letter queue',
+            'Create a separate queue, e.g. ''' || queue_name || '_dlq''.');
+    END IF;
+
+    -- Changes of one queue's policy take turns (as its create and drop do), so
+    -- that two callers changing different settings both keep theirs; the read
+    -- below is a new statement, so it sees the previous caller's commit.
+    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    p := pgbroker.policy(queue_name);
+    p.max_deliveries := CASE WHEN max_deliveries = 0 THEN NULL
+                             ELSE coalesce(max_deliveries, p.max_deliveries) END;
+    p.backoff := coalesce(backoff, p.backoff);
+    p.backoff_base_seconds := coalesce(backoff_base_seconds, p.backoff_base_seconds);
+    p.backoff_max_seconds := coalesce(backoff_max_seconds, p.backoff_max_seconds);
+    p.backoff_jitter := coalesce(backoff_jitter, p.backoff_jitter);
+    p.dead_letter_queue := CASE WHEN dead_letter_queue = '' THEN NULL
+                                ELSE coalesce(dlq, p.dead_letter_queue) END;
+    p.ack_mode := coalesce(ack_mode, p.ack_mode);
+    p.max_depth := CASE WHEN max_depth = 0 THEN NULL ELSE coalesce(max_depth, p.max_depth) END;
+    p.archive_retention_seconds := CASE WHEN archive_retention_seconds = 0 THEN NULL
+                                        ELSE coalesce(archive_retention_seconds, p.archive_retention_seconds) END;
+    p.archive_max_rows := CASE WHEN archive_max_rows = 0 THEN NULL
+                               ELSE coalesce(archive_max_rows, p.archive_max_rows) END;
+    PERFORM pgbroker._check_arg(p.backoff_max_seconds >= p.backoff_base_seconds,
+        format('backoff_max_seconds (%s) must be >= backoff_base_seconds (%s)',
+               p.backoff_max_seconds, p.backoff_base_seconds),
+        'Exponential back-off doubles from the base up to the max; fixed back-off uses the base.');
+    p.updated_at := now();
+
+    INSERT INTO pgbroker.queue_policy VALUES (p.*)
+    ON CONFLICT ON CONSTRAINT queue_policy_pkey DO UPDATE SET
+        max_deliveries = EXCLUDED.max_deliveries,
+        backoff = EXCLUDED.backoff,
+        backoff_base_seconds = EXCLUDED.backoff_base_seconds,
+        backoff_max_seconds = EXCLUDED.backoff_max_seconds,
+        backoff_jitter = EXCLUDED.backoff_jitter,
+        dead_letter_queue = EXCLUDED.dead_letter_queue,
+        ack_mode = EXCLUDED.ack_mode,
+        max_depth = EXCLUDED.max_depth,
+        archive_retention_seconds = EXCLUDED.archive_retention_seconds,
+        archive_max_rows = EXCLUDED.archive_max_rows,
+        updated_at = EXCLUDED.updated_at;
+    RETURN p;
+END;
+$$;
+
+-- Seconds to wait before the next delivery after the read_ct-th one failed.
+-- Exponential back-off doubles from the base up to the max; jitter draws the
+-- delay from its upper half, so that messages that failed together (a
+-- dependency down) come back spread out rather than all at once.
+CREATE FUNCTION pgbroker.retry_delay(p pgbroker.queue_policy, read_ct integer)
+RETURNS integer LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN p.backoff_jitter THEN ceil(d / 2.0 + random() * d / 2.0)::integer ELSE d END
+    FROM (SELECT CASE p.backoff
+                     WHEN 'fixed' THEN p.backoff_base_seconds
+                     ELSE least(p.backoff_max_seconds::numeric,
+                                p.backoff_base_seconds * power(2::numeric, least(greatest(read_ct - 1, 0), 40)))
+                 END::integer AS d) AS delay;
+$$;
+
+------------------------------------------------------------------------------
+-- Backpressure
+------------------------------------------------------------------------------
+
+-- Refuse a send that would take the queue past its max_depth. The cheap
+-- upper bound (ids handed out minus the oldest id present) settles almost
+-- every send in two index probes; only near the limit is the queue counted,
+-- and then at most max_depth + 1 rows (an index-only walk, ~10 ms per 100,000
+-- rows: keep max_depth in that range, it is a safety limit). In-flight and
+-- delayed messages count: they are still in the queue. Concurrent senders
+-- may overshoot by what their uncommitted transactions hold: the limit
+-- protects the disk, it is not a counter.
+CREATE FUNCTION pgbroker._check_depth(queue_name text, qtable text, incoming integer)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    max_depth bigint;
+    upper_bound bigint;
+    depth bigint;
+BEGIN
+    SELECT p.max_depth INTO max_depth
+    FROM pgmq.meta m JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
+    WHERE lower(m.queue_name) = lower(_check_depth.queue_name);
+    IF max_depth IS NULL THEN
+        RETURN;
+    END IF;
+    EXECUTE format('SELECT (SELECT last_value FROM %s) - coalesce((SELECT min(msg_id) FROM pgmq.%I), 0) + 1',
+                   pg_get_serial_sequence(format('pgmq.%I', qtable), 'msg_id'), qtable) INTO upper_bound;
+    IF upper_bound + incoming <= max_depth THEN
+        RETURN;
+    END IF;
+    EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM pgmq.%I LIMIT $1) AS q', qtable)
+        INTO depth USING max_depth + 1;
+    IF depth + incoming > max_depth THEN
+        RAISE EXCEPTION 'queue "%" is full: % messages in it, % more would pass its max_depth of %',
+            queue_name, depth, incoming, max_depth
+            USING ERRCODE = 'PB006',
+                  HINT = 'Consume faster, send again later (the clients'' send(..., wait=seconds) does), '
+                         'or raise the limit: pgbroker policy set ' || queue_name || ' --max-depth N';
+    END IF;
+END;
+$$;
+
+------------------------------------------------------------------------------
+-- Archive retention (for non-partitioned queues; partitioned archives follow
+-- pg_partman's retention, see 76_partitions.sql). Deletes at most batch_size
+-- rows per call, so that each call is a short transaction; callers repeat
+-- until it returns 0 (pgbroker maintain does).
+------------------------------------------------------------------------------
+
+CREATE FUNCTION pgbroker.trim_archive(queue_name text, batch_size integer DEFAULT 10000)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    atable text := pgbroker._table(queue_name, 'a');
+    p pgbroker.queue_policy := pgbroker.policy(queue_name);
+    deleted bigint := 0;
+    n bigint;
+    cutoff timestamptz;
+BEGIN
+    PERFORM pgbroker._check_arg(batch_size IS NOT NULL AND batch_size >= 1,
+        format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
+    IF p.archive_retention_seconds IS NOT NULL THEN
+        EXECUTE format(
+            $Q$
+            DELETE FROM pgmq.%1$I WHERE msg_id IN (
+                SELECT msg_id FROM pgmq.%1$I WHERE archived_at < now() - make_interval(secs => $1)
+                ORDER BY archived_at LIMIT $2)
+            $Q$, atable) USING p.archive_retention_seconds, batch_size;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
+    IF p.archive_max_rows IS NOT NULL AND deleted < batch_size THEN
+        -- The archived_at of the archive_max_rows-th newest row (a walk of
+        -- that many entries of the archived_at index); older rows go. Rows
+        -- archived by one statement share archived_at, so those tied with it
+        -- stay: at least archive_max_rows rows are kept.
+        EXECUTE format('SELECT archived_at FROM pgmq.%I ORDER BY archived_at DESC OFFSET $1 LIMIT 1', atable)
+            INTO cutoff USING p.archive_max_rows - 1;
+        IF cutoff IS NOT NULL THEN
+            EXECUTE format(
+                $Q$
+                DELETE FROM pgmq.%1$I WHERE msg_id IN (
+                    SELECT msg_id FROM pgmq.%1$I WHERE archived_at < $1 ORDER BY archived_at LIMIT $2)
+                $Q$, atable) USING cutoff, batch_size - deleted;
+            GET DIAGNOSTICS n = ROW_COUNT;
+            deleted := deleted + n;
+        END IF;
+    END IF;
+    RETURN deleted;
+END;
+$$;

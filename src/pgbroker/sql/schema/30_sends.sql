@@ -1,0 +1,196 @@
+-- Sends: pgmq.send and pgmq.send_batch in every form.
+-- (The engine as it is now: change it together with a new migration, see
+-- 10_queues.sql.)
+--
+-- Every form lands in the send route, pgbroker._route_send (90_routes.sql),
+-- which checks the batch, the message size and the queue's max_depth, in
+-- that order, then runs the queue's INSERT as static SQL with the table name
+-- written in. A queue the route does not hold takes the same checks and runs
+-- pgbroker._send_insert_sql's statement dynamically. A message without delay
+-- gets vt = enqueued_at, which is what puts it in the ready index.
+--
+-- A send takes its transaction id before its msg_ids: queue_head's bounds
+-- (50_reads.sql) rely on it.
+
+-- The shape of a batch, checked before anything is sent (send_batch_topic
+-- checks it once even when no queue matches).
+CREATE FUNCTION pgbroker._check_batch(msgs jsonb[], headers jsonb[])
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(msgs IS NOT NULL AND cardinality(msgs) > 0,
+        'msgs cannot be NULL or empty', 'Pass at least one message.');
+    PERFORM pgbroker._check_arg(headers IS NULL OR cardinality(headers) = cardinality(msgs),
+        format('headers array length (%s) must match msgs array length (%s)',
+               cardinality(headers), cardinality(msgs)),
+        'Give one headers object per message, or none at all.');
+END;
+$$;
+
+-- Largest accepted message (jsonb datum size, bytes). Set with
+-- ALTER DATABASE ... SET pgbroker.max_message_bytes = '...'; 0 disables it.
+CREATE FUNCTION pgbroker._check_message_size(size bigint)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    setting text := coalesce(nullif(current_setting('pgbroker.max_message_bytes', true), ''), '1048576');
+    max_bytes bigint;
+BEGIN
+    IF setting !~ '^[0-9]{1,18}$' THEN
+        RAISE EXCEPTION 'pgbroker.max_message_bytes must be a whole number of bytes, got %',
+            quote_literal(setting)
+            USING ERRCODE = 'PB007', HINT = 'Set it to 0 to disable the limit.';
+    END IF;
+    max_bytes := setting::bigint;
+    IF max_bytes > 0 AND size > max_bytes THEN
+        RAISE EXCEPTION 'message is too large: % bytes, the limit is % bytes', size, max_bytes
+            USING ERRCODE = 'PB005',
+                  HINT = 'Store large payloads elsewhere and send a reference, '
+                         'or raise pgbroker.max_message_bytes.';
+    END IF;
+END;
+$$;
+
+-- A delay in seconds as the time the message becomes visible; NULL for no
+-- delay (ready at once, in the ready index).
+CREATE FUNCTION pgbroker._delay_to_time(delay integer)
+RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(delay IS NOT NULL AND delay >= 0,
+        format('delay must be a number of seconds >= 0, got %s', coalesce(delay::text, 'NULL')),
+        'delay is how long a sent message stays invisible.');
+    IF delay = 0 THEN
+        RETURN NULL;  -- no delay: ready at once
+    END IF;
+    RETURN clock_timestamp() + make_interval(secs => delay);
+END;
+$$;
+
+-- A delay given as a time, which must not be NULL.
+CREATE FUNCTION pgbroker._check_delay_time(delay timestamptz)
+RETURNS timestamptz LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(delay IS NOT NULL,
+        'delay must be a timestamp, got NULL', 'Omit delay to send without one.');
+    RETURN delay;
+END;
+$$;
+
+-- The INSERT of a send, with $1 the messages, $2 their headers (or NULL),
+-- $3 the delay (NULL: visible at once). One message takes a one-row INSERT.
+CREATE FUNCTION pgbroker._send_insert_sql(qtable text, single boolean)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN single THEN format(
+        'INSERT INTO pgmq.%I (vt, message, headers) VALUES (coalesce($3, now()), $1[1], $2[1])'
+        ' RETURNING msg_id', qtable)
+    ELSE format(
+        $Q$
+        INSERT INTO pgmq.%I (vt, message, headers)
+        SELECT coalesce($3, now()), m.msg, m.hdr
+        FROM unnest($1, $2) WITH ORDINALITY AS m(msg, hdr, n)
+        ORDER BY m.n
+        RETURNING msg_id
+        $Q$, qtable) END;
+$$;
+
+-- Send a batch to a queue; what every pgbroker function that sends (topics,
+-- dead-letter replay, the bridge) calls.
+CREATE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay);
+END;
+$$;
+
+------------------------------------------------------------------------------
+-- The entry points. PL/pgSQL rather than SQL: a SQL function that is not
+-- inlined is planned again on every call. The delay is worked out before the
+-- route is called.
+------------------------------------------------------------------------------
+
+CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay TIMESTAMP WITH TIME ZONE)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers],
+                                                    pgbroker._check_delay_time(delay));
+END;
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL, NULL);
+END;
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers], NULL);
+END;
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay INTEGER)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL,
+                                                    pgbroker._delay_to_time(delay));
+END;
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay TIMESTAMP WITH TIME ZONE)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL,
+                                                    pgbroker._check_delay_time(delay));
+END;
+$$;
+
+CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay INTEGER)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers],
+                                                    pgbroker._delay_to_time(delay));
+END;
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[],
+                                delay TIMESTAMP WITH TIME ZONE)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, pgbroker._check_delay_time(delay));
+END;
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[])
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, NULL);
+END;
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[])
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, NULL);
+END;
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay INTEGER)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, pgbroker._delay_to_time(delay));
+END;
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay TIMESTAMP WITH TIME ZONE)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, pgbroker._check_delay_time(delay));
+END;
+$$;
+
+CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[], delay INTEGER)
+RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, pgbroker._delay_to_time(delay));
+END;
+$$;

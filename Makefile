@@ -105,6 +105,7 @@ test: generate pg-partman chromium rabbitmq
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench scripts setup.py
 	.venv/bin/mypy $(MYPY_PATHS)
+	.venv/bin/lint-imports --no-logo
 	.venv/bin/pytest
 
 test-quick: generate
@@ -115,6 +116,7 @@ lint: generate
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench scripts setup.py
 	.venv/bin/mypy $(MYPY_PATHS)
+	.venv/bin/lint-imports --no-logo
 
 # The sync client (src/pgbroker/client.py, not kept in git) is generated from the asyncio one
 # (scripts/async_to_sync.py says how). Installing runs it too (setup.py); test and lint run it
@@ -133,5 +135,5 @@ bench: venv
 
 clean:
 	cd "$(ROOT)"
-	rm -rf .venv build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf .venv build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis .import_linter_cache
 	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from pgbroker.http.auth import create_key
 from pgbroker.install import install
+from pgbroker.keys import create_key
 
 
 def _free_port() -> int:

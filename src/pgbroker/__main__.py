@@ -2,6 +2,6 @@
 
 import sys
 
-from pgbroker.cli import main
+from pgbroker.cli.main import main
 
 sys.exit(main())

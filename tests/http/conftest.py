@@ -12,7 +12,7 @@ import pytest
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.http import Settings, create_app
-from pgbroker.http.auth import create_key
+from pgbroker.keys import create_key
 
 # Generous limits, so that only the rate-limit tests ever meet them.
 SETTINGS = Settings(key_cache_seconds=0, rate_per_second=1000, rate_burst=1000, max_body_bytes=64 * 1024)

@@ -11,7 +11,7 @@ import pytest
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.http import Settings
-from pgbroker.http.auth import create_key, list_keys, revoke_key
+from pgbroker.keys import create_key, list_keys, revoke_key
 from tests.http.conftest import client_for
 
 pytestmark = pytest.mark.anyio

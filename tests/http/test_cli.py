@@ -1,4 +1,4 @@
-"""``pgbroker keys`` and ``pgbroker serve`` parsers, on a parser of their own (pgbroker.cli wires
+"""``pgbroker keys`` and ``pgbroker serve`` parsers, on a parser of their own (pgbroker.cli.main wires
 them into the real one)."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import httpx
 import psycopg
 import pytest
 
-from pgbroker import cli_keys, cli_serve
-from pgbroker.cli import CliError
+from pgbroker.cli import keys as cli_keys
+from pgbroker.cli import serve as cli_serve
+from pgbroker.cli.base import CliError
 from pgbroker.client import Broker
-from pgbroker.http.auth import create_key
+from pgbroker.keys import create_key
 from tests.http.live import pgbroker_serve
 
 
@@ -29,7 +30,7 @@ def run(conn: psycopg.Connection[Any], *argv: str) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args, Broker(connection=conn))
-    except CliError as exc:  # what pgbroker.cli.main turns into the exit code
+    except CliError as exc:  # what pgbroker.cli.main.main turns into the exit code
         return exc.code
     return code
 

@@ -26,7 +26,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from pgbroker import Broker
-from pgbroker.http.auth import create_key
+from pgbroker.keys import create_key
 from tests.http.live import LiveServer, pgbroker_serve
 
 CHROMIUM = Path("/usr/bin/chromium")

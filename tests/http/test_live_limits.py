@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from pgbroker.http.auth import create_key
+from pgbroker.keys import create_key
 from tests.http.live import pgbroker_serve
 
 

@@ -12,7 +12,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgbroker import Broker, cli
+from pgbroker import Broker
+from pgbroker.cli.main import main as cli_main
 from pgbroker.install import install, install_roles
 
 Conn = psycopg.Connection[Any]
@@ -28,7 +29,7 @@ def users(dsn: str, conn: Conn, pg_admin_dsn: str) -> Iterator[dict[str, str]]:
     """
     prefix = f"t{uuid.uuid4().hex[:10]}"
     # Made the way an operator makes them: through the CLI.
-    assert cli.main(["--dsn", dsn, "install", "--roles", "--role-prefix", prefix]) == 0
+    assert cli_main(["--dsn", dsn, "install", "--roles", "--role-prefix", prefix]) == 0
     dsns = {}
     for kind in KINDS:
         user = f"{prefix}_{kind}_user"

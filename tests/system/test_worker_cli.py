@@ -21,8 +21,8 @@ import psycopg
 import pytest
 
 from pgbroker import Broker, Message, Queue
-from pgbroker.demo import Demo
-from pgbroker.demo_workers import workers_stage
+from pgbroker.demo.stage import Demo
+from pgbroker.demo.workers import workers_stage
 from tests.integration.helpers import Conn, a_rows, q_rows
 
 ROOT = Path(__file__).resolve().parents[2]

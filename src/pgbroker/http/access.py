@@ -7,8 +7,9 @@ import math
 
 from starlette.requests import Request
 
-from pgbroker.http.auth import ApiKey, KeyStore, RateLimiter
+from pgbroker.http.auth import KeyStore, RateLimiter
 from pgbroker.http.errors import ApiError
+from pgbroker.keys import ApiKey
 
 
 def token_of(request: Request) -> str | None:

@@ -45,10 +45,11 @@ from starlette.responses import Response
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.http.access import authenticate, require
-from pgbroker.http.auth import ApiKey, KeyStore, RateLimiter
+from pgbroker.http.auth import KeyStore, RateLimiter
 from pgbroker.http.errors import ApiError
 from pgbroker.http.models import FORMS, REFUSALS, RequestContext
 from pgbroker.http.settings import Settings
+from pgbroker.keys import ApiKey
 
 #: Who may call: ``key`` any valid key (and the scope, when one is named), ``public`` anybody,
 #: ``metrics`` a key unless the server serves /metrics publicly.

@@ -10,12 +10,12 @@ check_executors says which one is missing, from an executor.
 
 from __future__ import annotations
 
+import importlib.metadata
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
-import pgbroker
 from pgbroker.spark.requirements import MissingRequirement
 
 # What a task needs besides pgbroker itself.
@@ -24,9 +24,11 @@ EXECUTOR_MODULES = ("psycopg", "psycopg_pool", "pyarrow", "numpy")
 
 def build_zip(directory: Path | None = None) -> Path:
     """Write pgbroker-<version>.zip (the package, importable from the zip) and return its path."""
-    package = Path(pgbroker.__file__).resolve().parent
+    # Found from here rather than by importing pgbroker, whose __init__ imports the public API
+    # (clients, worker runtime): the import boundaries keep Spark apart from the worker runtime.
+    package = Path(__file__).resolve().parents[1]
     target_dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="pgbroker-ship-"))
-    target = target_dir / f"pgbroker-{pgbroker.__version__}.zip"
+    target = target_dir / f"pgbroker-{_version()}.zip"
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(package.rglob("*")):
             if (
@@ -36,6 +38,13 @@ def build_zip(directory: Path | None = None) -> Path:
             ):
                 archive.write(path, Path("pgbroker") / path.relative_to(package))
     return target
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pgbroker")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "dev"
 
 
 def ship(spark: Any) -> Path:

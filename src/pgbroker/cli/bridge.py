@@ -21,39 +21,33 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from pgbroker.cli import (
-    EXIT_AMQP,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
+from pgbroker.cli.base import (
     CliError,
-    _add_global_options,
-    _positive_int,
-    _seconds,
+    Exit,
+    Handler,
+    Subcommands,
+    add_command,
+    add_group,
+    add_progress_option,
+    dsn_of,
+    duration,
+    needs_extra,
+    positive_int,
+    seconds,
 )
-from pgbroker.cli_worker import _duration
 from pgbroker.client import Broker
-from pgbroker.listen import conninfo_of
 
 __all__ = ["register"]
 
 AMQP_ENV = "PGBROKER_AMQP_URL"
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``bridge out`` and ``bridge in`` to pgbroker's parser."""
+def register(subcommands: Subcommands) -> None:
     summary = "the RabbitMQ bridge: publish a queue to RabbitMQ (out), or receive one (in)"
-    bridge = subparsers.add_parser("bridge", help=summary, description=summary)
-    actions = bridge.add_subparsers(dest="bridge_action", metavar="DIRECTION", required=True)
+    actions = add_group(subcommands, "bridge", summary, metavar="DIRECTION")
 
-    def command(
-        name: str, summary: str, handler: Callable[[argparse.Namespace, Broker], int]
-    ) -> argparse.ArgumentParser:
-        sub = actions.add_parser(
-            name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
-        )
-        _add_global_options(sub, top_level=False, json_output=False)
-        sub.set_defaults(handler=handler)
+    def command(name: str, summary: str, handler: Handler) -> argparse.ArgumentParser:
+        sub = add_command(actions, name, summary, handler)
         sub.add_argument(
             "--amqp", metavar="URL", help=f"RabbitMQ, amqp://user:password@host:5672/vhost (${AMQP_ENV})"
         )
@@ -61,21 +55,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "--declare", action="store_true", help="declare what is missing in RabbitMQ (durable)"
         )
         sub.add_argument(
-            "--batch-size", type=_positive_int, default=500, metavar="N", help="messages per batch (500)"
+            "--batch-size", type=positive_int, default=500, metavar="N", help="messages per batch (500)"
         )
-        sub.add_argument(
-            "--progress",
-            type=_seconds,
-            nargs="?",
-            const=5.0,
-            metavar="SECONDS",
-            help="print counts every SECONDS (5)",
-        )
+        add_progress_option(sub, "counts")
         return sub
 
-    sub = command(
-        "out", "publish a pgbroker queue to RabbitMQ, acking each message after its confirm", _cmd_out
-    )
+    sub = command("out", "publish a pgbroker queue to RabbitMQ, acking each message after its confirm", _out)
     sub.add_argument("--queue", required=True, metavar="NAME", help="the pgbroker queue to publish")
     sub.add_argument(
         "--exchange", default="", metavar="NAME", help="exchange without x-amqp-exchange (default '')"
@@ -87,14 +72,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--exchange-type", default="topic", metavar="TYPE", help="with --declare: exchange type (topic)"
     )
     sub.add_argument(
-        "--windows", type=_positive_int, default=2, metavar="N", help="batches in flight at once (2)"
+        "--windows", type=positive_int, default=2, metavar="N", help="batches in flight at once (2)"
     )
     sub.add_argument(
-        "--lease", type=_positive_int, default=30, metavar="SECONDS", help="lease per message (30)"
+        "--lease", type=positive_int, default=30, metavar="SECONDS", help="lease per message (30)"
     )
     sub.add_argument(
         "--confirm-timeout",
-        type=_seconds,
+        type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="wait for a confirm this long (30)",
@@ -103,17 +88,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--no-notify", dest="notify", action="store_false", help="do not enable notify on the queue"
     )
 
-    sub = command("in", "receive a RabbitMQ queue into a pgbroker queue, acking after the commit", _cmd_in)
+    sub = command("in", "receive a RabbitMQ queue into a pgbroker queue, acking after the commit", _in)
     sub.add_argument(
         "--from", dest="source", required=True, metavar="RABBIT_QUEUE", help="the RabbitMQ queue"
     )
     sub.add_argument("--queue", required=True, metavar="NAME", help="the pgbroker queue to write to")
     sub.add_argument(
-        "--prefetch", type=_positive_int, default=1000, metavar="N", help="unacked deliveries (1000)"
+        "--prefetch", type=positive_int, default=1000, metavar="N", help="unacked deliveries (1000)"
     )
     sub.add_argument(
         "--dedup-window",
-        type=_duration,
+        type=duration,
         default=86_400,
         metavar="DURATION",
         help="remember message_ids this long, e.g. 1h or 7d (1d)",
@@ -133,14 +118,15 @@ def _amqp_url(args: argparse.Namespace) -> str:
     if not url:
         raise CliError(
             "no RabbitMQ given",
-            code=EXIT_USAGE,
+            code=Exit.USAGE,
             hint=f"Pass --amqp amqp://user:password@host:5672/ or set ${AMQP_ENV}.",
         )
     return url
 
 
-def _cmd_out(args: argparse.Namespace, broker: Broker) -> int:
-    from pgbroker.bridge import OutboundBridge, OutboundSettings
+def _out(args: argparse.Namespace, broker: Broker) -> int:
+    with needs_extra("bridge"):
+        from pgbroker.bridge import OutboundBridge, OutboundSettings
 
     settings = OutboundSettings(
         exchange=args.exchange,
@@ -157,8 +143,9 @@ def _cmd_out(args: argparse.Namespace, broker: Broker) -> int:
     return _serve(broker, args, lambda abroker: OutboundBridge(abroker, args.queue, url, settings))
 
 
-def _cmd_in(args: argparse.Namespace, broker: Broker) -> int:
-    from pgbroker.bridge import InboundBridge, InboundSettings
+def _in(args: argparse.Namespace, broker: Broker) -> int:
+    with needs_extra("bridge"):
+        from pgbroker.bridge import InboundBridge, InboundSettings
 
     settings = InboundSettings(
         batch_size=args.batch_size,
@@ -176,8 +163,7 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
     from pgbroker.aio import AsyncBroker
     from pgbroker.bridge import BridgeError
 
-    with broker.connection() as conn:
-        dsn = conninfo_of(conn.info)
+    dsn = dsn_of(broker)
 
     async def run() -> None:
         async with AsyncBroker(dsn, max_connections=4) as abroker:
@@ -208,10 +194,10 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
         asyncio.run(run())
     except asyncio.CancelledError:
         print("pgbroker: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     except BridgeError as exc:
-        raise CliError(exc.message, code=EXIT_AMQP, hint=exc.hint) from exc
-    return EXIT_OK
+        raise CliError(exc.message, code=Exit.AMQP, hint=exc.hint) from exc
+    return Exit.OK
 
 
 async def _report(bridge: _Bridge, every: float) -> None:

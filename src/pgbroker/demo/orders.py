@@ -1,33 +1,23 @@
-"""The guided tour that `make demo` runs (``python -m pgbroker.demo``): a queue, a burst of orders,
-four consumers with fenced acks, one of them too slow for its lease, and the books balanced.
-
-It uses $DATABASE_URL when set, else the embedded PostgreSQL. The tour is a list of stages
-(STAGES) sharing one Demo; a new part of pgbroker joins the tour by adding a stage.
+"""The demo's first stage: a queue, a burst of orders, four consumers with fenced acks, one of them
+too slow for its lease, and the books balanced (counted straight from the tables).
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TextIO
 
-import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
-from pgbroker.cli import metrics_table
 from pgbroker.client import Broker, Queue
-from pgbroker.demo_workers import workers_stage
-from pgbroker.dsn import resolve_dsn
-from pgbroker.embedded import EmbeddedError
-from pgbroker.errors import PgbrokerError, StaleReceipt
+from pgbroker.demo.stage import Demo
+from pgbroker.errors import StaleReceipt
 from pgbroker.models import Message
-from pgbroker.spark.demo_stage import spark_stage
+from pgbroker.tables import metrics_table
+
+__all__ = ["CONSUMERS", "orders_stage"]
 
 QUEUE = "demo_orders"
 MESSAGES = 5_000
@@ -40,7 +30,6 @@ SHORT_LEASE_SECONDS = 1
 OVERSLEEP_SECONDS = 0.5
 CONSUME_TIMEOUT_SECONDS = 60.0
 IDLE_POLL_SECONDS = 0.02
-LABEL_WIDTH = 10
 
 
 @dataclass
@@ -85,26 +74,19 @@ class Acks:
 
 
 @dataclass
-class Demo:
-    """State the stages share."""
+class Ledger:
+    """What the stage sent and what its consumers acked: the books it balances."""
 
-    broker: Broker
-    out: TextIO
     sent_ids: list[int] = field(default_factory=list)
     acks: Acks = field(default_factory=lambda: Acks(MESSAGES))
-    ok: bool = True
 
-    def say(self, label: str, text: str = "") -> None:
-        print(f"{label:<{LABEL_WIDTH}} {text}".rstrip(), file=self.out, flush=True)
 
-    def progress(self, label: str, text: str) -> None:
-        # Only a terminal can redraw a line; in a log the final line alone is enough.
-        if self.out.isatty():
-            print(f"\r{label:<{LABEL_WIDTH}} {text}", end="", file=self.out, flush=True)
-
-    def end_progress(self) -> None:
-        if self.out.isatty():
-            print("\r\033[K", end="", file=self.out, flush=True)
+def orders_stage(demo: Demo) -> None:
+    ledger = Ledger()
+    set_up(demo)
+    produce(demo, ledger)
+    consume(demo, ledger)
+    report(demo, ledger)
 
 
 # -- stages ---------------------------------------------------------------------------------------
@@ -122,34 +104,36 @@ def set_up(demo: Demo) -> None:
     demo.say("queue", f"{QUEUE}{leftover}")
 
 
-def produce(demo: Demo) -> None:
+def produce(demo: Demo, ledger: Ledger) -> None:
     queue = demo.broker.queue(QUEUE)
     started = time.perf_counter()
     for first in range(0, MESSAGES, SEND_BATCH):
         orders = [_order(n) for n in range(first, min(first + SEND_BATCH, MESSAGES))]
-        demo.sent_ids.extend(queue.send_many(orders))
-        demo.progress("produce", f"{len(demo.sent_ids):,} / {MESSAGES:,}")
+        ledger.sent_ids.extend(queue.send_many(orders))
+        demo.progress("produce", f"{len(ledger.sent_ids):,} / {MESSAGES:,}")
     elapsed = time.perf_counter() - started
     demo.end_progress()
     batches = -(-MESSAGES // SEND_BATCH)
     demo.say(
         "produce",
-        f"sent {len(demo.sent_ids):,} orders in {batches} batches of {SEND_BATCH} (send_many): "
-        f"{elapsed:.2f} s, {len(demo.sent_ids) / elapsed:,.0f} msg/s",
+        f"sent {len(ledger.sent_ids):,} orders in {batches} batches of {SEND_BATCH} (send_many): "
+        f"{elapsed:.2f} s, {len(ledger.sent_ids) / elapsed:,.0f} msg/s",
     )
 
 
-def consume(demo: Demo) -> None:
+def consume(demo: Demo, ledger: Ledger) -> None:
     demo.say(
         "consume",
         f"{CONSUMERS} consumers: read_many(qty={READ_BATCH}, vt={LEASE_SECONDS}) + ack_many (fenced acks)",
     )
-    acks = demo.acks
+    acks = ledger.acks
     deadline = time.monotonic() + CONSUME_TIMEOUT_SECONDS
     started = time.perf_counter()
     with ThreadPoolExecutor(CONSUMERS, thread_name_prefix="consumer") as pool:
         # Consumer 1 is the slow one: it oversleeps a lease before joining the others.
-        futures = [pool.submit(_consumer, demo, n, n == 1, deadline) for n in range(1, CONSUMERS + 1)]
+        futures = [
+            pool.submit(_consumer, demo.broker, acks, n, n == 1, deadline) for n in range(1, CONSUMERS + 1)
+        ]
         while not all(f.done() for f in futures):
             demo.progress("consume", f"{len(acks.unique):,} / {MESSAGES:,}")
             time.sleep(0.1)
@@ -158,7 +142,7 @@ def consume(demo: Demo) -> None:
     elapsed = time.perf_counter() - started
     demo.end_progress()
 
-    _tell_takeover(demo)
+    _tell_takeover(demo, acks)
     steady = len(acks.unique) - len(acks.redelivered)
     steady_seconds = acks.first_deliveries_done_at - started
     demo.say(
@@ -168,7 +152,7 @@ def consume(demo: Demo) -> None:
     )
 
 
-def report(demo: Demo) -> None:
+def report(demo: Demo, ledger: Ledger) -> None:
     demo.say("metrics", "(the same table: pgbroker metrics)")
     for line in metrics_table([demo.broker.metrics(QUEUE)]).splitlines():
         demo.say("", line)
@@ -178,11 +162,11 @@ def report(demo: Demo) -> None:
         " (SELECT count(*) FROM pgmq.{queue})"
     ).format(archive=sql.Identifier(f"a_{QUEUE}"), queue=sql.Identifier(f"q_{QUEUE}"))
     with demo.broker.connection() as conn:
-        row = conn.execute(count, [demo.sent_ids]).fetchone()
+        row = conn.execute(count, [ledger.sent_ids]).fetchone()
     assert row is not None
     archived, queued = int(row[0]), int(row[1])
-    sent, duplicates = len(demo.sent_ids), demo.acks.duplicates
-    balanced = sent == archived + queued and duplicates == 0 and demo.acks.unique == set(demo.sent_ids)
+    sent, duplicates = len(ledger.sent_ids), ledger.acks.duplicates
+    balanced = sent == archived + queued and duplicates == 0 and ledger.acks.unique == set(ledger.sent_ids)
     demo.ok = demo.ok and balanced
     demo.say(
         "check",
@@ -191,8 +175,7 @@ def report(demo: Demo) -> None:
     )
 
 
-def _tell_takeover(demo: Demo) -> None:
-    acks = demo.acks
+def _tell_takeover(demo: Demo, acks: Acks) -> None:
     taker = acks.redelivered.get(acks.slow_msg_id) if acks.slow_msg_id is not None else None
     if acks.slow_msg_id is not None:
         stalled = SHORT_LEASE_SECONDS + OVERSLEEP_SECONDS
@@ -212,16 +195,11 @@ def _tell_takeover(demo: Demo) -> None:
         demo.ok = False
 
 
-Stage = Callable[[Demo], None]
-STAGES: list[Stage] = [set_up, produce, consume, report, workers_stage, spark_stage]
-
-
 # -- consumers ------------------------------------------------------------------------------------
 
 
-def _consumer(demo: Demo, number: int, slow: bool, deadline: float) -> None:
-    queue = demo.broker.queue(QUEUE)
-    acks = demo.acks
+def _consumer(broker: Broker, acks: Acks, number: int, slow: bool, deadline: float) -> None:
+    queue = broker.queue(QUEUE)
     if slow:
         _oversleep_a_lease(queue, acks)
     while not acks.complete():
@@ -257,42 +235,3 @@ def _oversleep_a_lease(queue: Queue, acks: Acks) -> None:
 
 def _order(n: int) -> dict[str, object]:
     return {"order_id": n + 1, "customer": f"customer-{n % 97:02d}", "total_cents": 500 + (n * 37) % 9_500}
-
-
-# -- running --------------------------------------------------------------------------------------
-
-
-def _where(dsn: str, embedded: bool) -> str:
-    params = conninfo_to_dict(dsn)
-    host = params.get("host") or "localhost"
-    place = f"{host}" if str(host).startswith("/") else f"{host}:{params.get('port') or 5432}"
-    where = f"{params.get('dbname', 'postgres')} at {place}"
-    return f"{where} (embedded; set DATABASE_URL to use another server)" if embedded else where
-
-
-def run(out: TextIO = sys.stdout) -> bool:
-    """Run every stage; True when the final check balanced."""
-    started = time.perf_counter()
-    print("pgbroker demo: a queue inside PostgreSQL, with fenced acks\n", file=out)
-    dsn = resolve_dsn(None)
-    # Fail fast on a wrong DATABASE_URL: the pool would retry for 30 s before giving up.
-    psycopg.connect(dsn, connect_timeout=10).close()
-    with Broker(dsn, max_connections=CONSUMERS + 1) as broker:
-        demo = Demo(broker, out)
-        demo.say("database", _where(dsn, embedded=not os.environ.get("DATABASE_URL")))
-        for stage in STAGES:
-            stage(demo)
-    print(f"\ndone in {time.perf_counter() - started:.1f} s; next: pgbroker --help", file=out)
-    return demo.ok
-
-
-def main() -> int:
-    try:
-        return 0 if run() else 1
-    except (PgbrokerError, EmbeddedError, psycopg.Error) as exc:
-        print(f"pgbroker demo: error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

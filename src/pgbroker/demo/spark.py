@@ -1,8 +1,8 @@
 """The Spark stage of the demo (``make demo``): the archive the tour just filled, analysed by Spark
 through the pgbroker data source, and a result sent back to a queue through its exactly-once sink.
 
-pgbroker.demo adds ``spark_stage`` to its STAGES after the report; it needs the ``spark`` extra
-and Java, and says so (without failing the tour) when either is missing.
+It comes after the orders stage, whose archive it reads; it needs the ``spark`` extra and Java,
+and says so (without failing the tour) when either is missing: pyspark is imported only here.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pgbroker.listen import conninfo_of
+from pgbroker.demo.stage import Demo
 
-if TYPE_CHECKING:
-    from pgbroker.demo import Demo
+__all__ = ["spark_stage"]
 
 ORDERS = "demo_orders"
 TOTALS = "demo_customer_totals"
@@ -38,8 +37,7 @@ def spark_stage(demo: Demo) -> None:
         return
     from pgbroker.spark import session
 
-    with demo.broker.connection() as conn:
-        dsn = conninfo_of(conn.info)
+    dsn = demo.dsn()
     totals = demo.broker.create_queue(TOTALS)
     totals.purge()
 

@@ -1,4 +1,4 @@
-"""The demo's worker stage (pgbroker.demo runs its STAGES): a Worker consumes a queue of tasks
+"""The demo's worker stage: a Worker consumes a queue of tasks
 with several in flight, and the one poison task among them goes to the dead-letter queue after
 its last allowed delivery, with the delivery count and the error in its headers.
 """
@@ -9,15 +9,13 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from pgbroker.app import serve
-from pgbroker.listen import conninfo_of
+from pgbroker.demo.stage import Demo
 from pgbroker.models import Message
 from pgbroker.worker import Worker
 
-if TYPE_CHECKING:  # pgbroker.demo imports this module for its STAGES
-    from pgbroker.demo import Demo
+__all__ = ["workers_stage"]
 
 QUEUE = "demo_tasks"
 DEAD_LETTER_QUEUE = "demo_tasks_dlq"
@@ -57,8 +55,7 @@ def workers_stage(demo: Demo) -> None:
     )
     queue.send_many([{"task": n} for n in range(1, TASKS + 1)])
     worker = Worker(QUEUE, handle, concurrency=CONCURRENCY)
-    with broker.connection() as conn:
-        dsn = conninfo_of(conn.info)
+    dsn = demo.dsn()
     started = time.perf_counter()
     # The stage tells what happens; the worker's own log lines would only repeat it.
     worker_log = logging.getLogger("pgbroker.worker")

@@ -1,7 +1,7 @@
 """``pgbroker serve``: run the HTTP API (pgbroker.http) with uvicorn.
 
-``register(subparsers)`` adds the command to pgbroker's parser. The server opens its own async
-pool on the database the CLI connected to.
+The server opens its own async pool on the database the CLI connected to. It needs the ``http``
+extra, imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -10,20 +10,14 @@ import argparse
 import signal
 from types import FrameType
 
-from pgbroker.cli import EXIT_OK, _add_global_options
+from pgbroker.cli.base import Exit, Subcommands, add_command, dsn_of, needs_extra
 from pgbroker.client import Broker
-from pgbroker.listen import conninfo_of
 
 __all__ = ["register"]
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``serve`` to pgbroker's parser."""
-    summary = "serve the HTTP API, /metrics and the dashboard"
-    sub = subparsers.add_parser(
-        "serve", help=summary, description=summary, epilog="exit codes: see pgbroker --help"
-    )
-    _add_global_options(sub, top_level=False, json_output=False)
+def register(subcommands: Subcommands) -> None:
+    sub = add_command(subcommands, "serve", "serve the HTTP API, /metrics and the dashboard", _serve)
     sub.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     sub.add_argument("--port", type=int, default=8080, help="port (8080)")
     sub.add_argument("--max-body", type=int, default=1024 * 1024, metavar="BYTES", help="request body limit")
@@ -36,17 +30,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
-    sub.set_defaults(handler=_cmd_serve)
 
 
-def _cmd_serve(args: argparse.Namespace, broker: Broker) -> int:
-    # Imported here: the http extra is needed only by this command.
-    import uvicorn
+def _serve(args: argparse.Namespace, broker: Broker) -> int:
+    with needs_extra("http"):
+        import uvicorn
 
-    from pgbroker.http import Settings, create_app
+        from pgbroker.http import Settings, create_app
 
-    with broker.connection() as conn:
-        dsn = conninfo_of(conn.info)
+    dsn = dsn_of(broker)
     settings = Settings(
         max_body_bytes=args.max_body,
         rate_per_second=args.rate,
@@ -72,7 +64,7 @@ def _cmd_serve(args: argparse.Namespace, broker: Broker) -> int:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return EXIT_OK
+    return Exit.OK
 
 
 class _Stopped(Exception):

@@ -1,0 +1,31 @@
+"""The ``pgbroker`` console script: the parser, assembled from the command modules, and main()."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pgbroker.cli import bridge, db, dead_letters, keys, messages, pipeline, policy, queues, serve, worker
+from pgbroker.cli.base import execute, new_parser
+
+__all__ = ["build_parser", "main"]
+
+# In the order `pgbroker --help` lists them. A module whose command needs an optional extra
+# (bridge, serve, pipeline) imports it only when the command runs.
+COMMAND_MODULES = (queues, messages, db, pipeline, worker, dead_letters, policy, bridge, keys, serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, subcommands = new_parser()
+    for module in COMMAND_MODULES:
+        module.register(subcommands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return execute(build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

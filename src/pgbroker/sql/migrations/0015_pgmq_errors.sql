@@ -220,6 +220,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.drop_queue(queue_name TEXT, partitioned BOOLEAN)
 RETURNS BOOLEAN LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._pgmq_check_characters(queue_name);  -- before the warning, as in pgmq
     RAISE WARNING 'drop_queue(queue_name, partitioned) is deprecated and will be removed in PGMQ v2.0. '
                   'Use drop_queue(queue_name) instead';
     PERFORM pgmq.drop_queue(queue_name);
@@ -334,6 +335,11 @@ DECLARE
     remaining integer := qty;
     got bigint;
 BEGIN
+    IF mode = 'rr' AND qty < 0 THEN
+        -- pgmq's round robin compares a row number with qty: nothing to read.
+        PERFORM pgbroker._check_read_args(vt, 0);
+        RETURN;
+    END IF;
     PERFORM pgbroker._pgmq_check_read_args(vt, qty);
     IF qty = 0 THEN
         RETURN;
@@ -531,9 +537,10 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.unbind_topic(pattern text, queue_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pgbroker._pgmq_check(pattern IS NOT NULL AND pattern <> '', 'pattern cannot be NULL or empty');
+    PERFORM pgbroker._pgmq_check(pattern IS NOT NULL AND pattern <> '', 'pattern cannot be NULL or empty',
+        'Give the pattern as it was bound (pgmq.list_topic_bindings).');
     PERFORM pgbroker._pgmq_check(queue_name IS NOT NULL AND queue_name <> '', 'queue_name cannot be NULL or empty',
-        NULL, 'PB001');
+        'Name the queue the pattern is bound to.', 'PB001');
     DELETE FROM pgmq.topic_bindings b
     WHERE b.pattern = unbind_topic.pattern AND lower(b.queue_name) = lower(unbind_topic.queue_name);
     RETURN FOUND;

@@ -441,6 +441,7 @@ $$;
 CREATE FUNCTION pgmq.drop_queue(queue_name TEXT, partitioned BOOLEAN)
 RETURNS BOOLEAN LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._pgmq_check_characters(queue_name);  -- before the warning, as in pgmq
     RAISE WARNING 'drop_queue(queue_name, partitioned) is deprecated and will be removed in PGMQ v2.0. '
                   'Use drop_queue(queue_name) instead';
     PERFORM pgmq.drop_queue(queue_name);

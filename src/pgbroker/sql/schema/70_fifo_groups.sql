@@ -197,6 +197,11 @@ DECLARE
     remaining integer := qty;
     got bigint;
 BEGIN
+    IF mode = 'rr' AND qty < 0 THEN
+        -- pgmq's round robin compares a row number with qty: nothing to read.
+        PERFORM pgbroker._check_read_args(vt, 0);
+        RETURN;
+    END IF;
     PERFORM pgbroker._pgmq_check_read_args(vt, qty);
     IF qty = 0 THEN
         RETURN;

@@ -199,9 +199,10 @@ $$;
 CREATE FUNCTION pgmq.unbind_topic(pattern text, queue_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pgbroker._pgmq_check(pattern IS NOT NULL AND pattern <> '', 'pattern cannot be NULL or empty');
+    PERFORM pgbroker._pgmq_check(pattern IS NOT NULL AND pattern <> '', 'pattern cannot be NULL or empty',
+        'Give the pattern as it was bound (pgmq.list_topic_bindings).');
     PERFORM pgbroker._pgmq_check(queue_name IS NOT NULL AND queue_name <> '', 'queue_name cannot be NULL or empty',
-        NULL, 'PB001');
+        'Name the queue the pattern is bound to.', 'PB001');
     DELETE FROM pgmq.topic_bindings b
     WHERE b.pattern = unbind_topic.pattern AND lower(b.queue_name) = lower(unbind_topic.queue_name);
     RETURN FOUND;

@@ -19,6 +19,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pgbroker.errors import from_postgres
+from pgbroker.install import install
 from tests.compat.reference import create_reference_database, drop_database
 from tests.conftest import dsn_for_db
 from tests.integration.helpers import Conn, describe, jsonb_array, q_ids, q_rows
@@ -594,3 +595,29 @@ def test_validation_accepts_and_refuses_exactly_what_the_reference_does(conn: Co
         for value in samples:
             for function in ("key", "pattern"):
                 assert accepts(conn, function, value) == accepts(ref, function, value), (function, value)
+
+
+# -- upgrades ---------------------------------------------------------------------------------
+
+
+def test_bindings_made_before_0015_keep_amqps_hash(empty_dsn: str) -> None:
+    """Until migration 0015 '#' was AMQP's; an upgrade must not change where messages go, so
+    bindings with a '#' word become AMQP bindings. Others are compiled again the pgmq way."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install(conn, target=14)
+        create(conn, "logs", "audit", "exact")
+        bind(conn, "logs.#", "logs")
+        bind(conn, "#.audit", "audit")
+        bind(conn, "a.*", "exact")
+        bind(conn, "user-#", "exact")  # '#' inside a word: the same in both meanings
+        before = {key: routed(conn, key) for key in ("logs", "logs.x", "audit", "x.audit", "a.b", "user-1")}
+        install(conn)
+        assert {key: routed(conn, key) for key in before} == before
+        amqp = conn.execute("SELECT pattern, queue_name FROM pgbroker.topic_amqp_bindings ORDER BY 1").fetchall()
+        assert amqp == [("#.audit", "audit"), ("logs.#", "logs")]
+        regexes = dict(conn.execute("SELECT pattern, compiled_regex FROM pgmq.topic_bindings").fetchall())
+        assert regexes == {"logs.#": r"^logs\..*$", "#.audit": r"^.*\.audit$", "a.*": r"^a\.[^.]+$",
+                           "user-#": r"^user-.*$"}
+        # New bindings are pgmq's.
+        bind(conn, "new.#", "logs")
+        assert routed(conn, "new") == set()

@@ -45,8 +45,7 @@ DELIBERATE_DIFFERENCES: dict[str, Difference] = {
         "(bind_topic('JOBS', ...) binds queue 'jobs').",
         pgmq="Registers both names over the same tables; functions that look meta up compare "
         "names exactly ('Queue \"JOBS\" does not exist').",
-        reason="spec/pgmq-api.md: names differing only in case map to the same tables, a trap "
-        "not to repeat.",
+        reason="spec/pgmq-api.md: names differing only in case map to the same tables, a trap not to repeat.",
         tests=(
             "test_differential.py::test_deliberate_case_conflict_is_rejected",
             "test_failures.py::test_deliberate_names_are_found_in_any_case",

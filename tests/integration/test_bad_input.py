@@ -333,7 +333,9 @@ BAD_SQL_ARGUMENTS = [
     # pgmq's own failures, with pgmq's SQLSTATE
     pytest.param("SELECT * FROM pgmq.read(%s, vt => 1, qty => -1)", "2201W", id="read-negative-qty"),
     pytest.param("SELECT * FROM pgmq.pop(%s, qty => -1)", "2201W", id="pop-negative-qty"),
-    pytest.param("SELECT pgmq.send_batch(%s, '{1,2}'::jsonb[], '{}'::jsonb[])", "P0001", id="batch-headers-too-short"),
+    pytest.param(
+        "SELECT pgmq.send_batch(%s, '{1,2}'::jsonb[], '{}'::jsonb[])", "P0001", id="batch-headers-too-short"
+    ),
     pytest.param(
         "SELECT pgmq.send_batch(%s, '{1}'::jsonb[], ARRAY['{}', '{}']::jsonb[], 0)",
         "P0001",
@@ -346,7 +348,9 @@ BAD_SQL_ARGUMENTS = [
     pytest.param("SELECT * FROM pgmq.read(%s, vt => NULL, qty => 1)", "PB007", id="read-null-vt"),
     pytest.param("SELECT * FROM pgmq.read(%s, vt => 1, qty => NULL)", "PB007", id="read-null-qty"),
     pytest.param(
-        "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, max_poll_seconds => -1)", "PB007", id="poll-negative-wait"
+        "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, max_poll_seconds => -1)",
+        "PB007",
+        id="poll-negative-wait",
     ),
     pytest.param(
         "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, poll_interval_ms => 0)", "PB007", id="poll-zero-interval"
@@ -356,7 +360,9 @@ BAD_SQL_ARGUMENTS = [
     pytest.param("SELECT pgmq.send(%s, '1', delay => NULL::integer)", "PB007", id="send-null-delay"),
     pytest.param("SELECT pgmq.send(%s, '1', delay => NULL::timestamptz)", "PB007", id="send-null-delay-at"),
     pytest.param("SELECT pgmq.send(%s, '1', '{}', delay => -5)", "PB007", id="send-headers-negative-delay"),
-    pytest.param("SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => -1)", "PB007", id="batch-negative-delay"),
+    pytest.param(
+        "SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => -1)", "PB007", id="batch-negative-delay"
+    ),
     pytest.param(
         "SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => NULL::integer)", "PB007", id="batch-null-delay"
     ),

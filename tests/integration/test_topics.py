@@ -613,11 +613,19 @@ def test_bindings_made_before_0015_keep_amqps_hash(empty_dsn: str) -> None:
         before = {key: routed(conn, key) for key in ("logs", "logs.x", "audit", "x.audit", "a.b", "user-1")}
         install(conn)
         assert {key: routed(conn, key) for key in before} == before
-        amqp = conn.execute("SELECT pattern, queue_name FROM pgbroker.topic_amqp_bindings ORDER BY 1").fetchall()
+        amqp = conn.execute(
+            "SELECT pattern, queue_name FROM pgbroker.topic_amqp_bindings ORDER BY 1"
+        ).fetchall()
         assert amqp == [("#.audit", "audit"), ("logs.#", "logs")]
-        regexes = dict(conn.execute("SELECT pattern, compiled_regex FROM pgmq.topic_bindings").fetchall())
-        assert regexes == {"logs.#": r"^logs\..*$", "#.audit": r"^.*\.audit$", "a.*": r"^a\.[^.]+$",
-                           "user-#": r"^user-.*$"}
+        regexes: dict[str, str] = dict(
+            conn.execute("SELECT pattern, compiled_regex FROM pgmq.topic_bindings").fetchall()
+        )
+        assert regexes == {
+            "logs.#": r"^logs\..*$",
+            "#.audit": r"^.*\.audit$",
+            "a.*": r"^a\.[^.]+$",
+            "user-#": r"^user-.*$",
+        }
         # New bindings are pgmq's.
         bind(conn, "new.#", "logs")
         assert routed(conn, "new") == set()

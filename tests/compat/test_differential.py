@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -247,15 +248,30 @@ def assert_ordered_by_msg_id(outcome: Outcome) -> None:
 @pytest.fixture
 def pair(dsn: str, reference_dsn: str) -> Iterator[Pair]:
     """A fresh pgbroker database and a fresh reference database."""
-    with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(reference_dsn, autocommit=True) as b:
-        yield Pair(a, b)
+    with connected_pair((dsn, reference_dsn)) as fresh:
+        yield fresh
 
 
 @pytest.fixture(scope="module")
 def _module_pair(module_dsns: tuple[str, str]) -> Iterator[Pair]:
-    ours, theirs = module_dsns
+    with connected_pair(module_dsns) as pair:
+        yield pair
+
+
+@contextmanager
+def connected_pair(dsns: tuple[str, str]) -> Iterator[Pair]:
+    """Autocommit connections to (pgbroker DSN, reference DSN)."""
+    ours, theirs = dsns
     with psycopg.connect(ours, autocommit=True) as a, psycopg.connect(theirs, autocommit=True) as b:
         yield Pair(a, b)
+
+
+@contextmanager
+def left_unchanged(pair: Pair) -> Iterator[Pair]:
+    """``pair``, whose two databases must be as they were when the block ends."""
+    before = database_state(pair.a), database_state(pair.b)
+    yield pair
+    assert (database_state(pair.a), database_state(pair.b)) == before
 
 
 @pytest.fixture
@@ -268,9 +284,8 @@ def scratch(_module_pair: Pair) -> Pair:
 @pytest.fixture
 def unchanged(_module_pair: Pair) -> Iterator[Pair]:
     """A pair of databases shared by this module's tests that must change neither of them."""
-    before = database_state(_module_pair.a), database_state(_module_pair.b)
-    yield _module_pair
-    assert (database_state(_module_pair.a), database_state(_module_pair.b)) == before
+    with left_unchanged(_module_pair) as pair:
+        yield pair
 
 
 # -- SQL of the calls, as the pgmq clients write them (named arguments) ------------------------

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from pgbroker import errors
 from tests.compat.deliberate import DELIBERATE_DIFFERENCES
-from tests.compat.test_differential import Pair, create, database_state, run, send_many
+from tests.compat.test_differential import Pair, connected_pair, create, left_unchanged, run, send_many
 
 # The queue every failing call may use; it holds two messages.
 JOBS = "jobs"
@@ -174,9 +174,7 @@ POSTGRES_FAILURES: list[tuple[str, str]] = [
 @pytest.fixture(scope="module")
 def prepared(module_dsns: tuple[str, str]) -> Iterator[Pair]:
     """The module's pair of databases, each with queue 'jobs' holding two messages."""
-    ours, theirs = module_dsns
-    with psycopg.connect(ours, autocommit=True) as a, psycopg.connect(theirs, autocommit=True) as b:
-        pair = Pair(a, b)
+    with connected_pair(module_dsns) as pair:
         create(pair, JOBS)
         send_many(pair, [{"n": 1}, {"n": 2}], name=JOBS)
         yield pair
@@ -185,9 +183,8 @@ def prepared(module_dsns: tuple[str, str]) -> Iterator[Pair]:
 @pytest.fixture
 def unchanged(prepared: Pair) -> Iterator[Pair]:
     """The prepared pair, which the test must leave as it found it."""
-    before = database_state(prepared.a), database_state(prepared.b)
-    yield prepared
-    assert (database_state(prepared.a), database_state(prepared.b)) == before
+    with left_unchanged(prepared) as pair:
+        yield pair
 
 
 @pytest.mark.parametrize(("reference", "query"), FAILURES)
@@ -311,8 +308,9 @@ def test_succeeds_as_pgmq_succeeds(pair: Pair) -> None:
 
 @pytest.fixture
 def pair(dsn: str, reference_dsn: str) -> Iterator[Pair]:
-    with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(reference_dsn, autocommit=True) as b:
-        yield Pair(a, b)
+    """A fresh pgbroker database and a fresh reference database."""
+    with connected_pair((dsn, reference_dsn)) as fresh:
+        yield fresh
 
 
 def _with_pg_partman(pair: Pair, pg_partman: bool) -> None:

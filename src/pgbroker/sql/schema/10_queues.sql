@@ -92,12 +92,15 @@ CREATE TYPE pgmq.metrics_result AS (
 );
 
 ------------------------------------------------------------------------------
--- Internal helpers (schema pgbroker). Errors carry SQLSTATEs of class PB so
--- that every client, in any language, can tell them apart:
+-- Internal helpers (schema pgbroker). pgbroker's errors have codes of class
+-- PB so that every client, in any language, can tell them apart:
 --   PB001 invalid queue name      PB002 queue not found
 --   PB003 stale receipt           PB004 queue name conflict (case)
 --   PB005 message too large       PB006 queue full (max_depth)
 --   PB007 invalid argument        PB008 missing extension (pg_partman)
+-- The functions of schema pgbroker raise them as SQLSTATEs; those of schema
+-- pgmq raise pgmq's errors and carry the code in DETAIL (see "pgmq's
+-- failures" below, and docs/compatibility.md).
 ------------------------------------------------------------------------------
 
 -- Refuse a name that cannot be a queue's (PB001), saying why: its tables are

@@ -78,7 +78,8 @@ DELIBERATE_DIFFERENCES: dict[str, Difference] = {
     ),
     "D11": Difference(
         pgbroker="create_partitioned of an existing partitioned queue does nothing (idempotent, "
-        "like create); bad partition or retention intervals are refused up front with PB007.",
+        "like create); of an existing plain queue, and with bad partition or retention intervals, "
+        "it fails up front with PB007.",
         pgmq="Fails inside pg_partman, with pg_partman's message (which varies with its version).",
         reason="pgmq's failure there is pg_partman's internal text, not a contract; create is "
         "idempotent everywhere else.",

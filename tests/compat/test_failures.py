@@ -415,6 +415,18 @@ def test_deliberate_errors_pgmq_does_not_have_keep_pb_codes(pair: Pair) -> None:
     assert outcome.sqlstate == "PB005"  # checked before the depth
 
 
+def test_deliberate_error_context_is_pgbrokers(unchanged: Pair) -> None:
+    """D15: the same error, raised from other functions."""
+    contexts: list[str] = []
+    for conn in (unchanged.a, unchanged.b):
+        with pytest.raises(psycopg.errors.RaiseException) as caught:
+            conn.execute("SELECT pgmq.create(repeat('a', 48))")
+        contexts.append(caught.value.diag.context or "")
+    ours, theirs = contexts
+    assert "pgmq.create_non_partitioned(text)" in theirs
+    assert ours != theirs
+
+
 def test_every_deliberate_difference_is_asserted() -> None:
     """Each entry of DELIBERATE_DIFFERENCES names tests that exist."""
     here = Path(__file__).parent

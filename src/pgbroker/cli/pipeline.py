@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from pgbroker.cli.base import Exit, Subcommands
+from pgbroker.cli.base import Exit, Subcommands, needs_extra
 
 __all__ = ["register"]
 
@@ -23,7 +23,13 @@ def register(subcommands: Subcommands) -> None:
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    from pgbroker.spark.jobs import main as pipeline_main
+    # The jobs import Spark only once they run, where a missing package would be reported as a
+    # job failure: ask for the extra here, before anything starts.
+    with needs_extra("spark"):
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+
+        from pgbroker.spark.jobs import main as pipeline_main
 
     job_args = list(args.job_args)
     if args.pipeline_help or not job_args:

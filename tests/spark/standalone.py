@@ -1,0 +1,236 @@
+"""A Spark standalone cluster on this machine, for the cluster tests: a master and workers started
+from pyspark's own installation (bin/spark-class), on 127.0.0.1 and random ports, everything under
+one temporary directory, stopped with all its processes (executors, their Python workers).
+
+The executors must get pgbroker from what the driver ships, as on machines that do not share the
+driver's files. So the workers run their executors' Python from a bare virtual environment that
+sees this one's dependencies (psycopg, pyarrow, numpy, pyspark) but not pgbroker, whose
+editable install is a .pth file that only this environment's own site-packages runs. Driver and
+executors are told the same PYSPARK_PYTHON, a script that is the driver's Python on the driver
+and the bare one where the workers set PGBROKER_TEST_WORKER_PYTHON: one path, another Python on
+each "machine".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyspark
+
+SPARK_HOME = Path(pyspark.__file__).parent
+WORKER_MEMORY = "1g"
+EXECUTOR_MEMORY = "512m"
+DAEMON_MEMORY = "256m"  # heap of the master and worker daemons themselves
+
+
+@dataclass
+class StandaloneCluster:
+    root: Path
+    workers: int = 2
+    url: str = ""
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def conf_dir(self) -> Path:
+        return self.root / "conf"
+
+    @property
+    def python(self) -> Path:
+        """PYSPARK_PYTHON for drivers and executors alike."""
+        return self.root / "bin" / "python"
+
+    @property
+    def executor_python(self) -> Path:
+        return self.root / "executor-env" / "bin" / "python"
+
+    def worker_dir(self, number: int) -> Path:
+        return self.root / f"worker-{number}"
+
+    def start(self, timeout: float = 120) -> None:
+        self._write_conf()
+        self._make_pythons()
+        master_log = self.root / "master.log"
+        self._spawn("master", self.root, [
+            "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
+            "--webui-port", "0",
+        ])  # fmt: skip
+        found = self._wait_for_log(master_log, re.compile(r"Starting Spark master at (spark://\S+)"), timeout)
+        self.url = found[1]
+        for number in range(1, self.workers + 1):
+            work = self.worker_dir(number)
+            work.mkdir()
+            self._spawn(f"worker-{number}", work, [
+                "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--port", "0",
+                "--webui-port", "0", "--cores", "1", "--memory", WORKER_MEMORY, "--work-dir", str(work),
+                self.url,
+            ])  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while master_log.read_text(errors="replace").count("Registering worker ") < self.workers:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the workers did not register within {timeout:.0f} s:\n{self.logs()}")
+            time.sleep(0.2)
+
+    def driver_conf(self) -> list[str]:
+        """--conf arguments of a driver on this cluster: loopback only, no UI, small executors,
+        and no task before both executors are there (so that both take part)."""
+        conf = {
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.executor.memory": EXECUTOR_MEMORY,
+            "spark.executor.cores": "1",
+            "spark.cores.max": str(self.workers),
+            "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+            "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+            "spark.local.dir": str(self.root / "driver-local"),
+        }
+        return [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
+
+    def driver_env(self) -> dict[str, str]:
+        env = {**os.environ, "PYSPARK_PYTHON": str(self.python), "SPARK_LOCAL_IP": "127.0.0.1"}
+        env.pop("PYSPARK_DRIVER_PYTHON", None)
+        env["SPARK_CONF_DIR"] = str(self.conf_dir)
+        return env
+
+    def executor_dirs(self) -> list[Path]:
+        """The executors' working directories: <worker dir>/<app id>/<executor id>."""
+        return sorted(p for n in range(1, self.workers + 1) for p in self.worker_dir(n).glob("app-*/*"))
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop the workers (which stop their executors), then the master; kill what lingers."""
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        # The process groups hold the executors and their Python workers too.
+        for process in self.processes:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+
+    def survivors(self) -> list[str]:
+        """Processes still running whose command line mentions the cluster's directory (every
+        JVM has its conf directory on the class path; the executors' Python lives in it)."""
+        ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
+        return [line.strip() for line in ps.stdout.splitlines() if str(self.root) in line]
+
+    def logs(self, tail: int = 40) -> str:
+        parts = []
+        for log in sorted(self.root.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-tail:]
+            parts.append(f"--- {log.name}\n" + "\n".join(lines))
+        return "\n".join(parts)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _write_conf(self) -> None:
+        self.conf_dir.mkdir(parents=True)
+        # No REST submission server (it would listen on 6066 on every interface).
+        (self.conf_dir / "spark-defaults.conf").write_text("spark.master.rest.enabled false\n")
+
+    def _make_pythons(self) -> None:
+        env_dir = self.executor_python.parent.parent
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+        purelib = Path(sysconfig.get_paths()["purelib"])
+        site = Path(
+            subprocess.run(
+                [str(self.executor_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                capture_output=True, text=True, check=True,
+            ).stdout.strip()
+        )  # fmt: skip
+        # A plain path line: the directory joins sys.path, but its own .pth files (pgbroker's
+        # editable install among them) are not run.
+        (site / "driver-site-packages.pth").write_text(f"{purelib}\n")
+        self.python.parent.mkdir()
+        self.python.write_text(
+            '#!/bin/sh\nexec "${PGBROKER_TEST_WORKER_PYTHON:-' + sys.executable + '}" "$@"\n'
+        )
+        self.python.chmod(0o755)
+
+    def _daemon_env(self, cwd: Path) -> dict[str, str]:
+        # Not the test's environment: no PYTHONPATH or anything else pointing at the source tree.
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(cwd),
+            "SPARK_HOME": str(SPARK_HOME),
+            "SPARK_CONF_DIR": str(self.conf_dir),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_DIRS": str(cwd / "local"),
+            "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+            "PGBROKER_TEST_WORKER_PYTHON": str(self.executor_python),
+        }
+        if "JAVA_HOME" in os.environ:
+            env["JAVA_HOME"] = os.environ["JAVA_HOME"]
+        return env
+
+    def _spawn(self, name: str, cwd: Path, args: list[str]) -> None:
+        with (self.root / f"{name}.log").open("wb") as log:
+            # Its own process group, to stop it with everything it starts; spark-class execs java.
+            self.processes.append(
+                subprocess.Popen(
+                    [str(SPARK_HOME / "bin" / "spark-class"), *args],
+                    cwd=cwd,
+                    env=self._daemon_env(cwd),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    def _wait_for_log(self, log: Path, pattern: re.Pattern[str], timeout: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            found = pattern.search(log.read_text(errors="replace")) if log.exists() else None
+            if found:
+                return found
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {pattern.pattern}:\n{self.logs()}")
+            time.sleep(0.2)
+
+    def _check_alive(self) -> None:
+        for process in self.processes:
+            if process.poll() is not None:
+                raise AssertionError(f"a Spark daemon exited with {process.returncode}:\n{self.logs()}")
+
+
+def _signal_group(process: subprocess.Popen[Any], sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def run_driver(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a driver (CLI or spark-submit) in its own process group, killed with its JVM on timeout."""
+    process = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _signal_group(process, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"{argv[0]} did not finish within {timeout:.0f} s:\n{output[-5000:]}") from None
+    finally:
+        if process.poll() is None:
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+    return subprocess.CompletedProcess(argv, process.returncode, output)
+

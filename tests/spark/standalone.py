@@ -13,6 +13,7 @@ each "machine".
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -113,10 +114,8 @@ class StandaloneCluster:
                 _signal_group(process, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for process in self.processes:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         # The process groups hold the executors and their Python workers too.
         for process in self.processes:
             _signal_group(process, signal.SIGKILL)
@@ -146,9 +145,10 @@ class StandaloneCluster:
         env_dir = self.executor_python.parent.parent
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
         purelib = Path(sysconfig.get_paths()["purelib"])
+        ask = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
         site = Path(
             subprocess.run(
-                [str(self.executor_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                [str(self.executor_python), "-c", ask],
                 capture_output=True, text=True, check=True,
             ).stdout.strip()
         )  # fmt: skip
@@ -200,7 +200,9 @@ class StandaloneCluster:
                 return found
             self._check_alive()
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {pattern.pattern}:\n{self.logs()}")
+                raise AssertionError(
+                    f"timed out after {timeout:.0f} s waiting for {pattern.pattern}:\n{self.logs()}"
+                )
             time.sleep(0.2)
 
     def _check_alive(self) -> None:
@@ -210,13 +212,13 @@ class StandaloneCluster:
 
 
 def _signal_group(process: subprocess.Popen[Any], sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
-def run_driver(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def run_driver(
+    argv: list[str], env: dict[str, str], cwd: Path, timeout: float
+) -> subprocess.CompletedProcess[str]:
     """Run a driver (CLI or spark-submit) in its own process group, killed with its JVM on timeout."""
     process = subprocess.Popen(
         argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -233,4 +235,3 @@ def run_driver(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) 
             _signal_group(process, signal.SIGKILL)
             process.wait()
     return subprocess.CompletedProcess(argv, process.returncode, output)
-

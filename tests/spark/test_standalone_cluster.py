@@ -54,7 +54,9 @@ def cluster() -> Iterator[StandaloneCluster]:
 
 def test_python_of_the_executors_cannot_import_pgbroker(cluster: StandaloneCluster) -> None:
     """What the other tests rely on: without the shipped zip, an executor has no pgbroker."""
-    probe = "import psycopg, pyarrow, numpy, pyspark\ntry:\n import pgbroker\nexcept ImportError:\n print('ok')"
+    probe = (
+        "import psycopg, pyarrow, numpy, pyspark\ntry:\n import pgbroker\nexcept ImportError:\n print('ok')"
+    )
     result = subprocess.run(
         [str(cluster.executor_python), "-c", probe],
         cwd=cluster.root, capture_output=True, text=True, check=False,
@@ -145,4 +147,3 @@ def _latest_app(cluster: StandaloneCluster) -> list[Path]:
     """The executor directories of the last application that ran on the cluster."""
     latest = max(p.parent.name for p in cluster.executor_dirs())
     return [p for p in cluster.executor_dirs() if p.parent.name == latest]
-

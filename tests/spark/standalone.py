@@ -25,9 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyspark
-
-SPARK_HOME = Path(pyspark.__file__).parent
 WORKER_MEMORY = "1g"
 EXECUTOR_MEMORY = "512m"
 DAEMON_MEMORY = "256m"  # heap of the master and worker daemons themselves
@@ -39,6 +36,13 @@ class StandaloneCluster:
     workers: int = 2
     url: str = ""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def spark_home(self) -> Path:
+        """pyspark's installation, which has Spark's jars and bin/spark-class."""
+        import pyspark
+
+        return Path(pyspark.__file__).parent
 
     @property
     def conf_dir(self) -> Path:
@@ -98,9 +102,12 @@ class StandaloneCluster:
         return [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
 
     def driver_env(self) -> dict[str, str]:
+        # Its temporary files (the zips it ships) go with the cluster's directory.
+        tmp = self.root / "driver-tmp"
+        tmp.mkdir(exist_ok=True)
         env = {**os.environ, "PYSPARK_PYTHON": str(self.python), "SPARK_LOCAL_IP": "127.0.0.1"}
         env.pop("PYSPARK_DRIVER_PYTHON", None)
-        env["SPARK_CONF_DIR"] = str(self.conf_dir)
+        env.update(SPARK_CONF_DIR=str(self.conf_dir), TMPDIR=str(tmp))
         return env
 
     def executor_dirs(self) -> list[Path]:
@@ -166,7 +173,7 @@ class StandaloneCluster:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "HOME": str(cwd),
-            "SPARK_HOME": str(SPARK_HOME),
+            "SPARK_HOME": str(self.spark_home),
             "SPARK_CONF_DIR": str(self.conf_dir),
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOCAL_DIRS": str(cwd / "local"),
@@ -182,7 +189,7 @@ class StandaloneCluster:
             # Its own process group, to stop it with everything it starts; spark-class execs java.
             self.processes.append(
                 subprocess.Popen(
-                    [str(SPARK_HOME / "bin" / "spark-class"), *args],
+                    [str(self.spark_home / "bin" / "spark-class"), *args],
                     cwd=cwd,
                     env=self._daemon_env(cwd),
                     stdin=subprocess.DEVNULL,

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from tests.spark.helpers import Conn, count, create, fill, numbers
+from tests.spark.helpers import Conn, count, create, fill, numbers, require_spark
 from tests.spark.standalone import StandaloneCluster, run_driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,13 +33,7 @@ pytestmark = pytest.mark.slow  # the module's cluster takes a while to start, wh
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[StandaloneCluster]:
-    from pgbroker.spark.requirements import MissingRequirement, check_java, check_python_packages
-
-    try:
-        check_python_packages()
-        check_java()
-    except MissingRequirement as exc:
-        pytest.skip(f"Spark tests need pyspark, pyarrow and Java: {exc}")
+    require_spark()
     root = Path(tempfile.mkdtemp(prefix="pgbroker-spark-cluster-"))
     standalone = StandaloneCluster(root)
     try:

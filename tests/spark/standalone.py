@@ -114,6 +114,21 @@ class StandaloneCluster:
         """The executors' working directories: <worker dir>/<app id>/<executor id>."""
         return sorted(p for n in range(1, self.workers + 1) for p in self.worker_dir(n).glob("app-*/*"))
 
+    def kill_executor(self, worker: int) -> Path:
+        """SIGKILL the executor JVM running on worker ``worker``, as a lost machine would; returns
+        its directory. The worker starts a new one for the application."""
+        ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, check=True)
+        for line in ps.stdout.splitlines():
+            pid, _, args = line.strip().partition(" ")
+            if "CoarseGrainedExecutorBackend" not in args or str(self.root) not in args:
+                continue
+            with contextlib.suppress(OSError):
+                executor_dir = Path(os.readlink(f"/proc/{pid}/cwd"))
+                if self.worker_dir(worker) in executor_dir.parents:
+                    os.kill(int(pid), signal.SIGKILL)
+                    return executor_dir
+        raise AssertionError(f"no executor running on worker {worker}:\n{ps.stdout}")
+
     def stop(self, timeout: float = 30) -> None:
         """Stop the workers (which stop their executors), then the master; kill what lingers."""
         for process in reversed(self.processes):
@@ -131,7 +146,7 @@ class StandaloneCluster:
     def survivors(self) -> list[str]:
         """Processes still running whose command line mentions the cluster's directory (every
         JVM has its conf directory on the class path; the executors' Python lives in it)."""
-        ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
+        ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, check=True)
         return [line.strip() for line in ps.stdout.splitlines() if str(self.root) in line]
 
     def logs(self, tail: int = 40) -> str:
@@ -223,22 +238,44 @@ def _signal_group(process: subprocess.Popen[Any], sig: signal.Signals) -> None:
         os.killpg(process.pid, sig)
 
 
+class Driver:
+    """A driver (the pgbroker CLI or spark-submit) running in its own process group, with its JVM
+    and Python workers; its output goes to a file (a pipe left unread would stall it)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log: Path) -> None:
+        self.argv = argv
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        """Its exit code and output; killed, and an AssertionError, if it runs past ``timeout``."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            output = self.log.read_text(errors="replace")
+            raise AssertionError(
+                f"{self.argv[0]} did not finish within {timeout:.0f} s:\n{output[-5000:]}"
+            ) from None
+        return code, self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            _signal_group(self.process, signal.SIGKILL)
+        self.process.wait()
+
+
 def run_driver(
     argv: list[str], env: dict[str, str], cwd: Path, timeout: float
 ) -> subprocess.CompletedProcess[str]:
-    """Run a driver (CLI or spark-submit) in its own process group, killed with its JVM on timeout."""
-    process = subprocess.Popen(
-        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
+    """Run a driver to its end (killed with everything it started, on timeout or failure)."""
+    driver = Driver(argv, env, cwd, cwd / f"driver-{time.monotonic_ns()}.log")
     try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _signal_group(process, signal.SIGKILL)
-        output, _ = process.communicate()
-        raise AssertionError(f"{argv[0]} did not finish within {timeout:.0f} s:\n{output[-5000:]}") from None
+        code, output = driver.finish(timeout)
     finally:
-        if process.poll() is None:
-            _signal_group(process, signal.SIGKILL)
-            process.wait()
-    return subprocess.CompletedProcess(argv, process.returncode, output)
+        driver.kill()
+    return subprocess.CompletedProcess(argv, code, output)

@@ -5,7 +5,8 @@ workers on this machine (tests/spark/standalone.py), the jobs run against it as 
 The executors' Python does not have pgbroker (only its dependencies) and their working directory
 is the worker's, outside the source tree: every task that reads, writes or routes must import
 pgbroker from the zip the driver shipped. The routed messages record where they were routed, so
-the test sees that both workers' executors ran tasks, with pgbroker from the zip.
+the test sees that both workers' executors ran tasks, with pgbroker from the zip. One executor is
+killed in the middle of the route: its tasks run again, and every message still arrives once.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from tests.spark.helpers import Conn, count, create, fill, numbers, require_spark
-from tests.spark.standalone import StandaloneCluster, run_driver
+from tests.spark.helpers import Conn, count, create, fill, numbers, require_spark, wait_for
+from tests.spark.standalone import Driver, StandaloneCluster, run_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 TOTAL = 20_000
-BATCH = 5_000
+BATCH = 2_000
 DRIVER_TIMEOUT = 300
 
 pytestmark = pytest.mark.slow  # the module's cluster takes a while to start, whichever test needs it
@@ -60,11 +61,13 @@ def test_python_of_the_executors_cannot_import_pgbroker(cluster: StandaloneClust
 
 
 @pytest.mark.timeout(DRIVER_TIMEOUT + 120)
-def test_route_on_the_cluster_through_the_cli(cluster: StandaloneCluster, dsn: str, conn: Conn) -> None:
+def test_route_on_the_cluster_through_the_cli_with_an_executor_killed(
+    cluster: StandaloneCluster, dsn: str, conn: Conn
+) -> None:
     create(conn, "src", "dst")
     fill(conn, "src", TOTAL)
     pgbroker_cli = Path(sys.executable).parent / "pgbroker"
-    result = run_driver(
+    route = Driver(
         [str(pgbroker_cli), "pipeline", "route", "src", "dst", "--dsn", dsn,
          "--checkpoint", str(cluster.root / "route-checkpoint"), "--master", cluster.url,
          "--function", "tests.spark.cluster_functions:where_it_ran",
@@ -73,10 +76,26 @@ def test_route_on_the_cluster_through_the_cli(cluster: StandaloneCluster, dsn: s
         # pgbroker, from the zips the driver ships.
         env={**cluster.driver_env(), "PYTHONPATH": str(ROOT)},
         cwd=cluster.root,
-        timeout=DRIVER_TIMEOUT,
+        log=cluster.root / "route.log",
     )  # fmt: skip
-    assert result.returncode == 0, f"{result.stdout[-8000:]}\n{cluster.logs()}"
-    assert f"route: done: {TOTAL:,} messages" in result.stdout
+    try:
+        # Once the stream is under way, one worker's executor dies (its machine, say): its tasks
+        # run again elsewhere, and the worker starts another executor.
+        wait_for(
+            lambda: count(conn, "q_dst") >= BATCH or route.process.poll() is not None,
+            DRIVER_TIMEOUT,
+            "the first batch",
+        )
+        killed = cluster.kill_executor(worker=1)
+        at_kill = count(conn, "q_dst")
+        code, output = route.finish(DRIVER_TIMEOUT)
+    finally:
+        route.kill()
+    assert code == 0, f"{output[-8000:]}\n{cluster.logs()}"
+    assert f"route: done: {TOTAL:,} messages" in output
+    assert at_kill < TOTAL, "the executor was killed after the stream had ended"
+    lost = output.count("Lost task")
+    print(f"executor {killed} killed with {at_kill:,} of {TOTAL:,} messages routed; {lost} tasks lost")
 
     # Exactly once: every message once in the target, none left in the source, all archived.
     assert numbers(conn, "q_dst") == list(range(TOTAL))
@@ -113,7 +132,7 @@ def test_drain_on_the_cluster_through_spark_submit(
     result = run_driver(
         [str(spark_submit), "--master", cluster.url, "--py-files", str(shipped), *cluster.driver_conf(),
          str(drain.__file__), "orders", "--output", str(lake), "--dsn", dsn,
-         "--max-rows-per-batch", str(BATCH), "--partitions", "2"],
+         "--max-rows-per-batch", str(TOTAL // 2), "--partitions", "2"],
         env=env,
         cwd=cluster.root,
         timeout=DRIVER_TIMEOUT,

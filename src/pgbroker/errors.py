@@ -1,12 +1,17 @@
 """Typed exceptions, and the mapping from Postgres errors to them.
 
-The SQL engine raises its own errors with SQLSTATEs of class PB (see
-sql/migrations/0001_pgmq_core.sql), so the mapping is by code, never by
-message text. Every exception keeps the server's message and hint, which
-name what was wrong and how to fix it.
+pgbroker's own functions (schema ``pgbroker``) raise SQLSTATEs of class PB. The functions of
+schema ``pgmq`` raise what pgmq 1.13 raises (``P0001`` for its RAISEs, ``42P01`` for a missing
+queue, ...), so that pgmq's clients see pgmq's errors; pgbroker's code rides in their DETAIL as
+``pgbroker PB00n: <explanation>`` (sql/schema/10_queues.sql). The mapping reads that code first,
+then the SQLSTATE: never the message text. Every exception keeps the server's message and hint,
+which name what was wrong and how to fix it; ``sqlstate`` is the code the server sent, ``code``
+pgbroker's (the same for errors of class PB).
 """
 
 from __future__ import annotations
+
+import re
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -21,6 +26,8 @@ class PgbrokerError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint or None
+        # pgbroker's code for the error (class PB), whatever SQLSTATE the server sent.
+        self.code = type(self).sqlstate
 
     def __str__(self) -> str:
         return f"{self.message}\nhint: {self.hint}" if self.hint else self.message
@@ -107,18 +114,29 @@ _BY_SQLSTATE: dict[str, type[PgbrokerError]] = {
 }
 
 
+# DETAIL of an error raised by a function of schema pgmq: pgbroker's code, then what it means.
+_DETAIL_CODE = re.compile(r"^pgbroker (PB[0-9A-Z]{3})\b(?:: )?(.*)", re.DOTALL)
+
+
 def from_postgres(exc: psycopg.Error) -> PgbrokerError:
     """The pgbroker exception for a psycopg error."""
     diag = exc.diag
     sqlstate = diag.sqlstate or ""
     message = diag.message_primary or str(exc).strip()
     hint = diag.message_hint
-    cls = _BY_SQLSTATE.get(sqlstate)
+    marked = _DETAIL_CODE.match(diag.message_detail or "")
+    code = marked.group(1) if marked else sqlstate
+    cls = _BY_SQLSTATE.get(code)
     missing_schema = isinstance(exc, (pg_errors.UndefinedFunction, pg_errors.InvalidSchemaName))
     if cls is None and missing_schema and ("pgmq" in message or "pgbroker" in message):
         cls, hint = NotInstalled, "Install the schema first: pgbroker install (or Broker.install())."
     if sqlstate == "22P05":
         hint = hint or "PostgreSQL's jsonb cannot store the NUL character (\\u0000); remove it."
+    if marked and marked.group(2) and marked.group(2) not in message:
+        # pgmq's message ("relation \"pgmq.q_x\" does not exist") and what pgbroker sees in it.
+        message = f"{message} ({marked.group(2)})"
     error = (cls or DatabaseError)(message, hint=hint)
     error.sqlstate = sqlstate or error.sqlstate
+    if marked:
+        error.code = code
     return error

@@ -120,6 +120,10 @@ class Flavour:
     client_class: type
     # What the client raises for a server error; both carry the SQLSTATE as ``sqlstate``.
     error: type[Exception]
+    # What it raises for pgmq's two usual failures: a missing queue's table (42P01) and one of
+    # pgmq's RAISE EXCEPTIONs (P0001).
+    undefined_table: type[Exception]
+    raise_exception: type[Exception]
 
     def connect(self, dsn: str, **options: Any) -> PGMQueue:
         """A client on ``dsn``; the caller closes it."""
@@ -138,6 +142,8 @@ class SyncFlavour(Flavour):
     name = "sync"
     client_class = PGMQueue
     error = psycopg.Error
+    undefined_table = psycopg.errors.UndefinedTable
+    raise_exception = psycopg.errors.RaiseException
 
     def connect(self, dsn: str, **options: Any) -> PGMQueue:
         return make_sync_client(dsn, **options)
@@ -156,6 +162,8 @@ class AsyncFlavour(Flavour):
     name = "async"
     client_class = AsyncPGMQueue
     error = asyncpg.PostgresError
+    undefined_table = asyncpg.exceptions.UndefinedTableError
+    raise_exception = asyncpg.exceptions.RaiseError
 
     def __init__(self, runner: asyncio.Runner) -> None:
         self._runner = runner

@@ -86,9 +86,9 @@ def test_create_list_validate_and_drop_queues(client: PGMQueue, flavour: Flavour
     assert sql_one(dsn, "SELECT relpersistence FROM pg_class WHERE oid = 'pgmq.q_fast'::regclass") == "u"
 
     assert client.validate_queue_name("a" * 47) is True
-    with pytest.raises(flavour.error) as too_long:
+    with pytest.raises(flavour.raise_exception) as too_long:
         client.validate_queue_name("a" * 48)
-    assert sqlstate(too_long.value) == "PB001"
+    assert sqlstate(too_long.value) == "P0001"
 
     assert client.drop_queue("fast") is True
     assert client.drop_queue("fast") is False  # not an error
@@ -376,9 +376,9 @@ def test_metrics_and_metrics_all(client: PGMQueue, flavour: Flavour) -> None:
     assert isinstance(m.scrape_time, datetime)
     every = client.metrics_all()
     assert [(x.queue_name, x.queue_length) for x in every] == [(Q, 3), ("other", 0)]
-    with pytest.raises(flavour.error) as missing:
+    with pytest.raises(flavour.undefined_table) as missing:
         client.metrics("nope")
-    assert sqlstate(missing.value) == "PB002"
+    assert sqlstate(missing.value) == "42P01"
 
 
 # -- transactions -----------------------------------------------------------------------------
@@ -589,13 +589,20 @@ def test_send_topic_with_headers_but_no_delay_is_outside_the_contract(
 # -- errors and the client's own lifecycle ----------------------------------------------------
 
 
-def test_errors_carry_pgbroker_sqlstates(client: PGMQueue, flavour: Flavour) -> None:
-    with pytest.raises(flavour.error) as missing:
+def test_errors_are_the_drivers_exceptions_for_pgmqs_errors(client: PGMQueue, flavour: Flavour) -> None:
+    """pgmq's failures reach the drivers as pgmq's do: a missing queue is an undefined table
+    (psycopg UndefinedTable, asyncpg UndefinedTableError), pgmq's RAISEs are P0001 (RaiseException,
+    RaiseError). A case conflict, which pgmq does not refuse, is pgbroker's PB004."""
+    with pytest.raises(flavour.undefined_table) as missing:
         client.send("nope", {"n": 1})
-    assert sqlstate(missing.value) == "PB002"
-    with pytest.raises(flavour.error) as bad_name:
+    assert sqlstate(missing.value) == "42P01"
+    assert 'relation "pgmq.q_nope" does not exist' in str(missing.value)
+    with pytest.raises(flavour.raise_exception) as bad_name:
         client.create_queue("a;b")
-    assert sqlstate(bad_name.value) == "PB001"
+    assert sqlstate(bad_name.value) == "P0001"
+    with pytest.raises(flavour.raise_exception) as too_long:
+        client.create_queue("x" * 48)
+    assert str(too_long.value).startswith("queue name is too long, maximum length is 47 characters")
     client.create_queue(Q)
     with pytest.raises(flavour.error) as conflict:
         client.create_queue("JOBS")

@@ -1,7 +1,9 @@
 """Bad input gets a typed error that says what was wrong, and changes nothing.
 
 Each test snapshots pgmq.meta, every pgmq relation and every queue's rows before the bad call
-and compares after it.
+and compares after it. Functions of schema pgmq fail with pgmq's SQLSTATE (P0001, 42P01, 2201W,
+...) and carry pgbroker's code in DETAIL; the client maps that code to the typed error
+(tests/compat/test_failures.py compares every such failure with pgmq's own).
 """
 
 from __future__ import annotations
@@ -62,11 +64,16 @@ def assert_refused(
     return info.value
 
 
-def assert_sql_refused(conn: Conn, sqlstate: str, query: str, params: Any = None) -> psycopg.Error:
+def assert_sql_refused(
+    conn: Conn, sqlstate: str, query: str, params: Any = None, *, code: str | None = None
+) -> psycopg.Error:
+    """The call fails with ``sqlstate`` (and pgbroker's ``code``, when given) and changes nothing."""
     before = database_state(conn)
     with pytest.raises(psycopg.Error) as info:
         conn.execute(query, params)
     assert info.value.sqlstate == sqlstate, info.value
+    if code is not None:
+        assert from_postgres(info.value).code == code, info.value.diag.message_detail
     assert database_state(conn) == before
     return info.value
 
@@ -93,25 +100,41 @@ def test_invalid_queue_name_is_refused_by_create_with_a_hint(
 ) -> None:
     error = assert_refused(shared, InvalidQueueName, lambda: module_broker.create_queue(name), reason)
     assert error.hint
-    assert error.sqlstate == "PB001"
+    assert error.code == "PB001"
     assert_refused(shared, InvalidQueueName, lambda: module_broker.create_queue(name, unlogged=True), reason)
-    assert_refused(shared, InvalidQueueName, lambda: module_broker.queue(name).send(1), reason)
-    assert_refused(shared, InvalidQueueName, lambda: module_broker.drop_queue(name), reason)
+    assert_refused(shared, InvalidQueueName, lambda: module_broker.queue(name).send(1))
+    if reason == "invalid characters":
+        assert_refused(shared, InvalidQueueName, lambda: module_broker.drop_queue(name), reason)
+    else:
+        # pgmq's drop_queue checks only the characters: any other name it cannot find is false.
+        before = database_state(shared)
+        assert module_broker.drop_queue(name) is False
+        assert database_state(shared) == before
 
 
 @pytest.mark.parametrize(("name", "reason"), BAD_NAMES)
 def test_invalid_queue_name_is_refused_by_sql_create(
     populated: Queue, shared: Conn, name: str, reason: str
 ) -> None:
-    for function in (
-        "create",
-        "create_non_partitioned",
-        "create_unlogged",
-        "drop_queue",
-        "validate_queue_name",
-    ):
-        error = assert_sql_refused(shared, "PB001", f"SELECT pgmq.{function}(queue_name => %s)", [name])
+    """pgmq's checks (characters, then length) fail with P0001; the names pgmq would create but
+    pgbroker refuses (empty, control characters) with PB001. pgbroker's code is PB001 either way."""
+    pgmq_refuses = reason in ("invalid characters", "too long")
+    for function in ("create", "create_non_partitioned", "create_unlogged"):
+        error = assert_sql_refused(
+            shared,
+            "P0001" if pgmq_refuses else "PB001",
+            f"SELECT pgmq.{function}(queue_name => %s)",
+            [name],
+            code="PB001",
+        )
         assert reason in str(error)
+    # pgmq's drop_queue checks the characters, validate_queue_name the length: nothing else.
+    for function, refuses in (("drop_queue", "invalid characters"), ("validate_queue_name", "too long")):
+        query = f"SELECT pgmq.{function}(queue_name => %s)"
+        if reason == refuses:
+            assert_sql_refused(shared, "P0001", query, [name], code="PB001")
+        else:
+            shared.execute(query, [name])
     assert [row[0] for row in meta(shared)] == [Q]
 
 
@@ -240,7 +263,13 @@ MISSING_QUEUE_SQL = [
 def test_every_sql_function_on_a_missing_queue_raises_queue_not_found(
     populated: Queue, shared: Conn, query: str
 ) -> None:
-    error = assert_sql_refused(shared, "PB002", query)
+    """pgmq's functions fail as pgmq does (42P01, the missing table), pgbroker's with PB002; both
+    are QueueNotFound with a hint."""
+    pgmq = "pgmq." in query
+    error = assert_sql_refused(shared, "42P01" if pgmq else "PB002", query, code="PB002")
+    if pgmq:
+        assert error.diag.message_primary == 'relation "pgmq.q_nope" does not exist'
+    assert isinstance(from_postgres(error), QueueNotFound)
     assert error.diag.message_hint is not None
     assert "pgmq.create" in error.diag.message_hint
 
@@ -301,43 +330,58 @@ def test_non_json_text_through_sql_is_refused_before_anything_is_written(
 # -- numbers ----------------------------------------------------------------------------------
 
 BAD_SQL_ARGUMENTS = [
-    pytest.param("SELECT * FROM pgmq.read(%s, vt => -1, qty => 1)", id="read-negative-vt"),
-    pytest.param("SELECT * FROM pgmq.read(%s, vt => NULL, qty => 1)", id="read-null-vt"),
-    pytest.param("SELECT * FROM pgmq.read(%s, vt => 1, qty => -1)", id="read-negative-qty"),
-    pytest.param("SELECT * FROM pgmq.read(%s, vt => 1, qty => NULL)", id="read-null-qty"),
+    # pgmq's own failures, with pgmq's SQLSTATE
+    pytest.param("SELECT * FROM pgmq.read(%s, vt => 1, qty => -1)", "2201W", id="read-negative-qty"),
+    pytest.param("SELECT * FROM pgmq.pop(%s, qty => -1)", "2201W", id="pop-negative-qty"),
     pytest.param(
-        "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, max_poll_seconds => -1)", id="poll-negative-wait"
+        "SELECT pgmq.send_batch(%s, '{1,2}'::jsonb[], '{}'::jsonb[])", "P0001", id="batch-headers-too-short"
     ),
-    pytest.param(
-        "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, poll_interval_ms => 0)", id="poll-zero-interval"
-    ),
-    pytest.param("SELECT * FROM pgmq.pop(%s, qty => -1)", id="pop-negative-qty"),
-    pytest.param("SELECT * FROM pgmq.pop(%s, qty => NULL)", id="pop-null-qty"),
-    pytest.param("SELECT pgmq.send(%s, '1', delay => -1)", id="send-negative-delay"),
-    pytest.param("SELECT pgmq.send(%s, '1', delay => NULL::integer)", id="send-null-delay"),
-    pytest.param("SELECT pgmq.send(%s, '1', delay => NULL::timestamptz)", id="send-null-delay-at"),
-    pytest.param("SELECT pgmq.send(%s, '1', '{}', delay => -5)", id="send-headers-negative-delay"),
-    pytest.param("SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => -1)", id="batch-negative-delay"),
-    pytest.param("SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => NULL::integer)", id="batch-null-delay"),
-    pytest.param("SELECT pgmq.send_batch(%s, '{1,2}'::jsonb[], '{}'::jsonb[])", id="batch-headers-too-short"),
     pytest.param(
         "SELECT pgmq.send_batch(%s, '{1}'::jsonb[], ARRAY['{}', '{}']::jsonb[], 0)",
+        "P0001",
         id="batch-headers-too-long",
     ),
-    pytest.param("SELECT pgmq.send_batch(%s, '{}'::jsonb[])", id="batch-empty"),
-    pytest.param("SELECT pgmq.send_batch(%s, NULL::jsonb[])", id="batch-null"),
-    pytest.param("SELECT pgmq.set_vt(%s, 1::bigint, -1)", id="set_vt-negative"),
-    pytest.param("SELECT pgmq.set_vt(%s, 1::bigint, NULL::integer)", id="set_vt-null"),
-    pytest.param("SELECT pgmq.set_vt(%s, '{1}'::bigint[], NULL::timestamptz)", id="set_vt-null-at"),
-    pytest.param("SELECT pgbroker.nack(%s, '1:1:1', delay => -1)", id="nack-negative-delay"),
-    pytest.param("SELECT pgbroker.extend(%s, '1:1:1', vt => -1)", id="extend-negative-vt"),
-    pytest.param("SELECT pgbroker.ack(%s, '1:1:1', archive => NULL)", id="ack-null-archive"),
+    pytest.param("SELECT pgmq.send_batch(%s, '{}'::jsonb[])", "P0001", id="batch-empty"),
+    pytest.param("SELECT pgmq.send_batch(%s, NULL::jsonb[])", "P0001", id="batch-null"),
+    # arguments pgmq accepts (D1 of tests/compat/deliberate.py), and pgbroker's own functions
+    pytest.param("SELECT * FROM pgmq.read(%s, vt => -1, qty => 1)", "PB007", id="read-negative-vt"),
+    pytest.param("SELECT * FROM pgmq.read(%s, vt => NULL, qty => 1)", "PB007", id="read-null-vt"),
+    pytest.param("SELECT * FROM pgmq.read(%s, vt => 1, qty => NULL)", "PB007", id="read-null-qty"),
+    pytest.param(
+        "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, max_poll_seconds => -1)",
+        "PB007",
+        id="poll-negative-wait",
+    ),
+    pytest.param(
+        "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, poll_interval_ms => 0)", "PB007", id="poll-zero-interval"
+    ),
+    pytest.param("SELECT * FROM pgmq.pop(%s, qty => NULL)", "PB007", id="pop-null-qty"),
+    pytest.param("SELECT pgmq.send(%s, '1', delay => -1)", "PB007", id="send-negative-delay"),
+    pytest.param("SELECT pgmq.send(%s, '1', delay => NULL::integer)", "PB007", id="send-null-delay"),
+    pytest.param("SELECT pgmq.send(%s, '1', delay => NULL::timestamptz)", "PB007", id="send-null-delay-at"),
+    pytest.param("SELECT pgmq.send(%s, '1', '{}', delay => -5)", "PB007", id="send-headers-negative-delay"),
+    pytest.param(
+        "SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => -1)", "PB007", id="batch-negative-delay"
+    ),
+    pytest.param(
+        "SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => NULL::integer)", "PB007", id="batch-null-delay"
+    ),
+    pytest.param("SELECT pgmq.set_vt(%s, 1::bigint, -1)", "PB007", id="set_vt-negative"),
+    pytest.param("SELECT pgmq.set_vt(%s, 1::bigint, NULL::integer)", "PB007", id="set_vt-null"),
+    pytest.param("SELECT pgmq.set_vt(%s, '{1}'::bigint[], NULL::timestamptz)", "PB007", id="set_vt-null-at"),
+    pytest.param("SELECT pgbroker.nack(%s, '1:1:1', delay => -1)", "PB007", id="nack-negative-delay"),
+    pytest.param("SELECT pgbroker.extend(%s, '1:1:1', vt => -1)", "PB007", id="extend-negative-vt"),
+    pytest.param("SELECT pgbroker.ack(%s, '1:1:1', archive => NULL)", "PB007", id="ack-null-archive"),
 ]
 
 
-@pytest.mark.parametrize("query", BAD_SQL_ARGUMENTS)
-def test_out_of_range_sql_argument_is_an_invalid_argument(populated: Queue, shared: Conn, query: str) -> None:
-    error = assert_sql_refused(shared, "PB007", query, [Q])
+@pytest.mark.parametrize(("query", "sqlstate"), BAD_SQL_ARGUMENTS)
+def test_out_of_range_sql_argument_is_an_invalid_argument(
+    populated: Queue, shared: Conn, query: str, sqlstate: str
+) -> None:
+    """pgmq's own failures (a negative LIMIT, a bad batch) keep pgmq's SQLSTATE; the arguments
+    pgmq accepts but pgbroker refuses (D1 of tests/compat/deliberate.py) fail with PB007."""
+    error = assert_sql_refused(shared, sqlstate, query, [Q], code="PB007")
     assert isinstance(from_postgres(error), InvalidArgument)
 
 
@@ -345,7 +389,7 @@ def test_sql_argument_errors_carry_a_hint(populated: Queue, shared: Conn) -> Non
     error = assert_sql_refused(shared, "PB007", "SELECT * FROM pgmq.read(%s, -1, 1)", [Q])
     assert error.diag.message_hint
     error = assert_sql_refused(
-        shared, "PB007", "SELECT pgmq.send_batch(%s, '{1,2}'::jsonb[], '{}'::jsonb[])", [Q]
+        shared, "P0001", "SELECT pgmq.send_batch(%s, '{1,2}'::jsonb[], '{}'::jsonb[])", [Q], code="PB007"
     )
     assert error.diag.message_hint
 

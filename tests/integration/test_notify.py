@@ -21,6 +21,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker, InvalidArgument, InvalidQueueName, Message, QueueNotFound
 from pgbroker.aio import AsyncBroker
+from pgbroker.errors import from_postgres
 from pgbroker.listen import conninfo_of
 
 from .helpers import describe
@@ -245,29 +246,40 @@ def test_drop_queue_removes_the_throttle_and_a_new_queue_starts_without_notify(
     assert heard(listening) == []
 
 
+# (call, SQLSTATE, pgbroker's code in DETAIL): the functions of schema pgmq fail as pgmq's do
+# (P0001, or Postgres' NOT NULL for a NULL throttle), with pgbroker's code for its client.
 BAD_CALLS: list[Any] = [
-    pytest.param("SELECT pgmq.enable_notify_insert('jobs', -1)", "PB007", id="enable-negative"),
-    pytest.param("SELECT pgmq.enable_notify_insert('jobs', NULL)", "PB007", id="enable-null"),
-    pytest.param("SELECT pgmq.update_notify_insert('jobs', -5)", "PB007", id="update-negative"),
-    pytest.param("SELECT pgmq.update_notify_insert('jobs', 10)", "PB007", id="update-not-enabled"),
-    pytest.param("SELECT pgmq.enable_notify_insert('nope')", "PB002", id="enable-missing"),
-    pytest.param("SELECT pgmq.update_notify_insert('nope', 10)", "PB002", id="update-missing"),
-    pytest.param("SELECT pgmq.disable_notify_insert('nope')", "PB002", id="disable-missing"),
-    pytest.param("SELECT pgbroker.notify_channel('nope')", "PB002", id="channel-missing"),
-    pytest.param("SELECT pgmq.enable_notify_insert('a;b')", "PB001", id="enable-bad-name"),
+    pytest.param("SELECT pgmq.enable_notify_insert('jobs', -1)", "P0001", "PB007", id="enable-negative"),
+    pytest.param("SELECT pgmq.enable_notify_insert('jobs', NULL)", "23502", None, id="enable-null"),
+    pytest.param("SELECT pgmq.update_notify_insert('jobs', -5)", "P0001", "PB007", id="update-negative"),
+    pytest.param("SELECT pgmq.update_notify_insert('jobs', 10)", "P0001", "PB007", id="update-not-enabled"),
+    pytest.param("SELECT pgmq.enable_notify_insert('nope')", "P0001", "PB002", id="enable-missing"),
+    pytest.param("SELECT pgmq.update_notify_insert('nope', 10)", "P0001", "PB002", id="update-missing"),
+    pytest.param("SELECT pgbroker.notify_channel('nope')", "PB002", "PB002", id="channel-missing"),
+    pytest.param("SELECT pgmq.enable_notify_insert('a;b')", "P0001", "PB001", id="enable-bad-name"),
 ]
 
 
-@pytest.mark.parametrize(("query", "sqlstate"), BAD_CALLS)
-def test_bad_arguments_are_refused_with_a_pb_sqlstate(
-    conn: Conn, jobs: str, query: str, sqlstate: str
+@pytest.mark.parametrize(("query", "sqlstate", "code"), BAD_CALLS)
+def test_bad_arguments_are_refused_with_pgmqs_error_and_pgbrokers_code(
+    conn: Conn, jobs: str, query: str, sqlstate: str, code: str | None
 ) -> None:
     with pytest.raises(psycopg.Error) as caught:
         conn.execute(query)
     assert caught.value.diag.sqlstate == sqlstate
-    assert caught.value.diag.message_hint
+    if code is not None:
+        assert from_postgres(caught.value).code == code
+        assert caught.value.diag.message_hint
     assert throttles(conn) == []
     assert notify_triggers(conn) == []
+
+
+def test_disabling_a_missing_queue_is_pgmqs_notice(conn: Conn, jobs: str) -> None:
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
+    conn.execute("SELECT pgmq.disable_notify_insert('nope')")
+    assert notices == ['relation "pgmq.q_nope" does not exist, skipping']
+    assert throttles(conn) == []
 
 
 # -- the clients --------------------------------------------------------------------------------

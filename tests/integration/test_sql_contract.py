@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from pgbroker.errors import InvalidQueueName, from_postgres
 from tests.integration.helpers import (
     Conn,
     a_rows,
@@ -694,9 +695,10 @@ def test_format_table_name_lowercases_and_prefixes(conn: Conn, q: str) -> None:
 
 @pytest.mark.parametrize("name", ["a$b", "a;b", "a--b", "a'b"])
 def test_format_table_name_refuses_invalid_characters(conn: Conn, q: str, name: str) -> None:
-    with pytest.raises(psycopg.Error, match="invalid characters") as info:
+    with pytest.raises(psycopg.errors.RaiseException, match="invalid characters") as info:
         conn.execute("SELECT pgmq.format_table_name(queue_name => %s, prefix => 'q')", [name])
-    assert info.value.sqlstate == "PB001"
+    assert info.value.sqlstate == "P0001"  # pgmq's
+    assert isinstance(from_postgres(info.value), InvalidQueueName)  # pgbroker's code in DETAIL
 
 
 def test_queue_names_are_found_whatever_their_case(conn: Conn, q: str) -> None:

@@ -1,7 +1,10 @@
 """Topic routing: bind_topic, send_topic, send_batch_topic, test_routing and key/pattern validation.
 
-Keys and patterns are dot-separated words; in a pattern ``*`` is exactly one word and ``#`` zero
-or more words (AMQP). Validation is compared with the reference pgmq SQL in a database of its own.
+Keys and patterns are dot-separated words. A binding matches as pgmq's does: ``*`` is one word
+and ``#`` any characters between literal dots ('orders.#' needs a word after 'orders');
+pgbroker.bind_topic_amqp binds with AMQP's ``#``, zero or more words. Routing and validation are
+compared with the reference pgmq SQL in a database of its own; errors are pgmq's (P0001, with
+pgbroker's code in DETAIL).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pgbroker.errors import from_postgres
+from pgbroker.install import install
 from tests.compat.reference import create_reference_database, drop_database
 from tests.conftest import dsn_for_db
 from tests.integration.helpers import Conn, describe, jsonb_array, q_ids, q_rows
@@ -52,6 +57,12 @@ def refused(conn: Conn, query: str | sql.Composed, params: Any = None) -> psycop
     with pytest.raises(psycopg.Error) as info:
         conn.execute(query, params)
     return info.value
+
+
+def assert_pgmq_error(error: psycopg.Error, code: str) -> None:
+    """pgmq's RAISE (P0001), with pgbroker's ``code`` in DETAIL for pgbroker's client."""
+    assert error.sqlstate == "P0001", error
+    assert from_postgres(error).code == code, error.diag.message_detail
 
 
 @pytest.fixture(scope="module")
@@ -132,13 +143,14 @@ PATTERNS = {
     "q_prefix": "user-*.login",
 }
 
+# pgmq's '#': 'orders.#' needs a word after 'orders', 'a.#.z' one between 'a' and 'z'.
 ROUTES = [
-    ("orders", {"q_hash", "q_all"}),
+    ("orders", {"q_all"}),
     ("orders.created", {"q_star", "q_hash", "q_all", "q_created", "q_exact"}),
     ("orders.eu.created", {"q_hash", "q_all"}),
     ("users.created", {"q_all", "q_created"}),
     ("created", {"q_all"}),
-    ("a.z", {"q_all", "q_az"}),
+    ("a.z", {"q_all"}),
     ("a.b.z", {"q_all", "q_az"}),
     ("a.b.c.z", {"q_all", "q_az"}),
     ("a.zz", {"q_all"}),
@@ -170,22 +182,56 @@ def test_keys_reach_the_queues_whose_patterns_match(routing: Conn, key: str, que
         assert got == ([{"k": key}] if queue in queues else []), queue
 
 
-def test_hash_matches_zero_words_where_the_reference_needs_one(routing: Conn, reference: str) -> None:
-    # A deliberate difference: the reference compiles '#' to '.*' between literal dots, so its
-    # 'orders.#' misses 'orders' and its 'a.#.z' misses 'a.z'. Everywhere else both agree.
+def test_routing_is_the_references_for_every_key(routing: Conn, reference: str) -> None:
     with psycopg.connect(reference, autocommit=True) as ref:
         create(ref, *PATTERNS)
         for queue, pattern in PATTERNS.items():
             bind(ref, pattern, queue)
-        for key, ours in ROUTES:
-            theirs = routed(ref, key)
-            assert ours == routed(routing, key)
-            if key == "orders":
-                assert ours - theirs == {"q_hash"}
-            elif key == "a.z":
-                assert ours - theirs == {"q_az"}
-            else:
-                assert theirs == ours, key
+        for key, _ in ROUTES:
+            assert routed(ref, key) == routed(routing, key), key
+        regexes = "SELECT pattern, compiled_regex FROM pgmq.list_topic_bindings() ORDER BY 1"
+        assert ref.execute(regexes).fetchall() == routing.execute(regexes).fetchall()
+
+
+# AMQP's '#' (pgbroker.bind_topic_amqp): zero or more words.
+AMQP_ROUTES = {"orders": {"q_hash", "q_all"}, "a.z": {"q_all", "q_az"}, "orders.x.y": {"q_hash", "q_all"}}
+
+
+@pytest.mark.parametrize(("key", "queues"), AMQP_ROUTES.items())
+def test_amqp_bindings_match_zero_or_more_words(conn: Conn, key: str, queues: set[str]) -> None:
+    create(conn, *PATTERNS)
+    for queue, pattern in PATTERNS.items():
+        conn.execute("SELECT pgbroker.bind_topic_amqp(%s, %s)", [pattern, queue])
+    assert routed(conn, key) == queues
+    assert scalar(conn, "SELECT pgmq.send_topic(%s, '{}')", [key]) == len(queues)
+    listed = dict(conn.execute("SELECT pattern, compiled_regex FROM pgmq.list_topic_bindings()").fetchall())
+    assert listed["orders.#"] == "^orders(?:\\.[^.]+)*$"
+
+
+def test_binding_a_pattern_the_amqp_way_switches_its_meaning(conn: Conn) -> None:
+    create(conn, "jobs")
+    bind(conn, "orders.#", "jobs")
+    assert routed(conn, "orders") == set()
+    conn.execute("SELECT pgbroker.bind_topic_amqp('orders.#', 'JOBS')")
+    conn.execute("SELECT pgbroker.bind_topic_amqp('orders.#', 'jobs')")  # idempotent
+    assert routed(conn, "orders") == {"jobs"}
+    assert bindings(conn) == [("orders.#", "jobs")]
+    # Unbinding removes it whichever way it was bound; binding again is pgmq's.
+    assert scalar(conn, "SELECT pgmq.unbind_topic('orders.#', 'jobs')") is True
+    assert scalar(conn, "SELECT count(*) FROM pgbroker.topic_amqp_bindings") == 0
+    bind(conn, "orders.#", "jobs")
+    assert routed(conn, "orders") == set()
+    # And the queue's drop removes it.
+    conn.execute("SELECT pgbroker.bind_topic_amqp('a.#', 'jobs')")
+    conn.execute("SELECT pgmq.drop_queue('jobs')")
+    assert scalar(conn, "SELECT count(*) FROM pgbroker.topic_amqp_bindings") == 0
+
+
+def test_amqp_binding_fails_as_bind_topic_does(conn: Conn) -> None:
+    assert_pgmq_error(refused(conn, "SELECT pgbroker.bind_topic_amqp('a.*', 'missing')"), "PB002")
+    create(conn, "jobs")
+    assert_pgmq_error(refused(conn, "SELECT pgbroker.bind_topic_amqp('a..b', 'jobs')"), "PB007")
+    assert bindings(conn) == []
 
 
 def test_a_queue_bound_by_several_matching_patterns_gets_one_copy(conn: Conn) -> None:
@@ -299,18 +345,18 @@ def test_send_batch_topic_checks_the_batch_like_send_batch_even_with_no_queue_re
             "SELECT * FROM pgmq.send_batch_topic(%s, %s::jsonb[], %s::jsonb[])",
             [key, msgs, headers],
         )
-        assert error.sqlstate == "PB007"
+        assert_pgmq_error(error, "PB007")
         assert message in str(error)
     assert q_ids(two_queues, "alpha") == q_ids(two_queues, "beta") == []
 
 
 def test_send_topic_refuses_a_null_message_and_a_bad_delay_even_with_no_queue_bound(conn: Conn) -> None:
     error = refused(conn, "SELECT pgmq.send_topic('orders.new', NULL::jsonb)")
-    assert error.sqlstate == "PB007"
+    assert_pgmq_error(error, "PB007")
     assert "msg cannot be NULL" in str(error)
     error = refused(conn, "SELECT pgmq.send_topic('orders.new', '{}', -1)")
-    assert error.sqlstate == "PB007"
-    assert "delay" in str(error)
+    assert_pgmq_error(error, "PB007")
+    assert "delay cannot be negative, got: -1" in str(error)
 
 
 def test_send_topic_is_all_or_nothing(two_queues: Conn) -> None:
@@ -341,12 +387,13 @@ def test_bind_topic_is_idempotent_and_stores_the_queues_own_name(conn: Conn) -> 
 
 def test_bind_topic_requires_an_existing_queue_and_a_valid_pattern(conn: Conn) -> None:
     error = refused(conn, "SELECT pgmq.bind_topic('orders.*', 'missing')")
-    assert error.sqlstate == "PB002"
+    assert_pgmq_error(error, "PB002")
+    assert 'Queue "missing" does not exist' in str(error)
     error = refused(conn, "SELECT pgmq.bind_topic('orders.*', NULL)")
-    assert error.sqlstate == "PB001"
+    assert_pgmq_error(error, "PB001")
     create(conn, "jobs")
     error = refused(conn, "SELECT pgmq.bind_topic('orders..x', 'jobs')")
-    assert error.sqlstate == "PB007"
+    assert_pgmq_error(error, "PB007")
     assert "consecutive dots" in str(error)
     assert bindings(conn) == []
 
@@ -354,7 +401,7 @@ def test_bind_topic_requires_an_existing_queue_and_a_valid_pattern(conn: Conn) -
 def test_a_direct_insert_of_a_bad_pattern_is_refused(conn: Conn) -> None:
     create(conn, "jobs")
     error = refused(conn, "INSERT INTO pgmq.topic_bindings (pattern, queue_name) VALUES ('a.**', 'jobs')")
-    assert error.sqlstate == "PB007"
+    assert_pgmq_error(error, "PB007")
 
 
 def test_unbind_topic_returns_whether_a_binding_was_removed(conn: Conn) -> None:
@@ -367,7 +414,7 @@ def test_unbind_topic_returns_whether_a_binding_was_removed(conn: Conn) -> None:
     assert bindings(conn) == [("orders.#", "jobs")]
     for args in ("NULL, 'jobs'", "'', 'jobs'", "'orders.#', NULL", "'orders.#', ''"):
         error = refused(conn, sql.SQL("SELECT pgmq.unbind_topic({})").format(sql.SQL(args)))
-        assert error.sqlstate == "PB007"
+        assert_pgmq_error(error, "PB001" if args.endswith(("NULL", "''")) else "PB007")
         assert "cannot be NULL or empty" in str(error)
     assert bindings(conn) == [("orders.#", "jobs")]
 
@@ -396,7 +443,7 @@ def test_list_topic_bindings_columns_and_order(conn: Conn) -> None:
     # Newest first.
     assert [(r[0], r[1]) for r in rows] == [("a.#", "jobs"), ("a.*", "other"), ("b.*", "jobs")]
     assert all(isinstance(r[2], datetime) for r in rows)
-    assert [r[3] for r in rows] == [r"^a(?:\.[^.]+)*$", r"^a\.[^.]+$", r"^b\.[^.]+$"]
+    assert [r[3] for r in rows] == [r"^a\..*$", r"^a\.[^.]+$", r"^b\.[^.]+$"]  # pgmq's compilation
 
     cur = conn.execute("SELECT * FROM pgmq.list_topic_bindings(queue_name => 'JOBS')")
     assert describe(conn, cur) == BINDING_COLUMNS
@@ -483,7 +530,7 @@ def test_invalid_routing_keys_are_refused_everywhere_a_key_is_taken(
         "SELECT * FROM pgmq.send_batch_topic(%s::text, '{\"{}\"}')",
     ):
         error = refused(conn, query, [key])
-        assert error.sqlstate == "PB007", query
+        assert_pgmq_error(error, "PB007")
         assert message in str(error), query
         assert error.diag.message_hint
     assert q_ids(conn, "jobs") == []
@@ -506,7 +553,7 @@ def test_invalid_topic_patterns_are_refused(conn: Conn, pattern: str | None, mes
         "SELECT pgmq.bind_topic(%s::text, 'jobs')",
     ):
         error = refused(conn, query, [pattern])
-        assert error.sqlstate == "PB007", query
+        assert_pgmq_error(error, "PB007")
         assert message in str(error), query
         assert error.diag.message_hint
     assert bindings(conn) == []
@@ -548,3 +595,37 @@ def test_validation_accepts_and_refuses_exactly_what_the_reference_does(conn: Co
         for value in samples:
             for function in ("key", "pattern"):
                 assert accepts(conn, function, value) == accepts(ref, function, value), (function, value)
+
+
+# -- upgrades ---------------------------------------------------------------------------------
+
+
+def test_bindings_made_before_0015_keep_amqps_hash(empty_dsn: str) -> None:
+    """Until migration 0015 '#' was AMQP's; an upgrade must not change where messages go, so
+    bindings with a '#' word become AMQP bindings. Others are compiled again the pgmq way."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install(conn, target=14)
+        create(conn, "logs", "audit", "exact")
+        bind(conn, "logs.#", "logs")
+        bind(conn, "#.audit", "audit")
+        bind(conn, "a.*", "exact")
+        bind(conn, "user-#", "exact")  # '#' inside a word: the same in both meanings
+        before = {key: routed(conn, key) for key in ("logs", "logs.x", "audit", "x.audit", "a.b", "user-1")}
+        install(conn)
+        assert {key: routed(conn, key) for key in before} == before
+        amqp = conn.execute(
+            "SELECT pattern, queue_name FROM pgbroker.topic_amqp_bindings ORDER BY 1"
+        ).fetchall()
+        assert amqp == [("#.audit", "audit"), ("logs.#", "logs")]
+        regexes: dict[str, str] = dict(
+            conn.execute("SELECT pattern, compiled_regex FROM pgmq.topic_bindings").fetchall()
+        )
+        assert regexes == {
+            "logs.#": r"^logs\..*$",
+            "#.audit": r"^.*\.audit$",
+            "a.*": r"^a\.[^.]+$",
+            "user-#": r"^user-.*$",
+        }
+        # New bindings are pgmq's.
+        bind(conn, "new.#", "logs")
+        assert routed(conn, "new") == set()

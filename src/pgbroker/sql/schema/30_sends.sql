@@ -17,9 +17,9 @@
 CREATE FUNCTION pgbroker._check_batch(msgs jsonb[], headers jsonb[])
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    PERFORM pgbroker._check_arg(msgs IS NOT NULL AND cardinality(msgs) > 0,
+    PERFORM pgbroker._pgmq_check(msgs IS NOT NULL AND cardinality(msgs) > 0,
         'msgs cannot be NULL or empty', 'Pass at least one message.');
-    PERFORM pgbroker._check_arg(headers IS NULL OR cardinality(headers) = cardinality(msgs),
+    PERFORM pgbroker._pgmq_check(headers IS NULL OR cardinality(headers) = cardinality(msgs),
         format('headers array length (%s) must match msgs array length (%s)',
                cardinality(headers), cardinality(msgs)),
         'Give one headers object per message, or none at all.');

@@ -185,6 +185,19 @@ BEGIN
 END;
 $$;
 
+-- The read arguments' checks of pgmq's reads: a negative qty fails as
+-- pgmq's LIMIT fails (2201W, pgbroker's PB007 in DETAIL); the rest as above.
+CREATE FUNCTION pgbroker._pgmq_check_read_args(vt integer, qty integer)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF qty < 0 THEN
+        PERFORM pgbroker._pgmq_raise('LIMIT must not be negative', 'PB007',
+            'qty is the largest number of messages to return.', format('qty must be >= 0, got %s', qty), '2201W');
+    END IF;
+    PERFORM pgbroker._check_read_args(vt, qty);
+END;
+$$;
+
 ------------------------------------------------------------------------------
 -- The hot statements
 ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@
 CREATE FUNCTION pgmq.delete(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 DECLARE
-    qtable text := pgbroker._table(queue_name);
+    qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     RETURN QUERY EXECUTE format(
         'DELETE FROM pgmq.%I WHERE msg_id = ANY($1) RETURNING msg_id', qtable)
@@ -33,7 +33,7 @@ $$;
 CREATE FUNCTION pgmq.archive(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 DECLARE
-    qtable text := pgbroker._table(queue_name);
+    qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     RETURN QUERY EXECUTE format(
         $Q$
@@ -61,7 +61,7 @@ $$;
 CREATE FUNCTION pgmq.set_vt(queue_name TEXT, msg_ids BIGINT[], vt TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
-    qtable text := pgbroker._table(queue_name);
+    qtable text := pgbroker._pgmq_table(queue_name);
     changed pgmq.message_record[];
     lowest bigint;
     stored text;

@@ -191,13 +191,18 @@ $$;
 CREATE FUNCTION pgbroker._read_grouped(queue_name text, vt integer, qty integer, mode text)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
-    qtable text := pgbroker._table(queue_name);
+    qtable text := pgbroker._pgmq_table(queue_name);
     candidates bigint[];
     owned bigint[];
     remaining integer := qty;
     got bigint;
 BEGIN
-    PERFORM pgbroker._check_read_args(vt, qty);
+    IF mode = 'rr' AND qty < 0 THEN
+        -- pgmq's round robin compares a row number with qty: nothing to read.
+        PERFORM pgbroker._check_read_args(vt, 0);
+        RETURN;
+    END IF;
+    PERFORM pgbroker._pgmq_check_read_args(vt, qty);
     IF qty = 0 THEN
         RETURN;
     END IF;
@@ -290,17 +295,21 @@ $$;
 CREATE FUNCTION pgmq.create_fifo_index(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    qtable text := pgbroker._table(queue_name);
+    qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     -- The lock create/drop take for this name: two concurrent calls would
     -- otherwise race on IF NOT EXISTS and one would fail on the catalog.
     PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
     -- Not CONCURRENTLY: that cannot run inside a function. The build holds off
     -- sends (not reads) for its duration, so create the index early.
-    -- Checked first rather than IF NOT EXISTS, which would raise a notice on every repeat.
+    -- Checked first rather than IF NOT EXISTS; a repeat gives the notice of
+    -- pgmq's CREATE INDEX IF NOT EXISTS.
     IF to_regclass(format('pgmq.%I', pgbroker._fifo_index_name(qtable))) IS NULL THEN
         EXECUTE format('CREATE INDEX %I ON pgmq.%I (pgbroker._fifo_group(headers), msg_id)',
                        pgbroker._fifo_index_name(qtable), qtable);
+    ELSE
+        RAISE NOTICE 'relation "%" already exists, skipping', pgbroker._fifo_index_name(qtable)
+            USING ERRCODE = 'duplicate_table';
     END IF;
 END;
 $$;

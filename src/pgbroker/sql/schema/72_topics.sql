@@ -4,18 +4,20 @@
 --
 -- A queue binds patterns; a message sent with a routing key goes to every
 -- queue with at least one pattern matching the key, once per queue. Keys and
--- patterns are dot-separated words; in a pattern a word '*' is exactly one
--- word and a word '#' is zero or more words, as in AMQP topic exchanges:
--- 'orders.#' matches 'orders' and 'orders.eu.created', 'a.#.z' matches 'a.z'.
--- pgmq compiles '#' to '.*' with its dots left literal, so its 'orders.#'
--- needs at least one word after 'orders' and its '#.z' misses 'z'; pgbroker
--- keeps the AMQP meaning its own documentation gives ("zero or more").
--- A wildcard inside a word ('user-*', 'a#') is accepted as pgmq accepts it,
--- with pgmq's meaning: '*' is one or more characters other than a dot, '#'
--- any characters.
+-- patterns are dot-separated words. A binding matches as pgmq's does: its
+-- pattern is compiled to a regular expression with '*' as one or more
+-- characters other than a dot (one word) and '#' as any characters, the
+-- dots kept literal. So pgmq's 'orders.#' needs at least one word after
+-- 'orders' (it is '^orders\..*$') and '#.audit' misses 'audit'.
 --
--- Validation accepts and rejects exactly what pgmq does, with its messages,
--- under SQLSTATE PB007 and with a hint.
+-- AMQP topic exchanges read a '#' word as zero or more words ('orders.#'
+-- matches 'orders', 'a.#.z' matches 'a.z'). That meaning is an opt-in per
+-- binding: pgbroker.bind_topic_amqp(pattern, queue_name) (0015). Bindings
+-- made before 0015 had it, and keep it (see migration 0015).
+--
+-- Validation accepts and rejects exactly what pgmq does, with its messages
+-- and SQLSTATE (P0001); pgbroker's code (PB007) and a hint ride in DETAIL
+-- and HINT.
 
 -- The rules keys and patterns share; charset is a bracket expression body.
 CREATE FUNCTION pgbroker._check_topic_text(what text, value text, charset text, allowed text)
@@ -27,22 +29,22 @@ DECLARE
              'for example ''orders.*.created'' or ''orders.#''.'
     END;
 BEGIN
-    PERFORM pgbroker._check_arg(value IS NOT NULL AND value <> '',
+    PERFORM pgbroker._pgmq_check(value IS NOT NULL AND value <> '',
         format('%s cannot be NULL or empty', what), hint);
-    PERFORM pgbroker._check_arg(length(value) <= 255,
+    PERFORM pgbroker._pgmq_check(length(value) <= 255,
         format('%s length cannot exceed 255 characters, got %s characters', what, length(value)), hint);
-    PERFORM pgbroker._check_arg(value ~ ('^[' || charset || ']+$'),
+    PERFORM pgbroker._pgmq_check(value ~ ('^[' || charset || ']+$'),
         format('%s contains invalid characters. Only %s are allowed. Got: %s', what, allowed, value), hint);
-    PERFORM pgbroker._check_arg(value !~ '^\.',
+    PERFORM pgbroker._pgmq_check(value !~ '^\.',
         format('%s cannot start with a dot. Got: %s', what, value), hint);
-    PERFORM pgbroker._check_arg(value !~ '\.$',
+    PERFORM pgbroker._pgmq_check(value !~ '\.$',
         format('%s cannot end with a dot. Got: %s', what, value), hint);
-    PERFORM pgbroker._check_arg(value !~ '\.\.',
+    PERFORM pgbroker._pgmq_check(value !~ '\.\.',
         format('%s cannot contain consecutive dots. Got: %s', what, value), hint);
 END;
 $$;
 
--- true for a valid routing key, else PB007 with pgmq's message.
+-- true for a valid routing key, else pgmq's error.
 CREATE FUNCTION pgmq.validate_routing_key(routing_key text)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -52,7 +54,7 @@ BEGIN
 END;
 $$;
 
--- true for a valid pattern, else PB007 with pgmq's message.
+-- true for a valid pattern, else pgmq's error.
 CREATE FUNCTION pgmq.validate_topic_pattern(pattern text)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -60,26 +62,34 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_topic_text('pattern', pattern, 'a-zA-Z0-9._*#-',
         'alphanumeric, dots, hyphens, underscores, *, and #');
-    PERFORM pgbroker._check_arg(pattern !~ '\*\*',
+    PERFORM pgbroker._pgmq_check(pattern !~ '\*\*',
         format('pattern cannot contain consecutive stars (**). Use # for multi-segment matching. Got: %s', pattern),
         hint);
-    PERFORM pgbroker._check_arg(pattern !~ '##',
+    PERFORM pgbroker._pgmq_check(pattern !~ '##',
         format('pattern cannot contain consecutive hashes (##). A single # already matches zero or more segments. Got: %s',
                pattern),
         hint);
-    PERFORM pgbroker._check_arg(pattern !~ '\*#|#\*',
+    PERFORM pgbroker._pgmq_check(pattern !~ '\*#|#\*',
         format('pattern cannot contain adjacent wildcards (*# or #*). Separate wildcards with dots. Got: %s', pattern),
         hint);
     RETURN true;
 END;
 $$;
 
--- The regular expression a valid pattern compiles to, matched against the
--- whole routing key. A '#' word takes one of its dots with it, so that it can
--- stand for no word at all: leading '#.' is (word.)*, any later '.#' is
--- (.word)*. Only letters, digits, '_' and '-' remain literal, none of them a
--- regex metacharacter, so nothing needs escaping.
+-- The regular expression a valid pattern compiles to, as pgmq compiles it:
+-- dots literal, '*' one or more characters other than a dot, '#' any
+-- characters; matched against the whole routing key. A valid pattern has no
+-- other regex metacharacter, so nothing else needs escaping.
 CREATE FUNCTION pgbroker._topic_regex(pattern text)
+RETURNS text LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE AS $$
+    SELECT '^' || replace(replace(replace(pattern, '.', '\.'), '*', '[^.]+'), '#', '.*') || '$';
+$$;
+
+-- The regular expression of an AMQP binding (pgbroker.bind_topic_amqp): a
+-- '#' word is zero or more words. It takes one of its dots with it, so that
+-- it can stand for no word at all: leading '#.' is (word.)*, any later '.#'
+-- is (.word)*. A wildcard inside a word ('user-*', 'a#') keeps pgmq's meaning.
+CREATE FUNCTION pgbroker._topic_regex_amqp(pattern text)
 RETURNS text LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $$
 DECLARE
     words text[] := string_to_array(pattern, '.');
@@ -121,21 +131,47 @@ CREATE TABLE pgmq.topic_bindings (
 -- For the cascade when a queue is dropped, and for listing one queue's bindings.
 CREATE INDEX topic_bindings_queue_name_idx ON pgmq.topic_bindings (queue_name);
 
+-- The bindings whose '#' is AMQP's (zero or more words), with the regex they
+-- match by instead of pgmq's. Unbinding or dropping the queue removes the row.
+CREATE TABLE pgbroker.topic_amqp_bindings (
+    pattern text NOT NULL,
+    queue_name text NOT NULL,
+    compiled_regex text GENERATED ALWAYS AS (pgbroker._topic_regex_amqp(pattern)) STORED,
+    PRIMARY KEY (pattern, queue_name),
+    CONSTRAINT topic_amqp_bindings_binding_fkey FOREIGN KEY (pattern, queue_name)
+        REFERENCES pgmq.topic_bindings (pattern, queue_name) ON DELETE CASCADE ON UPDATE CASCADE
+);
+
+-- Every binding with the regex it matches by: pgmq's, or AMQP's for the
+-- bindings that opted in.
+CREATE VIEW pgbroker.topic_routes AS
+    SELECT b.pattern, b.queue_name, b.bound_at, coalesce(a.compiled_regex, b.compiled_regex) AS compiled_regex,
+           a.pattern IS NOT NULL AS amqp
+    FROM pgmq.topic_bindings b
+    LEFT JOIN pgbroker.topic_amqp_bindings a ON a.pattern = b.pattern AND a.queue_name = b.queue_name;
+
 -- The bindings a (validated) routing key matches.
 CREATE FUNCTION pgbroker._topic_matches(routing_key text)
-RETURNS SETOF pgmq.topic_bindings LANGUAGE plpgsql STABLE AS $$
+RETURNS SETOF pgbroker.topic_routes LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM pgmq.validate_routing_key(routing_key);
-    RETURN QUERY SELECT * FROM pgmq.topic_bindings b WHERE routing_key ~ b.compiled_regex;
+    RETURN QUERY SELECT * FROM pgbroker.topic_routes b WHERE routing_key ~ b.compiled_regex;
 END;
 $$;
 
--- Bind a pattern to a queue; binding it again changes nothing.
+-- Bind a pattern to a queue; binding it again changes nothing. Checks and
+-- errors are pgmq's, in its order; the queue is found in any case (0015).
 CREATE FUNCTION pgmq.bind_topic(pattern text, queue_name text)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pgmq.validate_topic_pattern(pattern);
-    PERFORM pgbroker._table(queue_name);  -- PB001 / PB002 with a hint
+    PERFORM pgbroker._pgmq_check(queue_name IS NOT NULL AND queue_name <> '',
+        'queue_name cannot be NULL or empty', 'Name the queue the pattern routes to.', 'PB001');
+    IF pgbroker._stored_name(queue_name) IS NULL THEN
+        PERFORM pgbroker._pgmq_raise(
+            format('Queue "%s" does not exist. Create the queue first using pgmq.create()', queue_name), 'PB002',
+            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+    END IF;
     -- Store the queue's own spelling: names are found in any case, and the
     -- foreign key (for the cascade on drop) compares exactly.
     INSERT INTO pgmq.topic_bindings (pattern, queue_name)
@@ -145,24 +181,41 @@ BEGIN
 END;
 $$;
 
+-- Bind a pattern whose '#' words match zero or more words, as in AMQP topic
+-- exchanges, where pgmq.bind_topic's need at least one ('orders.#' then also
+-- matches 'orders'). Binding an existing pattern this way switches it to
+-- AMQP's meaning; pgmq.unbind_topic removes it either way.
+CREATE FUNCTION pgbroker.bind_topic_amqp(pattern text, queue_name text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgmq.bind_topic(pattern, queue_name);
+    INSERT INTO pgbroker.topic_amqp_bindings (pattern, queue_name)
+    SELECT bind_topic_amqp.pattern, pgbroker._stored_name(bind_topic_amqp.queue_name)
+    ON CONFLICT DO NOTHING;
+END;
+$$;
+
 -- Unbind a pattern from a queue; false when it was not bound.
 CREATE FUNCTION pgmq.unbind_topic(pattern text, queue_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pgbroker._check_arg(pattern IS NOT NULL AND pattern <> '', 'pattern cannot be NULL or empty');
-    PERFORM pgbroker._check_arg(queue_name IS NOT NULL AND queue_name <> '', 'queue_name cannot be NULL or empty');
+    PERFORM pgbroker._pgmq_check(pattern IS NOT NULL AND pattern <> '', 'pattern cannot be NULL or empty',
+        'Give the pattern as it was bound (pgmq.list_topic_bindings).');
+    PERFORM pgbroker._pgmq_check(queue_name IS NOT NULL AND queue_name <> '', 'queue_name cannot be NULL or empty',
+        'Name the queue the pattern is bound to.', 'PB001');
     DELETE FROM pgmq.topic_bindings b
     WHERE b.pattern = unbind_topic.pattern AND lower(b.queue_name) = lower(unbind_topic.queue_name);
     RETURN FOUND;
 END;
 $$;
 
--- Every binding, newest first; or one queue's.
+-- Every binding, newest first; or one queue's. compiled_regex is the regex
+-- the binding matches by (AMQP's for pgbroker.bind_topic_amqp's).
 CREATE FUNCTION pgmq.list_topic_bindings()
 RETURNS TABLE (pattern text, queue_name text, bound_at timestamptz, compiled_regex text)
 LANGUAGE sql STABLE AS $$
     SELECT b.pattern, b.queue_name, b.bound_at, b.compiled_regex
-    FROM pgmq.topic_bindings b
+    FROM pgbroker.topic_routes b
     ORDER BY b.bound_at DESC, b.pattern, b.queue_name;
 $$;
 
@@ -170,7 +223,7 @@ CREATE FUNCTION pgmq.list_topic_bindings(queue_name text)
 RETURNS TABLE (pattern text, queue_name text, bound_at timestamptz, compiled_regex text)
 LANGUAGE sql STABLE AS $$
     SELECT b.pattern, b.queue_name, b.bound_at, b.compiled_regex
-    FROM pgmq.topic_bindings b
+    FROM pgbroker.topic_routes b
     WHERE lower(b.queue_name) = lower(list_topic_bindings.queue_name)
     ORDER BY b.bound_at DESC, b.pattern;
 $$;
@@ -212,8 +265,10 @@ BEGIN
     -- Checked in pgmq's order, and before any binding is looked at: a bad
     -- call fails whether or not a queue is bound yet.
     PERFORM pgmq.validate_routing_key(routing_key);
-    PERFORM pgbroker._check_arg(msg IS NOT NULL, 'msg cannot be NULL',
+    PERFORM pgbroker._pgmq_check(msg IS NOT NULL, 'msg cannot be NULL',
         'Send a JSON value; ''null''::jsonb is one.');
+    PERFORM pgbroker._pgmq_check(coalesce(delay >= 0, true), format('delay cannot be negative, got: %s', delay),
+        'delay is how long a sent message stays invisible.');
     SELECT count(*) INTO reached
     FROM pgbroker._send_topic(routing_key, ARRAY[msg], ARRAY[headers], pgbroker._delay_to_time(delay));
     RETURN reached;

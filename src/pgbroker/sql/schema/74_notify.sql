@@ -102,27 +102,49 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION pgbroker._check_throttle(throttle_interval_ms integer)
+-- Whether notify's trigger is on the queue table.
+CREATE FUNCTION pgbroker._notify_trigger_exists(qtable text)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgrelid = format('pgmq.%I', qtable)::regclass AND tgname = 'pgbroker_notify_insert');
+$$;
+
+-- The notice pgmq's DROP TRIGGER IF EXISTS gives for its trigger (pgbroker's
+-- trigger has another name).
+CREATE FUNCTION pgbroker._pgmq_no_trigger_notice(qtable text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    PERFORM pgbroker._check_arg(throttle_interval_ms IS NOT NULL AND throttle_interval_ms >= 0,
-        format('throttle_interval_ms must be >= 0, got %s', coalesce(throttle_interval_ms::text, 'NULL')),
-        'It is the least number of milliseconds between two notifications; 0 notifies on every send.');
+    RAISE NOTICE 'trigger "trigger_notify_queue_insert_listeners" for relation "pgmq.%" does not exist, skipping',
+        qtable;
 END;
 $$;
 
 -- Enable notify on a queue, or change its throttle when it is enabled.
+-- Checks and errors are pgmq's, in pgmq's order (0015); a NULL throttle
+-- fails on the table's NOT NULL, as in pgmq.
 CREATE FUNCTION pgmq.enable_notify_insert(queue_name text, throttle_interval_ms integer DEFAULT 250)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     stored text;
     qtable text;
 BEGIN
-    PERFORM pgbroker._check_throttle(throttle_interval_ms);
+    PERFORM pgbroker._pgmq_check_characters(queue_name);
+    PERFORM pgbroker._pgmq_check(coalesce(throttle_interval_ms >= 0, true), 'throttle_interval_ms must be non-negative',
+        'It is the least number of milliseconds between two notifications; 0 notifies on every send.');
     -- Serialise with create and drop of the same queue, as they do with each other.
     PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
-    qtable := pgbroker._table(queue_name);
     stored := pgbroker._stored_name(queue_name);
+    IF stored IS NULL THEN
+        PERFORM pgbroker._pgmq_raise(
+            format('Queue "%s" does not exist. Create it first using pgmq.create()', queue_name), 'PB002',
+            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+    END IF;
+    qtable := lower('q_' || stored);
+    -- pgmq disables first: its DROP TRIGGER IF EXISTS gives a notice when
+    -- notify was not enabled.
+    IF NOT pgbroker._notify_trigger_exists(qtable) THEN
+        PERFORM pgbroker._pgmq_no_trigger_notice(qtable);
+    END IF;
     INSERT INTO pgmq.notify_insert_throttle AS t (queue_name, throttle_interval_ms)
     VALUES (stored, enable_notify_insert.throttle_interval_ms)
     ON CONFLICT ON CONSTRAINT notify_insert_throttle_queue_name_key DO UPDATE
@@ -130,9 +152,7 @@ BEGIN
             last_notified_at = to_timestamp(0);
     -- Re-enabling only changes the row: creating a trigger locks out the
     -- queue's senders, so it is done once.
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger
-                   WHERE tgrelid = format('pgmq.%I', qtable)::regclass
-                     AND tgname = 'pgbroker_notify_insert') THEN
+    IF NOT pgbroker._notify_trigger_exists(qtable) THEN
         EXECUTE format(
             'CREATE TRIGGER pgbroker_notify_insert AFTER INSERT ON pgmq.%I '
             'FOR EACH STATEMENT EXECUTE FUNCTION pgbroker._notify_insert(%L, %L)',
@@ -141,35 +161,56 @@ BEGIN
 END;
 $$;
 
+-- Disable notify; for a queue that does not exist, pgmq's notice (its DROP
+-- TRIGGER IF EXISTS finds no table) and nothing else.
 CREATE FUNCTION pgmq.disable_notify_insert(queue_name text)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     stored text;
 BEGIN
+    PERFORM pgbroker._pgmq_check_characters(queue_name);
+    IF queue_name IS NULL THEN
+        PERFORM pgbroker._pgmq_no_queue(queue_name);
+    END IF;
     PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
-    EXECUTE format('DROP TRIGGER IF EXISTS pgbroker_notify_insert ON pgmq.%I', pgbroker._table(queue_name));
     stored := pgbroker._stored_name(queue_name);
+    IF stored IS NULL THEN
+        RAISE NOTICE 'relation "pgmq.%" does not exist, skipping', lower('q_' || queue_name);
+        RETURN;
+    END IF;
+    IF pgbroker._notify_trigger_exists(lower('q_' || stored)) THEN
+        EXECUTE format('DROP TRIGGER pgbroker_notify_insert ON pgmq.%I', lower('q_' || stored));
+    ELSE
+        PERFORM pgbroker._pgmq_no_trigger_notice(lower('q_' || stored));
+    END IF;
     DELETE FROM pgmq.notify_insert_throttle t WHERE t.queue_name = stored;
 END;
 $$;
 
--- Change the throttle of a queue that has notify enabled (PB007 otherwise).
+-- Change the throttle of a queue that has notify enabled.
 CREATE FUNCTION pgmq.update_notify_insert(queue_name text, throttle_interval_ms integer)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     stored text;
 BEGIN
-    PERFORM pgbroker._check_throttle(throttle_interval_ms);
-    PERFORM pgbroker._table(queue_name);
+    PERFORM pgbroker._pgmq_check(coalesce(throttle_interval_ms >= 0, true),
+        format('throttle_interval_ms must be non-negative, got: %s', throttle_interval_ms),
+        'It is the least number of milliseconds between two notifications; 0 notifies on every send.');
     stored := pgbroker._stored_name(queue_name);
+    IF stored IS NULL THEN
+        PERFORM pgbroker._pgmq_raise(
+            format('Queue "%s" does not exist. Create the queue first using pgmq.create()', queue_name), 'PB002',
+            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+    END IF;
     UPDATE pgmq.notify_insert_throttle t
     SET throttle_interval_ms = update_notify_insert.throttle_interval_ms,
         last_notified_at = to_timestamp(0)
     WHERE t.queue_name = stored;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'queue "%" does not have notify_insert enabled', queue_name
-            USING ERRCODE = 'PB007',
-                  HINT = format('Enable it first: SELECT pgmq.enable_notify_insert(%L);', stored);
+        PERFORM pgbroker._pgmq_raise(
+            format('Queue "%s" does not have notify_insert enabled. Enable it first using '
+                   'pgmq.enable_notify_insert()', queue_name), 'PB007',
+            format('Enable it first: SELECT pgmq.enable_notify_insert(%L);', stored));
     END IF;
 END;
 $$;

@@ -321,6 +321,23 @@ BEGIN
 END;
 $$;
 
+-- pgmq's error when pg_partman is not created in the database (message and
+-- SQLSTATE are pgmq's), with pgbroker's PB008 and the fix _partman names.
+CREATE FUNCTION pgbroker._pgmq_partman_missing(message text, sqlstate text)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    explanation text := 'pg_partman is not created in this database';
+    hint text;
+BEGIN
+    BEGIN
+        PERFORM pgbroker._partman();
+    EXCEPTION WHEN SQLSTATE 'PB008' THEN
+        GET STACKED DIAGNOSTICS explanation = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
+    END;
+    PERFORM pgbroker._pgmq_raise(message, 'PB008', hint, explanation, sqlstate);
+END;
+$$;
+
 ------------------------------------------------------------------------------
 -- Creating
 ------------------------------------------------------------------------------
@@ -343,16 +360,24 @@ DECLARE
     acol text;
     existing pgmq.meta;
 BEGIN
-    PERFORM pgbroker._check_name(queue_name);
+    -- pgmq's checks in pgmq's order (the name's characters and length,
+    -- pg_partman, premake, then a NULL name cannot be formatted), with its
+    -- errors (0015); then pgbroker's own.
+    PERFORM pgbroker._pgmq_check_characters(queue_name);
+    PERFORM pgbroker._pgmq_check_length(queue_name);
+    IF NOT EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'pg_partman') THEN
+        PERFORM pgbroker._pgmq_partman_missing('pg_partman is required for partitioned queues', 'P0001');
+    END IF;
+    PERFORM pgbroker._pgmq_check(premake >= 1,
+        format('premake must be at least 1, got %s', coalesce(premake::text, '<NULL>')),
+        'premake is how many partitions are kept ready ahead of the current one.');
+    PERFORM pgbroker._check_new_name(queue_name);
     IF position('.' IN queue_name) > 0 THEN
         RAISE EXCEPTION 'queue name contains a period, which pg_partman does not support (got %)',
             quote_literal(queue_name)
             USING ERRCODE = 'PB001',
                   HINT = 'Partitioned queue names may use letters, digits, _ and - only.';
     END IF;
-    PERFORM pgbroker._check_arg(premake IS NOT NULL AND premake >= 1,
-        format('premake must be at least 1, got %s', coalesce(premake::text, 'NULL')),
-        'premake is how many partitions are kept ready ahead of the current one.');
     spec := pgbroker._partition_spec(partition_interval, retention_interval);
     pm := pgbroker._partman();
 
@@ -462,11 +487,18 @@ DECLARE
     left_over boolean;
     last_id bigint;
     first_id bigint;
+    old_index text;
 BEGIN
-    PERFORM pgbroker._check_name(table_name);
+    -- pgmq's checks, notices and errors first, in its order (0015). Its
+    -- notices print the table name followed by a stray 's'.
+    PERFORM pgbroker._pgmq_check_characters(table_name);
+    IF table_name IS NULL THEN
+        PERFORM pgbroker._pgmq_raise('null values cannot be formatted as an SQL identifier', 'PB001',
+            'Name the queue whose archive to partition.', 'queue name must not be NULL', '22004');
+    END IF;
     SELECT m.queue_name INTO stored FROM pgmq.meta m WHERE lower(m.queue_name) = lower(table_name);
     IF NOT FOUND THEN
-        RAISE NOTICE 'queue "%" does not exist: no archive to partition', table_name;
+        RAISE NOTICE 'Table %s does not exists', lower('a_' || table_name);
         RETURN;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(stored)));
@@ -475,11 +507,32 @@ BEGIN
     old_table := left(atable, 59) || '_old';
     SELECT c.relkind INTO kind FROM pg_class c WHERE c.oid = to_regclass(format('pgmq.%I', atable));
     IF kind = 'p' THEN
-        RAISE NOTICE 'archive table pgmq.% is already partitioned', atable;
+        RAISE NOTICE 'Table %s is already partitioned', atable;
         RETURN;
     END IF;
     PERFORM pgbroker._check_arg(kind = 'r',
         format('queue "%s" has no archive table pgmq.%s to partition', stored, atable));
+    -- pgmq renames the archive's index to archived_at_idx_<name>_old, an
+    -- unquoted identifier that Postgres truncates to 63 bytes with a notice;
+    -- for a name of 47 characters the truncated name is the index's own, and
+    -- pgmq fails. pgbroker names its indexes otherwise, and gives the same
+    -- notice and the same failure, so that a conversion pgmq refuses is
+    -- refused here too.
+    old_index := lower('archived_at_idx_' || table_name || '_old');
+    IF octet_length(old_index) > 63 THEN
+        RAISE NOTICE 'identifier "%" will be truncated to "%"', old_index, old_index::name
+            USING ERRCODE = 'name_too_long';
+        IF old_index::name = lower('archived_at_idx_' || table_name) THEN
+            PERFORM pgbroker._pgmq_raise(format('relation "%s" already exists', old_index::name), 'PB001',
+                'Partition the archive of a queue whose name has at most 46 characters.',
+                format('pgmq cannot partition the archive of queue "%s": its name has 47 characters', stored),
+                '42P07');
+        END IF;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_extension e WHERE e.extname = 'pg_partman') THEN
+        -- pgmq formats pg_partman's schema, NULL, as an identifier.
+        PERFORM pgbroker._pgmq_partman_missing('null values cannot be formatted as an SQL identifier', '22004');
+    END IF;
     PERFORM pgbroker._check_arg(leading_partition IS NOT NULL AND leading_partition >= 1,
         format('leading_partition must be at least 1, got %s', coalesce(leading_partition::text, 'NULL')),
         'leading_partition is how many partitions are kept ready ahead of the current one.');
@@ -542,8 +595,8 @@ $$;
 CREATE FUNCTION pgmq.detach_archive(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE WARNING 'detach_archive(queue_name) is deprecated and does nothing: archive tables are plain tables '
-                  'that drop_queue drops with the queue';
+    RAISE WARNING 'detach_archive(queue_name) is deprecated and is a no-op. It will be removed in PGMQ v2.0. '
+                  'Archive tables are no longer member objects.';
 END;
 $$;
 

@@ -52,7 +52,7 @@ $$;
 CREATE FUNCTION pgmq.metrics(queue_name TEXT)
 RETURNS pgmq.metrics_result LANGUAGE plpgsql AS $$
 DECLARE
-    qtable text := pgbroker._table(queue_name);
+    qtable text := pgbroker._pgmq_table(queue_name);
     result pgmq.metrics_result;
 BEGIN
     EXECUTE format(

@@ -143,20 +143,21 @@ DECLARE
     r_max_depth bigint;
     r_size bigint;
 BEGIN
+    -- The batch first, then the queue: pgmq's order (0015).
+    IF p_msgs IS NULL OR cardinality(p_msgs) = 0
+       OR (p_headers IS NOT NULL AND cardinality(p_headers) <> cardinality(p_msgs)) THEN
+        PERFORM pgbroker._check_batch(p_msgs, p_headers);
+    END IF;
     IF r IS NULL THEN
         SELECT * INTO r_queue FROM pgbroker._queue(p_queue_name);
         IF NOT FOUND THEN
-            PERFORM pgbroker._table(p_queue_name);  -- PB001/PB002, naming the problem
+            PERFORM pgbroker._pgmq_no_queue(p_queue_name);  -- pgmq's 42P01, pgbroker's code in DETAIL
         END IF;
         r_name := r_queue.stored_name;
         r_max_depth := r_queue.max_depth;
     ELSE
         r_name := (%2$L::text[])[r];
         r_max_depth := (%3$L::bigint[])[r];
-    END IF;
-    IF p_msgs IS NULL OR cardinality(p_msgs) = 0
-       OR (p_headers IS NOT NULL AND cardinality(p_headers) <> cardinality(p_msgs)) THEN
-        PERFORM pgbroker._check_batch(p_msgs, p_headers);
     END IF;
     -- A message's size counts its headers too: both are stored in its row.
     IF cardinality(p_msgs) = 1 THEN
@@ -206,11 +207,11 @@ BEGIN
     IF r_dynamic THEN
         SELECT * INTO r_queue FROM pgbroker._queue(p_queue_name);
         IF NOT FOUND THEN
-            PERFORM pgbroker._table(p_queue_name);
+            PERFORM %8$s(p_queue_name);
         END IF;
     END IF;
     IF p_vt IS NULL OR p_vt < 0 OR p_qty IS NULL OR p_qty < 0 THEN
-        PERFORM pgbroker._check_read_args(p_vt, p_qty);
+        PERFORM %9$s(p_vt, p_qty);
     END IF;
     IF r_dynamic THEN
         r_from := r_queue.ready_from;
@@ -237,7 +238,10 @@ $F$
 $R$, op, CASE op WHEN 'read' THEN 'pgmq.message_record' ELSE 'pgbroker.delivery' END,
      keys, names, max_deliveries, op = 'deliver',
      CASE op WHEN 'read' THEN pgbroker._route_tree(read_bodies, 1, cardinality(read_bodies))
-             ELSE pgbroker._route_tree(deliver_bodies, 1, cardinality(deliver_bodies)) END);
+             ELSE pgbroker._route_tree(deliver_bodies, 1, cardinality(deliver_bodies)) END,
+     -- A missing queue: pgmq's failure for pgmq.read, pgbroker's for pgbroker.read (0015).
+     CASE op WHEN 'read' THEN 'pgbroker._pgmq_no_queue' ELSE 'pgbroker._table' END,
+     CASE op WHEN 'read' THEN 'pgbroker._pgmq_check_read_args' ELSE 'pgbroker._check_read_args' END);
     END LOOP;
 
     -- pgmq.pop, as in 0012.
@@ -255,14 +259,14 @@ BEGIN
     IF r IS NULL THEN
         SELECT * INTO r_queue FROM pgbroker._queue(p_queue_name);
         IF NOT FOUND THEN
-            PERFORM pgbroker._table(p_queue_name);
+            PERFORM pgbroker._pgmq_no_queue(p_queue_name);
         END IF;
         r_name := r_queue.stored_name;
     ELSE
         r_name := (%2$L::text[])[r];
     END IF;
     IF p_qty IS NULL OR p_qty < 0 THEN
-        PERFORM pgbroker._check_read_args(0, p_qty);
+        PERFORM pgbroker._pgmq_check_read_args(0, p_qty);
     END IF;
     r_from := pgbroker._route_ready_from(r_name);
     IF r IS NULL THEN

@@ -114,20 +114,19 @@ class StandaloneCluster:
         """The executors' working directories: <worker dir>/<app id>/<executor id>."""
         return sorted(p for n in range(1, self.workers + 1) for p in self.worker_dir(n).glob("app-*/*"))
 
-    def kill_executor(self, worker: int) -> Path:
-        """SIGKILL the executor JVM running on worker ``worker``, as a lost machine would; returns
-        its directory. The worker starts a new one for the application."""
+    def kill_executor(self, executor_dir: Path) -> None:
+        """SIGKILL the executor JVM working in ``executor_dir``, as a lost machine would. (Its
+        Python workers go with it; its worker starts another executor for the application.)"""
         ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, check=True)
         for line in ps.stdout.splitlines():
             pid, _, args = line.strip().partition(" ")
             if "CoarseGrainedExecutorBackend" not in args or str(self.root) not in args:
                 continue
             with contextlib.suppress(OSError):
-                executor_dir = Path(os.readlink(f"/proc/{pid}/cwd"))
-                if self.worker_dir(worker) in executor_dir.parents:
+                if Path(os.readlink(f"/proc/{pid}/cwd")) == executor_dir:
                     os.kill(int(pid), signal.SIGKILL)
-                    return executor_dir
-        raise AssertionError(f"no executor running on worker {worker}:\n{ps.stdout}")
+                    return
+        raise AssertionError(f"no executor running in {executor_dir}:\n{ps.stdout}")
 
     def stop(self, timeout: float = 30) -> None:
         """Stop the workers (which stop their executors), then the master; kill what lingers."""

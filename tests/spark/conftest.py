@@ -12,17 +12,14 @@ from typing import Any
 
 import pytest
 
+from tests.spark.helpers import require_spark
+
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     from pgbroker.spark import session
-    from pgbroker.spark.requirements import MissingRequirement, check_java, check_python_packages
 
-    try:
-        check_python_packages()
-        check_java()
-    except MissingRequirement as exc:
-        pytest.skip(f"Spark tests need pyspark, pyarrow and Java: {exc}")
+    require_spark()
     spark_session = session.start(
         "pgbroker-tests",
         master="local[2]",

@@ -5,9 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql
 
 Conn = psycopg.Connection[tuple[Any, ...]]
+
+
+def require_spark() -> None:
+    """Skip, saying why, where Java or pyspark is missing."""
+    from pgbroker.spark.requirements import MissingRequirement, check_java, check_python_packages
+
+    try:
+        check_python_packages()
+        check_java()
+    except MissingRequirement as exc:
+        pytest.skip(f"Spark tests need pyspark, pyarrow and Java: {exc}")
 
 
 def create(conn: Conn, *queues: str) -> None:

@@ -69,10 +69,13 @@ def start(
             raise MissingRequirement(f"Spark's Java process did not start: {exc}", hint=JAVA_HINT) from exc
         raise
     spark.sparkContext.setLogLevel("WARN")
-    register(spark)
     if ship:
         from pgbroker.spark import shipping
 
         shipping.ship(spark)
         shipping.check_executors(spark)
+    # After shipping: registering pickles the data source with the Python files added so far,
+    # and its readers and writers get only those on the executors (SQL tasks do not see files
+    # added to the SparkContext later).
+    register(spark)
     return spark

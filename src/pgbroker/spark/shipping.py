@@ -13,8 +13,9 @@ from __future__ import annotations
 import importlib.metadata
 import tempfile
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlparse
 
 from pgbroker.spark.requirements import MissingRequirement
 
@@ -28,7 +29,7 @@ def build_zip(directory: Path | None = None) -> Path:
     # (clients, worker runtime): the import boundaries keep Spark apart from the worker runtime.
     package = Path(__file__).resolve().parents[1]
     target_dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="pgbroker-ship-"))
-    target = target_dir / f"pgbroker-{_version()}.zip"
+    target = target_dir / zip_name()
     with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(package.rglob("*")):
             if (
@@ -40,6 +41,10 @@ def build_zip(directory: Path | None = None) -> Path:
     return target
 
 
+def zip_name() -> str:
+    return f"pgbroker-{_version()}.zip"
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("pgbroker")
@@ -47,10 +52,15 @@ def _version() -> str:
         return "dev"
 
 
-def ship(spark: Any) -> Path:
-    """Add pgbroker to every executor's Python path for this SparkSession."""
+def ship(spark: Any) -> Path | None:
+    """Add pgbroker to every executor's Python path for this SparkSession, unless a zip of the
+    same name is there already (spark-submit --py-files pgbroker-x.y.z.zip): Spark refuses a
+    second file of the same name from another path. Returns the zip added, if any."""
+    context = spark.sparkContext
+    if any(PurePosixPath(urlparse(added).path).name == zip_name() for added in context.listFiles):
+        return None
     path = build_zip()
-    spark.sparkContext.addPyFile(str(path))
+    context.addPyFile(str(path))
     return path
 
 

@@ -1,5 +1,5 @@
 # Developer and CI entry points for pgbroker: venv, test, test-quick, lint, demo, bench, clean,
-# pg-partman, chromium, rabbitmq.
+# pg-partman, chromium, rabbitmq, pgbouncer.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
 
@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint generate demo bench clean pg-partman chromium rabbitmq
+.PHONY: venv test test-quick lint generate demo bench clean pg-partman chromium rabbitmq pgbouncer
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -101,7 +101,20 @@ chromium:
 	    "the dashboard test will fail" >&2
 	fi
 
-test: generate pg-partman chromium rabbitmq
+# The pooler tests put Debian's pgbouncer (transaction pooling) in front of the test server. As
+# root with apt-get, install it when missing; otherwise say so: those tests then fail saying how.
+pgbouncer:
+	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] && exit 0
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	  echo "make pgbouncer: installing pgbouncer"
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer; } \
+	    || echo "make pgbouncer: could not install pgbouncer; the pooler tests will fail" >&2
+	else
+	  echo "make pgbouncer: pgbouncer missing (installing needs root and apt-get);" \
+	    "the pooler tests will fail" >&2
+	fi
+
+test: generate pg-partman chromium rabbitmq pgbouncer
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench scripts setup.py
 	.venv/bin/mypy $(MYPY_PATHS)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,20 @@ def scratch_dir(prefix: str = "pgbroker-test-") -> Path:
     # As root the server runs as an unprivileged user, which must be able to enter it.
     d.chmod(0o711)
     return d
+
+
+def wait_until_accepting(dsn: str, timeout: float = 30, alive: Callable[[], bool] = lambda: True) -> None:
+    """Wait until a server accepts connections at ``dsn`` (a restart, a new pooler); ``alive``
+    says whether whatever should answer is still running, to fail at once when it is not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            psycopg.connect(dsn, connect_timeout=2).close()
+            return
+        except psycopg.OperationalError:
+            if not alive() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def dsn_for_db(admin_dsn: str, dbname: str) -> str:

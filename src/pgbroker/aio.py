@@ -26,9 +26,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import queries as q
 from pgbroker.backoff import SEND_RETRY, Patience
+from pgbroker.dsn import connection_kwargs, listen_dsn, resolve_dsn
 from pgbroker.errors import QueueFull, from_postgres
 from pgbroker.install import InstallResult, install_async
 from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, AsyncSubscription, Waiting, conninfo_of
+from pgbroker.liveness import server_has_written
 from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
 from pgbroker.queries import Delay, Query, Receivable
 
@@ -55,6 +57,21 @@ async def _run_on(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
     return query.decode(rows)
 
 
+@asynccontextmanager
+async def _live_connection(pool: AsyncConnectionPool[Any]) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """``pool.connection()``, passing over connections the server has closed (a restart of
+    Postgres leaves every idle one dead): each is closed, which makes the pool replace it, and
+    the next is taken at once. No round trip is spent on the check (pgbroker.liveness)."""
+    for _ in range(pool.max_size + 1):  # every idle one may be dead; one more is a new one
+        async with pool.connection() as conn:
+            if not server_has_written(conn):
+                yield conn
+                return
+            await conn.close()
+    async with pool.connection() as conn:  # let the call fail on it, as it would have
+        yield conn
+
+
 class AsyncPoolExecutor:
     """Runs each query on a pooled connection in autocommit: one call, one transaction."""
 
@@ -62,7 +79,7 @@ class AsyncPoolExecutor:
         self.pool = pool
 
     async def run(self, query: Query[T]) -> T:
-        async with self.pool.connection() as conn:
+        async with _live_connection(self.pool) as conn:
             return await _run_on(conn, query)
 
     run_in_savepoint = run  # each call is its own transaction: nothing to protect
@@ -382,14 +399,11 @@ class AsyncBroker:
         self._owned_pool: AsyncConnectionPool | None = None
         self._connection = connection
         if connection is None and pool is None:
-            from pgbroker.dsn import resolve_dsn
-
             pool = AsyncConnectionPool(
                 resolve_dsn(dsn),
                 min_size=1,
                 max_size=max_connections,
-                kwargs={"autocommit": True},
-                check=AsyncConnectionPool.check_connection,
+                kwargs={"autocommit": True, **connection_kwargs()},
                 open=False,  # sync: open=True,
                 name="pgbroker-async",  # sync: name="pgbroker",
             )
@@ -426,7 +440,7 @@ class AsyncBroker:
             yield self._connection
         else:
             assert self._pool is not None
-            async with self._pool.connection() as conn:
+            async with _live_connection(self._pool) as conn:
                 yield conn
 
     @asynccontextmanager
@@ -436,6 +450,9 @@ class AsyncBroker:
             yield AsyncTransaction(conn, self._listener)
 
     async def _listen_conninfo(self) -> str:
+        direct = listen_dsn()  # behind a transaction pooler, LISTEN needs a connection of its own
+        if direct:
+            return direct
         async with self.connection() as conn:
             return conninfo_of(conn.info)
 

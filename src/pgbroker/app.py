@@ -31,6 +31,7 @@ from typing import TextIO, TypedDict, TypeVar, Unpack
 from psycopg_pool import AsyncConnectionPool
 
 from pgbroker.aio import AsyncBroker
+from pgbroker.dsn import connection_kwargs, resolve_dsn
 from pgbroker.errors import InvalidArgument
 from pgbroker.worker import Handler, Worker, WorkerStats
 
@@ -155,15 +156,13 @@ async def serve(
 
 
 async def _own_broker(stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker]) -> AsyncBroker:
-    from pgbroker.dsn import resolve_dsn
-
-    # No connection check on checkout (the default client pool's): it costs a round trip per
-    # query, and a worker retries a call whose connection turns out to be broken anyway.
+    # No round trip to check a connection on checkout: AsyncBroker passes over those the server
+    # has closed (pgbroker.liveness), and a worker retries a call whose connection broke anyway.
     pool = AsyncConnectionPool(
         resolve_dsn(dsn),
         min_size=2 * len(workers),
         max_size=sum(2 + min(worker.concurrency, 2) for worker in workers),
-        kwargs={"autocommit": True},
+        kwargs={"autocommit": True, **connection_kwargs()},
         open=False,
         name="pgbroker-worker",
     )

@@ -132,7 +132,7 @@ def from_postgres(exc: psycopg.Error) -> PgbrokerError:
         cls, hint = NotInstalled, "Install the schema first: pgbroker install (or Broker.install())."
     if sqlstate == "22P05":
         hint = hint or "PostgreSQL's jsonb cannot store the NUL character (\\u0000); remove it."
-    if marked and marked.group(2) and marked.group(2) not in message:
+    if marked and marked.group(2) and marked.group(2).lower() not in message.lower():
         # pgmq's message ("relation \"pgmq.q_x\" does not exist") and what pgbroker sees in it.
         message = f"{message} ({marked.group(2)})"
     error = (cls or DatabaseError)(message, hint=hint)

@@ -28,6 +28,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgbroker.dsn import behind_transaction_pooler, listen_dsn
 from pgbroker.errors import InvalidArgument
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "AsyncListener", "Listener", "Waiting", "conninfo_of"]
@@ -174,6 +175,9 @@ class _Wakeups:
 
     def __init__(self, poll_interval: float) -> None:
         self.poll_interval = check_poll_interval(poll_interval)
+        # Behind a transaction pooler a LISTEN ends with its transaction: without a direct
+        # connection for it, waiting reads only poll (pgbroker.dsn).
+        self.polling_only = behind_transaction_pooler() and listen_dsn() is None
         self._channels: dict[str, str] = {}
         self._listening: _Loop | None = None
 
@@ -231,6 +235,8 @@ class Listener(_Wakeups):
 
         ``channel_of`` asks the server for the channel, once per queue name.
         """
+        if self.polling_only:
+            return Subscription(self, "")
         channel = self._channels.get(queue)
         if channel is None:
             channel = self._channels[queue] = channel_of()
@@ -310,6 +316,8 @@ class AsyncListener(_Wakeups):
 
         ``channel_of`` asks the server for the channel, once per queue name.
         """
+        if self.polling_only:
+            return AsyncSubscription(self, "")
         channel = self._channels.get(queue)
         if channel is None:
             channel = self._channels[queue] = await channel_of()

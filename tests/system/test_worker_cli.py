@@ -232,7 +232,8 @@ def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:
     assert_error(cli(dsn, "worker", "tests.system.nothing_here:handler", "--queue", "jobs"), 2, "cannot load")
     assert_error(cli(dsn, "worker", f"{HERE}:no_such_handler", "--queue", "jobs"), 2, "cannot load")
     assert_error(cli(dsn, "worker", f"{HERE}:ROOT", "--queue", "jobs"), 2, "neither a pgbroker.App")
-    assert_error(cli(dsn, "worker", f"{HERE}:record", "--queue", "nope"), 4, 'queue "nope" does not exist')
+    # pgmq's own words ('Queue "nope" does not exist. Create it first ...'), pgmq's SQLSTATE.
+    assert_error(cli(dsn, "worker", f"{HERE}:record", "--queue", "nope"), 4, '"nope" does not exist')
 
 
 # -- dead letters, policies, maintenance ----------------------------------------------------------

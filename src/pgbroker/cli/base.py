@@ -41,7 +41,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker.client import Broker
-from pgbroker.dsn import resolve_dsn
+from pgbroker.dsn import connection_kwargs, resolve_dsn
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import (
     InvalidArgument,
@@ -328,7 +328,7 @@ def connected(dsn: str | None) -> Iterator[Broker]:
             code=Exit.USAGE,
             hint="Use a URL (postgresql://user@host:5432/db) or key=value pairs (host=... dbname=...).",
         ) from exc
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = connection_kwargs()
     if "connect_timeout" not in options and "PGCONNECT_TIMEOUT" not in os.environ:
         extra["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
     if "application_name" not in options and "PGAPPNAME" not in os.environ:

@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from pgbroker.dsn import connection_kwargs
 from pgbroker.errors import PgbrokerError, from_postgres
 
 Connection = psycopg.Connection[tuple[Any, ...]]
@@ -29,7 +30,7 @@ def open_connection(dsn: str, *, role: str) -> Connection:
     ``role`` names the connection in pg_stat_activity (application_name), so that an
     operator can tell a Spark reader from a writer.
     """
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = connection_kwargs()
     params = conninfo_to_dict(dsn)
     if "connect_timeout" not in params:
         extra["connect_timeout"] = CONNECT_TIMEOUT_SECONDS

@@ -1,0 +1,81 @@
+"""A restart of Postgres costs no call once the server accepts connections again: `pgbroker serve`
+and the clients find the pooled connections the restart closed before they use them
+(pgbroker.liveness), so no request fails on one.
+
+The cluster is a private embedded one, so that restarting it disturbs no other test.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+
+from pgbroker import Broker
+from pgbroker.embedded import EmbeddedPostgres
+from pgbroker.install import install
+from pgbroker.keys import create_key
+from tests.conftest import scratch_dir, wait_until_accepting
+from tests.http.live import pgbroker_serve
+
+pytestmark = pytest.mark.slow
+
+POOL_SIZE = 6  # every pooled connection is dead after the restart: each could cost a request
+
+
+@pytest.fixture
+def cluster() -> Iterator[EmbeddedPostgres]:
+    directory = scratch_dir("pgbroker-restart-")
+    pg = EmbeddedPostgres(directory / "pg")
+    try:
+        with psycopg.connect(pg.start(), autocommit=True) as conn:
+            install(conn)
+        yield pg
+    finally:
+        pg.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _restart_and_wait(pg: EmbeddedPostgres) -> None:
+    """A fast restart (sessions cut), then wait until the server accepts connections again."""
+    wait_until_accepting(pg.restart())
+
+
+def test_serve_loses_no_request_to_a_restart(cluster: EmbeddedPostgres) -> None:
+    dsn = cluster.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgmq.create('jobs')")
+        _, token = create_key(conn, "restart", scopes=["send", "read"])
+    headers = {"authorization": f"Bearer {token}"}
+    with (
+        pgbroker_serve(dsn, "--connections", str(POOL_SIZE)) as server,
+        httpx.Client(base_url=server.url, headers=headers, timeout=10) as http,
+    ):
+        # Fill the pool: concurrent long polls hold every connection at once.
+        for i in range(2 * POOL_SIZE):
+            assert http.post("/v1/queues/jobs/messages", json={"message": {"before": i}}).status_code == 201
+        _restart_and_wait(cluster)
+        answers = [
+            http.post("/v1/queues/jobs/messages", json={"message": {"after": i}}).status_code
+            for i in range(15)
+        ]
+        assert answers == [201] * 15, server.log()
+        read = http.post("/v1/queues/jobs/read", json={"qty": 100, "vt": 30})
+        assert read.status_code == 200
+    sent = sorted(
+        (next(iter(m["message"])), next(iter(m["message"].values()))) for m in read.json()["messages"]
+    )
+    assert sent == sorted([("before", i) for i in range(2 * POOL_SIZE)] + [("after", i) for i in range(15)])
+
+
+def test_the_client_loses_no_call_to_a_restart(cluster: EmbeddedPostgres) -> None:
+    with Broker(cluster.dsn(), max_connections=POOL_SIZE) as broker:
+        jobs = broker.create_queue("jobs")
+        jobs.send_many([{"n": i} for i in range(POOL_SIZE)])
+        _restart_and_wait(cluster)
+        for i in range(15):
+            jobs.send({"after": i})
+        assert jobs.metrics().queue_length == POOL_SIZE + 15

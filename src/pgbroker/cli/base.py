@@ -355,11 +355,16 @@ def needs_extra(extra: str) -> Iterator[None]:
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] == "pgbroker":
             raise  # pgbroker's own module missing: a broken install, not a missing extra
-        raise CliError(
-            f"this command needs pgbroker's {extra} extra ({exc.name} is not installed)",
-            code=Exit.USAGE,
-            hint=f"Install it: pip install 'pgbroker[{extra}]'",
-        ) from exc
+        raise missing_extra(extra, exc.name) from exc
+
+
+def missing_extra(extra: str, package: str | None) -> CliError:
+    """The usage error of a command whose optional extra is not installed."""
+    return CliError(
+        f"this command needs pgbroker's {extra} extra ({package} is not installed)",
+        code=Exit.USAGE,
+        hint=f"Install it: pip install 'pgbroker[{extra}]'",
+    )
 
 
 def dsn_of(broker: Broker) -> str:

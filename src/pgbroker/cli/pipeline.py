@@ -7,8 +7,9 @@ of the CLI does without, so they are imported only when the command runs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
-from pgbroker.cli.base import Exit, Subcommands, needs_extra
+from pgbroker.cli.base import Exit, Subcommands, missing_extra
 
 __all__ = ["register"]
 
@@ -23,13 +24,12 @@ def register(subcommands: Subcommands) -> None:
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    # The jobs import Spark only once they run, where a missing package would be reported as a
-    # job failure: ask for the extra here, before anything starts.
-    with needs_extra("spark"):
-        import pyarrow  # noqa: F401
-        import pyspark  # noqa: F401
-
-        from pgbroker.spark.jobs import main as pipeline_main
+    # Without pyspark the jobs cannot even start: ask for the extra here. A package that is there
+    # but broken is the jobs' own to diagnose (pgbroker.spark.requirements).
+    for package in ("pyspark", "pyarrow"):
+        if importlib.util.find_spec(package) is None:
+            raise missing_extra("spark", package)
+    from pgbroker.spark.jobs import main as pipeline_main
 
     job_args = list(args.job_args)
     if args.pipeline_help or not job_args:

@@ -187,6 +187,14 @@ def install_roles(conn: psycopg.Connection[Any], prefix: str = "pgbroker") -> di
             rows = conn.execute(
                 "SELECT role_name, functions FROM pgbroker.grant_roles(%s)", (prefix,)
             ).fetchall()
+    except psycopg.errors.InsufficientPrivilege as exc:
+        # A managed service's application role may lack CREATEROLE: say which right is missing.
+        raise InstallError(
+            f"cannot create the roles {prefix}_producer, _consumer and _monitor: "
+            f"{(exc.diag.message_primary or str(exc)).strip()}",
+            hint="Run `pgbroker install --roles` as a role with CREATEROLE (on a managed service, "
+            "its admin role), or create the three roles beforehand and run it again.",
+        ) from exc
     except psycopg.Error as exc:
         raise from_postgres(exc) from exc
     return {name: count for name, count in rows}

@@ -241,7 +241,10 @@ def _ack_across_killed_connections(dsn: str, conn: Conn, pg_admin_dsn: str) -> W
         handling.wait(10)
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
             admin.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
+                # With a timeout it waits until they are gone (PostgreSQL 14+): the sockets then
+                # hold the server's goodbye when the handler returns.
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> %s",
                 [conn.info.dbname, conn.info.backend_pid],
             )
         connections_killed.set()

@@ -20,7 +20,9 @@ class JsonCodec(Codec):
         try:
             return json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptBody(f"body is not JSON: {exc}", hint="Send it with its real content type.") from None
+            raise CorruptBody(
+                f"body is not JSON: {exc}", hint="Send it with its real content type."
+            ) from None
 
 
 def dump_text(value: Any, what: str = "message") -> str:

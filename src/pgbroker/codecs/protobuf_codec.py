@@ -80,21 +80,26 @@ def resolve(type_name: str) -> ProtobufCodec:
 
 def to_python(value: Any) -> Any:
     """A message as plain Python (dicts, lists, enum names), as Spark's struct columns take it."""
-    from google.protobuf.descriptor import FieldDescriptor
-
     out: dict[str, Any] = {}
     for field in value.DESCRIPTOR.fields:
         item = getattr(value, field.name)
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]
             out[field.name] = {k: _scalar(value_field, v) for k, v in item.items()}
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif _repeated(field):
             out[field.name] = [_scalar(field, v) for v in item]
         elif field.message_type is not None and not value.HasField(field.name):
             out[field.name] = None
         else:
             out[field.name] = _scalar(field, item)
     return out
+
+
+def _repeated(field: Any) -> bool:
+    # protobuf >= 5 says is_repeated; older releases only have label (gone in 7).
+    if hasattr(field, "is_repeated"):
+        return bool(field.is_repeated)
+    return bool(field.label == field.LABEL_REPEATED)
 
 
 def _scalar(field: Any, item: Any) -> Any:

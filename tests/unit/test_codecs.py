@@ -172,3 +172,12 @@ def test_a_missing_library_names_the_extra_to_install(monkeypatch: pytest.Monkey
         CodecRegistry().get("msgpack")
     assert "pgbroker[codecs]" in str(caught.value)
     assert "msgpack" in caught.value.message
+
+
+def test_json_view_shows_decoded_values_in_their_json_form() -> None:
+    value = {"blob": b"\x00\xff", "order": Order(id=2, item="pen", tags=["x"]), "n": [1, (2, 3)]}
+    assert codecs.json_view(value) == {
+        "blob": "AP8=",
+        "order": {"id": 2, "item": "pen", "tags": ["x"], "price": 0.0},
+        "n": [1, [2, 3]],
+    }

@@ -39,6 +39,7 @@ from pgbroker.codecs.base import Codec
 from pgbroker.codecs.envelope import envelope_codec
 from pgbroker.codecs.errors import CodecError, CodecNotInstalled, CorruptBody, EncodeError, UnknownCodec
 from pgbroker.codecs.json_codec import JsonCodec
+from pgbroker.codecs.json_view import json_view
 from pgbroker.codecs.msgpack_codec import MsgpackCodec
 from pgbroker.codecs.protobuf_codec import ProtobufCodec
 from pgbroker.codecs.registry import (
@@ -71,6 +72,7 @@ __all__ = [
     "envelope_codec",
     "from_stored",
     "get",
+    "json_view",
     "register",
     "stored_from_wire",
     "to_stored",

@@ -36,7 +36,7 @@ from typing import Any
 
 from pgbroker.codecs.avro_codec import AvroCodec
 from pgbroker.codecs.base import Codec
-from pgbroker.codecs.envelope import envelope_codec
+from pgbroker.codecs.envelope import envelope_codec, is_envelope, open_envelope
 from pgbroker.codecs.errors import CodecError, CodecNotInstalled, CorruptBody, EncodeError, UnknownCodec
 from pgbroker.codecs.json_codec import JsonCodec
 from pgbroker.codecs.json_view import json_view
@@ -70,8 +70,10 @@ __all__ = [
     "default_registry",
     "encode",
     "envelope_codec",
+    "open_envelope",
     "from_stored",
     "get",
+    "is_envelope",
     "json_view",
     "register",
     "stored_from_wire",

@@ -24,8 +24,11 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
+from pgbroker import codecs
 from pgbroker import queries as q
 from pgbroker.backoff import SEND_RETRY, Patience
+from pgbroker.codecs import Codec, CodecLike
+from pgbroker.codecs.queue_defaults import DefaultCodecs
 from pgbroker.dsn import connection_kwargs, listen_dsn, resolve_dsn
 from pgbroker.errors import QueueFull, from_postgres
 from pgbroker.install import InstallResult, install_async
@@ -104,10 +107,17 @@ class AsyncConnectionExecutor:
 class AsyncQueue:
     """One queue, bound to an executor. Get it from AsyncBroker.queue() or AsyncTransaction.queue()."""
 
-    def __init__(self, name: str, executor: AsyncExecutor, listener: AsyncListener) -> None:
+    def __init__(
+        self,
+        name: str,
+        executor: AsyncExecutor,
+        listener: AsyncListener,
+        default_codecs: DefaultCodecs | None = None,
+    ) -> None:
         self.name = name
         self._executor = executor
         self._listener = listener
+        self._default_codecs = default_codecs or DefaultCodecs()
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self.name!r})"
@@ -121,10 +131,11 @@ class AsyncQueue:
         headers: Mapping[str, Any] | None = None,
         delay: Delay | None = None,
         wait: float | timedelta = 0,
+        codec: CodecLike | None = None,
     ) -> int:
-        """Send one message; returns its msg_id. ``wait``: see send_many."""
+        """Send one message; returns its msg_id. ``wait`` and ``codec``: see send_many."""
         sent = await self.send_many(
-            [message], headers=None if headers is None else [headers], delay=delay, wait=wait
+            [message], headers=None if headers is None else [headers], delay=delay, wait=wait, codec=codec
         )
         return sent[0]
 
@@ -135,14 +146,19 @@ class AsyncQueue:
         headers: Sequence[Mapping[str, Any] | None] | None = None,
         delay: Delay | None = None,
         wait: float | timedelta = 0,
+        codec: CodecLike | None = None,
     ) -> list[int]:
         """Send messages in one statement; returns their msg_ids in order.
+
+        ``codec`` (a name such as "msgpack" or "avro:shop.Order", or a pgbroker.codecs.Codec)
+        encodes the bodies; None uses the queue's policy's codec (JSON unless set).
 
         A queue at its policy's max_depth refuses the send with QueueFull at once; with
         ``wait`` > 0 the send is tried again, less and less often, for up to that many
         seconds (inside a transaction, each try in a savepoint).
         """
-        query = q.message_send_many(self.name, messages, headers=headers, delay=delay)
+        chosen = await self._codec(codec)
+        query = q.message_send_many(self.name, messages, headers=headers, delay=delay, codec=chosen)
         retry = Patience(*SEND_RETRY, within=q.duration(wait, "wait"))
         run = self._executor.run_in_savepoint if wait else self._executor.run
         while True:
@@ -153,6 +169,16 @@ class AsyncQueue:
                 if pause is None:
                     raise
                 await asyncio.sleep(pause)
+
+    async def _codec(self, codec: CodecLike | None) -> Codec | None:
+        """The codec of a send: the one given, else the queue's default; None for plain JSON."""
+        if codec is None:
+            codec = self._default_codecs.cached(self.name)
+            if codec is None:
+                codec = await self._executor.run(q.queue_codec(self.name))
+                self._default_codecs.remember(self.name, codec)
+        chosen = codecs.get(codec)
+        return None if chosen.name == "json" else chosen
 
     # reading
 
@@ -300,6 +326,7 @@ class AsyncQueue:
 
     async def set_policy(self, **changes: Unpack[PolicyChanges]) -> Policy:
         """Change the settings given (see PolicyChanges); returns the policy now in force."""
+        self._default_codecs.forget(self.name)
         return await self._executor.run(q.policy_set(self.name, changes))
 
     async def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
@@ -367,13 +394,16 @@ class AsyncQueue:
 class AsyncTransaction:
     """A transaction on one connection, shared by the caller's own SQL and pgbroker's."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], listener: AsyncListener) -> None:
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], listener: AsyncListener, default_codecs: DefaultCodecs
+    ) -> None:
         self.connection = conn
         self._executor = AsyncConnectionExecutor(conn)
         self._listener = listener
+        self._default_codecs = default_codecs
 
     def queue(self, name: str) -> AsyncQueue:
-        return AsyncQueue(name, self._executor, self._listener)
+        return AsyncQueue(name, self._executor, self._listener, self._default_codecs)
 
 
 class AsyncBroker:
@@ -396,6 +426,7 @@ class AsyncBroker:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
         self._listener = AsyncListener(self._listen_conninfo, poll_interval)
+        self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: AsyncConnectionPool | None = None
         self._connection = connection
         if connection is None and pool is None:
@@ -447,7 +478,7 @@ class AsyncBroker:
     async def transaction(self) -> AsyncIterator[AsyncTransaction]:
         """A transaction whose queue operations commit or roll back with the caller's own SQL."""
         async with self.connection() as conn, conn.transaction():
-            yield AsyncTransaction(conn, self._listener)
+            yield AsyncTransaction(conn, self._listener, self._default_codecs)
 
     async def _listen_conninfo(self) -> str:
         direct = listen_dsn()  # behind a transaction pooler, LISTEN needs a connection of its own
@@ -462,7 +493,7 @@ class AsyncBroker:
             return await install_async(conn)
 
     def queue(self, name: str) -> AsyncQueue:
-        return AsyncQueue(name, self._executor, self._listener)
+        return AsyncQueue(name, self._executor, self._listener, self._default_codecs)
 
     async def create_queue(self, name: str, *, unlogged: bool = False, notify: bool = False) -> AsyncQueue:
         """Create a queue if it does not exist (idempotent) and return it.

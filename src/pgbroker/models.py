@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypedDict
 
+from pgbroker.codecs.errors import CodecError
 from pgbroker.errors import InvalidArgument
 
 _RECEIPT = re.compile(r"^([0-9]{1,19}):([0-9]{1,10}):(-?[0-9]{1,19})$")
@@ -52,6 +53,10 @@ class Message:
 
     ``receipt`` is set for messages read through pgbroker (a lease is held)
     and is None for popped messages and set_vt results.
+
+    ``message`` is the body decoded by the codec it was sent with, named by ``codec``
+    (pgbroker.codecs). A body that cannot be decoded (its codec unknown to this process, or
+    its bytes damaged) is left as stored, its JSON envelope, and ``codec_error`` says why.
     """
 
     msg_id: int
@@ -62,6 +67,8 @@ class Message:
     message: Any
     headers: dict[str, Any] | None
     receipt: Receipt | None = None
+    codec: str = "json"
+    codec_error: CodecError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +115,7 @@ class Policy:
     archive_retention_seconds: int | None
     archive_max_rows: int | None
     updated_at: datetime
+    codec: str  # what the clients' sends encode with by default (pgbroker.codecs)
 
 
 class PolicyChanges(TypedDict, total=False):
@@ -115,7 +123,8 @@ class PolicyChanges(TypedDict, total=False):
 
     0 turns max_deliveries, max_depth, archive_retention_seconds and
     archive_max_rows off; dead_letter_queue='' sends dead letters to the
-    queue's archive again.
+    queue's archive again. codec: json, msgpack, protobuf:<message type> or
+    avro:<schema full name> (docs/codecs.md).
     """
 
     max_deliveries: int
@@ -128,3 +137,4 @@ class PolicyChanges(TypedDict, total=False):
     max_depth: int
     archive_retention_seconds: int
     archive_max_rows: int
+    codec: str

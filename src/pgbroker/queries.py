@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
-from pgbroker import sql
+from pgbroker import codecs, sql
+from pgbroker.codecs import Codec, CodecError
 from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, StaleReceipt
 from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
 
@@ -114,8 +115,17 @@ def receipt_of(item: Receivable) -> Receipt:
 
 def _message(row: Row) -> Message:
     receipt = Receipt.parse(row[7]) if len(row) > 7 and row[7] is not None else None
-    msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers = row[:7]
-    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, receipt)
+    msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers = row[:7]
+    if not isinstance(stored, dict):  # only an object can be an envelope: the JSON fast path
+        return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt)
+    try:
+        body = codecs.from_stored(stored)
+    except CodecError as exc:
+        # Not an error of the read: the message is leased all the same, and the caller decides
+        # (the worker fails it, so that it is retried and, in the end, dead-lettered).
+        name = codecs.envelope_codec(stored)
+        return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, name, exc)
+    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, body.value, headers, receipt, body.codec)
 
 
 def _messages(rows: list[Row]) -> list[Message]:
@@ -201,8 +211,10 @@ def message_send_many(
     *,
     headers: Sequence[Mapping[str, Any] | None] | None = None,
     delay: Delay | None = None,
+    codec: Codec | None = None,
 ) -> Query[list[int]]:
-    encoded = [encode_json(m) for m in messages]
+    """``codec`` None: JSON, as pgmq stores it; another codec stores each body in an envelope."""
+    encoded = [encode_json(m) if codec is None else codecs.to_stored_text(m, codec) for m in messages]
     if not encoded:
         raise InvalidArgument("messages must not be empty", hint="Pass at least one message.")
     encoded_headers = None
@@ -390,7 +402,7 @@ _POLICY_LIMITS = {
     "archive_retention_seconds": _BIGINT_MAX,
     "archive_max_rows": _BIGINT_MAX,
 }
-_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode")
+_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode", "codec")
 
 
 def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
@@ -413,6 +425,11 @@ def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
             raise InvalidArgument(f"backoff_jitter must be True or False, got {value!r}")
         params[name] = value
     return Query(_named("policy_set"), params, lambda rows: _policies(rows)[0])
+
+
+def queue_codec(queue: str) -> Query[str]:
+    """The codec name a queue's sends use by default (its policy's; 'json' without one)."""
+    return Query(_named("queue_codec"), {"queue": queue}, _scalar)
 
 
 def _optional_ids(msg_ids: Iterable[int] | None) -> list[int] | None:

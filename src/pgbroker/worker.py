@@ -428,6 +428,10 @@ class Worker:
             await self._fail(queue, message, lease, error)
 
     async def _handle(self, threads: HandlerThreads | None, message: Message) -> Exception | None:
+        if message.codec_error is not None:
+            # The body cannot be decoded here (pgbroker.codecs): a failed delivery, so that the
+            # policy retries it (another process may know the codec) and, in the end, dead-letters it.
+            return message.codec_error
         try:
             if threads is None:
                 await self.handler(message)

@@ -183,6 +183,7 @@ def retry_delays(conn: Conn, policy: dict[str, Any], read_ct: int, samples: int 
         "archive_retention_seconds": None,
         "archive_max_rows": None,
         "updated_at": datetime.now(UTC),
+        "codec": "json",
         **policy,
     }
     columns = sql.SQL(", ").join(sql.Placeholder(k) for k in row)

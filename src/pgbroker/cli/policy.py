@@ -61,6 +61,9 @@ def register(subcommands: Subcommands) -> None:
         "--archive-retention", type=duration, metavar="DURATION", help="e.g. 7d (pgbroker maintain)"
     )
     sub.add_argument("--archive-max-rows", type=whole, metavar="N", help="keep at most N archived messages")
+    sub.add_argument(
+        "--codec", metavar="NAME", help="the sends' default codec: json, msgpack, protobuf:TYPE, avro:NAME"
+    )
 
     sub = add_command(subcommands, "maintain", "apply archive retention in batches", _maintain)
     sub.add_argument(
@@ -77,6 +80,7 @@ def _show(args: argparse.Namespace, broker: Broker) -> int:
 def _policy_table(policies: Sequence[Policy]) -> str:
     """An aligned table of queue policies, as `pgbroker policy show` prints it."""
     header = ["QUEUE", "MAX DELIVERIES", "BACKOFF", "DEAD LETTERS TO", "ACK", "MAX DEPTH", "ARCHIVE KEPT"]
+    header.append("CODEC")
     rows = [
         [
             p.queue_name,
@@ -86,6 +90,7 @@ def _policy_table(policies: Sequence[Policy]) -> str:
             p.ack_mode,
             "unbounded" if p.max_depth is None else f"{p.max_depth:,}",
             _retention(p),
+            p.codec,
         ]
         for p in policies
     ]
@@ -127,6 +132,7 @@ _POLICY_OPTIONS = {
     "max_depth": "max_depth",
     "archive_retention": "archive_retention_seconds",
     "archive_max_rows": "archive_max_rows",
+    "codec": "codec",
 }
 
 

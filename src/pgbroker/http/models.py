@@ -40,6 +40,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from pgbroker import models as core
+from pgbroker.codecs.json_view import json_view
 from pgbroker.http import metrics as prom
 from pgbroker.http.settings import Settings
 
@@ -442,7 +443,7 @@ class Message(Answer):
             enqueued_at=m.enqueued_at,
             last_read_at=m.last_read_at,
             vt=m.vt,
-            message=m.message,
+            message=json_view(m.message),  # a binary codec's value in its JSON form
             headers=m.headers,
             receipt=str(m.receipt) if m.receipt else None,
         )

@@ -120,7 +120,11 @@ SELECT * FROM pgbroker.set_policy(
     ack_mode => %(ack_mode)s::text,
     max_depth => %(max_depth)s::bigint,
     archive_retention_seconds => %(archive_retention_seconds)s::bigint,
-    archive_max_rows => %(archive_max_rows)s::bigint)
+    archive_max_rows => %(archive_max_rows)s::bigint,
+    codec => %(codec)s::text)
+
+-- name: queue_codec
+SELECT pgbroker.queue_codec(%(queue)s)
 
 -- name: dead_letter_list
 SELECT * FROM pgbroker.dead_letters(%(queue)s, %(qty)s::integer, %(after)s::bigint)

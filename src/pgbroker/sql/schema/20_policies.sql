@@ -20,6 +20,9 @@
 --   every send                             refuses (PB006) to grow the queue
 --                                          past max_depth;
 --   pgbroker.trim_archive(queue)           applies the archive retention.
+--   the clients' sends                     encode with the policy's codec unless
+--                                          told another (pgbroker.queue_codec;
+--                                          docs/codecs.md).
 -- Plain pgmq.read/delete/archive are untouched: pgmq clients keep pgmq's rules.
 -- The hot path reads max_deliveries, max_depth and ack_mode from the routes
 -- (90_routes.sql), which a change of this table rewrites.
@@ -40,6 +43,9 @@ CREATE TABLE pgbroker.queue_policy (
     archive_retention_seconds bigint CHECK (archive_retention_seconds >= 1),  -- NULL: forever
     archive_max_rows bigint CHECK (archive_max_rows >= 1),                    -- NULL: unbounded
     updated_at timestamptz NOT NULL DEFAULT now(),
+    -- The codec of the clients' sends: json, msgpack, protobuf:<type> or avro:<name> (last:
+    -- added by migration 0020, which appends it).
+    codec text NOT NULL CHECK (codec ~ '^(json|msgpack|(protobuf|avro):[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)$'),
     CHECK (backoff_max_seconds >= backoff_base_seconds),
     CHECK (dead_letter_queue IS DISTINCT FROM queue_name)
 );
@@ -68,6 +74,7 @@ BEGIN
         found_policy.backoff_jitter := true;
         found_policy.ack_mode := 'archive';
         found_policy.updated_at := now();
+        found_policy.codec := 'json';
         -- max_deliveries, dead_letter_queue, max_depth and the retention stay NULL: off.
     END IF;
     RETURN found_policy;
@@ -94,7 +101,8 @@ CREATE FUNCTION pgbroker.set_policy(
     ack_mode text DEFAULT NULL,
     max_depth bigint DEFAULT NULL,
     archive_retention_seconds bigint DEFAULT NULL,
-    archive_max_rows bigint DEFAULT NULL
+    archive_max_rows bigint DEFAULT NULL,
+    codec text DEFAULT NULL
 )
 RETURNS pgbroker.queue_policy LANGUAGE plpgsql AS $$
 DECLARE
@@ -118,6 +126,11 @@ BEGIN
         format('archive_retention_seconds must be >= 0 (0: forever), got %s', archive_retention_seconds));
     PERFORM pgbroker._check_arg(archive_max_rows IS NULL OR archive_max_rows >= 0,
         format('archive_max_rows must be >= 0 (0: unbounded), got %s', archive_max_rows));
+    PERFORM pgbroker._check_arg(codec IS NULL
+            OR codec ~ '^(json|msgpack|(protobuf|avro):[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)$',
+        format('codec must be json, msgpack, protobuf:<message type> or avro:<schema full name>, got %L',
+               codec),
+        'For example ''msgpack'' or ''avro:shop.Order'' (see docs/codecs.md).');
     IF dead_letter_queue <> '' THEN
         PERFORM pgbroker._table(dead_letter_queue);
         dlq := pgbroker._stored_name(dead_letter_queue);
@@ -145,6 +158,7 @@ BEGIN
                                         ELSE coalesce(archive_retention_seconds, p.archive_retention_seconds) END;
     p.archive_max_rows := CASE WHEN archive_max_rows = 0 THEN NULL
                                ELSE coalesce(archive_max_rows, p.archive_max_rows) END;
+    p.codec := coalesce(codec, p.codec);
     PERFORM pgbroker._check_arg(p.backoff_max_seconds >= p.backoff_base_seconds,
         format('backoff_max_seconds (%s) must be >= backoff_base_seconds (%s)',
                p.backoff_max_seconds, p.backoff_base_seconds),
@@ -163,9 +177,19 @@ BEGIN
         max_depth = EXCLUDED.max_depth,
         archive_retention_seconds = EXCLUDED.archive_retention_seconds,
         archive_max_rows = EXCLUDED.archive_max_rows,
-        updated_at = EXCLUDED.updated_at;
+        updated_at = EXCLUDED.updated_at,
+        codec = EXCLUDED.codec;
     RETURN p;
 END;
+$$;
+
+-- The codec a client's send uses when not told one: the policy's, 'json' when
+-- the queue has no policy row, or no such queue (its send then fails as
+-- always). Clients cache it for a few seconds.
+CREATE FUNCTION pgbroker.queue_codec(queue_name text)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT p.codec FROM pgbroker.queue_policy p
+                     WHERE lower(p.queue_name) = lower(queue_codec.queue_name)), 'json');
 $$;
 
 -- Seconds to wait before the next delivery after the read_ct-th one failed.

@@ -1,4 +1,4 @@
--- pgbroker migration 0020: codecs (docs/codecs.md).
+-- pgbroker migration 0016: codecs (docs/codecs.md).
 --
 -- A queue's policy gets a codec, the one the clients' sends encode with when
 -- not told another: json (the default: bodies stored as they always were),

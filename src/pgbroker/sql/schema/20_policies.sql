@@ -44,7 +44,7 @@ CREATE TABLE pgbroker.queue_policy (
     archive_max_rows bigint CHECK (archive_max_rows >= 1),                    -- NULL: unbounded
     updated_at timestamptz NOT NULL DEFAULT now(),
     -- The codec of the clients' sends: json, msgpack, protobuf:<type> or avro:<name> (last:
-    -- added by migration 0020, which appends it).
+    -- added by migration 0016, which appends it).
     codec text NOT NULL CHECK (codec ~ '^(json|msgpack|(protobuf|avro):[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)$'),
     CHECK (backoff_max_seconds >= backoff_base_seconds),
     CHECK (dead_letter_queue IS DISTINCT FROM queue_name)

@@ -29,6 +29,7 @@ from pgbroker.backoff import SEND_RETRY, Patience
 from pgbroker.dsn import connection_kwargs, listen_dsn, resolve_dsn
 from pgbroker.errors import QueueFull, from_postgres
 from pgbroker.install import InstallResult, install_async
+from pgbroker.job_headers import with_job_headers
 from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, AsyncSubscription, Waiting, conninfo_of
 from pgbroker.liveness import server_has_written
 from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
@@ -121,8 +122,20 @@ class AsyncQueue:
         headers: Mapping[str, Any] | None = None,
         delay: Delay | None = None,
         wait: float | timedelta = 0,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        concurrency_key: str | None = None,
     ) -> int:
-        """Send one message; returns its msg_id. ``wait``: see send_many."""
+        """Send one message; returns its msg_id. ``wait``: see send_many.
+
+        ``priority``: higher is read first (default 0). ``dedup_key``: while the key is taken
+        (the queue's dedup window or mode) nothing is stored and the first message's msg_id is
+        returned. ``concurrency_key``: the queue's max_in_flight_per_key counts per key. They
+        travel as the x-pgbroker-* headers (pgbroker.job_headers).
+        """
+        headers = with_job_headers(
+            headers, priority=priority, dedup_key=dedup_key, concurrency_key=concurrency_key
+        )
         sent = await self.send_many(
             [message], headers=None if headers is None else [headers], delay=delay, wait=wait
         )
@@ -301,6 +314,14 @@ class AsyncQueue:
     async def set_policy(self, **changes: Unpack[PolicyChanges]) -> Policy:
         """Change the settings given (see PolicyChanges); returns the policy now in force."""
         return await self._executor.run(q.policy_set(self.name, changes))
+
+    async def pause(self) -> bool:
+        """Stop every read of the queue (sends go on); False if it was paused already."""
+        return await self._executor.run(q.queue_pause(self.name))
+
+    async def resume(self) -> bool:
+        """Let reads take messages again; False if the queue was not paused."""
+        return await self._executor.run(q.queue_resume(self.name))
 
     async def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
         """This queue's dead letters, oldest first; their headers say why (x-pgbroker-dead-letter)."""

@@ -108,14 +108,23 @@ class Policy:
     archive_retention_seconds: int | None
     archive_max_rows: int | None
     updated_at: datetime
+    priorities: bool  # the queue has its priority index (set by its first prioritized send)
+    dedup_window_seconds: int
+    dedup_mode: str  # 'window' or 'queued'
+    max_in_flight: int | None
+    max_in_flight_per_key: int | None
+    rate_limit_per_second: float | None
+    paused: bool
 
 
 class PolicyChanges(TypedDict, total=False):
     """Settings to change with set_policy; a setting left out stays as it is.
 
-    0 turns max_deliveries, max_depth, archive_retention_seconds and
-    archive_max_rows off; dead_letter_queue='' sends dead letters to the
-    queue's archive again.
+    0 turns max_deliveries, max_depth, archive_retention_seconds,
+    archive_max_rows, max_in_flight, max_in_flight_per_key and
+    rate_limit_per_second off; dead_letter_queue='' sends dead letters to the
+    queue's archive again. priorities=True builds the priority index before a
+    backlog builds up (a first prioritized send would build it).
     """
 
     max_deliveries: int
@@ -128,3 +137,9 @@ class PolicyChanges(TypedDict, total=False):
     max_depth: int
     archive_retention_seconds: int
     archive_max_rows: int
+    priorities: bool
+    dedup_window_seconds: int
+    dedup_mode: Literal["window", "queued"]
+    max_in_flight: int
+    max_in_flight_per_key: int
+    rate_limit_per_second: float

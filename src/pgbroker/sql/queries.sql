@@ -120,7 +120,19 @@ SELECT * FROM pgbroker.set_policy(
     ack_mode => %(ack_mode)s::text,
     max_depth => %(max_depth)s::bigint,
     archive_retention_seconds => %(archive_retention_seconds)s::bigint,
-    archive_max_rows => %(archive_max_rows)s::bigint)
+    archive_max_rows => %(archive_max_rows)s::bigint,
+    priorities => %(priorities)s::boolean,
+    dedup_window_seconds => %(dedup_window_seconds)s::integer,
+    dedup_mode => %(dedup_mode)s::text,
+    max_in_flight => %(max_in_flight)s::integer,
+    max_in_flight_per_key => %(max_in_flight_per_key)s::integer,
+    rate_limit_per_second => %(rate_limit_per_second)s::double precision)
+
+-- name: queue_pause
+SELECT pgbroker.pause(%(queue)s)
+
+-- name: queue_resume
+SELECT pgbroker.resume(%(queue)s)
 
 -- name: dead_letter_list
 SELECT * FROM pgbroker.dead_letters(%(queue)s, %(qty)s::integer, %(after)s::bigint)

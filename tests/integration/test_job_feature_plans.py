@@ -99,6 +99,7 @@ def _median(calls: list[CallPlans]) -> int:
 
 
 def _assert_flat(big: int, small: int, what: str, bound: int = READ_BOUND) -> None:
+    print(f"{what}: {big} buffers with {BIG[1]:,} waiting, {small} with {SMALL[1]:,}")
     assert big <= bound, f"{what}: a read of {BATCH} touched {big} buffers with {BIG[1]:,} waiting"
     assert big <= small * 1.5 + 10, (
         f"{what}: {big} buffers with {BIG[1]:,} waiting, {small} with {SMALL[1]:,}"
@@ -152,6 +153,7 @@ def test_a_paused_queue_reads_nothing_and_touches_no_queue_buffers(plan_conn: Co
         calls = _reads(plan_conn, BIG[0])
         assert all(c.rows == [] for c in calls)
         assert all(f"q_{BIG[0]}" not in p.text for c in calls for p in c.nested)
+        print(f"paused: {_median(calls)} buffers per read")
         assert _median(calls) <= 20, f"a read of a paused queue touched {_median(calls)} buffers"
     finally:
         plan_conn.execute("SELECT pgbroker.resume(%s)", [BIG[0]])

@@ -187,3 +187,16 @@ def test_the_clients_send_dedup_keys(queue: Queue) -> None:
     policy = queue.set_policy(dedup_window_seconds=60, dedup_mode="queued")
     assert (policy.dedup_window_seconds, policy.dedup_mode) == (60, "queued")
     assert len(queue.peek()) == 1
+
+
+def test_a_replayed_dead_letter_is_sent_again_whatever_its_dedup_key(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('d')")
+    conn.execute("SELECT pgmq.create('d_dlq')")
+    conn.execute("SELECT pgbroker.set_policy('d', max_deliveries => 1, dead_letter_queue => 'd_dlq')")
+    first = _send(conn, "d", "k")
+    [(receipt,)] = conn.execute("SELECT receipt FROM pgbroker.read('d', 30, 1)").fetchall()
+    conn.execute("SELECT pgbroker.fail('d', %s, 'boom')", [receipt])
+    assert _count(conn, "d") == 0
+    [(_, again)] = conn.execute("SELECT * FROM pgbroker.replay_dead_letters('d')").fetchall()
+    assert again != first
+    assert conn.execute("SELECT headers FROM pgmq.q_d").fetchall() == [(None,)]

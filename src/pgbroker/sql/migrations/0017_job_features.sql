@@ -1006,6 +1006,43 @@ BEGIN
 END;
 $$;
 
+-- Send a queue's dead letters back to it as new messages (the
+-- x-pgbroker-dead-letter header removed, deliveries counted from 0 again):
+-- all of them, or those of msg_ids. A replay is sent anew whatever its dedup
+-- key (34_dedup.sql): the key is left out, or its window would swallow the
+-- replay and the letter would be lost. The queue's max_depth applies, all or
+-- nothing. Returns (dead_letter_id, msg_id): the letter's id where it was,
+-- and the new message's id in the queue.
+CREATE OR REPLACE FUNCTION pgbroker.replay_dead_letters(queue_name text, msg_ids bigint[] DEFAULT NULL)
+RETURNS TABLE (dead_letter_id bigint, msg_id bigint) LANGUAGE plpgsql AS $$
+DECLARE
+    p pgbroker.queue_policy := pgbroker.policy(queue_name);
+    letter_ids bigint[];
+    messages jsonb[];
+    letter_headers jsonb[];
+BEGIN
+    EXECUTE format(
+        $Q$
+        WITH letters AS (
+            DELETE FROM pgmq.%I
+            WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND ($2::bigint[] IS NULL OR msg_id = ANY ($2))
+            RETURNING msg_id, message,
+                      nullif(headers - 'x-pgbroker-dead-letter' - 'x-pgbroker-dedup-key', '{}'::jsonb) AS headers
+        )
+        SELECT array_agg(msg_id ORDER BY msg_id), array_agg(message ORDER BY msg_id),
+               array_agg(headers ORDER BY msg_id)
+        FROM letters
+        $Q$, pgbroker._dead_letter_table(p))
+        INTO letter_ids, messages, letter_headers
+        USING p.queue_name, msg_ids;
+    IF letter_ids IS NULL THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM unnest(letter_ids,
+                                      ARRAY(SELECT pgbroker._send_many(p.queue_name, messages, letter_headers, NULL)));
+END;
+$$;
+
 -- The three grouped reads differ only in how many groups they own at once,
 -- how much of each run they take, and how they order the batch:
 --   fill: SQS FIFO. The oldest eligible group's run first, then the next

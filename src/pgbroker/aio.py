@@ -339,6 +339,10 @@ class AsyncQueue:
         """Apply the archive retention to at most batch_size rows; returns how many went (repeat until 0)."""
         return await self._executor.run(q.archive_trim(self.name, batch_size))
 
+    async def trim_dedup_keys(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size dedup keys whose time is over; returns how many (repeat until 0)."""
+        return await self._executor.run(q.dedup_keys_trim(self.name, batch_size))
+
     # unfenced, by msg_id (pgmq's semantics)
 
     async def archive(self, msg_id: int) -> bool:
@@ -518,3 +522,7 @@ class AsyncBroker:
     async def policies(self) -> list[Policy]:
         """Every queue's policy, by queue name."""
         return await self._executor.run(q.policy_list())
+
+    async def trim_dedup_keys(self, queue: str | None = None, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size expired dedup keys of every queue (or of one); repeat until 0."""
+        return await self._executor.run(q.dedup_keys_trim(queue, batch_size))

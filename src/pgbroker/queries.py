@@ -463,6 +463,12 @@ def archive_trim(queue: str, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]
     return Query(_named("archive_trim"), params, _scalar)
 
 
+def dedup_keys_trim(queue: str | None, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
+    """One batch of expired dedup keys removed; returns how many (repeat until 0)."""
+    params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
+    return Query(_named("dedup_keys_trim"), params, _scalar)
+
+
 # -- the RabbitMQ bridge ------------------------------------------------------------
 
 

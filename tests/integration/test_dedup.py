@@ -4,6 +4,8 @@ mode, racing senders, and the keys' trimming.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pgbroker import Queue
+from pgbroker import Broker, Queue
 from tests.integration.helpers import Conn, jsonb_array
 
 K = "x-pgbroker-dedup-key"
@@ -200,3 +202,23 @@ def test_a_replayed_dead_letter_is_sent_again_whatever_its_dedup_key(conn: Conn)
     [(_, again)] = conn.execute("SELECT * FROM pgbroker.replay_dead_letters('d')").fetchall()
     assert again != first
     assert conn.execute("SELECT headers FROM pgmq.q_d").fetchall() == [(None,)]
+
+
+def test_the_clients_and_maintain_forget_expired_keys(dsn: str, broker: Broker, conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('d')")
+    for key in ("a", "b", "c"):
+        _send(conn, "d", key)
+    conn.execute("UPDATE pgbroker.dedup_keys SET sent_at = now() - interval '1 hour' WHERE dedup_key <> 'c'")
+    assert broker.queue("d").trim_dedup_keys(batch_size=1) == 1
+    assert broker.trim_dedup_keys() == 1
+    assert broker.trim_dedup_keys() == 0
+    _send(conn, "d", "e")
+    conn.execute("UPDATE pgbroker.dedup_keys SET sent_at = now() - interval '1 hour' WHERE dedup_key = 'e'")
+    done = subprocess.run(
+        [sys.executable, "-m", "pgbroker", "maintain", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "forgot 1 expired dedup key" in done.stdout
+    assert conn.execute("SELECT dedup_key FROM pgbroker.dedup_keys").fetchall() == [("c",)]

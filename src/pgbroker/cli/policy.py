@@ -200,6 +200,13 @@ def _maintain(args: argparse.Namespace, broker: Broker) -> int:
     else:
         kept = [p for p in broker.policies() if p.archive_retention_seconds or p.archive_max_rows]
         names = [p.queue_name for p in kept]
+    # Expired dedup keys of every queue (or those given) go too, in batches of their own.
+    keys = 0
+    for name in args.queues or [None]:
+        while batch := broker.trim_dedup_keys(name, args.batch_size):
+            keys += batch
+    if keys:
+        print(f"forgot {plural(keys, 'expired dedup key')}")
     if not names:
         print("no queue has an archive retention (pgbroker policy set QUEUE --archive-retention 7d sets one)")
         return Exit.OK

@@ -146,6 +146,9 @@ SELECT pgbroker.purge_dead_letters(%(queue)s, %(msg_ids)s::bigint[])
 -- name: archive_trim
 SELECT pgbroker.trim_archive(%(queue)s, %(batch_size)s::integer)
 
+-- name: dedup_keys_trim
+SELECT pgbroker.trim_dedup_keys(%(queue)s, %(batch_size)s::integer)
+
 -- name: message_fail_many
 SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text)
 

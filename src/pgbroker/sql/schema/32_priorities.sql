@@ -105,26 +105,20 @@ BEGIN
 END;
 $$;
 
--- The send of a batch that carries job headers (the send route has checked
--- the batch, the size and the depth): the headers are checked, a queue
--- without its priority index gets it, and messages with a dedup key go
--- through pgbroker._send_deduplicated (34_dedup.sql). Returns the msg_ids
--- in the batch's order.
-CREATE FUNCTION pgbroker._send_with_job_headers(stored_name text, msgs jsonb[], headers jsonb[],
-                                                delay timestamptz)
-RETURNS SETOF bigint LANGUAGE plpgsql AS $$
-DECLARE
-    qtable text := lower('q_' || stored_name);
+-- Ready a send whose headers carry job headers (the send route has checked
+-- the batch, the size and the depth): the headers are checked, and a queue
+-- without its priority index gets it. Returns whether the batch carries a
+-- dedup key: then pgbroker._send_deduplicated (34_dedup.sql) sends it;
+-- otherwise the route's own INSERT does, as for any send.
+CREATE FUNCTION pgbroker._prepare_job_headers(stored_name text, headers jsonb[])
+RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pgbroker._check_job_headers(headers);
     IF EXISTS (SELECT 1 FROM unnest(headers) h WHERE jsonb_typeof(h) = 'object' AND h ? 'x-pgbroker-priority')
        AND NOT (SELECT p.priorities FROM pgbroker.policy(stored_name) p) THEN
         PERFORM pgbroker.set_policy(stored_name, priorities => true);
     END IF;
-    IF EXISTS (SELECT 1 FROM unnest(headers) h WHERE jsonb_typeof(h) = 'object' AND h ? 'x-pgbroker-dedup-key') THEN
-        RETURN QUERY SELECT * FROM pgbroker._send_deduplicated(stored_name, msgs, headers, delay);
-        RETURN;
-    END IF;
-    RETURN QUERY EXECUTE pgbroker._send_insert_sql(qtable, cardinality(msgs) = 1) USING msgs, headers, delay;
+    RETURN EXISTS (SELECT 1 FROM unnest(headers) h
+                   WHERE jsonb_typeof(h) = 'object' AND h ? 'x-pgbroker-dedup-key');
 END;
 $$;

@@ -38,8 +38,10 @@
 -- prioritized ones (32_priorities.sql), a bare RETURN for a paused queue, or
 -- the limited read (56_limits.sql). A queue that uses none of these features
 -- keeps exactly the branch it had before them. Sends carrying pgbroker's job
--- headers (priority, dedup key, concurrency key) leave the static INSERT for
--- pgbroker._send_with_job_headers; a send without headers tests one NULL.
+-- headers (priority, dedup key, concurrency key) are checked by
+-- pgbroker._prepare_job_headers, and those with a dedup key leave the static
+-- INSERT for pgbroker._send_deduplicated; a send without headers tests one
+-- NULL.
 --
 -- Not every queue is routed: at most pgbroker.route_limit queues (default
 -- 128, the oldest first), because every session compiles a route's full
@@ -183,9 +185,15 @@ BEGIN
     END IF;
     -- The transaction id before the msg_ids: queue_head's advances rely on it.
     PERFORM pg_current_xact_id();
-    IF p_headers IS NOT NULL AND pgbroker._has_job_headers(p_headers) THEN
-        RETURN QUERY SELECT * FROM pgbroker._send_with_job_headers(r_name, p_msgs, p_headers, p_delay);
-        RETURN;
+    -- Job headers (32_priorities.sql): checked, and a batch with dedup keys
+    -- is sent by pgbroker._send_deduplicated; the rest take the INSERT below.
+    IF p_headers IS NOT NULL THEN
+        IF pgbroker._has_job_headers(p_headers) THEN
+            IF pgbroker._prepare_job_headers(r_name, p_headers) THEN
+                RETURN QUERY SELECT * FROM pgbroker._send_deduplicated(r_name, p_msgs, p_headers, p_delay);
+                RETURN;
+            END IF;
+        END IF;
     END IF;
     IF r IS NULL THEN
         RETURN QUERY EXECUTE pgbroker._send_insert_sql(lower('q_' || r_name), cardinality(p_msgs) = 1)

@@ -174,7 +174,7 @@ def test_trim_removes_only_keys_whose_time_is_over(conn: Conn) -> None:
     assert keys == [("d", "new"), ("u", "waiting")]
 
 
-@pytest.mark.parametrize("bad", ["", 42, None, "x" * 513])
+@pytest.mark.parametrize("bad", ["", 42, True, "x" * 513])
 def test_a_bad_dedup_key_is_refused(conn: Conn, bad: Any) -> None:
     conn.execute("SELECT pgmq.create('d')")
     with pytest.raises(psycopg.Error) as caught:

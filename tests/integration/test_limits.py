@@ -92,9 +92,14 @@ def test_rate_limit_hands_out_at_most_the_bucket(conn: Conn) -> None:
 
 
 def test_limits_off_give_the_plain_read_back(conn: Conn) -> None:
+    index = "SELECT to_regclass('pgmq.q_l_ckey_idx') IS NOT NULL"
     conn.execute("SELECT pgmq.create('l')")
     conn.execute("SELECT pgbroker.set_policy('l', max_in_flight => 1, max_in_flight_per_key => 1)")
+    assert conn.execute(index).fetchone() == (True,)
+    conn.execute("SELECT pgbroker.set_policy('l', max_in_flight_per_key => 3)")
+    assert conn.execute(index).fetchone() == (True,)
     conn.execute("SELECT pgbroker.set_policy('l', max_in_flight => 0, max_in_flight_per_key => 0)")
+    assert conn.execute(index).fetchone() == (False,)
     assert conn.execute("SELECT pgbroker._read_mode(p) FROM pgbroker.policy('l') p").fetchone() == ("plain",)
     _send_keys(conn, "l", ["a"] * 4)
     assert len(conn.execute("SELECT * FROM pgmq.read('l', 30, 10)").fetchall()) == 4

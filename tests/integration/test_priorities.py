@@ -99,6 +99,15 @@ def test_a_priority_that_is_not_an_integer_is_refused_and_nothing_is_sent(conn: 
     assert conn.execute("SELECT count(*) FROM pgmq.q_p").fetchone() == (0,)
 
 
+def test_a_null_job_header_is_no_header(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('p')")
+    nulls = {P: None, "x-pgbroker-dedup-key": None, "x-pgbroker-concurrency-key": None}
+    conn.execute("SELECT pgmq.send('p', '{}', %s::jsonb)", [Jsonb(nulls)])
+    conn.execute("SELECT pgmq.send('p', '{}', %s::jsonb)", [Jsonb(nulls)])
+    assert conn.execute("SELECT count(*) FROM pgmq.q_p").fetchone() == (2,)
+    assert conn.execute("SELECT priorities FROM pgbroker.policy('p')").fetchone() == (False,)
+
+
 def test_the_clients_send_priorities(broker: Broker, queue: Queue) -> None:
     queue.send({"n": 1})
     queue.send({"n": 2}, priority=7)

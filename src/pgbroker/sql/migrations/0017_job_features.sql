@@ -97,7 +97,7 @@ $$;
 -- rate_limit_per_second off, and '' removes the dead-letter queue.
 -- priorities => true builds the queue's priority index now (a first
 -- prioritized send would build it anyway), false drops it; a limit per key
--- builds the concurrency-key index (56_limits.sql).
+-- builds the concurrency-key index (56_limits.sql), turning it off drops it.
 CREATE FUNCTION pgbroker.set_policy(
     queue_name text,
     max_deliveries integer DEFAULT NULL,
@@ -186,6 +186,10 @@ BEGIN
     p.dedup_window_seconds := coalesce(dedup_window_seconds, p.dedup_window_seconds);
     p.dedup_mode := coalesce(dedup_mode, p.dedup_mode);
     p.max_in_flight := CASE WHEN max_in_flight = 0 THEN NULL ELSE coalesce(max_in_flight, p.max_in_flight) END;
+    IF max_in_flight_per_key IS NOT NULL AND (p.max_in_flight_per_key IS NULL) <> (max_in_flight_per_key = 0) THEN
+        -- The limit per key turned on or off: its index goes with it.
+        PERFORM pgbroker._concurrency_key_index(p.queue_name, max_in_flight_per_key <> 0);
+    END IF;
     p.max_in_flight_per_key := CASE WHEN max_in_flight_per_key = 0 THEN NULL
                                     ELSE coalesce(max_in_flight_per_key, p.max_in_flight_per_key) END;
     p.rate_limit_per_second := CASE WHEN rate_limit_per_second = 0 THEN NULL
@@ -193,9 +197,6 @@ BEGIN
     IF priorities IS NOT NULL AND priorities IS DISTINCT FROM p.priorities THEN
         PERFORM pgbroker._priority_index(p.queue_name, priorities);
         p.priorities := priorities;
-    END IF;
-    IF p.max_in_flight_per_key IS NOT NULL THEN
-        PERFORM pgbroker._concurrency_key_index(p.queue_name);
     END IF;
     p.updated_at := now();
 
@@ -348,6 +349,7 @@ $$;
 -- Refuse job headers that do not say what they must (PB007): a priority is an
 -- integer of up to nine digits (a JSON number or a string of one), a dedup
 -- key and a concurrency key are non-empty strings of up to 512 characters.
+-- A JSON null is as good as no header.
 CREATE FUNCTION pgbroker._check_job_headers(headers jsonb[])
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -356,7 +358,7 @@ DECLARE
 BEGIN
     FOREACH h IN ARRAY headers LOOP
         CONTINUE WHEN h IS NULL OR jsonb_typeof(h) <> 'object';
-        IF h ? 'x-pgbroker-priority' THEN
+        IF jsonb_typeof(h->'x-pgbroker-priority') <> 'null' THEN
             PERFORM pgbroker._check_arg(
                 jsonb_typeof(h->'x-pgbroker-priority') IN ('number', 'string')
                 AND h->>'x-pgbroker-priority' ~ '^-?[0-9]{1,9}$',
@@ -365,7 +367,7 @@ BEGIN
                 'Higher is delivered first; leave the header out for the default priority 0.');
         END IF;
         FOREACH k IN ARRAY ARRAY['x-pgbroker-dedup-key', 'x-pgbroker-concurrency-key'] LOOP
-            IF h ? k THEN
+            IF jsonb_typeof(h->k) <> 'null' THEN
                 PERFORM pgbroker._check_arg(
                     jsonb_typeof(h->k) = 'string' AND length(h->>k) BETWEEN 1 AND 512,
                     format('header %s must be a string of 1 to 512 characters, got %s', k, left((h->k)::text, 80)),
@@ -385,12 +387,11 @@ CREATE FUNCTION pgbroker._prepare_job_headers(stored_name text, headers jsonb[])
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pgbroker._check_job_headers(headers);
-    IF EXISTS (SELECT 1 FROM unnest(headers) h WHERE jsonb_typeof(h) = 'object' AND h ? 'x-pgbroker-priority')
+    IF EXISTS (SELECT 1 FROM unnest(headers) h WHERE jsonb_typeof(h->'x-pgbroker-priority') <> 'null')
        AND NOT (SELECT p.priorities FROM pgbroker.policy(stored_name) p) THEN
         PERFORM pgbroker.set_policy(stored_name, priorities => true);
     END IF;
-    RETURN EXISTS (SELECT 1 FROM unnest(headers) h
-                   WHERE jsonb_typeof(h) = 'object' AND h ? 'x-pgbroker-dedup-key');
+    RETURN EXISTS (SELECT 1 FROM unnest(headers) h WHERE jsonb_typeof(h->'x-pgbroker-dedup-key') <> 'null');
 END;
 $$;
 
@@ -581,16 +582,20 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce(CASE WHEN jsonb_typeof(headers) = 'object' THEN headers->>'x-pgbroker-concurrency-key' END, '')
 $$;
 
--- Build a queue's concurrency-key index (if it has none).
-CREATE FUNCTION pgbroker._concurrency_key_index(stored_name text)
+-- Build (on) or drop (off) a queue's concurrency-key index.
+CREATE FUNCTION pgbroker._concurrency_key_index(stored_name text, make boolean)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := lower('q_' || stored_name);
 BEGIN
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON pgmq.%I'
-                   ' (pgbroker._concurrency_key(headers), pgbroker._priority(headers) DESC, msg_id)'
-                   ' WHERE read_ct = 0 AND vt <= enqueued_at',
-                   qtable || '_ckey_idx', qtable);
+    IF make THEN
+        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON pgmq.%I'
+                       ' (pgbroker._concurrency_key(headers), pgbroker._priority(headers) DESC, msg_id)'
+                       ' WHERE read_ct = 0 AND vt <= enqueued_at',
+                       qtable || '_ckey_idx', qtable);
+    ELSE
+        EXECUTE format('DROP INDEX IF EXISTS pgmq.%I', qtable || '_ckey_idx');
+    END IF;
 END;
 $$;
 

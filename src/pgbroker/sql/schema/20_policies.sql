@@ -119,7 +119,7 @@ $$;
 -- rate_limit_per_second off, and '' removes the dead-letter queue.
 -- priorities => true builds the queue's priority index now (a first
 -- prioritized send would build it anyway), false drops it; a limit per key
--- builds the concurrency-key index (56_limits.sql).
+-- builds the concurrency-key index (56_limits.sql), turning it off drops it.
 CREATE FUNCTION pgbroker.set_policy(
     queue_name text,
     max_deliveries integer DEFAULT NULL,
@@ -208,6 +208,10 @@ BEGIN
     p.dedup_window_seconds := coalesce(dedup_window_seconds, p.dedup_window_seconds);
     p.dedup_mode := coalesce(dedup_mode, p.dedup_mode);
     p.max_in_flight := CASE WHEN max_in_flight = 0 THEN NULL ELSE coalesce(max_in_flight, p.max_in_flight) END;
+    IF max_in_flight_per_key IS NOT NULL AND (p.max_in_flight_per_key IS NULL) <> (max_in_flight_per_key = 0) THEN
+        -- The limit per key turned on or off: its index goes with it.
+        PERFORM pgbroker._concurrency_key_index(p.queue_name, max_in_flight_per_key <> 0);
+    END IF;
     p.max_in_flight_per_key := CASE WHEN max_in_flight_per_key = 0 THEN NULL
                                     ELSE coalesce(max_in_flight_per_key, p.max_in_flight_per_key) END;
     p.rate_limit_per_second := CASE WHEN rate_limit_per_second = 0 THEN NULL
@@ -215,9 +219,6 @@ BEGIN
     IF priorities IS NOT NULL AND priorities IS DISTINCT FROM p.priorities THEN
         PERFORM pgbroker._priority_index(p.queue_name, priorities);
         p.priorities := priorities;
-    END IF;
-    IF p.max_in_flight_per_key IS NOT NULL THEN
-        PERFORM pgbroker._concurrency_key_index(p.queue_name);
     END IF;
     p.updated_at := now();
 

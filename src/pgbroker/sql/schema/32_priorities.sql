@@ -77,6 +77,7 @@ $$;
 -- Refuse job headers that do not say what they must (PB007): a priority is an
 -- integer of up to nine digits (a JSON number or a string of one), a dedup
 -- key and a concurrency key are non-empty strings of up to 512 characters.
+-- A JSON null is as good as no header.
 CREATE FUNCTION pgbroker._check_job_headers(headers jsonb[])
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -85,7 +86,7 @@ DECLARE
 BEGIN
     FOREACH h IN ARRAY headers LOOP
         CONTINUE WHEN h IS NULL OR jsonb_typeof(h) <> 'object';
-        IF h ? 'x-pgbroker-priority' THEN
+        IF jsonb_typeof(h->'x-pgbroker-priority') <> 'null' THEN
             PERFORM pgbroker._check_arg(
                 jsonb_typeof(h->'x-pgbroker-priority') IN ('number', 'string')
                 AND h->>'x-pgbroker-priority' ~ '^-?[0-9]{1,9}$',
@@ -94,7 +95,7 @@ BEGIN
                 'Higher is delivered first; leave the header out for the default priority 0.');
         END IF;
         FOREACH k IN ARRAY ARRAY['x-pgbroker-dedup-key', 'x-pgbroker-concurrency-key'] LOOP
-            IF h ? k THEN
+            IF jsonb_typeof(h->k) <> 'null' THEN
                 PERFORM pgbroker._check_arg(
                     jsonb_typeof(h->k) = 'string' AND length(h->>k) BETWEEN 1 AND 512,
                     format('header %s must be a string of 1 to 512 characters, got %s', k, left((h->k)::text, 80)),
@@ -114,11 +115,10 @@ CREATE FUNCTION pgbroker._prepare_job_headers(stored_name text, headers jsonb[])
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pgbroker._check_job_headers(headers);
-    IF EXISTS (SELECT 1 FROM unnest(headers) h WHERE jsonb_typeof(h) = 'object' AND h ? 'x-pgbroker-priority')
+    IF EXISTS (SELECT 1 FROM unnest(headers) h WHERE jsonb_typeof(h->'x-pgbroker-priority') <> 'null')
        AND NOT (SELECT p.priorities FROM pgbroker.policy(stored_name) p) THEN
         PERFORM pgbroker.set_policy(stored_name, priorities => true);
     END IF;
-    RETURN EXISTS (SELECT 1 FROM unnest(headers) h
-                   WHERE jsonb_typeof(h) = 'object' AND h ? 'x-pgbroker-dedup-key');
+    RETURN EXISTS (SELECT 1 FROM unnest(headers) h WHERE jsonb_typeof(h->'x-pgbroker-dedup-key') <> 'null');
 END;
 $$;

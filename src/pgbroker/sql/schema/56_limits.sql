@@ -44,16 +44,20 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT coalesce(CASE WHEN jsonb_typeof(headers) = 'object' THEN headers->>'x-pgbroker-concurrency-key' END, '')
 $$;
 
--- Build a queue's concurrency-key index (if it has none).
-CREATE FUNCTION pgbroker._concurrency_key_index(stored_name text)
+-- Build (on) or drop (off) a queue's concurrency-key index.
+CREATE FUNCTION pgbroker._concurrency_key_index(stored_name text, make boolean)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := lower('q_' || stored_name);
 BEGIN
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON pgmq.%I'
-                   ' (pgbroker._concurrency_key(headers), pgbroker._priority(headers) DESC, msg_id)'
-                   ' WHERE read_ct = 0 AND vt <= enqueued_at',
-                   qtable || '_ckey_idx', qtable);
+    IF make THEN
+        EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON pgmq.%I'
+                       ' (pgbroker._concurrency_key(headers), pgbroker._priority(headers) DESC, msg_id)'
+                       ' WHERE read_ct = 0 AND vt <= enqueued_at',
+                       qtable || '_ckey_idx', qtable);
+    ELSE
+        EXECUTE format('DROP INDEX IF EXISTS pgmq.%I', qtable || '_ckey_idx');
+    END IF;
 END;
 $$;
 

@@ -42,7 +42,7 @@ async def queue_stats(broker: AsyncBroker, exact_below: int = 10_000) -> list[Qu
     async with broker.connection() as conn:
         try:
             cur = await conn.execute(
-                "SELECT s.*, pgbroker.messages_consumed(s.queue_name), pgbroker._is_paused(s.queue_name)"
+                "SELECT s.*, pgbroker.messages_consumed(s.queue_name), pgbroker.is_paused(s.queue_name)"
                 " FROM pgbroker.queue_stats(%s) s",
                 (exact_below,),
             )

@@ -291,10 +291,13 @@ BEGIN
 END;
 $$;
 
--- Whether a queue is paused (a probe for the paths the routes do not hold).
-CREATE FUNCTION pgbroker._is_paused(stored_name text)
+-- Whether a queue is paused, whatever the case of the name (false for no such
+-- queue): the probe of the reads the routes do not hold, and the monitor's
+-- (the pgbroker_queue_paused gauge; a monitor entry point, 88_roles.sql).
+CREATE FUNCTION pgbroker.is_paused(queue_name text)
 RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT p.paused FROM pgbroker.queue_policy p WHERE p.queue_name = $1), false);
+    SELECT coalesce((SELECT p.paused FROM pgmq.meta m JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
+                     WHERE lower(m.queue_name) = lower($1)), false);
 $$;
 
 -- Seconds to wait before the next delivery after the read_ct-th one failed.

@@ -32,6 +32,7 @@ from pgbroker.codecs.queue_defaults import DefaultCodecs
 from pgbroker.dsn import connection_kwargs, listen_dsn, resolve_dsn
 from pgbroker.errors import QueueFull, from_postgres
 from pgbroker.install import InstallResult, install_async
+from pgbroker.job_headers import with_job_headers
 from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, AsyncSubscription, Waiting, conninfo_of
 from pgbroker.liveness import server_has_written
 from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
@@ -132,8 +133,20 @@ class AsyncQueue:
         delay: Delay | None = None,
         wait: float | timedelta = 0,
         codec: CodecLike | None = None,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        concurrency_key: str | None = None,
     ) -> int:
-        """Send one message; returns its msg_id. ``wait`` and ``codec``: see send_many."""
+        """Send one message; returns its msg_id. ``wait`` and ``codec``: see send_many.
+
+        ``priority``: higher is read first (default 0). ``dedup_key``: while the key is taken
+        (the queue's dedup window or mode) nothing is stored and the first message's msg_id is
+        returned. ``concurrency_key``: the queue's max_in_flight_per_key counts per key. They
+        travel as the x-pgbroker-* headers (pgbroker.job_headers).
+        """
+        headers = with_job_headers(
+            headers, priority=priority, dedup_key=dedup_key, concurrency_key=concurrency_key
+        )
         sent = await self.send_many(
             [message], headers=None if headers is None else [headers], delay=delay, wait=wait, codec=codec
         )
@@ -329,6 +342,14 @@ class AsyncQueue:
         self._default_codecs.forget(self.name)
         return await self._executor.run(q.policy_set(self.name, changes))
 
+    async def pause(self) -> bool:
+        """Stop every read of the queue (sends go on); False if it was paused already."""
+        return await self._executor.run(q.queue_pause(self.name))
+
+    async def resume(self) -> bool:
+        """Let reads take messages again; False if the queue was not paused."""
+        return await self._executor.run(q.queue_resume(self.name))
+
     async def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
         """This queue's dead letters, oldest first; their headers say why (x-pgbroker-dead-letter)."""
         return await self._executor.run(q.dead_letter_list(self.name, qty, after=after))
@@ -344,6 +365,10 @@ class AsyncQueue:
     async def trim_archive(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
         """Apply the archive retention to at most batch_size rows; returns how many went (repeat until 0)."""
         return await self._executor.run(q.archive_trim(self.name, batch_size))
+
+    async def trim_dedup_keys(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size dedup keys whose time is over; returns how many (repeat until 0)."""
+        return await self._executor.run(q.dedup_keys_trim(self.name, batch_size))
 
     # unfenced, by msg_id (pgmq's semantics)
 
@@ -528,3 +553,7 @@ class AsyncBroker:
     async def policies(self) -> list[Policy]:
         """Every queue's policy, by queue name."""
         return await self._executor.run(q.policy_list())
+
+    async def trim_dedup_keys(self, queue: str | None = None, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size expired dedup keys of every queue (or of one); repeat until 0."""
+        return await self._executor.run(q.dedup_keys_trim(queue, batch_size))

@@ -116,15 +116,24 @@ class Policy:
     archive_max_rows: int | None
     updated_at: datetime
     codec: str  # what the clients' sends encode with by default (pgbroker.codecs)
+    priorities: bool  # the queue has its priority index (set by its first prioritized send)
+    dedup_window_seconds: int
+    dedup_mode: str  # 'window' or 'queued'
+    max_in_flight: int | None
+    max_in_flight_per_key: int | None
+    rate_limit_per_second: float | None
+    paused: bool
 
 
 class PolicyChanges(TypedDict, total=False):
     """Settings to change with set_policy; a setting left out stays as it is.
 
-    0 turns max_deliveries, max_depth, archive_retention_seconds and
-    archive_max_rows off; dead_letter_queue='' sends dead letters to the
-    queue's archive again. codec: json, msgpack, protobuf:<message type> or
-    avro:<schema full name> (docs/codecs.md).
+    0 turns max_deliveries, max_depth, archive_retention_seconds,
+    archive_max_rows, max_in_flight, max_in_flight_per_key and
+    rate_limit_per_second off; dead_letter_queue='' sends dead letters to the
+    queue's archive again. priorities=True builds the priority index before a
+    backlog builds up (a first prioritized send would build it). codec: json,
+    msgpack, protobuf:<message type> or avro:<schema full name> (docs/codecs.md).
     """
 
     max_deliveries: int
@@ -138,3 +147,9 @@ class PolicyChanges(TypedDict, total=False):
     archive_retention_seconds: int
     archive_max_rows: int
     codec: str
+    priorities: bool
+    dedup_window_seconds: int
+    dedup_mode: Literal["window", "queued"]
+    max_in_flight: int
+    max_in_flight_per_key: int
+    rate_limit_per_second: float

@@ -180,6 +180,14 @@ def queue_purge(queue: str) -> Query[int]:
     return Query(_named("queue_purge"), {"queue": queue}, _scalar)
 
 
+def queue_pause(queue: str) -> Query[bool]:
+    return Query(_named("queue_pause"), {"queue": queue}, _scalar)
+
+
+def queue_resume(queue: str) -> Query[bool]:
+    return Query(_named("queue_resume"), {"queue": queue}, _scalar)
+
+
 # As pgmq.enable_notify_insert's default.
 DEFAULT_NOTIFY_THROTTLE_MS = 250
 
@@ -401,13 +409,17 @@ _POLICY_LIMITS = {
     "max_depth": _BIGINT_MAX,
     "archive_retention_seconds": _BIGINT_MAX,
     "archive_max_rows": _BIGINT_MAX,
+    "dedup_window_seconds": _INTEGER_MAX,
+    "max_in_flight": _INTEGER_MAX,
+    "max_in_flight_per_key": _INTEGER_MAX,
 }
-_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode", "codec")
+_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode", "codec", "dedup_mode")
+_POLICY_FLAGS = ("backoff_jitter", "priorities")
 
 
 def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
     """Change the settings given; the server checks their values (InvalidArgument naming the setting)."""
-    settings = [*_POLICY_LIMITS, *_POLICY_TEXTS, "backoff_jitter"]
+    settings = [*_POLICY_LIMITS, *_POLICY_TEXTS, *_POLICY_FLAGS, "rate_limit_per_second"]
     params: dict[str, Any] = {"queue": queue, **dict.fromkeys(settings)}
     for name, value in changes.items():
         if name not in settings:
@@ -421,8 +433,12 @@ def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
             raise InvalidArgument(f"{name} must be a whole number up to {limit}, got {value!r}")
         if name in _POLICY_TEXTS and not isinstance(value, str):
             raise InvalidArgument(f"{name} must be a string, got {value!r}")
-        if name == "backoff_jitter" and not isinstance(value, bool):
-            raise InvalidArgument(f"backoff_jitter must be True or False, got {value!r}")
+        if name in _POLICY_FLAGS and not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+        if name == "rate_limit_per_second" and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value != value
+        ):
+            raise InvalidArgument(f"rate_limit_per_second must be a number, got {value!r}")
         params[name] = value
     return Query(_named("policy_set"), params, lambda rows: _policies(rows)[0])
 
@@ -462,6 +478,12 @@ def archive_trim(queue: str, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]
     """One batch of archive retention; returns the rows deleted (repeat until 0)."""
     params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
     return Query(_named("archive_trim"), params, _scalar)
+
+
+def dedup_keys_trim(queue: str | None, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
+    """One batch of expired dedup keys removed; returns how many (repeat until 0)."""
+    params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
+    return Query(_named("dedup_keys_trim"), params, _scalar)
 
 
 # -- the RabbitMQ bridge ------------------------------------------------------------

@@ -300,6 +300,17 @@ class SendOne(OneForm, Delayed):
     excludes: ClassVar[str] = "messages"
     message: Annotated[JsonValue, Field(description="any JSON value jsonb can store (no NUL character)")]
     headers: Annotated[JsonObject | None, Field(description="the message's headers")] = None
+    # The job headers (pgbroker.job_headers), as the clients' send() takes them.
+    priority: Annotated[
+        int | None, Field(ge=-999_999_999, le=999_999_999, description="higher is read first (0)")
+    ] = None
+    dedup_key: Annotated[
+        str | None,
+        Field(min_length=1, max_length=512, description="while taken, the first message's msg_id answers"),
+    ] = None
+    concurrency_key: Annotated[
+        str | None, Field(min_length=1, max_length=512, description="what max_in_flight_per_key counts by")
+    ] = None
 
 
 class SendBatch(OneForm, Delayed):
@@ -498,6 +509,12 @@ class Deleted(Answer):
 
 class Purged(Answer):
     purged: int
+
+
+class PauseState(Answer):
+    queue_name: str
+    paused: bool
+    changed: Annotated[bool, Field(description="false when the queue was in that state already")]
 
 
 class ReplayedPair(Answer):

@@ -65,7 +65,7 @@ SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY[
 UNION ALL
 SELECT 'monitor', 'pgmq', f FROM unnest(ARRAY['metrics', 'metrics_all', 'list_queues']) f
 UNION ALL
-SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['queue_stats', 'messages_consumed']) f;
+SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['queue_stats', 'messages_consumed', 'is_paused']) f;
 
 -- The functions (every overload) listed for a role kind; NULL: for any kind.
 CREATE FUNCTION pgbroker._role_procs(kind text)

@@ -23,15 +23,6 @@ class Difference(NamedTuple):
 
 
 DELIBERATE_DIFFERENCES: dict[str, Difference] = {
-    "D1": Difference(
-        pgbroker="A negative or NULL vt or delay, a NULL qty, a negative max_poll_seconds or a "
-        "poll_interval_ms <= 0 is refused with PB007 (InvalidArgument), before anything changes.",
-        pgmq="Computes a vt in the past, reads without a limit, polls without sleeping, or fails "
-        "on a NOT NULL column (23502) only when a row is touched.",
-        reason="Each is a bug in the caller; pgmq's outcomes depend on whether a message happens "
-        "to be there. A negative qty fails as in pgmq (2201W).",
-        tests=("test_differential.py::test_deliberate_bad_arguments_are_rejected",),
-    ),
     "D1b": Difference(
         pgbroker="create refuses names pgmq accepts: empty, with control characters, longer than "
         "47 bytes in UTF-8, or (partitioned) with a period; PB001 (InvalidQueueName).",

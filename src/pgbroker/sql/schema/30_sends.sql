@@ -74,6 +74,43 @@ BEGIN
 END;
 $$;
 
+-- pgmq's integer delay as a visibility time (its sends take what they are
+-- given, 0016): pgbroker._delay_to_time for a delay >= 0, and a negative
+-- delay as a time in the past, a message visible at once. (NULL is a send
+-- pgbroker._pgmq_send_delayed fails as pgmq does.)
+CREATE FUNCTION pgbroker._pgmq_delay_to_time(delay integer)
+RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF delay < 0 THEN
+        RETURN clock_timestamp() + make_interval(secs => delay);
+    END IF;
+    RETURN pgbroker._delay_to_time(coalesce(delay, 0));
+END;
+$$;
+
+-- A send of schema pgmq with a delay given, as pgmq takes it (0016): any
+-- time, one in the past included, through the send route; a NULL delay
+-- (null_delay) fails as pgmq's INSERT fails, with the NOT NULL violation of
+-- column vt (23502), once the batch and the queue have passed pgmq's checks.
+-- The route's NULL means "no delay", so the NULL is carried as a flag.
+-- pgbroker's own functions and clients refuse such delays (PB007).
+CREATE FUNCTION pgbroker._pgmq_send_delayed(queue_name text, msgs jsonb[], headers jsonb[], vt timestamptz,
+                                            null_delay boolean)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT null_delay THEN
+        RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, vt);
+        RETURN;
+    END IF;
+    PERFORM pgbroker._check_batch(msgs, headers);
+    RETURN QUERY EXECUTE format(
+        'INSERT INTO pgmq.%I (vt, message, headers)'
+        ' SELECT NULL, m.msg, m.hdr FROM unnest($1, $2) AS m(msg, hdr) RETURNING msg_id',
+        pgbroker._pgmq_table(queue_name))
+    USING msgs, headers;
+END;
+$$;
+
 -- The INSERT of a send, with $1 the messages, $2 their headers (or NULL),
 -- $3 the delay (NULL: visible at once). One message takes a one-row INSERT.
 CREATE FUNCTION pgbroker._send_insert_sql(qtable text, single boolean)
@@ -109,8 +146,8 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers],
-                                                    pgbroker._check_delay_time(delay));
+    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, ARRAY[msg], ARRAY[headers], delay,
+                                                           delay IS NULL);
 END;
 $$;
 
@@ -131,24 +168,24 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL,
-                                                    pgbroker._delay_to_time(delay));
+    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, ARRAY[msg], NULL,
+                                                           pgbroker._pgmq_delay_to_time(delay), delay IS NULL);
 END;
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL,
-                                                    pgbroker._check_delay_time(delay));
+    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, ARRAY[msg], NULL, delay,
+                                                           delay IS NULL);
 END;
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers],
-                                                    pgbroker._delay_to_time(delay));
+    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, ARRAY[msg], ARRAY[headers],
+                                                           pgbroker._pgmq_delay_to_time(delay), delay IS NULL);
 END;
 $$;
 
@@ -156,7 +193,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[],
                                 delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, pgbroker._check_delay_time(delay));
+    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, msgs, headers, delay, delay IS NULL);
 END;
 $$;
 
@@ -177,20 +214,22 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, pgbroker._delay_to_time(delay));
+    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, msgs, NULL, pgbroker._pgmq_delay_to_time(delay),
+                                                           delay IS NULL);
 END;
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, pgbroker._check_delay_time(delay));
+    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, msgs, NULL, delay, delay IS NULL);
 END;
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, pgbroker._delay_to_time(delay));
+    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, msgs, headers,
+                                                           pgbroker._pgmq_delay_to_time(delay), delay IS NULL);
 END;
 $$;

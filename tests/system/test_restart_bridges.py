@@ -88,6 +88,7 @@ def test_bridge_out_rides_out_a_restart(cluster: EmbeddedPostgres, amqp: str) ->
     # A duplicate carries the same message_id (the msg_id) as its first publish: recognisable.
     assert len(set(ids)) == BEFORE + AFTER
     assert len(twice) <= 2 * 100, f"more duplicates than two windows cut off: {len(twice)}"
+    print(f"bridge out across a restart: {len(twice)} of {BEFORE + AFTER:,} published twice")
     with psycopg.connect(cluster.dsn()) as conn:
         left = conn.execute("SELECT count(*) FROM pgmq.q_outbox").fetchone()
     assert left == (0,)

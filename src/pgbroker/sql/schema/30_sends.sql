@@ -75,33 +75,26 @@ END;
 $$;
 
 -- pgmq's integer delay as a visibility time (its sends take what they are
--- given, 0016): pgbroker._delay_to_time for a delay >= 0, and a negative
--- delay as a time in the past, a message visible at once. (NULL is a send
--- pgbroker._pgmq_send_delayed fails as pgmq does.)
+-- given, 0016): none for 0 (ready at once, as pgbroker._delay_to_time), a time
+-- in the past for a negative delay (visible at once), NULL for NULL (which the
+-- callers send through pgbroker._pgmq_send_without_vt first).
 CREATE FUNCTION pgbroker._pgmq_delay_to_time(delay integer)
 RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    IF delay < 0 THEN
-        RETURN clock_timestamp() + make_interval(secs => delay);
+    IF delay = 0 THEN
+        RETURN NULL;
     END IF;
-    RETURN pgbroker._delay_to_time(coalesce(delay, 0));
+    RETURN clock_timestamp() + make_interval(secs => delay);
 END;
 $$;
 
--- A send of schema pgmq with a delay given, as pgmq takes it (0016): any
--- time, one in the past included, through the send route; a NULL delay
--- (null_delay) fails as pgmq's INSERT fails, with the NOT NULL violation of
--- column vt (23502), once the batch and the queue have passed pgmq's checks.
--- The route's NULL means "no delay", so the NULL is carried as a flag.
--- pgbroker's own functions and clients refuse such delays (PB007).
-CREATE FUNCTION pgbroker._pgmq_send_delayed(queue_name text, msgs jsonb[], headers jsonb[], vt timestamptz,
-                                            null_delay boolean)
+-- A send of schema pgmq given a NULL delay (0016): it fails as pgmq's INSERT
+-- fails, with the NOT NULL violation of column vt (23502), once the batch and
+-- the queue have passed pgmq's checks. (The send route's NULL means "no
+-- delay".) pgbroker's own functions and clients refuse it (PB007).
+CREATE FUNCTION pgbroker._pgmq_send_without_vt(queue_name text, msgs jsonb[], headers jsonb[])
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT null_delay THEN
-        RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, vt);
-        RETURN;
-    END IF;
     PERFORM pgbroker._check_batch(msgs, headers);
     RETURN QUERY EXECUTE format(
         'INSERT INTO pgmq.%I (vt, message, headers)'
@@ -146,8 +139,11 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, ARRAY[msg], ARRAY[headers], delay,
-                                                           delay IS NULL);
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers], delay);
 END;
 $$;
 
@@ -168,24 +164,35 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, ARRAY[msg], NULL,
-                                                           pgbroker._pgmq_delay_to_time(delay), delay IS NULL);
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL,
+                                                    pgbroker._pgmq_delay_to_time(delay));
 END;
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, ARRAY[msg], NULL, delay,
-                                                           delay IS NULL);
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL, delay);
 END;
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, ARRAY[msg], ARRAY[headers],
-                                                           pgbroker._pgmq_delay_to_time(delay), delay IS NULL);
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers],
+                                                    pgbroker._pgmq_delay_to_time(delay));
 END;
 $$;
 
@@ -193,7 +200,11 @@ CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[],
                                 delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, msgs, headers, delay, delay IS NULL);
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay);
 END;
 $$;
 
@@ -214,22 +225,34 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, msgs, NULL, pgbroker._pgmq_delay_to_time(delay),
-                                                           delay IS NULL);
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL,
+                                                    pgbroker._pgmq_delay_to_time(delay));
 END;
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, msgs, NULL, delay, delay IS NULL);
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, delay);
 END;
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._pgmq_send_delayed(queue_name, msgs, headers,
-                                                           pgbroker._pgmq_delay_to_time(delay), delay IS NULL);
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers,
+                                                    pgbroker._pgmq_delay_to_time(delay));
 END;
 $$;

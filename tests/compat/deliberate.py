@@ -102,12 +102,16 @@ DELIBERATE_DIFFERENCES: dict[str, Difference] = {
     ),
     "D15": Difference(
         pgbroker="An error's CONTEXT (the PL/pgSQL call stack psql prints under it) names "
-        "pgbroker's functions and lines.",
-        pgmq="Names pgmq's: 'PL/pgSQL function pgmq.validate_queue_name(text) line 8 at RAISE', ...",
-        reason="The call stack is the implementation, not the contract; reproducing it would mean "
-        "copying pgmq's code line for line. Clients see the SQLSTATE and the message, which are "
-        "pgmq's. This one is visible to pgmq's regression tests: base.sql prints CONTEXT for its "
-        "first two errors (it sets SHOW_CONTEXT never only further down).",
+        "pgbroker's functions and lines; psql also prints the DETAIL and HINT pgbroker adds "
+        "(its code, 'pgbroker PB001: ...', and how to fix it).",
+        pgmq="Names pgmq's: 'PL/pgSQL function pgmq.validate_queue_name(text) line 8 at RAISE', ...; "
+        "no DETAIL or HINT.",
+        reason="The call stack is the implementation, not the contract: matching base.sql's two "
+        "blocks (create and create_partitioned of a 48-character name) would mean laying pgbroker's "
+        "functions out line for line as pgmq's, and dropping the DETAIL that carries pgbroker's "
+        "code, which its client maps to typed errors. Clients see the SQLSTATE and the message, "
+        "which are pgmq's. This one is visible to pgmq's regression tests: base.sql prints CONTEXT "
+        "for its first two errors (it sets SHOW_CONTEXT never only further down).",
         tests=("test_failures.py::test_deliberate_error_context_is_pgbrokers",),
     ),
 }

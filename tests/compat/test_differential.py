@@ -1396,6 +1396,10 @@ def test_partitioned_queue(pair: Pair, pg_partman: bool) -> None:
         pair.same("SELECT * FROM pgmq.archive(%s, %s::bigint[])", [queue, [1, 3]], ordered=False)
         pair.same("SELECT * FROM pgmq.pop(%s)", [queue])
         pair.same(sql.SQL("SELECT {} FROM pgmq.metrics(%s)").format(METRICS), [queue])
+        # What only pgmq's functions take (0016), on partitioned tables too.
+        pair.same("SELECT * FROM pgmq.send(%s, '{}', -5)", [queue])
+        pair.same("SELECT * FROM pgmq.read(%s, -1, NULL::integer)", [queue], ordered=False)
+        pair.same("SELECT * FROM pgmq.pop(%s, NULL::integer)", [queue], ordered=False)
     pair.same("SELECT * FROM pgmq.list_queues()", ordered=False)
     pair.assert_same_state()
     pair.same("SELECT pgmq.drop_queue('parts')")

@@ -525,12 +525,56 @@ BEGIN
 END;
 $$;
 
+-- pgmq.read for the arguments pgmq accepts and pgbroker's reads refuse (0018):
+-- a negative or NULL vt, a NULL qty. They run as pgmq runs them: every row
+-- with vt <= now, oldest first, up to qty (NULL: no limit), leased until now
+-- + vt, so a negative vt leaves them visible at once and a NULL one fails on
+-- the first row touched with the NOT NULL violation of column vt (23502);
+-- nothing visible, nothing fails. The scan ignores the queue's bounds (these
+-- calls are rare), and a lease that ends in the past lowers timed_from first,
+-- as set_vt does, so the next read finds those messages at once. Rows come
+-- in msg_id order, as every read's do here.
+CREATE FUNCTION pgbroker._pgmq_read_as_given(queue_name text, vt integer, qty integer, conditional jsonb)
+RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+DECLARE
+    qtable text := pgbroker._pgmq_table(queue_name);
+    lease interval := make_interval(secs => vt);
+BEGIN
+    IF vt < 0 THEN
+        PERFORM pgbroker._lower_timed_from(pgbroker._stored_name(queue_name), clock_timestamp() + lease);
+    END IF;
+    RETURN QUERY EXECUTE format(
+        $Q$
+        WITH picked AS (
+            SELECT msg_id FROM pgmq.%1$I
+            WHERE vt <= clock_timestamp() AND ($3 IS NULL OR $3 = '{}'::jsonb OR message @> $3)
+            ORDER BY msg_id
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        ), leased AS (
+            UPDATE pgmq.%1$I m
+            SET last_read_at = clock_timestamp(), vt = clock_timestamp() + $2, read_ct = m.read_ct + 1
+            FROM picked WHERE m.msg_id = picked.msg_id
+            RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers
+        )
+        SELECT * FROM leased ORDER BY msg_id
+        $Q$, qtable)
+    USING qty, lease, conditional;
+END;
+$$;
+
 -- Lease up to qty visible messages for vt seconds, oldest first, through the
 -- read route (90_routes.sql). A conditional read (message @> conditional)
--- takes the dynamic path.
+-- takes the dynamic path; the arguments only pgmq accepts take
+-- pgbroker._pgmq_read_as_given (a negative qty fails in the route, as
+-- pgmq's LIMIT fails).
 CREATE FUNCTION pgmq.read(queue_name TEXT, vt INTEGER, qty INTEGER, conditional JSONB DEFAULT '{}')
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    IF (vt IS NULL OR vt < 0 OR qty IS NULL) AND coalesce(qty >= 0, true) THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_read_as_given(queue_name, vt, qty, conditional);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM pgbroker._route_read(queue_name, vt, qty, conditional);
 END;
 $$;
@@ -558,6 +602,35 @@ BEGIN
 END;
 $$;
 
+-- pgbroker._poll with pgmq's terms for the arguments it refuses (0018): a
+-- negative max_poll_seconds returns nothing without reading (pgmq's deadline
+-- has passed before its first read), a NULL one polls until rows come, and a
+-- poll_interval_ms <= 0 or NULL reads again without sleeping. (A
+-- max_poll_seconds of 0 reads once: docs/compatibility.md, D13.)
+CREATE FUNCTION pgbroker._pgmq_poll(read_statement text, max_poll_seconds integer, poll_interval_ms integer)
+RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+DECLARE
+    deadline timestamptz := clock_timestamp() + make_interval(secs => max_poll_seconds);
+    got bigint;
+BEGIN
+    IF max_poll_seconds >= 0 AND poll_interval_ms > 0 THEN
+        RETURN QUERY SELECT * FROM pgbroker._poll(read_statement, max_poll_seconds, poll_interval_ms);
+        RETURN;
+    END IF;
+    IF max_poll_seconds < 0 THEN
+        RETURN;
+    END IF;
+    LOOP
+        RETURN QUERY EXECUTE read_statement;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        EXIT WHEN got > 0 OR clock_timestamp() >= deadline;  -- no deadline: until rows come
+        IF poll_interval_ms > 0 THEN
+            PERFORM pg_sleep(poll_interval_ms / 1000.0);
+        END IF;
+    END LOOP;
+END;
+$$;
+
 CREATE FUNCTION pgmq.read_with_poll(
     queue_name TEXT,
     vt INTEGER,
@@ -567,16 +640,38 @@ CREATE FUNCTION pgmq.read_with_poll(
     conditional JSONB DEFAULT '{}'
 )
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
-    SELECT * FROM pgbroker._poll(
+    SELECT * FROM pgbroker._pgmq_poll(
         format('SELECT * FROM pgmq.read(%L, %s, %s, %L)', queue_name, coalesce(vt::text, 'NULL'),
                coalesce(qty::text, 'NULL'), conditional),
         max_poll_seconds, poll_interval_ms);
+$$;
+
+-- pgmq.pop with a NULL qty, which pgmq takes as no limit (0018): every
+-- visible message, deleted and returned in msg_id order.
+CREATE FUNCTION pgbroker._pgmq_pop_all(queue_name text)
+RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY EXECUTE format(
+        $Q$
+        WITH picked AS (
+            SELECT msg_id FROM pgmq.%1$I WHERE vt <= clock_timestamp() ORDER BY msg_id FOR UPDATE SKIP LOCKED
+        ), popped AS (
+            DELETE FROM pgmq.%1$I q USING picked WHERE q.msg_id = picked.msg_id
+            RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
+        )
+        SELECT * FROM popped ORDER BY msg_id
+        $Q$, pgbroker._pgmq_table(queue_name));
+END;
 $$;
 
 -- Delete and return up to qty visible messages, through the pop route.
 CREATE FUNCTION pgmq.pop(queue_name TEXT, qty INTEGER DEFAULT 1)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    IF qty IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_pop_all(queue_name);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM pgbroker._route_pop(queue_name, qty);
 END;
 $$;

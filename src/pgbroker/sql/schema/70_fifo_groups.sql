@@ -197,14 +197,24 @@ DECLARE
     remaining integer := qty;
     got bigint;
 BEGIN
-    IF mode = 'rr' AND qty < 0 THEN
-        -- pgmq's round robin compares a row number with qty: nothing to read.
-        PERFORM pgbroker._check_read_args(vt, 0);
+    -- pgmq's terms for every argument (0018): a negative or NULL qty reads
+    -- nothing in round robin (which compares a row number with it) and a
+    -- NULL one nothing in fill; a negative one fails as pgmq's LIMIT does
+    -- (2201W); head takes every group for a NULL qty. The vt is any: NULL
+    -- fails on the first row touched (23502), a negative one leases into the
+    -- past, so the timed bound goes below it first, as set_vt does.
+    IF mode = 'rr' AND coalesce(qty < 0, true) THEN
         RETURN;
     END IF;
-    PERFORM pgbroker._pgmq_check_read_args(vt, qty);
-    IF qty = 0 OR pgbroker.is_paused(queue_name) THEN  -- paused: 20_policies.sql
+    IF qty < 0 THEN
+        PERFORM pgbroker._pgmq_check_read_args(vt, qty);
+    END IF;
+    IF qty = 0 OR (qty IS NULL AND mode = 'fill') OR pgbroker.is_paused(queue_name) THEN  -- paused: 20_policies.sql
         RETURN;
+    END IF;
+    IF vt < 0 THEN
+        PERFORM pgbroker._lower_timed_from(pgbroker._stored_name(queue_name),
+                                           clock_timestamp() + make_interval(secs => vt));
     END IF;
     EXECUTE pgbroker._fifo_heads_sql(qtable) INTO candidates USING clock_timestamp();
 
@@ -240,7 +250,7 @@ CREATE FUNCTION pgbroker._read_grouped_with_poll(
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
     -- Reads at least once, like pgmq.read_with_poll here (pgmq's grouped poll
     -- forms return nothing without reading when max_poll_seconds is 0).
-    SELECT * FROM pgbroker._poll(
+    SELECT * FROM pgbroker._pgmq_poll(
         format('SELECT * FROM pgbroker._read_grouped(%L, %s, %s, %L)', queue_name,
                coalesce(vt::text, 'NULL'), coalesce(qty::text, 'NULL'), mode),
         max_poll_seconds, poll_interval_ms);

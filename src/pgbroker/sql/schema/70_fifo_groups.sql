@@ -188,10 +188,21 @@ $$;
 --   rr:   round-robin. Up to qty groups; the 1st message of each (in order
 --         of their heads), then the 2nd of each, ...
 --   head: up to qty groups, one message (the head) from each.
+--
+-- A queue's pause and limits (20_policies.sql, 56_limits.sql): a paused
+-- queue gives nothing; max_in_flight and the rate limit cap how many messages
+-- a read takes (fewer, never others: the groups' order is pgmq's). Not
+-- followed here, because they would change which message comes next in
+-- pgmq's FIFO order: priorities (a group is read in msg_id order, and the
+-- groups by the age of their heads) and max_in_flight_per_key (a group is
+-- itself one consumer at a time; make the key the group).
 CREATE FUNCTION pgbroker._read_grouped(queue_name text, vt integer, qty integer, mode text)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := pgbroker._pgmq_table(queue_name);
+    q record;
+    limited boolean := false;
+    limits record;
     candidates bigint[];
     owned bigint[];
     remaining integer := qty;
@@ -203,8 +214,18 @@ BEGIN
         RETURN;
     END IF;
     PERFORM pgbroker._pgmq_check_read_args(vt, qty);
-    IF qty = 0 OR pgbroker.is_paused(queue_name) THEN  -- paused: 20_policies.sql
+    SELECT * INTO q FROM pgbroker._queue(queue_name);
+    IF qty = 0 OR q.read_mode = 'paused' THEN
         RETURN;
+    END IF;
+    IF q.read_mode = 'limited' THEN
+        limited := true;
+        SELECT * INTO limits FROM pgbroker._limit_budget(q.stored_name, qty, false);
+        IF limits.budget <= 0 THEN
+            RETURN;
+        END IF;
+        qty := least(qty, limits.budget);
+        remaining := qty;
     END IF;
     EXECUTE pgbroker._fifo_heads_sql(qtable) INTO candidates USING clock_timestamp();
 
@@ -228,9 +249,14 @@ BEGIN
                 USING owned,
                       CASE mode WHEN 'rr' THEN qty - cardinality(owned) + 1 ELSE 1 END,
                       qty, vt, clock_timestamp();
+            GET DIAGNOSTICS got = ROW_COUNT;
+            remaining := qty - got;
         END IF;
     ELSE
         RAISE EXCEPTION 'unknown grouped read mode %', quote_literal(mode) USING ERRCODE = 'PB007';
+    END IF;
+    IF limited THEN
+        PERFORM pgbroker._limit_charge(q.stored_name, limits.available, limits.clock, qty - remaining);
     END IF;
 END;
 $$;

@@ -9,8 +9,7 @@ import httpx
 import psycopg
 import pytest
 
-from pgbroker import codecs
-from tests.codec_types import AVRO, PROTOBUF
+from tests.codec_types import AVRO, PROTOBUF, stored_codec
 from tests.http.test_api import auth, make_queue
 from tests.integration.helpers import q_rows
 
@@ -20,7 +19,7 @@ ORDER = {"id": 7, "item": "book", "tags": ["a"], "price": 9.5}
 
 
 def _stored_codecs(conn: psycopg.Connection[Any], queue: str) -> list[str]:
-    return [codecs.envelope_codec(r[3]) if codecs.is_envelope(r[3]) else "json" for r in q_rows(conn, queue)]
+    return [stored_codec(r[3]) for r in q_rows(conn, queue)]
 
 
 async def test_send_chooses_the_codec(
@@ -41,7 +40,8 @@ async def test_send_chooses_the_codec(
     r = await client.post("/v1/queues/jobs/read", json={"qty": 10}, headers=both)
     shown = [m["message"] for m in r.json()["messages"]]
     assert shown[:3] == [{"n": 1}, ORDER, ORDER]
-    assert shown[3]["item"] == "book" and shown[4] == {"n": 2}
+    assert shown[3]["item"] == "book"
+    assert shown[4] == {"n": 2}
 
 
 async def test_unknown_codec_or_value_is_a_clear_400_and_sends_nothing(

@@ -5,6 +5,7 @@ and the per-key limit are not followed there (docs/job-features.md says why)."""
 from __future__ import annotations
 
 import pytest
+from psycopg import sql
 
 from tests.integration.helpers import Conn, jsonb_array
 
@@ -22,7 +23,8 @@ def _send_groups(conn: Conn, groups: list[str], headers: dict[str, object] | Non
 
 
 def _read(conn: Conn, function: str, qty: int) -> list[int]:
-    rows = conn.execute(f"SELECT msg_id FROM pgmq.{function}('q', 30, %s)", [qty]).fetchall()
+    query = sql.SQL("SELECT msg_id FROM pgmq.{}('q', 30, %s)").format(sql.Identifier(function))
+    rows = conn.execute(query, [qty]).fetchall()
     return [r[0] for r in rows]
 
 

@@ -20,7 +20,9 @@ from tests.spark.helpers import Conn, batch_sizes, count, create, fill, numbers,
 
 
 def claim_reader(dsn: str, **options: str) -> ClaimStreamReader:
-    return ClaimStreamReader(parse_read({"queue": "jobs", "dsn": dsn, "mode": "claim", "consumer": "c1", **options}))
+    return ClaimStreamReader(
+        parse_read({"queue": "jobs", "dsn": dsn, "mode": "claim", "consumer": "c1", **options})
+    )
 
 
 def log_reader(dsn: str, **options: str) -> LogStreamReader:

@@ -3,9 +3,8 @@ run as real subprocesses; the bodies are checked as stored and as the Python cli
 
 from __future__ import annotations
 
-from pgbroker import codecs
 from pgbroker.client import Broker
-from tests.codec_types import AVRO, PROTOBUF
+from tests.codec_types import AVRO, PROTOBUF, stored_codec
 from tests.integration.helpers import q_rows
 from tests.system.test_cli import Cli, Conn, _assert_error, _ids, _messages, cli, orders
 
@@ -16,7 +15,7 @@ TYPES_MODULE = "tests.codec_types"
 
 
 def _stored_codecs(conn: Conn, queue: str) -> list[str]:
-    return [codecs.envelope_codec(row[3]) if codecs.is_envelope(row[3]) else "json" for row in q_rows(conn, queue)]
+    return [stored_codec(row[3]) for row in q_rows(conn, queue)]
 
 
 def test_send_codec_encodes_argument_and_stdin_lines(cli: Cli, orders: str, conn: Conn, dsn: str) -> None:

@@ -162,11 +162,11 @@ $$;
 --
 -- A queue's pause and limits (20_policies.sql, 56_limits.sql): a paused
 -- queue gives nothing; max_in_flight and the rate limit cap how many messages
--- a read takes (fewer, never others: the groups' order is pgmq's). Not
--- followed here, because they would change which message comes next in
--- pgmq's FIFO order: priorities (a group is read in msg_id order, and the
--- groups by the age of their heads) and max_in_flight_per_key (a group is
--- itself one consumer at a time; make the key the group).
+-- a read takes (fewer, never others: the groups' order is pgmq's).
+-- Priorities are not followed: they would reorder a group, or the groups
+-- against pgmq's rule. max_in_flight_per_key is not followed yet (a group
+-- whose head's key is full could be skipped like one whose head is in
+-- flight); a group is one consumer at a time already: make the key the group.
 CREATE OR REPLACE FUNCTION pgbroker._read_grouped(queue_name text, vt integer, qty integer, mode text)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE

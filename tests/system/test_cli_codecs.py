@@ -56,3 +56,12 @@ def test_send_codec_for_registered_types_needs_their_module(
     assert [m.codec for m in got] == [AVRO, PROTOBUF]
     assert got[0].message == {"id": 7, "item": "book", "tags": ["a"], "price": 9.5}
     assert (got[1].message.id, got[1].message.item, list(got[1].message.tags)) == (7, "book", ["a"])
+
+
+def test_serve_stops_on_a_codec_module_it_cannot_import(cli: Cli) -> None:
+    # Before serving anything: a server that would answer unknown_codec for every Avro send.
+    _assert_error(
+        cli("serve", "--port", "0", "--codec-module", "no_such_module_here"),
+        2,
+        "cannot import codec module 'no_such_module_here'",
+    )

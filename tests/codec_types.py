@@ -58,3 +58,8 @@ def samples(n: int = 0) -> dict[str, Any]:
         PROTOBUF: Order(id=n, item="book", tags=["a", "b"], price=9.5),
         AVRO: {"id": n, "item": "book", "tags": ["a", "b"], "price": 9.5},
     }
+
+
+def stored_codec(stored: Any) -> str:
+    """The codec a stored body (pgmq's message column) was written with."""
+    return codecs.envelope_codec(stored) if codecs.is_envelope(stored) else "json"

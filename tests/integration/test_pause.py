@@ -15,6 +15,9 @@ READS = [
     "SELECT * FROM pgmq.pop('q', 5)",
     "SELECT * FROM pgmq.read_grouped('q', 30, 5)",
     "SELECT * FROM pgmq.read_grouped_rr('q', 30, 5)",
+    "SELECT * FROM pgmq.read_grouped_head('q', 30, 5)",
+    "SELECT * FROM pgmq.read_grouped_with_poll('q', 30, 5, 1, 100)",
+    "SELECT * FROM pgmq.read_grouped_rr_with_poll('q', 30, 5, 1, 100)",
     "SELECT * FROM pgbroker.read('q', 30, 5)",
     "SELECT * FROM pgbroker.read_with_poll('q', 30, 5, 1, 100)",
 ]

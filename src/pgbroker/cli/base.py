@@ -41,6 +41,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker.client import Broker
+from pgbroker.codecs.errors import CodecError
 from pgbroker.codecs.json_view import json_view
 from pgbroker.dsn import connection_kwargs, resolve_dsn
 from pgbroker.embedded import EmbeddedError
@@ -291,7 +292,7 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
             code = Exit.STALE_RECEIPT
         elif isinstance(exc, QueueNotFound):
             code = Exit.QUEUE_NOT_FOUND
-        elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict):
+        elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict | CodecError):
             code = Exit.USAGE
         elif isinstance(exc, NotInstalled):
             message = f"pgbroker is not installed in this database ({exc.message})"

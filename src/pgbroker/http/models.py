@@ -296,7 +296,22 @@ class Delayed(Body):
     delay: Int32 = 0
 
 
-class SendOne(OneForm, Delayed):
+class Encoded(Body):
+    """A send that may choose its codec (docs/codecs.md): the value is given as JSON and encoded."""
+
+    codec: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=512,
+            description="json, msgpack, protobuf:<message type> or avro:<schema full name> (the type "
+            "registered in the server); the message is the value in its JSON form. Absent: the queue's "
+            "policy codec",
+        ),
+    ] = None
+
+
+class SendOne(OneForm, Delayed, Encoded):
     excludes: ClassVar[str] = "messages"
     message: Annotated[JsonValue, Field(description="any JSON value jsonb can store (no NUL character)")]
     headers: Annotated[JsonObject | None, Field(description="the message's headers")] = None
@@ -313,7 +328,7 @@ class SendOne(OneForm, Delayed):
     ] = None
 
 
-class SendBatch(OneForm, Delayed):
+class SendBatch(OneForm, Delayed, Encoded):
     excludes: ClassVar[str] = "message"
     messages: Annotated[list[JsonValue], Field(min_length=1), Limit("max_batch")]
     headers: Annotated[

@@ -31,7 +31,12 @@ from pgbroker.job_headers import with_job_headers
 from pgbroker.queries import receipt_of
 
 router = Router()
-_QUEUE_FULL = {503: "queue_full (max_depth reached; see Retry-After) or database error"}
+_SEND_ERRORS = {
+    400: "invalid JSON, queue name, argument or message (invalid_message: a value the codec cannot "
+    "encode), or unknown_codec (a codec the server does not know: see the hint)",
+    501: "codec_not_installed (the server lacks the codec's library)",
+    503: "queue_full (max_depth reached; see Retry-After) or database error",
+}
 _STALE = {409: "stale_receipt (single receipt form only)"}
 T = TypeVar("T")
 
@@ -41,7 +46,7 @@ T = TypeVar("T")
     "send one message (message) or a batch (messages)",
     scope="send",
     status=201,
-    errors=_QUEUE_FULL,
+    errors=_SEND_ERRORS,
 )
 async def send(call: Call, body: SendBody) -> MsgIdList:
     headers: list[Mapping[str, Any] | None]
@@ -56,7 +61,10 @@ async def send(call: Call, body: SendBody) -> MsgIdList:
     else:
         messages, headers = body.messages, list(body.headers or [None] * len(body.messages))
     ids = await call.broker.queue(call.queue).send_many(
-        messages, headers=None if all(h is None for h in headers) else headers, delay=body.delay
+        messages,
+        headers=None if all(h is None for h in headers) else headers,
+        delay=body.delay,
+        codec=body.codec,
     )
     return MsgIdList(msg_ids=ids)
 

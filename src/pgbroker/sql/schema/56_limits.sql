@@ -13,8 +13,9 @@
 -- Every read of such a queue, pgmq's and pgbroker's, through the routes or
 -- not, comes here (read mode 'limited', pgbroker._read_mode), so the limits
 -- hold whatever client reads. A pop hands out no lease: only the rate
--- limit applies to it. The grouped reads (70_fifo_groups.sql) and Spark's
--- claims do not follow these limits.
+-- limit applies to it. The grouped reads (70_fifo_groups.sql) follow
+-- max_in_flight and the rate limit, not the per-key limit; Spark's claims
+-- read through pgbroker.read and follow all three.
 --
 -- In flight means leased: read (read_ct > 0) with a visibility time still
 -- ahead. Counted from the queue table itself (the timed index from the
@@ -140,26 +141,24 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
         CASE WHEN conditional IS NULL OR conditional = '{}'::jsonb THEN '' ELSE 'AND message @> $2' END)
 $$;
 
--- Read (or pop) a queue under its limits; the caller has checked the queue
--- and the arguments. Takes the queue's limiter lock (see the header), works
--- out how many messages may go now (rate, then in-flight room), and reads
--- that many: with a per-key limit through _read_by_key_sql, else with the
--- queue's own statement (50_reads.sql).
-CREATE FUNCTION pgbroker._read_limited(stored_name text, ready_from bigint, vt integer, qty integer,
-                                       conditional jsonb, pop boolean)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+-- How many messages a read (or pop) of a limited queue may take now, at most
+-- qty: the rate bucket's tokens, then the in-flight room (a pop leases
+-- nothing: only the rate applies). Takes the queue's limiter lock (see the
+-- header), held until the reader's transaction ends; charge what the read got
+-- with pgbroker._limit_charge. budget <= 0: nothing may go now. clock is the
+-- reader's clock, available the bucket's tokens before the read, per_key the
+-- in-flight count of each concurrency key (jsonb).
+CREATE FUNCTION pgbroker._limit_budget(stored_name text, qty integer, pop boolean,
+    OUT budget integer, OUT clock timestamptz, OUT available double precision, OUT per_key jsonb)
+LANGUAGE plpgsql AS $$
 DECLARE
     qtable constant text := lower('q_' || stored_name);
     p pgbroker.queue_policy := pgbroker.policy(stored_name);
-    budget integer := qty;
-    clock timestamptz;
     bucket pgbroker.rate_buckets;
-    available double precision;
     in_flight bigint := 0;
-    per_key jsonb := '{}';
-    op text;
-    got bigint;
 BEGIN
+    budget := qty;
+    per_key := '{}';
     PERFORM pg_advisory_xact_lock(hashtext('pgbroker.limits:' || qtable));
     clock := clock_timestamp();
     IF p.rate_limit_per_second IS NOT NULL THEN
@@ -183,25 +182,49 @@ BEGIN
             budget := least(budget, p.max_in_flight - in_flight);
         END IF;
     END IF;
-    IF budget <= 0 THEN
+END;
+$$;
+
+-- Take what a read got from the rate bucket (available and clock as
+-- pgbroker._limit_budget gave them; available NULL: no rate limit).
+CREATE FUNCTION pgbroker._limit_charge(stored_name text, available double precision, clock timestamptz,
+                                       got bigint)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE pgbroker.rate_buckets b SET tokens = available - got, refilled_at = clock
+    WHERE b.queue_name = stored_name AND available IS NOT NULL;
+$$;
+
+-- Read (or pop) a queue under its limits; the caller has checked the queue
+-- and the arguments. Works out how many messages may go now
+-- (pgbroker._limit_budget), and reads that many: with a per-key limit through
+-- _read_by_key_sql, else with the queue's own statement (50_reads.sql).
+CREATE FUNCTION pgbroker._read_limited(stored_name text, ready_from bigint, vt integer, qty integer,
+                                       conditional jsonb, pop boolean)
+RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+DECLARE
+    qtable constant text := lower('q_' || stored_name);
+    p pgbroker.queue_policy := pgbroker.policy(stored_name);
+    b record;
+    op text;
+    got bigint;
+BEGIN
+    SELECT * INTO b FROM pgbroker._limit_budget(stored_name, qty, pop);
+    IF b.budget <= 0 THEN
         RETURN;
     END IF;
 
     IF NOT pop AND p.max_in_flight_per_key IS NOT NULL THEN
         RETURN QUERY EXECUTE pgbroker._read_by_key_sql(qtable, conditional)
-            USING budget, conditional, clock, vt, p.max_in_flight_per_key, per_key, stored_name;
+            USING b.budget, conditional, b.clock, vt, p.max_in_flight_per_key, b.per_key, stored_name;
     ELSE
         op := CASE WHEN pop THEN 'pop' ELSE 'read' END
               || CASE WHEN p.priorities THEN '_p' ELSE '' END
               || CASE WHEN NOT pop AND NOT (conditional IS NULL OR conditional = '{}'::jsonb)
                       THEN CASE WHEN p.priorities THEN 'c' ELSE '_c' END ELSE '' END;
         RETURN QUERY EXECUTE format('EXECUTE %I(%s, %L, %L, %s, %s)', pgbroker._prepared(qtable, op),
-                                    budget, conditional, clock, coalesce(vt::text, 'NULL'), ready_from);
+                                    b.budget, conditional, b.clock, coalesce(vt::text, 'NULL'), ready_from);
     END IF;
     GET DIAGNOSTICS got = ROW_COUNT;
-    IF p.rate_limit_per_second IS NOT NULL THEN
-        UPDATE pgbroker.rate_buckets b SET tokens = available - got, refilled_at = clock
-        WHERE b.queue_name = stored_name;
-    END IF;
+    PERFORM pgbroker._limit_charge(stored_name, b.available, b.clock, got);
 END;
 $$;

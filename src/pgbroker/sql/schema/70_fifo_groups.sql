@@ -188,10 +188,21 @@ $$;
 --   rr:   round-robin. Up to qty groups; the 1st message of each (in order
 --         of their heads), then the 2nd of each, ...
 --   head: up to qty groups, one message (the head) from each.
+--
+-- A queue's pause and limits (20_policies.sql, 56_limits.sql): a paused
+-- queue gives nothing; max_in_flight and the rate limit cap how many messages
+-- a read takes (fewer, never others: the groups' order is pgmq's).
+-- Priorities are not followed: they would reorder a group, or the groups
+-- against pgmq's rule. max_in_flight_per_key is not followed yet (a group
+-- whose head's key is full could be skipped like one whose head is in
+-- flight); a group is one consumer at a time already: make the key the group.
 CREATE FUNCTION pgbroker._read_grouped(queue_name text, vt integer, qty integer, mode text)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := pgbroker._pgmq_table(queue_name);
+    q record;
+    limited boolean := false;
+    limits record;
     candidates bigint[];
     owned bigint[];
     remaining integer := qty;
@@ -209,8 +220,18 @@ BEGIN
     IF qty < 0 THEN
         PERFORM pgbroker._pgmq_check_read_args(vt, qty);
     END IF;
-    IF qty = 0 OR (qty IS NULL AND mode = 'fill') OR pgbroker.is_paused(queue_name) THEN  -- paused: 20_policies.sql
+    SELECT * INTO q FROM pgbroker._queue(queue_name);
+    IF qty = 0 OR (qty IS NULL AND mode = 'fill') OR q.read_mode = 'paused' THEN
         RETURN;
+    END IF;
+    IF q.read_mode = 'limited' THEN
+        limited := true;
+        SELECT * INTO limits FROM pgbroker._limit_budget(q.stored_name, qty, false);
+        IF limits.budget <= 0 THEN
+            RETURN;
+        END IF;
+        qty := least(qty, limits.budget);
+        remaining := qty;
     END IF;
     IF vt < 0 THEN
         PERFORM pgbroker._lower_timed_from(pgbroker._stored_name(queue_name),
@@ -238,9 +259,14 @@ BEGIN
                 USING owned,
                       CASE mode WHEN 'rr' THEN qty - cardinality(owned) + 1 ELSE 1 END,
                       qty, vt, clock_timestamp();
+            GET DIAGNOSTICS got = ROW_COUNT;
+            remaining := qty - got;
         END IF;
     ELSE
         RAISE EXCEPTION 'unknown grouped read mode %', quote_literal(mode) USING ERRCODE = 'PB007';
+    END IF;
+    IF limited THEN
+        PERFORM pgbroker._limit_charge(q.stored_name, limits.available, limits.clock, qty - remaining);
     END IF;
 END;
 $$;

@@ -380,7 +380,7 @@ def message_peek_many(
         "enqueued_after": enqueued_after,
         "enqueued_before": enqueued_before,
     }
-    return Query(_named("message_peek_many"), params, lambda rows: [PeekedMessage(*row) for row in rows])
+    return Query(_named("message_peek_many"), params, lambda rows: [PeekedMessage(*r[:7], state=r[7]) for r in rows])
 
 
 # -- outcomes by policy, dead letters and retention ------------------------------

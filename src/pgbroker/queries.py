@@ -380,7 +380,12 @@ def message_peek_many(
         "enqueued_after": enqueued_after,
         "enqueued_before": enqueued_before,
     }
-    return Query(_named("message_peek_many"), params, lambda rows: [PeekedMessage(*r[:7], state=r[7]) for r in rows])
+    return Query(_named("message_peek_many"), params, _peeked)
+
+
+def _peeked(rows: list[Row]) -> list[PeekedMessage]:
+    # The receipt stays None: a peek takes no lease.
+    return [PeekedMessage(*row[:7], None, row[7]) for row in rows]
 
 
 # -- outcomes by policy, dead letters and retention ------------------------------

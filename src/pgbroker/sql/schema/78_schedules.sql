@@ -492,7 +492,8 @@ $$;
 -- or NULL when there is none: how long a scheduler may sleep.
 CREATE FUNCTION pgbroker.schedule_next_wake()
 RETURNS double precision LANGUAGE sql STABLE AS $$
-    SELECT greatest(0, extract(epoch FROM min(next_run) - clock_timestamp()))::double precision
+    SELECT CASE WHEN min(next_run) IS NOT NULL
+                THEN greatest(0, extract(epoch FROM min(next_run) - clock_timestamp()))::double precision END
     FROM pgbroker.schedules WHERE NOT paused;
 $$;
 

@@ -385,7 +385,10 @@ def message_peek_many(
 
 def _peeked(rows: list[Row]) -> list[PeekedMessage]:
     # The receipt stays None: a peek takes no lease.
-    return [PeekedMessage(*row[:7], None, row[7]) for row in rows]
+    return [
+        PeekedMessage(msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, state=state)
+        for msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, state in rows
+    ]
 
 
 # -- outcomes by policy, dead letters and retention ------------------------------

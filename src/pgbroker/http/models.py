@@ -452,8 +452,8 @@ class PeekQuery(BaseModel):
         Field(ge=0, le=BIGINT_MAX, description="only messages with this msg_id or a smaller one"),
         BeforeValidator(_query_digits),
     ] = None
-    header: Annotated[str | None, Field(min_length=1, description="only messages with this header")] = None
-    header_value: Annotated[str | None, Field(description="...whose value, as text, is this")] = None
+    header: Annotated[Text | None, Field(min_length=1, description="only messages with this header")] = None
+    header_value: Annotated[Text | None, Field(description="...whose value, as text, is this")] = None
     enqueued_after: Annotated[QueryMoment, Field(description="enqueued at or after, ISO 8601")] = None
     enqueued_before: Annotated[QueryMoment, Field(description="enqueued before, ISO 8601")] = None
 
@@ -465,15 +465,17 @@ class PeekQuery(BaseModel):
 
 
 ScheduleName = Annotated[str, StringConstraints(pattern="^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")]
+# Text a database can store: no NUL character.
+Text = Annotated[str, StringConstraints(pattern="^[^\\x00]*$")]
 
 
 class AddSchedule(Body):
     name: Annotated[ScheduleName, Field(description="1 to 100 letters, digits, _ . : or -")]
     queue: QueueName
-    cron: Annotated[str, Field(description="5 fields, e.g. '*/5 * * * *', or @hourly, @daily, ...")]
+    cron: Annotated[Text, Field(description="5 fields, e.g. '*/5 * * * *', or @hourly, @daily, ...")]
     message: Annotated[JsonValue, Field(description="the message each tick sends")]
     headers: Annotated[JsonObject | None, Field(description="its headers")] = None
-    timezone: Annotated[str, Field(description="an IANA time zone")] = "UTC"
+    timezone: Annotated[Text, Field(description="an IANA time zone")] = "UTC"
     replace: Annotated[bool, Field(description="redefine a schedule of that name")] = False
 
 

@@ -28,6 +28,7 @@ async def list_schedules(call: Call) -> ScheduleList:
     scope="admin",
     scope_field="queue",
     status=201,
+    errors={404: "queue_not_found"},
 )
 async def add_schedule(call: Call, body: AddSchedule) -> Schedule:
     return await call.broker.add_schedule(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pgbroker.aio import AsyncBroker
 
@@ -120,3 +121,42 @@ async def test_schedules_lifecycle(
     r = await client.delete("/v1/schedules/report", headers=admin)
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "schedule_not_found"
+
+
+async def test_metrics_show_each_schedules_next_and_last_tick(
+    client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]
+) -> None:
+    await broker.create_queue("jobs")
+    await broker.create_queue("other-jobs")
+    added = await broker.add_schedule("every", "jobs", "* * * * *", {})
+    await broker.add_schedule("hidden", "other-jobs", "* * * * *", {})
+    [tick] = [t for t in await broker.run_due_schedules(added.next_run) if t.schedule_name == "every"]
+    await broker.pause_schedule("hidden")
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(
+            (await client.get("/metrics", headers=auth(keys["admin"]))).text
+        )
+    }
+    by_schedule = {
+        (name, s.labels["schedule"]): s.value
+        for name in (
+            "pgbroker_schedule_next_run_timestamp_seconds",
+            "pgbroker_schedule_last_run_timestamp_seconds",
+            "pgbroker_schedule_paused",
+            "pgbroker_schedule_last_send_failed",
+        )
+        for s in families[name].samples
+    }
+    assert by_schedule[("pgbroker_schedule_last_run_timestamp_seconds", "every")] == tick.tick.timestamp()
+    assert (
+        by_schedule[("pgbroker_schedule_next_run_timestamp_seconds", "every")] == tick.tick.timestamp() + 60
+    )
+    assert by_schedule[("pgbroker_schedule_paused", "hidden")] == 1
+    assert by_schedule[("pgbroker_schedule_last_send_failed", "every")] == 0
+    # A key sees the schedules of its queues only.
+    text = (await client.get("/metrics", headers=auth(keys["consumer"]))).text
+    assert 'schedule="every"' in text
+    text = (await client.get("/metrics", headers=auth(keys["other"]))).text
+    assert 'schedule="every"' not in text
+    assert 'schedule="hidden"' in text

@@ -160,3 +160,18 @@ async def test_metrics_show_each_schedules_next_and_last_tick(
     text = (await client.get("/metrics", headers=auth(keys["other"]))).text
     assert 'schedule="every"' not in text
     assert 'schedule="hidden"' in text
+
+
+async def test_purge_one_dead_letter(client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]) -> None:
+    queue = await broker.create_queue("jobs")
+    await queue.set_policy(max_deliveries=1)
+    await queue.send_many(["a", "b"])
+    for message in await queue.read_many(2):
+        await queue.fail(message, error="boom")
+    first, second = await queue.peek(state="dead")
+    body = {"msg_ids": [first.msg_id]}
+    r = await client.post("/v1/queues/jobs/dead-letters/purge", json=body, headers=auth(keys["consumer"]))
+    assert r.status_code == 403
+    r = await client.post("/v1/queues/jobs/dead-letters/purge", json=body, headers=auth(keys["admin"]))
+    assert r.json() == {"purged": 1}
+    assert [m.msg_id for m in await queue.peek(state="dead")] == [second.msg_id]

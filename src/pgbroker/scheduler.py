@@ -37,6 +37,21 @@ HELD_RETRY = 0.5
 # Wake a little after the tick, so that the database's clock has surely reached it.
 _PAST_THE_TICK = 0.01
 _LISTEN_TIMEOUT = 1.0
+_INSUFFICIENT_PRIVILEGE = "42501"
+
+
+def _cannot_schedule(exc: PgbrokerError) -> bool:
+    """Whether ``exc`` says this database or role cannot run schedules at all (then the scheduler
+    stops with a warning: the worker running it goes on)."""
+    if isinstance(exc, NotInstalled):
+        log.warning("scheduler.stopped reason=%r (run pgbroker install to upgrade)", exc.message)
+        return True
+    if exc.sqlstate == _INSUFFICIENT_PRIVILEGE:
+        # A worker running as a role that may not send schedules (pgbroker_consumer): the
+        # schedules are another process's job.
+        log.warning("scheduler.stopped reason=%r (this role may not run schedules)", exc.message)
+        return True
+    return False
 
 
 @dataclass
@@ -68,10 +83,9 @@ class Scheduler:
                     subscription = await broker.listen_schedules(_LISTEN_TIMEOUT)
                 await self._send_due(broker)
                 wake = await broker.schedule_next_wake()
-            except NotInstalled as exc:
-                log.warning("scheduler.stopped reason=%r (run pgbroker install to upgrade)", exc.message)
-                return
             except PgbrokerError as exc:
+                if _cannot_schedule(exc):
+                    return
                 self.stats.errors += 1
                 log.warning("scheduler.retry error=%r", exc.message)
                 await self._nap(None, retry.next())

@@ -335,3 +335,13 @@ def test_the_scheduler_wakes_when_a_schedule_is_added_and_sends_its_tick(dsn: st
             return loop.time() - started
 
     assert asyncio.run(scenario()) < 5
+
+
+def test_the_scheduler_stops_alone_on_a_database_without_schedules(empty_dsn: str) -> None:
+    """A worker on a database not yet upgraded keeps running: only its scheduler stops."""
+
+    async def scenario() -> None:
+        async with AsyncBroker(empty_dsn) as broker:
+            await asyncio.wait_for(Scheduler().run(broker), timeout=10)
+
+    asyncio.run(scenario())

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pgbroker.aio import AsyncBroker
 from pgbroker.backoff import Backoff
 from pgbroker.errors import NotInstalled, PgbrokerError
-from pgbroker.listen import AsyncSubscription
+from pgbroker.listen import AsyncSubscription, nap
 
 __all__ = ["Scheduler", "SchedulerStats", "serve_alone"]
 
@@ -116,12 +116,7 @@ class Scheduler:
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
         """Sleep until a change to the schedules is announced, stop(), or ``seconds`` have passed."""
-        sleepers: list[asyncio.Future[bool]] = [asyncio.ensure_future(self._stopping.wait())]
-        if subscription is not None:
-            sleepers.append(asyncio.ensure_future(subscription.wait(seconds)))
-        await asyncio.wait(sleepers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        for sleeper in sleepers:
-            sleeper.cancel()
+        await nap(self._stopping, subscription, seconds)
 
 
 async def serve_alone(dsn: str | None = None, *, handle_signals: bool = True) -> None:

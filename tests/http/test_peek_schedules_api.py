@@ -162,7 +162,9 @@ async def test_metrics_show_each_schedules_next_and_last_tick(
     assert 'schedule="hidden"' in text
 
 
-async def test_purge_one_dead_letter(client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]) -> None:
+async def test_purge_one_dead_letter(
+    client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]
+) -> None:
     queue = await broker.create_queue("jobs")
     await queue.set_policy(max_deliveries=1)
     await queue.send_many(["a", "b"])

@@ -7,8 +7,10 @@
 -- it. It sees what a read would see and more: every message of the queue
 -- with the state it is in now, or the queue's dead letters, filtered and
 -- paged by msg_id (keyset paging: pass the last msg_id of a page as
--- after_msg_id to get the next one; a page costs the same however deep it
--- is).
+-- after_msg_id to get the next one). A page walks the primary key from
+-- after_msg_id, so without filters it costs the same however deep it is;
+-- a filter that few messages match walks past the others (a peek is for
+-- looking, not for a hot path).
 --
 -- States (of a message of the queue, at the time of the peek):
 --   waiting    visible: a read would deliver it (never delivered, or its

@@ -3,7 +3,11 @@ Selenium, against ``pgbroker serve`` on loopback and a real database.
 
 It loads, lists a queue the test made, its depth chart follows sends and its throughput chart
 follows acks, it shows dead letters, and an admin key's purge and replay buttons work (a read-only
-key gets none). A screenshot is saved to tests/http/artifacts/dashboard.png (not in git).
+key gets none). The message browser pages through a queue's messages by state, shows one with
+its headers and body, deletes one and replays a dead letter; the schedules panel lists schedules
+and pauses and resumes one (admin keys only). Screenshots are saved to tests/http/artifacts/
+(dashboard.png, dashboard-browser.png; not in git; docs/ops/ holds the ones docs/operations.md
+shows).
 
 No chromium is not a skip: `make test` installs it when it can (root with apt-get); otherwise
 this test fails and says how to install it.

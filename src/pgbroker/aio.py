@@ -24,11 +24,15 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
+from pgbroker import codecs
 from pgbroker import queries as q
 from pgbroker.backoff import SEND_RETRY, Patience
+from pgbroker.codecs import Codec, CodecLike
+from pgbroker.codecs.queue_defaults import DefaultCodecs
 from pgbroker.dsn import connection_kwargs, listen_dsn, resolve_dsn
 from pgbroker.errors import QueueFull, from_postgres
 from pgbroker.install import InstallResult, install_async
+from pgbroker.job_headers import with_job_headers
 from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, AsyncSubscription, Waiting, conninfo_of
 from pgbroker.liveness import server_has_written
 from pgbroker.models import (
@@ -117,10 +121,17 @@ class AsyncConnectionExecutor:
 class AsyncQueue:
     """One queue, bound to an executor. Get it from AsyncBroker.queue() or AsyncTransaction.queue()."""
 
-    def __init__(self, name: str, executor: AsyncExecutor, listener: AsyncListener) -> None:
+    def __init__(
+        self,
+        name: str,
+        executor: AsyncExecutor,
+        listener: AsyncListener,
+        default_codecs: DefaultCodecs | None = None,
+    ) -> None:
         self.name = name
         self._executor = executor
         self._listener = listener
+        self._default_codecs = default_codecs or DefaultCodecs()
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self.name!r})"
@@ -134,10 +145,23 @@ class AsyncQueue:
         headers: Mapping[str, Any] | None = None,
         delay: Delay | None = None,
         wait: float | timedelta = 0,
+        codec: CodecLike | None = None,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        concurrency_key: str | None = None,
     ) -> int:
-        """Send one message; returns its msg_id. ``wait``: see send_many."""
+        """Send one message; returns its msg_id. ``wait`` and ``codec``: see send_many.
+
+        ``priority``: higher is read first (default 0). ``dedup_key``: while the key is taken
+        (the queue's dedup window or mode) nothing is stored and the first message's msg_id is
+        returned. ``concurrency_key``: the queue's max_in_flight_per_key counts per key. They
+        travel as the x-pgbroker-* headers (pgbroker.job_headers).
+        """
+        headers = with_job_headers(
+            headers, priority=priority, dedup_key=dedup_key, concurrency_key=concurrency_key
+        )
         sent = await self.send_many(
-            [message], headers=None if headers is None else [headers], delay=delay, wait=wait
+            [message], headers=None if headers is None else [headers], delay=delay, wait=wait, codec=codec
         )
         return sent[0]
 
@@ -148,14 +172,19 @@ class AsyncQueue:
         headers: Sequence[Mapping[str, Any] | None] | None = None,
         delay: Delay | None = None,
         wait: float | timedelta = 0,
+        codec: CodecLike | None = None,
     ) -> list[int]:
         """Send messages in one statement; returns their msg_ids in order.
+
+        ``codec`` (a name such as "msgpack" or "avro:shop.Order", or a pgbroker.codecs.Codec)
+        encodes the bodies; None uses the queue's policy's codec (JSON unless set).
 
         A queue at its policy's max_depth refuses the send with QueueFull at once; with
         ``wait`` > 0 the send is tried again, less and less often, for up to that many
         seconds (inside a transaction, each try in a savepoint).
         """
-        query = q.message_send_many(self.name, messages, headers=headers, delay=delay)
+        chosen = await self._codec(codec)
+        query = q.message_send_many(self.name, messages, headers=headers, delay=delay, codec=chosen)
         retry = Patience(*SEND_RETRY, within=q.duration(wait, "wait"))
         run = self._executor.run_in_savepoint if wait else self._executor.run
         while True:
@@ -166,6 +195,16 @@ class AsyncQueue:
                 if pause is None:
                     raise
                 await asyncio.sleep(pause)
+
+    async def _codec(self, codec: CodecLike | None) -> Codec | None:
+        """The codec of a send: the one given, else the queue's default; None for plain JSON."""
+        if codec is None:
+            codec = self._default_codecs.cached(self.name)
+            if codec is None:
+                codec = await self._executor.run(q.queue_codec(self.name))
+                self._default_codecs.remember(self.name, codec)
+        chosen = codecs.get(codec)
+        return None if chosen.name == "json" else chosen
 
     # reading
 
@@ -337,7 +376,16 @@ class AsyncQueue:
 
     async def set_policy(self, **changes: Unpack[PolicyChanges]) -> Policy:
         """Change the settings given (see PolicyChanges); returns the policy now in force."""
+        self._default_codecs.forget(self.name)
         return await self._executor.run(q.policy_set(self.name, changes))
+
+    async def pause(self) -> bool:
+        """Stop every read of the queue (sends go on); False if it was paused already."""
+        return await self._executor.run(q.queue_pause(self.name))
+
+    async def resume(self) -> bool:
+        """Let reads take messages again; False if the queue was not paused."""
+        return await self._executor.run(q.queue_resume(self.name))
 
     async def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
         """This queue's dead letters, oldest first; their headers say why (x-pgbroker-dead-letter)."""
@@ -354,6 +402,10 @@ class AsyncQueue:
     async def trim_archive(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
         """Apply the archive retention to at most batch_size rows; returns how many went (repeat until 0)."""
         return await self._executor.run(q.archive_trim(self.name, batch_size))
+
+    async def trim_dedup_keys(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size dedup keys whose time is over; returns how many (repeat until 0)."""
+        return await self._executor.run(q.dedup_keys_trim(self.name, batch_size))
 
     # unfenced, by msg_id (pgmq's semantics)
 
@@ -404,13 +456,16 @@ class AsyncQueue:
 class AsyncTransaction:
     """A transaction on one connection, shared by the caller's own SQL and pgbroker's."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], listener: AsyncListener) -> None:
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], listener: AsyncListener, default_codecs: DefaultCodecs
+    ) -> None:
         self.connection = conn
         self._executor = AsyncConnectionExecutor(conn)
         self._listener = listener
+        self._default_codecs = default_codecs
 
     def queue(self, name: str) -> AsyncQueue:
-        return AsyncQueue(name, self._executor, self._listener)
+        return AsyncQueue(name, self._executor, self._listener, self._default_codecs)
 
 
 class AsyncBroker:
@@ -433,6 +488,7 @@ class AsyncBroker:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
         self._listener = AsyncListener(self._listen_conninfo, poll_interval)
+        self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: AsyncConnectionPool | None = None
         self._connection = connection
         if connection is None and pool is None:
@@ -484,7 +540,7 @@ class AsyncBroker:
     async def transaction(self) -> AsyncIterator[AsyncTransaction]:
         """A transaction whose queue operations commit or roll back with the caller's own SQL."""
         async with self.connection() as conn, conn.transaction():
-            yield AsyncTransaction(conn, self._listener)
+            yield AsyncTransaction(conn, self._listener, self._default_codecs)
 
     async def _listen_conninfo(self) -> str:
         direct = listen_dsn()  # behind a transaction pooler, LISTEN needs a connection of its own
@@ -499,7 +555,7 @@ class AsyncBroker:
             return await install_async(conn)
 
     def queue(self, name: str) -> AsyncQueue:
-        return AsyncQueue(name, self._executor, self._listener)
+        return AsyncQueue(name, self._executor, self._listener, self._default_codecs)
 
     async def create_queue(self, name: str, *, unlogged: bool = False, notify: bool = False) -> AsyncQueue:
         """Create a queue if it does not exist (idempotent) and return it.
@@ -534,6 +590,10 @@ class AsyncBroker:
     async def policies(self) -> list[Policy]:
         """Every queue's policy, by queue name."""
         return await self._executor.run(q.policy_list())
+
+    async def trim_dedup_keys(self, queue: str | None = None, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size expired dedup keys of every queue (or of one); repeat until 0."""
+        return await self._executor.run(q.dedup_keys_trim(queue, batch_size))
 
     # schedules (sql/schema/78_schedules.sql): the engine decides what is sent and when
 

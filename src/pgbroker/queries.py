@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
-from pgbroker import sql
+from pgbroker import codecs, sql
+from pgbroker.codecs import Codec, CodecError
 from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, StaleReceipt
 from pgbroker.models import (
     Message,
@@ -124,8 +125,17 @@ def receipt_of(item: Receivable) -> Receipt:
 
 def _message(row: Row) -> Message:
     receipt = Receipt.parse(row[7]) if len(row) > 7 and row[7] is not None else None
-    msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers = row[:7]
-    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, receipt)
+    msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers = row[:7]
+    if not isinstance(stored, dict):  # only an object can be an envelope: the JSON fast path
+        return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt)
+    try:
+        body = codecs.from_stored(stored)
+    except CodecError as exc:
+        # Not an error of the read: the message is leased all the same, and the caller decides
+        # (the worker fails it, so that it is retried and, in the end, dead-lettered).
+        name = codecs.envelope_codec(stored)
+        return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, name, exc)
+    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, body.value, headers, receipt, body.codec)
 
 
 def _messages(rows: list[Row]) -> list[Message]:
@@ -180,6 +190,14 @@ def queue_purge(queue: str) -> Query[int]:
     return Query(_named("queue_purge"), {"queue": queue}, _scalar)
 
 
+def queue_pause(queue: str) -> Query[bool]:
+    return Query(_named("queue_pause"), {"queue": queue}, _scalar)
+
+
+def queue_resume(queue: str) -> Query[bool]:
+    return Query(_named("queue_resume"), {"queue": queue}, _scalar)
+
+
 # As pgmq.enable_notify_insert's default.
 DEFAULT_NOTIFY_THROTTLE_MS = 250
 
@@ -211,8 +229,10 @@ def message_send_many(
     *,
     headers: Sequence[Mapping[str, Any] | None] | None = None,
     delay: Delay | None = None,
+    codec: Codec | None = None,
 ) -> Query[list[int]]:
-    encoded = [encode_json(m) for m in messages]
+    """``codec`` None: JSON, as pgmq stores it; another codec stores each body in an envelope."""
+    encoded = [encode_json(m) if codec is None else codecs.to_stored_text(m, codec) for m in messages]
     if not encoded:
         raise InvalidArgument("messages must not be empty", hint="Pass at least one message.")
     encoded_headers = None
@@ -384,11 +404,27 @@ def message_peek_many(
 
 
 def _peeked(rows: list[Row]) -> list[PeekedMessage]:
-    # The receipt stays None: a peek takes no lease.
-    return [
-        PeekedMessage(msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, state=state)
-        for msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, state in rows
-    ]
+    """Each row's message decoded as a read decodes it (its codec), with its state; the receipt
+    stays None: a peek takes no lease."""
+    peeked = []
+    for row in rows:
+        m = _message(row[:7])
+        peeked.append(
+            PeekedMessage(
+                m.msg_id,
+                m.read_ct,
+                m.enqueued_at,
+                m.last_read_at,
+                m.vt,
+                m.message,
+                m.headers,
+                None,
+                m.codec,
+                m.codec_error,
+                state=row[7],
+            )
+        )
+    return peeked
 
 
 # -- outcomes by policy, dead letters and retention ------------------------------
@@ -441,13 +477,17 @@ _POLICY_LIMITS = {
     "max_depth": _BIGINT_MAX,
     "archive_retention_seconds": _BIGINT_MAX,
     "archive_max_rows": _BIGINT_MAX,
+    "dedup_window_seconds": _INTEGER_MAX,
+    "max_in_flight": _INTEGER_MAX,
+    "max_in_flight_per_key": _INTEGER_MAX,
 }
-_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode")
+_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode", "codec", "dedup_mode")
+_POLICY_FLAGS = ("backoff_jitter", "priorities")
 
 
 def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
     """Change the settings given; the server checks their values (InvalidArgument naming the setting)."""
-    settings = [*_POLICY_LIMITS, *_POLICY_TEXTS, "backoff_jitter"]
+    settings = [*_POLICY_LIMITS, *_POLICY_TEXTS, *_POLICY_FLAGS, "rate_limit_per_second"]
     params: dict[str, Any] = {"queue": queue, **dict.fromkeys(settings)}
     for name, value in changes.items():
         if name not in settings:
@@ -461,10 +501,19 @@ def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
             raise InvalidArgument(f"{name} must be a whole number up to {limit}, got {value!r}")
         if name in _POLICY_TEXTS and not isinstance(value, str):
             raise InvalidArgument(f"{name} must be a string, got {value!r}")
-        if name == "backoff_jitter" and not isinstance(value, bool):
-            raise InvalidArgument(f"backoff_jitter must be True or False, got {value!r}")
+        if name in _POLICY_FLAGS and not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+        if name == "rate_limit_per_second" and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value != value
+        ):
+            raise InvalidArgument(f"rate_limit_per_second must be a number, got {value!r}")
         params[name] = value
     return Query(_named("policy_set"), params, lambda rows: _policies(rows)[0])
+
+
+def queue_codec(queue: str) -> Query[str]:
+    """The codec name a queue's sends use by default (its policy's; 'json' without one)."""
+    return Query(_named("queue_codec"), {"queue": queue}, _scalar)
 
 
 def _optional_ids(msg_ids: Iterable[int] | None) -> list[int] | None:
@@ -497,6 +546,12 @@ def archive_trim(queue: str, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]
     """One batch of archive retention; returns the rows deleted (repeat until 0)."""
     params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
     return Query(_named("archive_trim"), params, _scalar)
+
+
+def dedup_keys_trim(queue: str | None, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
+    """One batch of expired dedup keys removed; returns how many (repeat until 0)."""
+    params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
+    return Query(_named("dedup_keys_trim"), params, _scalar)
 
 
 # -- the RabbitMQ bridge ------------------------------------------------------------

@@ -210,7 +210,8 @@ class Worker:
     pgmq's default 250 ms throttle), so an idle worker sleeps until a send. poll_min and
     poll_max: the fallback polls of an empty queue, doubling from one to the other.
     grace_period: seconds a stopping worker waits for its handlers. maintain_every: apply
-    the archive retention every so many seconds (None: leave it to `pgbroker maintain`).
+    the archive retention and forget expired dedup keys every so many seconds (None: leave it
+    to `pgbroker maintain`).
     """
 
     def __init__(
@@ -423,6 +424,10 @@ class Worker:
             await self._fail(queue, message, lease, error)
 
     async def _handle(self, threads: HandlerThreads | None, message: Message) -> Exception | None:
+        if message.codec_error is not None:
+            # The body cannot be decoded here (pgbroker.codecs): a failed delivery, so that the
+            # policy retries it (another process may know the codec) and, in the end, dead-letters it.
+            return message.codec_error
         try:
             if threads is None:
                 await self.handler(message)
@@ -555,6 +560,8 @@ class Worker:
                 # Each batch is its own short transaction.
                 while batch := await queue.trim_archive():
                     trimmed += batch
+                while await queue.trim_dedup_keys():  # expired dedup keys (34_dedup.sql)
+                    pass
             except Exception as exc:
                 _log(logging.WARNING, "worker.maintenance_failed", queue=self.queue, error=exc)
             if trimmed:

@@ -160,7 +160,7 @@ async def test_every_route_is_in_the_spec_with_the_scope_it_enforces(
         for method in r.methods or ()
         if method != "HEAD"
     ]
-    assert len(served) == 29
+    assert len(served) == 31
     for path, method in served:
         operation = spec["paths"][path][method.lower()]
         scope = operation["x-pgbroker-scope"]
@@ -245,3 +245,15 @@ async def test_nul_characters_are_refused_by_the_model(
     # An escaped backslash before u0000 is no NUL.
     r = await client.post("/v1/queues/jobs/messages", content=b'{"message": "\\\\u0000"}', headers=admin)
     assert r.status_code == 201, r.text
+
+
+async def test_the_paused_gauge_follows_pause_and_resume(
+    client: httpx.AsyncClient, keys: dict[str, str]
+) -> None:
+    admin = auth(keys["admin"])
+    await client.post("/v1/queues", json={"name": "jobs"}, headers=admin)
+    assert samples((await client.get("/metrics", headers=admin)).text)[("pgbroker_queue_paused", "jobs")] == 0
+    await client.post("/v1/queues/jobs/pause", headers=admin)
+    assert samples((await client.get("/metrics", headers=admin)).text)[("pgbroker_queue_paused", "jobs")] == 1
+    await client.post("/v1/queues/jobs/resume", headers=admin)
+    assert samples((await client.get("/metrics", headers=admin)).text)[("pgbroker_queue_paused", "jobs")] == 0

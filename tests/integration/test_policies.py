@@ -184,6 +184,14 @@ def retry_delays(conn: Conn, policy: dict[str, Any], read_ct: int, samples: int 
         "archive_retention_seconds": None,
         "archive_max_rows": None,
         "updated_at": datetime.now(UTC),
+        "codec": "json",
+        "priorities": False,
+        "dedup_window_seconds": 300,
+        "dedup_mode": "window",
+        "max_in_flight": None,
+        "max_in_flight_per_key": None,
+        "rate_limit_per_second": None,
+        "paused": False,
         **policy,
     }
     columns = sql.SQL(", ").join(sql.Placeholder(k) for k in row)

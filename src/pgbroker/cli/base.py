@@ -41,6 +41,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker.client import Broker
+from pgbroker.codecs.json_view import json_view
 from pgbroker.dsn import connection_kwargs, resolve_dsn
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import (
@@ -409,7 +410,7 @@ def message_json(message: Message) -> str:
             "enqueued_at": message.enqueued_at.isoformat(),
             "last_read_at": message.last_read_at.isoformat() if message.last_read_at else None,
             "vt": message.vt.isoformat(),
-            "message": message.message,
+            "message": json_view(message.message),  # a binary codec's value in its JSON form
             "headers": message.headers,
             "receipt": str(message.receipt) if message.receipt else None,
         },

@@ -12,6 +12,7 @@ from pgbroker.cli import (
     dead_letters,
     keys,
     messages,
+    pause,
     peek,
     pipeline,
     policy,
@@ -27,7 +28,7 @@ __all__ = ["build_parser", "main"]
 # In the order `pgbroker --help` lists them. A module whose command needs an optional extra
 # (bridge, serve, pipeline) imports it only when the command runs.
 COMMAND_MODULES = (
-    queues, messages, peek, db, pipeline, worker, schedules, dead_letters, policy, bridge, keys, serve
+    queues, pause, messages, peek, db, pipeline, worker, schedules, dead_letters, policy, bridge, keys, serve
 )
 
 

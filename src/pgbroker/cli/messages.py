@@ -27,6 +27,7 @@ from pgbroker.cli.base import (
 )
 from pgbroker.client import Broker
 from pgbroker.errors import StaleReceipt
+from pgbroker.job_headers import with_job_headers
 from pgbroker.models import Receipt
 
 __all__ = ["register"]
@@ -38,6 +39,9 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
     sub.add_argument("--delay", type=whole_seconds, metavar="SECONDS", help="invisible for this long")
+    sub.add_argument("--priority", type=int, metavar="N", help="higher is read first (0)")
+    sub.add_argument("--dedup-key", metavar="KEY", help="not stored again while the key is taken")
+    sub.add_argument("--concurrency-key", metavar="KEY", help="the key max_in_flight_per_key counts by")
     sub.add_argument(
         "--batch-size", type=positive_int, default=500, metavar="N", help="stdin lines per statement (500)"
     )
@@ -80,6 +84,10 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
                 '--headers must be a JSON object, for example \'{"source": "cli"}\'', code=Exit.USAGE
             )
         headers = parsed
+    job = with_job_headers(
+        headers, priority=args.priority, dedup_key=args.dedup_key, concurrency_key=args.concurrency_key
+    )
+    headers = None if job is None else dict(job)
     if args.message is not None:
         print(queue.send(json_argument(args.message, "the message"), headers=headers, delay=args.delay))
         return Exit.OK

@@ -36,13 +36,15 @@ class QueueStats:
     dead_letter_length: int | None
     scrape_time: datetime
     total_consumed: int  # pgbroker.messages_consumed(): approximate, resets with the statistics
+    paused: bool  # pgbroker.pause()
 
 
 async def queue_stats(broker: AsyncBroker, exact_below: int = 10_000) -> list[QueueStats]:
     async with broker.connection() as conn:
         try:
             cur = await conn.execute(
-                "SELECT s.*, pgbroker.messages_consumed(s.queue_name) FROM pgbroker.queue_stats(%s) s",
+                "SELECT s.*, pgbroker.messages_consumed(s.queue_name), pgbroker.is_paused(s.queue_name)"
+                " FROM pgbroker.queue_stats(%s) s",
                 (exact_below,),
             )
             rows = await cur.fetchall()
@@ -65,6 +67,7 @@ class _QueueCollector(Collector):
         oldest = gauge("pgbroker_queue_oldest_message_age_seconds", "Age of the oldest message.")
         newest = gauge("pgbroker_queue_newest_message_age_seconds", "Age of the newest message.")
         dead = gauge("pgbroker_queue_dead_letters", "Dead letters of the queue (absent when costly).")
+        paused = gauge("pgbroker_queue_paused", "1 while the queue is paused: its reads return nothing.")
         sent = CounterMetricFamily(
             "pgbroker_queue_messages_sent",
             "Messages ever sent to the queue (its msg_id sequence).",
@@ -87,9 +90,10 @@ class _QueueCollector(Collector):
             newest.add_metric(labels, s.newest_msg_age_sec or 0.0)
             sent.add_metric(labels, s.total_sent)
             consumed.add_metric(labels, s.total_consumed)
+            paused.add_metric(labels, 1.0 if s.paused else 0.0)
             if s.dead_letter_length is not None:
                 dead.add_metric(labels, s.dead_letter_length)
-        yield from (length, visible, estimated, oldest, newest, sent, consumed, dead)
+        yield from (length, visible, estimated, oldest, newest, sent, consumed, dead, paused)
 
 
 class _ScheduleCollector(Collector):

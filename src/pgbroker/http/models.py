@@ -40,6 +40,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from pgbroker import models as core
+from pgbroker.codecs.json_view import json_view
 from pgbroker.http import metrics as prom
 from pgbroker.http.settings import Settings
 
@@ -299,6 +300,17 @@ class SendOne(OneForm, Delayed):
     excludes: ClassVar[str] = "messages"
     message: Annotated[JsonValue, Field(description="any JSON value jsonb can store (no NUL character)")]
     headers: Annotated[JsonObject | None, Field(description="the message's headers")] = None
+    # The job headers (pgbroker.job_headers), as the clients' send() takes them.
+    priority: Annotated[
+        int | None, Field(ge=-999_999_999, le=999_999_999, description="higher is read first (0)")
+    ] = None
+    dedup_key: Annotated[
+        str | None,
+        Field(min_length=1, max_length=512, description="while taken, the first message's msg_id answers"),
+    ] = None
+    concurrency_key: Annotated[
+        str | None, Field(min_length=1, max_length=512, description="what max_in_flight_per_key counts by")
+    ] = None
 
 
 class SendBatch(OneForm, Delayed):
@@ -507,7 +519,7 @@ class Message(Answer):
             enqueued_at=m.enqueued_at,
             last_read_at=m.last_read_at,
             vt=m.vt,
-            message=m.message,
+            message=json_view(m.message),  # a binary codec's value in its JSON form
             headers=m.headers,
             receipt=str(m.receipt) if m.receipt else None,
         )
@@ -562,6 +574,12 @@ class Deleted(Answer):
 
 class Purged(Answer):
     purged: int
+
+
+class PauseState(Answer):
+    queue_name: str
+    paused: bool
+    changed: Annotated[bool, Field(description="false when the queue was in that state already")]
 
 
 class ReplayedPair(Answer):

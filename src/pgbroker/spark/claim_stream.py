@@ -179,7 +179,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, ClaimPartition)
         with connect(self.options.dsn, role="reader") as conn:
-            yield from copy_batches(conn, partition.select(), partition.columns)
+            yield from copy_batches(conn, partition.select(), partition.columns, body=self.options.body)
 
     # -- helpers ----------------------------------------------------------------------------------
 

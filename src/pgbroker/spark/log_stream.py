@@ -159,7 +159,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, RangePartition)
         with connect(self.options.dsn, role="reader") as conn:
-            yield from copy_batches(conn, partition.select(), partition.columns, partition.settings)
+            select, body = partition.select(), self.options.body
+            yield from copy_batches(conn, select, partition.columns, partition.settings, body)
 
     # -- helpers ----------------------------------------------------------------------------------
 

@@ -122,7 +122,23 @@ SELECT * FROM pgbroker.set_policy(
     ack_mode => %(ack_mode)s::text,
     max_depth => %(max_depth)s::bigint,
     archive_retention_seconds => %(archive_retention_seconds)s::bigint,
-    archive_max_rows => %(archive_max_rows)s::bigint)
+    archive_max_rows => %(archive_max_rows)s::bigint,
+    codec => %(codec)s::text,
+    priorities => %(priorities)s::boolean,
+    dedup_window_seconds => %(dedup_window_seconds)s::integer,
+    dedup_mode => %(dedup_mode)s::text,
+    max_in_flight => %(max_in_flight)s::integer,
+    max_in_flight_per_key => %(max_in_flight_per_key)s::integer,
+    rate_limit_per_second => %(rate_limit_per_second)s::double precision)
+
+-- name: queue_codec
+SELECT pgbroker.queue_codec(%(queue)s)
+
+-- name: queue_pause
+SELECT pgbroker.pause(%(queue)s)
+
+-- name: queue_resume
+SELECT pgbroker.resume(%(queue)s)
 
 -- name: dead_letter_list
 SELECT * FROM pgbroker.dead_letters(%(queue)s, %(qty)s::integer, %(after)s::bigint)
@@ -135,6 +151,9 @@ SELECT pgbroker.purge_dead_letters(%(queue)s, %(msg_ids)s::bigint[])
 
 -- name: archive_trim
 SELECT pgbroker.trim_archive(%(queue)s, %(batch_size)s::integer)
+
+-- name: dedup_keys_trim
+SELECT pgbroker.trim_dedup_keys(%(queue)s, %(batch_size)s::integer)
 
 -- name: message_fail_many
 SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text)

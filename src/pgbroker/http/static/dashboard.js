@@ -194,6 +194,9 @@ function queueRow(tbody, queue) {
   if (isAdmin()) {
     button(actions, "purge", "purge", "admin").onclick = () => purge(queue);
     button(actions, "replay dead letters", "replay", "admin").onclick = () => replay(queue);
+    // Its label follows the queue's state (renderTable): "pause" or "resume".
+    const toggle = button(actions, "pause", "pause-toggle", "admin");
+    toggle.onclick = () => setPaused(queue, toggle.dataset.paused !== "true");
   }
   tbody.appendChild(row);
   return row;
@@ -217,6 +220,22 @@ function renderTable(queues) {
       "dead-letters": q.dead_letter_length == null ? "?" : formatNumber(q.dead_letter_length),
     };
     for (const [field, text] of Object.entries(values)) row.querySelector(`td.${field}`).textContent = text;
+    row.classList.toggle("paused", Boolean(q.paused));
+    const toggle = row.querySelector('button[data-action="pause-toggle"]');
+    if (toggle) {
+      toggle.dataset.paused = String(Boolean(q.paused));
+      toggle.textContent = q.paused ? "resume" : "pause";
+    }
+  }
+}
+
+async function setPaused(queue, paused) {
+  try {
+    await api(queuePath(queue, paused ? "pause" : "resume"), { method: "POST" });
+    setStatus(paused ? `paused ${queue}: its reads return nothing until resumed` : `resumed ${queue}`);
+    await poll();
+  } catch (e) {
+    setStatus(e.message, true);
   }
 }
 
@@ -404,7 +423,7 @@ async function loadSchedules() {
   for (const row of [...tbody.rows]) if (!present.has(row.dataset.schedule)) row.remove();
   for (const s of schedules) {
     const row = scheduleRow(tbody, s.name);
-    row.classList.toggle("paused", s.paused);
+    row.classList.toggle("schedule-paused", s.paused);
     const values = {
       queue: s.queue_name,
       cron: `${s.cron} (${s.timezone})`,

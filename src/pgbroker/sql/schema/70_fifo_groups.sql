@@ -203,7 +203,7 @@ BEGIN
         RETURN;
     END IF;
     PERFORM pgbroker._pgmq_check_read_args(vt, qty);
-    IF qty = 0 THEN
+    IF qty = 0 OR pgbroker.is_paused(queue_name) THEN  -- paused: 20_policies.sql
         RETURN;
     END IF;
     EXECUTE pgbroker._fifo_heads_sql(qtable) INTO candidates USING clock_timestamp();

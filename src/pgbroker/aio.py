@@ -35,10 +35,23 @@ from pgbroker.install import InstallResult, install_async
 from pgbroker.job_headers import with_job_headers
 from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, AsyncSubscription, Waiting, conninfo_of
 from pgbroker.liveness import server_has_written
-from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
+from pgbroker.models import (
+    Message,
+    Metrics,
+    PeekedMessage,
+    Policy,
+    PolicyChanges,
+    QueueInfo,
+    Receipt,
+    Schedule,
+    ScheduleTick,
+)
 from pgbroker.queries import Delay, Query, Receivable
 
 T = TypeVar("T")
+
+# The listener's key for the schedules channel: not a queue name (those cannot hold a space).
+_SCHEDULES_KEY = " schedules"
 
 # True here; the generator drops this line and every `if ASYNC:` block (mypy: always_true).
 ASYNC = True
@@ -258,9 +271,33 @@ class AsyncQueue:
                 for message in await self.read_many(batch_size, vt=vt, wait=idle_wait):
                     yield message
 
-    async def peek(self, qty: int = 10, *, after: int = 0) -> list[Message]:
-        """Up to qty messages with msg_id > ``after``, oldest first, without leasing them."""
-        return await self._executor.run(q.message_peek_many(self.name, qty, after=after))
+    async def peek(
+        self,
+        qty: int = 10,
+        *,
+        after: int = 0,
+        state: str | None = None,
+        before: int | None = None,
+        header: str | None = None,
+        header_value: str | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+    ) -> list[PeekedMessage]:
+        """Up to qty messages with msg_id > ``after`` (and <= ``before``), oldest first, without
+        leasing or changing them, each with its state; filters as in pgbroker.queries.message_peek_many.
+        The next page: ``after=`` the last msg_id of this one."""
+        query = q.message_peek_many(
+            self.name,
+            qty,
+            after=after,
+            state=state,
+            before=before,
+            header=header,
+            header_value=header_value,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+        )
+        return await self._executor.run(query)
 
     async def pop(self) -> Message | None:
         """Delete and return the oldest visible message (at-most-once delivery)."""
@@ -557,3 +594,55 @@ class AsyncBroker:
     async def trim_dedup_keys(self, queue: str | None = None, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
         """Forget at most batch_size expired dedup keys of every queue (or of one); repeat until 0."""
         return await self._executor.run(q.dedup_keys_trim(queue, batch_size))
+
+    # schedules (sql/schema/78_schedules.sql): the engine decides what is sent and when
+
+    async def add_schedule(
+        self,
+        name: str,
+        queue: str,
+        cron: str,
+        message: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        replace: bool = False,
+    ) -> Schedule:
+        """Send ``message`` to ``queue`` at every tick of ``cron`` (5 fields) in ``timezone`` (IANA).
+
+        A schedule of that name is refused (InvalidArgument) unless ``replace``. Ticks are sent by
+        schedulers: every worker runs one (pgbroker.app.serve), ``pgbroker scheduler`` runs one
+        alone, or call run_due_schedules().
+        """
+        query = q.schedule_add(
+            name, queue, cron, message, headers=headers, timezone=timezone, replace=replace
+        )
+        return await self._executor.run(query)
+
+    async def schedules(self) -> list[Schedule]:
+        return await self._executor.run(q.schedule_list())
+
+    async def remove_schedule(self, name: str) -> bool:
+        """Remove a schedule; False when there was none of that name."""
+        return await self._executor.run(q.schedule_remove(name))
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        return await self._executor.run(q.schedule_pause(name))
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """Run a paused schedule again from its next tick after now (a pause is not caught up)."""
+        return await self._executor.run(q.schedule_resume(name))
+
+    async def run_due_schedules(self, as_of: datetime | None = None) -> list[ScheduleTick]:
+        """Send every due tick once (however many schedulers call this); see pgbroker.schedule_tick."""
+        return await self._executor.run(q.schedule_tick(as_of))
+
+    async def schedule_next_wake(self) -> float | None:
+        """Seconds until the next tick of any running schedule (0: one is due); None without one."""
+        return await self._executor.run(q.schedule_next_wake())
+
+    async def listen_schedules(self, timeout: float = 5.0) -> AsyncSubscription:
+        """Wake-ups when schedules are added, changed, paused, resumed or removed."""
+        return await self._listener.subscribe(
+            _SCHEDULES_KEY, lambda: self._executor.run(q.schedules_channel()), timeout
+        )

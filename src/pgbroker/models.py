@@ -72,6 +72,18 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class PeekedMessage(Message):
+    """A message as a peek saw it (pgbroker.peek): no lease was taken, so ``receipt`` is None.
+
+    ``state``: 'waiting' (a read would deliver it), 'delayed' (sent with a delay not yet
+    passed), 'in_flight' (delivered, its visibility timeout still running) or 'dead' (a dead
+    letter of the queue).
+    """
+
+    state: str = "waiting"
+
+
+@dataclass(frozen=True, slots=True)
 class QueueInfo:
     """A row of pgmq.list_queues()."""
 
@@ -153,3 +165,36 @@ class PolicyChanges(TypedDict, total=False):
     max_in_flight: int
     max_in_flight_per_key: int
     rate_limit_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A cron schedule (pgbroker.schedule_list()): sends ``message`` to ``queue_name`` at every tick.
+
+    ``next_run`` is the next tick; ``last_run`` the last tick sent (or refused: then
+    ``last_error`` says why and ``last_msg_id`` is None).
+    """
+
+    name: str
+    queue_name: str
+    cron: str
+    timezone: str
+    message: Any
+    headers: dict[str, Any] | None
+    paused: bool
+    next_run: datetime
+    last_run: datetime | None
+    last_msg_id: int | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTick:
+    """A tick a scheduler handled: the msg_id it sent, or the error that refused the send."""
+
+    schedule_name: str
+    tick: datetime
+    msg_id: int | None
+    error: str | None

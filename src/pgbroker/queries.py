@@ -18,7 +18,17 @@ from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 from pgbroker import codecs, sql
 from pgbroker.codecs import Codec, CodecError
 from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, StaleReceipt
-from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
+from pgbroker.models import (
+    Message,
+    Metrics,
+    PeekedMessage,
+    Policy,
+    PolicyChanges,
+    QueueInfo,
+    Receipt,
+    Schedule,
+    ScheduleTick,
+)
 
 T = TypeVar("T")
 Row: TypeAlias = tuple[Any, ...]
@@ -353,10 +363,68 @@ def message_set_vt_many(
     return Query(_named("message_set_vt_seconds"), {**params, "vt": _seconds(vt, "vt")}, _messages)
 
 
-def message_peek_many(queue: str, qty: int, *, after: int = 0) -> Query[list[Message]]:
-    """Messages after msg_id ``after``, oldest first, without leasing them."""
-    params = {"queue": queue, "qty": _count(qty, "qty"), "after": _msg_ids([after])[0]}
-    return Query(_named("message_peek_many"), params, _messages)
+PEEK_STATES = ("waiting", "delayed", "in_flight", "dead")
+
+
+def message_peek_many(
+    queue: str,
+    qty: int,
+    *,
+    after: int = 0,
+    state: str | None = None,
+    before: int | None = None,
+    header: str | None = None,
+    header_value: str | None = None,
+    enqueued_after: datetime | None = None,
+    enqueued_before: datetime | None = None,
+) -> Query[list[PeekedMessage]]:
+    """Messages with after < msg_id <= before, oldest first, without leasing or changing them:
+    in ``state`` (one of PEEK_STATES; None: every state but dead), with ``header`` (equal to
+    ``header_value`` when given), enqueued in [enqueued_after, enqueued_before)."""
+    if state is not None and state not in PEEK_STATES:
+        raise InvalidArgument(f"unknown message state {state!r}", hint=f"States: {', '.join(PEEK_STATES)}.")
+    for name, value in (("header", header), ("header_value", header_value)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgument(f"{name} must be a string, got {value!r}")
+    for name, moment in (("enqueued_after", enqueued_after), ("enqueued_before", enqueued_before)):
+        if moment is not None and (not isinstance(moment, datetime) or moment.tzinfo is None):
+            raise InvalidArgument(f"{name} must be a timezone-aware datetime, got {moment!r}")
+    params = {
+        "queue": queue,
+        "qty": _count(qty, "qty"),
+        "after": _msg_ids([after])[0],
+        "state": state,
+        "before": None if before is None else _msg_ids([before])[0],
+        "header_key": header,
+        "header_value": header_value,
+        "enqueued_after": enqueued_after,
+        "enqueued_before": enqueued_before,
+    }
+    return Query(_named("message_peek_many"), params, _peeked)
+
+
+def _peeked(rows: list[Row]) -> list[PeekedMessage]:
+    """Each row's message decoded as a read decodes it (its codec), with its state; the receipt
+    stays None: a peek takes no lease."""
+    peeked = []
+    for row in rows:
+        m = _message(row[:7])
+        peeked.append(
+            PeekedMessage(
+                m.msg_id,
+                m.read_ct,
+                m.enqueued_at,
+                m.last_read_at,
+                m.vt,
+                m.message,
+                m.headers,
+                None,
+                m.codec,
+                m.codec_error,
+                state=row[7],
+            )
+        )
+    return peeked
 
 
 # -- outcomes by policy, dead letters and retention ------------------------------
@@ -535,3 +603,73 @@ def inbound_seen_prune(seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH)
         "batch_size": _count(batch_size, "batch_size"),
     }
     return Query(_named("inbound_seen_prune"), params, _scalar)
+
+
+# -- schedules (sql/schema/78_schedules.sql) ------------------------------------------
+
+
+def _schedules(rows: list[Row]) -> list[Schedule]:
+    return [Schedule(*row) for row in rows]
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a string, got {value!r}")
+    return value
+
+
+def schedule_add(
+    name: str,
+    queue: str,
+    cron: str,
+    message: Any,
+    *,
+    headers: Mapping[str, Any] | None = None,
+    timezone: str = "UTC",
+    replace: bool = False,
+) -> Query[Schedule]:
+    """Add a schedule (the server checks the cron expression, the time zone and the queue)."""
+    params = {
+        "name": _text(name, "schedule name"),
+        "queue": _text(queue, "queue"),
+        "cron": _text(cron, "cron"),
+        "message": encode_json(message),
+        "headers": _headers_object(headers),
+        "timezone": _text(timezone, "timezone"),
+        "replace": bool(replace),
+    }
+    return Query(_named("schedule_add"), params, lambda rows: _schedules(rows)[0])
+
+
+def schedule_list() -> Query[list[Schedule]]:
+    return Query(_named("schedule_list"), {}, _schedules)
+
+
+def schedule_remove(name: str) -> Query[bool]:
+    return Query(_named("schedule_remove"), {"name": _text(name, "schedule name")}, _scalar)
+
+
+def schedule_pause(name: str) -> Query[Schedule]:
+    params = {"name": _text(name, "schedule name")}
+    return Query(_named("schedule_pause"), params, lambda rows: _schedules(rows)[0])
+
+
+def schedule_resume(name: str) -> Query[Schedule]:
+    params = {"name": _text(name, "schedule name")}
+    return Query(_named("schedule_resume"), params, lambda rows: _schedules(rows)[0])
+
+
+def schedule_tick(as_of: datetime | None = None) -> Query[list[ScheduleTick]]:
+    """Send every due tick (as of ``as_of``, default now) once, whoever else is ticking."""
+    if as_of is not None and (not isinstance(as_of, datetime) or as_of.tzinfo is None):
+        raise InvalidArgument(f"as_of must be a timezone-aware datetime, got {as_of!r}")
+    return Query(_named("schedule_tick"), {"as_of": as_of}, lambda rows: [ScheduleTick(*r) for r in rows])
+
+
+def schedule_next_wake() -> Query[float | None]:
+    """Seconds until the next tick of any running schedule (0: one is due), None without one."""
+    return Query(_named("schedule_next_wake"), {}, _scalar)
+
+
+def schedules_channel() -> Query[str]:
+    return Query(_named("schedules_channel"), {}, _scalar)

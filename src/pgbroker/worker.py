@@ -43,7 +43,7 @@ from pgbroker.aio import AsyncBroker, AsyncQueue
 from pgbroker.backoff import Backoff, Patience
 from pgbroker.errors import DatabaseError, InvalidArgument, PgbrokerError, QueueNotFound, StaleReceipt
 from pgbroker.handler_threads import HandlerThreads
-from pgbroker.listen import AsyncSubscription
+from pgbroker.listen import AsyncSubscription, nap
 from pgbroker.models import Message, Receipt
 
 __all__ = ["Handler", "Worker", "WorkerStats"]
@@ -380,12 +380,7 @@ class Worker:
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
         """Sleep until a notification of a send, stop(), or ``seconds`` have passed."""
-        sleepers: list[asyncio.Future[bool]] = [asyncio.ensure_future(self._stopping.wait())]
-        if subscription is not None:
-            sleepers.append(asyncio.ensure_future(subscription.wait(seconds)))
-        await asyncio.wait(sleepers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        for sleeper in sleepers:
-            sleeper.cancel()
+        await nap(self._stopping, subscription, seconds)
 
     # -- one message -----------------------------------------------------------------------
 

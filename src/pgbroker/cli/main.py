@@ -13,9 +13,11 @@ from pgbroker.cli import (
     keys,
     messages,
     pause,
+    peek,
     pipeline,
     policy,
     queues,
+    schedules,
     serve,
     worker,
 )
@@ -25,7 +27,9 @@ __all__ = ["build_parser", "main"]
 
 # In the order `pgbroker --help` lists them. A module whose command needs an optional extra
 # (bridge, serve, pipeline) imports it only when the command runs.
-COMMAND_MODULES = (queues, pause, messages, db, pipeline, worker, dead_letters, policy, bridge, keys, serve)
+COMMAND_MODULES = (
+    queues, pause, messages, peek, db, pipeline, worker, schedules, dead_letters, policy, bridge, keys, serve
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -80,6 +80,7 @@ ERROR_CODES: dict[str, int] = {
     "unauthorized": 401,
     "forbidden": 403,
     "not_found": 404,
+    "schedule_not_found": 404,
     "method_not_allowed": 405,
     "request_too_large": 413,
     "rate_limited": 429,

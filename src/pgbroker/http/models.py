@@ -441,6 +441,71 @@ class DeadLetterQuery(BaseModel):
     ] = 0
 
 
+# -- peek and schedules: queries and bodies (routes/peek.py, routes/schedules.py) ----------------
+
+
+def _query_moment(value: Any) -> Any:
+    """An ISO 8601 query string as its datetime; a time without a zone is refused (ambiguous)."""
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return value  # the strict datetime check refuses it, naming the parameter
+        if moment.tzinfo is None:
+            raise ValueError("give a time zone (e.g. 2025-01-31T12:00:00Z)")
+        return moment
+    return value
+
+
+QueryMoment = Annotated[datetime | None, BeforeValidator(_query_moment)]
+
+
+class PeekQuery(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    state: Annotated[
+        Literal["waiting", "delayed", "in_flight", "dead"] | None,
+        Field(description="only messages in this state (absent: every state but dead)"),
+    ] = None
+    limit: Annotated[
+        int, Field(ge=1, description="at most this many"), BeforeValidator(_query_digits), Limit("max_batch")
+    ] = 20
+    after: Annotated[
+        int,
+        Field(ge=0, le=BIGINT_MAX, description="only messages with a larger msg_id (paging: next_after)"),
+        BeforeValidator(_query_digits),
+    ] = 0
+    before: Annotated[
+        int | None,
+        Field(ge=0, le=BIGINT_MAX, description="only messages with this msg_id or a smaller one"),
+        BeforeValidator(_query_digits),
+    ] = None
+    header: Annotated[Text | None, Field(min_length=1, description="only messages with this header")] = None
+    header_value: Annotated[Text | None, Field(description="...whose value, as text, is this")] = None
+    enqueued_after: Annotated[QueryMoment, Field(description="enqueued at or after, ISO 8601")] = None
+    enqueued_before: Annotated[QueryMoment, Field(description="enqueued before, ISO 8601")] = None
+
+    @model_validator(mode="after")
+    def _value_needs_header(self) -> PeekQuery:
+        if self.header_value is not None and self.header is None:
+            raise ValueError("header_value needs header")
+        return self
+
+
+ScheduleName = Annotated[str, StringConstraints(pattern="^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")]
+# Text a database can store: no NUL character.
+Text = Annotated[str, StringConstraints(pattern="^[^\\x00]*$")]
+
+
+class AddSchedule(Body):
+    name: Annotated[ScheduleName, Field(description="1 to 100 letters, digits, _ . : or -")]
+    queue: QueueName
+    cron: Annotated[Text, Field(description="5 fields, e.g. '*/5 * * * *', or @hourly, @daily, ...")]
+    message: Annotated[JsonValue, Field(description="the message each tick sends")]
+    headers: Annotated[JsonObject | None, Field(description="its headers")] = None
+    timezone: Annotated[Text, Field(description="an IANA time zone")] = "UTC"
+    replace: Annotated[bool, Field(description="redefine a schedule of that name")] = False
+
+
 # -- answers ------------------------------------------------------------------------------------
 
 
@@ -549,3 +614,23 @@ class KeyInfo(Answer):
 
 class Health(Answer):
     status: str
+
+
+# -- peek and schedules: answers -----------------------------------------------------------------
+
+
+class PeekedMessage(Message):
+    state: Annotated[str, Field(description="waiting, delayed, in_flight or dead")]
+
+
+class PeekedMessages(Answer):
+    messages: list[PeekedMessage]
+    next_after: Annotated[int | None, Field(description="the after of the next page; null: no more")]
+
+
+class ScheduleList(Answer):
+    schedules: list[core.Schedule]
+
+
+class ScheduleRemoved(Answer):
+    removed: str

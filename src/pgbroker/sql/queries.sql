@@ -100,7 +100,9 @@ FROM (SELECT (SELECT f.outcome FROM pgbroker.fail(%(queue)s, ARRAY[%(receipt)s::
       AS done) s
 
 -- name: message_peek_many
-SELECT * FROM pgbroker.peek(%(queue)s, %(qty)s::integer, %(after)s::bigint)
+SELECT * FROM pgbroker.peek(%(queue)s, %(qty)s::integer, %(after)s::bigint, %(state)s::text,
+                            %(before)s::bigint, %(header_key)s::text, %(header_value)s::text,
+                            %(enqueued_after)s::timestamptz, %(enqueued_before)s::timestamptz)
 
 -- name: policy_get
 SELECT * FROM pgbroker.policy(%(queue)s)
@@ -167,3 +169,30 @@ SELECT message_id, msg_id FROM pgbroker.receive_many(
 -- name: inbound_seen_prune
 SELECT pgbroker.prune_inbound_seen(make_interval(secs => %(seen_within)s::double precision),
                                    %(batch_size)s::integer)
+
+-- Schedules (sql/schema/78_schedules.sql) --------------------------------------
+
+-- name: schedule_add
+SELECT * FROM pgbroker.schedule_add(%(name)s, %(queue)s, %(cron)s, %(message)s::jsonb,
+                                    %(headers)s::jsonb, %(timezone)s, %(replace)s)
+
+-- name: schedule_list
+SELECT * FROM pgbroker.schedule_list()
+
+-- name: schedule_remove
+SELECT pgbroker.schedule_remove(%(name)s)
+
+-- name: schedule_pause
+SELECT * FROM pgbroker.schedule_pause(%(name)s)
+
+-- name: schedule_resume
+SELECT * FROM pgbroker.schedule_resume(%(name)s)
+
+-- name: schedule_tick
+SELECT schedule_name, tick, msg_id, error FROM pgbroker.schedule_tick(%(as_of)s::timestamptz)
+
+-- name: schedule_next_wake
+SELECT pgbroker.schedule_next_wake()
+
+-- name: schedules_channel
+SELECT pgbroker.schedules_channel()

@@ -701,17 +701,3 @@ RETURNS SETOF pgbroker.delivery LANGUAGE sql AS $$
                queue_name, coalesce(vt::text, 'NULL'), coalesce(qty::text, 'NULL'), conditional),
         max_poll_seconds, poll_interval_ms) m;
 $$;
-
--- Peek at messages without leasing them (dashboards, debugging).
-CREATE FUNCTION pgbroker.peek(queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    qtable text := pgbroker._table(queue_name);
-BEGIN
-    PERFORM pgbroker._check_read_args(0, qty);
-    RETURN QUERY EXECUTE format(
-        'SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM pgmq.%I'
-        ' WHERE msg_id > $1 ORDER BY msg_id LIMIT $2', qtable)
-    USING coalesce(after_msg_id, 0), qty;
-END;
-$$;

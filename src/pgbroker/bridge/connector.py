@@ -129,3 +129,9 @@ class Endpoint(Protocol[Connection_co]):
         """A connected Publisher or Receiver; BrokerUnreachable, BrokerAccessRefused or
         BrokerNotFound when that cannot be (the first open is not retried)."""
         ...
+
+
+def carried_headers(headers: Mapping[str, Any], own_prefix: str) -> dict[str, Any]:
+    """The headers a connector carries to its broker: all but pgbroker's own (x-pgbroker-*, kept
+    in Postgres) and those addressed to the connector itself (``own_prefix``, e.g. x-mqtt-)."""
+    return {k: v for k, v in headers.items() if not k.startswith(("x-pgbroker-", own_prefix))}

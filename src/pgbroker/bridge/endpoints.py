@@ -73,4 +73,8 @@ def _load(name: str) -> ModuleType:
         from pgbroker.bridge import rabbitmq
 
         return rabbitmq
+    if name == "redis_streams":
+        from pgbroker.bridge import redis_streams
+
+        return redis_streams
     raise ModuleNotFoundError(f"no connector module {name}", name=f"pgbroker.bridge.{name}")

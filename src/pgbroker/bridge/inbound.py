@@ -76,6 +76,8 @@ class InboundBridge:
         # A malformed URL, an unknown scheme or a missing client library fails here.
         self._endpoint = inbound_endpoint(url, source, queue, self.settings)
         self._stopping = asyncio.Event()
+        # Set while connected and receiving (an MQTT subscription, say, exists from then on).
+        self.receiving = asyncio.Event()
 
     @property
     def where(self) -> str:
@@ -104,10 +106,14 @@ class InboundBridge:
 
     async def _serve(self, receiver: Receiver) -> None:
         log.info("bridge.in.started queue=%s broker=%s", self._queue.name, self.where)
-        while not self._stopping.is_set():
-            batch = await receiver.receive(self.settings.batch_size, _POLL)
-            if batch:
-                await self._write(receiver, batch)
+        self.receiving.set()
+        try:
+            while not self._stopping.is_set():
+                batch = await receiver.receive(self.settings.batch_size, _POLL)
+                if batch:
+                    await self._write(receiver, batch)
+        finally:
+            self.receiving.clear()
 
     async def _write(self, receiver: Receiver, batch: list[Received]) -> None:
         try:

@@ -1,0 +1,199 @@
+"""Chaos for every connector beyond RabbitMQ (whose own is test_chaos.py): a `pgbroker bridge`
+process is SIGKILLed mid-run and the broker restarted once, and still
+
+  out  every message arrives; a message arrives twice only if it was read more than once (the
+       killed bridge's window, or a window cut off by the restart), with the same message id and
+       body;
+  in   the pgbroker queue holds each message exactly once.
+
+The broker is a private server the test starts (tests/bridge/servers.py), restarted gracefully
+with its data kept. moto's SQS endpoint keeps everything in memory, so a restart would lose the
+queue itself: the SQS runs kill the bridge and leave the endpoint alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pgbroker import Broker
+from tests.bridge.probes import Probe, body_of, probe, unique
+from tests.bridge.servers import KINDS, PrivateServer
+from tests.bridge.test_connectors import CONNECTORS
+from tests.conftest import scratch_dir
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+MESSAGES = 3000
+CHUNK = 25
+RESTARTABLE = {"redis", "nats", "mqtt"}  # moto would come back empty
+
+
+@pytest.fixture(params=CONNECTORS)
+def private(request: pytest.FixtureRequest) -> Iterator[PrivateServer]:
+    base = scratch_dir(f"pgbroker-{request.param}-")
+    node = PrivateServer(KINDS[request.param], base)
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+class BridgeProcess:
+    """A `pgbroker bridge ...` process; stderr to a file (a pipe could fill and block it)."""
+
+    def __init__(self, *args: str, dsn: str, logs: Path, env: dict[str, str]) -> None:
+        self.log = logs / f"bridge-{time.monotonic_ns()}.err"
+        with self.log.open("wb") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pgbroker.cli", *args, "--dsn", dsn, "-v"],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, **env},
+            )
+
+    def started(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"the bridge exited {self.process.returncode}:\n{self.log.read_text()}")
+        return "started" in self.log.read_text()
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> tuple[int, str]:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=30)
+        return code, self.log.read_text()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not done after {timeout} s")
+        time.sleep(0.1)
+
+
+def count(dsn: str, sql: str) -> int:
+    with Broker(dsn) as broker, broker.connection() as conn:
+        row = conn.execute(sql).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+def test_out_delivers_every_message_through_a_sigkill_and_a_broker_restart(
+    dsn: str, private: PrivateServer, tmp_path: Path
+) -> None:
+    kind = private.kind.name
+    check: Probe = probe(kind, private.port)
+    target = unique("chaos")
+    asyncio.run(check.prepare_out(target))
+    with Broker(dsn) as broker:
+        outbox = broker.create_queue("outbox")
+        outbox.set_policy(backoff_base_seconds=1, backoff_max_seconds=2)
+    options = ["bridge", "out", "--queue", "outbox", "--to", check.url(target)]
+    options += ["--lease", "3", "--batch-size", "50", "--confirm-timeout", "5"]
+    bridges = [BridgeProcess(*options, dsn=dsn, logs=tmp_path, env=check.env)]
+    published = "SELECT count(*) FROM pgmq.a_outbox"
+    killed = restarted = False
+    with Broker(dsn) as broker:
+        outbox = broker.queue("outbox")
+        for start in range(0, MESSAGES, CHUNK):
+            outbox.send_many([{"n": n} for n in range(start, start + CHUNK)])
+            time.sleep(0.03)
+            if not killed and start >= 0.3 * MESSAGES:
+                assert count(dsn, published) > 0, "the bridge publishes while messages come"
+                bridges[0].kill()
+                bridges.append(BridgeProcess(*options, dsn=dsn, logs=tmp_path, env=check.env))
+                killed = True
+            elif killed and not restarted and start >= 0.6 * MESSAGES and kind in RESTARTABLE:
+                private.restart()
+                restarted = True
+    assert killed
+    assert restarted or kind not in RESTARTABLE
+    wait_for(lambda: count(dsn, published) == MESSAGES, "all published", 45)
+    code, err = bridges[-1].stop()
+    assert code == 0, err
+
+    got = asyncio.run(check.published(target, expect=MESSAGES))
+    with Broker(dsn) as broker, broker.connection() as conn:
+        archive = {
+            m: (r, msg["n"])
+            for m, r, msg in conn.execute("SELECT msg_id, read_ct, message FROM pgmq.a_outbox")
+        }
+    seen = Counter(mid for mid, _ in got)
+    assert set(seen) == {str(m) for m in archive}, "every message arrives, with its msg_id"
+    duplicates = {int(mid or 0) for mid, n in seen.items() if n > 1}
+    assert all(archive[m][0] > 1 for m in duplicates), "a duplicate only for a message read more than once"
+    for mid, body in got:
+        assert json.loads(body) == {"n": archive[int(mid or 0)][1]}
+    print(f"{kind} out: {len(got)} received, {len(seen)} distinct, {len(duplicates)} duplicated,"
+          f" {sum(1 for r, _ in archive.values() if r > 1)} read more than once")  # fmt: skip
+
+
+def test_in_stores_each_message_once_through_a_sigkill_and_a_broker_restart(
+    dsn: str, private: PrivateServer, tmp_path: Path
+) -> None:
+    kind = private.kind.name
+    check: Probe = probe(kind, private.port)
+    source = unique("chaos")
+    asyncio.run(check.prepare_in(source))
+    with Broker(dsn) as broker:
+        broker.create_queue("inbox")
+    options = ["bridge", "in", "--from", check.url(source), "--queue", "inbox", "--declare"]
+    options += ["--batch-size", "50", "--ack-wait", "3", "--progress", "0.5"]
+    bridges = [BridgeProcess(*options, dsn=dsn, logs=tmp_path, env=check.env)]
+    wait_for(bridges[0].started, "the bridge subscribed", 20)
+    stored = "SELECT count(*) FROM pgmq.q_inbox"
+    killed = restarted = False
+
+    async def publish_all() -> None:
+        nonlocal killed, restarted
+        for start in range(0, MESSAGES, CHUNK):
+            chunk = [(f"m-{n}", body_of(n)) for n in range(start, start + CHUNK)]
+            deadline = time.monotonic() + 30
+            while True:  # the broker may be restarting: publish the chunk again (same ids)
+                try:
+                    await check.publish(source, chunk)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.3)
+            await asyncio.sleep(0.03)
+            if not killed and start >= 0.3 * MESSAGES:
+                assert count(dsn, stored) > 0, "the bridge stores while messages come"
+                bridges[0].kill()
+                bridges.append(BridgeProcess(*options, dsn=dsn, logs=tmp_path, env=check.env))
+                killed = True
+            elif killed and not restarted and start >= 0.6 * MESSAGES and kind in RESTARTABLE:
+                private.restart()
+                restarted = True
+
+    asyncio.run(publish_all())
+    assert killed
+    assert restarted or kind not in RESTARTABLE
+    wait_for(lambda: count(dsn, stored) >= MESSAGES, "all stored", 45)
+    time.sleep(2)  # a second copy would come now
+    code, err = bridges[-1].stop()
+    assert code == 0, err
+    with Broker(dsn) as broker, broker.connection() as conn:
+        ns = [m["n"] for (m,) in conn.execute("SELECT message FROM pgmq.q_inbox")]
+    assert sorted(ns) == list(range(MESSAGES)), "each message exactly once"
+    last = [line for line in err.splitlines() if line.startswith("progress ")][-1:]
+    print(f"{kind} in: {len(ns)} stored; the last bridge: {last}")

@@ -1,0 +1,189 @@
+"""Every connector beyond RabbitMQ, in process, against real servers (private ones the tests
+start, tests/bridge/servers.py): out, each message published once with its msg_id as message id,
+its body the payload's JSON and a publish record in the archive; in, each message stored once,
+even when the broker holds it twice; and the clear errors of a broker that is not there or a
+consumer group that does not exist. The chaos tests (SIGKILL, restarts) are in
+test_connector_chaos.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from pgbroker import Broker
+from pgbroker.aio import AsyncBroker
+from pgbroker.bridge import (
+    BrokerNotFound,
+    BrokerUnreachable,
+    InboundBridge,
+    InboundSettings,
+    OutboundBridge,
+    OutboundSettings,
+)
+from pgbroker.errors import InvalidArgument
+from tests.bridge.probes import Probe, body_of, probe, unique
+from tests.bridge.servers import KINDS, PrivateServer, free_port
+from tests.conftest import scratch_dir
+
+CONNECTORS = ["redis"]
+
+
+@pytest.fixture(scope="module", params=CONNECTORS)
+def server(request: pytest.FixtureRequest) -> Iterator[PrivateServer]:
+    base = scratch_dir(f"pgbroker-{request.param}-")
+    node = PrivateServer(KINDS[request.param], base)
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture
+def broker_probe(server: PrivateServer, monkeypatch: pytest.MonkeyPatch) -> Probe:
+    found = probe(server.kind.name, server.port)
+    for key, value in found.env.items():
+        monkeypatch.setenv(key, value)
+    return found
+
+
+async def until(
+    done: Callable[[], Awaitable[bool]], tasks: list[asyncio.Task[None]], timeout: float = 30
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not await done():
+        for task in tasks:
+            if task.done():
+                task.result()
+                raise AssertionError("a bridge returned before it was stopped")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not done after {timeout} s")
+        await asyncio.sleep(0.05)
+
+
+def test_out_publishes_each_message_once_with_its_msg_id_and_a_publish_record(
+    dsn: str, broker_probe: Probe
+) -> None:
+    target = unique("out")
+    with Broker(dsn) as broker:
+        queue = broker.create_queue("outbox")
+        ids = queue.send_many([{"n": n} for n in range(200)], headers=[{"tenant": "t1"}] * 200)
+
+    async def scenario() -> None:
+        await broker_probe.prepare_out(target)
+        async with AsyncBroker(dsn) as abroker:
+            settings = OutboundSettings(batch_size=64, confirm_timeout=10)
+            bridge = OutboundBridge(abroker, "outbox", broker_probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def empty() -> bool:
+                return (await abroker.metrics("outbox")).queue_length == 0
+
+            try:
+                await until(empty, [task])
+            finally:
+                bridge.stop()
+                await task
+            assert (bridge.stats.published, bridge.stats.retried, bridge.stats.stale) == (200, 0, 0)
+        got = await broker_probe.published(target, expect=200)
+        assert sorted(int(mid or 0) for mid, _ in got) == sorted(ids)
+        assert {int(mid or 0): json.loads(body) for mid, body in got} == {
+            i: {"n": n} for n, i in enumerate(ids)
+        }
+
+    asyncio.run(scenario())
+    with Broker(dsn) as broker, broker.connection() as conn:
+        records = [
+            h["x-pgbroker-published"] for (h,) in conn.execute("SELECT headers FROM pgmq.a_outbox").fetchall()
+        ]
+    assert len(records) == 200
+    assert all("at" in r for r in records)
+
+
+def test_in_stores_each_message_once_even_when_the_broker_holds_it_twice(
+    dsn: str, broker_probe: Probe
+) -> None:
+    source = unique("in")
+    items = [(f"m-{n}", body_of(n)) for n in range(150)]
+    again = items[:30]  # the same message ids published a second time
+
+    async def scenario() -> None:
+        await broker_probe.prepare_in(source)
+        async with AsyncBroker(dsn) as abroker:
+            await abroker.create_queue("inbox")
+            settings = InboundSettings(batch_size=50, declare=True, ack_wait=5)
+            bridge = InboundBridge(abroker, None, "inbox", broker_probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+            try:
+                async with asyncio.timeout(20):
+                    await bridge.receiving.wait()  # MQTT keeps messages only for subscriptions
+                await broker_probe.publish(source, items)
+                await broker_probe.publish(source, again)
+
+                async def all_seen() -> bool:
+                    return bridge.stats.received + bridge.stats.duplicates >= len(items) + len(again)
+
+                await until(all_seen, [task])
+            finally:
+                bridge.stop()
+                await task
+            assert (bridge.stats.received, bridge.stats.duplicates) == (150, 30)
+
+    asyncio.run(scenario())
+    with Broker(dsn) as broker, broker.connection() as conn:
+        rows: list[Any] = conn.execute("SELECT message, headers FROM pgmq.q_inbox").fetchall()
+    assert sorted(m["n"] for m, _ in rows) == list(range(150))
+    prefix = f"x-{broker_probe.kind}-"
+    assert all(f"{prefix}received" in h for _, h in rows)
+
+
+def test_a_broker_that_is_not_there_is_reported_at_once(dsn: str, broker_probe: Probe) -> None:
+    nowhere = broker_probe.url("x").replace(f":{broker_probe.port}", f":{free_port()}")  # type: ignore[attr-defined]
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn) as abroker:
+            await abroker.create_queue("outbox")
+            settings = OutboundSettings(connect_timeout=2)
+            with pytest.raises(BrokerUnreachable, match="cannot reach"):
+                await OutboundBridge(abroker, "outbox", nowhere, settings).run()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://h?nope=1", "nats://h?subject=a&subject=b", "mqtt://h#frag", "sqs:///"]
+)
+def test_bad_urls_are_refused_before_connecting(url: str) -> None:
+    async def scenario() -> None:
+        with pytest.raises(InvalidArgument):
+            OutboundBridge(AsyncBroker("postgresql://nowhere"), "outbox", url)
+
+    asyncio.run(scenario())
+
+
+def test_an_unknown_scheme_names_the_known_ones() -> None:
+    with pytest.raises(InvalidArgument, match="redis://"):
+        OutboundBridge(AsyncBroker("postgresql://nowhere"), "outbox", "kafka://h:9092")
+
+
+def test_redis_inbound_without_declare_needs_the_consumer_group(dsn: str) -> None:
+    base = scratch_dir("pgbroker-redis-")
+    node = PrivateServer(KINDS["redis"], base)
+    node.start()
+    try:
+
+        async def scenario() -> None:
+            async with AsyncBroker(dsn) as abroker:
+                await abroker.create_queue("inbox")
+                url = f"redis://127.0.0.1:{node.port}?stream=s1&group=g1"
+                with pytest.raises(BrokerNotFound, match="XGROUP CREATE s1 g1"):
+                    await InboundBridge(abroker, None, "inbox", url).run()
+
+        asyncio.run(scenario())
+    finally:
+        node.stop()

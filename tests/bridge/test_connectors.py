@@ -30,7 +30,7 @@ from tests.bridge.probes import Probe, body_of, probe, unique
 from tests.bridge.servers import KINDS, PrivateServer, free_port
 from tests.conftest import scratch_dir
 
-CONNECTORS = ["redis"]
+CONNECTORS = ["redis", "nats"]
 
 
 @pytest.fixture(scope="module", params=CONNECTORS)
@@ -125,14 +125,19 @@ def test_in_stores_each_message_once_even_when_the_broker_holds_it_twice(
                 await broker_probe.publish(source, items)
                 await broker_probe.publish(source, again)
 
+                # A JetStream stream drops a second publish of a Nats-Msg-Id itself (within its
+                # duplicate window): the bridge never sees those copies.
+                copies = 0 if broker_probe.kind == "nats" else len(again)
+
                 async def all_seen() -> bool:
-                    return bridge.stats.received + bridge.stats.duplicates >= len(items) + len(again)
+                    return bridge.stats.received + bridge.stats.duplicates >= len(items) + copies
 
                 await until(all_seen, [task])
+                await asyncio.sleep(0.5)  # any further copy would come now
             finally:
                 bridge.stop()
                 await task
-            assert (bridge.stats.received, bridge.stats.duplicates) == (150, 30)
+            assert (bridge.stats.received, bridge.stats.duplicates) == (150, copies)
 
     asyncio.run(scenario())
     with Broker(dsn) as broker, broker.connection() as conn:

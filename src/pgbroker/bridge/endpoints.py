@@ -77,4 +77,8 @@ def _load(name: str) -> ModuleType:
         from pgbroker.bridge import redis_streams
 
         return redis_streams
+    if name == "nats_jetstream":
+        from pgbroker.bridge import nats_jetstream
+
+        return nats_jetstream
     raise ModuleNotFoundError(f"no connector module {name}", name=f"pgbroker.bridge.{name}")

@@ -30,7 +30,7 @@ from tests.bridge.probes import Probe, body_of, probe, unique
 from tests.bridge.servers import KINDS, PrivateServer, free_port
 from tests.conftest import scratch_dir
 
-CONNECTORS = ["redis", "nats"]
+CONNECTORS = ["redis", "nats", "mqtt"]
 
 
 @pytest.fixture(scope="module", params=CONNECTORS)

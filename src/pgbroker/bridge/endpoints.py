@@ -81,4 +81,8 @@ def _load(name: str) -> ModuleType:
         from pgbroker.bridge import nats_jetstream
 
         return nats_jetstream
+    if name == "mqtt":
+        from pgbroker.bridge import mqtt
+
+        return mqtt
     raise ModuleNotFoundError(f"no connector module {name}", name=f"pgbroker.bridge.{name}")

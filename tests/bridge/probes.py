@@ -292,10 +292,14 @@ class SqsProbe:
             empty_rounds = 0
             import time
 
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and (len(got) < expect or empty_rounds < 3):
+            deadline = time.monotonic() + 2 * timeout  # moto is slow with a long queue
+            while time.monotonic() < deadline and (len(got) < expect or empty_rounds < 2):
                 reply = client.receive_message(
-                    QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=600, MessageAttributeNames=["All"]
+                    QueueUrl=url,
+                    MaxNumberOfMessages=10,
+                    VisibilityTimeout=600,
+                    WaitTimeSeconds=1,
+                    MessageAttributeNames=["All"],
                 )
                 messages = reply.get("Messages", [])
                 empty_rounds = 0 if messages else empty_rounds + 1

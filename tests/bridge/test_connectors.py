@@ -30,7 +30,7 @@ from tests.bridge.probes import Probe, body_of, probe, unique
 from tests.bridge.servers import KINDS, PrivateServer, free_port
 from tests.conftest import scratch_dir
 
-CONNECTORS = ["redis", "nats", "mqtt"]
+CONNECTORS = ["redis", "nats", "mqtt", "sqs"]
 
 
 @pytest.fixture(scope="module", params=CONNECTORS)
@@ -161,7 +161,13 @@ def test_a_broker_that_is_not_there_is_reported_at_once(dsn: str, broker_probe: 
 
 
 @pytest.mark.parametrize(
-    "url", ["redis://h?nope=1", "nats://h?subject=a&subject=b", "mqtt://h#frag", "sqs:///"]
+    "url",
+    [
+        "redis://h?nope=1",
+        "nats://h?subject=a&subject=b",
+        "mqtt://h#frag",
+        "sqs://us-east-1/q?endpoint=ftp://x",
+    ],
 )
 def test_bad_urls_are_refused_before_connecting(url: str) -> None:
     async def scenario() -> None:

@@ -85,4 +85,6 @@ def _load(name: str) -> ModuleType:
         from pgbroker.bridge import mqtt
 
         return mqtt
-    raise ModuleNotFoundError(f"no connector module {name}", name=f"pgbroker.bridge.{name}")
+    from pgbroker.bridge import sqs
+
+    return sqs

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -198,3 +200,71 @@ def test_redis_inbound_without_declare_needs_the_consumer_group(dsn: str) -> Non
         asyncio.run(scenario())
     finally:
         node.stop()
+
+
+def test_an_mqtt_publish_no_subscriber_matched_is_retried_then_dead_lettered(dsn: str) -> None:
+    base = scratch_dir("pgbroker-mqtt-")
+    node = PrivateServer(KINDS["mqtt"], base)
+    node.start()
+    try:
+        with Broker(dsn) as broker:
+            outbox = broker.create_queue("outbox")
+            broker.create_queue("outbox_dlq")
+            outbox.set_policy(
+                max_deliveries=2, backoff="fixed", backoff_base_seconds=0, dead_letter_queue="outbox_dlq"
+            )
+            outbox.send({"n": 1})
+
+        async def scenario() -> None:
+            async with AsyncBroker(dsn) as abroker:
+                url = f"mqtt://127.0.0.1:{node.port}?topic=nobody/listens"
+                bridge = OutboundBridge(abroker, "outbox", url)
+                task = asyncio.create_task(bridge.run())
+
+                async def dead() -> bool:
+                    return (await abroker.metrics("outbox_dlq")).queue_length == 1
+
+                try:
+                    await until(dead, [task])
+                finally:
+                    bridge.stop()
+                    await task
+                assert (bridge.stats.published, bridge.stats.retried, bridge.stats.dead_lettered) == (0, 1, 1)
+
+        asyncio.run(scenario())
+        with Broker(dsn) as broker, broker.connection() as conn:
+            (headers,) = conn.execute("SELECT headers FROM pgmq.q_outbox_dlq").fetchone() or (None,)
+        assert (
+            "no MQTT subscriber matched topic 'nobody/listens'" in headers["x-pgbroker-dead-letter"]["error"]
+        )
+    finally:
+        node.stop()
+
+
+def test_a_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "redis", None)  # as if redis-py were not installed
+    monkeypatch.delitem(sys.modules, "pgbroker.bridge.redis_streams", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r"redis:// bridge needs redis .*pgbroker\[bridge\]"):
+        OutboundBridge(AsyncBroker("postgresql://nowhere"), "outbox", "redis://127.0.0.1:6379")
+
+
+def test_the_cli_takes_a_url_and_refuses_mixed_forms(dsn: str) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pgbroker.cli", "bridge", *args, "--dsn", dsn],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    with Broker(dsn) as broker:
+        broker.create_queue("q")
+    unknown = run("out", "--queue", "q", "--to", "kafka://127.0.0.1:9092")
+    assert unknown.returncode == 2
+    assert "no bridge connector for kafka://" in unknown.stderr
+    both = run("in", "--from", "redis://127.0.0.1:1", "--amqp", "amqp://x", "--queue", "q")
+    assert both.returncode == 2
+    assert "--amqp is not needed" in both.stderr
+    nowhere = run("out", "--queue", "q", "--to", f"redis://127.0.0.1:{free_port()}")
+    assert nowhere.returncode == 6
+    assert "cannot reach Redis" in nowhere.stderr

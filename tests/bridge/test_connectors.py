@@ -233,7 +233,9 @@ def test_an_mqtt_publish_no_subscriber_matched_is_retried_then_dead_lettered(dsn
 
         asyncio.run(scenario())
         with Broker(dsn) as broker, broker.connection() as conn:
-            (headers,) = conn.execute("SELECT headers FROM pgmq.q_outbox_dlq").fetchone() or (None,)
+            row = conn.execute("SELECT headers FROM pgmq.q_outbox_dlq").fetchone()
+        assert row is not None
+        headers = row[0]
         assert (
             "no MQTT subscriber matched topic 'nobody/listens'" in headers["x-pgbroker-dead-letter"]["error"]
         )
@@ -244,6 +246,7 @@ def test_an_mqtt_publish_no_subscriber_matched_is_retried_then_dead_lettered(dsn
 def test_a_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "redis", None)  # as if redis-py were not installed
     monkeypatch.delitem(sys.modules, "pgbroker.bridge.redis_streams", raising=False)
+    monkeypatch.delattr("pgbroker.bridge.redis_streams", raising=False)  # imported by an earlier test
     with pytest.raises(ModuleNotFoundError, match=r"redis:// bridge needs redis .*pgbroker\[bridge\]"):
         OutboundBridge(AsyncBroker("postgresql://nowhere"), "outbox", "redis://127.0.0.1:6379")
 

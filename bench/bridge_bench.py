@@ -7,7 +7,7 @@ store, mosquitto with persistence, moto's SQS server), and sets it up and reads 
 tests' own clients (tests/bridge/probes.py). Their outbound run is as RabbitMQ's below; their
 inbound run has the messages waiting in the broker first (MQTT: in the bridge's persistent
 session, made by a first connection), then times one InboundBridge writing them all. SQS runs
-over a tenth of the messages (at most 1,000): moto slows down as a queue grows, so its figures
+over a twentieth of the messages (at most 500): moto slows down as a queue grows, so its figures
 are moto's, not Amazon's.
 
 Outbound: --messages messages are sent to a pgbroker queue first, then one OutboundBridge
@@ -197,7 +197,7 @@ async def connectors(dsn: str, kinds: list[str], messages: int, batch: int) -> d
     for kind in kinds:
         node = PrivateServer(KINDS[kind], scratch_dir(f"pgbroker-bench-{kind}-"))
         node.start()
-        count = min(1000, messages // 10) if kind == "sqs" else messages
+        count = min(500, messages // 20) if kind == "sqs" else messages
         check = probe(kind, node.port)
         os.environ.update(check.env)
         prefix = f"bench_{kind}_{uuid.uuid4().hex[:6]}"

@@ -229,9 +229,15 @@ class _Receiver:
                 ) from None
             raise
         entries = reply[0][1] if reply else []
-        if self._position == "0" and not entries:
+        # A pending entry deleted from the stream (XDEL, trimming) comes back without fields:
+        # nothing to receive, so it is acked, or the pending ones would never end.
+        gone = [entry_id for entry_id, fields in entries if fields is None]
+        if gone:
+            await self._client.xack(self._stream, self._group, *gone)
+        found = [self._received(entry_id, fields) for entry_id, fields in entries if fields is not None]
+        if self._position == "0" and not found:
             self._position = ">"  # the pending ones are all back in hand
-        return [self._received(entry_id, fields) for entry_id, fields in entries if fields is not None]
+        return found
 
     async def _claim(self, limit: int) -> list[Received]:
         """Entries left pending longer than ack_wait by other consumers (bridges that are gone),

@@ -77,6 +77,8 @@ _UNREACHABLE = (
 )
 _LOST = "not sent: SQS could not be reached"
 T = TypeVar("T")
+# Receives long-poll for up to 20 s: their read timeout is longer than that.
+_RECEIVE_TIMEOUT = 30.0
 _NOT_XML = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
@@ -88,7 +90,9 @@ def outbound(url: str, queue: str, settings: OutboundSettings) -> _Endpoint:
 
 def inbound(url: str, source: str | None, queue: str, settings: InboundSettings) -> _Endpoint:
     ack_wait = max(1, round(settings.ack_wait))
-    return _Endpoint(url, source, queue, settings.connect_timeout, 30.0, settings.declare, ack_wait)
+    return _Endpoint(
+        url, source, queue, settings.connect_timeout, _RECEIVE_TIMEOUT, settings.declare, ack_wait
+    )
 
 
 class _Endpoint:
@@ -119,7 +123,7 @@ class _Endpoint:
         self._name = source or parsed.path or queue
         self._config = botocore.config.Config(
             connect_timeout=connect_timeout,
-            read_timeout=read_timeout + 25,  # long polls take up to 20 s
+            read_timeout=read_timeout,
             retries={"max_attempts": 2, "mode": "standard"},
             max_pool_connections=_CALLS_AT_ONCE + 2,
         )

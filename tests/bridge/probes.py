@@ -292,8 +292,11 @@ class SqsProbe:
             empty_rounds = 0
             import time
 
-            deadline = time.monotonic() + 2 * timeout  # moto is slow with a long queue
-            while time.monotonic() < deadline and (len(got) < expect or empty_rounds < 2):
+            distinct: set[str | None] = set()
+            deadline = time.monotonic() + 3 * timeout  # moto is slow with a long queue
+            # Until every message came (duplicates do not count) and the queue stays empty, or
+            # it stays empty for long.
+            while time.monotonic() < deadline and empty_rounds < (2 if len(distinct) >= expect else 5):
                 reply = client.receive_message(
                     QueueUrl=url,
                     MaxNumberOfMessages=10,
@@ -307,6 +310,7 @@ class SqsProbe:
                     attrs = m.get("MessageAttributes", {})
                     mid = attrs.get("pgbroker-message-id", {}).get("StringValue")
                     got.append((mid, m["Body"].encode()))
+                    distinct.add(mid)
                 if not messages:
                     time.sleep(0.2)
             return got

@@ -7,8 +7,11 @@ A restart keeps the data: Redis writes an append-only file synced on every write
 store, Mosquitto its persistence file at shutdown. moto keeps everything in memory: a restart
 would lose every queue and message, so the SQS tests never restart it.
 
-``make test`` installs the binaries first (scripts/ensure-brokers); without one, ``shared``
-says where the machine's own server answers instead, for the tests that need no restart.
+Private servers rather than the machine's shared ones (Redis 6379, NATS 4222, Mosquitto 1883),
+even for the tests that restart nothing: the same settings everywhere (AOF synced on every
+write, no limit on an absent MQTT session's queue) and no leftovers on servers others use.
+``make test`` installs the binaries first (scripts/ensure-brokers); a missing one fails the test
+with that hint.
 """
 
 from __future__ import annotations
@@ -49,13 +52,12 @@ def binary(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class Kind:
-    """How to run one kind of server: its binary, the command line for a port and a data
-    directory (with any config file written there), and the port its shared server uses."""
+    """How to run one kind of server: its binary, and the command line for a port and a data
+    directory (with any config file written there)."""
 
     name: str
     binary: str
     command: Callable[[str, int, Path], list[str]]
-    shared_port: int
 
 
 def _redis(exe: str, port: int, data: Path) -> list[str]:
@@ -85,10 +87,10 @@ def _moto(exe: str, port: int, data: Path) -> list[str]:
 
 
 KINDS = {
-    "redis": Kind("redis", "redis-server", _redis, 6379),
-    "nats": Kind("nats", "nats-server", _nats, 4222),
-    "mqtt": Kind("mqtt", "mosquitto", _mosquitto, 1883),
-    "sqs": Kind("sqs", "moto", _moto, 0),
+    "redis": Kind("redis", "redis-server", _redis),
+    "nats": Kind("nats", "nats-server", _nats),
+    "mqtt": Kind("mqtt", "mosquitto", _mosquitto),
+    "sqs": Kind("sqs", "moto", _moto),
 }
 
 

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = 3000
 # moto's SQS slows down as a queue grows (about 20 sends a second with 2,000 messages in it).
-MESSAGES_OF = {"sqs": 600}
+MESSAGES_OF = {"sqs": 400}
 CHUNK = 25
 RESTARTABLE = {"redis", "nats", "mqtt"}  # moto would come back empty
 

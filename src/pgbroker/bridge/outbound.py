@@ -156,7 +156,7 @@ class OutboundBridge:
 
     async def _window(self, publisher: Publisher, messages: list[Message]) -> None:
         receipts: dict[int, Receipt] = {m.msg_id: m.receipt for m in messages if m.receipt is not None}
-        outgoing = [_outgoing(m) for m in messages]
+        outgoing = [out_message(m) for m in messages]
         keeper_done = asyncio.Event()
         keeper = asyncio.create_task(self._keep_leases(receipts, keeper_done))
         try:
@@ -235,7 +235,9 @@ class OutboundBridge:
             receipts.update(renewed)
 
 
-def _outgoing(message: Message) -> OutMessage:
+def out_message(message: Message) -> OutMessage:
+    """What a connector is given to publish for a message: its body and content type
+    (pgbroker.bridge.body), the msg_id as message id, its headers, its FIFO group as key."""
     encoded = body.encode(message)
     headers = message.headers or {}
     key = headers.get(KEY_HEADER)

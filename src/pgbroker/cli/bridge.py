@@ -169,6 +169,7 @@ def _source(args: argparse.Namespace) -> tuple[str | None, str]:
 def _out(args: argparse.Namespace, broker: Broker) -> int:
     with needs_extra("bridge"):
         from pgbroker.bridge import OutboundBridge, OutboundSettings
+        from pgbroker.bridge.endpoints import outbound_endpoint
 
     settings = OutboundSettings(
         exchange=args.exchange,
@@ -182,17 +183,15 @@ def _out(args: argparse.Namespace, broker: Broker) -> int:
         enable_notify=args.notify,
     )
     url = _target(args)
-
-    def make(abroker: Any) -> _Bridge:
-        with needs_extra("bridge"):
-            return OutboundBridge(abroker, args.queue, url, settings)
-
-    return _serve(broker, args, make)
+    with needs_extra("bridge"):
+        outbound_endpoint(url, args.queue, settings)  # the URL and its client library, before anything runs
+    return _serve(broker, args, lambda abroker: OutboundBridge(abroker, args.queue, url, settings))
 
 
 def _in(args: argparse.Namespace, broker: Broker) -> int:
     with needs_extra("bridge"):
         from pgbroker.bridge import InboundBridge, InboundSettings
+        from pgbroker.bridge.endpoints import inbound_endpoint
 
     settings = InboundSettings(
         batch_size=args.batch_size,
@@ -202,12 +201,11 @@ def _in(args: argparse.Namespace, broker: Broker) -> int:
         ack_wait=args.ack_wait,
     )
     source, url = _source(args)
-
-    def make(abroker: Any) -> _Bridge:
-        with needs_extra("bridge"):
-            return InboundBridge(abroker, source, args.queue, url, settings)
-
-    return _serve(broker, args, make)
+    with needs_extra("bridge"):
+        inbound_endpoint(
+            url, source, args.queue, settings
+        )  # the URL and its client library, before anything runs
+    return _serve(broker, args, lambda abroker: InboundBridge(abroker, source, args.queue, url, settings))
 
 
 def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Bridge]) -> int:

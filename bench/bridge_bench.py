@@ -210,7 +210,7 @@ async def connectors(dsn: str, kinds: list[str], messages: int, batch: int) -> d
                 await connector_inbound(dsn, check, f"{prefix}_in", count, batch)
             )
         finally:
-            node.stop()
+            node.close()
     return result
 
 

@@ -140,6 +140,11 @@ class PrivateServer:
                 self._process.wait()
         self._process = None
 
+    def close(self) -> None:
+        """Stop it and remove its directory."""
+        self.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
     def restart(self, down_for: float = 1.0) -> None:
         self.stop()
         time.sleep(down_for)

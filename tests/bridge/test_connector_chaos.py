@@ -50,7 +50,17 @@ def private(request: pytest.FixtureRequest) -> Iterator[PrivateServer]:
     try:
         yield node
     finally:
-        node.stop()
+        node.close()
+
+
+@pytest.fixture
+def bridges() -> Iterator[list[BridgeProcess]]:
+    """The test's bridge processes; any still running at its end (a failed test) is killed."""
+    started: list[BridgeProcess] = []
+    yield started
+    for bridge in started:
+        if bridge.process.poll() is None:
+            bridge.kill()
 
 
 class BridgeProcess:
@@ -139,7 +149,7 @@ def count(dsn: str, sql: str) -> int:
 
 
 def test_out_delivers_every_message_through_a_sigkill_and_a_broker_restart(
-    dsn: str, private: PrivateServer, tmp_path: Path
+    dsn: str, private: PrivateServer, tmp_path: Path, bridges: list[BridgeProcess]
 ) -> None:
     kind = private.kind.name
     total = MESSAGES_OF.get(kind, MESSAGES)
@@ -151,7 +161,7 @@ def test_out_delivers_every_message_through_a_sigkill_and_a_broker_restart(
         outbox.set_policy(backoff_base_seconds=1, backoff_max_seconds=2)
     options = ["bridge", "out", "--queue", "outbox", "--to", check.url(target)]
     options += ["--lease", "3", "--batch-size", "50", "--confirm-timeout", "5"]
-    bridges = [BridgeProcess(*options, dsn=dsn, logs=tmp_path, env=check.env)]
+    bridges.append(BridgeProcess(*options, dsn=dsn, logs=tmp_path, env=check.env))
     wait_for(bridges[0].started, "the bridge started", 20)
     published = "SELECT count(*) FROM pgmq.a_outbox"
     chaos = Chaos(lambda: count(dsn, published), total, private, restart=kind in RESTARTABLE)
@@ -185,7 +195,7 @@ def test_out_delivers_every_message_through_a_sigkill_and_a_broker_restart(
 
 
 def test_in_stores_each_message_once_through_a_sigkill_and_a_broker_restart(
-    dsn: str, private: PrivateServer, tmp_path: Path
+    dsn: str, private: PrivateServer, tmp_path: Path, bridges: list[BridgeProcess]
 ) -> None:
     kind = private.kind.name
     total = MESSAGES_OF.get(kind, MESSAGES)
@@ -196,7 +206,7 @@ def test_in_stores_each_message_once_through_a_sigkill_and_a_broker_restart(
         broker.create_queue("inbox")
     options = ["bridge", "in", "--from", check.url(source), "--queue", "inbox", "--declare"]
     options += ["--batch-size", "50", "--ack-wait", "3", "--progress", "0.5"]
-    bridges = [BridgeProcess(*options, dsn=dsn, logs=tmp_path, env=check.env)]
+    bridges.append(BridgeProcess(*options, dsn=dsn, logs=tmp_path, env=check.env))
     wait_for(bridges[0].started, "the bridge subscribed", 20)
     stored = "SELECT count(*) FROM pgmq.q_inbox"
     chaos = Chaos(lambda: count(dsn, stored), total, private, restart=kind in RESTARTABLE)

@@ -43,7 +43,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[PrivateServer]:
     try:
         yield node
     finally:
-        node.stop()
+        node.close()
 
 
 @pytest.fixture
@@ -199,7 +199,7 @@ def test_redis_inbound_without_declare_needs_the_consumer_group(dsn: str) -> Non
 
         asyncio.run(scenario())
     finally:
-        node.stop()
+        node.close()
 
 
 def test_an_mqtt_publish_no_subscriber_matched_is_retried_then_dead_lettered(dsn: str) -> None:
@@ -240,7 +240,7 @@ def test_an_mqtt_publish_no_subscriber_matched_is_retried_then_dead_lettered(dsn
             "no MQTT subscriber matched topic 'nobody/listens'" in headers["x-pgbroker-dead-letter"]["error"]
         )
     finally:
-        node.stop()
+        node.close()
 
 
 def test_a_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

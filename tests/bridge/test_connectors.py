@@ -271,3 +271,64 @@ def test_the_cli_takes_a_url_and_refuses_mixed_forms(dsn: str) -> None:
     nowhere = run("out", "--queue", "q", "--to", f"redis://127.0.0.1:{free_port()}")
     assert nowhere.returncode == 6
     assert "cannot reach Redis" in nowhere.stderr
+
+
+def test_to_an_sqs_fifo_queue_the_fifo_group_is_the_message_group_and_order_holds_per_group(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    node = PrivateServer(KINDS["sqs"], scratch_dir("pgbroker-sqs-"))
+    node.start()
+    try:
+        check = probe("sqs", node.port)
+        for key, value in check.env.items():
+            monkeypatch.setenv(key, value)
+        with Broker(dsn) as broker:
+            queue = broker.create_queue("outbox")
+            groups = [{"x-pgmq-group": f"g{n % 2}"} for n in range(20)]
+            ids = queue.send_many([{"n": n} for n in range(20)], headers=groups)
+
+        async def scenario() -> None:
+            async with AsyncBroker(dsn) as abroker:
+                settings = OutboundSettings(declare=True, batch_size=7, windows=1)  # order: one window
+                bridge = OutboundBridge(abroker, "outbox", check.url("orders.fifo"), settings)
+                task = asyncio.create_task(bridge.run())
+
+                async def empty() -> bool:
+                    return (await abroker.metrics("outbox")).queue_length == 0
+
+                try:
+                    await until(empty, [task])
+                finally:
+                    bridge.stop()
+                    await task
+
+        asyncio.run(scenario())
+        client = boto3.client("sqs", endpoint_url=f"http://127.0.0.1:{node.port}", region_name="us-east-1")
+        url = client.get_queue_url(QueueName="orders.fifo")["QueueUrl"]
+        got: list[tuple[str, int, str]] = []
+        while len(got) < 20:
+            reply = client.receive_message(
+                QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"], WaitTimeSeconds=1
+            )
+            messages = reply.get("Messages", [])
+            assert messages, f"only {len(got)} of 20 came"
+            for m in messages:
+                attributes = m["Attributes"]
+                got.append(
+                    (
+                        attributes["MessageGroupId"],
+                        json.loads(m["Body"])["n"],
+                        attributes["MessageDeduplicationId"],
+                    )
+                )
+                client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        assert {g for g, _, _ in got} == {"g0", "g1"}
+        for group in ("g0", "g1"):
+            ns = [n for g, n, _ in got if g == group]
+            assert ns == sorted(ns), f"order within {group}"
+            assert all((n % 2 == 0) == (group == "g0") for n in ns)
+        assert sorted(int(d) for _, _, d in got) == sorted(ids), "the msg_id is the deduplication id"
+    finally:
+        node.close()

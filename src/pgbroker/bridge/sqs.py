@@ -14,7 +14,9 @@ pgbroker-message-id, the content type as content-type, other headers as pgbroker
 a body that is not text SQS accepts is sent as base64 with body-encoding: base64. To a FIFO queue
 (a name ending in .fifo) the message id is also the MessageDeduplicationId, so SQS itself drops
 a copy sent within 5 minutes, and the message's FIFO group (x-pgmq-group) is its MessageGroupId
-(else "pgbroker"): order per key.
+(else "pgbroker"): order per key, with calls sent one after the other (and one window,
+``--windows 1``, since windows run side by side; a message that failed and is retried comes
+after those sent behind it).
 
 In, ReceiveMessage long-polls (then more calls at once while the queue has more) with a
 visibility timeout of ack_wait; messages are deleted (DeleteMessageBatch) only after the commit.
@@ -215,10 +217,11 @@ class _Queue:
     async def publish(self, messages: Sequence[OutMessage], timeout: float) -> list[Outcome]:
         del timeout  # the client's read timeout is the confirm timeout
         chunks = _chunks([self._entry(n, m) for n, m in enumerate(messages)])
-        replies = await asyncio.gather(
-            *(self._call(self._client.send_message_batch, QueueUrl=self._url, Entries=c) for c in chunks),
-            return_exceptions=True,
-        )
+        replies: list[Any]
+        if self._fifo:  # one call after the other: order per message group holds across calls
+            replies = [await self._send(c) for c in chunks]
+        else:
+            replies = await asyncio.gather(*(self._send(c) for c in chunks))
         outcomes: dict[str, Outcome] = {}
         for chunk, reply in zip(chunks, replies, strict=True):
             if isinstance(reply, BaseException):
@@ -237,6 +240,13 @@ class _Queue:
         return [
             outcomes.get(str(n), Refused("SQS did not answer for this message")) for n in range(len(messages))
         ]
+
+    async def _send(self, entries: list[dict[str, Any]]) -> Any:
+        """SendMessageBatch's reply, or the exception it raised."""
+        try:
+            return await self._call(self._client.send_message_batch, QueueUrl=self._url, Entries=entries)
+        except Exception as exc:
+            return exc
 
     def _entry(self, n: int, message: OutMessage) -> dict[str, Any]:
         attributes = {

@@ -16,7 +16,8 @@ Exit codes (a shell script may rely on them):
   3   stale receipt: the lease ran out or the message was redelivered, so the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed (``pgbroker install``)
-  6   RabbitMQ (``bridge``): unreachable, login refused, or an exchange or queue missing
+  6   a broker (``bridge``: RabbitMQ, Redis, NATS, MQTT, SQS): unreachable, login refused, or an
+      exchange, queue or stream missing
   70  unexpected error (a bug: please report it with the output of ``-v``)
   130 interrupted (Ctrl-C)
 """
@@ -82,7 +83,7 @@ exit codes:
   3   stale receipt: the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed
-  6   RabbitMQ unreachable, login refused, or an exchange or queue missing
+  6   a broker (bridge) unreachable, login refused, or an exchange, queue or stream missing
   70  unexpected error (run again with -v and report it)
 
 The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL

@@ -51,6 +51,8 @@ from pgbroker.errors import (
     QueueNameConflict,
     QueueNotFound,
     StaleReceipt,
+    StreamGroupNotFound,
+    StreamNotFound,
 )
 from pgbroker.listen import conninfo_of
 from pgbroker.models import Message
@@ -288,7 +290,7 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
         code = Exit.DATABASE
         if isinstance(exc, StaleReceipt):
             code = Exit.STALE_RECEIPT
-        elif isinstance(exc, QueueNotFound):
+        elif isinstance(exc, QueueNotFound | StreamNotFound | StreamGroupNotFound):
             code = Exit.QUEUE_NOT_FOUND
         elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict):
             code = Exit.USAGE

@@ -187,7 +187,7 @@ BEGIN
         RAISE EXCEPTION 'stream "%" has no consumer group "%"', stream_name, group_name
             USING ERRCODE = 'PB021',
                   HINT = format('Create it first: SELECT pgbroker.create_stream_group(%L, %L); '
-                                'or: pgbroker stream group create %s %s',
+                                'or: pgbroker stream create-group %s %s',
                                 stream_name, group_name, stream_name, group_name);
     END IF;
     RETURN g;

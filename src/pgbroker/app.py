@@ -26,18 +26,20 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
-from typing import TextIO, TypedDict, TypeVar, Unpack
+from typing import Any, TextIO, TypedDict, TypeVar, Unpack
 
 from psycopg_pool import AsyncConnectionPool
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.dsn import connection_kwargs, resolve_dsn
 from pgbroker.errors import InvalidArgument
+from pgbroker.stream_worker import StreamHandler, StreamWorker
 from pgbroker.worker import Handler, Worker, WorkerStats
 
 __all__ = ["App", "WorkerOptions", "serve"]
 
 H = TypeVar("H", bound=Handler)
+SH = TypeVar("SH", bound=StreamHandler)
 
 # How long serve() waits for its first connections: a wrong DSN fails here, not at the first read.
 _CONNECT_TIMEOUT = 30.0
@@ -62,6 +64,7 @@ class App:
 
     def __init__(self) -> None:
         self._handlers: dict[str, tuple[Handler, WorkerOptions]] = {}
+        self._stream_workers: list[Callable[[], StreamWorker]] = []
 
     @property
     def queues(self) -> list[str]:
@@ -79,9 +82,20 @@ class App:
 
         return register
 
+    def stream_handler(self, stream: str, group: str, **options: Any) -> Callable[[SH], SH]:
+        """Register the decorated function as a handler of ``group`` on ``stream`` (see
+        StreamWorker for the options); it runs with the queue handlers, one consumer a process."""
+
+        def register(function: SH) -> SH:
+            StreamWorker(stream, group, function, **options)  # checks the options here
+            self._stream_workers.append(lambda: StreamWorker(stream, group, function, **options))
+            return function
+
+        return register
+
     def workers(
         self, queues: Iterable[str] | None = None, **overrides: Unpack[WorkerOptions]
-    ) -> list[Worker]:
+    ) -> list[Worker | StreamWorker]:
         """A Worker per registered queue (or per queue named), with ``overrides`` over each one's options."""
         names = self.queues if queues is None else list(queues)
         unknown = [name for name in names if name not in self._handlers]
@@ -90,11 +104,13 @@ class App:
                 f"no handler for queue {', '.join(map(repr, unknown))}",
                 hint=f"Registered: {', '.join(self.queues) or 'none'}.",
             )
-        workers = []
+        workers: list[Worker | StreamWorker] = []
         for name in names:
             handler, registered = self._handlers[name]
             options: WorkerOptions = {**registered, **overrides}
             workers.append(Worker(name, handler, **options))
+        if queues is None:
+            workers.extend(make() for make in self._stream_workers)
         return workers
 
     def run(self, dsn: str | None = None, **overrides: Unpack[WorkerOptions]) -> None:
@@ -103,7 +119,7 @@ class App:
 
 
 async def serve(
-    workers: Sequence[Worker],
+    workers: Sequence[Worker | StreamWorker],
     *,
     dsn: str | None = None,
     broker: AsyncBroker | None = None,
@@ -155,7 +171,9 @@ async def serve(
             raise error
 
 
-async def _own_broker(stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker]) -> AsyncBroker:
+async def _own_broker(
+    stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker | StreamWorker]
+) -> AsyncBroker:
     # No round trip to check a connection on checkout: AsyncBroker passes over those the server
     # has closed (pgbroker.liveness), and a worker retries a call whose connection broke anyway.
     pool = AsyncConnectionPool(
@@ -173,7 +191,7 @@ async def _own_broker(stack: AsyncExitStack, dsn: str | None, workers: Sequence[
     return broker
 
 
-async def _report(workers: Sequence[Worker], every: float, out: TextIO) -> None:
+async def _report(workers: Sequence[Worker | StreamWorker], every: float, out: TextIO) -> None:
     """A progress line per worker every ``every`` seconds: counts, and the rate since the last line."""
     last = {id(worker): (time.monotonic(), worker.stats.completed) for worker in workers}
     while True:

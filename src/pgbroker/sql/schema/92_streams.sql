@@ -397,29 +397,29 @@ BEGIN
     IF NOT FOUND THEN
         RETURN (SELECT t.safe_id FROM pgbroker.stream_watermark t WHERE t.stream_name = _stream_safe_id.stream_name);
     END IF;
-    -- Step 2 of the previous candidate: have its writers all ended?
-    IF w.candidate_id IS NOT NULL THEN
-        IF NOT (pgbroker._stream_writers(stream_name) && w.candidate_writers) THEN
-            w.safe_id := greatest(w.safe_id, w.candidate_id);
-            w.candidate_id := NULL;
-            w.candidate_writers := NULL;
-            changed := true;
-        END IF;
+    -- L first, then the writers: the order the argument needs. One look at the
+    -- writers serves both steps (pg_locks costs a scan of the lock table).
+    last_id := pg_sequence_last_value(format('pgbroker.%I', 's_' || stream_name || '_seq')::regclass);
+    IF w.candidate_id IS NULL AND NOT last_id > w.safe_id THEN
+        RETURN w.safe_id;  -- nothing drawn beyond it (NULL: nothing drawn at all)
     END IF;
-    -- Step 1 of a new candidate, when ids were drawn beyond the safe id. L is
-    -- read before the writers are listed: the order the argument needs.
-    IF w.candidate_id IS NULL THEN
-        last_id := pg_sequence_last_value(format('pgbroker.%I', 's_' || stream_name || '_seq')::regclass);
-        IF last_id > w.safe_id THEN
-            writers := pgbroker._stream_writers(stream_name);
-            IF cardinality(writers) = 0 THEN
-                w.safe_id := last_id;
-            ELSE
-                w.candidate_id := last_id;
-                w.candidate_writers := writers;
-            END IF;
-            changed := true;
+    writers := pgbroker._stream_writers(stream_name);
+    -- Step 2 of the previous candidate: have its writers all ended?
+    IF w.candidate_id IS NOT NULL AND NOT (writers && w.candidate_writers) THEN
+        w.safe_id := greatest(w.safe_id, w.candidate_id);
+        w.candidate_id := NULL;
+        w.candidate_writers := NULL;
+        changed := true;
+    END IF;
+    -- Step 1 of a new candidate, when ids were drawn beyond the safe id.
+    IF w.candidate_id IS NULL AND last_id > w.safe_id THEN
+        IF cardinality(writers) = 0 THEN
+            w.safe_id := last_id;
+        ELSE
+            w.candidate_id := last_id;
+            w.candidate_writers := writers;
         END IF;
+        changed := true;
     END IF;
     IF changed THEN
         UPDATE pgbroker.stream_watermark t
@@ -605,6 +605,12 @@ DECLARE
     parts integer[];
     afters bigint[];
     epochs bigint[];
+    remaining integer := qty;
+    after bigint;
+    upto bigint;
+    segment bigint;
+    n integer;
+    reached bigint;
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
@@ -619,40 +625,61 @@ BEGIN
             'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
     END IF;
     PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
-    safe := pgbroker._stream_safe_id(s.stream_name);
+    -- First up to the safe id as it stands; only when that does not fill the
+    -- batch, advance it (which looks at pg_locks) and read on up to the new one.
+    -- A consumer catching up on a backlog so pays for the advance once, not per batch.
+    SELECT t.safe_id INTO safe FROM pgbroker.stream_watermark t WHERE t.stream_name = s.stream_name;
+    FOR pass IN 1 .. 2 LOOP
+        IF pass = 2 THEN
+            EXIT WHEN remaining <= 0;
+            reached := safe;
+            safe := pgbroker._stream_safe_id(s.stream_name);
+            EXIT WHEN safe <= reached;
+        END IF;
+        -- Lock the consumer's cursor rows (not the log's): a partition cannot
+        -- change hands between this read and the update of delivered_id. The
+        -- partition furthest behind (lowest id) is served first, so that none starves.
+        SELECT array_agg(t.partition ORDER BY t.delivered_id, t.partition),
+               array_agg(t.delivered_id ORDER BY t.delivered_id, t.partition),
+               array_agg(t.epoch ORDER BY t.delivered_id, t.partition)
+        INTO parts, afters, epochs
+        FROM (SELECT c.partition, c.delivered_id, c.epoch FROM pgbroker.stream_cursor c
+              WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                AND c.delivered_id < safe
+              FOR UPDATE) t;
+        CONTINUE WHEN parts IS NULL;
 
-    -- Lock the consumer's cursor rows (not the log's): a partition cannot
-    -- change hands between this read and the update of delivered_id.
-    SELECT array_agg(t.partition ORDER BY t.partition), array_agg(t.delivered_id ORDER BY t.partition),
-           array_agg(t.epoch ORDER BY t.partition)
-    INTO parts, afters, epochs
-    FROM (SELECT c.partition, c.delivered_id, c.epoch FROM pgbroker.stream_cursor c
-          WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-            AND c.delivered_id < safe
-          FOR UPDATE) t;
-    IF parts IS NULL THEN
-        RETURN;
-    END IF;
-
-    RETURN QUERY EXECUTE format(
-        $Q$
-        WITH batch AS (
-            SELECT r.partition, r.id, c.epoch, r.key, r.enqueued_at, r.headers, r.message
-            FROM unnest($1::integer[], $2::bigint[], $3::bigint[]) WITH ORDINALITY AS c(partition, after, epoch, n)
-            CROSS JOIN LATERAL (
-                SELECT l.partition, l.id, l.key, l.enqueued_at, l.headers, l.message FROM pgbroker.%I l
-                WHERE l.partition = c.partition AND l.id > c.after AND l.id <= $4
-                ORDER BY l.id LIMIT $5) r
-            ORDER BY c.n, r.id
-            LIMIT $5
-        ), moved AS (
-            UPDATE pgbroker.stream_cursor t SET delivered_id = m.last_id
-            FROM (SELECT b.partition, max(b.id) AS last_id FROM batch b GROUP BY b.partition) m
-            WHERE t.stream_name = $6 AND t.group_name = $7 AND t.partition = m.partition
-        )
-        SELECT * FROM batch ORDER BY partition, id
-        $Q$, 's_' || s.stream_name)
-        USING parts, afters, epochs, safe, qty, s.stream_name, g.group_name;
+        -- Partition by partition, segment by segment: each statement reads one
+        -- child table (the segment's), planned with its bounds, an index walk of
+        -- the rows it returns; it moves the partition's delivered_id as it reads.
+        FOR i IN 1 .. cardinality(parts) LOOP
+            EXIT WHEN remaining <= 0;
+            after := afters[i];
+            LOOP
+                segment := (after + 1) / s.segment_rows;
+                upto := least(safe, (segment + 1) * s.segment_rows - 1);
+                RETURN QUERY EXECUTE format(
+                    $Q$
+                    WITH r AS (
+                        SELECT l.partition, l.id, $6::bigint AS epoch, l.key, l.enqueued_at, l.headers, l.message
+                        FROM pgbroker.%I l
+                        WHERE l.partition = $1 AND l.id > $2 AND l.id <= $3
+                        ORDER BY l.id LIMIT $4
+                    ), moved AS (
+                        UPDATE pgbroker.stream_cursor t SET delivered_id = (SELECT max(r.id) FROM r)
+                        WHERE t.stream_name = $5 AND t.group_name = $7 AND t.partition = $1
+                          AND EXISTS (SELECT 1 FROM r)
+                    )
+                    SELECT * FROM r
+                    $Q$, 's_' || s.stream_name || '_' || (segment % s.segments))
+                    USING parts[i], after, upto, remaining, s.stream_name, epochs[i], g.group_name;
+                GET DIAGNOSTICS n = ROW_COUNT;
+                remaining := remaining - n;
+                EXIT WHEN remaining <= 0 OR upto >= safe;
+                after := upto;  -- nothing more of this partition in that segment
+            END LOOP;
+        END LOOP;
+    END LOOP;
 END;
 $$;
 

@@ -1,0 +1,2 @@
+-- local placeholder, not committed
+SELECT 1;

@@ -160,13 +160,15 @@ async def test_every_route_is_in_the_spec_with_the_scope_it_enforces(
         for method in r.methods or ()
         if method != "HEAD"
     ]
-    assert len(served) == 22
+    assert len(served) == 31
     for path, method in served:
         operation = spec["paths"][path][method.lower()]
         scope = operation["x-pgbroker-scope"]
-        url = path.replace("{queue}", "jobs")
+        url = path.replace("{queue}", "jobs").replace("{stream}", "clicks").replace("{group}", "g")
         # A body that would pass, so that only the key decides (a queue named in the body: create).
-        body = {"name": "new"} if (path, method) == ("/v1/queues", "POST") else None
+        body = (
+            {"name": "new"} if (path, method) in (("/v1/queues", "POST"), ("/v1/streams", "POST")) else None
+        )
         anonymous = await client.request(method, url, json=body)
         if scope == "none":
             assert operation["security"] == [], path
@@ -188,7 +190,8 @@ async def test_every_spec_operation_has_a_handler(client: httpx.AsyncClient, key
             r = await client.request(
                 method.upper(), path.replace("{queue}", "jobs"), headers=auth(keys["admin"])
             )
-            assert r.status_code not in (404, 405) or r.json()["error"]["code"] == "queue_not_found", (
+            not_found = ("queue_not_found", "stream_not_found", "stream_group_not_found")
+            assert r.status_code not in (404, 405) or r.json()["error"]["code"] in not_found, (
                 path,
                 method,
             )

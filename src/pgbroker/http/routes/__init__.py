@@ -4,9 +4,17 @@ statistics, the calling key, and the service's own pages (health, spec, dashboar
 from __future__ import annotations
 
 from pgbroker.http.operations import Operation
-from pgbroker.http.routes import dead_letters, keys, messages, queues, service, stats
+from pgbroker.http.routes import dead_letters, keys, messages, queues, service, stats, streams
 
-ROUTERS = (queues.router, messages.router, dead_letters.router, stats.router, keys.router, service.router)
+ROUTERS = (
+    queues.router,
+    messages.router,
+    dead_letters.router,
+    streams.router,
+    stats.router,
+    keys.router,
+    service.router,
+)
 
 
 def all_operations() -> tuple[Operation, ...]:

@@ -1,0 +1,142 @@
+"""The request and answer models of the stream operations (pgbroker.http.routes.streams): what
+they validate, and, through pydantic, their part of the OpenAPI spec."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from pgbroker.http import stream_metrics
+from pgbroker.http.models import BIGINT_MAX, Answer, BatchOf, Body, JsonObject, JsonValue, Limit
+
+STREAM_NAME_PATTERN = "^[a-z0-9_][a-z0-9_-]{0,39}$"
+GROUP_NAME_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$"
+CONSUMER_PATTERN = "^[A-Za-z0-9_.:@-]{1,200}$"
+
+StreamName = Annotated[str, StringConstraints(pattern=STREAM_NAME_PATTERN)]
+GroupName = Annotated[str, StringConstraints(pattern=GROUP_NAME_PATTERN)]
+ConsumerName = Annotated[
+    str,
+    StringConstraints(pattern=CONSUMER_PATTERN),
+    Field(description="unique among the group's consumers; it owns partitions while it reads once a lease"),
+]
+Id = Annotated[int, Field(ge=0, le=BIGINT_MAX)]
+
+
+class CreateStream(Body):
+    name: StreamName
+    partitions: Annotated[int, Field(ge=1, le=256)] = 4
+    retention_seconds: Annotated[int | None, Field(ge=1, le=BIGINT_MAX)] = None
+    retention_bytes: Annotated[int | None, Field(ge=1, le=BIGINT_MAX)] = None
+    truncate_consumed: bool = True
+    notify: bool = False
+
+
+class StreamSend(Body):
+    message: JsonValue
+    key: Annotated[str | None, StringConstraints(max_length=1000, pattern="^[^\\x00]*$")] = None
+    headers: JsonObject | None = None
+
+
+class StreamSendBatch(Body):
+    messages: Annotated[list[StreamSend], Field(min_length=1), Limit("max_batch")]
+
+
+class CreateGroup(Body):
+    group: GroupName
+    start: Literal["start", "end"] | datetime = "end"
+
+
+class StreamRead(Body):
+    consumer: ConsumerName
+    qty: BatchOf = 100
+    lease_seconds: Annotated[int, Field(ge=1, le=86400)] = 30
+    wait: Annotated[float, Field(ge=0), Limit("max_wait_seconds")] = 0.0
+
+
+class PartitionAck(Body):
+    partition: Annotated[int, Field(ge=0, le=255)]
+    epoch: Id
+    last_id: Id
+
+
+class FailedMessage(Body):
+    id: Id
+    error: Annotated[str, StringConstraints(max_length=2000, pattern="^[^\\x00]*$")]
+
+
+class StreamAck(Body):
+    consumer: ConsumerName
+    acks: Annotated[list[PartitionAck], Field(min_length=1, max_length=256)]
+    failed: Annotated[list[FailedMessage], Limit("max_batch")] = []
+
+
+class StreamInfo(Answer):
+    name: str
+    partitions: int
+    retention_seconds: int | None
+    retention_bytes: int | None
+    truncate_consumed: bool
+    segment_rows: int
+    segments: int
+    notify: bool
+    created_at: datetime
+
+
+class StreamList(Answer):
+    streams: list[StreamInfo]
+
+
+class StreamIds(Answer):
+    ids: list[int]
+
+
+class GroupInfo(Answer):
+    name: str
+    lag: int
+    oldest_unacked_at: datetime | None
+    consumers: int
+    retry_queue: str
+    created_at: datetime
+
+
+class GroupList(Answer):
+    groups: list[GroupInfo]
+
+
+class GroupCreated(Answer):
+    group: str
+    retry_queue: str
+
+
+class StreamMessage(Answer):
+    partition: int
+    id: int
+    epoch: int
+    key: str | None
+    enqueued_at: datetime
+    headers: dict[str, Any] | None
+    message: Any
+
+
+class StreamBatch(Answer):
+    messages: list[StreamMessage]
+
+
+class AckResult(Answer):
+    partition: int
+    acked: bool
+
+
+class StreamAcked(Answer):
+    partitions: list[AckResult]
+
+
+class StreamDropped(Answer):
+    dropped: str
+
+
+class StreamStatsList(Answer):
+    groups: list[stream_metrics.StreamGroupStats]

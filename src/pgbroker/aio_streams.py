@@ -190,6 +190,11 @@ class AsyncStreamConsumer:
             return {}
         return await self.stream._executor.run(sq.stream_ack(self.stream.name, self.group, self.name, batch))
 
+    async def rewind(self) -> int:
+        """Have what was read and not acknowledged handed out again (after a lost connection: a
+        read may have committed without its rows arriving). Returns the partitions rewound."""
+        return await self.stream._executor.run(sq.stream_rewind(self.stream.name, self.group, self.name))
+
     async def release(self) -> int:
         """Leave the group: the partitions are free at once; returns how many were held."""
         return await self.stream._executor.run(sq.stream_release(self.stream.name, self.group, self.name))

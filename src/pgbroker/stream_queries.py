@@ -212,5 +212,9 @@ def stream_release(stream: str, group: str, consumer: str) -> Query[int]:
     return Query(_named("stream_release"), {"stream": stream, "group": group, "consumer": consumer}, _scalar)
 
 
+def stream_rewind(stream: str, group: str, consumer: str) -> Query[int]:
+    return Query(_named("stream_rewind"), {"stream": stream, "group": group, "consumer": consumer}, _scalar)
+
+
 def stream_maintain(stream: str) -> Query[int]:
     return Query(_named("stream_maintain"), {"stream": stream}, _scalar)

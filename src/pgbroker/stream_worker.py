@@ -195,14 +195,23 @@ class StreamWorker:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                # The ack and the read were one transaction: neither happened. Try both again;
-                # if the lease ran out meanwhile, the batch goes to another consumer (and the
-                # ack is refused as stale), which at-least-once allows.
+                # The ack and the read were one transaction, and it may have committed without
+                # its answer arriving. Settle the handled batch on its own (an ack again is
+                # harmless), then rewind: a read that committed unseen must not skip its rows.
                 self.stats.connection_errors += 1
                 log_event(
                     logging.WARNING, "stream_worker.database_unavailable", stream=self.stream, error=exc
                 )
                 await self._nap(None, trouble.next())
+                try:
+                    if handled is not None:
+                        await consumer.ack(handled)
+                        self._count(handled)
+                        handled = None
+                    await consumer.rewind()
+                except Exception as again:
+                    if not is_transient(again):
+                        raise
                 continue
             trouble.reset()
             if handled is not None:

@@ -315,3 +315,14 @@ def test_enqueued_at_is_the_send_time(conn: Conn) -> None:
     send(conn, "clicks", [{}])
     (at,) = conn.execute("SELECT enqueued_at FROM pgbroker.s_clicks").fetchone()  # type: ignore[misc]
     assert abs((at - before).total_seconds()) < 5
+
+
+def test_rewind_hands_out_the_unacknowledged_again(conn: Conn) -> None:
+    """For a consumer whose read committed but whose connection broke before the rows arrived."""
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(6)])
+    ack(conn, "clicks", "g", "c", read(conn, "clicks", "g", "c", qty=2))
+    assert read(conn, "clicks", "g", "c", qty=2).ids == ids[2:4]  # "lost"
+    assert conn.execute("SELECT pgbroker.stream_rewind('clicks', 'g', 'c')").fetchone() == (1,)
+    assert read(conn, "clicks", "g", "c", qty=10).ids == ids[2:]

@@ -55,5 +55,8 @@ FROM pgbroker.stream_ack(%(stream)s, %(group)s, %(consumer)s, %(partitions)s::in
 -- name: stream_release
 SELECT pgbroker.stream_release(%(stream)s, %(group)s, %(consumer)s)
 
+-- name: stream_rewind
+SELECT pgbroker.stream_rewind(%(stream)s, %(group)s, %(consumer)s)
+
 -- name: stream_maintain
 SELECT pgbroker.maintain_stream(%(stream)s)

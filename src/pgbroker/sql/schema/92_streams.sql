@@ -149,7 +149,8 @@ INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['stream_send', 'stream_send_many']) f
 UNION ALL
 SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY[
-    'stream_read', 'stream_ack', 'stream_consume', 'stream_release', 'stream_notify_channel']) f
+    'stream_read', 'stream_ack', 'stream_consume', 'stream_release', 'stream_rewind',
+    'stream_notify_channel']) f
 UNION ALL
 SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['streams', 'stream_groups', 'stream_lag']) f;
 
@@ -580,6 +581,24 @@ BEGIN
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name AND c.consumer = stream_release.consumer;
     RETURN released;
+END;
+$$;
+
+-- Hand out again what the consumer was handed and has not acknowledged: its
+-- partitions' delivered_id goes back to acked_id. For a consumer that lost
+-- its connection during a read: the read may have committed without the
+-- consumer getting its rows, and the next read would start after them.
+CREATE FUNCTION pgbroker.stream_rewind(stream_name text, group_name text, consumer text)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    g pgbroker.stream_group := pgbroker._stream_group(stream_name, group_name);
+    rewound integer;
+BEGIN
+    UPDATE pgbroker.stream_cursor t SET delivered_id = t.acked_id
+    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
+      AND t.delivered_id <> t.acked_id;
+    GET DIAGNOSTICS rewound = ROW_COUNT;
+    RETURN rewound;
 END;
 $$;
 

@@ -3,6 +3,7 @@ operation (SQL from sql/streams.sql, its parameters, how to decode the rows), no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
@@ -37,7 +38,10 @@ def _ids(rows: list[Row]) -> list[int]:
 def _whole_seconds(value: int | float | timedelta | None, what: str) -> int | None:
     if value is None:
         return None
-    return max(1, round(duration(value, what)))
+    if isinstance(value, int) and not isinstance(value, bool):
+        duration(value, what)  # the checks
+        return max(1, value)
+    return max(1, math.ceil(duration(value, what)))
 
 
 def _info(row: Row) -> StreamInfo:

@@ -76,6 +76,7 @@ _BY_CLASS: tuple[tuple[type[PgbrokerError], int, str], ...] = (
 ERROR_CODES: dict[str, int] = {
     **{code: status for _, status, code in _BY_CLASS},
     "invalid_json": 400,
+    "stream_conflict": 409,
     "invalid_body": 422,
     "invalid_query": 422,
     "unauthorized": 401,

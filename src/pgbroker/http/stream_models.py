@@ -6,10 +6,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import BeforeValidator, Field, StringConstraints
 
 from pgbroker.http import stream_metrics
-from pgbroker.http.models import BIGINT_MAX, Answer, BatchOf, Body, JsonObject, JsonValue, Limit
+
+# _integral: a JSON number with no fraction (64.0) is an integer, as JSON Schema says.
+from pgbroker.http.models import BIGINT_MAX, Answer, BatchOf, Body, JsonObject, JsonValue, Limit, _integral
 
 STREAM_NAME_PATTERN = "^[a-z0-9_][a-z0-9_-]{0,39}$"
 GROUP_NAME_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$"
@@ -22,14 +24,19 @@ ConsumerName = Annotated[
     StringConstraints(pattern=CONSUMER_PATTERN),
     Field(description="unique among the group's consumers; it owns partitions while it reads once a lease"),
 ]
-Id = Annotated[int, Field(ge=0, le=BIGINT_MAX)]
+Id = Annotated[int, Field(ge=0, le=BIGINT_MAX), BeforeValidator(_integral)]
+Partitions = Annotated[int, Field(ge=1, le=256), BeforeValidator(_integral)]
+Partition = Annotated[int, Field(ge=0, le=255), BeforeValidator(_integral)]
+Positive = Annotated[int, Field(ge=1, le=BIGINT_MAX), BeforeValidator(_integral)]
+RetentionSeconds = Annotated[int, Field(ge=1, le=3_153_600_000), BeforeValidator(_integral)]  # 100 years
+LeaseSeconds = Annotated[int, Field(ge=1, le=86400), BeforeValidator(_integral)]
 
 
 class CreateStream(Body):
     name: StreamName
-    partitions: Annotated[int, Field(ge=1, le=256)] = 4
-    retention_seconds: Annotated[int | None, Field(ge=1, le=BIGINT_MAX)] = None
-    retention_bytes: Annotated[int | None, Field(ge=1, le=BIGINT_MAX)] = None
+    partitions: Partitions = 4
+    retention_seconds: RetentionSeconds | None = None
+    retention_bytes: Positive | None = None
     truncate_consumed: bool = True
     notify: bool = False
 
@@ -46,18 +53,18 @@ class StreamSendBatch(Body):
 
 class CreateGroup(Body):
     group: GroupName
-    start: Literal["start", "end"] | datetime = "end"
+    start: Literal["start", "end"] | Annotated[datetime, Field(strict=False)] = "end"
 
 
 class StreamRead(Body):
     consumer: ConsumerName
     qty: BatchOf = 100
-    lease_seconds: Annotated[int, Field(ge=1, le=86400)] = 30
+    lease_seconds: LeaseSeconds = 30
     wait: Annotated[float, Field(ge=0), Limit("max_wait_seconds")] = 0.0
 
 
 class PartitionAck(Body):
-    partition: Annotated[int, Field(ge=0, le=255)]
+    partition: Partition
     epoch: Id
     last_id: Id
 

@@ -5,8 +5,9 @@
 -- name: stream_create
 SELECT stream_name, partitions, retention_seconds, retention_bytes, truncate_consumed, segment_rows, segments,
        notify, created_at
-FROM pgbroker.create_stream(%(stream)s, %(partitions)s, %(retention_seconds)s, %(retention_bytes)s,
-                            %(truncate_consumed)s, %(segment_rows)s, %(segments)s, %(notify)s)
+FROM pgbroker.create_stream(%(stream)s::text, %(partitions)s::integer, %(retention_seconds)s::bigint,
+                            %(retention_bytes)s::bigint, %(truncate_consumed)s::boolean, %(segment_rows)s::bigint,
+                            %(segments)s::integer, %(notify)s::boolean)
 
 -- name: stream_drop
 SELECT pgbroker.drop_stream(%(stream)s)
@@ -24,7 +25,8 @@ SELECT pgbroker.stream_notify_channel(%(stream)s)
 
 -- name: stream_group_create
 SELECT stream_name, group_name, retry_queue, created_at
-FROM pgbroker.create_stream_group(%(stream)s, %(group)s, %(start_from)s, %(start_time)s, %(retry_queue)s)
+FROM pgbroker.create_stream_group(%(stream)s::text, %(group)s::text, %(start_from)s::text,
+                                  %(start_time)s::timestamptz, %(retry_queue)s::text)
 
 -- name: stream_group_drop
 SELECT pgbroker.drop_stream_group(%(stream)s, %(group)s)
@@ -39,17 +41,20 @@ FROM pgbroker.stream_lag(%(stream)s)
 
 -- name: stream_read
 SELECT partition, id, epoch, key, enqueued_at, headers, message
-FROM pgbroker.stream_read(%(stream)s, %(group)s, %(consumer)s, %(qty)s, %(lease)s)
+FROM pgbroker.stream_read(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
+                          %(lease)s::integer)
 
 -- name: stream_consume
 SELECT partition, id, epoch, key, enqueued_at, headers, message
-FROM pgbroker.stream_consume(%(stream)s, %(group)s, %(consumer)s, %(qty)s, %(lease)s, %(partitions)s::integer[],
+FROM pgbroker.stream_consume(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
+                             %(lease)s::integer, %(partitions)s::integer[],
                              %(epochs)s::bigint[], %(last_ids)s::bigint[], %(failed_ids)s::bigint[],
                              %(errors)s::text[])
 
 -- name: stream_ack
 SELECT partition, acked
-FROM pgbroker.stream_ack(%(stream)s, %(group)s, %(consumer)s, %(partitions)s::integer[], %(epochs)s::bigint[],
+FROM pgbroker.stream_ack(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(partitions)s::integer[],
+                         %(epochs)s::bigint[],
                          %(last_ids)s::bigint[], %(failed_ids)s::bigint[], %(errors)s::text[])
 
 -- name: stream_release

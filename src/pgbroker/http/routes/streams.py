@@ -69,8 +69,23 @@ async def list_streams(call: Call) -> StreamList:
     return StreamList(streams=[StreamInfo.model_validate(s) for s in found if call.caller.sees(s.name)])
 
 
-@router.post("/v1/streams", "create a stream (idempotent)", scope="admin", scope_field="name", status=201)
+@router.post(
+    "/v1/streams",
+    "create a stream (idempotent)",
+    scope="admin",
+    scope_field="name",
+    status=201,
+    errors={409: "stream_conflict"},
+)
 async def create_stream(call: Call, body: CreateStream) -> StreamInfo:
+    existing = next((s for s in await aio_streams.list_streams(call.broker) if s.name == body.name), None)
+    if existing is not None and existing.partitions != body.partitions:
+        raise ApiError(
+            409,
+            "stream_conflict",
+            f'stream "{body.name}" exists with {existing.partitions} partitions',
+            hint="Partitions are fixed when a stream is made: drop it first, or use another name.",
+        )
     info = await AsyncStream(call.broker, body.name).create(
         partitions=body.partitions,
         retention=body.retention_seconds,

@@ -98,7 +98,7 @@ CREATE TABLE pgbroker.stream (
     partitions integer NOT NULL CHECK (partitions BETWEEN 1 AND 256),
     segments integer NOT NULL CHECK (segments BETWEEN 3 AND 64),
     segment_rows bigint NOT NULL CHECK (segment_rows >= 100),
-    retention_seconds bigint CHECK (retention_seconds >= 1),    -- NULL: no time limit
+    retention_seconds bigint CHECK (retention_seconds BETWEEN 1 AND 3153600000),  -- NULL: no time limit
     retention_bytes bigint CHECK (retention_bytes >= 1),        -- NULL: no size limit
     truncate_consumed boolean NOT NULL,                         -- drop what every group has passed
     notify boolean NOT NULL,
@@ -235,8 +235,9 @@ BEGIN
         format('segments must be between 3 and 64, got %s', coalesce(segments::text, 'NULL')));
     PERFORM pgbroker._check_arg(segment_rows >= 100,
         format('segment_rows must be >= 100, got %s', coalesce(segment_rows::text, 'NULL')));
-    PERFORM pgbroker._check_arg(retention_seconds IS NULL OR retention_seconds >= 1,
-        format('retention_seconds must be >= 1 (NULL: no time limit), got %s', retention_seconds));
+    PERFORM pgbroker._check_arg(retention_seconds IS NULL OR retention_seconds BETWEEN 1 AND 3153600000,
+        format('retention_seconds must be from 1 to 3153600000 (100 years; NULL: no time limit), got %s',
+               retention_seconds));
     PERFORM pgbroker._check_arg(retention_bytes IS NULL OR retention_bytes >= 1,
         format('retention_bytes must be >= 1 (NULL: no size limit), got %s', retention_bytes));
     PERFORM pgbroker._check_arg(truncate_consumed IS NOT NULL AND notify IS NOT NULL,

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -30,7 +27,9 @@ from pgbroker import App, Broker
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.stream_models import StreamMessage
 from pgbroker.streams import Stream
-from tests.conftest import scratch_dir
+
+# The restart-proof query of the queue worker's chaos test (its private cluster: conftest.py).
+from tests.system.test_worker_chaos import _rows
 
 pytestmark = pytest.mark.slow
 
@@ -74,29 +73,6 @@ def handle(message: StreamMessage) -> None:
 
 
 # -- the test -------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cluster() -> Iterator[EmbeddedPostgres]:
-    directory = scratch_dir("pgbroker-stream-chaos-")
-    pg = EmbeddedPostgres(directory / "pg")
-    try:
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                return conn.execute(query).fetchall()
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
 
 
 def _produce(dsn: str, producer: int, sent: list[int]) -> None:

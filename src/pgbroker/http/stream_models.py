@@ -4,10 +4,11 @@ they validate, and, through pydantic, their part of the OpenAPI spec."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints
 
+from pgbroker import stream_models as core
 from pgbroker.http import stream_metrics
 
 # _integral: a JSON number with no fraction (64.0) is an integer, as JSON Schema says.
@@ -80,37 +81,16 @@ class StreamAck(Body):
     failed: Annotated[list[FailedMessage], Limit("max_batch")] = []
 
 
-class StreamInfo(Answer):
-    name: str
-    partitions: int
-    retention_seconds: int | None
-    retention_bytes: int | None
-    truncate_consumed: bool
-    segment_rows: int
-    segments: int
-    notify: bool
-    created_at: datetime
-
-
 class StreamList(Answer):
-    streams: list[StreamInfo]
+    streams: list[core.StreamInfo]
 
 
 class StreamIds(Answer):
     ids: list[int]
 
 
-class GroupInfo(Answer):
-    name: str
-    lag: int
-    oldest_unacked_at: datetime | None
-    consumers: int
-    retry_queue: str
-    created_at: datetime
-
-
 class GroupList(Answer):
-    groups: list[GroupInfo]
+    groups: list[core.StreamGroupInfo]
 
 
 class GroupCreated(Answer):
@@ -118,18 +98,8 @@ class GroupCreated(Answer):
     retry_queue: str
 
 
-class StreamMessage(Answer):
-    partition: int
-    id: int
-    epoch: int
-    key: str | None
-    enqueued_at: datetime
-    headers: dict[str, Any] | None
-    message: Any
-
-
 class StreamBatch(Answer):
-    messages: list[StreamMessage]
+    messages: list[core.StreamMessage]
 
 
 class AckResult(Answer):

@@ -18,21 +18,19 @@ from pgbroker.http.stream_models import (
     CreateGroup,
     CreateStream,
     GroupCreated,
-    GroupInfo,
     GroupList,
     StreamAck,
     StreamAcked,
     StreamBatch,
     StreamDropped,
     StreamIds,
-    StreamInfo,
     StreamList,
-    StreamMessage,
     StreamRead,
     StreamSendBatch,
     StreamStatsList,
 )
 from pgbroker.stream_models import StreamBatch as Batch
+from pgbroker.stream_models import StreamInfo as Info
 from pgbroker.stream_models import StreamMessage as Read
 
 router = Router()
@@ -66,7 +64,7 @@ async def stream_stats(call: Call) -> StreamStatsList:
 @router.get("/v1/streams", "list the streams the key can see")
 async def list_streams(call: Call) -> StreamList:
     found = await aio_streams.list_streams(call.broker)
-    return StreamList(streams=[StreamInfo.model_validate(s) for s in found if call.caller.sees(s.name)])
+    return StreamList(streams=[s for s in found if call.caller.sees(s.name)])
 
 
 @router.post(
@@ -77,7 +75,7 @@ async def list_streams(call: Call) -> StreamList:
     status=201,
     errors={409: "stream_conflict"},
 )
-async def create_stream(call: Call, body: CreateStream) -> StreamInfo:
+async def create_stream(call: Call, body: CreateStream) -> Info:
     existing = next((s for s in await aio_streams.list_streams(call.broker) if s.name == body.name), None)
     if existing is not None and existing.partitions != body.partitions:
         raise ApiError(
@@ -93,7 +91,7 @@ async def create_stream(call: Call, body: CreateStream) -> StreamInfo:
         truncate_consumed=body.truncate_consumed,
         notify=body.notify,
     )
-    return StreamInfo.model_validate(info)
+    return info
 
 
 _NO_STREAM = {404: "stream_not_found"}
@@ -131,7 +129,7 @@ async def stream_send(call: Call, body: StreamSendBatch) -> StreamIds:
 )
 async def stream_groups(call: Call) -> GroupList:
     found = await _stream(call, "read").groups()
-    return GroupList(groups=[GroupInfo.model_validate(g) for g in found])
+    return GroupList(groups=found)
 
 
 @router.post(
@@ -156,7 +154,7 @@ async def stream_read(call: Call, body: StreamRead) -> StreamBatch:
     stream = _stream(call, "read")
     consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds)
     batch = await consumer.read(body.qty, wait=body.wait)
-    return StreamBatch(messages=[StreamMessage.model_validate(m) for m in batch])
+    return StreamBatch(messages=batch.messages)
 
 
 @router.post(

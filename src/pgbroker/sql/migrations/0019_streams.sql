@@ -234,6 +234,44 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
         s.segment_rows, s.segments, s.partitions);
 $$;
 
+-- A stream's read of one partition in one segment, likewise its own function:
+-- a branch per child table, each with its static statement (an index walk of
+-- (partition, id) from after, planned once per session), which also moves the
+-- partition's delivered_id to the last id it returns.
+CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT format(
+        $F$
+        CREATE FUNCTION pgbroker.%1$I(p_child integer, p_partition integer, p_after bigint, p_upto bigint,
+                                      p_qty integer, p_epoch bigint, p_group text)
+        RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
+                       headers jsonb, message jsonb)
+        LANGUAGE plpgsql AS $B$
+        BEGIN
+            %2$s
+            END IF;
+        END;
+        $B$
+        $F$, 's_' || s.stream_name || '_read',
+        string_agg(format(
+            $R$%1$s p_child = %2$s THEN
+                RETURN QUERY
+                WITH r AS (
+                    SELECT l.partition, l.id, p_epoch, l.key, l.enqueued_at, l.headers, l.message
+                    FROM pgbroker.%3$I l
+                    WHERE l.partition = p_partition AND l.id > p_after AND l.id <= p_upto
+                    ORDER BY l.id LIMIT p_qty
+                ), moved AS (
+                    UPDATE pgbroker.stream_cursor t SET delivered_id = (SELECT max(r.id) FROM r)
+                    WHERE t.stream_name = %4$L AND t.group_name = p_group AND t.partition = p_partition
+                      AND EXISTS (SELECT 1 FROM r)
+                )
+                SELECT * FROM r;
+            $R$, CASE WHEN c = 0 THEN 'IF' ELSE 'ELSIF' END, c, 's_' || s.stream_name || '_' || c, s.stream_name),
+            '' ORDER BY c))
+    FROM generate_series(0, s.segments - 1) c;
+$$;
+
 -- Make a stream. segment_rows ids per segment, segments child tables in the
 -- ring: retention frees a child at a time, so the log keeps at least one
 -- segment and at most about segments x segment_rows rows while every group
@@ -311,6 +349,7 @@ BEGIN
     RETURNING * INTO s;
     INSERT INTO pgbroker.stream_watermark (stream_name, safe_id) VALUES (stored, 0);
     EXECUTE pgbroker._stream_send_function(s);
+    EXECUTE pgbroker._stream_read_function(s);
     RETURN s;
 END;
 $$;
@@ -329,6 +368,7 @@ BEGIN
         RETURN false;
     END IF;
     EXECUTE format('DROP FUNCTION pgbroker.%I', 's_' || stored || '_send');
+    EXECUTE format('DROP FUNCTION pgbroker.%I', 's_' || stored || '_read');
     EXECUTE format('DROP TABLE pgbroker.%I', 's_' || stored);
     EXECUTE format('DROP SEQUENCE pgbroker.%I', 's_' || stored || '_seq');
     RETURN true;
@@ -689,30 +729,18 @@ BEGIN
               FOR UPDATE) t;
         CONTINUE WHEN parts IS NULL;
 
-        -- Partition by partition, segment by segment: each statement reads one
-        -- child table (the segment's), planned with its bounds, an index walk of
-        -- the rows it returns; it moves the partition's delivered_id as it reads.
+        -- Partition by partition, segment by segment: each call of the stream's
+        -- read function walks one child table (the segment's) and moves the
+        -- partition's delivered_id as it reads.
         FOR i IN 1 .. cardinality(parts) LOOP
             EXIT WHEN remaining <= 0;
             after := afters[i];
             LOOP
                 segment := (after + 1) / s.segment_rows;
                 upto := least(safe, (segment + 1) * s.segment_rows - 1);
-                RETURN QUERY EXECUTE format(
-                    $Q$
-                    WITH r AS (
-                        SELECT l.partition, l.id, $6::bigint AS epoch, l.key, l.enqueued_at, l.headers, l.message
-                        FROM pgbroker.%I l
-                        WHERE l.partition = $1 AND l.id > $2 AND l.id <= $3
-                        ORDER BY l.id LIMIT $4
-                    ), moved AS (
-                        UPDATE pgbroker.stream_cursor t SET delivered_id = (SELECT max(r.id) FROM r)
-                        WHERE t.stream_name = $5 AND t.group_name = $7 AND t.partition = $1
-                          AND EXISTS (SELECT 1 FROM r)
-                    )
-                    SELECT * FROM r
-                    $Q$, 's_' || s.stream_name || '_' || (segment % s.segments))
-                    USING parts[i], after, upto, remaining, s.stream_name, epochs[i], g.group_name;
+                RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
+                                            's_' || s.stream_name || '_read')
+                    USING (segment % s.segments)::integer, parts[i], after, upto, remaining, epochs[i], g.group_name;
                 GET DIAGNOSTICS n = ROW_COUNT;
                 remaining := remaining - n;
                 EXIT WHEN remaining <= 0 OR upto >= safe;

@@ -77,7 +77,9 @@ class StreamWorker:
     move after that). poll_min/poll_max: the polls of an idle stream (sooner when the stream
     notifies). retries: also run the group's retry queue with the handler. grace_period:
     seconds a stopping worker waits for the batch in hand (then it is left unacked, to be
-    delivered again).
+    delivered again). maintain_every: apply the stream's retention that often (seconds; None:
+    leave it to `pgbroker stream maintain`); it empties child tables without waiting for locks,
+    so several workers doing it cost little.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class StreamWorker:
         retries: bool = True,
         grace_period: float = 30.0,
         consumer: str | None = None,
+        maintain_every: float | None = 60.0,
     ) -> None:
         if not callable(handler):
             raise InvalidArgument(f"handler must be callable, got {handler!r}")
@@ -111,6 +114,7 @@ class StreamWorker:
         self.retries = retries
         self.grace_period = grace_period
         self.consumer = consumer or consumer_name()
+        self.maintain_every = maintain_every
         self.stats = WorkerStats()
         call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
@@ -137,14 +141,16 @@ class StreamWorker:
         stream = AsyncStream(broker, self.stream)
         consumer = stream.consumer(self.group, name=self.consumer, lease=self.lease)
         threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.stream}")
-        helpers = []
+        retry_task = maintain_task = None
         if self.retries:
             retry_queue = next((g.retry_queue for g in await stream.groups() if g.name == self.group), None)
             if retry_queue is not None:
                 self._retry_worker = Worker(retry_queue, self._retry, concurrency=self.concurrency)
                 if self._stopping.is_set():
                     self._retry_worker.stop()
-                helpers.append(asyncio.create_task(self._retry_worker.run(broker)))
+                retry_task = asyncio.create_task(self._retry_worker.run(broker))
+        if self.maintain_every is not None:
+            maintain_task = asyncio.create_task(self._maintain(stream, self.maintain_every))
         log_event(
             logging.INFO,
             "stream_worker.started",
@@ -157,11 +163,14 @@ class StreamWorker:
         finally:
             with suppress(Exception):
                 await consumer.release()
+            if maintain_task is not None:
+                maintain_task.cancel()
             if self._retry_worker is not None:
                 self._retry_worker.stop()
-            for task in helpers:
-                with suppress(Exception):
-                    await task
+            for task in (retry_task, maintain_task):
+                if task is not None:
+                    with suppress(Exception, asyncio.CancelledError):
+                        await task
             if threads is not None:
                 threads.close()
             log_event(
@@ -268,6 +277,18 @@ class StreamWorker:
             await self.handler(converted)
         else:
             await asyncio.to_thread(self.handler, converted)
+
+    async def _maintain(self, stream: AsyncStream, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                emptied = await stream.maintain()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                continue
+            if emptied:
+                log_event(logging.INFO, "stream_worker.retention", stream=self.stream, emptied=emptied)
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
         sleepers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stopping.wait())]

@@ -90,3 +90,23 @@ def test_async_handler_and_graceful_stop_acks_the_batch_in_hand(dsn: str, broker
     assert sorted(handled) == ids
     (group,) = clicks.groups()
     assert (group.lag, group.consumers) == (0, 0)  # acked and released on stop
+
+
+def test_the_worker_applies_retention(dsn: str, broker: Broker) -> None:
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1, segment_rows=100, segments=3)
+    clicks.create_group("g", start="start")
+    clicks.send_many([{"n": i} for i in range(1000)])
+    handled: list[int] = []
+
+    async def handle(message: StreamMessage) -> None:
+        handled.append(message.id)
+
+    worker = StreamWorker("clicks", "g", handle, maintain_every=0.2)
+    run_until(dsn, [worker], None, 2.0)
+    assert len(handled) == 1000
+    with broker.connection() as conn:
+        tables = conn.execute("SELECT DISTINCT tableoid::regclass::text FROM pgbroker.s_clicks").fetchall()
+    # Every child table but the one the current segment (ids 1000..1099) is written to was emptied:
+    # all sent at once, that one also holds the older laps mapped to it (ids 100-199, 400-499, ...).
+    assert tables == [("pgbroker.s_clicks_1",)]

@@ -95,7 +95,7 @@ class App:
 
     def workers(
         self, queues: Iterable[str] | None = None, **overrides: Unpack[WorkerOptions]
-    ) -> list[Worker | StreamWorker]:
+    ) -> list[Worker]:
         """A Worker per registered queue (or per queue named), with ``overrides`` over each one's options."""
         names = self.queues if queues is None else list(queues)
         unknown = [name for name in names if name not in self._handlers]
@@ -104,18 +104,20 @@ class App:
                 f"no handler for queue {', '.join(map(repr, unknown))}",
                 hint=f"Registered: {', '.join(self.queues) or 'none'}.",
             )
-        workers: list[Worker | StreamWorker] = []
+        workers = []
         for name in names:
             handler, registered = self._handlers[name]
             options: WorkerOptions = {**registered, **overrides}
             workers.append(Worker(name, handler, **options))
-        if queues is None:
-            workers.extend(make() for make in self._stream_workers)
         return workers
+
+    def stream_workers(self) -> list[StreamWorker]:
+        """A StreamWorker per registered stream handler."""
+        return [make() for make in self._stream_workers]
 
     def run(self, dsn: str | None = None, **overrides: Unpack[WorkerOptions]) -> None:
         """Run every handler until SIGTERM or SIGINT (see serve)."""
-        asyncio.run(serve(self.workers(**overrides), dsn=dsn))
+        asyncio.run(serve([*self.workers(**overrides), *self.stream_workers()], dsn=dsn))
 
 
 async def serve(

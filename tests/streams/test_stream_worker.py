@@ -61,7 +61,7 @@ def test_failures_are_retried_with_the_same_handler_and_the_rest_acked(dsn: str,
             if len(succeeded) == len(ids):
                 done.set()
 
-    workers = app.workers()
+    workers = app.stream_workers()
     assert len(workers) == 1
     run_until(dsn, workers, done, 60)
     assert sorted(succeeded) == ids

@@ -116,7 +116,8 @@ def _workers(args: argparse.Namespace) -> Sequence[Worker | StreamWorker]:
     )
     options: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if isinstance(target, App):
-        return target.workers(args.queue or None, **options)
+        streams = [] if args.queue else target.stream_workers()  # --queue names queues only
+        return [*target.workers(args.queue or None, **options), *streams]
     if not args.queue:
         raise CliError(
             f"{args.target} is a handler function: say which queue it consumes",

@@ -74,22 +74,19 @@ def _pgmq_consumer(dsn: str, queue: str, seconds: float, out: Any) -> None:
         out.put(done / (time.perf_counter() - started))
 
 
-def _stream_producer(dsn: str, stream: str, seconds: float, out: Any) -> None:
+# The send of each system, a batch of 10 (the stream's and pgmq's, as their clients call them).
+_SENDS = {
+    "stream": "SELECT pgbroker.stream_send_many(%s, %s::jsonb[])",
+    "pgmq": "SELECT pgmq.send_batch(%s, %s::jsonb[])",
+}
+
+
+def _producer(dsn: str, system: str, name: str, seconds: float, out: Any) -> None:
     with connect(dsn, prepare=True) as conn:
         batch = [PAYLOAD] * 10
         sent, last = 0, time.perf_counter() + seconds
         while time.perf_counter() < last:
-            conn.execute("SELECT pgbroker.stream_send_many(%s, %s::jsonb[])", (stream, batch))
-            sent += 10
-        out.put(sent / seconds)
-
-
-def _pgmq_producer(dsn: str, queue: str, seconds: float, out: Any) -> None:
-    with connect(dsn, prepare=True) as conn:
-        batch = [PAYLOAD] * 10
-        sent, last = 0, time.perf_counter() + seconds
-        while time.perf_counter() < last:
-            conn.execute("SELECT pgmq.send_batch(%s, %s::jsonb[])", (queue, batch))
+            conn.execute(_SENDS[system], (name, batch))
             sent += 10
         out.put(sent / seconds)
 
@@ -165,12 +162,12 @@ def send_step(broker_dsn: str, pgmq_dsn: str, args: argparse.Namespace) -> dict[
         if system == "stream":
             with connect(broker_dsn) as conn:
                 conn.execute("SELECT pgbroker.create_stream(%s, 4)", (f"s{n}",))
-            rate = sum(_in_processes(_stream_producer, [(broker_dsn, f"s{n}", args.seconds)] * 4))
+            rate = sum(_in_processes(_producer, [(broker_dsn, "stream", f"s{n}", args.seconds)] * 4))
             rates["pgbroker stream_send_many of 10"].append(rate)
         else:
             with connect(pgmq_dsn) as conn:
                 conn.execute("SELECT pgmq.create(%s)", (f"s{n}",))
-            rate = sum(_in_processes(_pgmq_producer, [(pgmq_dsn, f"s{n}", args.seconds)] * 4))
+            rate = sum(_in_processes(_producer, [(pgmq_dsn, "pgmq", f"s{n}", args.seconds)] * 4))
             rates["pgmq send_batch of 10"].append(rate)
         print(f"  send round {n + 1}: {system:<8} {rate:10.0f} msg/s", flush=True)
     return {k: mean_rate(v) for k, v in rates.items()}

@@ -4,6 +4,10 @@ a range of ids, and the options' errors."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.spark.helpers import Conn, batch_sizes, wait_for
+from tests.spark.helpers import Conn, batch_sizes, require_spark, wait_for
 
 
 def send(conn: Conn, stream: str, first: int, count: int) -> None:
@@ -150,7 +154,7 @@ def test_stream_read_exactly_once_with_a_late_commit_and_a_restart(
     assert keys[0] <= 1
 
 
-def test_batch_read_of_a_range_and_batch_write(spark: Any, dsn: str, conn: Conn) -> None:
+def test_batch_read_batch_write_and_errors(spark: Any, dsn: str, conn: Conn, tmp_path: Path) -> None:
     conn.execute("SELECT pgbroker.create_stream('events', 3)")
     conn.execute("SELECT pgbroker.create_stream('copied', 2)")
     send(conn, "events", 0, 300)
@@ -187,9 +191,7 @@ def test_batch_read_of_a_range_and_batch_write(spark: Any, dsn: str, conn: Conn)
     assert sorted(r["id"] for r in pending.load().collect()) == list(range(301, 311))
     assert group_lag(conn, "late") == 10
 
-
-def test_stream_option_errors(spark: Any, dsn: str, conn: Conn, tmp_path: Path) -> None:
-    conn.execute("SELECT pgbroker.create_stream('events', 2)")
+    # Errors, on the driver where possible.
     reader = spark.readStream.format("pgbroker").option("dsn", dsn).option("stream", "events")
     query = reader.load().writeStream.format("noop").option("checkpointLocation", str(tmp_path)).start()
     with pytest.raises(Exception, match="needs option group"):
@@ -205,3 +207,57 @@ def test_stream_option_errors(spark: Any, dsn: str, conn: Conn, tmp_path: Path) 
     conn.execute("SELECT count(*) FROM pgbroker.stream_read('events', 'workers', 'w1', 10)")
     with pytest.raises(psycopg.Error, match="has live consumers"):
         conn.execute("SELECT * FROM pgbroker.spark_stream_start('events', 'workers')")
+
+
+def stream_query(dsn: str, checkpoint: Path) -> subprocess.Popen[str]:
+    # Its own process group: the kill takes the driver, its JVM and their Python workers at once.
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.spark.stream_query", dsn, str(checkpoint)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_driver_killed_mid_batch_then_restarted(dsn: str, conn: Conn, tmp_path: Path) -> None:
+    """The driver SIGKILLed inside a micro-batch (some of its partitions appended, others not):
+    the restarted query replays the batch from its checkpoint, the same rows, and the sink's keys
+    skip what was appended; the group's cursor ends at the end."""
+    require_spark()
+    total, batch = 20_000, 2_000
+    conn.execute("SELECT pgbroker.create_stream('events', 4)")
+    conn.execute("SELECT pgbroker.create_stream('copied', 2)")
+    send(conn, "events", 0, total)
+    checkpoint = tmp_path / "checkpoint"
+
+    job = stream_query(dsn, checkpoint)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            done = len(copied(conn))
+            # Inside a batch (a partition of 500 appended, not all four), or after a few batches.
+            if (done >= 2 * batch and done % batch) or done >= 6 * batch:
+                break
+            assert job.poll() is None, job.communicate()[0]
+            assert time.monotonic() < deadline, "the query made no progress"
+            time.sleep(0.02)
+        os.killpg(job.pid, signal.SIGKILL)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    at_kill = len(copied(conn))
+    assert 0 < at_kill < total
+    assert acked_but_not_copied(conn) == 0
+    print(f"killed with {at_kill:,} of {total:,} messages copied ({at_kill % batch:,} of a batch)")
+
+    restarted = stream_query(dsn, checkpoint)
+    output, _ = restarted.communicate(timeout=600)
+    assert restarted.returncode == 0, output
+    assert "done" in output
+    assert copied(conn) == list(range(total))  # each exactly once
+    assert group_lag(conn, "spark") == 0  # the last batch committed: the cursor is at the end

@@ -9,6 +9,7 @@ from pyspark.sql import types as T
 from pgbroker.spark.options import OptionError
 from pgbroker.spark.schema import SchemaMismatch, spark_ddl
 from pgbroker.spark.stream_options import STREAM_COLUMNS, is_stream, parse_stream_read
+from pgbroker.spark.stream_ranges import share
 from pgbroker.spark.stream_sink import stream_write_columns
 
 DSN = "host=/nowhere dbname=x"
@@ -64,3 +65,17 @@ def test_stream_write_columns() -> None:
         )
     with pytest.raises(SchemaMismatch, match="must be a STRING"):
         stream_write_columns(T.StructType([T.StructField("message", s), T.StructField("key", T.LongType())]))
+
+
+@pytest.mark.parametrize(
+    ("available", "limit", "taken"),
+    [
+        ([0, 171_000, 0, 57_000], 100_000, [0, 50_000, 0, 50_000]),
+        ([5, 100, 100], 100, [5, 48, 47]),  # what a short partition leaves goes to the others
+        ([10, 10, 10], 7, [3, 2, 2]),
+        ([1, 1], 10, [1, 1]),
+        ([0, 0], 10, [0, 0]),
+    ],
+)
+def test_batch_limit_shared_over_partitions(available: list[int], limit: int, taken: list[int]) -> None:
+    assert share(available, limit) == taken

@@ -38,6 +38,7 @@ from pgbroker.spark.arrow_read import copy_batches
 from pgbroker.spark.connect import Connection, connect
 from pgbroker.spark.log_stream import TARGET_WAIT_FACTOR, CheckpointMismatch
 from pgbroker.spark.stream_options import StreamReadOptions
+from pgbroker.spark.stream_ranges import batch_ends
 
 log = logging.getLogger("pgbroker.spark")
 
@@ -167,10 +168,8 @@ class StreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         self.options.stream,
                         self.options.watermark_wait_ms,
                     )
-            per_partition = None
-            if isinstance(limit, ReadMaxRows):
-                per_partition = max(1, -(-limit.max_rows // len(starts)))  # ceil: spread over partitions
-            ends = self._ends(conn, starts, bound, per_partition)
+            max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            ends = batch_ends(conn, log_table(self.options.stream), starts, bound, max_rows)
         return start if ends == starts else self._offset(ends)
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[StreamPartition]:
@@ -201,30 +200,6 @@ class StreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 hint="Use a new checkpointLocation for a different stream, group, or queue.",
             )
         return [int(i) for i in ids]
-
-    def _ends(self, conn: Connection, starts: list[int], bound: int, per_partition: int | None) -> list[int]:
-        """Per partition: where the next batch ends. Unchanged without a row in (start, bound];
-        else bound, or the per_partition-th row after start when that comes first."""
-        table = sql.Identifier("pgbroker", log_table(self.options.stream))
-        nth = (
-            sql.SQL(
-                "(SELECT l.id FROM {} l WHERE l.partition = u.p AND l.id > u.a AND l.id <= {} "
-                "ORDER BY l.id OFFSET {} LIMIT 1)"
-            ).format(table, sql.Literal(bound), sql.Literal(per_partition - 1))
-            if per_partition is not None
-            else sql.SQL("NULL::bigint")
-        )
-        rows = conn.execute(
-            sql.SQL(
-                "SELECT u.a, {nth}, EXISTS (SELECT 1 FROM {table} l WHERE l.partition = u.p AND l.id > u.a "
-                "AND l.id <= {bound}) FROM unnest(%s::integer[], %s::bigint[]) WITH ORDINALITY AS u(p, a, n) "
-                "ORDER BY u.n"
-            ).format(nth=nth, table=table, bound=sql.Literal(bound)),
-            (list(range(len(starts))), starts),
-        ).fetchall()
-        return [
-            int(a) if not found else int(nth_id) if nth_id is not None else bound for a, nth_id, found in rows
-        ]
 
     def _commit(self, ids: list[int]) -> None:
         if ids == self._committed:

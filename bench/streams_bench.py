@@ -74,22 +74,19 @@ def _pgmq_consumer(dsn: str, queue: str, seconds: float, out: Any) -> None:
         out.put(done / (time.perf_counter() - started))
 
 
-def _stream_producer(dsn: str, stream: str, seconds: float, out: Any) -> None:
+# The send of each system, a batch of 10 (the stream's and pgmq's, as their clients call them).
+_SENDS = {
+    "stream": "SELECT pgbroker.stream_send_many(%s, %s::jsonb[])",
+    "pgmq": "SELECT pgmq.send_batch(%s, %s::jsonb[])",
+}
+
+
+def _producer(dsn: str, system: str, name: str, seconds: float, out: Any) -> None:
     with connect(dsn, prepare=True) as conn:
         batch = [PAYLOAD] * 10
         sent, last = 0, time.perf_counter() + seconds
         while time.perf_counter() < last:
-            conn.execute("SELECT pgbroker.stream_send_many(%s, %s::jsonb[])", (stream, batch))
-            sent += 10
-        out.put(sent / seconds)
-
-
-def _pgmq_producer(dsn: str, queue: str, seconds: float, out: Any) -> None:
-    with connect(dsn, prepare=True) as conn:
-        batch = [PAYLOAD] * 10
-        sent, last = 0, time.perf_counter() + seconds
-        while time.perf_counter() < last:
-            conn.execute("SELECT pgmq.send_batch(%s, %s::jsonb[])", (queue, batch))
+            conn.execute(_SENDS[system], (name, batch))
             sent += 10
         out.put(sent / seconds)
 
@@ -165,12 +162,14 @@ def send_step(broker_dsn: str, pgmq_dsn: str, args: argparse.Namespace) -> dict[
         if system == "stream":
             with connect(broker_dsn) as conn:
                 conn.execute("SELECT pgbroker.create_stream(%s, 4)", (f"s{n}",))
-            rate = sum(_in_processes(_stream_producer, [(broker_dsn, f"s{n}", args.seconds)] * 4))
+            rate = sum(
+                _in_processes(_producer, [(broker_dsn, "stream", f"s{n}", args.seconds)] * args.producers)
+            )
             rates["pgbroker stream_send_many of 10"].append(rate)
         else:
             with connect(pgmq_dsn) as conn:
                 conn.execute("SELECT pgmq.create(%s)", (f"s{n}",))
-            rate = sum(_in_processes(_pgmq_producer, [(pgmq_dsn, f"s{n}", args.seconds)] * 4))
+            rate = sum(_in_processes(_producer, [(pgmq_dsn, "pgmq", f"s{n}", args.seconds)] * args.producers))
             rates["pgmq send_batch of 10"].append(rate)
         print(f"  send round {n + 1}: {system:<8} {rate:10.0f} msg/s", flush=True)
     return {k: mean_rate(v) for k, v in rates.items()}
@@ -216,6 +215,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--backlog", type=int, default=200_000)
     parser.add_argument("--samples", type=int, default=100)
+    parser.add_argument("--producers", type=int, default=4, help="producer processes of the send step (4)")
     parser.add_argument("--dsn", help="a server to run on (a superuser); default: a private cluster")
     args = parser.parse_args()
     with Server(args.dsn, None) as server:
@@ -237,9 +237,9 @@ def main() -> None:
         )
         with open("/proc/loadavg") as f:
             print(f"load average at start: {f.read().split()[:3]}")
-        print("consume (backlog of", args.backlog, ")")
+        print(f"consume (backlog of {args.backlog:,})")
         consume = consume_step(broker_dsn, pgmq_dsn, args)
-        print("send (4 producers)")
+        print(f"send ({args.producers} producers)")
         send = send_step(broker_dsn, pgmq_dsn, args)
         print("latency (idle stream, notify)")
         p50, p99 = latency_step(broker_dsn, args.samples)
@@ -264,7 +264,8 @@ def main() -> None:
         f"{ratio(four, one)} | >= 0.8x |"
     )
     print(
-        f"| send, 4 producers, batches of 10 vs pgmq send_batch of 10 (msg/s) | {sent or 0:,.0f} | "
+        f"| send, {args.producers} producers, batches of 10 vs pgmq send_batch of 10 (msg/s) | "
+        f"{sent or 0:,.0f} | "
         f"{pgmq_sent or 0:,.0f} | {ratio(sent, pgmq_sent)} | >= 1.3x |"
     )
     print(

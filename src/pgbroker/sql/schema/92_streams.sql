@@ -436,9 +436,7 @@ RETURNS text[] LANGUAGE sql STABLE AS $$
       AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
       AND l.relation = format('pgbroker.%I', 's_' || stream_name)::regclass
       AND l.mode = 'RowExclusiveLock'
-      AND l.virtualtransaction IS DISTINCT FROM
-          (SELECT virtualtransaction FROM pg_catalog.pg_locks
-           WHERE locktype = 'virtualxid' AND pid = pg_backend_pid() LIMIT 1);
+      AND l.pid IS DISTINCT FROM pg_backend_pid();  -- not this session (NULL: a prepared transaction)
 $$;
 
 -- Advance the stream's safe id if it can, and return it (see the header).

@@ -1,2 +1,0 @@
--- local placeholder, not committed
-SELECT 1;

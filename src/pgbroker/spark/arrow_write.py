@@ -10,7 +10,7 @@ aggregating them into arrays there cost 10 to 20% more server time per message.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -35,7 +35,7 @@ def send_batches(conn: Connection, queue: str, layout: WriteLayout, batches: Ite
     conn.adapters.register_dumper(JsonbArray, JsonbArrayDumper)
     send_sql = _send_sql(layout)
     sent = 0
-    for chunk in _chunks(batches, layout):
+    for chunk in chunks(batches, layout.columns):
         for rows, delay in _by_delay(chunk, layout):
             message = rows.column("message")
             if layout.body is not None and layout.body.codec != "json":  # JSON text is stored as it is
@@ -62,9 +62,9 @@ def _send_sql(layout: WriteLayout) -> sql.Composed:
     return sql.SQL("SELECT count(*) FROM pgmq.send_batch({})").format(sql.SQL(", ").join(args))
 
 
-def _chunks(batches: Iterable[Any], layout: WriteLayout) -> Iterator[Any]:
-    """The rows of ``batches`` (only the layout's columns) as pyarrow Tables of SEND_ROWS rows,
-    the last one shorter."""
+def chunks(batches: Iterable[Any], wanted: Sequence[str]) -> Iterator[Any]:
+    """The rows of ``batches`` (only the ``wanted`` columns, lower-case names) as pyarrow Tables
+    of SEND_ROWS rows, the last one shorter."""
     import pyarrow as pa
 
     pending: list[Any] = []
@@ -74,8 +74,8 @@ def _chunks(batches: Iterable[Any], layout: WriteLayout) -> Iterator[Any]:
             continue
         by_name = {name.lower(): i for i, name in enumerate(batch.schema.names)}
         # By the layout's (lower-case) names: Spark matches column names without regard to case.
-        columns = [batch.column(by_name[c]) for c in layout.columns]
-        pending.append(pa.RecordBatch.from_arrays(columns, names=list(layout.columns)))
+        columns = [batch.column(by_name[c]) for c in wanted]
+        pending.append(pa.RecordBatch.from_arrays(columns, names=list(wanted)))
         rows += batch.num_rows
         if rows < SEND_ROWS:
             continue

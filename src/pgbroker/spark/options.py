@@ -88,7 +88,7 @@ class WriteOptions:
 
 def parse_read(options: Mapping[str, str]) -> ReadOptions:
     """Validated read options (batch and streaming share them)."""
-    opts = _Options(options, _READ_OPTIONS)
+    opts = Options(options, _READ_OPTIONS)
     archive = opts.boolean("archive", False)
     available = ARCHIVE_COLUMNS if archive else QUEUE_COLUMNS
     mode = cast(Mode, opts.choice("mode", ("log", "claim"), "log"))
@@ -137,7 +137,7 @@ def parse_read(options: Mapping[str, str]) -> ReadOptions:
 
 
 def parse_write(options: Mapping[str, str]) -> WriteOptions:
-    opts = _Options(options, _WRITE_OPTIONS)
+    opts = Options(options, _WRITE_OPTIONS)
     return WriteOptions(queue=opts.queue(), dsn=opts.dsn(), body=opts.body())
 
 
@@ -146,7 +146,7 @@ def default_partitions() -> int:
     return max(1, os.cpu_count() or 1)
 
 
-class _Options:
+class Options:
     """Typed access to Spark's string options, refusing names the source does not know."""
 
     def __init__(self, options: Mapping[str, str], known: tuple[str, ...]) -> None:

@@ -21,6 +21,10 @@ SPARK_TYPES = {
     "message": "STRING",
     "headers": "STRING",
     "archived_at": "TIMESTAMP",
+    # Streams (pgbroker.spark.stream_options.STREAM_COLUMNS).
+    "partition": "INT",
+    "id": "BIGINT",
+    "key": "STRING",
 }
 
 WRITE_COLUMNS = ("message", "headers", "delay")
@@ -55,6 +59,9 @@ def arrow_types(columns: Sequence[str]) -> dict[str, Any]:
         "read_ct": pa.int32(),
         "message": pa.string(),
         "headers": pa.string(),
+        "partition": pa.int32(),
+        "id": pa.int64(),
+        "key": pa.string(),
     }
     return {name: by_name.get(name, timestamp) for name in columns}
 

@@ -9,14 +9,14 @@ a source that replays exactly (both pgbroker stream modes do).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
 from pgbroker.spark.arrow_write import send_batches
-from pgbroker.spark.connect import connect
+from pgbroker.spark.connect import Connection, connect
 from pgbroker.spark.schema import WriteLayout
 
 
@@ -42,14 +42,20 @@ class PartitionWritten(WriterCommitMessage):
 def write_partition(
     dsn: str, queue: str, layout: WriteLayout, key: SinkKey, batches: Iterable[Any]
 ) -> PartitionWritten:
+    return write_keyed(dsn, queue, key, lambda conn: send_batches(conn, queue, layout, batches))
+
+
+def write_keyed(dsn: str, target: str, key: SinkKey, send: Callable[[Connection], int]) -> PartitionWritten:
+    """Run ``send`` (which returns how many messages it sent to ``target``, a queue or a stream)
+    in the transaction that records ``key``, unless an earlier attempt already committed it."""
     with connect(dsn, role="writer") as conn, conn.transaction():
         row = conn.execute(
             "SELECT pgbroker.spark_sink_begin(%s, %s, %s, %s)",
-            (key.query_id, key.batch_id, key.partition_id, queue),
+            (key.query_id, key.batch_id, key.partition_id, target),
         ).fetchone()
         if row is None or not row[0]:
             return PartitionWritten(key.query_id, key.batch_id, key.partition_id, 0, duplicate=True)
-        sent = send_batches(conn, queue, layout, batches)
+        sent = send(conn)
         conn.execute(
             "SELECT pgbroker.spark_sink_finish(%s, %s, %s, %s)",
             (key.query_id, key.batch_id, key.partition_id, sent),

@@ -4,6 +4,7 @@
     spark.readStream.format("pgbroker").option("queue", "orders").load()    # log mode
     df.write.format("pgbroker").option("queue", "out").mode("append").save()
     df.writeStream.format("pgbroker").option("queue", "out").option("checkpointLocation", d).start()
+    spark.readStream.format("pgbroker").option("stream", "clicks").option("group", "lake").load()
 
 Options are documented in docs/spark.md and checked in pgbroker.spark.options. This module only
 dispatches: every method Spark calls checks the options and hands over to a reader or writer.
@@ -28,6 +29,10 @@ from pgbroker.spark.connect import connect, queue_table
 from pgbroker.spark.log_stream import LogStreamReader
 from pgbroker.spark.options import OptionError, ReadOptions, WriteOptions, parse_read, parse_write
 from pgbroker.spark.schema import WriteLayout, column_type, spark_ddl, write_layout
+from pgbroker.spark.stream_dispatch import stream_read_options, stream_schema, stream_write_options
+from pgbroker.spark.stream_options import is_stream
+from pgbroker.spark.stream_sink import StreamAppendWriter, StreamBatchAppendWriter
+from pgbroker.spark.stream_source import StreamOffsetReader, StreamRangeReader
 from pgbroker.spark.stream_write import StreamWriter
 
 NAME = "pgbroker"
@@ -41,25 +46,35 @@ class PgbrokerDataSource(DataSource):
     def schema(self) -> str:
         # Called once, on the driver, when a read is defined: the place to fail early on a bad
         # option or a queue that does not exist.
+        if is_stream(self.options):
+            return stream_schema(self.options)
         options = parse_read(self.options)
         with connect(options.dsn, role="planner") as conn:
             queue_table(conn, options.queue, archive=options.archive)
         return spark_ddl(options.columns, options.body)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if is_stream(self.options):
+            return StreamRangeReader(stream_read_options(self.options, schema, streaming=False))
         return BatchReader(self._read_options(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        if is_stream(self.options):
+            return StreamOffsetReader(stream_read_options(self.options, schema, streaming=True))
         options = self._read_options(schema)
         if options.mode == "claim":
             return ClaimStreamReader(options)
         return LogStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if is_stream(self.options):
+            return StreamBatchAppendWriter(*stream_write_options(self.options, schema, overwrite))
         options, layout = _write_options(self.options, schema, overwrite)
         return BatchWriter(options, layout)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        if is_stream(self.options):
+            return StreamAppendWriter(*stream_write_options(self.options, schema, overwrite))
         options, layout = _write_options(self.options, schema, overwrite)
         return StreamWriter(options, layout)
 

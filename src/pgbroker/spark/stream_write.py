@@ -34,7 +34,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         self.layout = layout
 
     def write(self, iterator: Iterator[Any]) -> PartitionWritten:
-        return write_partition(self.options.dsn, self.options.queue, self.layout, _task_key(), iterator)
+        return write_partition(self.options.dsn, self.options.queue, self.layout, task_key(), iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Spark replays only the last batch of a query: keys of earlier ones can go.
@@ -54,7 +54,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         )
 
 
-def _task_key() -> SinkKey:
+def task_key() -> SinkKey:
     context = TaskContext.get()
     query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
     batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None

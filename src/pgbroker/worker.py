@@ -37,7 +37,8 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -71,6 +72,14 @@ _LISTEN_TIMEOUT = 1.0
 _RECONNECT = (0.05, 2.0)
 # Seconds an outcome waits for the next read to carry it before it is sent on its own.
 _ACK_LINGER = 0.01
+# Read-ahead: messages read beyond the free slots, held (leased) until a slot frees. As many as
+# the handlers get through in _AHEAD_SECONDS at their measured pace, at most _MOST_AHEAD; none
+# until a handler has finished, and none for handlers that take longer than that.
+_AHEAD_SECONDS = 0.05
+_MOST_AHEAD = 100
+# Reads in flight at once, each on its own connection: the server serves one while the handlers
+# go through what the last one brought.
+_READS_AT_ONCE = 2
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -172,11 +181,14 @@ def _check_count(value: int, what: str) -> int:
 class Worker:
     """Consumes one queue with one handler; ``await worker.run(broker)`` until stop().
 
-    concurrency: messages in flight at once. batch_size: most messages per read (default:
-    concurrency); a read is made once at least half the slots (or batch_size) are free, so
-    that fast handlers share reads. vt: lease seconds. heartbeat: extend leases of slow
-    handlers every vt/3 seconds. notify: enable notify on the queue if it has none (with
-    pgmq's default 250 ms throttle), so an idle worker sleeps until a send. poll_min and
+    concurrency: messages in flight at once. Fast handlers also get a read-ahead: as many more
+    messages as they handle in about 50 ms (at most 100, none for slow handlers), held leased
+    until a slot frees, so that even one slot shares its reads and acks among many messages.
+    batch_size: most messages per read (default: the larger of concurrency and 100); a read is
+    made once half of what may be held is free, so that reads are shared. vt: lease seconds.
+    heartbeat: extend leases of slow handlers (and of read-ahead messages) every vt/3 seconds.
+    notify: enable notify on the queue if it has none (with pgmq's default 250 ms throttle),
+    so an idle worker sleeps until a send. poll_min and
     poll_max: the fallback polls of an empty queue, doubling from one to the other.
     grace_period: seconds a stopping worker waits for its handlers. maintain_every: apply
     the archive retention every so many seconds (None: leave it to `pgbroker maintain`).
@@ -202,7 +214,9 @@ class Worker:
         self.queue = queue
         self.handler = handler
         self.concurrency = _check_count(concurrency, "concurrency")
-        self.batch_size = _check_count(batch_size if batch_size is not None else concurrency, "batch_size")
+        self.batch_size = _check_count(
+            batch_size if batch_size is not None else max(concurrency, _MOST_AHEAD), "batch_size"
+        )
         self.vt = _check_count(vt, "vt")
         self.heartbeat = heartbeat
         self.notify = notify
@@ -216,6 +230,12 @@ class Worker:
         call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
         self._in_flight: dict[asyncio.Task[None], _Lease] = {}
+        # Read ahead, not started yet: started as slots free, given back at stop.
+        self._ahead: deque[tuple[Message, _Lease]] = deque()
+        self._handler_seconds: float | None = None  # moving average of the handlers' time
+        self._threads: HandlerThreads | None = None
+        self._asked = 0  # messages asked for by the reads in flight
+        self._unavailable = False  # the last call lost its connection
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
@@ -246,6 +266,7 @@ class Worker:
         if self.notify:
             await self._enable_notify(queue)
         threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.queue}")
+        self._threads = threads
         flusher = asyncio.create_task(self._send_lingering(broker), name=f"pgbroker-ack-{self.queue}")
         helpers = []
         if self.heartbeat:
@@ -305,52 +326,111 @@ class Worker:
     # -- reading, with the outcomes of the last messages -----------------------------------
 
     async def _consume(self, broker: AsyncBroker, queue: AsyncQueue, threads: HandlerThreads | None) -> None:
+        """Read while there is room, up to _READS_AT_ONCE reads in flight (on their own
+        connections), so that the server serves one while the handlers go through the last."""
         idle = Backoff(self.poll_min, self.poll_max)
         trouble = Backoff(*_RECONNECT)
-        unavailable = False
+        self._unavailable = False
         subscription: AsyncSubscription | None = None
-        # Read when this many slots are free, so that fast handlers share reads.
-        refill = min(self.batch_size, max(1, self.concurrency // 2))
-        while not self._stopping.is_set():
-            await self._until(lambda: self.concurrency - self.in_flight >= refill)
-            if self._stopping.is_set():
-                return
-            outcomes = self._outbox.take()
-            try:
+        reads: dict[asyncio.Task[list[Message]], tuple[int, list[Outcome]]] = {}
+        nap: float | None = None  # an empty queue or a lost connection: sleep once the reads are back
+        try:
+            while not self._stopping.is_set():
+                await self._until(partial(self._read_due, reads, nap is None))
+                if self._stopping.is_set():
+                    return
+                for task in [t for t in reads if t.done()]:
+                    qty, outcomes = reads.pop(task)
+                    self._asked -= qty
+                    found = self._read_back(task, outcomes)
+                    if found is None:
+                        nap, subscription = trouble.next(), None
+                    elif found:
+                        idle.reset()
+                        trouble.reset()
+                        nap = None
+                    elif nap is None:
+                        nap = idle.next()
+                        trouble.reset()
+                if nap is not None:
+                    if reads:
+                        continue  # first what they bring
+                    await self._nap(subscription, nap)
+                    nap = None
+                    continue
+                if not self._may_read(reads):
+                    continue
                 if subscription is None:
-                    subscription = await queue.listen(_LISTEN_TIMEOUT)
-                qty = min(self.batch_size, self.concurrency - self.in_flight)
+                    try:
+                        subscription = await queue.listen(_LISTEN_TIMEOUT)
+                    except Exception as exc:
+                        if not self._lost_connection(exc, []):
+                            raise
+                        nap = trouble.next()
+                        continue
+                qty = min(self.batch_size, self._room() - self._asked)
+                outcomes = self._outbox.take()
+                self._asked += qty
                 self.stats.reads += 1
-                messages = await self._exchange(broker, outcomes, qty)
-            except Exception as exc:
-                # Sent again by the outbox's sender (fenced receipts make a second ack safe).
-                self._outbox.put_back(outcomes)
-                if not _is_transient(exc):
-                    raise
-                self.stats.connection_errors += 1
-                if outcomes:
-                    _log(logging.INFO, "worker.retrying", error=exc, outcomes=len(outcomes))
-                # Once per outage at WARNING; the retries at DEBUG.
-                _log(
-                    logging.DEBUG if unavailable else logging.WARNING,
-                    "worker.database_unavailable",
-                    queue=self.queue,
-                    error=exc,
-                )
-                unavailable = True
-                await self._nap(None, trouble.next())
-                continue
-            if unavailable:
-                _log(logging.WARNING, "worker.database_available", queue=self.queue)
-                unavailable = False
-                trouble.reset()
-            self.stats.received += len(messages)
-            for message in messages:
-                self._start(threads, message)
-            if messages:
-                idle.reset()
-            else:
-                await self._nap(subscription, idle.next())
+                task = asyncio.create_task(self._exchange(broker, outcomes, qty))
+                task.add_done_callback(lambda _: self._changed.set())
+                reads[task] = (qty, outcomes)
+        finally:
+            # Reads still in flight: their messages are held, and given back by _drain.
+            await asyncio.gather(*reads, return_exceptions=True)
+            for task, (qty, outcomes) in reads.items():
+                self._asked -= qty
+                with suppress(Exception):
+                    self._read_back(task, outcomes)
+
+    def _read_due(self, reads: Mapping[asyncio.Task[list[Message]], object], may_read: bool) -> bool:
+        """A read came back, or (unless napping) there is room for another."""
+        return any(task.done() for task in reads) or (may_read and self._may_read(reads))
+
+    def _may_read(self, reads: Mapping[asyncio.Task[list[Message]], object]) -> bool:
+        """Room for a read: half of what may be held is free (so that reads are shared)."""
+        if len(reads) >= _READS_AT_ONCE:
+            return False
+        return self._room() - self._asked >= min(self.batch_size, max(1, self._capacity() // 2))
+
+    def _read_back(self, task: asyncio.Task[list[Message]], outcomes: list[Outcome]) -> list[Message] | None:
+        """Take in what a read brought: its messages (held, and started as slots free), or None
+        after a lost connection (its outcomes go back to the outbox). Raises any other error."""
+        try:
+            messages = task.result()
+        except Exception as exc:
+            if not self._lost_connection(exc, outcomes):
+                raise
+            return None
+        if self._unavailable:
+            _log(logging.WARNING, "worker.database_available", queue=self.queue)
+            self._unavailable = False
+        self.stats.received += len(messages)
+        for message in messages:
+            assert message.receipt is not None  # pgbroker.read hands out receipts
+            self._ahead.append((message, _Lease(message.receipt)))
+        self._start_ahead()
+        return messages
+
+    def _lost_connection(self, exc: Exception, outcomes: list[Outcome]) -> bool:
+        """Whether ``exc`` is a lost connection (logged; the call is worth another try later).
+        The outcomes the call carried go back to the outbox either way: its sender tries them
+        again (fenced receipts make a second ack safe)."""
+        self._outbox.put_back(outcomes)
+        if not _is_transient(exc):
+            return False
+        self.stats.connection_errors += 1
+        if outcomes:
+            _log(logging.INFO, "worker.retrying", error=exc, outcomes=len(outcomes))
+        # Once per outage at WARNING; the retries at DEBUG.
+        _log(
+            logging.DEBUG if self._unavailable else logging.WARNING,
+            "worker.database_unavailable",
+            queue=self.queue,
+            error=exc,
+        )
+        self._unavailable = True
+        return True
 
     async def _exchange(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
         """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages."""
@@ -464,21 +544,38 @@ class Worker:
 
     # -- one message -----------------------------------------------------------------------
 
-    def _start(self, threads: HandlerThreads | None, message: Message) -> None:
-        assert message.receipt is not None  # pgbroker.read hands out receipts
-        lease = _Lease(message.receipt)
-        task = asyncio.create_task(self._process(threads, message, lease))
-        self._in_flight[task] = lease
-        task.add_done_callback(self._finished)
+    def _capacity(self) -> int:
+        """Messages that may be held: the slots, and the read-ahead the handlers' pace allows."""
+        pace = self._handler_seconds
+        if pace is None:
+            return self.concurrency
+        ahead = _MOST_AHEAD if pace <= 0 else min(_MOST_AHEAD, int(_AHEAD_SECONDS * self.concurrency / pace))
+        return self.concurrency + ahead
+
+    def _room(self) -> int:
+        return self._capacity() - self.in_flight - len(self._ahead)
+
+    def _start_ahead(self) -> None:
+        """Start read-ahead messages while slots are free."""
+        while self._ahead and self.in_flight < self.concurrency and not self._stopping.is_set():
+            message, lease = self._ahead.popleft()
+            task = asyncio.create_task(self._process(self._threads, message, lease))
+            self._in_flight[task] = lease
+            task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(task, None)
+        self._start_ahead()
         self._changed.set()
         if not task.cancelled() and task.exception() is not None:
             _log(logging.ERROR, "worker.bug", queue=self.queue, error=repr(task.exception()))
 
     async def _process(self, threads: HandlerThreads | None, message: Message, lease: _Lease) -> None:
+        started = time.perf_counter()
         error = await self._handle(threads, message)
+        took = time.perf_counter() - started
+        pace = self._handler_seconds
+        self._handler_seconds = took if pace is None else 0.9 * pace + 0.1 * took
         if lease.extending is not None:  # an extend in flight finishes first: its receipt is the one to use
             await asyncio.shield(lease.extending)
         if lease.over:  # lost, or given back at shutdown
@@ -507,9 +604,10 @@ class Worker:
         while True:
             await asyncio.sleep(self.vt / 6)
             now = time.time()
+            held = [*self._in_flight.values(), *(lease for _, lease in self._ahead)]
             due = [
                 lease
-                for lease in self._in_flight.values()
+                for lease in held
                 if not lease.over and lease.receipt.lease / 1e6 - now < 2 * self.vt / 3
             ]
             if due:
@@ -551,7 +649,11 @@ class Worker:
     # -- stopping and maintenance ----------------------------------------------------------
 
     async def _drain(self, queue: AsyncQueue) -> None:
-        """Wait up to the grace period for the handlers in flight, then give back the rest."""
+        """Give back what was read ahead, wait up to the grace period for the handlers in flight,
+        then give back the rest."""
+        ahead = [lease for _, lease in self._ahead]
+        self._ahead.clear()
+        await self._release(queue, ahead)
         if self._in_flight and not self._hurry:
             _log(
                 logging.INFO,
@@ -564,29 +666,35 @@ class Worker:
                 async with asyncio.timeout(self.grace_period):
                     await self._until_drained()
         leftover = list(self._in_flight.items())
-        receipts = []
-        for task, lease in leftover:
-            if lease.extending is not None:  # the receipt to give back is the one it hands out
-                await asyncio.shield(lease.extending)
-            if not lease.over:  # still in its handler (otherwise its outcome is being recorded)
-                lease.over = True
-                receipts.append(lease.receipt)
+        await self._release(queue, [lease for _, lease in leftover])
+        for task, _ in leftover:
             task.cancel()
         await asyncio.gather(*(task for task, _ in leftover), return_exceptions=True)
-        if receipts:
-            try:
-                released = await queue.nack_many(receipts)
-            except Exception as exc:
-                released = []
-                _log(logging.WARNING, "worker.release_failed", queue=self.queue, error=exc)
-            self.stats.released += len(released)
-            _log(
-                logging.WARNING,
-                "worker.released",
-                queue=self.queue,
-                messages=len(released),
-                unfinished=len(receipts),
-            )
+
+    async def _release(self, queue: AsyncQueue, leases: list[_Lease]) -> None:
+        """Nack the leases whose handler has not finished (or not started)."""
+        receipts = []
+        for lease in leases:
+            if lease.extending is not None:  # the receipt to give back is the one it hands out
+                await asyncio.shield(lease.extending)
+            if not lease.over:  # otherwise its outcome is being recorded
+                lease.over = True
+                receipts.append(lease.receipt)
+        if not receipts:
+            return
+        try:
+            released = await queue.nack_many(receipts)
+        except Exception as exc:
+            released = []
+            _log(logging.WARNING, "worker.release_failed", queue=self.queue, error=exc)
+        self.stats.released += len(released)
+        _log(
+            logging.WARNING,
+            "worker.released",
+            queue=self.queue,
+            messages=len(released),
+            unfinished=len(receipts),
+        )
 
     async def _until_drained(self) -> None:
         while self._in_flight and not self._hurry:

@@ -204,7 +204,7 @@ class Worker:
         vt: int = 30,
         heartbeat: bool = True,
         notify: bool = True,
-        poll_min: float = 0.05,
+        poll_min: float = 0.01,
         poll_max: float = 5.0,
         grace_period: float = 30.0,
         maintain_every: float | None = None,

@@ -41,8 +41,9 @@ class Peer:
     async def install(self, dsn: str) -> None:
         raise NotImplementedError
 
-    async def create(self, dsn: str, queue: str) -> None:
-        """Make an empty queue (or whatever names a stream of jobs in this system)."""
+    async def create(self, dsn: str, queue: str, tuned: bool) -> None:
+        """Make an empty queue (or whatever names a stream of jobs in this system), with the
+        documented speed settings when ``tuned``."""
         raise NotImplementedError
 
     def sender(self, dsn: str, queue: str) -> AbstractAsyncContextManager[Send]:

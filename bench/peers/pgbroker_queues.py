@@ -22,15 +22,19 @@ class PgbrokerQueues(Peer):
     database = "pgbroker_bench_peer_pgbroker"
 
     def describe(self, tuned: bool) -> str:
-        return f"Worker(concurrency={TUNED_CONCURRENCY})" if tuned else "Worker() (concurrency 1)"
+        if tuned:
+            return f"Worker(concurrency={TUNED_CONCURRENCY}), queue policy ack_mode='delete'"
+        return "Worker() (concurrency 1; acks archive)"
 
     async def install(self, dsn: str) -> None:
         async with AsyncBroker(dsn, max_connections=1) as broker:
             await broker.install()
 
-    async def create(self, dsn: str, queue: str) -> None:
+    async def create(self, dsn: str, queue: str, tuned: bool) -> None:
         async with AsyncBroker(dsn, max_connections=1) as broker:
-            await broker.create_queue(queue)
+            created = await broker.create_queue(queue)
+            if tuned:  # acks delete rather than archive, as pgmq's delete and PgQueuer do
+                await created.set_policy(ack_mode="delete")
 
     @asynccontextmanager
     async def sender(self, dsn: str, queue: str) -> AsyncIterator[Send]:

@@ -32,7 +32,7 @@ class PgmqLoop(Peer):
         with psycopg.connect(dsn, autocommit=True) as conn:
             install_reference_pgmq(conn)
 
-    async def create(self, dsn: str, queue: str) -> None:
+    async def create(self, dsn: str, queue: str, tuned: bool) -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             await conn.execute("SELECT pgmq.create(%s)", [queue])
 

@@ -48,7 +48,7 @@ class PgQueuerPeer(Peer):
         finally:
             await conn.close()
 
-    async def create(self, dsn: str, queue: str) -> None:
+    async def create(self, dsn: str, queue: str, tuned: bool) -> None:
         pass  # an entrypoint needs no setup
 
     @asynccontextmanager

@@ -48,7 +48,7 @@ class ProcrastinatePeer(Peer):
         async with app.open_async():
             await app.schema_manager.apply_schema_async()
 
-    async def create(self, dsn: str, queue: str) -> None:
+    async def create(self, dsn: str, queue: str, tuned: bool) -> None:
         pass  # a queue is only a name on the jobs
 
     @asynccontextmanager

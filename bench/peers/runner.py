@@ -140,7 +140,7 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 def enqueue_rate(peer: Peer, dsn: str, queue: str, count: int, batch: int) -> float:
     """msg/s of one producer enqueueing ``count`` jobs ``batch`` at a time."""
-    _run(peer.create(dsn, queue))
+    _run(peer.create(dsn, queue, False))
     seconds = _run(peer.enqueue(dsn, queue, [{"i": i} for i in range(count)], batch))
     return count / seconds
 
@@ -151,7 +151,7 @@ def _no_job_left(peer: Peer, dsn: str, queue: str) -> bool:
 
 def drain(peer: Peer, dsn: str, queue: str, count: int, *, tuned: bool, processes: int) -> Drained:
     """Enqueue ``count`` jobs, then time ``processes`` worker processes draining them."""
-    _run(peer.create(dsn, queue))
+    _run(peer.create(dsn, queue, tuned))
     _run(peer.enqueue(dsn, queue, [{"i": i} for i in range(count)], 1000))
     with Workers(peer, dsn, queue, tuned=tuned, processes=processes, target=count) as workers:
         handled = workers.wait_for(lambda: workers.handled() >= count, DRAIN_LIMIT)
@@ -166,7 +166,7 @@ def drain(peer: Peer, dsn: str, queue: str, count: int, *, tuned: bool, processe
 
 def steady(peer: Peer, dsn: str, queue: str, *, rate: int, seconds: float, batch: int = 10) -> Flow:
     """A producer enqueueing ``rate`` jobs a second (``batch`` a call) while one worker handles."""
-    _run(peer.create(dsn, queue))
+    _run(peer.create(dsn, queue, True))
     flow = Flow()
     with Workers(peer, dsn, queue, tuned=True, processes=1) as workers:
         _warm_up(peer, dsn, queue, workers)
@@ -193,7 +193,7 @@ def steady(peer: Peer, dsn: str, queue: str, *, rate: int, seconds: float, batch
 
 def idle_latency(peer: Peer, dsn: str, queue: str, *, samples: int, gap: float) -> Flow:
     """One job every ``gap`` seconds to a worker that sleeps between them."""
-    _run(peer.create(dsn, queue))
+    _run(peer.create(dsn, queue, True))
     flow = Flow()
     with Workers(peer, dsn, queue, tuned=True, processes=1) as workers:
         _warm_up(peer, dsn, queue, workers)

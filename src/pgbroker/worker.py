@@ -433,12 +433,28 @@ class Worker:
         return True
 
     async def _exchange(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
-        """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages."""
+        """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages.
+
+        The common case, successes and a read, is one statement; failures (one statement per
+        error text) go with them in pipeline mode.
+        """
         batch = batch_of(self.queue, outcomes)
-        queries: list[Query[Any]] = list(batch.queries)
-        if qty:
-            queries.append(q.message_read_many(self.queue, qty, vt=self.vt))
         async with broker.connection() as conn:
+            if qty and batch.successes and not batch.failures:
+                [(acked, found)] = await run_together(
+                    conn,
+                    [
+                        q.message_complete_and_read(
+                            self.queue, [o.receipt for o in batch.successes], qty, vt=self.vt
+                        )
+                    ],
+                )
+                await self._record(broker.queue(self.queue), batch, set(acked), {})
+                read: list[Message] = found
+                return read
+            queries: list[Query[Any]] = list(batch.queries)
+            if qty:
+                queries.append(q.message_read_many(self.queue, qty, vt=self.vt))
             results = await run_together(conn, queries)
         messages: list[Message] = results.pop() if qty else []
         if outcomes:

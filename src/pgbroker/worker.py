@@ -23,9 +23,11 @@ no duplicate handling.
 
 An empty queue is waited on with LISTEN/NOTIFY; polls are the fallback, less frequent the
 longer the queue stays empty (``poll_min`` doubling up to ``poll_max``). Worker.stop() (or
-SIGTERM/SIGINT under pgbroker.app.serve) stops reading, lets the handlers in flight finish
-within ``grace_period``, sends the outcomes still waiting, and gives back (nacks) the messages
-of the handlers that could not finish.
+SIGTERM/SIGINT under pgbroker.app.serve) stops reading, lets the handlers in flight (and the
+messages read ahead for them) finish within ``grace_period``, sends the outcomes still waiting,
+and gives back (nacks) the messages that could not be handled in time. A read-ahead message
+counts as delivered (read_ct), as one in flight does: a worker killed outright leaves both to
+come back after their vt, one delivery further towards the queue's max_deliveries.
 """
 
 from __future__ import annotations
@@ -573,7 +575,7 @@ class Worker:
 
     def _start_ahead(self) -> None:
         """Start read-ahead messages while slots are free."""
-        while self._ahead and self.in_flight < self.concurrency and not self._stopping.is_set():
+        while self._ahead and self.in_flight < self.concurrency and not self._hurry:
             message, lease = self._ahead.popleft()
             task = asyncio.create_task(self._process(self._threads, message, lease))
             self._in_flight[task] = lease
@@ -665,24 +667,25 @@ class Worker:
     # -- stopping and maintenance ----------------------------------------------------------
 
     async def _drain(self, queue: AsyncQueue) -> None:
-        """Give back what was read ahead, wait up to the grace period for the handlers in flight,
-        then give back the rest."""
-        ahead = [lease for _, lease in self._ahead]
-        self._ahead.clear()
-        await self._release(queue, ahead)
-        if self._in_flight and not self._hurry:
+        """Wait up to the grace period for the handlers in flight and what was read ahead (fast
+        handlers, by construction: handling it spares its message a delivery count), then give
+        back the rest."""
+        if (self._in_flight or self._ahead) and not self._hurry:
             _log(
                 logging.INFO,
                 "worker.draining",
                 queue=self.queue,
                 in_flight=self.in_flight,
+                read_ahead=len(self._ahead),
                 grace_period=self.grace_period,
             )
             with suppress(TimeoutError):
                 async with asyncio.timeout(self.grace_period):
                     await self._until_drained()
+        ahead = [lease for _, lease in self._ahead]
+        self._ahead.clear()
         leftover = list(self._in_flight.items())
-        await self._release(queue, [lease for _, lease in leftover])
+        await self._release(queue, ahead + [lease for _, lease in leftover])
         for task, _ in leftover:
             task.cancel()
         await asyncio.gather(*(task for task, _ in leftover), return_exceptions=True)
@@ -713,7 +716,7 @@ class Worker:
         )
 
     async def _until_drained(self) -> None:
-        while self._in_flight and not self._hurry:
+        while (self._in_flight or self._ahead) and not self._hurry:
             self._changed.clear()
             await self._changed.wait()
 

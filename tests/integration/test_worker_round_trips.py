@@ -131,3 +131,23 @@ def test_one_heartbeat_call_extends_every_lease_that_is_due(broker: Broker, dsn:
     assert [read_ct for _, read_ct, _, _ in a_rows(conn, "jobs")] == [1, 1, 1]
     # Three leases extended about every 2/3 s for 3 s: separate calls would be 9 to 15.
     assert 1 <= StatementLog.calling("extend") <= 6
+
+
+def test_a_graceful_stop_handles_what_was_read_ahead(broker: Broker, dsn: str, conn: Conn) -> None:
+    """A stop spends no delivery (read_ct) on a message it read ahead and could handle: with
+    max_deliveries=1 a message given back unhandled would be dead-lettered at its next read."""
+    queue = broker.create_queue("jobs")
+    queue.set_policy(max_deliveries=1)
+    queue.send_many([{"n": n} for n in range(1000)])
+
+    async def handle(message: Message) -> None:
+        pass
+
+    worker = Worker("jobs", handle)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed >= 150))
+
+    left = q_rows(conn, "jobs")
+    assert (worker.stats.released, worker.stats.stale) == (0, 0)
+    assert worker.stats.completed + len(left) == 1000
+    assert worker.stats.completed == worker.stats.received > 150  # it had read ahead, and handled it
+    assert all(read_ct == 0 for _, read_ct, _, _, _ in left)  # the rest was never read

@@ -37,7 +37,7 @@ def _app(dsn: str, handle: Handle | None = None) -> Any:
 class ProcrastinatePeer(Peer):
     key = "Procrastinate"
     database = "pgbroker_bench_peer_procrastinate"
-    drain_cap = 2_000  # 100-150 jobs a second here (a query per job): 15-20 s a drain
+    drain_cap = 1_000  # 50-150 jobs a second here (a query per job): 7-20 s a drain
 
     def describe(self, tuned: bool) -> str:
         concurrency = TUNED_CONCURRENCY if tuned else 1

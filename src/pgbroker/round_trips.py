@@ -20,18 +20,22 @@ from pgbroker.queries import Query
 __all__ = ["run_together"]
 
 
-async def run_together(conn: psycopg.AsyncConnection[Any], queries: Sequence[Query[Any]]) -> list[Any]:
+async def run_together(
+    conn: psycopg.AsyncConnection[Any], queries: Sequence[Query[Any]], *, shared: bool = False
+) -> list[Any]:
     """Run ``queries`` in order in one transaction with one round trip; their decoded results.
 
     A failing statement rolls the whole transaction back and raises as the clients do (the
     pgbroker error type, with the psycopg error as the cause). ``conn`` must be idle in
-    autocommit, as the pools' connections are. One query is simply run on its own.
+    autocommit, as the pools' connections are. One query is simply run on its own, and so is
+    each of them on a ``shared`` connection, where another task's statement could otherwise
+    slip into the transaction between two of them.
     """
     if not queries:
         return []
     try:
-        if len(queries) == 1:
-            cursors = [await conn.execute(queries[0].sql, queries[0].params)]
+        if len(queries) == 1 or shared:
+            cursors = [await conn.execute(query.sql, query.params) for query in queries]
         else:
             async with conn.pipeline(), conn.transaction():
                 # Queued, not sent: leaving the pipeline sends BEGIN ... COMMIT with one Sync.

@@ -457,7 +457,7 @@ class Worker:
             queries: list[Query[Any]] = list(batch.queries)
             if qty:
                 queries.append(q.message_read_many(self.queue, qty, vt=self.vt))
-            results = await run_together(conn, queries)
+            results = await run_together(conn, queries, shared=broker.single_connection)
         messages: list[Message] = results.pop() if qty else []
         if outcomes:
             await self._record(broker.queue(self.queue), batch, *batch.results(results))

@@ -151,3 +151,29 @@ def test_a_graceful_stop_handles_what_was_read_ahead(broker: Broker, dsn: str, c
     assert worker.stats.completed + len(left) == 1000
     assert worker.stats.completed == worker.stats.received > 150  # it had read ahead, and handled it
     assert all(read_ct == 0 for _, read_ct, _, _, _ in left)  # the rest was never read
+
+
+def test_a_worker_on_one_shared_connection_records_failures_without_a_pipeline(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    """On a broker made from one connection every call of the worker shares it: the statements
+    of an exchange run one by one, so that none of another task's slips into its transaction."""
+    queue = broker.create_queue("jobs")
+    queue.set_policy(backoff="fixed", backoff_base_seconds=0)
+    sent = queue.send_many(list(range(30)))
+
+    async def handle(message: Message) -> None:
+        if message.msg_id == sent[5] and message.read_ct == 1:
+            raise ValueError("once")
+
+    worker = Worker("jobs", handle, concurrency=10)
+
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as shared:
+            async with AsyncBroker(connection=shared) as one:
+                assert one.single_connection
+                await run_until(dsn, [worker], lambda: worker.stats.completed == 30, broker=one)
+
+    asyncio.run(scenario())
+    assert (worker.stats.completed, worker.stats.retried, worker.stats.stale) == (30, 1, 0)
+    assert len(a_rows(conn, "jobs")) == 30

@@ -169,10 +169,10 @@ def test_a_worker_on_one_shared_connection_records_failures_without_a_pipeline(
     worker = Worker("jobs", handle, concurrency=10)
 
     async def scenario() -> None:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as shared:
-            async with AsyncBroker(connection=shared) as one:
-                assert one.single_connection
-                await run_until(dsn, [worker], lambda: worker.stats.completed == 30, broker=one)
+        shared = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        async with shared, AsyncBroker(connection=shared) as one:
+            assert one.single_connection
+            await run_until(dsn, [worker], lambda: worker.stats.completed == 30, broker=one)
 
     asyncio.run(scenario())
     assert (worker.stats.completed, worker.stats.retried, worker.stats.stale) == (30, 1, 0)

@@ -1,4 +1,6 @@
-"""``python -m bench`` (``make bench``): run the scenarios against pgbroker and pgmq, print the ratios.
+"""``python -m bench`` (``make bench``): run the scenarios against pgbroker and pgmq (and, in scenario
+(f), the worker runtimes of PgQueuer, Procrastinate and a pgmq loop; ``--peers`` runs only that one),
+print the ratios.
 
 With no ``--dsn`` the run starts a private PostgreSQL cluster in a fresh temporary directory and
 removes it at the end. Results go to bench/results/<timestamp>.json and bench/results/<timestamp>/
@@ -41,7 +43,8 @@ def _ints(text: str) -> tuple[int, ...]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Benchmark pgbroker against the reference pgmq SQL (and the article's naive queue).",
+        description="Benchmark pgbroker against the reference pgmq SQL (and the article's naive queue), "
+        "and its worker runtime against PgQueuer's, Procrastinate's and a pgmq loop (f).",
     )
     p.add_argument("--dsn", help="a superuser DSN of the server to use (default: a private embedded cluster)")
     p.add_argument("--data-dir", type=Path, help="keep the embedded cluster in this directory (reused)")

@@ -1,5 +1,5 @@
 # Developer and CI entry points for pgbroker: venv, test, test-quick, lint, demo, bench,
-# bench-peers, clean, pg-partman, chromium, rabbitmq, pgbouncer.
+# bench-peers, clean, pg-partman, chromium, rabbitmq, brokers, pgbouncer.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
 
@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint generate demo bench bench-peers clean pg-partman chromium rabbitmq pgbouncer
+.PHONY: venv test test-quick lint generate demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -26,7 +26,7 @@ venv: $(STAMP)
 
 $(STAMP): $(ROOT)/pyproject.toml
 	@cd "$(ROOT)"
-	echo "make venv: installing pgbroker[dev,embedded,spark,bench,http,bridge] into $(VENV)"
+	echo "make venv: installing pgbroker[dev,embedded,spark,bench,http,bridge,codecs] into $(VENV)"
 	# A shim (pyenv) may resolve differently inside make, or not at all for a version it lacks:
 	# ask each candidate for its real interpreter and keep the first that is >= 3.11.
 	pick_python() {
@@ -57,7 +57,7 @@ $(STAMP): $(ROOT)/pyproject.toml
 	    fi
 	  fi
 	fi
-	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http,bridge]'
+	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http,bridge,codecs]'
 	touch "$@"
 
 # Partitioned queues need pg_partman on the server. As root with apt-get, install Debian's
@@ -87,6 +87,12 @@ pg-partman:
 rabbitmq:
 	@"$(ROOT)/scripts/ensure-rabbitmq"
 
+# The connector tests start private Redis, NATS (JetStream) and Mosquitto servers: as root with
+# apt-get, install Debian's redis-server, nats-server and mosquitto when missing; otherwise this
+# fails saying what to install (those tests never skip).
+brokers:
+	@"$(ROOT)/scripts/ensure-brokers"
+
 # The dashboard's browser test drives Debian's chromium through its chromedriver (never a browser
 # downloaded by a test tool). As root with apt-get, install both when missing; otherwise say so:
 # that test then fails and says how to install them (it does not skip).
@@ -114,7 +120,7 @@ pgbouncer:
 	    "the pooler tests will fail" >&2
 	fi
 
-test: generate pg-partman chromium rabbitmq pgbouncer
+test: generate pg-partman chromium rabbitmq brokers pgbouncer
 	cd "$(ROOT)"
 	.venv/bin/ruff check src tests bench scripts setup.py
 	.venv/bin/mypy $(MYPY_PATHS)

@@ -24,17 +24,34 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
+from pgbroker import codecs
 from pgbroker import queries as q
 from pgbroker.backoff import SEND_RETRY, Patience
+from pgbroker.codecs import Codec, CodecLike
+from pgbroker.codecs.queue_defaults import DefaultCodecs
 from pgbroker.dsn import connection_kwargs, listen_dsn, resolve_dsn
 from pgbroker.errors import QueueFull, from_postgres
 from pgbroker.install import InstallResult, install_async
+from pgbroker.job_headers import with_job_headers
 from pgbroker.listen import DEFAULT_POLL_INTERVAL, AsyncListener, AsyncSubscription, Waiting, conninfo_of
 from pgbroker.liveness import server_has_written
-from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
+from pgbroker.models import (
+    Message,
+    Metrics,
+    PeekedMessage,
+    Policy,
+    PolicyChanges,
+    QueueInfo,
+    Receipt,
+    Schedule,
+    ScheduleTick,
+)
 from pgbroker.queries import Delay, Query, Receivable
 
 T = TypeVar("T")
+
+# The listener's key for the schedules channel: not a queue name (those cannot hold a space).
+_SCHEDULES_KEY = " schedules"
 
 # True here; the generator drops this line and every `if ASYNC:` block (mypy: always_true).
 ASYNC = True
@@ -104,10 +121,17 @@ class AsyncConnectionExecutor:
 class AsyncQueue:
     """One queue, bound to an executor. Get it from AsyncBroker.queue() or AsyncTransaction.queue()."""
 
-    def __init__(self, name: str, executor: AsyncExecutor, listener: AsyncListener) -> None:
+    def __init__(
+        self,
+        name: str,
+        executor: AsyncExecutor,
+        listener: AsyncListener,
+        default_codecs: DefaultCodecs | None = None,
+    ) -> None:
         self.name = name
         self._executor = executor
         self._listener = listener
+        self._default_codecs = default_codecs or DefaultCodecs()
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self.name!r})"
@@ -121,10 +145,23 @@ class AsyncQueue:
         headers: Mapping[str, Any] | None = None,
         delay: Delay | None = None,
         wait: float | timedelta = 0,
+        codec: CodecLike | None = None,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        concurrency_key: str | None = None,
     ) -> int:
-        """Send one message; returns its msg_id. ``wait``: see send_many."""
+        """Send one message; returns its msg_id. ``wait`` and ``codec``: see send_many.
+
+        ``priority``: higher is read first (default 0). ``dedup_key``: while the key is taken
+        (the queue's dedup window or mode) nothing is stored and the first message's msg_id is
+        returned. ``concurrency_key``: the queue's max_in_flight_per_key counts per key. They
+        travel as the x-pgbroker-* headers (pgbroker.job_headers).
+        """
+        headers = with_job_headers(
+            headers, priority=priority, dedup_key=dedup_key, concurrency_key=concurrency_key
+        )
         sent = await self.send_many(
-            [message], headers=None if headers is None else [headers], delay=delay, wait=wait
+            [message], headers=None if headers is None else [headers], delay=delay, wait=wait, codec=codec
         )
         return sent[0]
 
@@ -135,14 +172,19 @@ class AsyncQueue:
         headers: Sequence[Mapping[str, Any] | None] | None = None,
         delay: Delay | None = None,
         wait: float | timedelta = 0,
+        codec: CodecLike | None = None,
     ) -> list[int]:
         """Send messages in one statement; returns their msg_ids in order.
+
+        ``codec`` (a name such as "msgpack" or "avro:shop.Order", or a pgbroker.codecs.Codec)
+        encodes the bodies; None uses the queue's policy's codec (JSON unless set).
 
         A queue at its policy's max_depth refuses the send with QueueFull at once; with
         ``wait`` > 0 the send is tried again, less and less often, for up to that many
         seconds (inside a transaction, each try in a savepoint).
         """
-        query = q.message_send_many(self.name, messages, headers=headers, delay=delay)
+        chosen = await self._codec(codec)
+        query = q.message_send_many(self.name, messages, headers=headers, delay=delay, codec=chosen)
         retry = Patience(*SEND_RETRY, within=q.duration(wait, "wait"))
         run = self._executor.run_in_savepoint if wait else self._executor.run
         while True:
@@ -153,6 +195,16 @@ class AsyncQueue:
                 if pause is None:
                     raise
                 await asyncio.sleep(pause)
+
+    async def _codec(self, codec: CodecLike | None) -> Codec | None:
+        """The codec of a send: the one given, else the queue's default; None for plain JSON."""
+        if codec is None:
+            codec = self._default_codecs.cached(self.name)
+            if codec is None:
+                codec = await self._executor.run(q.queue_codec(self.name))
+                self._default_codecs.remember(self.name, codec)
+        chosen = codecs.get(codec)
+        return None if chosen.name == "json" else chosen
 
     # reading
 
@@ -219,9 +271,33 @@ class AsyncQueue:
                 for message in await self.read_many(batch_size, vt=vt, wait=idle_wait):
                     yield message
 
-    async def peek(self, qty: int = 10, *, after: int = 0) -> list[Message]:
-        """Up to qty messages with msg_id > ``after``, oldest first, without leasing them."""
-        return await self._executor.run(q.message_peek_many(self.name, qty, after=after))
+    async def peek(
+        self,
+        qty: int = 10,
+        *,
+        after: int = 0,
+        state: str | None = None,
+        before: int | None = None,
+        header: str | None = None,
+        header_value: str | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+    ) -> list[PeekedMessage]:
+        """Up to qty messages with msg_id > ``after`` (and <= ``before``), oldest first, without
+        leasing or changing them, each with its state; filters as in pgbroker.queries.message_peek_many.
+        The next page: ``after=`` the last msg_id of this one."""
+        query = q.message_peek_many(
+            self.name,
+            qty,
+            after=after,
+            state=state,
+            before=before,
+            header=header,
+            header_value=header_value,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+        )
+        return await self._executor.run(query)
 
     async def pop(self) -> Message | None:
         """Delete and return the oldest visible message (at-most-once delivery)."""
@@ -300,7 +376,16 @@ class AsyncQueue:
 
     async def set_policy(self, **changes: Unpack[PolicyChanges]) -> Policy:
         """Change the settings given (see PolicyChanges); returns the policy now in force."""
+        self._default_codecs.forget(self.name)
         return await self._executor.run(q.policy_set(self.name, changes))
+
+    async def pause(self) -> bool:
+        """Stop every read of the queue (sends go on); False if it was paused already."""
+        return await self._executor.run(q.queue_pause(self.name))
+
+    async def resume(self) -> bool:
+        """Let reads take messages again; False if the queue was not paused."""
+        return await self._executor.run(q.queue_resume(self.name))
 
     async def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
         """This queue's dead letters, oldest first; their headers say why (x-pgbroker-dead-letter)."""
@@ -317,6 +402,10 @@ class AsyncQueue:
     async def trim_archive(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
         """Apply the archive retention to at most batch_size rows; returns how many went (repeat until 0)."""
         return await self._executor.run(q.archive_trim(self.name, batch_size))
+
+    async def trim_dedup_keys(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size dedup keys whose time is over; returns how many (repeat until 0)."""
+        return await self._executor.run(q.dedup_keys_trim(self.name, batch_size))
 
     # unfenced, by msg_id (pgmq's semantics)
 
@@ -367,13 +456,16 @@ class AsyncQueue:
 class AsyncTransaction:
     """A transaction on one connection, shared by the caller's own SQL and pgbroker's."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any], listener: AsyncListener) -> None:
+    def __init__(
+        self, conn: psycopg.AsyncConnection[Any], listener: AsyncListener, default_codecs: DefaultCodecs
+    ) -> None:
         self.connection = conn
         self._executor = AsyncConnectionExecutor(conn)
         self._listener = listener
+        self._default_codecs = default_codecs
 
     def queue(self, name: str) -> AsyncQueue:
-        return AsyncQueue(name, self._executor, self._listener)
+        return AsyncQueue(name, self._executor, self._listener, self._default_codecs)
 
 
 class AsyncBroker:
@@ -396,6 +488,7 @@ class AsyncBroker:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
         self._listener = AsyncListener(self._listen_conninfo, poll_interval)
+        self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: AsyncConnectionPool | None = None
         self._connection = connection
         if connection is None and pool is None:
@@ -452,7 +545,7 @@ class AsyncBroker:
     async def transaction(self) -> AsyncIterator[AsyncTransaction]:
         """A transaction whose queue operations commit or roll back with the caller's own SQL."""
         async with self.connection() as conn, conn.transaction():
-            yield AsyncTransaction(conn, self._listener)
+            yield AsyncTransaction(conn, self._listener, self._default_codecs)
 
     async def _listen_conninfo(self) -> str:
         direct = listen_dsn()  # behind a transaction pooler, LISTEN needs a connection of its own
@@ -467,7 +560,7 @@ class AsyncBroker:
             return await install_async(conn)
 
     def queue(self, name: str) -> AsyncQueue:
-        return AsyncQueue(name, self._executor, self._listener)
+        return AsyncQueue(name, self._executor, self._listener, self._default_codecs)
 
     async def create_queue(self, name: str, *, unlogged: bool = False, notify: bool = False) -> AsyncQueue:
         """Create a queue if it does not exist (idempotent) and return it.
@@ -502,3 +595,59 @@ class AsyncBroker:
     async def policies(self) -> list[Policy]:
         """Every queue's policy, by queue name."""
         return await self._executor.run(q.policy_list())
+
+    async def trim_dedup_keys(self, queue: str | None = None, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size expired dedup keys of every queue (or of one); repeat until 0."""
+        return await self._executor.run(q.dedup_keys_trim(queue, batch_size))
+
+    # schedules (sql/schema/78_schedules.sql): the engine decides what is sent and when
+
+    async def add_schedule(
+        self,
+        name: str,
+        queue: str,
+        cron: str,
+        message: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        replace: bool = False,
+    ) -> Schedule:
+        """Send ``message`` to ``queue`` at every tick of ``cron`` (5 fields) in ``timezone`` (IANA).
+
+        A schedule of that name is refused (InvalidArgument) unless ``replace``. Ticks are sent by
+        schedulers: every worker runs one (pgbroker.app.serve), ``pgbroker scheduler`` runs one
+        alone, or call run_due_schedules().
+        """
+        query = q.schedule_add(
+            name, queue, cron, message, headers=headers, timezone=timezone, replace=replace
+        )
+        return await self._executor.run(query)
+
+    async def schedules(self) -> list[Schedule]:
+        return await self._executor.run(q.schedule_list())
+
+    async def remove_schedule(self, name: str) -> bool:
+        """Remove a schedule; False when there was none of that name."""
+        return await self._executor.run(q.schedule_remove(name))
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        return await self._executor.run(q.schedule_pause(name))
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """Run a paused schedule again from its next tick after now (a pause is not caught up)."""
+        return await self._executor.run(q.schedule_resume(name))
+
+    async def run_due_schedules(self, as_of: datetime | None = None) -> list[ScheduleTick]:
+        """Send every due tick once (however many schedulers call this); see pgbroker.schedule_tick."""
+        return await self._executor.run(q.schedule_tick(as_of))
+
+    async def schedule_next_wake(self) -> float | None:
+        """Seconds until the next tick of any running schedule (0: one is due); None without one."""
+        return await self._executor.run(q.schedule_next_wake())
+
+    async def listen_schedules(self, timeout: float = 5.0) -> AsyncSubscription:
+        """Wake-ups when schedules are added, changed, paused, resumed or removed."""
+        return await self._listener.subscribe(
+            _SCHEDULES_KEY, lambda: self._executor.run(q.schedules_channel()), timeout
+        )

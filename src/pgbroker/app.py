@@ -9,8 +9,9 @@ until SIGTERM or SIGINT and then stops them gracefully.
 
     app.run()                      # or: pgbroker worker mymodule:app
 
-serve() opens one connection pool for all its workers (each needs about two connections:
-reads, and acks) and one LISTEN connection, shared through an AsyncBroker.
+serve() opens one connection pool for all its workers (each uses up to four connections at
+once: two reads in flight, acks sent on their own, the heartbeat) and one LISTEN connection,
+shared through an AsyncBroker.
 
 Signals: SIGTERM or SIGINT stops every worker with its grace period; SIGINT once more
 (Ctrl-C twice) gives back what is still in flight at once. SIGTERM again changes nothing:
@@ -33,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgbroker.aio import AsyncBroker
 from pgbroker.dsn import connection_kwargs, resolve_dsn
 from pgbroker.errors import InvalidArgument
+from pgbroker.scheduler import Scheduler
 from pgbroker.worker import Handler, Worker, WorkerStats
 
 __all__ = ["App", "WorkerOptions", "serve"]
@@ -110,9 +112,13 @@ async def serve(
     handle_signals: bool = True,
     progress_every: float | None = None,
     progress_out: TextIO | None = None,
+    schedules: bool = True,
 ) -> None:
     """Run workers until they stop: by Worker.stop(), or by SIGTERM or SIGINT (see above) when
     ``handle_signals`` (it needs the main thread).
+
+    With ``schedules`` (the default) a Scheduler runs beside them and sends the ticks of the
+    cron schedules (pgbroker.scheduler); any number of processes may run one.
 
     Uses ``broker`` when given, else a pool of its own on ``dsn`` (resolved like Broker's).
     With ``progress_every``, prints each worker's counts and rate that often (to stderr).
@@ -125,6 +131,7 @@ async def serve(
             broker = await _own_broker(stack, dsn, workers)
         loop = asyncio.get_running_loop()
         stopping = False
+        scheduler = Scheduler() if schedules else None
 
         def on_signal(signum: int) -> None:
             nonlocal stopping
@@ -132,6 +139,8 @@ async def serve(
             if hurry or not stopping:
                 for worker in workers:
                     worker.stop(grace_period=0 if hurry else None)
+                if scheduler is not None:
+                    scheduler.stop()
             stopping = True
 
         for signum in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
@@ -144,6 +153,9 @@ async def serve(
             asyncio.create_task(worker.run(broker), name=f"pgbroker-worker-{worker.queue}")
             for worker in workers
         ]
+        if scheduler is not None:
+            scheduling = asyncio.create_task(scheduler.run(broker), name="pgbroker-scheduler")
+            stack.push_async_callback(_stopped, scheduler, scheduling)
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = next((task for task in done if not task.cancelled() and task.exception()), None)
         if failed is not None:
@@ -155,13 +167,18 @@ async def serve(
             raise error
 
 
+async def _stopped(scheduler: Scheduler, task: asyncio.Task[None]) -> None:
+    scheduler.stop()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def _own_broker(stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker]) -> AsyncBroker:
     # No round trip to check a connection on checkout: AsyncBroker passes over those the server
     # has closed (pgbroker.liveness), and a worker retries a call whose connection broke anyway.
     pool = AsyncConnectionPool(
         resolve_dsn(dsn),
         min_size=2 * len(workers),
-        max_size=sum(2 + min(worker.concurrency, 2) for worker in workers),
+        max_size=4 * len(workers) + 1,  # + the scheduler's
         kwargs={"autocommit": True, **connection_kwargs()},
         open=False,
         name="pgbroker-worker",

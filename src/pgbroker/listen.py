@@ -31,7 +31,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgbroker.dsn import behind_transaction_pooler, listen_dsn
 from pgbroker.errors import InvalidArgument
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "AsyncListener", "Listener", "Waiting", "conninfo_of"]
+__all__ = ["DEFAULT_POLL_INTERVAL", "AsyncListener", "Listener", "Waiting", "conninfo_of", "nap"]
 
 log = logging.getLogger(__name__)
 
@@ -357,3 +357,14 @@ class AsyncListener(_Wakeups):
                 self._listening = _Loop(conninfo, self._changed)
                 self._task = asyncio.get_running_loop().create_task(self._listening.run())
         return self._listening
+
+
+async def nap(stopping: asyncio.Event, subscription: AsyncSubscription | None, seconds: float) -> None:
+    """Sleep until the subscription hears news, ``stopping`` is set, or ``seconds`` have passed
+    (the idle wait of a worker or a scheduler)."""
+    sleepers: list[asyncio.Future[bool]] = [asyncio.ensure_future(stopping.wait())]
+    if subscription is not None:
+        sleepers.append(asyncio.ensure_future(subscription.wait(seconds)))
+    await asyncio.wait(sleepers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    for sleeper in sleepers:
+        sleeper.cancel()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypedDict
 
+from pgbroker.codecs.errors import CodecError
 from pgbroker.errors import InvalidArgument
 
 _RECEIPT = re.compile(r"^([0-9]{1,19}):([0-9]{1,10}):(-?[0-9]{1,19})$")
@@ -52,6 +53,10 @@ class Message:
 
     ``receipt`` is set for messages read through pgbroker (a lease is held)
     and is None for popped messages and set_vt results.
+
+    ``message`` is the body decoded by the codec it was sent with, named by ``codec``
+    (pgbroker.codecs). A body that cannot be decoded (its codec unknown to this process, or
+    its bytes damaged) is left as stored, its JSON envelope, and ``codec_error`` says why.
     """
 
     msg_id: int
@@ -62,6 +67,20 @@ class Message:
     message: Any
     headers: dict[str, Any] | None
     receipt: Receipt | None = None
+    codec: str = "json"
+    codec_error: CodecError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PeekedMessage(Message):
+    """A message as a peek saw it (pgbroker.peek): no lease was taken, so ``receipt`` is None.
+
+    ``state``: 'waiting' (a read would deliver it), 'delayed' (sent with a delay not yet
+    passed), 'in_flight' (delivered, its visibility timeout still running) or 'dead' (a dead
+    letter of the queue).
+    """
+
+    state: str = "waiting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,14 +127,25 @@ class Policy:
     archive_retention_seconds: int | None
     archive_max_rows: int | None
     updated_at: datetime
+    codec: str  # what the clients' sends encode with by default (pgbroker.codecs)
+    priorities: bool  # the queue has its priority index (set by its first prioritized send)
+    dedup_window_seconds: int
+    dedup_mode: str  # 'window' or 'queued'
+    max_in_flight: int | None
+    max_in_flight_per_key: int | None
+    rate_limit_per_second: float | None
+    paused: bool
 
 
 class PolicyChanges(TypedDict, total=False):
     """Settings to change with set_policy; a setting left out stays as it is.
 
-    0 turns max_deliveries, max_depth, archive_retention_seconds and
-    archive_max_rows off; dead_letter_queue='' sends dead letters to the
-    queue's archive again.
+    0 turns max_deliveries, max_depth, archive_retention_seconds,
+    archive_max_rows, max_in_flight, max_in_flight_per_key and
+    rate_limit_per_second off; dead_letter_queue='' sends dead letters to the
+    queue's archive again. priorities=True builds the priority index before a
+    backlog builds up (a first prioritized send would build it). codec: json,
+    msgpack, protobuf:<message type> or avro:<schema full name> (docs/codecs.md).
     """
 
     max_deliveries: int
@@ -128,3 +158,43 @@ class PolicyChanges(TypedDict, total=False):
     max_depth: int
     archive_retention_seconds: int
     archive_max_rows: int
+    codec: str
+    priorities: bool
+    dedup_window_seconds: int
+    dedup_mode: Literal["window", "queued"]
+    max_in_flight: int
+    max_in_flight_per_key: int
+    rate_limit_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A cron schedule (pgbroker.schedule_list()): sends ``message`` to ``queue_name`` at every tick.
+
+    ``next_run`` is the next tick; ``last_run`` the last tick sent (or refused: then
+    ``last_error`` says why and ``last_msg_id`` is None).
+    """
+
+    name: str
+    queue_name: str
+    cron: str
+    timezone: str
+    message: Any
+    headers: dict[str, Any] | None
+    paused: bool
+    next_run: datetime
+    last_run: datetime | None
+    last_msg_id: int | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleTick:
+    """A tick a scheduler handled: the msg_id it sent, or the error that refused the send."""
+
+    schedule_name: str
+    tick: datetime
+    msg_id: int | None
+    error: str | None

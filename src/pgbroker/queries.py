@@ -15,9 +15,20 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
-from pgbroker import sql
+from pgbroker import codecs, sql
+from pgbroker.codecs import Codec, CodecError
 from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, StaleReceipt
-from pgbroker.models import Message, Metrics, Policy, PolicyChanges, QueueInfo, Receipt
+from pgbroker.models import (
+    Message,
+    Metrics,
+    PeekedMessage,
+    Policy,
+    PolicyChanges,
+    QueueInfo,
+    Receipt,
+    Schedule,
+    ScheduleTick,
+)
 
 T = TypeVar("T")
 Row: TypeAlias = tuple[Any, ...]
@@ -114,8 +125,17 @@ def receipt_of(item: Receivable) -> Receipt:
 
 def _message(row: Row) -> Message:
     receipt = Receipt.parse(row[7]) if len(row) > 7 and row[7] is not None else None
-    msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers = row[:7]
-    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, receipt)
+    msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers = row[:7]
+    if not isinstance(stored, dict):  # only an object can be an envelope: the JSON fast path
+        return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt)
+    try:
+        body = codecs.from_stored(stored)
+    except CodecError as exc:
+        # Not an error of the read: the message is leased all the same, and the caller decides
+        # (the worker fails it, so that it is retried and, in the end, dead-lettered).
+        name = codecs.envelope_codec(stored)
+        return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, name, exc)
+    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, body.value, headers, receipt, body.codec)
 
 
 def _messages(rows: list[Row]) -> list[Message]:
@@ -170,6 +190,14 @@ def queue_purge(queue: str) -> Query[int]:
     return Query(_named("queue_purge"), {"queue": queue}, _scalar)
 
 
+def queue_pause(queue: str) -> Query[bool]:
+    return Query(_named("queue_pause"), {"queue": queue}, _scalar)
+
+
+def queue_resume(queue: str) -> Query[bool]:
+    return Query(_named("queue_resume"), {"queue": queue}, _scalar)
+
+
 # As pgmq.enable_notify_insert's default.
 DEFAULT_NOTIFY_THROTTLE_MS = 250
 
@@ -201,8 +229,10 @@ def message_send_many(
     *,
     headers: Sequence[Mapping[str, Any] | None] | None = None,
     delay: Delay | None = None,
+    codec: Codec | None = None,
 ) -> Query[list[int]]:
-    encoded = [encode_json(m) for m in messages]
+    """``codec`` None: JSON, as pgmq stores it; another codec stores each body in an envelope."""
+    encoded = [encode_json(m) if codec is None else codecs.to_stored_text(m, codec) for m in messages]
     if not encoded:
         raise InvalidArgument("messages must not be empty", hint="Pass at least one message.")
     encoded_headers = None
@@ -352,10 +382,68 @@ def message_set_vt_many(
     return Query(_named("message_set_vt_seconds"), {**params, "vt": _seconds(vt, "vt")}, _messages)
 
 
-def message_peek_many(queue: str, qty: int, *, after: int = 0) -> Query[list[Message]]:
-    """Messages after msg_id ``after``, oldest first, without leasing them."""
-    params = {"queue": queue, "qty": _count(qty, "qty"), "after": _msg_ids([after])[0]}
-    return Query(_named("message_peek_many"), params, _messages)
+PEEK_STATES = ("waiting", "delayed", "in_flight", "dead")
+
+
+def message_peek_many(
+    queue: str,
+    qty: int,
+    *,
+    after: int = 0,
+    state: str | None = None,
+    before: int | None = None,
+    header: str | None = None,
+    header_value: str | None = None,
+    enqueued_after: datetime | None = None,
+    enqueued_before: datetime | None = None,
+) -> Query[list[PeekedMessage]]:
+    """Messages with after < msg_id <= before, oldest first, without leasing or changing them:
+    in ``state`` (one of PEEK_STATES; None: every state but dead), with ``header`` (equal to
+    ``header_value`` when given), enqueued in [enqueued_after, enqueued_before)."""
+    if state is not None and state not in PEEK_STATES:
+        raise InvalidArgument(f"unknown message state {state!r}", hint=f"States: {', '.join(PEEK_STATES)}.")
+    for name, value in (("header", header), ("header_value", header_value)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgument(f"{name} must be a string, got {value!r}")
+    for name, moment in (("enqueued_after", enqueued_after), ("enqueued_before", enqueued_before)):
+        if moment is not None and (not isinstance(moment, datetime) or moment.tzinfo is None):
+            raise InvalidArgument(f"{name} must be a timezone-aware datetime, got {moment!r}")
+    params = {
+        "queue": queue,
+        "qty": _count(qty, "qty"),
+        "after": _msg_ids([after])[0],
+        "state": state,
+        "before": None if before is None else _msg_ids([before])[0],
+        "header_key": header,
+        "header_value": header_value,
+        "enqueued_after": enqueued_after,
+        "enqueued_before": enqueued_before,
+    }
+    return Query(_named("message_peek_many"), params, _peeked)
+
+
+def _peeked(rows: list[Row]) -> list[PeekedMessage]:
+    """Each row's message decoded as a read decodes it (its codec), with its state; the receipt
+    stays None: a peek takes no lease."""
+    peeked = []
+    for row in rows:
+        m = _message(row[:7])
+        peeked.append(
+            PeekedMessage(
+                m.msg_id,
+                m.read_ct,
+                m.enqueued_at,
+                m.last_read_at,
+                m.vt,
+                m.message,
+                m.headers,
+                None,
+                m.codec,
+                m.codec_error,
+                state=row[7],
+            )
+        )
+    return peeked
 
 
 # -- outcomes by policy, dead letters and retention ------------------------------
@@ -408,13 +496,17 @@ _POLICY_LIMITS = {
     "max_depth": _BIGINT_MAX,
     "archive_retention_seconds": _BIGINT_MAX,
     "archive_max_rows": _BIGINT_MAX,
+    "dedup_window_seconds": _INTEGER_MAX,
+    "max_in_flight": _INTEGER_MAX,
+    "max_in_flight_per_key": _INTEGER_MAX,
 }
-_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode")
+_POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode", "codec", "dedup_mode")
+_POLICY_FLAGS = ("backoff_jitter", "priorities")
 
 
 def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
     """Change the settings given; the server checks their values (InvalidArgument naming the setting)."""
-    settings = [*_POLICY_LIMITS, *_POLICY_TEXTS, "backoff_jitter"]
+    settings = [*_POLICY_LIMITS, *_POLICY_TEXTS, *_POLICY_FLAGS, "rate_limit_per_second"]
     params: dict[str, Any] = {"queue": queue, **dict.fromkeys(settings)}
     for name, value in changes.items():
         if name not in settings:
@@ -428,10 +520,19 @@ def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
             raise InvalidArgument(f"{name} must be a whole number up to {limit}, got {value!r}")
         if name in _POLICY_TEXTS and not isinstance(value, str):
             raise InvalidArgument(f"{name} must be a string, got {value!r}")
-        if name == "backoff_jitter" and not isinstance(value, bool):
-            raise InvalidArgument(f"backoff_jitter must be True or False, got {value!r}")
+        if name in _POLICY_FLAGS and not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+        if name == "rate_limit_per_second" and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value != value
+        ):
+            raise InvalidArgument(f"rate_limit_per_second must be a number, got {value!r}")
         params[name] = value
     return Query(_named("policy_set"), params, lambda rows: _policies(rows)[0])
+
+
+def queue_codec(queue: str) -> Query[str]:
+    """The codec name a queue's sends use by default (its policy's; 'json' without one)."""
+    return Query(_named("queue_codec"), {"queue": queue}, _scalar)
 
 
 def _optional_ids(msg_ids: Iterable[int] | None) -> list[int] | None:
@@ -464,6 +565,12 @@ def archive_trim(queue: str, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]
     """One batch of archive retention; returns the rows deleted (repeat until 0)."""
     params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
     return Query(_named("archive_trim"), params, _scalar)
+
+
+def dedup_keys_trim(queue: str | None, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
+    """One batch of expired dedup keys removed; returns how many (repeat until 0)."""
+    params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
+    return Query(_named("dedup_keys_trim"), params, _scalar)
 
 
 # -- the RabbitMQ bridge ------------------------------------------------------------
@@ -515,3 +622,73 @@ def inbound_seen_prune(seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH)
         "batch_size": _count(batch_size, "batch_size"),
     }
     return Query(_named("inbound_seen_prune"), params, _scalar)
+
+
+# -- schedules (sql/schema/78_schedules.sql) ------------------------------------------
+
+
+def _schedules(rows: list[Row]) -> list[Schedule]:
+    return [Schedule(*row) for row in rows]
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a string, got {value!r}")
+    return value
+
+
+def schedule_add(
+    name: str,
+    queue: str,
+    cron: str,
+    message: Any,
+    *,
+    headers: Mapping[str, Any] | None = None,
+    timezone: str = "UTC",
+    replace: bool = False,
+) -> Query[Schedule]:
+    """Add a schedule (the server checks the cron expression, the time zone and the queue)."""
+    params = {
+        "name": _text(name, "schedule name"),
+        "queue": _text(queue, "queue"),
+        "cron": _text(cron, "cron"),
+        "message": encode_json(message),
+        "headers": _headers_object(headers),
+        "timezone": _text(timezone, "timezone"),
+        "replace": bool(replace),
+    }
+    return Query(_named("schedule_add"), params, lambda rows: _schedules(rows)[0])
+
+
+def schedule_list() -> Query[list[Schedule]]:
+    return Query(_named("schedule_list"), {}, _schedules)
+
+
+def schedule_remove(name: str) -> Query[bool]:
+    return Query(_named("schedule_remove"), {"name": _text(name, "schedule name")}, _scalar)
+
+
+def schedule_pause(name: str) -> Query[Schedule]:
+    params = {"name": _text(name, "schedule name")}
+    return Query(_named("schedule_pause"), params, lambda rows: _schedules(rows)[0])
+
+
+def schedule_resume(name: str) -> Query[Schedule]:
+    params = {"name": _text(name, "schedule name")}
+    return Query(_named("schedule_resume"), params, lambda rows: _schedules(rows)[0])
+
+
+def schedule_tick(as_of: datetime | None = None) -> Query[list[ScheduleTick]]:
+    """Send every due tick (as of ``as_of``, default now) once, whoever else is ticking."""
+    if as_of is not None and (not isinstance(as_of, datetime) or as_of.tzinfo is None):
+        raise InvalidArgument(f"as_of must be a timezone-aware datetime, got {as_of!r}")
+    return Query(_named("schedule_tick"), {"as_of": as_of}, lambda rows: [ScheduleTick(*r) for r in rows])
+
+
+def schedule_next_wake() -> Query[float | None]:
+    """Seconds until the next tick of any running schedule (0: one is due), None without one."""
+    return Query(_named("schedule_next_wake"), {}, _scalar)
+
+
+def schedules_channel() -> Query[str]:
+    return Query(_named("schedules_channel"), {}, _scalar)

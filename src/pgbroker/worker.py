@@ -53,7 +53,7 @@ from pgbroker.aio import AsyncBroker, AsyncQueue
 from pgbroker.backoff import Backoff, Patience
 from pgbroker.errors import DatabaseError, InvalidArgument, PgbrokerError, QueueNotFound, StaleReceipt
 from pgbroker.handler_threads import HandlerThreads
-from pgbroker.listen import AsyncSubscription
+from pgbroker.listen import AsyncSubscription, nap
 from pgbroker.models import Message, Receipt
 from pgbroker.outbox import Batch, Outbox, Outcome, batch_of
 from pgbroker.queries import Query
@@ -193,7 +193,8 @@ class Worker:
     so an idle worker sleeps until a send. poll_min and
     poll_max: the fallback polls of an empty queue, doubling from one to the other.
     grace_period: seconds a stopping worker waits for its handlers. maintain_every: apply
-    the archive retention every so many seconds (None: leave it to `pgbroker maintain`).
+    the archive retention and forget expired dedup keys every so many seconds (None: leave it
+    to `pgbroker maintain`).
     """
 
     def __init__(
@@ -335,10 +336,10 @@ class Worker:
         self._unavailable = False
         subscription: AsyncSubscription | None = None
         reads: dict[asyncio.Task[list[Message]], tuple[int, list[Outcome]]] = {}
-        nap: float | None = None  # an empty queue or a lost connection: sleep once the reads are back
+        pause: float | None = None  # an empty queue or a lost connection: sleep once the reads are back
         try:
             while not self._stopping.is_set():
-                await self._until(partial(self._read_due, reads, nap is None))
+                await self._until(partial(self._read_due, reads, pause is None))
                 if self._stopping.is_set():
                     return
                 for task in [t for t in reads if t.done()]:
@@ -346,19 +347,19 @@ class Worker:
                     self._asked -= qty
                     found = self._read_back(task, outcomes)
                     if found is None:
-                        nap, subscription = trouble.next(), None
+                        pause, subscription = trouble.next(), None
                     elif found:
                         idle.reset()
                         trouble.reset()
-                        nap = None
-                    elif nap is None:
-                        nap = idle.next()
+                        pause = None
+                    elif pause is None:
+                        pause = idle.next()
                         trouble.reset()
-                if nap is not None:
+                if pause is not None:
                     if reads:
                         continue  # first what they bring
-                    await self._nap(subscription, nap)
-                    nap = None
+                    await self._nap(subscription, pause)
+                    pause = None
                     continue
                 if not self._may_read(reads):
                     continue
@@ -368,7 +369,7 @@ class Worker:
                     except Exception as exc:
                         if not self._lost_connection(exc, []):
                             raise
-                        nap = trouble.next()
+                        pause = trouble.next()
                         continue
                 qty = min(self.batch_size, self._room() - self._asked)
                 outcomes = self._outbox.take()
@@ -553,12 +554,7 @@ class Worker:
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
         """Sleep until a notification of a send, stop(), or ``seconds`` have passed."""
-        sleepers: list[asyncio.Future[bool]] = [asyncio.ensure_future(self._stopping.wait())]
-        if subscription is not None:
-            sleepers.append(asyncio.ensure_future(subscription.wait(seconds)))
-        await asyncio.wait(sleepers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        for sleeper in sleepers:
-            sleeper.cancel()
+        await nap(self._stopping, subscription, seconds)
 
     # -- one message -----------------------------------------------------------------------
 
@@ -603,6 +599,10 @@ class Worker:
         self._outbox.add(Outcome(message, lease.receipt, text))
 
     async def _handle(self, threads: HandlerThreads | None, message: Message) -> Exception | None:
+        if message.codec_error is not None:
+            # The body cannot be decoded here (pgbroker.codecs): a failed delivery, so that the
+            # policy retries it (another process may know the codec) and, in the end, dead-letters it.
+            return message.codec_error
         try:
             if threads is None:
                 await self.handler(message)
@@ -729,6 +729,8 @@ class Worker:
                 # Each batch is its own short transaction.
                 while batch := await queue.trim_archive():
                     trimmed += batch
+                while await queue.trim_dedup_keys():  # expired dedup keys (34_dedup.sql)
+                    pass
             except Exception as exc:
                 _log(logging.WARNING, "worker.maintenance_failed", queue=self.queue, error=exc)
             if trimmed:

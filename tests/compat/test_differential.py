@@ -905,6 +905,15 @@ MISSING_QUEUE_CALLS = [
     "SELECT * FROM pgmq.set_vt(queue_name => 'nope', msg_id => 1, vt => now())",
     "SELECT * FROM pgmq.set_vt(queue_name => 'nope', msg_ids => ARRAY[1::bigint], vt => 1)",
     "SELECT * FROM pgmq.set_vt(queue_name => 'nope', msg_ids => ARRAY[1::bigint], vt => now())",
+    # what only pgmq's functions take (0018) still fails first on the queue, as in pgmq
+    "SELECT * FROM pgmq.read(queue_name => 'nope', vt => -1, qty => 1)",
+    "SELECT * FROM pgmq.read(queue_name => 'nope', vt => NULL, qty => NULL)",
+    "SELECT * FROM pgmq.pop(queue_name => 'nope', qty => NULL)",
+    "SELECT * FROM pgmq.send(queue_name => 'nope', msg => '{}', delay => NULL::integer)",
+    "SELECT * FROM pgmq.send(queue_name => 'nope', msg => '{}', delay => NULL::timestamptz)",
+    "SELECT * FROM pgmq.send_batch(queue_name => 'nope', msgs => ARRAY['{}'::jsonb], delay => -1)",
+    "SELECT * FROM pgmq.send_batch(queue_name => 'nope', msgs => ARRAY['{}'::jsonb], delay => NULL::integer)",
+    "SELECT * FROM pgmq.set_vt(queue_name => 'nope', msg_ids => ARRAY[1::bigint], vt => NULL::integer)",
 ]
 
 
@@ -913,49 +922,115 @@ def test_missing_queue_fails_on_both(unchanged: Pair, query: str) -> None:
     unchanged.both_fail(query, reference="42P01")
 
 
-# -- deliberate differences -------------------------------------------------------------------
+# -- arguments pgmq takes and pgbroker's own functions refuse (migration 0018) ----------------
 
-# (call, what the reference does instead)
-BAD_ARGUMENTS = [
-    ("SELECT * FROM pgmq.read(%(q)s, -1, 1)", "computes a vt in the past"),
+# (call, what pgmq does with it); the queue holds messages 1 and 2, both visible, in groups A and B.
+PGMQ_ONLY_ARGUMENTS = [
+    ("SELECT * FROM pgmq.read(%(q)s, -1, 1)", "reads with a vt in the past"),
+    ("SELECT * FROM pgmq.read(%(q)s, -1, 5, '{\"n\": 2}')", "reads with a vt in the past, conditionally"),
     ("SELECT * FROM pgmq.read(%(q)s, NULL::integer, 1)", "fails: NOT NULL vt (23502)"),
+    ("SELECT * FROM pgmq.read(%(q)s, NULL::integer, 1, '{\"n\": 3}')", "nothing to touch: no rows"),
     ("SELECT * FROM pgmq.read(%(q)s, 1, NULL::integer)", "LIMIT NULL: no limit"),
-    ("SELECT * FROM pgmq.read_with_poll(%(q)s, -1, 1, 1, 10)", "computes a vt in the past"),
+    ("SELECT * FROM pgmq.read(%(q)s, -10, NULL::integer)", "no limit, vt in the past"),
+    ("SELECT * FROM pgmq.read(%(q)s, NULL::integer, NULL::integer)", "fails: NOT NULL vt (23502)"),
+    ("SELECT * FROM pgmq.read(%(q)s, NULL::integer, -1)", "fails: LIMIT must not be negative (2201W)"),
+    ("SELECT * FROM pgmq.read_with_poll(%(q)s, -1, 1, 1, 10)", "reads with a vt in the past"),
     ("SELECT * FROM pgmq.read_with_poll(%(q)s, 1, 1, -1, 10)", "returns no rows at once"),
     ("SELECT * FROM pgmq.read_with_poll(%(q)s, 1, 1, 1, 0)", "polls without sleeping"),
+    ("SELECT * FROM pgmq.read_with_poll(%(q)s, 1, 1, 1, NULL::integer)", "polls without sleeping"),
+    ("SELECT * FROM pgmq.read_with_poll(%(q)s, 1, 1, NULL::integer, 10)", "polls until rows come"),
+    ("SELECT * FROM pgmq.read_with_poll(%(q)s, NULL::integer, 1, 1, 10)", "fails: NOT NULL vt (23502)"),
     ("SELECT * FROM pgmq.pop(%(q)s, NULL::integer)", "pops every message"),
     ("SELECT * FROM pgmq.send(%(q)s, '{}', -5)", "sends with vt in the past"),
     ("SELECT * FROM pgmq.send(%(q)s, '{}', NULL::integer)", "fails: NOT NULL vt (23502)"),
     ("SELECT * FROM pgmq.send(%(q)s, '{}', NULL::timestamptz)", "fails: NOT NULL vt (23502)"),
     ("SELECT * FROM pgmq.send(%(q)s, '{}', '{}'::jsonb, -5)", "sends with vt in the past"),
-    ("SELECT * FROM pgmq.send_batch(%(q)s, ARRAY['{}'::jsonb], -5)", "sends with vt in the past"),
+    ("SELECT * FROM pgmq.send(%(q)s, '{}', '{}'::jsonb, NULL::integer)", "fails: NOT NULL vt (23502)"),
+    ("SELECT * FROM pgmq.send(%(q)s, '{}', '{}'::jsonb, NULL::timestamptz)", "fails: NOT NULL vt (23502)"),
+    ("SELECT * FROM pgmq.send_batch(%(q)s, ARRAY['{}'::jsonb, '[]'], -5)", "sends with vt in the past"),
     (
         "SELECT * FROM pgmq.send_batch(%(q)s, ARRAY['{}'::jsonb], NULL::integer)",
         "fails: NOT NULL vt (23502)",
     ),
+    (
+        "SELECT * FROM pgmq.send_batch(%(q)s, ARRAY['{}'::jsonb], NULL::timestamptz)",
+        "fails: NOT NULL vt (23502)",
+    ),
+    (
+        "SELECT * FROM pgmq.send_batch(%(q)s, ARRAY['{}'::jsonb], ARRAY['{}'::jsonb], -5)",
+        "sends with vt in the past",
+    ),
+    (
+        "SELECT * FROM pgmq.send_batch(%(q)s, ARRAY['{}'::jsonb], ARRAY['{}'::jsonb], NULL::timestamptz)",
+        "fails: NOT NULL vt (23502)",
+    ),
+    (
+        "SELECT * FROM pgmq.send_batch(%(q)s, '{}'::jsonb[], NULL::integer)",
+        "fails: msgs cannot be NULL or empty (P0001), before the vt",
+    ),
     ("SELECT * FROM pgmq.set_vt(%(q)s, 1::bigint, -5)", "sets a vt in the past"),
     ("SELECT * FROM pgmq.set_vt(%(q)s, 1::bigint, NULL::integer)", "fails: NOT NULL vt (23502)"),
     ("SELECT * FROM pgmq.set_vt(%(q)s, 99::bigint, NULL::integer)", "no such message: no rows"),
-    ("SELECT * FROM pgmq.set_vt(%(q)s, ARRAY[1::bigint], -5)", "sets a vt in the past"),
+    ("SELECT * FROM pgmq.set_vt(%(q)s, ARRAY[1::bigint, 2], -5)", "sets a vt in the past"),
     ("SELECT * FROM pgmq.set_vt(%(q)s, ARRAY[1::bigint], NULL::timestamptz)", "fails: NOT NULL vt (23502)"),
+    ("SELECT * FROM pgmq.read_grouped(%(q)s, -1, 1)", "reads with a vt in the past"),
+    ("SELECT * FROM pgmq.read_grouped(%(q)s, NULL::integer, 1)", "fails: NOT NULL vt (23502)"),
+    ("SELECT * FROM pgmq.read_grouped(%(q)s, 10, NULL::integer)", "fills a batch of NULL: no rows"),
+    (
+        "SELECT * FROM pgmq.read_grouped(%(q)s, NULL::integer, -1)",
+        "fails: LIMIT must not be negative (2201W)",
+    ),
+    ("SELECT * FROM pgmq.read_grouped_rr(%(q)s, -1, 2)", "reads with a vt in the past"),
+    ("SELECT * FROM pgmq.read_grouped_rr(%(q)s, NULL::integer, 1)", "fails: NOT NULL vt (23502)"),
+    (
+        "SELECT * FROM pgmq.read_grouped_rr(%(q)s, 10, NULL::integer)",
+        "compares a row number with NULL: no rows",
+    ),
+    (
+        "SELECT * FROM pgmq.read_grouped_rr(%(q)s, NULL::integer, -1)",
+        "compares a row number with -1: no rows",
+    ),
+    ("SELECT * FROM pgmq.read_grouped_head(%(q)s, -5, NULL::integer)", "every group's head, vt in the past"),
+    ("SELECT * FROM pgmq.read_grouped_head(%(q)s, NULL::integer, 1)", "fails: NOT NULL vt (23502)"),
+    ("SELECT * FROM pgmq.read_grouped_with_poll(%(q)s, 1, 1, -1, 10)", "returns no rows at once"),
+    ("SELECT * FROM pgmq.read_grouped_rr_with_poll(%(q)s, 1, 1, 1, 0)", "polls without sleeping"),
+    (
+        "SELECT * FROM pgmq.read_grouped_head_with_poll(%(q)s, -1, 1, NULL::integer, 10)",
+        "polls until rows come",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("query", "reference_does"), BAD_ARGUMENTS)
-def test_deliberate_bad_arguments_are_rejected(scratch: Pair, query: str, reference_does: str) -> None:
-    """D1: negative or NULL vt, qty and delay raise PB007 (the reference: see ``reference_does``)."""
+@pytest.mark.parametrize(("query", "pgmq_does"), PGMQ_ONLY_ARGUMENTS)
+def test_arguments_only_pgmq_takes_do_what_pgmq_does(scratch: Pair, query: str, pgmq_does: str) -> None:
+    """A negative or NULL vt or delay, a NULL qty, a negative or NULL wait, a poll interval <= 0:
+    pgmq's outcome exactly (its rows, or its SQLSTATE and message), the queue left alike, and the
+    next plain read finds the same messages on both sides (a vt written in the past is due)."""
     queue = f"bad_{uuid.uuid4().hex[:12]}"
     create(scratch, queue)
-    send_many(scratch, [{"n": 1}, {"n": 2}], name=queue)
-    before = queue_state(scratch.a, queue)
-    reference = scratch.deliberate(query, {"q": queue}, pgbroker="PB007")
-    assert reference.failed == reference_does.startswith("fails"), reference
-    assert queue_state(scratch.a, queue) == before  # nothing changed in pgbroker
+    scratch.same(  # in two FIFO groups, for the grouped reads
+        "SELECT * FROM pgmq.send_batch(%s, %s::jsonb[], %s::jsonb[])",
+        [
+            queue,
+            jsonb_array([{"n": 1}, {"n": 2}]),
+            jsonb_array([{"x-pgmq-group": "A"}, {"x-pgmq-group": "B"}]),
+        ],
+    )
+    a, b = scratch.both(query, {"q": queue})
+    assert b.failed == pgmq_does.startswith("fails"), b
+    assert (a.sqlstate, a.error) == (b.sqlstate, b.error), (a, b)
+    assert (a.columns, a.sorted_rows(), a.notices) == (b.columns, b.sorted_rows(), b.notices)
+    assert_ordered_by_msg_id(a)
+    assert queue_state(scratch.a, queue) == queue_state(scratch.b, queue)
+    scratch.same("SELECT * FROM pgmq.read(%(q)s, %(vt)s, 10)", {"q": queue, "vt": LONG}, ordered=False)
+
+
+# -- deliberate differences -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("function", ["create", "create_non_partitioned", "create_unlogged"])
 def test_deliberate_bad_queue_names_are_rejected(pair: Pair, function: str) -> None:
-    """D1: the reference creates queues named '' or with control characters; pgbroker refuses."""
+    """D1b: the reference creates queues named '' or with control characters; pgbroker refuses."""
     query = sql.SQL("SELECT pgmq.{}(%s)").format(sql.Identifier(function))
     for name in ("", "tab\tname", "new\nline", "bell\x07"):
         assert not pair.deliberate(query, [name], pgbroker="PB001").failed
@@ -1321,6 +1396,10 @@ def test_partitioned_queue(pair: Pair, pg_partman: bool) -> None:
         pair.same("SELECT * FROM pgmq.archive(%s, %s::bigint[])", [queue, [1, 3]], ordered=False)
         pair.same("SELECT * FROM pgmq.pop(%s)", [queue])
         pair.same(sql.SQL("SELECT {} FROM pgmq.metrics(%s)").format(METRICS), [queue])
+        # What only pgmq's functions take (0018), on partitioned tables too.
+        pair.same("SELECT * FROM pgmq.send(%s, '{}', -5)", [queue])
+        pair.same("SELECT * FROM pgmq.read(%s, -1, NULL::integer)", [queue], ordered=False)
+        pair.same("SELECT * FROM pgmq.pop(%s, NULL::integer)", [queue], ordered=False)
     pair.same("SELECT * FROM pgmq.list_queues()", ordered=False)
     pair.assert_same_state()
     pair.same("SELECT pgmq.drop_queue('parts')")

@@ -212,3 +212,29 @@ async def test_deeply_nested_json_is_refused_not_a_server_error(
     deep = b'{"message": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
     r = await client.post("/v1/queues/jobs/messages", content=deep, headers=headers)
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json")
+
+
+async def test_pause_resume_and_job_headers_on_send(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    await make_queue(client, keys["admin"])
+    both = auth(keys["both"])
+    await client.post("/v1/queues/jobs/messages", json={"message": "low"}, headers=both)
+    r = await client.post("/v1/queues/jobs/messages", json={"message": "high", "priority": 9}, headers=both)
+    first = await client.post(
+        "/v1/queues/jobs/messages", json={"message": "d", "dedup_key": "k"}, headers=both
+    )
+    again = await client.post(
+        "/v1/queues/jobs/messages", json={"message": "d", "dedup_key": "k"}, headers=both
+    )
+    assert first.json() == again.json()
+    r = await client.post("/v1/queues/jobs/pause", headers=both)
+    assert r.status_code == 403  # an admin's operation
+    r = await client.post("/v1/queues/jobs/pause", headers=auth(keys["admin"]))
+    assert r.json() == {"queue_name": "jobs", "paused": True, "changed": True}
+    r = await client.post("/v1/queues/jobs/read", json={"qty": 5}, headers=both)
+    assert r.json() == {"messages": []}
+    r = await client.post("/v1/queues/jobs/resume", headers=auth(keys["admin"]))
+    assert r.json() == {"queue_name": "jobs", "paused": False, "changed": True}
+    r = await client.post("/v1/queues/jobs/read", json={"qty": 5}, headers=both)
+    assert [m["message"] for m in r.json()["messages"]] == ["high", "low", "d"]
+    r = await client.post("/v1/queues/jobs/messages", json={"message": 1, "priority": 1.5}, headers=both)
+    assert r.status_code == 422

@@ -3,7 +3,11 @@ Selenium, against ``pgbroker serve`` on loopback and a real database.
 
 It loads, lists a queue the test made, its depth chart follows sends and its throughput chart
 follows acks, it shows dead letters, and an admin key's purge and replay buttons work (a read-only
-key gets none). A screenshot is saved to tests/http/artifacts/dashboard.png (not in git).
+key gets none). The message browser pages through a queue's messages by state, shows one with
+its headers and body, deletes one and replays a dead letter; the schedules panel lists schedules
+and pauses and resumes one (admin keys only). Screenshots are saved to tests/http/artifacts/
+(dashboard.png, dashboard-browser.png; not in git; docs/ops/ holds the ones docs/operations.md
+shows).
 
 No chromium is not a skip: `make test` installs it when it can (root with apt-get); otherwise
 this test fails and says how to install it.
@@ -19,7 +23,7 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.common.exceptions import NoAlertPresentException, TimeoutException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -200,3 +204,128 @@ def test_dashboard_in_a_real_browser(
     wait_for(browser, "the queue's row", lambda d: row_text(d, f'tr[data-queue="{QUEUE}"]'))
     assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action=purge]")
     assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action=replay]")
+
+
+# -- the message browser and the schedules panel -------------------------------------------------
+
+
+def cells(driver: WebDriver, css: str) -> list[str]:
+    found: list[str] = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.textContent);", css
+    )
+    return found
+
+
+def click(driver: WebDriver, css: str) -> None:
+    """Click the element once it can be clicked (a table being drawn again is not, for a moment)."""
+
+    def clicked(d: WebDriver) -> bool:
+        try:
+            d.find_element(By.CSS_SELECTOR, css).click()
+        except WebDriverException:
+            return False
+        return True
+
+    wait_for(driver, f"{css} to be clickable", clicked, timeout=5)
+
+
+def test_message_browser_and_schedules_in_a_real_browser(
+    browser: WebDriver, server: LiveServer, conn: psycopg.Connection[Any]
+) -> None:
+    _, admin = create_key(conn, "dashboard-admin", scopes=["admin"])
+    _, reader = create_key(conn, "dashboard-reader", scopes=["read"])
+    broker = Broker(connection=conn)
+    queue = broker.create_queue(QUEUE)
+    queue.set_policy(max_deliveries=1)
+    ids = queue.send_many(
+        [{"order": n, "sku": f"A-{n:03}"} for n in range(24)],
+        headers=[{"tenant": "acme" if n % 3 else "globex", "trace": f"t-{n}"} for n in range(24)],
+    )
+    queue.send({"order": 99}, delay=3600)
+    [poison] = queue.read_many(1)  # the oldest, dead-lettered on its first failure
+    assert queue.fail(poison, error="card declined") == "dead_lettered"
+    [leased] = queue.read_many(1, vt=600)  # in flight
+    broker.add_schedule("nightly-report", QUEUE, "0 3 * * *", {"report": "daily"}, timezone="Europe/Berlin")
+    broker.add_schedule("every-minute", QUEUE, "* * * * *", {"ping": True})
+
+    browser.set_window_size(1400, 1800)
+    browser.get(f"{server.url}/dashboard?refresh=500")
+    use_key(browser, admin)
+    wait_for(browser, "the queue's row", lambda d: row_text(d, f'tr[data-queue="{QUEUE}"]'))
+
+    # The browser: a page of 20 (waiting, in flight and delayed together), then the rest.
+    click(browser, f'tr[data-queue="{QUEUE}"] button[data-action=browse]')
+    wait_for(browser, "the first page", lambda d: len(cells(d, "#br-list tbody td.msg-id")) == 20)
+    assert cells(browser, "#br-list tbody td.msg-id")[0] == str(leased.msg_id)
+    assert cells(browser, "#br-list tbody td.state")[:2] == ["in_flight", "waiting"]
+    browser.find_element(By.ID, "br-next").click()
+    wait_for(browser, "the second page", lambda d: cells(d, "#br-list tbody td.state")[-1:] == ["delayed"])
+    assert len(cells(browser, "#br-list tbody td.msg-id")) == 4  # 23 waiting or in flight + 1 delayed
+    assert not browser.find_element(By.ID, "br-next").is_enabled()
+
+    # Filter by state, open a message: its headers and body.
+    click(browser, "#br-state option[value=in_flight]")
+    click(browser, "#br-filter button[type=submit]")
+    wait_for(
+        browser,
+        "the in-flight message",
+        lambda d: cells(d, "#br-list tbody td.msg-id") == [str(leased.msg_id)],
+    )
+    click(browser, "#br-list tbody tr")
+    wait_for(browser, "the detail view", lambda d: d.find_element(By.ID, "br-detail").is_displayed())
+    assert json.loads(row_text(browser, "#br-headers")) == {"tenant": "acme", "trace": "t-1"}
+    assert json.loads(row_text(browser, "#br-body")) == {"order": 1, "sku": "A-001"}
+    # Peeking took nothing: the message was read once, by the test.
+    [shown] = queue.peek(1, after=leased.msg_id - 1)
+    assert shown.read_ct == 1
+
+    # The dead letter: shown with its error in the headers, replayed into the queue.
+    click(browser, "#br-state option[value=dead]")
+    click(browser, "#br-filter button[type=submit]")
+    wait_for(browser, "the dead letter", lambda d: cells(d, "#br-list tbody td.state") == ["dead"])
+    click(browser, "#br-list tbody tr")
+    wait_for(browser, "its detail", lambda d: "card declined" in row_text(d, "#br-headers"))
+    wait_for(browser, "the schedules", lambda d: len(cells(d, "#schedules tbody tr")) == 2)
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "dashboard-browser.png"
+    browser.execute_script("document.getElementById('browser').scrollIntoView()")
+    browser.save_screenshot(str(screenshot))
+    print(f"message browser screenshot: {screenshot}")
+    click(browser, "#br-actions button[data-action=replay-message]")
+    wait_for(browser, "the replay", lambda d: d.find_element(By.ID, "br-empty").is_displayed())
+    assert queue.peek(state="dead") == []
+    [replayed] = queue.peek(1, after=ids[-1] + 1)  # after the delayed message: a new one
+    assert replayed.message == {"order": 0, "sku": "A-000"}
+
+    # Delete a waiting message from the browser.
+    click(browser, "#br-state option[value=waiting]")
+    click(browser, "#br-filter button[type=submit]")
+    wait_for(
+        browser, "the waiting messages", lambda d: cells(d, "#br-list tbody td.msg-id")[:1] == [str(ids[2])]
+    )
+    click(browser, "#br-list tbody tr")
+    click(browser, "#br-actions button[data-action=delete-message]")
+    accept_confirm(browser)
+    wait_for(browser, "the deletion", lambda d: cells(d, "#br-list tbody td.msg-id")[:1] == [str(ids[3])])
+    assert [m.msg_id for m in queue.peek(1, after=ids[1])] == [ids[3]]
+
+    # Schedules: listed with their cron and zone, paused and resumed by the admin.
+    row = 'tr[data-schedule="nightly-report"]'
+    assert row_text(browser, f"{row} td.cron") == "0 3 * * * (Europe/Berlin)"
+    click(browser, f"{row} button[data-action=toggle-schedule]")
+    wait_for(browser, "the pause", lambda d: row_text(d, f"{row} td.next") == "paused")
+    assert [s.paused for s in broker.schedules() if s.name == "nightly-report"] == [True]
+    click(browser, f"{row} button[data-action=toggle-schedule]")
+    wait_for(browser, "the resume", lambda d: row_text(d, f"{row} td.next") != "paused")
+    assert [s.paused for s in broker.schedules() if s.name == "nightly-report"] == [False]
+
+    # A read-only key browses and sees the schedules, with no delete, replay, pause or resume.
+    use_key(browser, reader)
+    wait_for(browser, "the reader's view", lambda d: "dashboard-reader" in d.find_element(By.ID, "who").text)
+    wait_for(browser, "the schedules", lambda d: len(cells(d, "#schedules tbody tr")) == 2)
+    click(browser, f'tr[data-queue="{QUEUE}"] button[data-action=browse]')
+    wait_for(browser, "the first page", lambda d: len(cells(d, "#br-list tbody td.msg-id")) == 20)
+    click(browser, "#br-list tbody tr")
+    wait_for(browser, "the detail view", lambda d: d.find_element(By.ID, "br-detail").is_displayed())
+    assert not browser.find_elements(By.CSS_SELECTOR, "#br-actions button")
+    assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action=toggle-schedule]")

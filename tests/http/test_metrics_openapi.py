@@ -160,13 +160,16 @@ async def test_every_route_is_in_the_spec_with_the_scope_it_enforces(
         for method in r.methods or ()
         if method != "HEAD"
     ]
-    assert len(served) == 22
+    assert len(served) == 31
     for path, method in served:
         operation = spec["paths"][path][method.lower()]
         scope = operation["x-pgbroker-scope"]
         url = path.replace("{queue}", "jobs")
         # A body that would pass, so that only the key decides (a queue named in the body: create).
-        body = {"name": "new"} if (path, method) == ("/v1/queues", "POST") else None
+        body = {
+            ("/v1/queues", "POST"): {"name": "new"},
+            ("/v1/schedules", "POST"): {"name": "s", "queue": "jobs", "cron": "* * * * *", "message": {}},
+        }.get((path, method))
         anonymous = await client.request(method, url, json=body)
         if scope == "none":
             assert operation["security"] == [], path
@@ -188,7 +191,8 @@ async def test_every_spec_operation_has_a_handler(client: httpx.AsyncClient, key
             r = await client.request(
                 method.upper(), path.replace("{queue}", "jobs"), headers=auth(keys["admin"])
             )
-            assert r.status_code not in (404, 405) or r.json()["error"]["code"] == "queue_not_found", (
+            not_found = ("queue_not_found", "schedule_not_found")  # {name} is no schedule's name
+            assert r.status_code not in (404, 405) or r.json()["error"]["code"] in not_found, (
                 path,
                 method,
             )
@@ -241,3 +245,15 @@ async def test_nul_characters_are_refused_by_the_model(
     # An escaped backslash before u0000 is no NUL.
     r = await client.post("/v1/queues/jobs/messages", content=b'{"message": "\\\\u0000"}', headers=admin)
     assert r.status_code == 201, r.text
+
+
+async def test_the_paused_gauge_follows_pause_and_resume(
+    client: httpx.AsyncClient, keys: dict[str, str]
+) -> None:
+    admin = auth(keys["admin"])
+    await client.post("/v1/queues", json={"name": "jobs"}, headers=admin)
+    assert samples((await client.get("/metrics", headers=admin)).text)[("pgbroker_queue_paused", "jobs")] == 0
+    await client.post("/v1/queues/jobs/pause", headers=admin)
+    assert samples((await client.get("/metrics", headers=admin)).text)[("pgbroker_queue_paused", "jobs")] == 1
+    await client.post("/v1/queues/jobs/resume", headers=admin)
+    assert samples((await client.get("/metrics", headers=admin)).text)[("pgbroker_queue_paused", "jobs")] == 0

@@ -343,32 +343,32 @@ BAD_SQL_ARGUMENTS = [
     ),
     pytest.param("SELECT pgmq.send_batch(%s, '{}'::jsonb[])", "P0001", id="batch-empty"),
     pytest.param("SELECT pgmq.send_batch(%s, NULL::jsonb[])", "P0001", id="batch-null"),
-    # arguments pgmq accepts (D1 of tests/compat/deliberate.py), and pgbroker's own functions
-    pytest.param("SELECT * FROM pgmq.read(%s, vt => -1, qty => 1)", "PB007", id="read-negative-vt"),
-    pytest.param("SELECT * FROM pgmq.read(%s, vt => NULL, qty => 1)", "PB007", id="read-null-vt"),
-    pytest.param("SELECT * FROM pgmq.read(%s, vt => 1, qty => NULL)", "PB007", id="read-null-qty"),
+    # pgbroker's own functions refuse what pgmq's functions take as pgmq does (migration 0018;
+    # tests/compat/test_differential.py compares those with pgmq)
+    pytest.param("SELECT * FROM pgbroker.read(%s, vt => -1, qty => 1)", "PB007", id="read-negative-vt"),
+    pytest.param("SELECT * FROM pgbroker.read(%s, vt => NULL, qty => 1)", "PB007", id="read-null-vt"),
+    pytest.param("SELECT * FROM pgbroker.read(%s, vt => 1, qty => NULL)", "PB007", id="read-null-qty"),
+    pytest.param("SELECT * FROM pgbroker.read(%s, vt => 1, qty => -1)", "PB007", id="read-negative-qty-pb"),
     pytest.param(
-        "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, max_poll_seconds => -1)",
+        "SELECT * FROM pgbroker.read_with_poll(%s, 1, 1, max_poll_seconds => -1)",
         "PB007",
         id="poll-negative-wait",
     ),
     pytest.param(
-        "SELECT * FROM pgmq.read_with_poll(%s, 1, 1, poll_interval_ms => 0)", "PB007", id="poll-zero-interval"
-    ),
-    pytest.param("SELECT * FROM pgmq.pop(%s, qty => NULL)", "PB007", id="pop-null-qty"),
-    pytest.param("SELECT pgmq.send(%s, '1', delay => -1)", "PB007", id="send-negative-delay"),
-    pytest.param("SELECT pgmq.send(%s, '1', delay => NULL::integer)", "PB007", id="send-null-delay"),
-    pytest.param("SELECT pgmq.send(%s, '1', delay => NULL::timestamptz)", "PB007", id="send-null-delay-at"),
-    pytest.param("SELECT pgmq.send(%s, '1', '{}', delay => -5)", "PB007", id="send-headers-negative-delay"),
-    pytest.param(
-        "SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => -1)", "PB007", id="batch-negative-delay"
+        "SELECT * FROM pgbroker.read_with_poll(%s, 1, 1, max_poll_seconds => NULL)",
+        "PB007",
+        id="poll-null-wait",
     ),
     pytest.param(
-        "SELECT pgmq.send_batch(%s, '{1}'::jsonb[], delay => NULL::integer)", "PB007", id="batch-null-delay"
+        "SELECT * FROM pgbroker.read_with_poll(%s, 1, 1, poll_interval_ms => 0)",
+        "PB007",
+        id="poll-zero-interval",
     ),
-    pytest.param("SELECT pgmq.set_vt(%s, 1::bigint, -1)", "PB007", id="set_vt-negative"),
-    pytest.param("SELECT pgmq.set_vt(%s, 1::bigint, NULL::integer)", "PB007", id="set_vt-null"),
-    pytest.param("SELECT pgmq.set_vt(%s, '{1}'::bigint[], NULL::timestamptz)", "PB007", id="set_vt-null-at"),
+    pytest.param("SELECT * FROM pgbroker.consume(%s, vt => -1, qty => 1)", "PB007", id="consume-negative-vt"),
+    pytest.param("SELECT * FROM pgbroker.consume(%s, vt => 1, qty => NULL)", "PB007", id="consume-null-qty"),
+    pytest.param("SELECT * FROM pgbroker.peek(%s, qty => NULL)", "PB007", id="peek-null-qty"),
+    pytest.param("SELECT pgbroker.nack(%s, '1:1:1', delay => NULL)", "PB007", id="nack-null-delay"),
+    pytest.param("SELECT pgbroker.extend(%s, '1:1:1', vt => NULL)", "PB007", id="extend-null-vt"),
     pytest.param("SELECT pgbroker.nack(%s, '1:1:1', delay => -1)", "PB007", id="nack-negative-delay"),
     pytest.param("SELECT pgbroker.extend(%s, '1:1:1', vt => -1)", "PB007", id="extend-negative-vt"),
     pytest.param("SELECT pgbroker.ack(%s, '1:1:1', archive => NULL)", "PB007", id="ack-null-archive"),
@@ -379,14 +379,14 @@ BAD_SQL_ARGUMENTS = [
 def test_out_of_range_sql_argument_is_an_invalid_argument(
     populated: Queue, shared: Conn, query: str, sqlstate: str
 ) -> None:
-    """pgmq's own failures (a negative LIMIT, a bad batch) keep pgmq's SQLSTATE; the arguments
-    pgmq accepts but pgbroker refuses (D1 of tests/compat/deliberate.py) fail with PB007."""
+    """pgmq's own failures (a negative LIMIT, a bad batch) keep pgmq's SQLSTATE; pgbroker's own
+    functions refuse a negative or NULL vt, delay or qty and a bad poll with PB007."""
     error = assert_sql_refused(shared, sqlstate, query, [Q], code="PB007")
     assert isinstance(from_postgres(error), InvalidArgument)
 
 
 def test_sql_argument_errors_carry_a_hint(populated: Queue, shared: Conn) -> None:
-    error = assert_sql_refused(shared, "PB007", "SELECT * FROM pgmq.read(%s, -1, 1)", [Q])
+    error = assert_sql_refused(shared, "PB007", "SELECT * FROM pgbroker.read(%s, -1, 1)", [Q])
     assert error.diag.message_hint
     error = assert_sql_refused(
         shared, "P0001", "SELECT pgmq.send_batch(%s, '{1,2}'::jsonb[], '{}'::jsonb[])", [Q], code="PB007"

@@ -226,43 +226,44 @@ def test_a_group_leased_in_an_open_transaction_is_skipped_by_other_readers(
 
 
 @pytest.mark.parametrize("function", READS + [f"{name}_with_poll" for name in READS])
-def test_grouped_reads_check_their_arguments(fifo: Conn, function: str) -> None:
+def test_grouped_reads_take_pgmqs_arguments(fifo: Conn, function: str) -> None:
+    """pgmq's terms (0018; tests/compat compares them with pgmq): a negative qty fails as pgmq's
+    LIMIT does (2201W, pgbroker's PB007 in DETAIL), except in round robin, which compares a row
+    number with it and reads nothing; a NULL vt fails on the row it would lease (23502); a
+    negative vt leases into the past, so the message is read again at once."""
     send(fifo, "a")
     fn = sql.Identifier(function)
-    # A negative qty fails as pgmq's LIMIT does (2201W), except in round robin, which compares a
-    # row number with it and reads nothing (a poll of nothing would wait its 5 s); negative and
-    # NULL vt and NULL qty fail with PB007 (D1 of tests/compat/deliberate.py). pgbroker's code
-    # is PB007 in DETAIL either way.
-    round_robin = function.startswith("read_grouped_rr")
-    for vt, qty, sqlstate in [(-1, 1, "PB007"), (None, 1, "PB007"), (10, -1, "2201W"), (10, None, "PB007")]:
-        call = sql.SQL("SELECT * FROM pgmq.{}(%s, %s, %s)").format(fn)
-        if round_robin and qty == -1:
-            if function == "read_grouped_rr":
-                assert fifo.execute(call, [Q, vt, qty]).fetchall() == []
-            continue
+    call = sql.SQL("SELECT msg_id, read_ct FROM pgmq.{}(%s, %s, %s)").format(fn)
+    if function.startswith("read_grouped_rr"):
+        if function == "read_grouped_rr":  # a poll of nothing would wait its 5 s
+            assert fifo.execute(call, [Q, 10, -1]).fetchall() == []
+    else:
         with pytest.raises(psycopg.Error) as info:
-            fifo.execute(call, [Q, vt, qty])
-        assert info.value.sqlstate == sqlstate, (vt, qty)
+            fifo.execute(call, [Q, 10, -1])
+        assert info.value.sqlstate == "2201W"
         assert from_postgres(info.value).code == "PB007"
+    with pytest.raises(psycopg.errors.NotNullViolation):
+        fifo.execute(call, [Q, None, 1])
+    assert fifo.execute("SELECT read_ct FROM pgmq.q_fifo").fetchall() == [(0,)]  # nothing leased
+    assert fifo.execute(call, [Q, -1, 1]).fetchall() == [(1, 1)]
+    assert fifo.execute(call, [Q, 60, 1]).fetchall() == [(1, 2)]  # the lease had ended
     with pytest.raises(psycopg.errors.UndefinedTable) as missing:
         fifo.execute(sql.SQL("SELECT * FROM pgmq.{}('missing', 10, 1)").format(fn))
     assert str(missing.value.diag.message_primary) == 'relation "pgmq.q_missing" does not exist'
     assert isinstance(from_postgres(missing.value), QueueNotFound)
     if not function.endswith("_with_poll"):  # a poll for 0 messages would wait its 5 s
         assert fifo.execute(sql.SQL("SELECT * FROM pgmq.{}(%s, 10, 0)").format(fn), [Q]).fetchall() == []
-    # Nothing was leased by the refused calls.
-    assert fifo.execute("SELECT read_ct FROM pgmq.q_fifo").fetchall() == [(0,)]
 
 
 @pytest.mark.parametrize("function", [f"{name}_with_poll" for name in READS])
-def test_poll_forms_check_their_poll_arguments(fifo: Conn, function: str) -> None:
-    for seconds, interval in [(-1, 100), (1, 0), (None, 100)]:
-        with pytest.raises(psycopg.Error) as info:
-            fifo.execute(
-                sql.SQL("SELECT * FROM pgmq.{}(%s, 10, 1, %s, %s)").format(sql.Identifier(function)),
-                [Q, seconds, interval],
-            )
-        assert info.value.sqlstate == "PB007"
+def test_poll_forms_take_pgmqs_poll_arguments(fifo: Conn, function: str) -> None:
+    """A negative wait returns at once without reading; no pause between reads, or no deadline,
+    still returns the messages there are (pgmq's terms, 0018)."""
+    send(fifo, "a")
+    poll = sql.SQL("SELECT msg_id FROM pgmq.{}(%s, 0, 1, %s, %s)").format(sql.Identifier(function))
+    assert fifo.execute(poll, [Q, -1, 100]).fetchall() == []
+    for seconds, interval in [(1, 0), (1, None), (None, 100)]:
+        assert fifo.execute(poll, [Q, seconds, interval]).fetchall() == [(1,)]
 
 
 # -- polling ----------------------------------------------------------------------------------

@@ -216,3 +216,22 @@ def test_entry_points_are_not_open_to_public(users: dict[str, str], conn: Conn, 
     finally:
         conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(stranger)))
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(stranger)))
+
+
+def test_the_roles_use_the_job_features(users: dict[str, str], jobs: str, conn: Conn) -> None:
+    """A producer's first prioritized send builds the priority index (as the installer), a dedup
+    key holds for it, a consumer's reads follow the limits, and the monitor sees the pause flag
+    the /metrics gauge reports (pgbroker.is_paused)."""
+    conn.execute("SELECT pgbroker.set_policy('jobs', max_in_flight => 2)")
+    with psycopg.connect(users["producer"], autocommit=True) as producer:
+        producer.execute("""SELECT pgmq.send('jobs', '{"n": 9}', '{"x-pgbroker-priority": 9}'::jsonb)""")
+        first = producer.execute("""SELECT pgmq.send('jobs', '{}', '{"x-pgbroker-dedup-key": "k"}'::jsonb)""")
+        again = producer.execute("""SELECT pgmq.send('jobs', '{}', '{"x-pgbroker-dedup-key": "k"}'::jsonb)""")
+        assert first.fetchone() == again.fetchone()
+    with psycopg.connect(users["consumer"], autocommit=True) as consumer:
+        got = consumer.execute("SELECT message FROM pgbroker.read('jobs', 30, 10)").fetchall()
+        assert len(got) == 2
+        assert got[0] == ({"n": 9},)
+    conn.execute("SELECT pgbroker.pause('jobs')")
+    with psycopg.connect(users["monitor"], autocommit=True) as monitor:
+        assert monitor.execute("SELECT pgbroker.is_paused('jobs')").fetchone() == (True,)

@@ -138,3 +138,21 @@ def test_the_sweep_finds_a_due_message_below_the_bound(conn: Conn, dsn: str, q: 
     conn.execute(sql.SQL(stray).format(sql.SQL("NULL")))  # the sweep is due
     advance_head(dsn, q, times=1)
     assert conn.execute("SELECT msg_id FROM pgmq.read(%s, 30, 5)", [q]).fetchall() == [(msg_id,)]
+
+
+@pytest.mark.parametrize("function", ["read", "read_grouped"])
+def test_a_lease_ending_in_the_past_is_read_again_at_once(
+    conn: Conn, dsn: str, q: str, function: str
+) -> None:
+    """pgmq's reads take a negative vt (pgmq's terms, 0018) and lease into the past, below
+    timed_from: they lower the bound first, so the next read finds the message at once rather
+    than after the next sweep."""
+    [first, second] = _send(conn, q, 2)
+    advance_head(dsn, q)
+    time.sleep(MARGIN + 0.2)
+    head = advance_head(dsn, q)
+    assert head["timed_from"] is not None
+    read = sql.SQL("SELECT msg_id, read_ct FROM pgmq.{}(%s, -100, 1)").format(sql.Identifier(function))
+    assert conn.execute(read, [q]).fetchall() == [(first, 1)]
+    rows = conn.execute("SELECT msg_id, read_ct FROM pgmq.read(%s, 30, 5)", [q]).fetchall()
+    assert rows == [(first, 2), (second, 1)]

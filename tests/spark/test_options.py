@@ -140,3 +140,18 @@ def test_write_layout() -> None:
 def test_write_schema_mismatch(fields: tuple[tuple[str, T.DataType], ...], match: str) -> None:
     with pytest.raises(SchemaMismatch, match=match):
         write_layout(schema(*fields))
+
+
+def test_codec_options_go_together() -> None:
+    assert parse_read({"queue": "q", "dsn": DSN}).body is None  # the stored JSON text, as before
+    body = parse_write({"queue": "q", "dsn": DSN, "codec": "Avro", "avroSchema": "{}"}).body
+    assert body is not None
+    assert (body.codec, body.avro_schema) == ("avro", "{}")
+    for bad, match in [
+        ({"codec": "xml"}, "codec must be one of"),
+        ({"codec": "avro"}, "avroSchema goes with codec=avro"),
+        ({"codec": "msgpack", "protobufClass": "m:C"}, "protobufClass goes with codec=protobuf"),
+        ({"avroSchema": "{}"}, "avroSchema goes with codec=avro"),
+    ]:
+        with pytest.raises(OptionError, match=match):
+            parse_read({"queue": "q", "dsn": DSN, **bad})

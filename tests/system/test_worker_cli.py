@@ -279,6 +279,9 @@ def test_policy_set_and_show(dsn: str, jobs: Queue, broker: Broker) -> None:
         cli(dsn, "policy", "set", "jobs", "--backoff-base", "9", "--backoff-max", "3"), 2, "must be >="
     )
     assert_error(cli(dsn, "policy", "set", "nope", "--max-depth", "1"), 4, "does not exist")
+    assert "msgpack" in ok(dsn, "policy", "set", "jobs", "--codec", "msgpack").splitlines()[-1]
+    assert jobs.policy().codec == "msgpack"
+    assert_error(cli(dsn, "policy", "set", "jobs", "--codec", "xml"), 2, "codec must be")
     assert cli(dsn, "policy", "set", "jobs", "--backoff-base", "soon").returncode == 2
 
 

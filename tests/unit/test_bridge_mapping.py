@@ -1,4 +1,5 @@
-"""How the outbound bridge turns a message and its headers into an AMQP publish, and what it refuses."""
+"""How the outbound bridge turns a message and its headers into an AMQP publish, and what it refuses
+(the core's OutMessage of a message, then the RabbitMQ connector's mapping)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ from typing import Any
 
 import pytest
 
+from pgbroker.bridge.connector import OutMessage
 from pgbroker.bridge.errors import Unpublishable
 from pgbroker.bridge.mapping import Route, jsonable, outgoing
+from pgbroker.bridge.outbound import out_message
 from pgbroker.models import Message
 
 DEFAULT = Route("events", "orders")
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def message(payload: Any = None, headers: dict[str, Any] | None = None, msg_id: int = 7) -> Message:
-    return Message(msg_id, 1, NOW, NOW, NOW, payload, headers)
+def message(payload: Any = None, headers: dict[str, Any] | None = None, msg_id: int = 7) -> OutMessage:
+    return out_message(Message(msg_id, 1, NOW, NOW, NOW, payload, headers))
 
 
 def test_defaults_route_a_message_without_routing_headers_and_the_bridge_sets_its_guarantees() -> None:

@@ -17,7 +17,8 @@ BARE_INSTALL = textwrap.dedent(
     import importlib.abc
     import sys
 
-    EXTRAS = {"starlette", "uvicorn", "prometheus_client", "pika", "pyspark", "pyarrow", "numpy"}
+    EXTRAS = {"starlette", "uvicorn", "prometheus_client", "pika", "redis", "nats", "paho", "boto3",
+              "botocore", "pyspark", "pyarrow", "numpy"}
 
     class NoExtras(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path, target=None):

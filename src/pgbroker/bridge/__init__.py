@@ -1,9 +1,13 @@
-"""The RabbitMQ bridge: pgbroker queues published to RabbitMQ, and RabbitMQ queues received.
+"""Bridges between pgbroker queues and other brokers: one core, a connector per broker.
 
-OutboundBridge is a transactional outbox (pgbroker.bridge.outbound), InboundBridge a consumer
-that writes into a pgbroker queue and acks RabbitMQ only after the commit, de-duplicating
-redeliveries by message_id (pgbroker.bridge.inbound). Both run on an AsyncBroker until stop().
-Needs the ``bridge`` extra (pika).
+OutboundBridge is a transactional outbox (pgbroker.bridge.outbound): a queue's messages are
+published to a broker and acked in Postgres only after the broker confirmed them. InboundBridge
+receives from a broker into a queue and acks there only after the commit, de-duplicating
+redeliveries by message id (pgbroker.bridge.inbound). Both run on an AsyncBroker until stop().
+The URL's scheme chooses the connector (pgbroker.bridge.endpoints): amqp:// RabbitMQ (pika),
+redis:// Redis Streams (redis-py), nats:// NATS JetStream (nats-py), mqtt:// MQTT (paho-mqtt),
+sqs:// Amazon SQS (boto3), each needing the ``bridge`` extra; the interface a connector
+implements is pgbroker.bridge.connector.
 """
 
 from pgbroker.bridge.errors import (
@@ -12,10 +16,15 @@ from pgbroker.bridge.errors import (
     AmqpNotFound,
     AmqpUnreachable,
     BridgeError,
+    BrokerAccessRefused,
+    BrokerConnectionLost,
+    BrokerNotFound,
+    BrokerUnreachable,
     Unpublishable,
 )
-from pgbroker.bridge.inbound import InboundBridge, InboundSettings, InboundStats
-from pgbroker.bridge.outbound import OutboundBridge, OutboundSettings, OutboundStats
+from pgbroker.bridge.inbound import InboundBridge, InboundStats
+from pgbroker.bridge.outbound import OutboundBridge, OutboundStats
+from pgbroker.bridge.settings import InboundSettings, OutboundSettings
 
 __all__ = [
     "AmqpAccessRefused",
@@ -23,6 +32,10 @@ __all__ = [
     "AmqpNotFound",
     "AmqpUnreachable",
     "BridgeError",
+    "BrokerAccessRefused",
+    "BrokerConnectionLost",
+    "BrokerNotFound",
+    "BrokerUnreachable",
     "InboundBridge",
     "InboundSettings",
     "InboundStats",

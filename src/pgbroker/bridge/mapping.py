@@ -9,21 +9,20 @@ Outbound, a message's headers may say where and how to publish it:
 
 Every other header that does not start with ``x-amqp-`` or ``x-pgbroker-`` is copied into the
 AMQP headers table (x-amqp-properties.headers wins on a clash; AMQP tables have no floating point
-type, so a float header travels as its text). The body is the payload as
-JSON (content type application/json unless the properties say otherwise); message_id is the
+type, so a float header travels as its text). The body and its content type are the core's
+(pgbroker.bridge.body; x-amqp-properties.content_type may override the type); message_id is the
 msg_id and delivery is persistent, always: those are the bridge's guarantees, so the
 properties may not set them.
 
-Inbound, a JSON body becomes the payload as it is; any other UTF-8 body a JSON string, and
-anything else base64 text, with header x-amqp-body saying which ("text" or "base64"). The
-AMQP properties are kept in x-amqp-properties (the shape above, plus message_id) and where the
-message came from in x-amqp-received {exchange, routing_key, queue, redelivered}.
+Inbound, the body goes to the core as it came (pgbroker.bridge.body makes it a payload, and the
+core adds x-amqp-body when it is not JSON). The AMQP properties are kept in x-amqp-properties
+(the shape above, plus message_id) and where the message came from in
+x-amqp-received {exchange, routing_key, queue, redelivered}.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,14 +32,13 @@ from typing import Any
 import pika
 
 from pgbroker.bridge.amqp import Delivery
+from pgbroker.bridge.connector import OutMessage, Received
 from pgbroker.bridge.errors import Unpublishable
-from pgbroker.models import Message
 
 EXCHANGE_HEADER = "x-amqp-exchange"
 ROUTING_KEY_HEADER = "x-amqp-routing-key"
 PROPERTIES_HEADER = "x-amqp-properties"
 RECEIVED_HEADER = "x-amqp-received"
-BODY_HEADER = "x-amqp-body"
 _RESERVED_PREFIXES = ("x-amqp-", "x-pgbroker-")
 
 _TEXT_PROPERTIES = (
@@ -72,7 +70,7 @@ class Outgoing:
     properties: pika.BasicProperties
 
 
-def outgoing(message: Message, default: Route) -> Outgoing:
+def outgoing(message: OutMessage, default: Route) -> Outgoing:
     """The publish for a message, or Unpublishable naming the header that is wrong."""
     headers = message.headers or {}
     route = Route(
@@ -101,17 +99,16 @@ def outgoing(message: Message, default: Route) -> Outgoing:
         raise Unpublishable(f"{PROPERTIES_HEADER}.headers must be an object, got {type(extra).__name__}")
     table.update(extra)
     properties = pika.BasicProperties(
-        content_type=texts.pop("content_type", "application/json"),
+        content_type=texts.pop("content_type", message.content_type),
         delivery_mode=_PERSISTENT,
-        message_id=str(message.msg_id),
+        message_id=message.message_id,
         headers={k: _amqp_value(v) for k, v in table.items()} or None,
         priority=_priority(given.get("priority")),
         expiration=_expiration(given.get("expiration")),
         timestamp=_timestamp(given.get("timestamp")),
         **texts,
     )
-    body = json.dumps(message.message, separators=(",", ":")).encode()
-    return Outgoing(message.msg_id, route, body, properties)
+    return Outgoing(message.msg_id, route, message.body, properties)
 
 
 def _short_text(value: Any, what: str) -> str:
@@ -174,21 +171,9 @@ def _amqp_value(value: Any) -> Any:
 # -- inbound -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Incoming:
-    """A delivery as a pgbroker message: its AMQP message_id (the de-duplication key), payload, headers."""
-
-    message_id: str | None
-    payload: Any
-    headers: dict[str, Any]
-
-
-def incoming(delivery: Delivery, queue: str) -> Incoming:
+def incoming(delivery: Delivery, queue: str) -> Received:
+    """A delivery as the core receives it: the AMQP message_id is the de-duplication key."""
     properties = delivery.properties
-    headers: dict[str, Any] = {}
-    payload, kind = _payload(delivery.body)
-    if kind != "json":
-        headers[BODY_HEADER] = kind
     kept = {
         "message_id": properties.message_id,
         **{name: getattr(properties, name) for name in _TEXT_PROPERTIES},
@@ -199,28 +184,16 @@ def incoming(delivery: Delivery, queue: str) -> Incoming:
         else datetime.fromtimestamp(properties.timestamp, UTC),
         "headers": properties.headers or None,
     }
-    headers[PROPERTIES_HEADER] = {k: jsonable(v) for k, v in kept.items() if v is not None}
-    headers[RECEIVED_HEADER] = {
-        "exchange": delivery.exchange,
-        "routing_key": delivery.routing_key,
-        "queue": queue,
-        "redelivered": delivery.redelivered,
+    headers: dict[str, Any] = {
+        PROPERTIES_HEADER: {k: jsonable(v) for k, v in kept.items() if v is not None},
+        RECEIVED_HEADER: {
+            "exchange": delivery.exchange,
+            "routing_key": delivery.routing_key,
+            "queue": queue,
+            "redelivered": delivery.redelivered,
+        },
     }
-    return Incoming(properties.message_id or None, payload, headers)
-
-
-def _payload(body: bytes) -> tuple[Any, str]:
-    try:
-        text = body.decode()
-    except UnicodeDecodeError:
-        return base64.b64encode(body).decode(), "base64"
-    if "\x00" in text:  # jsonb cannot store NUL, not even in a string
-        return base64.b64encode(body).decode(), "base64"
-    try:
-        # NUL cannot be stored in jsonb: such a body is kept as text instead.
-        return (json.loads(text), "json") if "\\u0000" not in text else (text, "text")
-    except ValueError:
-        return text, "text"
+    return Received(properties.message_id or None, delivery.body, properties.content_type, headers, delivery)
 
 
 def jsonable(value: Any) -> Any:

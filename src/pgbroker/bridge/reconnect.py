@@ -1,11 +1,12 @@
-"""Keeping a bridge connected: which failures it rides out, and the reconnect loop both share.
+"""Keeping a bridge connected: which failures it rides out, and the reconnect loop both
+directions share, whatever the broker.
 
-A lost AMQP connection, a database restart or a dropped database connection is transient: the
+A lost broker connection, a database restart or a dropped database connection is transient: the
 bridge reconnects after a back-off (jittered, doubling up to 30 s) and carries on; messages it
-held come back on their own (pgbroker leases run out, RabbitMQ requeues unacked deliveries). A
-missing queue or exchange, a missing schema or an invalid setting is not: retrying cannot fix
-it, so the bridge stops and says what is wrong. The first connection is not retried either: a
-wrong URL, bad credentials or a broker that is not there is reported at once.
+held come back on their own (pgbroker leases run out, the broker delivers unacked messages
+again). A missing queue or stream, a missing schema or an invalid setting is not: retrying cannot
+fix it, so the bridge stops and says what is wrong. The first connection is not retried either:
+a wrong URL, bad credentials or a broker that is not there is reported at once.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from typing import Protocol, TypeVar
 
 import psycopg
 from psycopg_pool import PoolTimeout
 
 from pgbroker.backoff import Backoff
-from pgbroker.bridge import amqp
-from pgbroker.bridge.errors import AmqpConnectionLost
+from pgbroker.bridge.connector import Endpoint
+from pgbroker.bridge.errors import BrokerConnectionLost, BrokerNotFound
 from pgbroker.errors import DatabaseError
 
 # SQLSTATE classes and codes of failures that pass: connection exceptions, the server shutting
@@ -30,8 +32,15 @@ _TRANSIENT_CODES = ("40001", "40P01")
 _RECONNECT = (0.2, 30.0)
 
 
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
 def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, AmqpConnectionLost | psycopg.OperationalError | PoolTimeout):
+    if isinstance(exc, BrokerConnectionLost | psycopg.OperationalError | PoolTimeout):
         return True
     if isinstance(exc, DatabaseError):
         code = exc.sqlstate or ""
@@ -40,18 +49,17 @@ def is_transient(exc: BaseException) -> bool:
 
 
 async def run_connected(
-    url: str,
-    serve: Callable[[amqp.Connection], Awaitable[None]],
+    endpoint: Endpoint[C],
+    serve: Callable[[C], Awaitable[None]],
     *,
     stopping: asyncio.Event,
-    connect_timeout: float,
     log: logging.Logger,
     on_reconnect: Callable[[], None],
 ) -> None:
-    """Call ``serve`` with a connection to ``url`` until it returns (the bridge was stopped),
-    reconnecting after transient failures; any other failure is raised."""
+    """Call ``serve`` with a connection opened by ``endpoint`` until it returns (the bridge was
+    stopped), reconnecting after transient failures; any other failure is raised."""
     backoff = Backoff(*_RECONNECT)
-    connection: amqp.Connection | None = await amqp.Connection.open(url, timeout=connect_timeout)
+    connection: C | None = await endpoint.open()
     while connection is not None:
         try:
             await serve(connection)
@@ -59,7 +67,7 @@ async def run_connected(
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            log.warning("bridge.connection_lost error=%s", exc)
+            log.warning("bridge.connection_lost broker=%s error=%s", endpoint.where, exc)
         finally:
             await connection.close()
         connection = None
@@ -70,10 +78,12 @@ async def run_connected(
             if stopping.is_set():
                 return
             try:
-                connection = await amqp.Connection.open(url, timeout=connect_timeout)
+                connection = await endpoint.open()
+            except BrokerNotFound:
+                raise  # deleted while the bridge was away: reconnecting cannot bring it back
             except Exception as exc:  # unreachable or refused while it restarts: keep trying
-                log.warning("bridge.reconnect_failed error=%s", exc)
+                log.warning("bridge.reconnect_failed broker=%s error=%s", endpoint.where, exc)
         if connection is not None:
             on_reconnect()
-            log.info("bridge.reconnected broker=%s", amqp.where(url))
+            log.info("bridge.reconnected broker=%s", endpoint.where)
             backoff.reset()

@@ -16,7 +16,8 @@ Exit codes (a shell script may rely on them):
   3   stale receipt: the lease ran out or the message was redelivered, so the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed (``pgbroker install``)
-  6   RabbitMQ (``bridge``): unreachable, login refused, or an exchange or queue missing
+  6   a broker (``bridge``: RabbitMQ, Redis, NATS, MQTT, SQS): unreachable, login refused, or an
+      exchange, queue or stream missing
   70  unexpected error (a bug: please report it with the output of ``-v``)
   130 interrupted (Ctrl-C)
 """
@@ -41,6 +42,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker.client import Broker
+from pgbroker.codecs.errors import CodecError
+from pgbroker.codecs.json_view import json_view
 from pgbroker.dsn import connection_kwargs, resolve_dsn
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import (
@@ -80,7 +83,7 @@ exit codes:
   3   stale receipt: the ack changed nothing
   4   queue not found
   5   database unreachable, refused the operation, or pgbroker not installed
-  6   RabbitMQ unreachable, login refused, or an exchange or queue missing
+  6   a broker (bridge) unreachable, login refused, or an exchange, queue or stream missing
   70  unexpected error (run again with -v and report it)
 
 The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL
@@ -290,7 +293,7 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
             code = Exit.STALE_RECEIPT
         elif isinstance(exc, QueueNotFound):
             code = Exit.QUEUE_NOT_FOUND
-        elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict):
+        elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict | CodecError):
             code = Exit.USAGE
         elif isinstance(exc, NotInstalled):
             message = f"pgbroker is not installed in this database ({exc.message})"
@@ -409,7 +412,7 @@ def message_json(message: Message) -> str:
             "enqueued_at": message.enqueued_at.isoformat(),
             "last_read_at": message.last_read_at.isoformat() if message.last_read_at else None,
             "vt": message.vt.isoformat(),
-            "message": message.message,
+            "message": json_view(message.message),  # a binary codec's value in its JSON form
             "headers": message.headers,
             "receipt": str(message.receipt) if message.receipt else None,
         },

@@ -1,13 +1,16 @@
-"""``pgbroker bridge out|in``: the RabbitMQ bridge (pgbroker.bridge) from a shell.
+"""``pgbroker bridge out|in``: the bridges (pgbroker.bridge) from a shell.
 
-``bridge out --queue Q --amqp URL`` publishes queue Q to RabbitMQ (a transactional outbox);
-``bridge in --amqp URL --from RABBIT_QUEUE --queue Q`` receives a RabbitMQ queue into Q. Both
-run until SIGTERM or Ctrl-C: the first signal finishes the batch in hand (published and acked,
-or written and acked) and exits 0; a second one exits at once (what was in hand is delivered
-again later, as after a crash) and exits 130. The AMQP URL is --amqp, else $PGBROKER_AMQP_URL.
+``bridge out --queue Q --to URL`` publishes queue Q to the broker at URL (a transactional
+outbox); ``bridge in --from URL --queue Q`` receives from the broker into Q. The URL's scheme
+chooses the broker: amqp://, redis://, nats://, mqtt://, sqs:// (docs/bridge.md). The RabbitMQ
+forms of before still work: ``bridge out --queue Q --amqp URL`` and
+``bridge in --amqp URL --from RABBIT_QUEUE --queue Q`` (the AMQP URL also from
+$PGBROKER_AMQP_URL). Both run until SIGTERM or Ctrl-C: the first signal finishes the batch in
+hand (published and acked, or written and acked) and exits 0; a second one exits at once (what
+was in hand is delivered again later, as after a crash) and exits 130.
 
-Exit codes are pgbroker's (see pgbroker --help); 6 is the bridge's own: RabbitMQ unreachable,
-a refused login, or a missing exchange or queue (without --declare).
+Exit codes are pgbroker's (see pgbroker --help); 6 is the bridge's own: the broker unreachable,
+a refused login, or a missing exchange, queue or stream (without --declare).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ AMQP_ENV = "PGBROKER_AMQP_URL"
 
 
 def register(subcommands: Subcommands) -> None:
-    summary = "the RabbitMQ bridge: publish a queue to RabbitMQ (out), or receive one (in)"
+    summary = "bridges to RabbitMQ, Redis, NATS, MQTT, SQS: publish a queue (out), or receive into one (in)"
     actions = add_group(subcommands, "bridge", summary, metavar="DIRECTION")
 
     def command(name: str, summary: str, handler: Handler) -> argparse.ArgumentParser:
@@ -52,7 +55,7 @@ def register(subcommands: Subcommands) -> None:
             "--amqp", metavar="URL", help=f"RabbitMQ, amqp://user:password@host:5672/vhost (${AMQP_ENV})"
         )
         sub.add_argument(
-            "--declare", action="store_true", help="declare what is missing in RabbitMQ (durable)"
+            "--declare", action="store_true", help="create what is missing on the broker (durable)"
         )
         sub.add_argument(
             "--batch-size", type=positive_int, default=500, metavar="N", help="messages per batch (500)"
@@ -60,16 +63,24 @@ def register(subcommands: Subcommands) -> None:
         add_progress_option(sub, "counts")
         return sub
 
-    sub = command("out", "publish a pgbroker queue to RabbitMQ, acking each message after its confirm", _out)
+    sub = command("out", "publish a pgbroker queue to a broker, acking each message after its confirm", _out)
     sub.add_argument("--queue", required=True, metavar="NAME", help="the pgbroker queue to publish")
     sub.add_argument(
-        "--exchange", default="", metavar="NAME", help="exchange without x-amqp-exchange (default '')"
+        "--to", metavar="URL", help="the broker: amqp://, redis://, nats://, mqtt://, sqs:// (docs/bridge.md)"
     )
     sub.add_argument(
-        "--routing-key", metavar="KEY", help="routing key without x-amqp-routing-key (the queue's name)"
+        "--exchange", default="", metavar="NAME", help="RabbitMQ: exchange without x-amqp-exchange ('')"
     )
     sub.add_argument(
-        "--exchange-type", default="topic", metavar="TYPE", help="with --declare: exchange type (topic)"
+        "--routing-key",
+        metavar="KEY",
+        help="RabbitMQ: routing key without x-amqp-routing-key (the queue's name)",
+    )
+    sub.add_argument(
+        "--exchange-type",
+        default="topic",
+        metavar="TYPE",
+        help="RabbitMQ with --declare: exchange type (topic)",
     )
     sub.add_argument(
         "--windows", type=positive_int, default=2, metavar="N", help="batches in flight at once (2)"
@@ -88,9 +99,13 @@ def register(subcommands: Subcommands) -> None:
         "--no-notify", dest="notify", action="store_false", help="do not enable notify on the queue"
     )
 
-    sub = command("in", "receive a RabbitMQ queue into a pgbroker queue, acking after the commit", _in)
+    sub = command("in", "receive from a broker into a pgbroker queue, acking after the commit", _in)
     sub.add_argument(
-        "--from", dest="source", required=True, metavar="RABBIT_QUEUE", help="the RabbitMQ queue"
+        "--from",
+        dest="source",
+        required=True,
+        metavar="URL",
+        help="the broker (amqp://, redis://, nats://, mqtt://, sqs://); with --amqp: the RabbitMQ queue",
     )
     sub.add_argument("--queue", required=True, metavar="NAME", help="the pgbroker queue to write to")
     sub.add_argument(
@@ -102,6 +117,13 @@ def register(subcommands: Subcommands) -> None:
         default=86_400,
         metavar="DURATION",
         help="remember message_ids this long, e.g. 1h or 7d (1d)",
+    )
+    sub.add_argument(
+        "--ack-wait",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="NATS, SQS, Redis: an unacked message goes to another consumer after this (30)",
     )
 
 
@@ -117,16 +139,37 @@ def _amqp_url(args: argparse.Namespace) -> str:
     url: str | None = args.amqp or os.environ.get(AMQP_ENV)
     if not url:
         raise CliError(
-            "no RabbitMQ given",
+            f"no broker given: no URL, and no RabbitMQ given (--amqp, ${AMQP_ENV})",
             code=Exit.USAGE,
-            hint=f"Pass --amqp amqp://user:password@host:5672/ or set ${AMQP_ENV}.",
+            hint="Pass --to URL (out) or --from URL (in), e.g. redis://127.0.0.1:6379, or"
+            f" --amqp amqp://user:password@host:5672/, or set ${AMQP_ENV}.",
         )
     return url
+
+
+def _target(args: argparse.Namespace) -> str:
+    if args.to and args.amqp:
+        raise CliError("give --to or --amqp, not both", code=Exit.USAGE)
+    return str(args.to) if args.to else _amqp_url(args)
+
+
+def _source(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(name on the broker, URL): --from URL names both; --from NAME takes the URL from --amqp."""
+    if "://" in args.source:
+        if args.amqp:
+            raise CliError(
+                "--from is a URL, so --amqp is not needed",
+                code=Exit.USAGE,
+                hint="Give --from URL alone, or --amqp URL with --from RABBIT_QUEUE.",
+            )
+        return None, str(args.source)
+    return str(args.source), _amqp_url(args)
 
 
 def _out(args: argparse.Namespace, broker: Broker) -> int:
     with needs_extra("bridge"):
         from pgbroker.bridge import OutboundBridge, OutboundSettings
+        from pgbroker.bridge.endpoints import outbound_endpoint
 
     settings = OutboundSettings(
         exchange=args.exchange,
@@ -139,24 +182,30 @@ def _out(args: argparse.Namespace, broker: Broker) -> int:
         exchange_type=args.exchange_type,
         enable_notify=args.notify,
     )
-    url = _amqp_url(args)
+    url = _target(args)
+    with needs_extra("bridge"):
+        outbound_endpoint(url, args.queue, settings)  # the URL and its client library, before anything runs
     return _serve(broker, args, lambda abroker: OutboundBridge(abroker, args.queue, url, settings))
 
 
 def _in(args: argparse.Namespace, broker: Broker) -> int:
     with needs_extra("bridge"):
         from pgbroker.bridge import InboundBridge, InboundSettings
+        from pgbroker.bridge.endpoints import inbound_endpoint
 
     settings = InboundSettings(
         batch_size=args.batch_size,
         prefetch=args.prefetch,
         seen_within=args.dedup_window,
         declare=args.declare,
+        ack_wait=args.ack_wait,
     )
-    url = _amqp_url(args)
-    return _serve(
-        broker, args, lambda abroker: InboundBridge(abroker, args.source, args.queue, url, settings)
-    )
+    source, url = _source(args)
+    with needs_extra("bridge"):
+        inbound_endpoint(
+            url, source, args.queue, settings
+        )  # the URL and its client library, before anything runs
+    return _serve(broker, args, lambda abroker: InboundBridge(abroker, source, args.queue, url, settings))
 
 
 def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Bridge]) -> int:

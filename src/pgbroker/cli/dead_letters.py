@@ -21,6 +21,7 @@ from pgbroker.cli.base import (
     positive_int,
 )
 from pgbroker.client import Broker
+from pgbroker.codecs.json_view import json_view
 from pgbroker.models import Message
 from pgbroker.tables import table
 
@@ -64,7 +65,7 @@ def _letter_table(letters: Sequence[Message]) -> str:
 def _letter_row(letter: Message) -> list[str]:
     why: dict[str, Any] = (letter.headers or {}).get("x-pgbroker-dead-letter", {})
     error = str(why.get("error") or "-")
-    payload = json.dumps(letter.message, ensure_ascii=False)
+    payload = json.dumps(json_view(letter.message), ensure_ascii=False)
     when = str(why.get("dead_lettered_at", ""))[:19].replace("T", " ")
     return [str(letter.msg_id), str(why.get("deliveries", "-")), when, _cut(error, 60), _cut(payload, 40)]
 

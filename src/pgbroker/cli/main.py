@@ -6,14 +6,30 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pgbroker.cli import bridge, db, dead_letters, keys, messages, pipeline, policy, queues, serve, worker
+from pgbroker.cli import (
+    bridge,
+    db,
+    dead_letters,
+    keys,
+    messages,
+    pause,
+    peek,
+    pipeline,
+    policy,
+    queues,
+    schedules,
+    serve,
+    worker,
+)
 from pgbroker.cli.base import execute, new_parser
 
 __all__ = ["build_parser", "main"]
 
 # In the order `pgbroker --help` lists them. A module whose command needs an optional extra
 # (bridge, serve, pipeline) imports it only when the command runs.
-COMMAND_MODULES = (queues, messages, db, pipeline, worker, dead_letters, policy, bridge, keys, serve)
+COMMAND_MODULES = (
+    queues, pause, messages, peek, db, pipeline, worker, schedules, dead_letters, policy, bridge, keys, serve
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

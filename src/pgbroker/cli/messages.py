@@ -25,8 +25,10 @@ from pgbroker.cli.base import (
     seconds,
     whole_seconds,
 )
+from pgbroker.cli.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.client import Broker
 from pgbroker.errors import StaleReceipt
+from pgbroker.job_headers import with_job_headers
 from pgbroker.models import Receipt
 
 __all__ = ["register"]
@@ -38,6 +40,16 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
     sub.add_argument("--delay", type=whole_seconds, metavar="SECONDS", help="invisible for this long")
+    sub.add_argument("--priority", type=int, metavar="N", help="higher is read first (0)")
+    sub.add_argument("--dedup-key", metavar="KEY", help="not stored again while the key is taken")
+    sub.add_argument("--concurrency-key", metavar="KEY", help="the key max_in_flight_per_key counts by")
+    sub.add_argument(
+        "--codec",
+        metavar="NAME",
+        help="encode with json, msgpack, protobuf:TYPE or avro:NAME (the message is its JSON form); "
+        "default: the queue's policy",
+    )
+    add_codec_module_option(sub)
     sub.add_argument(
         "--batch-size", type=positive_int, default=500, metavar="N", help="stdin lines per statement (500)"
     )
@@ -71,6 +83,7 @@ def register(subcommands: Subcommands) -> None:
 
 
 def _send(args: argparse.Namespace, broker: Broker) -> int:
+    load_codec_modules(args)
     queue = broker.queue(args.name)
     headers: dict[str, Any] | None = None
     if args.headers is not None:
@@ -80,13 +93,21 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
                 '--headers must be a JSON object, for example \'{"source": "cli"}\'', code=Exit.USAGE
             )
         headers = parsed
+    job = with_job_headers(
+        headers, priority=args.priority, dedup_key=args.dedup_key, concurrency_key=args.concurrency_key
+    )
+    headers = None if job is None else dict(job)
     if args.message is not None:
-        print(queue.send(json_argument(args.message, "the message"), headers=headers, delay=args.delay))
+        message = json_argument(args.message, "the message")
+        print(queue.send(message, headers=headers, delay=args.delay, codec=args.codec))
         return Exit.OK
 
     def send_batch(batch: list[Any]) -> int:
         ids = queue.send_many(
-            batch, headers=None if headers is None else [headers] * len(batch), delay=args.delay
+            batch,
+            headers=None if headers is None else [headers] * len(batch),
+            delay=args.delay,
+            codec=args.codec,
         )
         # Flushed per batch so a consumer of our output sees progress on a long stream.
         print("\n".join(map(str, ids)), flush=True)

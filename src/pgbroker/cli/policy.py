@@ -61,6 +61,27 @@ def register(subcommands: Subcommands) -> None:
         "--archive-retention", type=duration, metavar="DURATION", help="e.g. 7d (pgbroker maintain)"
     )
     sub.add_argument("--archive-max-rows", type=whole, metavar="N", help="keep at most N archived messages")
+    sub.add_argument(
+        "--codec", metavar="NAME", help="the sends' default codec: json, msgpack, protobuf:TYPE, avro:NAME"
+    )
+    sub.add_argument(
+        "--priorities",
+        action=argparse.BooleanOptionalAction,
+        help="build (or drop) the priority index now; a first prioritized send builds it",
+    )
+    sub.add_argument(
+        "--dedup-window", type=duration, metavar="DURATION", help="how long a dedup key holds (5m)"
+    )
+    sub.add_argument(
+        "--dedup-mode",
+        choices=["window", "queued"],
+        help="a dedup key holds for the window, or while its message is in the queue",
+    )
+    sub.add_argument("--max-in-flight", type=whole, metavar="N", help="at most N messages leased at once")
+    sub.add_argument(
+        "--max-in-flight-per-key", type=whole, metavar="N", help="at most N leased per concurrency key"
+    )
+    sub.add_argument("--rate-limit", type=float, metavar="PER_SECOND", help="messages handed out per second")
 
     sub = add_command(subcommands, "maintain", "apply archive retention in batches", _maintain)
     sub.add_argument(
@@ -76,7 +97,19 @@ def _show(args: argparse.Namespace, broker: Broker) -> int:
 
 def _policy_table(policies: Sequence[Policy]) -> str:
     """An aligned table of queue policies, as `pgbroker policy show` prints it."""
-    header = ["QUEUE", "MAX DELIVERIES", "BACKOFF", "DEAD LETTERS TO", "ACK", "MAX DEPTH", "ARCHIVE KEPT"]
+    header = [
+        "QUEUE",
+        "MAX DELIVERIES",
+        "BACKOFF",
+        "DEAD LETTERS TO",
+        "ACK",
+        "MAX DEPTH",
+        "ARCHIVE KEPT",
+        "CODEC",
+        "LIMITS",
+        "DEDUP",
+        "STATE",
+    ]
     rows = [
         [
             p.queue_name,
@@ -86,6 +119,10 @@ def _policy_table(policies: Sequence[Policy]) -> str:
             p.ack_mode,
             "unbounded" if p.max_depth is None else f"{p.max_depth:,}",
             _retention(p),
+            p.codec,
+            _limits(p),
+            f"{_span(p.dedup_window_seconds)}" if p.dedup_mode == "window" else "while queued",
+            "paused" if p.paused else "running",
         ]
         for p in policies
     ]
@@ -109,6 +146,17 @@ def _retention(p: Policy) -> str:
     return ", ".join(limits) or "forever"
 
 
+def _limits(p: Policy) -> str:
+    limits = []
+    if p.max_in_flight is not None:
+        limits.append(f"{p.max_in_flight} in flight")
+    if p.max_in_flight_per_key is not None:
+        limits.append(f"{p.max_in_flight_per_key}/key")
+    if p.rate_limit_per_second is not None:
+        limits.append(f"{p.rate_limit_per_second:g}/s")
+    return ", ".join(limits) or "none"
+
+
 def _span(seconds: int) -> str:
     for unit in ("d", "h", "m"):
         if seconds and seconds % DURATION_UNITS[unit] == 0:
@@ -127,6 +175,13 @@ _POLICY_OPTIONS = {
     "max_depth": "max_depth",
     "archive_retention": "archive_retention_seconds",
     "archive_max_rows": "archive_max_rows",
+    "codec": "codec",
+    "priorities": "priorities",
+    "dedup_window": "dedup_window_seconds",
+    "dedup_mode": "dedup_mode",
+    "max_in_flight": "max_in_flight",
+    "max_in_flight_per_key": "max_in_flight_per_key",
+    "rate_limit": "rate_limit_per_second",
 }
 
 
@@ -151,6 +206,13 @@ def _maintain(args: argparse.Namespace, broker: Broker) -> int:
     else:
         kept = [p for p in broker.policies() if p.archive_retention_seconds or p.archive_max_rows]
         names = [p.queue_name for p in kept]
+    # Expired dedup keys of every queue (or those given) go too, in batches of their own.
+    keys = 0
+    for name in args.queues or [None]:
+        while batch := broker.trim_dedup_keys(name, args.batch_size):
+            keys += batch
+    if keys:
+        print(f"forgot {plural(keys, 'expired dedup key')}")
     if not names:
         print("no queue has an archive retention (pgbroker policy set QUEUE --archive-retention 7d sets one)")
         return Exit.OK

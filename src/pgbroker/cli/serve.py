@@ -11,6 +11,7 @@ import signal
 from types import FrameType
 
 from pgbroker.cli.base import Exit, Subcommands, add_command, dsn_of, needs_extra
+from pgbroker.cli.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.client import Broker
 
 __all__ = ["register"]
@@ -30,6 +31,7 @@ def register(subcommands: Subcommands) -> None:
     )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
+    add_codec_module_option(sub)  # the codecs HTTP sends may name
 
 
 def _serve(args: argparse.Namespace, broker: Broker) -> int:
@@ -38,6 +40,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
 
         from pgbroker.http import Settings, create_app
 
+    load_codec_modules(args)
     dsn = dsn_of(broker)
     settings = Settings(
         max_body_bytes=args.max_body,

@@ -85,6 +85,12 @@ def register(subcommands: Subcommands) -> None:
         "--maintain-every", type=seconds, metavar="SECONDS", help="also apply archive retention this often"
     )
     sub.add_argument("--processes", type=positive_int, default=1, metavar="N", help="worker processes (1)")
+    sub.add_argument(
+        "--no-scheduler",
+        dest="schedules",
+        action="store_false",
+        help="do not send schedule ticks (by default every worker process runs a scheduler)",
+    )
     add_progress_option(sub, "counts and rates to stderr")
 
 
@@ -92,12 +98,12 @@ def _worker(args: argparse.Namespace, broker: Broker) -> int:
     workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
     dsn = dsn_of(broker)
     if args.processes == 1:
-        return _serve(workers, dsn, args.progress)
+        return _serve(workers, dsn, args.progress, args.schedules)
     return _supervise(args, dsn)
 
 
-def _serve(workers: list[Worker], dsn: str, progress: float | None) -> int:
-    asyncio.run(serve(workers, dsn=dsn, progress_every=progress))
+def _serve(workers: list[Worker], dsn: str, progress: float | None, schedules: bool = True) -> int:
+    asyncio.run(serve(workers, dsn=dsn, progress_every=progress, schedules=schedules))
     return Exit.OK
 
 
@@ -204,7 +210,7 @@ def _child(args: argparse.Namespace, dsn: str, level: int) -> None:
     _stop_with(os.getppid())
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
     try:
-        code = _serve(_workers(args), dsn, args.progress)
+        code = _serve(_workers(args), dsn, args.progress, args.schedules)
     except Exception as exc:
         code, message, hint = classify(exc)
         print_error(message, hint)

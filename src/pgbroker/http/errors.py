@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from pgbroker.codecs import CodecNotInstalled, UnknownCodec
 from pgbroker.errors import (
     InvalidArgument,
     InvalidMessage,
@@ -59,6 +60,8 @@ _BY_CLASS: tuple[tuple[type[PgbrokerError], int, str], ...] = (
     (InvalidQueueName, 400, "invalid_queue_name"),
     (QueueNameConflict, 409, "queue_name_conflict"),
     (StaleReceipt, 409, "stale_receipt"),
+    (UnknownCodec, 400, "unknown_codec"),
+    (CodecNotInstalled, 501, "codec_not_installed"),
     (MessageTooLarge, 413, "message_too_large"),
     (InvalidMessage, 400, "invalid_message"),
     (InvalidArgument, 400, "invalid_argument"),
@@ -77,6 +80,7 @@ ERROR_CODES: dict[str, int] = {
     "unauthorized": 401,
     "forbidden": 403,
     "not_found": 404,
+    "schedule_not_found": 404,
     "method_not_allowed": 405,
     "request_too_large": 413,
     "rate_limited": 429,
@@ -94,7 +98,7 @@ def api_error_of(exc: BaseException) -> ApiError:
         for cls, status, code in _BY_CLASS:
             if isinstance(exc, cls):
                 headers = {"Retry-After": "1"} if cls is QueueFull else None
-                return ApiError(status, code, exc.message, hint=exc.hint, headers=headers)
+                return ApiError(status, code, exc.message, hint=_hint(exc), headers=headers)
         return ApiError(503, "database_error", exc.message, hint=exc.hint)
     if isinstance(exc, PoolTimeout | psycopg.OperationalError):
         return ApiError(
@@ -107,6 +111,21 @@ def api_error_of(exc: BaseException) -> ApiError:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return ApiError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}) or None)
     return ApiError(500, "internal_error", "unexpected server error", hint="See the server's log.")
+
+
+def _hint(exc: PgbrokerError) -> str | None:
+    """The error's hint, told from the server's side where the fix is on the server."""
+    if isinstance(exc, UnknownCodec):
+        # The client cannot register a schema in the server: say where the server learns it.
+        return (
+            "The server encodes: it must know the codec. Start it with "
+            "`pgbroker serve --codec-module MODULE`, MODULE registering the Avro schema "
+            "(pgbroker.codecs.register(AvroCodec(schema))) or importing the Protobuf module protoc "
+            "generated; or send with codec json, msgpack or a known type."
+        )
+    if isinstance(exc, CodecNotInstalled):
+        return "Install the codecs extra where the server runs: pip install 'pgbroker[codecs]'."
+    return exc.hint
 
 
 class ErrorDetail(BaseModel):

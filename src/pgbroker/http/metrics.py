@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.errors import from_postgres
+from pgbroker.models import Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +36,15 @@ class QueueStats:
     dead_letter_length: int | None
     scrape_time: datetime
     total_consumed: int  # pgbroker.messages_consumed(): approximate, resets with the statistics
+    paused: bool  # pgbroker.pause()
 
 
 async def queue_stats(broker: AsyncBroker, exact_below: int = 10_000) -> list[QueueStats]:
     async with broker.connection() as conn:
         try:
             cur = await conn.execute(
-                "SELECT s.*, pgbroker.messages_consumed(s.queue_name) FROM pgbroker.queue_stats(%s) s",
+                "SELECT s.*, pgbroker.messages_consumed(s.queue_name), pgbroker.is_paused(s.queue_name)"
+                " FROM pgbroker.queue_stats(%s) s",
                 (exact_below,),
             )
             rows = await cur.fetchall()
@@ -64,6 +67,7 @@ class _QueueCollector(Collector):
         oldest = gauge("pgbroker_queue_oldest_message_age_seconds", "Age of the oldest message.")
         newest = gauge("pgbroker_queue_newest_message_age_seconds", "Age of the newest message.")
         dead = gauge("pgbroker_queue_dead_letters", "Dead letters of the queue (absent when costly).")
+        paused = gauge("pgbroker_queue_paused", "1 while the queue is paused: its reads return nothing.")
         sent = CounterMetricFamily(
             "pgbroker_queue_messages_sent",
             "Messages ever sent to the queue (its msg_id sequence).",
@@ -86,13 +90,41 @@ class _QueueCollector(Collector):
             newest.add_metric(labels, s.newest_msg_age_sec or 0.0)
             sent.add_metric(labels, s.total_sent)
             consumed.add_metric(labels, s.total_consumed)
+            paused.add_metric(labels, 1.0 if s.paused else 0.0)
             if s.dead_letter_length is not None:
                 dead.add_metric(labels, s.dead_letter_length)
-        yield from (length, visible, estimated, oldest, newest, sent, consumed, dead)
+        yield from (length, visible, estimated, oldest, newest, sent, consumed, dead, paused)
 
 
-def render(stats: Iterable[QueueStats]) -> bytes:
+class _ScheduleCollector(Collector):
+    """The cron schedules (sql/schema/78_schedules.sql): when each ticks next and ticked last. An
+    alert on ``time() - pgbroker_schedule_next_run_timestamp_seconds > 60`` finds schedules no
+    scheduler is sending."""
+
+    def __init__(self, schedules: Sequence[Schedule]) -> None:
+        self._schedules = schedules
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=["schedule", "queue"])
+
+        next_run = gauge("pgbroker_schedule_next_run_timestamp_seconds", "Its next tick (Unix time).")
+        last_run = gauge("pgbroker_schedule_last_run_timestamp_seconds", "Its last tick sent (Unix time).")
+        paused = gauge("pgbroker_schedule_paused", "1 while the schedule is paused.")
+        failed = gauge("pgbroker_schedule_last_send_failed", "1 when the queue refused the last tick's send.")
+        for s in self._schedules:
+            labels = [s.name, s.queue_name]
+            next_run.add_metric(labels, s.next_run.timestamp())
+            if s.last_run is not None:
+                last_run.add_metric(labels, s.last_run.timestamp())
+            paused.add_metric(labels, 1.0 if s.paused else 0.0)
+            failed.add_metric(labels, 1.0 if s.last_error else 0.0)
+        yield from (next_run, last_run, paused, failed)
+
+
+def render(stats: Iterable[QueueStats], schedules: Iterable[Schedule] = ()) -> bytes:
     """The exposition text for these statistics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_QueueCollector(list(stats)))
+    registry.register(_ScheduleCollector(list(schedules)))
     return generate_latest(registry)

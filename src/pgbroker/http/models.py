@@ -40,6 +40,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from pgbroker import models as core
+from pgbroker.codecs.json_view import json_view
 from pgbroker.http import metrics as prom
 from pgbroker.http.settings import Settings
 
@@ -295,13 +296,39 @@ class Delayed(Body):
     delay: Int32 = 0
 
 
-class SendOne(OneForm, Delayed):
+class Encoded(Body):
+    """A send that may choose its codec (docs/codecs.md): the value is given as JSON and encoded."""
+
+    codec: Annotated[
+        str | None,
+        Field(
+            min_length=1,
+            max_length=512,
+            description="json, msgpack, protobuf:<message type> or avro:<schema full name> (the type "
+            "registered in the server); the message is the value in its JSON form. Absent: the queue's "
+            "policy codec",
+        ),
+    ] = None
+
+
+class SendOne(OneForm, Delayed, Encoded):
     excludes: ClassVar[str] = "messages"
     message: Annotated[JsonValue, Field(description="any JSON value jsonb can store (no NUL character)")]
     headers: Annotated[JsonObject | None, Field(description="the message's headers")] = None
+    # The job headers (pgbroker.job_headers), as the clients' send() takes them.
+    priority: Annotated[
+        int | None, Field(ge=-999_999_999, le=999_999_999, description="higher is read first (0)")
+    ] = None
+    dedup_key: Annotated[
+        str | None,
+        Field(min_length=1, max_length=512, description="while taken, the first message's msg_id answers"),
+    ] = None
+    concurrency_key: Annotated[
+        str | None, Field(min_length=1, max_length=512, description="what max_in_flight_per_key counts by")
+    ] = None
 
 
-class SendBatch(OneForm, Delayed):
+class SendBatch(OneForm, Delayed, Encoded):
     excludes: ClassVar[str] = "message"
     messages: Annotated[list[JsonValue], Field(min_length=1), Limit("max_batch")]
     headers: Annotated[
@@ -414,6 +441,71 @@ class DeadLetterQuery(BaseModel):
     ] = 0
 
 
+# -- peek and schedules: queries and bodies (routes/peek.py, routes/schedules.py) ----------------
+
+
+def _query_moment(value: Any) -> Any:
+    """An ISO 8601 query string as its datetime; a time without a zone is refused (ambiguous)."""
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            return value  # the strict datetime check refuses it, naming the parameter
+        if moment.tzinfo is None:
+            raise ValueError("give a time zone (e.g. 2025-01-31T12:00:00Z)")
+        return moment
+    return value
+
+
+QueryMoment = Annotated[datetime | None, BeforeValidator(_query_moment)]
+
+
+class PeekQuery(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    state: Annotated[
+        Literal["waiting", "delayed", "in_flight", "dead"] | None,
+        Field(description="only messages in this state (absent: every state but dead)"),
+    ] = None
+    limit: Annotated[
+        int, Field(ge=1, description="at most this many"), BeforeValidator(_query_digits), Limit("max_batch")
+    ] = 20
+    after: Annotated[
+        int,
+        Field(ge=0, le=BIGINT_MAX, description="only messages with a larger msg_id (paging: next_after)"),
+        BeforeValidator(_query_digits),
+    ] = 0
+    before: Annotated[
+        int | None,
+        Field(ge=0, le=BIGINT_MAX, description="only messages with this msg_id or a smaller one"),
+        BeforeValidator(_query_digits),
+    ] = None
+    header: Annotated[Text | None, Field(min_length=1, description="only messages with this header")] = None
+    header_value: Annotated[Text | None, Field(description="...whose value, as text, is this")] = None
+    enqueued_after: Annotated[QueryMoment, Field(description="enqueued at or after, ISO 8601")] = None
+    enqueued_before: Annotated[QueryMoment, Field(description="enqueued before, ISO 8601")] = None
+
+    @model_validator(mode="after")
+    def _value_needs_header(self) -> PeekQuery:
+        if self.header_value is not None and self.header is None:
+            raise ValueError("header_value needs header")
+        return self
+
+
+ScheduleName = Annotated[str, StringConstraints(pattern="^[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}$")]
+# Text a database can store: no NUL character.
+Text = Annotated[str, StringConstraints(pattern="^[^\\x00]*$")]
+
+
+class AddSchedule(Body):
+    name: Annotated[ScheduleName, Field(description="1 to 100 letters, digits, _ . : or -")]
+    queue: QueueName
+    cron: Annotated[Text, Field(description="5 fields, e.g. '*/5 * * * *', or @hourly, @daily, ...")]
+    message: Annotated[JsonValue, Field(description="the message each tick sends")]
+    headers: Annotated[JsonObject | None, Field(description="its headers")] = None
+    timezone: Annotated[Text, Field(description="an IANA time zone")] = "UTC"
+    replace: Annotated[bool, Field(description="redefine a schedule of that name")] = False
+
+
 # -- answers ------------------------------------------------------------------------------------
 
 
@@ -442,7 +534,7 @@ class Message(Answer):
             enqueued_at=m.enqueued_at,
             last_read_at=m.last_read_at,
             vt=m.vt,
-            message=m.message,
+            message=json_view(m.message),  # a binary codec's value in its JSON form
             headers=m.headers,
             receipt=str(m.receipt) if m.receipt else None,
         )
@@ -499,6 +591,12 @@ class Purged(Answer):
     purged: int
 
 
+class PauseState(Answer):
+    queue_name: str
+    paused: bool
+    changed: Annotated[bool, Field(description="false when the queue was in that state already")]
+
+
 class ReplayedPair(Answer):
     dead_letter_id: int
     msg_id: int
@@ -516,3 +614,23 @@ class KeyInfo(Answer):
 
 class Health(Answer):
     status: str
+
+
+# -- peek and schedules: answers -----------------------------------------------------------------
+
+
+class PeekedMessage(Message):
+    state: Annotated[str, Field(description="waiting, delayed, in_flight or dead")]
+
+
+class PeekedMessages(Answer):
+    messages: list[PeekedMessage]
+    next_after: Annotated[int | None, Field(description="the after of the next page; null: no more")]
+
+
+class ScheduleList(Answer):
+    schedules: list[core.Schedule]
+
+
+class ScheduleRemoved(Answer):
+    removed: str

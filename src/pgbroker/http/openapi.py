@@ -19,7 +19,14 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from pgbroker.http.errors import Error
-from pgbroker.http.models import DOCUMENT_MARK, JSON_SCHEMAS, LIMIT_MARK, QueueName, SchemaWriter
+from pgbroker.http.models import (
+    DOCUMENT_MARK,
+    JSON_SCHEMAS,
+    LIMIT_MARK,
+    QueueName,
+    ScheduleName,
+    SchemaWriter,
+)
 from pgbroker.http.operations import Operation
 from pgbroker.http.settings import Settings
 
@@ -94,6 +101,11 @@ def _document(operation: Operation, schemas: dict[tuple[str, str], Any]) -> dict
         queue_name = TypeAdapter(QueueName).json_schema(schema_generator=SchemaWriter)
         parameters.append(
             {"name": "queue", "in": "path", "required": True, "schema": queue_name, "example": "orders"}
+        )
+    if "{name}" in operation.path:  # a schedule's (routes/schedules.py)
+        schedule_name = TypeAdapter(ScheduleName).json_schema(schema_generator=SchemaWriter)
+        parameters.append(
+            {"name": "name", "in": "path", "required": True, "schema": schedule_name, "example": "nightly"}
         )
     if operation.query is not None:
         query = operation.query.json_schema(schema_generator=SchemaWriter)

@@ -16,7 +16,9 @@ from typing import Any
 import psycopg
 from psycopg import pq, sql
 
+from pgbroker.spark.bodies import decode_batch
 from pgbroker.spark.connect import Connection
+from pgbroker.spark.options import BodyOptions
 from pgbroker.spark.schema import arrow_types
 
 # Parse at least this much at a time: large enough that pyarrow's per-call overhead vanishes,
@@ -29,11 +31,12 @@ def copy_batches(
     select: sql.Composable,
     columns: Sequence[str],
     settings: Sequence[tuple[str, str]] = (),
+    body: BodyOptions | None = None,
 ) -> Iterator[Any]:
     """Run ``COPY (select) TO STDOUT`` and yield pyarrow RecordBatches of ``columns``.
 
     ``select`` must return exactly ``columns``, in that order. ``settings`` (name, value) are set
-    for the rest of the session first.
+    for the rest of the session first. ``body``: decode the message column (pgbroker.spark.bodies).
     """
     import pyarrow as pa
     from pyarrow import csv
@@ -57,7 +60,8 @@ def copy_batches(
             parse_options=parse_options,
             convert_options=convert_options,
         )
-        yield from table.cast(schema).to_batches()
+        for batch in table.cast(schema).to_batches():
+            yield batch if body is None else decode_batch(batch, body)
 
     for name, value in settings:
         conn.execute("SELECT set_config(%s, %s, false)", (name, value))

@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg import sql
 
+from pgbroker.spark.bodies import encode_column
 from pgbroker.spark.connect import Connection
 from pgbroker.spark.jsonb_array import JsonbArray, JsonbArrayDumper, jsonb_array
 from pgbroker.spark.schema import WriteLayout
@@ -36,7 +37,10 @@ def send_batches(conn: Connection, queue: str, layout: WriteLayout, batches: Ite
     sent = 0
     for chunk in _chunks(batches, layout):
         for rows, delay in _by_delay(chunk, layout):
-            params: list[Any] = [queue, jsonb_array(rows.column("message"))]
+            message = rows.column("message")
+            if layout.body is not None and layout.body.codec != "json":  # JSON text is stored as it is
+                message = encode_column(message, layout.body)
+            params: list[Any] = [queue, jsonb_array(message)]
             if layout.headers:
                 params.append(jsonb_array(rows.column("headers")))
             if layout.delay is not None:

@@ -51,7 +51,8 @@ class BatchReader(DataSourceReader):
         if partition.last < partition.first:
             return
         with connect(self.options.dsn, role="reader") as conn:
-            yield from copy_batches(conn, partition.select(), partition.columns, partition.settings)
+            select, body = partition.select(), self.options.body
+            yield from copy_batches(conn, select, partition.columns, partition.settings, body)
 
 
 class BatchWriter(DataSourceArrowWriter):

@@ -10,12 +10,17 @@ renews the leases of unreleased claims every third of the lease; a message whose
 anyway leaves its claim (another consumer has it now). Claims are acknowledged, archiving or
 deleting their messages, once Spark has committed their batch: in commit(end) and when Spark
 asks for the next offset, as in log mode.
+
+pgbroker.read follows the queue's pause and limits, so claims do too: a paused queue gives no
+claim (the query idles, and resumes with the queue), and a claim takes what the limits allow,
+its messages counting as in flight until their batch is committed (82_spark.sql).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -32,10 +37,16 @@ from pgbroker.spark.connect import Connection, connect, queue_table, scalar
 from pgbroker.spark.log_stream import CheckpointMismatch
 from pgbroker.spark.options import MAX_CLAIM, ReadOptions
 from pgbroker.spark.partitions import ClaimPartition, split
+from pgbroker.spark.pause_log import PauseLog
 
 log = logging.getLogger("pgbroker.spark")
 
 Offset = dict[str, Any]
+
+# Trigger.AvailableNow on a limited queue: how often a claim the limits left empty is tried again,
+# and how often the wait is logged.
+LIMITED_RETRY_SECONDS = 0.2
+LIMITED_WARN_SECONDS = 30.0
 
 
 class LeaseRenewer:
@@ -92,6 +103,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: int | None = None
         self._table: str | None = None
         self._renewer: LeaseRenewer | None = None
+        self._paused = PauseLog(options.queue)
 
     def __getstate__(self) -> dict[str, Any]:
         # The background thread and its connection belong to the driver's process: a copy
@@ -128,11 +140,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self._connect() as conn:
             # Spark asks for the next offset only once the batch ending at start is committed.
             self._release(conn, start["seq"])
-            claimed = scalar(
-                conn,
-                "SELECT pgbroker.spark_claim(%s, %s, %s, %s, %s)",
-                (self.consumer, start["seq"] + 1, qty, self.options.lease_seconds, self._target),
-            )
+            claimed = self._claim(conn, start["seq"] + 1, qty)
         if not claimed:
             return start
         if self._renewer is None:
@@ -179,7 +187,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, ClaimPartition)
         with connect(self.options.dsn, role="reader") as conn:
-            yield from copy_batches(conn, partition.select(), partition.columns)
+            yield from copy_batches(conn, partition.select(), partition.columns, body=self.options.body)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -201,6 +209,34 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"(queue {self.options.queue!r}, claim mode, consumer {self.consumer!r})",
                 hint="Use a new checkpointLocation for a different queue, mode or consumer.",
             )
+
+    def _claim(self, conn: Connection, seq: int, qty: int) -> int:
+        """Claim seq; how many messages it holds. An empty claim of a paused queue is logged;
+        under Trigger.AvailableNow, one that the queue's limits left empty is tried again until
+        they give room (ending the run would leave messages it was to read)."""
+        waited_since = time.monotonic()
+        warned_at = waited_since
+        while True:
+            claimed = scalar(
+                conn,
+                "SELECT pgbroker.spark_claim(%s, %s, %s, %s, %s)",
+                (self.consumer, seq, qty, self.options.lease_seconds, self._target),
+            )
+            if claimed:
+                self._paused.note(False)
+                return int(claimed)
+            held = scalar(conn, "SELECT pgbroker.spark_held_back(%s, %s)", (self.options.queue, self._target))
+            self._paused.note(held == "paused")
+            if held != "limited" or self._target is None:
+                return 0
+            if time.monotonic() - warned_at >= LIMITED_WARN_SECONDS:
+                warned_at = time.monotonic()
+                log.warning(
+                    "pgbroker: queue %r: its limits have given this run no room for %.0f s",
+                    self.options.queue,
+                    warned_at - waited_since,
+                )
+            time.sleep(LIMITED_RETRY_SECONDS)
 
     def _release(self, conn: Connection, seq: int) -> None:
         if self.options.release == "none" or seq <= self._released:

@@ -9,6 +9,11 @@ nothing below the watermark changes until Spark releases it, a batch read again 
 reads the same rows. floor is where the query started (0, or the watermark for
 startingOffset=latest): messages at or below it were never the query's to release.
 
+While the queue is paused no batch is taken (the query idles, and resumes with the queue); a
+queue with concurrency or rate limits is refused, since a log stream takes no leases to count
+(read such a queue in claim mode). A stream that releases nothing (of the archive, or
+release=none) only looks, and ignores both (82_spark.sql).
+
 Release (archive or delete) happens only for committed batches, cumulatively over
 floor < msg_id <= end, in commit(end) and also when Spark asks for the next offset: Spark calls
 commit(end) only once a following batch exists, so the last batch of a run would otherwise stay.
@@ -37,6 +42,7 @@ from pgbroker.spark.arrow_read import copy_batches
 from pgbroker.spark.connect import Connection, connect, queue_table, scalar, table_ident
 from pgbroker.spark.options import ReadOptions
 from pgbroker.spark.partitions import RangePartition, split
+from pgbroker.spark.pause_log import PauseLog
 from pgbroker.spark.release import BackgroundRelease
 
 log = logging.getLogger("pgbroker.spark")
@@ -62,6 +68,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: int | None = None
         self._table: str | None = None
         self._releaser: BackgroundRelease | None = None
+        self._paused = PauseLog(options.queue)
 
     def __getstate__(self) -> dict[str, Any]:
         # The background thread and its connection belong to the driver's process: a copy
@@ -98,6 +105,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Spark asks for the next offset only once the batch ending at start is committed.
             self._release(start)
         with self._connect() as conn:
+            if not self._may_read(conn):
+                self._flush()  # no batch follows while paused (the query may be about to stop)
+                return start
             if self._target is not None:
                 # Trigger.AvailableNow: everything up to the target was settled when it was taken.
                 watermark = self._target
@@ -159,7 +169,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, RangePartition)
         with connect(self.options.dsn, role="reader") as conn:
-            yield from copy_batches(conn, partition.select(), partition.columns, partition.settings)
+            select, body = partition.select(), self.options.body
+            yield from copy_batches(conn, select, partition.columns, partition.settings, body)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -180,6 +191,15 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"(queue {self.options.queue!r}, archive={self.options.archive}, log mode)",
                 hint="Use a new checkpointLocation for a different queue, archive or mode.",
             )
+
+    def _may_read(self, conn: Connection) -> bool:
+        """False while the queue is paused; PB007 (InvalidArgument) when it has limits, which a
+        log stream cannot honour (82_spark.sql). A stream that releases nothing (of the archive,
+        or release=none) only looks, and reads whatever the queue's state."""
+        consumes = not self.options.archive and self.options.release != "none"
+        may = bool(scalar(conn, "SELECT pgbroker.spark_log_gate(%s, %s)", (self.options.queue, consumes)))
+        self._paused.note(not may)
+        return may
 
     def _watermark(self, conn: Connection, wait_ms: int) -> int | None:
         # Our own releaser only deletes: not a sender to wait for.

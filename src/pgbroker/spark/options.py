@@ -22,6 +22,7 @@ Release = Literal["archive", "delete", "none"]
 Start = Literal["earliest", "latest"]
 
 # The spelling users see in messages; Spark lower-cases keys before we get them.
+_BODY_OPTIONS = ("codec", "avroSchema", "protobufClass")
 _READ_OPTIONS = (
     "queue",
     "dsn",
@@ -35,8 +36,10 @@ _READ_OPTIONS = (
     "leaseSeconds",
     "startingOffset",
     "watermarkWaitMs",
+    *_BODY_OPTIONS,
 )
-_WRITE_OPTIONS = ("queue", "dsn")
+_WRITE_OPTIONS = ("queue", "dsn", *_BODY_OPTIONS)
+CODECS = ("json", "msgpack", "avro", "protobuf")
 # Options Spark itself adds to what the user gave.
 _SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
@@ -48,6 +51,15 @@ MAX_CLAIM = 100_000
 
 class OptionError(InvalidArgument):
     """A data source option is missing, unknown, or has a value it cannot take."""
+
+
+@dataclass(frozen=True)
+class BodyOptions:
+    """How message bodies are read or written (pgbroker.spark.bodies; docs/codecs.md)."""
+
+    codec: str  # one of CODECS
+    avro_schema: str | None = None  # the schema's JSON text (codec avro)
+    protobuf_class: str | None = None  # "module:Class", importable on the executors (codec protobuf)
 
 
 @dataclass(frozen=True)
@@ -64,12 +76,14 @@ class ReadOptions:
     lease_seconds: int
     starting_offset: Start
     watermark_wait_ms: int
+    body: BodyOptions | None = None  # None: message is the stored JSON text, as it always was
 
 
 @dataclass(frozen=True)
 class WriteOptions:
     queue: str
     dsn: str
+    body: BodyOptions | None = None
 
 
 def parse_read(options: Mapping[str, str]) -> ReadOptions:
@@ -118,12 +132,13 @@ def parse_read(options: Mapping[str, str]) -> ReadOptions:
         lease_seconds=opts.integer("leaseSeconds", DEFAULT_LEASE_SECONDS, minimum=3),
         starting_offset=cast(Start, opts.choice("startingOffset", ("earliest", "latest"), "earliest")),
         watermark_wait_ms=opts.integer("watermarkWaitMs", DEFAULT_WATERMARK_WAIT_MS, minimum=0),
+        body=opts.body(),
     )
 
 
 def parse_write(options: Mapping[str, str]) -> WriteOptions:
     opts = _Options(options, _WRITE_OPTIONS)
-    return WriteOptions(queue=opts.queue(), dsn=opts.dsn())
+    return WriteOptions(queue=opts.queue(), dsn=opts.dsn(), body=opts.body())
 
 
 def default_partitions() -> int:
@@ -201,6 +216,25 @@ class _Options:
         if value.lower() not in allowed:
             raise OptionError(f"option {name} must be one of {', '.join(allowed)}, got {value!r}")
         return value.lower()
+
+    def body(self) -> BodyOptions | None:
+        codec = self.text("codec")
+        avro_schema, protobuf_class = self.text("avroSchema"), self.text("protobufClass")
+        if codec is None and avro_schema is None and protobuf_class is None:
+            return None
+        codec = self.choice("codec", CODECS, "")
+        if (codec == "avro") != (avro_schema is not None):
+            raise OptionError(
+                "option avroSchema goes with codec=avro, and codec=avro needs it",
+                hint="For example .option('codec', 'avro').option('avroSchema', json.dumps(schema)).",
+            )
+        if (codec == "protobuf") != (protobuf_class is not None):
+            raise OptionError(
+                "option protobufClass goes with codec=protobuf, and codec=protobuf needs it",
+                hint="For example .option('protobufClass', 'shop.orders_pb2:Order') "
+                "(a module the executors can import).",
+            )
+        return BodyOptions(codec, avro_schema, protobuf_class)
 
     def columns(self, available: tuple[str, ...]) -> tuple[str, ...]:
         value = self.text("columns")

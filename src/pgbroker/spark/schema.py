@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pgbroker.spark.options import OptionError
+from pgbroker.spark.options import BodyOptions, OptionError
 
 SPARK_TYPES = {
     "msg_id": "BIGINT",
@@ -30,9 +30,19 @@ class SchemaMismatch(OptionError):
     """A DataFrame written to a queue has columns the sink cannot take."""
 
 
-def spark_ddl(columns: Sequence[str]) -> str:
+def spark_ddl(columns: Sequence[str], body: BodyOptions | None = None) -> str:
     """The read schema as Spark DDL, for example 'msg_id BIGINT, message STRING'."""
-    return ", ".join(f"{name} {SPARK_TYPES[name]}" for name in columns)
+    message = SPARK_TYPES["message"] if body is None else column_type("message", body)
+    return ", ".join(f"{name} {message if name == 'message' else SPARK_TYPES[name]}" for name in columns)
+
+
+def column_type(name: str, body: BodyOptions | None = None) -> str:
+    """A column's Spark type as Spark writes it (simpleString): the message's follows the codec."""
+    if name == "message" and body is not None:
+        from pgbroker.spark.bodies import message_type
+
+        return str(message_type(body).simpleString())
+    return SPARK_TYPES[name].lower()
 
 
 def arrow_types(columns: Sequence[str]) -> dict[str, Any]:
@@ -55,13 +65,14 @@ class WriteLayout:
 
     headers: bool
     delay: Literal["seconds", "until"] | None
+    body: BodyOptions | None = None  # how to encode the message column (pgbroker.spark.bodies)
 
     @property
     def columns(self) -> tuple[str, ...]:
         return ("message", *(["headers"] if self.headers else []), *(["delay"] if self.delay else []))
 
 
-def write_layout(schema: Any) -> WriteLayout:
+def write_layout(schema: Any, body: BodyOptions | None = None) -> WriteLayout:
     """Check a DataFrame's schema (a pyspark StructType) against what a queue takes.
 
     message: JSON text (STRING), required. headers: a JSON object as text (STRING), optional.
@@ -84,7 +95,10 @@ def write_layout(schema: Any) -> WriteLayout:
             "a DataFrame written to a queue needs a column 'message' (JSON text)",
             hint="For example df.select(to_json(struct('*')).alias('message')).",
         )
-    if not isinstance(fields["message"], T.StringType):
+    struct_body = body is not None and body.codec in ("avro", "protobuf")
+    if not isinstance(fields["message"], T.StringType) and not (
+        struct_body and isinstance(fields["message"], T.StructType)
+    ):
         raise SchemaMismatch(
             f"column 'message' must be a STRING holding JSON, not {fields['message'].simpleString()}",
             hint="Turn it into JSON text with to_json(...) (or to_json(struct(...)) for several columns).",
@@ -108,4 +122,4 @@ def write_layout(schema: Any) -> WriteLayout:
                 f"not {kind.simpleString()}",
                 hint="For example col('delay').cast('int').",
             )
-    return WriteLayout(headers="headers" in fields, delay=delay)
+    return WriteLayout(headers="headers" in fields, delay=delay, body=body)

@@ -27,7 +27,7 @@ from pgbroker.spark.claim_stream import ClaimStreamReader
 from pgbroker.spark.connect import connect, queue_table
 from pgbroker.spark.log_stream import LogStreamReader
 from pgbroker.spark.options import OptionError, ReadOptions, WriteOptions, parse_read, parse_write
-from pgbroker.spark.schema import SPARK_TYPES, WriteLayout, spark_ddl, write_layout
+from pgbroker.spark.schema import WriteLayout, column_type, spark_ddl, write_layout
 from pgbroker.spark.stream_write import StreamWriter
 
 NAME = "pgbroker"
@@ -44,7 +44,7 @@ class PgbrokerDataSource(DataSource):
         options = parse_read(self.options)
         with connect(options.dsn, role="planner") as conn:
             queue_table(conn, options.queue, archive=options.archive)
-        return spark_ddl(options.columns)
+        return spark_ddl(options.columns, options.body)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BatchReader(self._read_options(schema))
@@ -66,9 +66,9 @@ class PgbrokerDataSource(DataSource):
     def _read_options(self, schema: StructType) -> ReadOptions:
         options = parse_read(self.options)
         given = [(f.name, f.dataType.simpleString()) for f in schema.fields]
-        if given != [(name, SPARK_TYPES[name].lower()) for name in options.columns]:
+        if given != [(name, column_type(name, options.body)) for name in options.columns]:
             raise OptionError(
-                f"the pgbroker data source reads [{spark_ddl(options.columns)}], "
+                f"the pgbroker data source reads [{spark_ddl(options.columns, options.body)}], "
                 f"not the schema given [{', '.join(f'{n} {t}' for n, t in given)}]",
                 hint="Leave out .schema(...), and choose columns with option columns.",
             )
@@ -85,7 +85,7 @@ def _write_options(
             hint="Use .mode('append') (batch) or outputMode('append') (streaming).",
         )
     options = parse_write(given)
-    layout = write_layout(schema)
+    layout = write_layout(schema, options.body)
     with connect(options.dsn, role="planner") as conn:
         queue_table(conn, options.queue)
     return options, layout

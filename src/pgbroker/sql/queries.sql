@@ -114,7 +114,9 @@ FROM (SELECT (SELECT f.outcome FROM pgbroker.fail(%(queue)s, ARRAY[%(receipt)s::
       AS done) s
 
 -- name: message_peek_many
-SELECT * FROM pgbroker.peek(%(queue)s, %(qty)s::integer, %(after)s::bigint)
+SELECT * FROM pgbroker.peek(%(queue)s, %(qty)s::integer, %(after)s::bigint, %(state)s::text,
+                            %(before)s::bigint, %(header_key)s::text, %(header_value)s::text,
+                            %(enqueued_after)s::timestamptz, %(enqueued_before)s::timestamptz)
 
 -- name: policy_get
 SELECT * FROM pgbroker.policy(%(queue)s)
@@ -134,7 +136,23 @@ SELECT * FROM pgbroker.set_policy(
     ack_mode => %(ack_mode)s::text,
     max_depth => %(max_depth)s::bigint,
     archive_retention_seconds => %(archive_retention_seconds)s::bigint,
-    archive_max_rows => %(archive_max_rows)s::bigint)
+    archive_max_rows => %(archive_max_rows)s::bigint,
+    codec => %(codec)s::text,
+    priorities => %(priorities)s::boolean,
+    dedup_window_seconds => %(dedup_window_seconds)s::integer,
+    dedup_mode => %(dedup_mode)s::text,
+    max_in_flight => %(max_in_flight)s::integer,
+    max_in_flight_per_key => %(max_in_flight_per_key)s::integer,
+    rate_limit_per_second => %(rate_limit_per_second)s::double precision)
+
+-- name: queue_codec
+SELECT pgbroker.queue_codec(%(queue)s)
+
+-- name: queue_pause
+SELECT pgbroker.pause(%(queue)s)
+
+-- name: queue_resume
+SELECT pgbroker.resume(%(queue)s)
 
 -- name: dead_letter_list
 SELECT * FROM pgbroker.dead_letters(%(queue)s, %(qty)s::integer, %(after)s::bigint)
@@ -147,6 +165,9 @@ SELECT pgbroker.purge_dead_letters(%(queue)s, %(msg_ids)s::bigint[])
 
 -- name: archive_trim
 SELECT pgbroker.trim_archive(%(queue)s, %(batch_size)s::integer)
+
+-- name: dedup_keys_trim
+SELECT pgbroker.trim_dedup_keys(%(queue)s, %(batch_size)s::integer)
 
 -- name: message_fail_many
 SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text)
@@ -162,3 +183,30 @@ SELECT message_id, msg_id FROM pgbroker.receive_many(
 -- name: inbound_seen_prune
 SELECT pgbroker.prune_inbound_seen(make_interval(secs => %(seen_within)s::double precision),
                                    %(batch_size)s::integer)
+
+-- Schedules (sql/schema/78_schedules.sql) --------------------------------------
+
+-- name: schedule_add
+SELECT * FROM pgbroker.schedule_add(%(name)s, %(queue)s, %(cron)s, %(message)s::jsonb,
+                                    %(headers)s::jsonb, %(timezone)s, %(replace)s)
+
+-- name: schedule_list
+SELECT * FROM pgbroker.schedule_list()
+
+-- name: schedule_remove
+SELECT pgbroker.schedule_remove(%(name)s)
+
+-- name: schedule_pause
+SELECT * FROM pgbroker.schedule_pause(%(name)s)
+
+-- name: schedule_resume
+SELECT * FROM pgbroker.schedule_resume(%(name)s)
+
+-- name: schedule_tick
+SELECT schedule_name, tick, msg_id, error FROM pgbroker.schedule_tick(%(as_of)s::timestamptz)
+
+-- name: schedule_next_wake
+SELECT pgbroker.schedule_next_wake()
+
+-- name: schedules_channel
+SELECT pgbroker.schedules_channel()

@@ -4,9 +4,19 @@ statistics, the calling key, and the service's own pages (health, spec, dashboar
 from __future__ import annotations
 
 from pgbroker.http.operations import Operation
-from pgbroker.http.routes import dead_letters, keys, messages, queues, service, stats
+from pgbroker.http.routes import dead_letters, keys, messages, pause, peek, queues, schedules, service, stats
 
-ROUTERS = (queues.router, messages.router, dead_letters.router, stats.router, keys.router, service.router)
+ROUTERS = (
+    queues.router,
+    pause.router,
+    messages.router,
+    peek.router,
+    dead_letters.router,
+    schedules.router,
+    stats.router,
+    keys.router,
+    service.router,
+)
 
 
 def all_operations() -> tuple[Operation, ...]:

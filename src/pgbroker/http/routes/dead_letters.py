@@ -3,7 +3,16 @@ as new messages."""
 
 from __future__ import annotations
 
-from pgbroker.http.models import DeadLetterQuery, Message, Messages, ReplayBody, Replayed, ReplayedPair
+from pgbroker.http.models import (
+    DeadLetterQuery,
+    Message,
+    Messages,
+    MsgIds,
+    Purged,
+    ReplayBody,
+    Replayed,
+    ReplayedPair,
+)
 from pgbroker.http.operations import Call, Router
 
 router = Router()
@@ -32,3 +41,12 @@ async def replay_dead_letters(call: Call, body: ReplayBody) -> Replayed:
     return Replayed(
         replayed=[ReplayedPair(dead_letter_id=old, msg_id=new) for old, new in sorted(replayed.items())]
     )
+
+
+@router.post(
+    "/v1/queues/{queue}/dead-letters/purge",
+    "delete dead letters: those of msg_ids (the dashboard's message browser deletes one)",
+    scope="admin",
+)
+async def purge_dead_letters(call: Call, body: MsgIds) -> Purged:
+    return Purged(purged=await call.broker.queue(call.queue).purge_dead_letters(body.msg_ids))

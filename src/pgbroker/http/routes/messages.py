@@ -4,8 +4,8 @@ by msg_id (archive, delete). A receipt form takes one receipt (a stale one answe
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from pgbroker.http.models import (
     AckBody,
@@ -27,10 +27,16 @@ from pgbroker.http.models import (
     SendOne,
 )
 from pgbroker.http.operations import Call, Router
+from pgbroker.job_headers import with_job_headers
 from pgbroker.queries import receipt_of
 
 router = Router()
-_QUEUE_FULL = {503: "queue_full (max_depth reached; see Retry-After) or database error"}
+_SEND_ERRORS = {
+    400: "invalid JSON, queue name, argument or message (invalid_message: a value the codec cannot "
+    "encode), or unknown_codec (a codec the server does not know: see the hint)",
+    501: "codec_not_installed (the server lacks the codec's library)",
+    503: "queue_full (max_depth reached; see Retry-After) or database error",
+}
 _STALE = {409: "stale_receipt (single receipt form only)"}
 T = TypeVar("T")
 
@@ -40,15 +46,25 @@ T = TypeVar("T")
     "send one message (message) or a batch (messages)",
     scope="send",
     status=201,
-    errors=_QUEUE_FULL,
+    errors=_SEND_ERRORS,
 )
 async def send(call: Call, body: SendBody) -> MsgIdList:
+    headers: list[Mapping[str, Any] | None]
     if isinstance(body, SendOne):
-        messages, headers = [body.message], [body.headers]
+        one = with_job_headers(
+            body.headers,
+            priority=body.priority,
+            dedup_key=body.dedup_key,
+            concurrency_key=body.concurrency_key,
+        )
+        messages, headers = [body.message], [one]
     else:
-        messages, headers = body.messages, body.headers or [None] * len(body.messages)
+        messages, headers = body.messages, list(body.headers or [None] * len(body.messages))
     ids = await call.broker.queue(call.queue).send_many(
-        messages, headers=None if all(h is None for h in headers) else headers, delay=body.delay
+        messages,
+        headers=None if all(h is None for h in headers) else headers,
+        delay=body.delay,
+        codec=body.codec,
     )
     return MsgIdList(msg_ids=ids)
 

@@ -22,6 +22,8 @@ async def stats(call: Call) -> StatsList:
 )
 async def metrics(call: Call) -> Response:
     found = await prom.queue_stats(call.broker, call.settings.stats_exact_below)
+    schedules = await call.broker.schedules()
     if call.key is not None:
         found = [s for s in found if call.key.sees(s.queue_name)]
-    return Response(prom.render(found), media_type="text/plain; version=0.0.4; charset=utf-8")
+        schedules = [s for s in schedules if call.key.sees(s.queue_name)]
+    return Response(prom.render(found, schedules), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -189,10 +189,14 @@ function queueRow(tbody, queue) {
     cell(row, "", field);
   }
   const actions = cell(row, "", "actions");
+  button(actions, "messages", "browse").onclick = () => browse(queue);
   button(actions, "dead letters", "show-dead-letters").onclick = () => showDeadLetters(queue);
   if (isAdmin()) {
     button(actions, "purge", "purge", "admin").onclick = () => purge(queue);
     button(actions, "replay dead letters", "replay", "admin").onclick = () => replay(queue);
+    // Its label follows the queue's state (renderTable): "pause" or "resume".
+    const toggle = button(actions, "pause", "pause-toggle", "admin");
+    toggle.onclick = () => setPaused(queue, toggle.dataset.paused !== "true");
   }
   tbody.appendChild(row);
   return row;
@@ -216,6 +220,22 @@ function renderTable(queues) {
       "dead-letters": q.dead_letter_length == null ? "?" : formatNumber(q.dead_letter_length),
     };
     for (const [field, text] of Object.entries(values)) row.querySelector(`td.${field}`).textContent = text;
+    row.classList.toggle("paused", Boolean(q.paused));
+    const toggle = row.querySelector('button[data-action="pause-toggle"]');
+    if (toggle) {
+      toggle.dataset.paused = String(Boolean(q.paused));
+      toggle.textContent = q.paused ? "resume" : "pause";
+    }
+  }
+}
+
+async function setPaused(queue, paused) {
+  try {
+    await api(queuePath(queue, paused ? "pause" : "resume"), { method: "POST" });
+    setStatus(paused ? `paused ${queue}: its reads return nothing until resumed` : `resumed ${queue}`);
+    await poll();
+  } catch (e) {
+    setStatus(e.message, true);
   }
 }
 
@@ -277,6 +297,177 @@ async function loadDeadLetters() {
   }
 }
 
+// -- message browser: peek at a queue's messages (GET /v1/queues/{queue}/peek), page by msg_id, --
+// -- show one with its headers and body, delete it, replay a dead letter ----------------------
+
+const PAGE_SIZE = 20;
+const browser = {
+  queue: null,      // the queue being browsed
+  after: 0,         // the page shown starts after this msg_id
+  nextAfter: null,  // the next page's start (null: this is the last page)
+  page: 1,
+  messages: [],     // the page, as the server gave it
+  selected: null,   // the msg_id shown in the detail view
+};
+
+function closeBrowser() {
+  browser.queue = null;
+  $("browser").hidden = true;
+}
+
+async function browse(queue) {
+  browser.queue = queue;
+  browser.page = 1;
+  $("br-state").value = "";
+  try {
+    await loadPage(0);
+  } catch (e) {
+    closeBrowser();  // a key without the read scope: 403, said in the status line
+    setStatus(e.message, true);
+  }
+}
+
+async function loadPage(after) {
+  const params = new URLSearchParams({ limit: String(PAGE_SIZE), after: String(after) });
+  if ($("br-state").value) params.set("state", $("br-state").value);
+  const page = await api(queuePath(browser.queue, "peek?" + params));
+  browser.after = after;
+  browser.nextAfter = page.next_after;
+  browser.messages = page.messages;
+  $("browser").hidden = false;
+  $("br-queue").textContent = browser.queue;
+  $("br-next").disabled = page.next_after === null;
+  $("br-page").textContent = `page ${browser.page}`;
+  $("br-empty").hidden = page.messages.length > 0;
+  const tbody = document.querySelector("#br-list tbody");
+  tbody.replaceChildren();
+  for (const m of page.messages) {
+    const row = document.createElement("tr");
+    row.dataset.msgId = String(m.msg_id);
+    cell(row, String(m.msg_id), "msg-id");
+    cell(row, m.state, "state");
+    cell(row, String(m.read_ct), "reads");
+    cell(row, new Date(m.enqueued_at).toLocaleString(), "enqueued");
+    const text = JSON.stringify(m.message);
+    cell(row, text.length > 120 ? text.slice(0, 120) + "…" : text, "message");
+    row.onclick = () => showMessage(m.msg_id);
+    tbody.appendChild(row);
+  }
+  showMessage(page.messages.some((m) => m.msg_id === browser.selected) ? browser.selected : null);
+}
+
+function showMessage(msgId) {
+  browser.selected = msgId;
+  const m = browser.messages.find((x) => x.msg_id === msgId);
+  for (const row of document.querySelectorAll("#br-list tbody tr")) {
+    row.classList.toggle("selected", row.dataset.msgId === String(msgId));
+  }
+  $("br-detail").hidden = !m;
+  if (!m) return;
+  $("br-id").textContent = String(m.msg_id);
+  $("br-detail-state").textContent = `${m.state}, read ${m.read_ct}×, enqueued ${new Date(m.enqueued_at).toLocaleString()}`;
+  $("br-headers").textContent = JSON.stringify(m.headers, null, 2);
+  $("br-body").textContent = JSON.stringify(m.message, null, 2);
+  const actions = $("br-actions");
+  actions.replaceChildren();
+  if (!isAdmin()) return;
+  button(actions, "delete", "delete-message", "admin").onclick = () => deleteMessage(m);
+  if (m.state === "dead") button(actions, "replay", "replay-message", "admin").onclick = () => replayMessage(m);
+}
+
+async function browserAction(what, path, body) {
+  try {
+    await api(queuePath(browser.queue, path), { method: "POST", body: JSON.stringify(body) });
+    setStatus(what);
+    browser.selected = null;
+    await loadPage(browser.after);
+  } catch (e) {
+    setStatus(e.message, true);
+  }
+}
+
+async function deleteMessage(m) {
+  if (!confirm(`Delete message ${m.msg_id} of ${browser.queue}?`)) return;
+  // A dead letter lives in the dead-letter queue or the archive: the dead-letter route finds it.
+  const path = m.state === "dead" ? "dead-letters/purge" : "delete";
+  await browserAction(`deleted message ${m.msg_id}`, path, { msg_ids: [m.msg_id] });
+}
+
+async function replayMessage(m) {
+  await browserAction(`replayed dead letter ${m.msg_id} into ${browser.queue}`, "dead-letters/replay", {
+    msg_ids: [m.msg_id],
+  });
+}
+
+$("br-filter").onsubmit = (event) => {
+  event.preventDefault();
+  browser.page = 1;
+  loadPage(0).catch((e) => setStatus(e.message, true));
+};
+$("br-next").onclick = () => {
+  if (browser.nextAfter === null) return;
+  browser.page += 1;
+  loadPage(browser.nextAfter).catch((e) => setStatus(e.message, true));
+};
+
+// -- schedules: the cron schedules of the key's queues (GET /v1/schedules), paused and resumed --
+// -- by admin keys ------------------------------------------------------------------------------
+
+async function loadSchedules() {
+  const { schedules } = await api("/v1/schedules").catch(() => ({ schedules: null }));
+  $("schedules").hidden = schedules === null;  // a key without the read scope: no panel
+  if (schedules === null) return;
+  $("sc-empty").hidden = schedules.length > 0;
+  const tbody = document.querySelector("#schedules tbody");
+  const present = new Set(schedules.map((s) => s.name));
+  for (const row of [...tbody.rows]) if (!present.has(row.dataset.schedule)) row.remove();
+  for (const s of schedules) {
+    const row = scheduleRow(tbody, s.name);
+    row.classList.toggle("schedule-paused", s.paused);
+    const values = {
+      queue: s.queue_name,
+      cron: `${s.cron} (${s.timezone})`,
+      next: s.paused ? "paused" : new Date(s.next_run).toLocaleString(),
+      last: s.last_run ? new Date(s.last_run).toLocaleString() : "",
+      "last-msg": s.last_error ? s.last_error : s.last_msg_id == null ? "" : String(s.last_msg_id),
+    };
+    for (const [field, text] of Object.entries(values)) row.querySelector(`td.${field}`).textContent = text;
+    row.querySelector("td.last-msg").classList.toggle("error-text", Boolean(s.last_error));
+    const toggle = row.querySelector("button[data-action=toggle-schedule]");
+    if (toggle) {
+      toggle.textContent = s.paused ? "resume" : "pause";
+      toggle.dataset.paused = String(s.paused);
+    }
+  }
+}
+
+// In place, like the queue rows: a button replaced under the pointer would swallow the click.
+function scheduleRow(tbody, name) {
+  let row = tbody.querySelector(`tr[data-schedule="${CSS.escape(name)}"]`);
+  if (row) return row;
+  row = document.createElement("tr");
+  row.dataset.schedule = name;
+  cell(row, name);
+  for (const field of ["queue", "cron", "next", "last", "last-msg"]) cell(row, "", field);
+  const actions = cell(row, "", "actions");
+  if (isAdmin()) {
+    const toggle = button(actions, "pause", "toggle-schedule", "admin");
+    toggle.onclick = () => toggleSchedule(name, toggle.dataset.paused === "true");
+  }
+  tbody.appendChild(row);
+  return row;
+}
+
+async function toggleSchedule(name, paused) {
+  try {
+    await api(`/v1/schedules/${encodeURIComponent(name)}/${paused ? "resume" : "pause"}`, { method: "POST" });
+    setStatus(`${paused ? "resumed" : "paused"} schedule ${name}`);
+    await loadSchedules();
+  } catch (e) {
+    setStatus(e.message, true);
+  }
+}
+
 // -- the loop ---------------------------------------------------------------------------------
 
 async function poll() {
@@ -304,6 +495,7 @@ async function poll() {
     renderTable(queues);
     renderCharts(now);
     if (state.deadLetterQueue !== null && present.has(state.deadLetterQueue)) await loadDeadLetters();
+    await loadSchedules();
     setStatus("updated " + new Date(now).toLocaleTimeString());
   } catch (e) {
     setStatus(e.message, true);
@@ -319,10 +511,12 @@ function useKey(key) {
   state.previous.clear();
   state.deadLetterQueue = null;
   $("dead-letters").hidden = true;
+  closeBrowser();
   $("who").textContent = key ? "" : "no key";
   if (key) sessionStorage.setItem(KEY_ITEM, key);
   else sessionStorage.removeItem(KEY_ITEM);
   document.querySelector("#queues tbody").replaceChildren();
+  document.querySelector("#schedules tbody").replaceChildren();
 }
 
 $("key").value = state.key;

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pgbroker.spark.jobs import common
+from pgbroker.spark.jobs import common, restarts
 
 PROG = "pgbroker pipeline drain"
 DESCRIPTION = "Drain a queue into Parquet files partitioned by date, exactly once."
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         .queryName(f"drain {args.queue}")
     )
     print(f"drain: {args.queue} -> {output} (checkpoint {checkpoint})", flush=True)
-    common.watch(common.trigger(writer, args).start(), "drain")
+    restarts.watch_restarting(lambda: common.trigger(writer, args).start(), "drain", dsn)
     return common.EXIT_OK
 
 

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 
 from pgbroker.errors import InvalidArgument
-from pgbroker.spark.jobs import common, transform
+from pgbroker.spark.jobs import common, restarts, transform
 
 PROG = "pgbroker pipeline route"
 DESCRIPTION = "Route a queue's messages through a transformation into another queue, exactly once."
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         .queryName(f"route {args.source} to {args.target}")
     )
     print(f"route: {args.source} -> {args.target} (checkpoint {checkpoint})", flush=True)
-    common.watch(common.trigger(writer, args).start(), "route")
+    restarts.watch_restarting(lambda: common.trigger(writer, args).start(), "route", dsn)
     return common.EXIT_OK
 
 

@@ -20,6 +20,13 @@
 --   every send                             refuses (PB006) to grow the queue
 --                                          past max_depth;
 --   pgbroker.trim_archive(queue)           applies the archive retention.
+--   the clients' sends                     encode with the policy's codec unless
+--                                          told another (pgbroker.queue_codec;
+--                                          docs/codecs.md).
+-- and the job-queue settings of 32_priorities.sql, 34_dedup.sql and
+-- 56_limits.sql: whether the queue has its priority index, the dedup window
+-- and mode, the in-flight and rate limits, and whether it is paused
+-- (pgbroker.pause / pgbroker.resume below).
 -- Plain pgmq.read/delete/archive are untouched: pgmq clients keep pgmq's rules.
 -- The hot path reads max_deliveries, max_depth and ack_mode from the routes
 -- (90_routes.sql), which a change of this table rewrites.
@@ -40,6 +47,16 @@ CREATE TABLE pgbroker.queue_policy (
     archive_retention_seconds bigint CHECK (archive_retention_seconds >= 1),  -- NULL: forever
     archive_max_rows bigint CHECK (archive_max_rows >= 1),                    -- NULL: unbounded
     updated_at timestamptz NOT NULL DEFAULT now(),
+    -- The codec of the clients' sends: json, msgpack, protobuf:<type> or avro:<name> (last:
+    -- added by migration 0016, which appends it).
+    codec text NOT NULL CHECK (codec ~ '^(json|msgpack|(protobuf|avro):[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)$'),
+    priorities boolean NOT NULL,                                              -- the priority index exists
+    dedup_window_seconds integer NOT NULL CHECK (dedup_window_seconds >= 1),
+    dedup_mode text NOT NULL CHECK (dedup_mode IN ('window', 'queued')),
+    max_in_flight integer CHECK (max_in_flight >= 1),                         -- NULL: unlimited
+    max_in_flight_per_key integer CHECK (max_in_flight_per_key >= 1),         -- NULL: unlimited
+    rate_limit_per_second double precision CHECK (rate_limit_per_second > 0), -- NULL: unlimited
+    paused boolean NOT NULL,
     CHECK (backoff_max_seconds >= backoff_base_seconds),
     CHECK (dead_letter_queue IS DISTINCT FROM queue_name)
 );
@@ -68,10 +85,33 @@ BEGIN
         found_policy.backoff_jitter := true;
         found_policy.ack_mode := 'archive';
         found_policy.updated_at := now();
-        -- max_deliveries, dead_letter_queue, max_depth and the retention stay NULL: off.
+        found_policy.codec := 'json';
+        found_policy.priorities := false;
+        found_policy.dedup_window_seconds := 300;  -- SQS FIFO's five minutes
+        found_policy.dedup_mode := 'window';
+        found_policy.paused := false;
+        -- max_deliveries, dead_letter_queue, max_depth, the retention and the
+        -- in-flight and rate limits stay NULL: off.
     END IF;
     RETURN found_policy;
 END;
+$$;
+
+-- How a queue is read, from its policy row (NULL: no row, the defaults):
+--   paused    reads return nothing (pgbroker.pause);
+--   limited   an in-flight or rate limit: pgbroker._read_limited (56_limits.sql);
+--   priority  the prioritized statements, in priority order (32_priorities.sql);
+--   plain     pgmq's order, the statements of 50_reads.sql.
+-- The routes (90_routes.sql) hold each routed queue's mode as a constant and
+-- write the statement of that mode only, so a plain queue's read is what it
+-- was before any of these existed.
+CREATE FUNCTION pgbroker._read_mode(p pgbroker.queue_policy)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p.paused THEN 'paused'
+                WHEN p.max_in_flight IS NOT NULL OR p.max_in_flight_per_key IS NOT NULL
+                     OR p.rate_limit_per_second IS NOT NULL THEN 'limited'
+                WHEN p.priorities THEN 'priority'
+                ELSE 'plain' END
 $$;
 
 -- Every queue's policy, by queue name.
@@ -81,8 +121,12 @@ RETURNS SETOF pgbroker.queue_policy LANGUAGE sql STABLE AS $$
 $$;
 
 -- Change a queue's policy; returns it. A NULL argument leaves that setting as
--- it is; 0 turns max_deliveries, max_depth, archive_retention_seconds and
--- archive_max_rows off, and '' removes the dead-letter queue.
+-- it is; 0 turns max_deliveries, max_depth, archive_retention_seconds,
+-- archive_max_rows, max_in_flight, max_in_flight_per_key and
+-- rate_limit_per_second off, and '' removes the dead-letter queue.
+-- priorities => true builds the queue's priority index now (a first
+-- prioritized send would build it anyway), false drops it; a limit per key
+-- builds the concurrency-key index (56_limits.sql), turning it off drops it.
 CREATE FUNCTION pgbroker.set_policy(
     queue_name text,
     max_deliveries integer DEFAULT NULL,
@@ -94,7 +138,14 @@ CREATE FUNCTION pgbroker.set_policy(
     ack_mode text DEFAULT NULL,
     max_depth bigint DEFAULT NULL,
     archive_retention_seconds bigint DEFAULT NULL,
-    archive_max_rows bigint DEFAULT NULL
+    archive_max_rows bigint DEFAULT NULL,
+    codec text DEFAULT NULL,
+    priorities boolean DEFAULT NULL,
+    dedup_window_seconds integer DEFAULT NULL,
+    dedup_mode text DEFAULT NULL,
+    max_in_flight integer DEFAULT NULL,
+    max_in_flight_per_key integer DEFAULT NULL,
+    rate_limit_per_second double precision DEFAULT NULL
 )
 RETURNS pgbroker.queue_policy LANGUAGE plpgsql AS $$
 DECLARE
@@ -118,6 +169,24 @@ BEGIN
         format('archive_retention_seconds must be >= 0 (0: forever), got %s', archive_retention_seconds));
     PERFORM pgbroker._check_arg(archive_max_rows IS NULL OR archive_max_rows >= 0,
         format('archive_max_rows must be >= 0 (0: unbounded), got %s', archive_max_rows));
+    PERFORM pgbroker._check_arg(codec IS NULL
+            OR codec ~ '^(json|msgpack|(protobuf|avro):[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*)$',
+        format('codec must be json, msgpack, protobuf:<message type> or avro:<schema full name>, got %L',
+               codec),
+        'For example ''msgpack'' or ''avro:shop.Order'' (see docs/codecs.md).');
+    PERFORM pgbroker._check_arg(dedup_window_seconds IS NULL OR dedup_window_seconds >= 1,
+        format('dedup_window_seconds must be >= 1, got %s', dedup_window_seconds),
+        'A send with a dedup key already sent within this many seconds is not stored again.');
+    PERFORM pgbroker._check_arg(dedup_mode IS NULL OR dedup_mode IN ('window', 'queued'),
+        format('dedup_mode must be ''window'' or ''queued'', got %L', dedup_mode),
+        '''window'': a key is refused for dedup_window_seconds after its send; '
+        '''queued'': while its message is still in the queue.');
+    PERFORM pgbroker._check_arg(max_in_flight IS NULL OR max_in_flight >= 0,
+        format('max_in_flight must be >= 0 (0: unlimited), got %s', max_in_flight));
+    PERFORM pgbroker._check_arg(max_in_flight_per_key IS NULL OR max_in_flight_per_key >= 0,
+        format('max_in_flight_per_key must be >= 0 (0: unlimited), got %s', max_in_flight_per_key));
+    PERFORM pgbroker._check_arg(rate_limit_per_second IS NULL OR rate_limit_per_second >= 0,
+        format('rate_limit_per_second must be >= 0 (0: unlimited), got %s', rate_limit_per_second));
     IF dead_letter_queue <> '' THEN
         PERFORM pgbroker._table(dead_letter_queue);
         dlq := pgbroker._stored_name(dead_letter_queue);
@@ -145,10 +214,26 @@ BEGIN
                                         ELSE coalesce(archive_retention_seconds, p.archive_retention_seconds) END;
     p.archive_max_rows := CASE WHEN archive_max_rows = 0 THEN NULL
                                ELSE coalesce(archive_max_rows, p.archive_max_rows) END;
+    p.codec := coalesce(codec, p.codec);
     PERFORM pgbroker._check_arg(p.backoff_max_seconds >= p.backoff_base_seconds,
         format('backoff_max_seconds (%s) must be >= backoff_base_seconds (%s)',
                p.backoff_max_seconds, p.backoff_base_seconds),
         'Exponential back-off doubles from the base up to the max; fixed back-off uses the base.');
+    p.dedup_window_seconds := coalesce(dedup_window_seconds, p.dedup_window_seconds);
+    p.dedup_mode := coalesce(dedup_mode, p.dedup_mode);
+    p.max_in_flight := CASE WHEN max_in_flight = 0 THEN NULL ELSE coalesce(max_in_flight, p.max_in_flight) END;
+    IF max_in_flight_per_key IS NOT NULL AND (p.max_in_flight_per_key IS NULL) <> (max_in_flight_per_key = 0) THEN
+        -- The limit per key turned on or off: its index goes with it.
+        PERFORM pgbroker._concurrency_key_index(p.queue_name, max_in_flight_per_key <> 0);
+    END IF;
+    p.max_in_flight_per_key := CASE WHEN max_in_flight_per_key = 0 THEN NULL
+                                    ELSE coalesce(max_in_flight_per_key, p.max_in_flight_per_key) END;
+    p.rate_limit_per_second := CASE WHEN rate_limit_per_second = 0 THEN NULL
+                                    ELSE coalesce(rate_limit_per_second, p.rate_limit_per_second) END;
+    IF priorities IS NOT NULL AND priorities IS DISTINCT FROM p.priorities THEN
+        PERFORM pgbroker._priority_index(p.queue_name, priorities);
+        p.priorities := priorities;
+    END IF;
     p.updated_at := now();
 
     INSERT INTO pgbroker.queue_policy VALUES (p.*)
@@ -163,9 +248,80 @@ BEGIN
         max_depth = EXCLUDED.max_depth,
         archive_retention_seconds = EXCLUDED.archive_retention_seconds,
         archive_max_rows = EXCLUDED.archive_max_rows,
-        updated_at = EXCLUDED.updated_at;
+        updated_at = EXCLUDED.updated_at,
+        codec = EXCLUDED.codec,
+        priorities = EXCLUDED.priorities,
+        dedup_window_seconds = EXCLUDED.dedup_window_seconds,
+        dedup_mode = EXCLUDED.dedup_mode,
+        max_in_flight = EXCLUDED.max_in_flight,
+        max_in_flight_per_key = EXCLUDED.max_in_flight_per_key,
+        rate_limit_per_second = EXCLUDED.rate_limit_per_second;
     RETURN p;
 END;
+$$;
+
+-- The codec a client's send uses when not told one: the policy's, 'json' when
+-- the queue has no policy row, or no such queue (its send then fails as
+-- always). Clients cache it for a few seconds.
+CREATE FUNCTION pgbroker.queue_codec(queue_name text)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT p.codec FROM pgbroker.queue_policy p
+                     WHERE lower(p.queue_name) = lower(queue_codec.queue_name)), 'json');
+$$;
+
+------------------------------------------------------------------------------
+-- Pause and resume
+------------------------------------------------------------------------------
+
+-- Pause a queue: every read of it (pgmq.read, read_with_poll, pop, the
+-- grouped reads, pgbroker.read and consume) returns nothing until it is
+-- resumed; sends still succeed, so producers never notice. The flag is in
+-- the policy row, so the routes (90_routes.sql) hold it as a constant: a
+-- routed read of a paused queue returns before its statement, with no probe,
+-- and a queue that was never paused pays nothing. Returns whether the queue
+-- was running before (false: it was paused already).
+CREATE FUNCTION pgbroker.pause(queue_name text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN pgbroker._set_paused(queue_name, true);
+END;
+$$;
+
+-- Resume a paused queue; returns whether it was paused.
+CREATE FUNCTION pgbroker.resume(queue_name text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN pgbroker._set_paused(queue_name, false);
+END;
+$$;
+
+CREATE FUNCTION pgbroker._set_paused(queue_name text, paused boolean)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    p pgbroker.queue_policy;
+BEGIN
+    PERFORM pgbroker._table(queue_name);
+    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    p := pgbroker.policy(queue_name);
+    IF p.paused = paused THEN
+        RETURN false;  -- no change: the routes stay as they are
+    END IF;
+    p.paused := paused;
+    p.updated_at := now();
+    INSERT INTO pgbroker.queue_policy VALUES (p.*)
+    ON CONFLICT ON CONSTRAINT queue_policy_pkey DO UPDATE SET
+        paused = EXCLUDED.paused, updated_at = EXCLUDED.updated_at;
+    RETURN true;
+END;
+$$;
+
+-- Whether a queue is paused, whatever the case of the name (false for no such
+-- queue): the probe of the reads the routes do not hold, and the monitor's
+-- (the pgbroker_queue_paused gauge; a monitor entry point, 88_roles.sql).
+CREATE FUNCTION pgbroker.is_paused(queue_name text)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT p.paused FROM pgmq.meta m JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
+                     WHERE lower(m.queue_name) = lower($1)), false);
 $$;
 
 -- Seconds to wait before the next delivery after the read_ct-th one failed.

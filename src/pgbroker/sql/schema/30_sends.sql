@@ -74,6 +74,36 @@ BEGIN
 END;
 $$;
 
+-- pgmq's integer delay as a visibility time (its sends take what they are
+-- given, 0018): none for 0 (ready at once, as pgbroker._delay_to_time), a time
+-- in the past for a negative delay (visible at once), NULL for NULL (which the
+-- callers send through pgbroker._pgmq_send_without_vt first).
+CREATE FUNCTION pgbroker._pgmq_delay_to_time(delay integer)
+RETURNS timestamptz LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF delay = 0 THEN
+        RETURN NULL;
+    END IF;
+    RETURN clock_timestamp() + make_interval(secs => delay);
+END;
+$$;
+
+-- A send of schema pgmq given a NULL delay (0018): it fails as pgmq's INSERT
+-- fails, with the NOT NULL violation of column vt (23502), once the batch and
+-- the queue have passed pgmq's checks. (The send route's NULL means "no
+-- delay".) pgbroker's own functions and clients refuse it (PB007).
+CREATE FUNCTION pgbroker._pgmq_send_without_vt(queue_name text, msgs jsonb[], headers jsonb[])
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._check_batch(msgs, headers);
+    RETURN QUERY EXECUTE format(
+        'INSERT INTO pgmq.%I (vt, message, headers)'
+        ' SELECT NULL, m.msg, m.hdr FROM unnest($1, $2) AS m(msg, hdr) RETURNING msg_id',
+        pgbroker._pgmq_table(queue_name))
+    USING msgs, headers;
+END;
+$$;
+
 -- The INSERT of a send, with $1 the messages, $2 their headers (or NULL),
 -- $3 the delay (NULL: visible at once). One message takes a one-row INSERT.
 CREATE FUNCTION pgbroker._send_insert_sql(qtable text, single boolean)
@@ -109,8 +139,11 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers],
-                                                    pgbroker._check_delay_time(delay));
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers], delay);
 END;
 $$;
 
@@ -131,24 +164,35 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL,
-                                                    pgbroker._delay_to_time(delay));
+                                                    pgbroker._pgmq_delay_to_time(delay));
 END;
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL,
-                                                    pgbroker._check_delay_time(delay));
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL, delay);
 END;
 $$;
 
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers],
-                                                    pgbroker._delay_to_time(delay));
+                                                    pgbroker._pgmq_delay_to_time(delay));
 END;
 $$;
 
@@ -156,7 +200,11 @@ CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[],
                                 delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, pgbroker._check_delay_time(delay));
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay);
 END;
 $$;
 
@@ -177,20 +225,34 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, pgbroker._delay_to_time(delay));
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL,
+                                                    pgbroker._pgmq_delay_to_time(delay));
 END;
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, pgbroker._check_delay_time(delay));
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, delay);
 END;
 $$;
 
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, pgbroker._delay_to_time(delay));
+    IF delay IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers,
+                                                    pgbroker._pgmq_delay_to_time(delay));
 END;
 $$;

@@ -112,52 +112,63 @@ CREATE TABLE pgbroker.queue_head (
 -- due time, up to a window of 1000 due rows, then ordered by msg_id with the
 -- ready ones. Within that window the order is exactly pgmq's; only when more
 -- than 1000 timed messages are due at once do the earliest-due go first.
-CREATE FUNCTION pgbroker._visible_sql(qtable text, conditional jsonb)
+--
+-- prioritized: the order is (priority DESC, msg_id) instead, priority being
+-- pgbroker._priority(headers) (32_priorities.sql); the ready scan then walks
+-- the queue's priority index from its top. Without it the text is the plain
+-- one, so queues that use no priorities keep their statements.
+CREATE FUNCTION pgbroker._visible_sql(qtable text, conditional jsonb, prioritized boolean DEFAULT false)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
         $Q$
         ready AS (
-            SELECT msg_id FROM pgmq.%1$I
+            SELECT msg_id%3$s FROM pgmq.%1$I
             WHERE read_ct = 0 AND vt <= enqueued_at %2$s
-            ORDER BY msg_id
+            ORDER BY %4$smsg_id
             LIMIT $1
             FOR UPDATE SKIP LOCKED
         ),
         timed AS (
             -- ARRAY(...) makes the due rows an InitPlan probed by primary key;
             -- as a join the planner may walk the whole primary key instead.
-            SELECT q.msg_id FROM pgmq.%1$I q
+            SELECT q.msg_id%5$s FROM pgmq.%1$I q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.%1$I
                     WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= $3 %2$s
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= $3
-            ORDER BY q.msg_id
+            ORDER BY %6$sq.msg_id
             LIMIT $1
             FOR UPDATE SKIP LOCKED
         ),
         picked AS (
-            SELECT msg_id FROM (SELECT msg_id FROM ready UNION ALL SELECT msg_id FROM timed) c
-            ORDER BY msg_id
+            SELECT msg_id FROM (SELECT msg_id%7$s FROM ready UNION ALL SELECT msg_id%7$s FROM timed) c
+            ORDER BY %8$smsg_id
             LIMIT $1
         )
         $Q$,
         qtable,
         CASE WHEN conditional IS NULL OR conditional = '{}'::jsonb THEN ''
-             ELSE 'AND message @> $2' END)
+             ELSE 'AND message @> $2' END,
+        CASE WHEN prioritized THEN ', pgbroker._priority(headers) AS priority' ELSE '' END,
+        CASE WHEN prioritized THEN 'pgbroker._priority(headers) DESC, ' ELSE '' END,
+        CASE WHEN prioritized THEN ', pgbroker._priority(q.headers) AS priority' ELSE '' END,
+        CASE WHEN prioritized THEN 'pgbroker._priority(q.headers) DESC, ' ELSE '' END,
+        CASE WHEN prioritized THEN ', priority' ELSE '' END,
+        CASE WHEN prioritized THEN 'priority DESC, ' ELSE '' END)
 $$;
 
 -- pgbroker._visible_sql starting where the queue's bounds say: the ready scan
 -- at $5 (the caller's ready_from), the timed scan at timed_from. That bound is
 -- a subquery (an InitPlan, read once a call) on the queue's name as written
 -- in the statement, so no caller passes it.
-CREATE FUNCTION pgbroker._visible_from_sql(qtable text, conditional jsonb)
+CREATE FUNCTION pgbroker._visible_from_sql(qtable text, conditional jsonb, prioritized boolean DEFAULT false)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     ready_rule constant text := 'WHERE read_ct = 0 AND vt <= enqueued_at ';
     timed_rule constant text := 'WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= $3 ';
-    visible text := pgbroker._visible_sql(qtable, conditional);
+    visible text := pgbroker._visible_sql(qtable, conditional, prioritized);
 BEGIN
     IF strpos(visible, ready_rule) = 0 OR strpos(visible, timed_rule) = 0 THEN
         RAISE EXCEPTION 'pgbroker._visible_sql no longer has the rules this function extends';
@@ -207,12 +218,18 @@ $$;
 --   deliver / deliver_c pgbroker.read's rows (the receipt appended)
 --   pop                pgmq.pop
 --   ack_a / ack_d      pgbroker.ack (archive / delete)
+-- and the reads of a queue with priorities (32_priorities.sql), in priority
+-- order: read_p, read_pc, deliver_p, deliver_pc, pop_p.
 -- Parameters follow pgbroker._visible_sql: $1 qty, $2 conditional, $3 the
 -- reader's clock; then $4 the visibility timeout (reads) and $5 the queue's
 -- ready_from. ack: $1 msg_ids, $2 read_cts, $3 leases.
+-- A name longer than an identifier (63 bytes; a long queue name with the
+-- longest ops) would be cut by the server and never found again: such names
+-- carry the table name's md5 instead.
 CREATE FUNCTION pgbroker._statement_name(qtable text, op text)
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT 'pgb_' || op || '_' || qtable;
+    SELECT CASE WHEN octet_length('pgb_' || op || '_' || qtable) <= 63 THEN 'pgb_' || op || '_' || qtable
+                ELSE 'pgb_' || op || '_' || md5(qtable) END;
 $$;
 
 -- A queue's hot statement for op (see _statement_name), as PREPARE.
@@ -222,8 +239,11 @@ DECLARE
     name text := pgbroker._statement_name(qtable, op);
     atable text := 'a' || substr(qtable, 2);
     columns text := 'q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers';
+    prioritized constant boolean := op IN ('read_p', 'read_pc', 'deliver_p', 'deliver_pc', 'pop_p');
+    result_order constant text := CASE WHEN prioritized THEN 'pgbroker._priority(headers) DESC, msg_id'
+                                       ELSE 'msg_id' END;
 BEGIN
-    IF op IN ('read', 'read_c', 'deliver', 'deliver_c') THEN
+    IF op IN ('read', 'read_c', 'deliver', 'deliver_c', 'read_p', 'read_pc', 'deliver_p', 'deliver_pc') THEN
         RETURN format(
             $Q$
             PREPARE %1$I (integer, jsonb, timestamptz, integer, bigint) AS
@@ -236,13 +256,14 @@ BEGIN
                 FROM picked WHERE q.msg_id = picked.msg_id
                 RETURNING %4$s
             )
-            SELECT *%5$s FROM leased ORDER BY msg_id
+            SELECT *%5$s FROM leased ORDER BY %6$s
             $Q$,
             name,
-            pgbroker._visible_from_sql(qtable, CASE WHEN op LIKE '%_c' THEN '{"c": 1}'::jsonb END),
+            pgbroker._visible_from_sql(qtable, CASE WHEN op LIKE '%c' THEN '{"c": 1}'::jsonb END, prioritized),
             qtable, columns,
-            CASE WHEN op LIKE 'deliver%' THEN ', pgbroker.receipt(msg_id, read_ct, vt)' ELSE '' END);
-    ELSIF op = 'pop' THEN
+            CASE WHEN op LIKE 'deliver%' THEN ', pgbroker.receipt(msg_id, read_ct, vt)' ELSE '' END,
+            result_order);
+    ELSIF op IN ('pop', 'pop_p') THEN
         RETURN format(
             $Q$
             PREPARE %1$I (integer, jsonb, timestamptz, integer, bigint) AS
@@ -251,8 +272,8 @@ BEGIN
                 DELETE FROM pgmq.%3$I q USING picked WHERE q.msg_id = picked.msg_id
                 RETURNING %4$s
             )
-            SELECT * FROM popped ORDER BY msg_id
-            $Q$, name, pgbroker._visible_from_sql(qtable, NULL), qtable, columns);
+            SELECT * FROM popped ORDER BY %5$s
+            $Q$, name, pgbroker._visible_from_sql(qtable, NULL, prioritized), qtable, columns, result_order);
     ELSIF op IN ('ack_a', 'ack_d') THEN
         RETURN format(
             $Q$
@@ -305,12 +326,14 @@ END;
 $$;
 
 -- A queue's stored name and the policy settings the hot path needs, in one
--- probe; no row when the queue does not exist.
+-- probe; no row when the queue does not exist. read_mode: see
+-- pgbroker._read_mode.
 CREATE FUNCTION pgbroker._queue(queue_name text,
     OUT stored_name text, OUT max_deliveries integer, OUT max_depth bigint, OUT ack_mode text,
-    OUT ready_from bigint)
+    OUT ready_from bigint, OUT read_mode text)
 RETURNS SETOF record LANGUAGE sql STABLE AS $$
-    SELECT m.queue_name, p.max_deliveries, p.max_depth, p.ack_mode, coalesce(h.ready_from, 0)
+    SELECT m.queue_name, p.max_deliveries, p.max_depth, p.ack_mode, coalesce(h.ready_from, 0),
+           pgbroker._read_mode(p)
     FROM pgmq.meta m
     LEFT JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
     LEFT JOIN pgbroker.queue_head h ON h.queue_name = m.queue_name
@@ -421,24 +444,53 @@ $$;
 ------------------------------------------------------------------------------
 
 -- The read statement of a queue, run: pgmq.read's rows (deliver: with
--- receipts). The caller has checked the queue and the arguments.
+-- receipts). The caller has checked the queue and the arguments. mode is the
+-- queue's read mode (pgbroker._read_mode): a paused queue gives nothing, a
+-- limited one is read by pgbroker._read_limited (56_limits.sql), one with
+-- priorities by the prioritized statements.
 CREATE FUNCTION pgbroker._run_read(stored_name text, ready_from bigint, vt integer, qty integer,
-                                   conditional jsonb, deliver boolean)
+                                   conditional jsonb, deliver boolean, mode text DEFAULT 'plain')
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := lower('q_' || stored_name);
-    op text := CASE WHEN deliver THEN 'deliver' ELSE 'read' END
-               || CASE WHEN conditional IS NULL OR conditional = '{}'::jsonb THEN '' ELSE '_c' END;
+    variant text := CASE WHEN mode = 'priority' THEN 'p' ELSE '' END
+                    || CASE WHEN conditional IS NULL OR conditional = '{}'::jsonb THEN '' ELSE 'c' END;
+    op text := CASE WHEN deliver THEN 'deliver' ELSE 'read' END || CASE WHEN variant = '' THEN '' ELSE '_' || variant END;
     stmt text := pgbroker._statement_name(qtable, op);
 BEGIN
+    IF mode = 'paused' THEN
+        RETURN CASE WHEN deliver THEN 'SELECT (NULL::pgbroker.delivery).* LIMIT 0'
+                    ELSE 'SELECT (NULL::pgmq.message_record).* LIMIT 0' END;
+    END IF;
     IF random() < 0.0625 THEN
         PERFORM pgbroker._advance_head(stored_name, qtable);
+    END IF;
+    IF mode = 'limited' THEN
+        RETURN format('SELECT m.*%s FROM pgbroker._read_limited(%L, %s, %s, %s, %L, false) m',
+                      CASE WHEN deliver THEN ', pgbroker.receipt(m.msg_id, m.read_ct, m.vt)' ELSE '' END,
+                      stored_name, ready_from, vt, qty, conditional);
     END IF;
     -- pgbroker._prepared, inline: this is every read's path.
     IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
         EXECUTE pgbroker._statement(qtable, op);
     END IF;
     RETURN format('EXECUTE %I(%s, %L, %L, %s, %s)', stmt, qty, conditional, clock_timestamp(), vt, ready_from);
+END;
+$$;
+
+-- The pop statement of a queue, run (mode as for _run_read).
+CREATE FUNCTION pgbroker._run_pop(stored_name text, ready_from bigint, qty integer, mode text)
+RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    IF mode = 'paused' THEN
+        RETURN 'SELECT (NULL::pgmq.message_record).* LIMIT 0';
+    ELSIF mode = 'limited' THEN
+        RETURN format('SELECT * FROM pgbroker._read_limited(%L, %s, NULL, %s, NULL, true)',
+                      stored_name, ready_from, qty);
+    END IF;
+    RETURN format('EXECUTE %I(%s, NULL, %L, NULL, %s)',
+                  pgbroker._prepared(lower('q_' || stored_name), CASE WHEN mode = 'priority' THEN 'pop_p' ELSE 'pop' END),
+                  qty, clock_timestamp(), ready_from);
 END;
 $$;
 
@@ -449,16 +501,16 @@ $$;
 -- instead of delivered again, so a read may return fewer messages than qty
 -- while more are waiting.
 CREATE FUNCTION pgbroker._deliver(stored_name text, ready_from bigint, max_deliveries integer, vt integer,
-                                  qty integer, conditional jsonb)
+                                  qty integer, conditional jsonb, mode text DEFAULT 'plain')
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    statement text := pgbroker._run_read(stored_name, ready_from, vt, qty, conditional, true);
+    statement text := pgbroker._run_read(stored_name, ready_from, vt, qty, conditional, true, mode);
     d pgbroker.delivery;
     batch pgbroker.delivery[] := '{}';
     over bigint[];
 BEGIN
-    -- The statement returns its rows in msg_id order.
+    -- The statement returns its rows in their delivery order.
     FOR d IN EXECUTE statement LOOP
         batch := array_append(batch, d);
     END LOOP;
@@ -473,12 +525,56 @@ BEGIN
 END;
 $$;
 
+-- pgmq.read for the arguments pgmq accepts and pgbroker's reads refuse (0018):
+-- a negative or NULL vt, a NULL qty. They run as pgmq runs them: every row
+-- with vt <= now, oldest first, up to qty (NULL: no limit), leased until now
+-- + vt, so a negative vt leaves them visible at once and a NULL one fails on
+-- the first row touched with the NOT NULL violation of column vt (23502);
+-- nothing visible, nothing fails. The scan ignores the queue's bounds (these
+-- calls are rare), and a lease that ends in the past lowers timed_from first,
+-- as set_vt does, so the next read finds those messages at once. Rows come
+-- in msg_id order, as every read's do here.
+CREATE FUNCTION pgbroker._pgmq_read_as_given(queue_name text, vt integer, qty integer, conditional jsonb)
+RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+DECLARE
+    qtable text := pgbroker._pgmq_table(queue_name);
+    lease interval := make_interval(secs => vt);
+BEGIN
+    IF vt < 0 THEN
+        PERFORM pgbroker._lower_timed_from(pgbroker._stored_name(queue_name), clock_timestamp() + lease);
+    END IF;
+    RETURN QUERY EXECUTE format(
+        $Q$
+        WITH picked AS (
+            SELECT msg_id FROM pgmq.%1$I
+            WHERE vt <= clock_timestamp() AND ($3 IS NULL OR $3 = '{}'::jsonb OR message @> $3)
+            ORDER BY msg_id
+            LIMIT $1
+            FOR UPDATE SKIP LOCKED
+        ), leased AS (
+            UPDATE pgmq.%1$I m
+            SET last_read_at = clock_timestamp(), vt = clock_timestamp() + $2, read_ct = m.read_ct + 1
+            FROM picked WHERE m.msg_id = picked.msg_id
+            RETURNING m.msg_id, m.read_ct, m.enqueued_at, m.last_read_at, m.vt, m.message, m.headers
+        )
+        SELECT * FROM leased ORDER BY msg_id
+        $Q$, qtable)
+    USING qty, lease, conditional;
+END;
+$$;
+
 -- Lease up to qty visible messages for vt seconds, oldest first, through the
 -- read route (90_routes.sql). A conditional read (message @> conditional)
--- takes the dynamic path.
+-- takes the dynamic path; the arguments only pgmq accepts take
+-- pgbroker._pgmq_read_as_given (a negative qty fails in the route, as
+-- pgmq's LIMIT fails).
 CREATE FUNCTION pgmq.read(queue_name TEXT, vt INTEGER, qty INTEGER, conditional JSONB DEFAULT '{}')
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    IF (vt IS NULL OR vt < 0 OR qty IS NULL) AND coalesce(qty >= 0, true) THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_read_as_given(queue_name, vt, qty, conditional);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM pgbroker._route_read(queue_name, vt, qty, conditional);
 END;
 $$;
@@ -506,6 +602,35 @@ BEGIN
 END;
 $$;
 
+-- pgbroker._poll with pgmq's terms for the arguments it refuses (0018): a
+-- negative max_poll_seconds returns nothing without reading (pgmq's deadline
+-- has passed before its first read), a NULL one polls until rows come, and a
+-- poll_interval_ms <= 0 or NULL reads again without sleeping. (A
+-- max_poll_seconds of 0 reads once: docs/compatibility.md, D13.)
+CREATE FUNCTION pgbroker._pgmq_poll(read_statement text, max_poll_seconds integer, poll_interval_ms integer)
+RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+DECLARE
+    deadline timestamptz := clock_timestamp() + make_interval(secs => max_poll_seconds);
+    got bigint;
+BEGIN
+    IF max_poll_seconds >= 0 AND poll_interval_ms > 0 THEN
+        RETURN QUERY SELECT * FROM pgbroker._poll(read_statement, max_poll_seconds, poll_interval_ms);
+        RETURN;
+    END IF;
+    IF max_poll_seconds < 0 THEN
+        RETURN;
+    END IF;
+    LOOP
+        RETURN QUERY EXECUTE read_statement;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        EXIT WHEN got > 0 OR clock_timestamp() >= deadline;  -- no deadline: until rows come
+        IF poll_interval_ms > 0 THEN
+            PERFORM pg_sleep(poll_interval_ms / 1000.0);
+        END IF;
+    END LOOP;
+END;
+$$;
+
 CREATE FUNCTION pgmq.read_with_poll(
     queue_name TEXT,
     vt INTEGER,
@@ -515,16 +640,38 @@ CREATE FUNCTION pgmq.read_with_poll(
     conditional JSONB DEFAULT '{}'
 )
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
-    SELECT * FROM pgbroker._poll(
+    SELECT * FROM pgbroker._pgmq_poll(
         format('SELECT * FROM pgmq.read(%L, %s, %s, %L)', queue_name, coalesce(vt::text, 'NULL'),
                coalesce(qty::text, 'NULL'), conditional),
         max_poll_seconds, poll_interval_ms);
+$$;
+
+-- pgmq.pop with a NULL qty, which pgmq takes as no limit (0018): every
+-- visible message, deleted and returned in msg_id order.
+CREATE FUNCTION pgbroker._pgmq_pop_all(queue_name text)
+RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY EXECUTE format(
+        $Q$
+        WITH picked AS (
+            SELECT msg_id FROM pgmq.%1$I WHERE vt <= clock_timestamp() ORDER BY msg_id FOR UPDATE SKIP LOCKED
+        ), popped AS (
+            DELETE FROM pgmq.%1$I q USING picked WHERE q.msg_id = picked.msg_id
+            RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
+        )
+        SELECT * FROM popped ORDER BY msg_id
+        $Q$, pgbroker._pgmq_table(queue_name));
+END;
 $$;
 
 -- Delete and return up to qty visible messages, through the pop route.
 CREATE FUNCTION pgmq.pop(queue_name TEXT, qty INTEGER DEFAULT 1)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    IF qty IS NULL THEN
+        RETURN QUERY SELECT * FROM pgbroker._pgmq_pop_all(queue_name);
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM pgbroker._route_pop(queue_name, qty);
 END;
 $$;
@@ -553,18 +700,4 @@ RETURNS SETOF pgbroker.delivery LANGUAGE sql AS $$
                ' FROM pgbroker.read(%L, %s, %s, %L)',
                queue_name, coalesce(vt::text, 'NULL'), coalesce(qty::text, 'NULL'), conditional),
         max_poll_seconds, poll_interval_ms) m;
-$$;
-
--- Peek at messages without leasing them (dashboards, debugging).
-CREATE FUNCTION pgbroker.peek(queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    qtable text := pgbroker._table(queue_name);
-BEGIN
-    PERFORM pgbroker._check_read_args(0, qty);
-    RETURN QUERY EXECUTE format(
-        'SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM pgmq.%I'
-        ' WHERE msg_id > $1 ORDER BY msg_id LIMIT $2', qtable)
-    USING coalesce(after_msg_id, 0), qty;
-END;
 $$;

@@ -135,7 +135,9 @@ $$;
 
 -- Send a queue's dead letters back to it as new messages (the
 -- x-pgbroker-dead-letter header removed, deliveries counted from 0 again):
--- all of them, or those of msg_ids. The queue's max_depth applies, all or
+-- all of them, or those of msg_ids. A replay is sent anew whatever its dedup
+-- key (34_dedup.sql): the key is left out, or its window would swallow the
+-- replay and the letter would be lost. The queue's max_depth applies, all or
 -- nothing. Returns (dead_letter_id, msg_id): the letter's id where it was,
 -- and the new message's id in the queue.
 CREATE FUNCTION pgbroker.replay_dead_letters(queue_name text, msg_ids bigint[] DEFAULT NULL)
@@ -151,7 +153,8 @@ BEGIN
         WITH letters AS (
             DELETE FROM pgmq.%I
             WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND ($2::bigint[] IS NULL OR msg_id = ANY ($2))
-            RETURNING msg_id, message, nullif(headers - 'x-pgbroker-dead-letter', '{}'::jsonb) AS headers
+            RETURNING msg_id, message,
+                      nullif(headers - 'x-pgbroker-dead-letter' - 'x-pgbroker-dedup-key', '{}'::jsonb) AS headers
         )
         SELECT array_agg(msg_id ORDER BY msg_id), array_agg(message ORDER BY msg_id),
                array_agg(headers ORDER BY msg_id)

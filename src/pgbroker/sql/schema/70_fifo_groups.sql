@@ -188,23 +188,54 @@ $$;
 --   rr:   round-robin. Up to qty groups; the 1st message of each (in order
 --         of their heads), then the 2nd of each, ...
 --   head: up to qty groups, one message (the head) from each.
+--
+-- A queue's pause and limits (20_policies.sql, 56_limits.sql): a paused
+-- queue gives nothing; max_in_flight and the rate limit cap how many messages
+-- a read takes (fewer, never others: the groups' order is pgmq's).
+-- Priorities are not followed: they would reorder a group, or the groups
+-- against pgmq's rule. max_in_flight_per_key is not followed yet (a group
+-- whose head's key is full could be skipped like one whose head is in
+-- flight); a group is one consumer at a time already: make the key the group.
 CREATE FUNCTION pgbroker._read_grouped(queue_name text, vt integer, qty integer, mode text)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
     qtable text := pgbroker._pgmq_table(queue_name);
+    q record;
+    limited boolean := false;
+    limits record;
     candidates bigint[];
     owned bigint[];
     remaining integer := qty;
     got bigint;
 BEGIN
-    IF mode = 'rr' AND qty < 0 THEN
-        -- pgmq's round robin compares a row number with qty: nothing to read.
-        PERFORM pgbroker._check_read_args(vt, 0);
+    -- pgmq's terms for every argument (0018): a negative or NULL qty reads
+    -- nothing in round robin (which compares a row number with it) and a
+    -- NULL one nothing in fill; a negative one fails as pgmq's LIMIT does
+    -- (2201W); head takes every group for a NULL qty. The vt is any: NULL
+    -- fails on the first row touched (23502), a negative one leases into the
+    -- past, so the timed bound goes below it first, as set_vt does.
+    IF mode = 'rr' AND coalesce(qty < 0, true) THEN
         RETURN;
     END IF;
-    PERFORM pgbroker._pgmq_check_read_args(vt, qty);
-    IF qty = 0 THEN
+    IF qty < 0 THEN
+        PERFORM pgbroker._pgmq_check_read_args(vt, qty);
+    END IF;
+    SELECT * INTO q FROM pgbroker._queue(queue_name);
+    IF qty = 0 OR (qty IS NULL AND mode = 'fill') OR q.read_mode = 'paused' THEN
         RETURN;
+    END IF;
+    IF q.read_mode = 'limited' THEN
+        limited := true;
+        SELECT * INTO limits FROM pgbroker._limit_budget(q.stored_name, qty, false);
+        IF limits.budget <= 0 THEN
+            RETURN;
+        END IF;
+        qty := least(qty, limits.budget);
+        remaining := qty;
+    END IF;
+    IF vt < 0 THEN
+        PERFORM pgbroker._lower_timed_from(pgbroker._stored_name(queue_name),
+                                           clock_timestamp() + make_interval(secs => vt));
     END IF;
     EXECUTE pgbroker._fifo_heads_sql(qtable) INTO candidates USING clock_timestamp();
 
@@ -228,9 +259,14 @@ BEGIN
                 USING owned,
                       CASE mode WHEN 'rr' THEN qty - cardinality(owned) + 1 ELSE 1 END,
                       qty, vt, clock_timestamp();
+            GET DIAGNOSTICS got = ROW_COUNT;
+            remaining := qty - got;
         END IF;
     ELSE
         RAISE EXCEPTION 'unknown grouped read mode %', quote_literal(mode) USING ERRCODE = 'PB007';
+    END IF;
+    IF limited THEN
+        PERFORM pgbroker._limit_charge(q.stored_name, limits.available, limits.clock, qty - remaining);
     END IF;
 END;
 $$;
@@ -240,7 +276,7 @@ CREATE FUNCTION pgbroker._read_grouped_with_poll(
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
     -- Reads at least once, like pgmq.read_with_poll here (pgmq's grouped poll
     -- forms return nothing without reading when max_poll_seconds is 0).
-    SELECT * FROM pgbroker._poll(
+    SELECT * FROM pgbroker._pgmq_poll(
         format('SELECT * FROM pgbroker._read_grouped(%L, %s, %s, %L)', queue_name,
                coalesce(vt::text, 'NULL'), coalesce(qty::text, 'NULL'), mode),
         max_poll_seconds, poll_interval_ms);

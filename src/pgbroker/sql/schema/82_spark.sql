@@ -396,3 +396,76 @@ RETURNS bigint LANGUAGE sql AS $$
     )
     SELECT count(*) FROM gone;
 $$;
+
+------------------------------------------------------------------------------
+-- Pause and limits
+------------------------------------------------------------------------------
+
+-- A paused queue (pgbroker.pause) gives its consumers nothing, and a limited
+-- one (max_in_flight, max_in_flight_per_key, rate_limit_per_second) gives them
+-- only what its limits allow; Spark's streams are consumers like any other:
+--
+-- * Claim mode reads through pgbroker.read, so both already hold: a claim of a
+--   paused queue finds nothing (no micro-batch until the queue resumes), and a
+--   claim's messages stay leased, counting against max_in_flight, until their
+--   batch is committed. pgbroker.spark_held_back tells the source why a claim
+--   came back empty, so that it can say so, and so that Trigger.AvailableNow
+--   waits for room instead of ending with messages left.
+-- * Log mode on the queue table reads msg_id ranges without leases: a paused
+--   queue gives it no new batch (pgbroker.spark_log_gate), but limits it cannot
+--   honour (a batch takes every message below the watermark, with no lease to
+--   count and no place to wait), so it refuses a limited queue rather than
+--   break what the limits promise; claim mode is the way to read one.
+-- * Log mode on the archive or with release=none, and batch reads (peeks),
+--   consume nothing: neither applies.
+
+-- Why a read of the queue may get nothing now although messages wait
+-- (visible, and at or below up_to when given): 'paused', 'limited' (its
+-- limits leave no room at the moment), or NULL (nothing holds them back, or
+-- nothing visible waits).
+CREATE FUNCTION pgbroker.spark_held_back(queue_name text, up_to bigint DEFAULT NULL)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    qtable text := pgbroker._table(queue_name);  -- PB001/PB002 for a bad or missing queue
+    mode text := (SELECT q.read_mode FROM pgbroker._queue(queue_name) q);
+    waiting boolean;
+BEGIN
+    IF mode NOT IN ('paused', 'limited') THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgmq.%I WHERE vt <= clock_timestamp() AND msg_id <= $1)',
+                   qtable)
+        INTO waiting USING coalesce(up_to, 9223372036854775807);
+    RETURN CASE WHEN waiting THEN mode END;
+END;
+$$;
+
+-- Whether a log-mode stream may take a new batch now: false while the queue
+-- is paused; PB007 when the queue has limits (see above). consumes: whether
+-- the stream releases (archives or deletes) what it reads; one that does not
+-- (it reads the archive, or release=none) only looks, like a peek, and is
+-- always allowed.
+CREATE FUNCTION pgbroker.spark_log_gate(queue_name text, consumes boolean DEFAULT true)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    qtable text := pgbroker._table(queue_name);  -- PB001/PB002 for a bad or missing queue
+    p pgbroker.queue_policy;
+BEGIN
+    PERFORM pgbroker._check_arg(consumes IS NOT NULL, 'consumes must be true or false, got NULL');
+    IF NOT consumes THEN
+        RETURN true;
+    END IF;
+    p := pgbroker.policy(queue_name);
+    IF p.paused THEN
+        RETURN false;
+    END IF;
+    IF pgbroker._read_mode(p) = 'limited' THEN
+        RAISE EXCEPTION 'queue "%" has concurrency or rate limits (max_in_flight %, max_in_flight_per_key %, rate_limit_per_second %): log mode reads without leases and cannot honour them',
+            queue_name, coalesce(p.max_in_flight::text, 'none'), coalesce(p.max_in_flight_per_key::text, 'none'),
+            coalesce(p.rate_limit_per_second::text, 'none')
+            USING ERRCODE = 'PB007',
+                  HINT = format('Read it in claim mode (options mode=claim, consumer=NAME), which follows the limits; or turn them off: SELECT pgbroker.set_policy(%L, max_in_flight => 0, max_in_flight_per_key => 0, rate_limit_per_second => 0).', queue_name);
+    END IF;
+    RETURN true;
+END;
+$$;

@@ -50,6 +50,9 @@ UNION ALL
 -- An inbound bridge (86_bridge.sql) produces, and prunes what it recorded.
 SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['receive_many', 'prune_inbound_seen']) f
 UNION ALL
+-- The default codec of a queue's sends (20_policies.sql).
+SELECT 'producer', 'pgbroker', 'queue_codec'
+UNION ALL
 SELECT 'consumer', 'pgmq', f FROM unnest(ARRAY[
     'read', 'read_with_poll', 'read_grouped', 'read_grouped_with_poll', 'read_grouped_head',
     'read_grouped_head_with_poll', 'read_grouped_rr', 'read_grouped_rr_with_poll',
@@ -62,7 +65,7 @@ SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY[
 UNION ALL
 SELECT 'monitor', 'pgmq', f FROM unnest(ARRAY['metrics', 'metrics_all', 'list_queues']) f
 UNION ALL
-SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['queue_stats', 'messages_consumed']) f;
+SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['queue_stats', 'messages_consumed', 'is_paused']) f;
 
 -- The functions (every overload) listed for a role kind; NULL: for any kind.
 CREATE FUNCTION pgbroker._role_procs(kind text)

@@ -33,6 +33,16 @@
 -- changes in a database take turns; other sessions pick up a new route at
 -- their next call (PL/pgSQL recompiles a function whose definition changed).
 --
+-- A queue's read mode (pgbroker._read_mode, 20_policies.sql) chooses what its
+-- read, deliver and pop branches hold: the plain statements, the
+-- prioritized ones (32_priorities.sql), a bare RETURN for a paused queue, or
+-- the limited read (56_limits.sql). A queue that uses none of these features
+-- keeps exactly the branch it had before them. Sends carrying pgbroker's job
+-- headers (priority, dedup key, concurrency key) are checked by
+-- pgbroker._prepare_job_headers, and those with a dedup key leave the static
+-- INSERT for pgbroker._send_deduplicated; a send without headers tests one
+-- NULL.
+--
 -- Not every queue is routed: at most pgbroker.route_limit queues (default
 -- 128, the oldest first), because every session compiles a route's full
 -- text when it first calls it. A queue that is not routed (beyond the limit,
@@ -89,6 +99,7 @@ DECLARE
     max_depths bigint[];
     max_deliveries integer[];
     archives boolean[];
+    modes text[];
     send_bodies text[] := '{}';
     read_bodies text[] := '{}';
     deliver_bodies text[] := '{}';
@@ -107,25 +118,24 @@ BEGIN
            coalesce(array_agg(lower('q_' || s.queue_name) ORDER BY s.n), '{}'),
            coalesce(array_agg(s.max_depth ORDER BY s.n), '{}'),
            coalesce(array_agg(s.max_deliveries ORDER BY s.n), '{}'),
-           coalesce(array_agg(coalesce(s.ack_mode, 'archive') = 'archive' ORDER BY s.n), '{}')
-    INTO keys, names, tables, max_depths, max_deliveries, archives
-    FROM (SELECT m.queue_name, p.max_depth, p.max_deliveries, p.ack_mode,
+           coalesce(array_agg(coalesce(s.ack_mode, 'archive') = 'archive' ORDER BY s.n), '{}'),
+           coalesce(array_agg(s.read_mode ORDER BY s.n), '{}')
+    INTO keys, names, tables, max_depths, max_deliveries, archives, modes
+    FROM (SELECT m.queue_name, p.max_depth, p.max_deliveries, p.ack_mode, pgbroker._read_mode(p) AS read_mode,
                  row_number() OVER (ORDER BY m.created_at, m.queue_name) AS n
           FROM pgmq.meta m LEFT JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
           ORDER BY m.created_at, m.queue_name
           LIMIT greatest(route_limit, 0)) s;
 
-    FOREACH qtable IN ARRAY tables LOOP
+    FOR i IN 1..cardinality(tables) LOOP
+        qtable := tables[i];
         send_bodies := send_bodies || format(
             E'IF cardinality(p_msgs) = 1 THEN\nRETURN QUERY %s;\nELSE\nRETURN QUERY %s;\nEND IF;',
             pgbroker._route_statement(pgbroker._send_insert_sql(qtable, true), send_params),
             pgbroker._route_statement(pgbroker._send_insert_sql(qtable, false), send_params));
-        read_bodies := read_bodies || format('RETURN QUERY %s;',
-            pgbroker._route_statement(pgbroker._statement_query(qtable, 'read'), read_params));
-        deliver_bodies := deliver_bodies || format('RETURN QUERY %s;',
-            pgbroker._route_statement(pgbroker._statement_query(qtable, 'deliver'), read_params));
-        pop_bodies := pop_bodies || format('RETURN QUERY %s;',
-            pgbroker._route_statement(pgbroker._statement_query(qtable, 'pop'), pop_params));
+        read_bodies := read_bodies || pgbroker._route_read_body(qtable, modes[i], 'read', read_params);
+        deliver_bodies := deliver_bodies || pgbroker._route_read_body(qtable, modes[i], 'deliver', read_params);
+        pop_bodies := pop_bodies || pgbroker._route_read_body(qtable, modes[i], 'pop', pop_params);
         ack_bodies := ack_bodies || format(E'IF r_archive THEN\nRETURN QUERY %s;\nELSE\nRETURN QUERY %s;\nEND IF;',
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'ack_a'), ack_params),
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'ack_d'), ack_params));
@@ -175,6 +185,16 @@ BEGIN
     END IF;
     -- The transaction id before the msg_ids: queue_head's advances rely on it.
     PERFORM pg_current_xact_id();
+    -- Job headers (32_priorities.sql): checked, and a batch with dedup keys
+    -- is sent by pgbroker._send_deduplicated; the rest take the INSERT below.
+    IF p_headers IS NOT NULL THEN
+        IF pgbroker._has_job_headers(p_headers) THEN
+            IF pgbroker._prepare_job_headers(r_name, p_headers) THEN
+                RETURN QUERY SELECT * FROM pgbroker._send_deduplicated(r_name, p_msgs, p_headers, p_delay);
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
     IF r IS NULL THEN
         RETURN QUERY EXECUTE pgbroker._send_insert_sql(lower('q_' || r_name), cardinality(p_msgs) = 1)
             USING p_msgs, p_headers, p_delay;
@@ -203,6 +223,7 @@ DECLARE
     r_from bigint;
     r_clock timestamptz;
     r_max_deliveries integer;
+    r_mode text;
 BEGIN
     IF r_dynamic THEN
         SELECT * INTO r_queue FROM pgbroker._queue(p_queue_name);
@@ -217,18 +238,20 @@ BEGIN
         r_from := r_queue.ready_from;
         r_name := r_queue.stored_name;
         r_max_deliveries := r_queue.max_deliveries;
+        r_mode := r_queue.read_mode;
     ELSE
         r_name := (%4$L::text[])[r];
         r_from := pgbroker._route_ready_from(r_name);
         r_max_deliveries := (%5$L::integer[])[r];
+        r_mode := (%10$L::text[])[r];
     END IF;
     IF %6$L AND r_max_deliveries IS NOT NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._deliver(r_name, r_from, r_max_deliveries, p_vt, p_qty,
-                                                     p_conditional);
+                                                     p_conditional, r_mode);
         RETURN;
     END IF;
     IF r_dynamic THEN
-        RETURN QUERY EXECUTE pgbroker._run_read(r_name, r_from, p_vt, p_qty, p_conditional, %6$L);
+        RETURN QUERY EXECUTE pgbroker._run_read(r_name, r_from, p_vt, p_qty, p_conditional, %6$L, r_mode);
         RETURN;
     END IF;
     r_clock := clock_timestamp();
@@ -241,7 +264,8 @@ $R$, op, CASE op WHEN 'read' THEN 'pgmq.message_record' ELSE 'pgbroker.delivery'
              ELSE pgbroker._route_tree(deliver_bodies, 1, cardinality(deliver_bodies)) END,
      -- A missing queue: pgmq's failure for pgmq.read, pgbroker's for pgbroker.read (0015).
      CASE op WHEN 'read' THEN 'pgbroker._pgmq_no_queue' ELSE 'pgbroker._table' END,
-     CASE op WHEN 'read' THEN 'pgbroker._pgmq_check_read_args' ELSE 'pgbroker._check_read_args' END);
+     CASE op WHEN 'read' THEN 'pgbroker._pgmq_check_read_args' ELSE 'pgbroker._check_read_args' END,
+     modes);
     END LOOP;
 
     -- pgmq.pop, as in 0012.
@@ -270,9 +294,7 @@ BEGIN
     END IF;
     r_from := pgbroker._route_ready_from(r_name);
     IF r IS NULL THEN
-        RETURN QUERY EXECUTE format('EXECUTE %%I(%%s, NULL, %%L, NULL, %%s)',
-                                    pgbroker._prepared(lower('q_' || r_name), 'pop'), p_qty,
-                                    clock_timestamp(), r_from);
+        RETURN QUERY EXECUTE pgbroker._run_pop(r_name, r_from, p_qty, r_queue.read_mode);
         RETURN;
     END IF;
     r_clock := clock_timestamp();
@@ -334,6 +356,27 @@ END;
 $W$;
 
 REVOKE EXECUTE ON FUNCTION pgbroker._write_routes() FROM PUBLIC;
+
+-- A routed queue's branch of the read, deliver or pop route, by its read
+-- mode: the statement itself for a plain or prioritized queue (static SQL,
+-- planned once per session), nothing for a paused one, and the dynamic path
+-- (pgbroker._run_read / _run_pop) for a limited one, whose reads take turns
+-- anyway.
+CREATE FUNCTION pgbroker._route_read_body(qtable text, mode text, op text, params text[])
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF mode = 'paused' THEN
+        RETURN 'RETURN;';
+    ELSIF mode = 'limited' AND op = 'pop' THEN
+        RETURN 'RETURN QUERY EXECUTE pgbroker._run_pop(r_name, r_from, p_qty, ''limited'');';
+    ELSIF mode = 'limited' THEN
+        RETURN format('RETURN QUERY EXECUTE pgbroker._run_read(r_name, r_from, p_vt, p_qty, p_conditional, %L, ''limited'');',
+                      op = 'deliver');
+    END IF;
+    RETURN format('RETURN QUERY %s;', pgbroker._route_statement(
+        pgbroker._statement_query(qtable, op || CASE WHEN mode = 'priority' THEN '_p' ELSE '' END), params));
+END;
+$$;
 
 -- Where a routed read starts, moving it up now and then (as the dynamic
 -- path's pgbroker._run_read does).

@@ -1,0 +1,137 @@
+"""What a connector is: the small typed interface between the bridge core and one broker.
+
+The core (pgbroker.bridge.outbound, pgbroker.bridge.inbound) owns everything that is the same
+for every broker: leasing batches from the queue, windows in flight, acking in Postgres only
+after the broker confirmed, retries and dead letters under the queue's policy, de-duplication
+by message id inbound, reconnecting, progress and metrics. A connector only talks to its broker:
+
+  outbound  a Publisher publishes a window of OutMessages and says, per message, whether the
+            broker confirmed it (Confirmed, with a record of where it went) or not (Refused,
+            with the reason, and whether the connection was lost with it);
+  inbound   a Receiver hands over Received messages (body bytes, message id, headers) and acks
+            them when the core says so: after the Postgres commit. Or rejects one pgbroker
+            refused, so that the broker does not deliver it forever.
+
+An Endpoint is the parsed URL of one broker and one name on it (a queue, stream, subject,
+topic): it opens a Publisher or a Receiver, and opens it again after the connection was lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+
+@dataclass(frozen=True, slots=True)
+class OutMessage:
+    """One message to publish.
+
+    ``body`` is the payload encoded by pgbroker.bridge.body as ``content_type`` says;
+    ``message_id`` the pgbroker msg_id as text (the broker's de-duplication key, where it has
+    one); ``headers`` the message's pgbroker headers (JSON values; each connector picks what it
+    can carry); ``key`` orders messages per key where the target can (a stream's subject, a
+    FIFO queue's message group), None when the message has none.
+    """
+
+    msg_id: int
+    message_id: str
+    body: bytes
+    content_type: str
+    headers: Mapping[str, Any]
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    """The broker has the message (its confirm, ack or PUBACK came): ``record`` says where it
+    went (an exchange and routing key, a stream entry id, ...), kept with the archived message."""
+
+    record: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The broker did not confirm the message: ``reason`` is kept in its failure (retry, dead
+    letter); ``lost`` says the connection went with it, so the core reconnects after the window."""
+
+    reason: str
+    lost: bool = False
+
+
+Outcome = Confirmed | Refused
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One message from the broker, not yet acked there.
+
+    ``message_id`` is the de-duplication key (None: the message cannot be recognised when it
+    comes again, so it is stored each time); ``headers`` are the broker's metadata as JSON for the
+    pgbroker message's headers; ``token`` is whatever the connector needs to ack it.
+    """
+
+    message_id: str | None
+    body: bytes
+    content_type: str | None
+    headers: dict[str, Any]
+    token: Any = field(default=None, compare=False)
+
+
+class Publisher(Protocol):
+    """An open connection that publishes (several windows may call publish at once)."""
+
+    async def publish(self, messages: Sequence[OutMessage], timeout: float) -> list[Outcome]:
+        """One Outcome per message, in order; a message not confirmed within ``timeout`` seconds
+        is Refused. Never raises for a single message's failure."""
+        ...
+
+    async def close(self) -> None:
+        """Close quietly: the connection may already be broken."""
+        ...
+
+
+class Receiver(Protocol):
+    """An open connection that receives, with acks under the core's control."""
+
+    # Prefix of the headers this connector writes (x-amqp-, x-redis-, ...): the core adds
+    # <prefix>body when a body is not JSON.
+    header_prefix: str
+
+    async def receive(self, limit: int, wait: float) -> list[Received]:
+        """Up to ``limit`` messages: waits up to ``wait`` seconds for the first (then [] if none
+        came) and returns what else is there at once. Raises BrokerConnectionLost."""
+        ...
+
+    async def ack(self, messages: Sequence[Received]) -> None:
+        """Settle messages stored in Postgres (the commit is done): the broker must not deliver
+        them again. Raises BrokerConnectionLost; they then come again and are recognised."""
+        ...
+
+    async def reject(self, message: Received) -> None:
+        """Settle a message pgbroker refused (too large, say) so it is not delivered forever:
+        dead-lettered by the broker where it can, else dropped (the core logs it)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+Connection_co = TypeVar("Connection_co", covariant=True)
+
+
+class Endpoint(Protocol[Connection_co]):
+    """A broker and a name on it, parsed from a URL; opens connections to it."""
+
+    # host:port and the name, for logs and errors (never a password).
+    where: str
+
+    async def open(self) -> Connection_co:
+        """A connected Publisher or Receiver; BrokerUnreachable, BrokerAccessRefused or
+        BrokerNotFound when that cannot be (the first open is not retried)."""
+        ...
+
+
+def carried_headers(headers: Mapping[str, Any], own_prefix: str) -> dict[str, Any]:
+    """The headers a connector carries to its broker: all but pgbroker's own (x-pgbroker-*, kept
+    in Postgres) and those addressed to the connector itself (``own_prefix``, e.g. x-mqtt-)."""
+    return {k: v for k, v in headers.items() if not k.startswith(("x-pgbroker-", own_prefix))}

@@ -25,7 +25,7 @@ from bench.peers import Peer, peers, runner
 
 TITLE = "Worker runtimes side by side: enqueue, drain with a no-op handler, steady flow, idle latency"
 #: the registry decides the columns (bench.peers.peers()); these are the ones it has without additions
-COLUMNS = ["PgQueuer", "Procrastinate", "pgmq", "pgbroker"]
+COLUMNS = ["PgQueuer", "Procrastinate", "pgmq", "pgbroker", "pgbroker streams"]
 RATIO = ("pgbroker", "PgQueuer")
 MORE_RATIOS = [("pgbroker", "Procrastinate"), ("pgbroker", "pgmq")]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, suppress
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 #: Called with each job's payload (a dict) by a worker's handler; a no-op besides counting.
@@ -68,17 +68,13 @@ class Peer:
 
 
 def peers() -> dict[str, Peer]:
-    """The registry, in column order. Imported lazily: a peer's library is only needed to run it."""
+    """The registry, in column order (a new system: a Peer here). Imported lazily: a peer's library
+    is only needed to run it."""
     from bench.peers.pgbroker_queues import PgbrokerQueues
+    from bench.peers.pgbroker_streams import PgbrokerStreams
     from bench.peers.pgmq_loop import PgmqLoop
     from bench.peers.pgqueuer_peer import PgQueuerPeer
     from bench.peers.procrastinate_peer import ProcrastinatePeer
 
-    found: list[Peer] = [PgQueuerPeer(), ProcrastinatePeer(), PgmqLoop(), PgbrokerQueues()]
-    # pgbroker's streams (issue 16) take their column here once bench/peers/pgbroker_streams.py
-    # provides a Peer named PgbrokerStreams.
-    with suppress(ImportError):
-        from bench.peers.pgbroker_streams import PgbrokerStreams  # type: ignore[import-not-found]
-
-        found.append(PgbrokerStreams())
+    found: list[Peer] = [PgQueuerPeer(), ProcrastinatePeer(), PgmqLoop(), PgbrokerQueues(), PgbrokerStreams()]
     return {peer.key: peer for peer in found}

@@ -60,7 +60,7 @@ class PgbrokerQueues(Peer):
             worker.stop()
 
         stopper = asyncio.create_task(stop_when_told())
-        await serve([worker], dsn=dsn, handle_signals=False)
+        await serve([worker], dsn=dsn, handle_signals=False, schedules=False)
         await stopper
 
     async def remaining(self, dsn: str, queue: str) -> int:

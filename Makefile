@@ -1,5 +1,5 @@
-# Developer and CI entry points for pgbroker: venv, test, test-quick, lint, demo, bench, clean,
-# pg-partman, chromium, rabbitmq, brokers, pgbouncer.
+# Developer and CI entry points for pgbroker: venv, test, test-quick, lint, demo, bench,
+# bench-peers, clean, pg-partman, chromium, rabbitmq, brokers, pgbouncer.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
 
@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint generate demo bench clean pg-partman chromium rabbitmq brokers pgbouncer
+.PHONY: venv test test-quick lint generate demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -151,6 +151,11 @@ demo: venv
 bench: venv
 	cd "$(ROOT)"
 	.venv/bin/python -m bench
+
+# Only the worker runtimes side by side (PgQueuer, Procrastinate, pgmq, pgbroker): scenario (f).
+bench-peers: venv
+	cd "$(ROOT)"
+	.venv/bin/python -m bench --peers
 
 clean:
 	cd "$(ROOT)"

@@ -1,4 +1,6 @@
-"""``python -m bench`` (``make bench``): run the scenarios against pgbroker and pgmq, print the ratios.
+"""``python -m bench`` (``make bench``): run the scenarios against pgbroker and pgmq (and, in scenario
+(f), the worker runtimes of PgQueuer, Procrastinate and a pgmq loop; ``--peers`` runs only that one),
+print the ratios.
 
 With no ``--dsn`` the run starts a private PostgreSQL cluster in a fresh temporary directory and
 removes it at the end. Results go to bench/results/<timestamp>.json and bench/results/<timestamp>/
@@ -22,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _scenarios() -> dict[str, ModuleType]:
-    from bench import backlog, bloat, client_overhead, pgbench_article, producer_consumer
+    from bench import backlog, bloat, client_overhead, peer_table, pgbench_article, producer_consumer
 
     return {
         "a": pgbench_article,
@@ -30,6 +32,7 @@ def _scenarios() -> dict[str, ModuleType]:
         "c": backlog,
         "d": bloat,
         "e": client_overhead,
+        "f": peer_table,
     }
 
 
@@ -40,7 +43,8 @@ def _ints(text: str) -> tuple[int, ...]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Benchmark pgbroker against the reference pgmq SQL (and the article's naive queue).",
+        description="Benchmark pgbroker against the reference pgmq SQL (and the article's naive queue), "
+        "and its worker runtime against PgQueuer's, Procrastinate's and a pgmq loop (f).",
     )
     p.add_argument("--dsn", help="a superuser DSN of the server to use (default: a private embedded cluster)")
     p.add_argument("--data-dir", type=Path, help="keep the embedded cluster in this directory (reused)")
@@ -48,7 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         help="scenarios to run, e.g. 'a,c' (a pgbench, b producer/consumer, "
-        "c backlog, d bloat, e client overhead)",
+        "c backlog, d bloat, e client overhead, f worker runtimes against PgQueuer, Procrastinate, pgmq)",
+    )
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="run only the worker runtimes side by side (scenario f; same as --only f)",
     )
     p.add_argument("--results-dir", type=Path, default=ROOT / "bench" / "results")
     docs = p.add_mutually_exclusive_group()
@@ -82,6 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--churn-seconds", type=float)
     g.add_argument("--churn-rate", type=int)
     g.add_argument("--client-seconds", type=float)
+    g.add_argument("--peer-messages", type=int, help="(f) jobs per tuned drain (default 100000)")
+    g.add_argument("--peer-default-messages", type=int, help="(f) jobs per drain with the defaults")
+    g.add_argument("--peer-rounds", type=int, help="(f) rounds of the one-process drain, alternating")
+    g.add_argument("--peer-enqueue-messages", type=int)
+    g.add_argument("--peer-steady-rate", type=int, help="(f) jobs a second of the steady producer")
+    g.add_argument("--peer-steady-seconds", type=float)
+    g.add_argument("--peer-latency-samples", type=int)
     return p.parse_args(argv)
 
 
@@ -94,11 +110,12 @@ def build_config(args: argparse.Namespace) -> Any:
         value = getattr(args, f.name, None)
         if value is not None and f.name not in ("mode", "scenarios"):
             overrides[f.name] = value
-    if args.only:
-        wanted = tuple(s.strip() for s in args.only.split(",") if s.strip())
+    only = "f" if args.peers else args.only
+    if only:
+        wanted = tuple(s.strip() for s in only.split(",") if s.strip())
         unknown = set(wanted) - set(_scenarios())
         if unknown:
-            raise SystemExit(f"unknown scenario(s) {sorted(unknown)}: choose from a, b, c, d, e")
+            raise SystemExit(f"unknown scenario(s) {sorted(unknown)}: choose from a, b, c, d, e, f")
         overrides["scenarios"] = wanted
     if args.archive:
         overrides["ack_archive"] = True
@@ -134,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     description="",
                     columns=list(module.COLUMNS),
                     ratio=getattr(module, "RATIO", ("pgbroker", "pgmq")),
+                    more_ratios=list(getattr(module, "MORE_RATIOS", [])),
                 )
                 body: Callable[[Bench, ScenarioResult], None] = module.run
                 run_scenario(bench, body, result)

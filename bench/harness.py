@@ -110,12 +110,24 @@ class Config:
     ack_archive: bool = False
     #: install pgbroker's migrations up to this version (None: all), to measure one migration's effect
     schema_version: int | None = None
+    # (f) worker runtimes side by side (bench.peer_table)
+    #: jobs drained by the tuned worker, one process, per round (two processes: half as many)
+    peer_messages: int = 100_000
+    #: jobs drained by the workers with their libraries' defaults (one at a time for most)
+    peer_default_messages: int = 2_000
+    #: rounds of the tuned one-process drain, in alternating order (the other steps run once)
+    peer_rounds: int = 2
+    #: jobs enqueued 100 a call (a tenth of them one a call)
+    peer_enqueue_messages: int = 10_000
+    peer_steady_rate: int = 1_000
+    peer_steady_seconds: float = 5.0
+    peer_latency_samples: int = 15
 
     @staticmethod
     def full() -> Config:
         return Config(
             mode="full",
-            scenarios=("a", "b", "c", "d", "e"),
+            scenarios=("a", "b", "c", "d", "e", "f"),
             pgbench_clients=15,
             pgbench_threads=2,
             pgbench_seconds=10.0,
@@ -156,6 +168,12 @@ class Config:
             churn_seconds=6.0,
             churn_rate=500,
             client_seconds=1.5,
+            peer_messages=10_000,
+            peer_default_messages=1_000,
+            peer_rounds=1,
+            peer_enqueue_messages=2_000,
+            peer_steady_seconds=2.0,
+            peer_latency_samples=5,
         )
 
 
@@ -200,6 +218,8 @@ class ScenarioResult:
     columns: list[str]
     #: (numerator, denominator) column names of the ratio column, or None for no ratio.
     ratio: tuple[str, str] | None
+    #: more ratio columns after that one, the same way
+    more_ratios: list[tuple[str, str]] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     series: list[Series] = field(default_factory=list)
     histograms: list[Histogram] = field(default_factory=list)

@@ -67,6 +67,10 @@ class Target:
     #: "ratio": pgbroker / pgmq >= goal; "at most": pgbroker's value <= goal
     kind: str
     goal: float
+    #: the column the ratio is taken against (PgQueuer for the worker runtimes)
+    against: str = PGMQ
+    #: the column measured (pgbroker's queues, or its streams)
+    ours: str = PGBROKER
 
 
 _IN_FLIGHT = r"waiting-\d+\+in-flight-\d+"  # the state with messages in flight, none due again
@@ -98,6 +102,20 @@ TARGETS = (
         50,
     ),
     Target("end to end, 22 B, batch 10", "b", "e2e-22-10x10", "msg/s", "ratio", 2.0),
+    # Issue 16: the worker runtime against its Python peers, measured in the same run.
+    Target(
+        "worker drain, 1 process (against PgQueuer)", "f", "drain-tuned-1p", "msg/s", "ratio", 1.5, "PgQueuer"
+    ),
+    Target(
+        "worker drain, 1 process, streams (against PgQueuer)",
+        "f",
+        "drain-tuned-1p",
+        "msg/s",
+        "ratio",
+        4.0,
+        "PgQueuer",
+        "pgbroker streams",
+    ),
 )
 
 
@@ -122,7 +140,7 @@ def evaluate_targets(results: list[ScenarioResult]) -> list[TargetOutcome]:
             )
         if row is None:
             continue
-        ours, theirs = row.values.get(PGBROKER), row.values.get(PGMQ)
+        ours, theirs = row.values.get(t.ours), row.values.get(t.against)
         if t.kind == "ratio":
             value = ours / theirs if ours is not None and theirs else None
             met = None if value is None else value >= t.goal
@@ -163,14 +181,12 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def scenario_rows(result: ScenarioResult) -> tuple[list[str], list[list[str]]]:
-    headers = ["step", "metric", *result.columns]
-    if result.ratio:
-        headers.append(f"{result.ratio[0]}/{result.ratio[1]}")
+    ratios = ([result.ratio] if result.ratio else []) + result.more_ratios
+    headers = ["step", "metric", *result.columns, *(f"{top}/{bottom}" for top, bottom in ratios)]
     rows = []
     for row in result.rows:
         cells = [row.step, row.metric, *(fmt(row.values.get(c)) for c in result.columns)]
-        if result.ratio:
-            cells.append(fmt_ratio(ratio_of(row, result.ratio)))
+        cells += [fmt_ratio(ratio_of(row, ratio)) for ratio in ratios]
         rows.append(cells)
     return headers, rows
 
@@ -211,7 +227,9 @@ def print_report(meta: dict[str, Any], results: list[ScenarioResult], outcomes: 
             print(f"  ERROR: {e}")
     if outcomes:
         print()
-        print("Targets (issue 7), pgbroker against pgmq on this server in this run:")
+        print(
+            "Targets (issues 7 and 16), pgbroker against pgmq (or the peer named) on this server in this run:"
+        )
         rows = [
             [
                 o.target.label,
@@ -224,7 +242,7 @@ def print_report(meta: dict[str, Any], results: list[ScenarioResult], outcomes: 
             ]
             for o in outcomes
         ]
-        for line in _table(["target", "from", "pgmq", "pgbroker", "achieved", "goal", ""], rows):
+        for line in _table(["target", "from", "against", "pgbroker", "achieved", "goal", ""], rows):
             print(f"  {line}")
 
 
@@ -457,7 +475,7 @@ def markdown(
     if outcomes:
         lines += ["### Targets", ""]
         lines += _md_table(
-            ["target", "from", "pgmq", "pgbroker", "achieved", "goal", ""],
+            ["target", "from", "against", "pgbroker", "achieved", "goal", ""],
             [
                 [
                     o.target.label,
@@ -503,7 +521,7 @@ How pgbroker compares with the reference pgmq SQL, measured side by side on one 
 def write_docs(doc: Path, generated: str, plots: list[Path]) -> None:
     perf = doc.parent / "perf"
     perf.mkdir(parents=True, exist_ok=True)
-    for old in perf.glob("[a-e]_*.png"):
+    for old in perf.glob("[a-f]_*.png"):
         old.unlink()
     for p in plots:
         shutil.copy2(p, perf / p.name)

@@ -527,6 +527,11 @@ class AsyncBroker:
         if self._owned_pool is not None:
             await self._owned_pool.close()
 
+    @property
+    def single_connection(self) -> bool:
+        """Whether every call shares the one connection passed in (not a pool's)."""
+        return self._connection is not None
+
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         if self._connection is not None:

@@ -9,8 +9,9 @@ until SIGTERM or SIGINT and then stops them gracefully.
 
     app.run()                      # or: pgbroker worker mymodule:app
 
-serve() opens one connection pool for all its workers (each needs about two connections:
-reads, and acks) and one LISTEN connection, shared through an AsyncBroker.
+serve() opens one connection pool for all its workers (each uses up to four connections at
+once: two reads in flight, acks sent on their own, the heartbeat) and one LISTEN connection,
+shared through an AsyncBroker.
 
 Signals: SIGTERM or SIGINT stops every worker with its grace period; SIGINT once more
 (Ctrl-C twice) gives back what is still in flight at once. SIGTERM again changes nothing:
@@ -197,7 +198,7 @@ async def _own_broker(
     pool = AsyncConnectionPool(
         resolve_dsn(dsn),
         min_size=2 * len(workers),
-        max_size=sum(2 + min(worker.concurrency, 2) for worker in workers) + 1,  # + the scheduler's
+        max_size=4 * len(workers) + 1,  # + the scheduler's
         kwargs={"autocommit": True, **connection_kwargs()},
         open=False,
         name="pgbroker-worker",

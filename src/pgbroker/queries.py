@@ -271,6 +271,25 @@ def message_read_many(
     return Query(_named("message_read_many"), params, _messages)
 
 
+def message_complete_and_read(
+    queue: str, items: Iterable[Receivable], qty: int, *, vt: int | timedelta = 30
+) -> Query[tuple[list[int], list[Message]]]:
+    """Ack by the queue's policy, then read, in one statement: (msg_ids acked, messages read)."""
+    params: dict[str, Any] = {
+        "queue": queue,
+        "receipts": [str(receipt_of(i)) for i in items],
+        "vt": _seconds(vt, "vt"),
+        "qty": _count(qty, "qty"),
+        "conditional": "{}",
+    }
+
+    def decode(rows: list[Row]) -> tuple[list[int], list[Message]]:
+        acked = list(rows[0][0]) if rows and rows[0][0] is not None else []
+        return acked, [_message(row[1:]) for row in rows if row[1] is not None]
+
+    return Query(_named("message_complete_and_read"), params, decode)
+
+
 def message_pop_many(queue: str, qty: int) -> Query[list[Message]]:
     return Query(_named("message_pop_many"), {"queue": queue, "qty": _count(qty, "qty")}, _messages)
 

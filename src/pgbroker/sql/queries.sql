@@ -45,6 +45,20 @@ SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jso
 -- name: message_read_many
 SELECT * FROM pgbroker.read(%(queue)s, %(vt)s::integer, %(qty)s::integer, %(conditional)s::jsonb)
 
+-- name: message_complete_and_read
+-- The worker's hot path in one statement: ack receipts by the queue's policy (as
+-- message_complete_many), then read (as message_read_many). The read takes a
+-- (zero) term of the acks' result, which makes the planner run the acks first.
+-- The first row (or the only one, when nothing was read) carries the msg_ids acked.
+SELECT CASE WHEN r.n IS NULL OR r.n = 1 THEN a.acked END,
+       r.msg_id, r.read_ct, r.enqueued_at, r.last_read_at, r.vt, r.message, r.headers, r.receipt
+FROM (SELECT coalesce(array_agg(c.msg_id), '{}') AS acked
+      FROM pgbroker.complete(%(queue)s, %(receipts)s::text[]) AS c(msg_id)) AS a
+LEFT JOIN LATERAL pgbroker.read(%(queue)s, %(vt)s::integer,
+                                %(qty)s::integer + 0 * cardinality(a.acked), %(conditional)s::jsonb)
+    WITH ORDINALITY AS r(msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, receipt, n)
+    ON true
+
 -- name: message_pop_many
 SELECT * FROM pgmq.pop(%(queue)s, %(qty)s::integer)
 

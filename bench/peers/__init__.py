@@ -1,0 +1,80 @@
+"""The job queues compared side by side in the peer scenario (f), one adapter each.
+
+A peer is a queue library (or a plain SQL loop) with a worker runtime: it installs itself in its
+own database, enqueues, and runs a worker in the current process with the given handler until told
+to stop. ``PEERS`` is the registry the scenario runs, in column order; a new system (pgbroker's
+streams, say) registers here and gets its column, its rounds and its ratios.
+
+Each adapter is configured as its own documentation recommends for speed in the ``tuned`` setting,
+and with the library's defaults otherwise; ``describe`` says which knobs were set, for the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+#: Called with each job's payload (a dict) by a worker's handler; a no-op besides counting.
+Handle = Callable[[dict[str, Any]], None]
+#: Enqueues its payloads in one call (one job each; a list of one: the single-job form).
+Send = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+class Peer:
+    """One system under test. Subclasses implement every method; all of them are async."""
+
+    #: the column name in the table
+    key: str = ""
+    #: the database the harness creates for it (dropped at the end of the scenario)
+    database: str = ""
+    #: most jobs a drain gives it (None: as many as the step says), for a system so slow that
+    #: the step's count would not fit in the run's time; its rate is jobs a second all the same
+    drain_cap: int | None = None
+
+    def describe(self, tuned: bool) -> str:
+        """The worker's configuration in words (the defaults, or the documented speed settings)."""
+        raise NotImplementedError
+
+    async def install(self, dsn: str) -> None:
+        raise NotImplementedError
+
+    async def create(self, dsn: str, queue: str, tuned: bool) -> None:
+        """Make an empty queue (or whatever names a stream of jobs in this system), with the
+        documented speed settings when ``tuned``."""
+        raise NotImplementedError
+
+    def sender(self, dsn: str, queue: str) -> AbstractAsyncContextManager[Send]:
+        """A producer's connection: ``async with peer.sender(dsn, queue) as send: await send([...])``."""
+        raise NotImplementedError
+
+    async def enqueue(self, dsn: str, queue: str, payloads: list[dict[str, Any]], batch: int) -> float:
+        """Enqueue ``payloads`` ``batch`` at a time (1: one call each); seconds spent sending."""
+        async with self.sender(dsn, queue) as send:
+            started = time.perf_counter()
+            for first in range(0, len(payloads), batch):
+                await send(payloads[first : first + batch])
+            return time.perf_counter() - started
+
+    async def work(self, dsn: str, queue: str, handle: Handle, stop: asyncio.Event, tuned: bool) -> None:
+        """Run one worker on ``queue`` until ``stop`` is set, then stop it gracefully."""
+        raise NotImplementedError
+
+    async def remaining(self, dsn: str, queue: str) -> int:
+        """Jobs not yet done (waiting, or handled but not yet acknowledged)."""
+        raise NotImplementedError
+
+
+def peers() -> dict[str, Peer]:
+    """The registry, in column order (a new system: a Peer here). Imported lazily: a peer's library
+    is only needed to run it."""
+    from bench.peers.pgbroker_queues import PgbrokerQueues
+    from bench.peers.pgbroker_streams import PgbrokerStreams
+    from bench.peers.pgmq_loop import PgmqLoop
+    from bench.peers.pgqueuer_peer import PgQueuerPeer
+    from bench.peers.procrastinate_peer import ProcrastinatePeer
+
+    found: list[Peer] = [PgQueuerPeer(), ProcrastinatePeer(), PgmqLoop(), PgbrokerQueues(), PgbrokerStreams()]
+    return {peer.key: peer for peer in found}

@@ -1,0 +1,77 @@
+"""pgbroker's streams (docs/streams.md) with their worker runtime: one group, one StreamWorker.
+
+A "queue" here is a stream with one consumer group that starts at the beginning. Defaults: the
+StreamWorker's (batches of 100, one partition at a time); tuned, per docs/streams.md's sizing:
+batches of 1,000 and the stream's four partitions handled at once. Every stream notifies, so an
+idle consumer wakes on a send (streams.md: leave it off for many concurrent producers; the
+steady step has one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from bench.peers import Handle, Peer, Send
+from pgbroker.aio import AsyncBroker
+from pgbroker.aio_streams import AsyncStream
+from pgbroker.app import serve
+from pgbroker.stream_models import StreamMessage
+from pgbroker.stream_worker import StreamWorker
+
+GROUP = "bench"
+PARTITIONS = 4
+TUNED_BATCH = 1_000
+
+
+class PgbrokerStreams(Peer):
+    key = "pgbroker streams"
+    database = "pgbroker_bench_peer_streams"
+
+    def describe(self, tuned: bool) -> str:
+        if tuned:
+            return (
+                f"StreamWorker(batch_size={TUNED_BATCH}, concurrency={PARTITIONS}), {PARTITIONS} partitions"
+            )
+        return f"StreamWorker() (batch_size=100, concurrency=1), {PARTITIONS} partitions"
+
+    async def install(self, dsn: str) -> None:
+        async with AsyncBroker(dsn, max_connections=1) as broker:
+            await broker.install()
+
+    async def create(self, dsn: str, queue: str, tuned: bool) -> None:
+        async with AsyncBroker(dsn, max_connections=1) as broker:
+            stream = AsyncStream(broker, queue)
+            await stream.create(partitions=PARTITIONS, notify=True)
+            await stream.create_group(GROUP, start="start")
+
+    @asynccontextmanager
+    async def sender(self, dsn: str, queue: str) -> AsyncIterator[Send]:
+        async with AsyncBroker(dsn, max_connections=1) as broker:
+            stream = AsyncStream(broker, queue)
+
+            async def send(payloads: list[dict[str, Any]]) -> None:
+                await stream.send_many(payloads)
+
+            yield send
+
+    async def work(self, dsn: str, queue: str, handle: Handle, stop: asyncio.Event, tuned: bool) -> None:
+        async def handler(message: StreamMessage) -> None:
+            handle(message.message)
+
+        options: dict[str, Any] = {"batch_size": TUNED_BATCH, "concurrency": PARTITIONS} if tuned else {}
+        worker = StreamWorker(queue, GROUP, handler, **options)
+
+        async def stop_when_told() -> None:
+            await stop.wait()
+            worker.stop()
+
+        stopper = asyncio.create_task(stop_when_told())
+        await serve([worker], dsn=dsn, handle_signals=False, schedules=False)
+        await stopper
+
+    async def remaining(self, dsn: str, queue: str) -> int:
+        async with AsyncBroker(dsn, max_connections=1) as broker:
+            return sum(partition.lag for partition in await AsyncStream(broker, queue).lag())

@@ -1,0 +1,92 @@
+"""Procrastinate (pip ``procrastinate``) with its psycopg connector and async worker.
+
+A queue is a Procrastinate queue with one task. Its worker runs ``concurrency`` jobs at once
+(default 1; its docs: raise it for async, I/O-bound tasks) and is woken by LISTEN/NOTIFY
+(``listen_notify``, on by default) with polling as the fallback. The tuned setting runs 100 at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+
+from bench.peers import Handle, Peer, Send
+
+TUNED_CONCURRENCY = 100
+TASK = "bench_noop"
+
+
+def _app(dsn: str, handle: Handle | None = None) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+
+    @app.task(name=TASK)
+    async def noop(**payload: Any) -> None:
+        if handle is not None:
+            handle(payload)
+
+    return app
+
+
+class ProcrastinatePeer(Peer):
+    key = "Procrastinate"
+    database = "pgbroker_bench_peer_procrastinate"
+    drain_cap = 1_000  # 50-150 jobs a second here (a query per job): 7-20 s a drain
+
+    def describe(self, tuned: bool) -> str:
+        concurrency = TUNED_CONCURRENCY if tuned else 1
+        return f"run_worker_async(concurrency={concurrency}, listen_notify=True), psycopg connector"
+
+    async def install(self, dsn: str) -> None:
+        app = _app(dsn)
+        async with app.open_async():
+            await app.schema_manager.apply_schema_async()
+
+    async def create(self, dsn: str, queue: str, tuned: bool) -> None:
+        pass  # a queue is only a name on the jobs
+
+    @asynccontextmanager
+    async def sender(self, dsn: str, queue: str) -> AsyncIterator[Send]:
+        app = _app(dsn)
+        async with app.open_async():
+            deferrer = app.tasks[TASK].configure(queue=queue)
+
+            async def send(payloads: list[dict[str, Any]]) -> None:
+                if len(payloads) == 1:
+                    await deferrer.defer_async(**payloads[0])
+                else:
+                    await deferrer.batch_defer_async(*payloads)
+
+            yield send
+
+    async def work(self, dsn: str, queue: str, handle: Handle, stop: asyncio.Event, tuned: bool) -> None:
+        app = _app(dsn, handle)
+        async with app.open_async():
+            worker = asyncio.create_task(
+                app.run_worker_async(
+                    queues=[queue],
+                    concurrency=TUNED_CONCURRENCY if tuned else 1,
+                    listen_notify=True,
+                    install_signal_handlers=False,
+                )
+            )
+            await stop.wait()
+            worker.cancel()  # a cancelled worker stops gracefully: running jobs finish first
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+
+    async def remaining(self, dsn: str, queue: str) -> int:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cursor = await conn.execute(
+                "SELECT count(*) FROM procrastinate_jobs"
+                " WHERE queue_name = %s AND status IN ('todo', 'doing')",
+                [queue],
+            )
+            row = await cursor.fetchone()
+            return int(row[0]) if row else 0

@@ -138,7 +138,7 @@ class InboundBridge:
             payloads.append(payload)
             headers.append(
                 message.headers
-                if kind == "json"
+                if kind in body.SELF_DESCRIBED
                 else {**message.headers, f"{receiver.header_prefix}body": kind}
             )
         pause = Backoff(*SEND_RETRY)

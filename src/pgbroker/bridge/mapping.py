@@ -10,7 +10,8 @@ Outbound, a message's headers may say where and how to publish it:
 Every other header that does not start with ``x-amqp-`` or ``x-pgbroker-`` is copied into the
 AMQP headers table (x-amqp-properties.headers wins on a clash; AMQP tables have no floating point
 type, so a float header travels as its text). The body and its content type are the core's
-(pgbroker.bridge.body; x-amqp-properties.content_type may override the type); message_id is the
+(pgbroker.bridge.body; x-amqp-properties.content_type may override application/json, never a
+binary codec's type, which says how to read the bytes); message_id is the
 msg_id and delivery is persistent, always: those are the bridge's guarantees, so the
 properties may not set them.
 
@@ -32,6 +33,7 @@ from typing import Any
 import pika
 
 from pgbroker.bridge.amqp import Delivery
+from pgbroker.bridge.body import JSON
 from pgbroker.bridge.connector import OutMessage, Received
 from pgbroker.bridge.errors import Unpublishable
 
@@ -99,7 +101,7 @@ def outgoing(message: OutMessage, default: Route) -> Outgoing:
         raise Unpublishable(f"{PROPERTIES_HEADER}.headers must be an object, got {type(extra).__name__}")
     table.update(extra)
     properties = pika.BasicProperties(
-        content_type=texts.pop("content_type", message.content_type),
+        content_type=_content_type(texts.pop("content_type", None), message.content_type),
         delivery_mode=_PERSISTENT,
         message_id=message.message_id,
         headers={k: _amqp_value(v) for k, v in table.items()} or None,
@@ -109,6 +111,12 @@ def outgoing(message: OutMessage, default: Route) -> Outgoing:
         **texts,
     )
     return Outgoing(message.msg_id, route, message.body, properties)
+
+
+def _content_type(given: str | None, body_type: str) -> str:
+    """The content_type property: the one a JSON message's header gives, else the body's own
+    (a binary body's content type names its codec, and the receiver needs it to read the bytes)."""
+    return given if given is not None and body_type == JSON else body_type
 
 
 def _short_text(value: Any, what: str) -> str:

@@ -136,7 +136,8 @@ class OutboundBridge:
         idle_wait at most), or until stopped: a stop does not wait out an idle read."""
 
         async def read() -> list[Message]:
-            return await self._queue.read_many(self.settings.batch_size, vt=self.settings.lease)
+            # Bodies as stored: a binary one goes out as its codec's bytes, never decoded here.
+            return await self._queue.read_many(self.settings.batch_size, vt=self.settings.lease, decode=False)
 
         found = await read()
         if found:

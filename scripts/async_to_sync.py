@@ -49,12 +49,17 @@ class Target:
     generated: str  # where its sync twin goes
 
 
-TARGETS = (Target("src/pgbroker/aio.py", "src/pgbroker/client.py"),)
+TARGETS = (
+    Target("src/pgbroker/aio.py", "src/pgbroker/client.py"),
+    Target("src/pgbroker/aio_streams.py", "src/pgbroker/streams.py"),
+)
 
 COMMAND = "python scripts/async_to_sync.py (or: make generate)"
 
 NAMES = {
     "AsyncBroker": "Broker",
+    "AsyncStream": "Stream",
+    "AsyncStreamConsumer": "StreamConsumer",
     "AsyncQueue": "Queue",
     "AsyncTransaction": "Transaction",
     "AsyncExecutor": "Executor",

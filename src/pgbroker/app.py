@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
-from typing import TextIO, TypedDict, TypeVar, Unpack
+from typing import Any, TextIO, TypedDict, TypeVar, Unpack
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -34,11 +34,13 @@ from pgbroker.aio import AsyncBroker
 from pgbroker.dsn import connection_kwargs, resolve_dsn
 from pgbroker.errors import InvalidArgument
 from pgbroker.scheduler import Scheduler
+from pgbroker.stream_worker import StreamHandler, StreamWorker
 from pgbroker.worker import Handler, Worker, WorkerStats
 
 __all__ = ["App", "WorkerOptions", "serve"]
 
 H = TypeVar("H", bound=Handler)
+SH = TypeVar("SH", bound=StreamHandler)
 
 # How long serve() waits for its first connections: a wrong DSN fails here, not at the first read.
 _CONNECT_TIMEOUT = 30.0
@@ -63,6 +65,7 @@ class App:
 
     def __init__(self) -> None:
         self._handlers: dict[str, tuple[Handler, WorkerOptions]] = {}
+        self._stream_workers: list[Callable[[], StreamWorker]] = []
 
     @property
     def queues(self) -> list[str]:
@@ -76,6 +79,17 @@ class App:
                 raise InvalidArgument(f'queue "{queue}" already has a handler: {self._handlers[queue][0]!r}')
             Worker(queue, function, **options)  # checks the options here, where a mistake is made
             self._handlers[queue] = (function, options)
+            return function
+
+        return register
+
+    def stream_handler(self, stream: str, group: str, **options: Any) -> Callable[[SH], SH]:
+        """Register the decorated function as a handler of ``group`` on ``stream`` (see
+        StreamWorker for the options); it runs with the queue handlers, one consumer a process."""
+
+        def register(function: SH) -> SH:
+            StreamWorker(stream, group, function, **options)  # checks the options here
+            self._stream_workers.append(lambda: StreamWorker(stream, group, function, **options))
             return function
 
         return register
@@ -98,13 +112,17 @@ class App:
             workers.append(Worker(name, handler, **options))
         return workers
 
+    def stream_workers(self) -> list[StreamWorker]:
+        """A StreamWorker per registered stream handler."""
+        return [make() for make in self._stream_workers]
+
     def run(self, dsn: str | None = None, **overrides: Unpack[WorkerOptions]) -> None:
         """Run every handler until SIGTERM or SIGINT (see serve)."""
-        asyncio.run(serve(self.workers(**overrides), dsn=dsn))
+        asyncio.run(serve([*self.workers(**overrides), *self.stream_workers()], dsn=dsn))
 
 
 async def serve(
-    workers: Sequence[Worker],
+    workers: Sequence[Worker | StreamWorker],
     *,
     dsn: str | None = None,
     broker: AsyncBroker | None = None,
@@ -171,7 +189,9 @@ async def _stopped(scheduler: Scheduler, task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def _own_broker(stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker]) -> AsyncBroker:
+async def _own_broker(
+    stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker | StreamWorker]
+) -> AsyncBroker:
     # No round trip to check a connection on checkout: AsyncBroker passes over those the server
     # has closed (pgbroker.liveness), and a worker retries a call whose connection broke anyway.
     pool = AsyncConnectionPool(
@@ -189,7 +209,7 @@ async def _own_broker(stack: AsyncExitStack, dsn: str | None, workers: Sequence[
     return broker
 
 
-async def _report(workers: Sequence[Worker], every: float, out: TextIO) -> None:
+async def _report(workers: Sequence[Worker | StreamWorker], every: float, out: TextIO) -> None:
     """A progress line per worker every ``every`` seconds: counts, and the rate since the last line."""
     last = {id(worker): (time.monotonic(), worker.stats.completed) for worker in workers}
     while True:

@@ -85,6 +85,18 @@ class MessageTooLarge(InvalidMessage):
     sqlstate = "PB005"
 
 
+class StreamNotFound(PgbrokerError):
+    """The stream was never created, or was dropped."""
+
+    sqlstate = "PB020"
+
+
+class StreamGroupNotFound(PgbrokerError):
+    """The stream has no consumer group of that name."""
+
+    sqlstate = "PB021"
+
+
 class NotInstalled(PgbrokerError):
     """The database has no pgbroker schema (run `pgbroker install`)."""
 
@@ -106,6 +118,8 @@ _CODED: tuple[type[PgbrokerError], ...] = (
     QueueFull,
     MissingExtension,
     InvalidArgument,
+    StreamNotFound,
+    StreamGroupNotFound,
 )
 _BY_SQLSTATE: dict[str, type[PgbrokerError]] = {
     **{cls.sqlstate: cls for cls in _CODED if cls.sqlstate},

@@ -160,14 +160,15 @@ async def test_every_route_is_in_the_spec_with_the_scope_it_enforces(
         for method in r.methods or ()
         if method != "HEAD"
     ]
-    assert len(served) == 31
+    assert len(served) == 40
     for path, method in served:
         operation = spec["paths"][path][method.lower()]
         scope = operation["x-pgbroker-scope"]
-        url = path.replace("{queue}", "jobs")
+        url = path.replace("{queue}", "jobs").replace("{stream}", "clicks").replace("{group}", "g")
         # A body that would pass, so that only the key decides (a queue named in the body: create).
         body = {
             ("/v1/queues", "POST"): {"name": "new"},
+            ("/v1/streams", "POST"): {"name": "new"},
             ("/v1/schedules", "POST"): {"name": "s", "queue": "jobs", "cron": "* * * * *", "message": {}},
         }.get((path, method))
         anonymous = await client.request(method, url, json=body)
@@ -191,7 +192,13 @@ async def test_every_spec_operation_has_a_handler(client: httpx.AsyncClient, key
             r = await client.request(
                 method.upper(), path.replace("{queue}", "jobs"), headers=auth(keys["admin"])
             )
-            not_found = ("queue_not_found", "schedule_not_found")  # {name} is no schedule's name
+            # {name} is no schedule's name, {stream} no stream's
+            not_found = (
+                "queue_not_found",
+                "schedule_not_found",
+                "stream_not_found",
+                "stream_group_not_found",
+            )
             assert r.status_code not in (404, 405) or r.json()["error"]["code"] in not_found, (
                 path,
                 method,

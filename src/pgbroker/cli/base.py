@@ -54,6 +54,8 @@ from pgbroker.errors import (
     QueueNameConflict,
     QueueNotFound,
     StaleReceipt,
+    StreamGroupNotFound,
+    StreamNotFound,
 )
 from pgbroker.listen import conninfo_of
 from pgbroker.models import Message
@@ -291,7 +293,7 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
         code = Exit.DATABASE
         if isinstance(exc, StaleReceipt):
             code = Exit.STALE_RECEIPT
-        elif isinstance(exc, QueueNotFound):
+        elif isinstance(exc, QueueNotFound | StreamNotFound | StreamGroupNotFound):
             code = Exit.QUEUE_NOT_FOUND
         elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict | CodecError):
             code = Exit.USAGE

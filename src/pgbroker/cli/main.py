@@ -19,6 +19,7 @@ from pgbroker.cli import (
     queues,
     schedules,
     serve,
+    streams,
     worker,
 )
 from pgbroker.cli.base import execute, new_parser
@@ -28,7 +29,8 @@ __all__ = ["build_parser", "main"]
 # In the order `pgbroker --help` lists them. A module whose command needs an optional extra
 # (bridge, serve, pipeline) imports it only when the command runs.
 COMMAND_MODULES = (
-    queues, pause, messages, peek, db, pipeline, worker, schedules, dead_letters, policy, bridge, keys, serve
+    queues, pause, messages, peek, streams, db, pipeline, worker, schedules, dead_letters, policy,
+    bridge, keys, serve,
 )
 
 

@@ -31,7 +31,7 @@ from pgbroker.errors import StaleReceipt
 from pgbroker.job_headers import with_job_headers
 from pgbroker.models import Receipt
 
-__all__ = ["register"]
+__all__ = ["register", "send_lines"]
 
 
 def register(subcommands: Subcommands) -> None:
@@ -115,7 +115,7 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
 
     if sys.stdin.isatty():
         print("pgbroker: reading one JSON message per line; end with Ctrl-D", file=sys.stderr)
-    sent = _send_lines(sys.stdin, args.batch_size, send_batch)
+    sent = send_lines(sys.stdin, args.batch_size, send_batch)
     if sent == 0:
         raise CliError(
             "no messages on stdin; nothing sent",
@@ -125,7 +125,7 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
     return Exit.OK
 
 
-def _send_lines(stream: TextIO, batch_size: int, send_batch: Callable[[list[Any]], int]) -> int:
+def send_lines(stream: TextIO, batch_size: int, send_batch: Callable[[list[Any]], int]) -> int:
     """Send the JSON lines of ``stream`` in batches; return how many were sent.
 
     Each batch is parsed whole before it is sent, so a bad line stops the run with nothing of

@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -40,6 +40,7 @@ from pgbroker.cli.base import (
 )
 from pgbroker.client import Broker
 from pgbroker.models import Message
+from pgbroker.stream_worker import StreamWorker
 from pgbroker.worker import Worker
 
 __all__ = ["register"]
@@ -102,12 +103,14 @@ def _worker(args: argparse.Namespace, broker: Broker) -> int:
     return _supervise(args, dsn)
 
 
-def _serve(workers: list[Worker], dsn: str, progress: float | None, schedules: bool = True) -> int:
+def _serve(
+    workers: Sequence[Worker | StreamWorker], dsn: str, progress: float | None, schedules: bool = True
+) -> int:
     asyncio.run(serve(workers, dsn=dsn, progress_every=progress, schedules=schedules))
     return Exit.OK
 
 
-def _workers(args: argparse.Namespace) -> list[Worker]:
+def _workers(args: argparse.Namespace) -> Sequence[Worker | StreamWorker]:
     target = _load(args.target)
     names = (
         "concurrency",
@@ -121,7 +124,8 @@ def _workers(args: argparse.Namespace) -> list[Worker]:
     )
     options: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if isinstance(target, App):
-        return target.workers(args.queue or None, **options)
+        streams = [] if args.queue else target.stream_workers()  # --queue names queues only
+        return [*target.workers(args.queue or None, **options), *streams]
     if not args.queue:
         raise CliError(
             f"{args.target} is a handler function: say which queue it consumes",

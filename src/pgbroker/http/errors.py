@@ -30,6 +30,8 @@ from pgbroker.errors import (
     QueueNameConflict,
     QueueNotFound,
     StaleReceipt,
+    StreamGroupNotFound,
+    StreamNotFound,
 )
 from pgbroker.http.models import SchemaWriter
 
@@ -57,6 +59,8 @@ class ApiError(Exception):
 # Most specific first: InvalidMessage and MessageTooLarge are InvalidArguments.
 _BY_CLASS: tuple[tuple[type[PgbrokerError], int, str], ...] = (
     (QueueNotFound, 404, "queue_not_found"),
+    (StreamNotFound, 404, "stream_not_found"),
+    (StreamGroupNotFound, 404, "stream_group_not_found"),
     (InvalidQueueName, 400, "invalid_queue_name"),
     (QueueNameConflict, 409, "queue_name_conflict"),
     (StaleReceipt, 409, "stale_receipt"),
@@ -75,6 +79,7 @@ _BY_CLASS: tuple[tuple[type[PgbrokerError], int, str], ...] = (
 ERROR_CODES: dict[str, int] = {
     **{code: status for _, status, code in _BY_CLASS},
     "invalid_json": 400,
+    "stream_conflict": 409,
     "invalid_body": 422,
     "invalid_query": 422,
     "unauthorized": 401,

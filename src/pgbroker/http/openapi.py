@@ -29,6 +29,7 @@ from pgbroker.http.models import (
 )
 from pgbroker.http.operations import Operation
 from pgbroker.http.settings import Settings
+from pgbroker.http.stream_models import GROUP_NAME_PATTERN, STREAM_NAME_PATTERN
 
 _REF = "#/components/schemas/{model}"
 
@@ -54,6 +55,11 @@ _WITH_BODY = {
     413: "request body too large (request_too_large) or message too large",
     422: "the body has the wrong shape (invalid_body)",
 }
+# The path parameters of the stream operations (pgbroker.http.routes.streams).
+_STREAM_PATH_PARAMETERS = (
+    ("stream", STREAM_NAME_PATTERN, "clicks"),
+    ("group", GROUP_NAME_PATTERN, "billing"),
+)
 _WITH_QUERY = {422: "a query parameter is out of range (invalid_query)"}
 
 
@@ -107,6 +113,12 @@ def _document(operation: Operation, schemas: dict[tuple[str, str], Any]) -> dict
         parameters.append(
             {"name": "name", "in": "path", "required": True, "schema": schedule_name, "example": "nightly"}
         )
+    for name, pattern, example in _STREAM_PATH_PARAMETERS:
+        if "{" + name + "}" in operation.path:
+            schema = {"type": "string", "pattern": pattern}
+            parameters.append(
+                {"name": name, "in": "path", "required": True, "schema": schema, "example": example}
+            )
     if operation.query is not None:
         query = operation.query.json_schema(schema_generator=SchemaWriter)
         for name, schema in query["properties"].items():

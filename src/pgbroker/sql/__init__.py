@@ -71,9 +71,10 @@ def schema() -> tuple[SchemaFile, ...]:
 
 
 @cache
-def queries() -> dict[str, LiteralString]:
-    """The named queries of queries.sql: ``-- name: x`` blocks, keyed by name."""
-    text = resources.files(__package__).joinpath("queries.sql").read_text(encoding="utf-8")
+def queries(file: str = "queries.sql") -> dict[str, LiteralString]:
+    """The named queries of queries.sql (or of another file of them, such as streams.sql):
+    ``-- name: x`` blocks, keyed by name."""
+    text = resources.files(__package__).joinpath(file).read_text(encoding="utf-8")
     parts = _QUERY_HEADER.split(text)
     named: dict[str, LiteralString] = {}
     for name, body in zip(parts[1::2], parts[2::2], strict=True):

@@ -4,7 +4,18 @@ statistics, the calling key, and the service's own pages (health, spec, dashboar
 from __future__ import annotations
 
 from pgbroker.http.operations import Operation
-from pgbroker.http.routes import dead_letters, keys, messages, pause, peek, queues, schedules, service, stats
+from pgbroker.http.routes import (
+    dead_letters,
+    keys,
+    messages,
+    pause,
+    peek,
+    queues,
+    schedules,
+    service,
+    stats,
+    streams,
+)
 
 ROUTERS = (
     queues.router,
@@ -13,6 +24,7 @@ ROUTERS = (
     peek.router,
     dead_letters.router,
     schedules.router,
+    streams.router,
     stats.router,
     keys.router,
     service.router,

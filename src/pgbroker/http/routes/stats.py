@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.responses import Response
 
 from pgbroker.http import metrics as prom
+from pgbroker.http import stream_metrics
 from pgbroker.http.models import StatsList
 from pgbroker.http.operations import Call, Router
 
@@ -23,7 +24,10 @@ async def stats(call: Call) -> StatsList:
 async def metrics(call: Call) -> Response:
     found = await prom.queue_stats(call.broker, call.settings.stats_exact_below)
     schedules = await call.broker.schedules()
+    streams = await stream_metrics.stream_group_stats(call.broker)
     if call.key is not None:
         found = [s for s in found if call.key.sees(s.queue_name)]
         schedules = [s for s in schedules if call.key.sees(s.queue_name)]
-    return Response(prom.render(found, schedules), media_type="text/plain; version=0.0.4; charset=utf-8")
+        streams = [s for s in streams if call.key.sees(s.stream)]
+    text = prom.render(found, schedules) + stream_metrics.render(streams)
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -239,6 +239,21 @@ async function setPaused(queue, paused) {
   }
 }
 
+// Streams: lag per consumer group (shown once there is a group).
+async function renderStreamGroups() {
+  const { groups } = await api("/v1/streams/stats");
+  const table = $("stream-groups");
+  table.hidden = groups.length === 0;
+  const rows = groups.map((g) => {
+    const row = document.createElement("tr");
+    for (const text of [g.stream, g.group, formatNumber(g.lag),
+      g.oldest_unacked_age_sec == null ? "" : formatNumber(Math.round(g.oldest_unacked_age_sec)),
+      String(g.consumers)]) cell(row, text);
+    return row;
+  });
+  table.querySelector("tbody").replaceChildren(...rows);
+}
+
 function queuePath(queue, rest) {
   return `/v1/queues/${encodeURIComponent(queue)}/${rest}`;
 }
@@ -494,6 +509,7 @@ async function poll() {
     for (const q of queues) record(q, now);
     renderTable(queues);
     renderCharts(now);
+    await renderStreamGroups();
     if (state.deadLetterQueue !== null && present.has(state.deadLetterQueue)) await loadDeadLetters();
     await loadSchedules();
     setStatus("updated " + new Date(now).toLocaleTimeString());

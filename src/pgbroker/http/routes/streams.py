@@ -1,0 +1,175 @@
+"""Streams (docs/streams.md): list, create, drop, send, groups with their lag, and a group's
+consumers reading batches and acknowledging them. A key's queue patterns apply to stream names."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+from pgbroker import aio_streams
+from pgbroker.aio_streams import AsyncStream
+from pgbroker.http import stream_metrics
+from pgbroker.http.errors import ApiError
+from pgbroker.http.operations import Call, Router
+from pgbroker.http.stream_models import (
+    GROUP_NAME_PATTERN,
+    STREAM_NAME_PATTERN,
+    AckResult,
+    CreateGroup,
+    CreateStream,
+    GroupCreated,
+    GroupList,
+    StreamAck,
+    StreamAcked,
+    StreamBatch,
+    StreamDropped,
+    StreamIds,
+    StreamList,
+    StreamRead,
+    StreamSendBatch,
+    StreamStatsList,
+)
+from pgbroker.stream_models import StreamBatch as Batch
+from pgbroker.stream_models import StreamInfo as Info
+from pgbroker.stream_models import StreamMessage as Read
+
+router = Router()
+
+_EPOCH = datetime.fromtimestamp(0, UTC)  # an ack range needs no send time
+
+
+def _stream(call: Call, scope: str) -> AsyncStream:
+    """The stream of the path, once the key may do ``scope`` on it."""
+    name: str = call.request.path_params["stream"]
+    if not re.match(STREAM_NAME_PATTERN, name):
+        raise ApiError(404, "stream_not_found", f"no stream may be named {name!r}")
+    if not call.caller.allows(scope, name):
+        raise ApiError(403, "forbidden", f"key {call.caller.name!r} may not {scope} on stream {name!r}")
+    return AsyncStream(call.broker, name)
+
+
+def _group(call: Call) -> str:
+    group: str = call.request.path_params["group"]
+    if not re.match(GROUP_NAME_PATTERN, group):
+        raise ApiError(404, "stream_group_not_found", f"no group may be named {group!r}")
+    return group
+
+
+@router.get("/v1/streams/stats", "lag per stream and group, for the streams the key can see")
+async def stream_stats(call: Call) -> StreamStatsList:
+    found = await stream_metrics.stream_group_stats(call.broker)
+    return StreamStatsList(groups=[s for s in found if call.caller.sees(s.stream)])
+
+
+@router.get("/v1/streams", "list the streams the key can see")
+async def list_streams(call: Call) -> StreamList:
+    found = await aio_streams.list_streams(call.broker)
+    return StreamList(streams=[s for s in found if call.caller.sees(s.name)])
+
+
+@router.post(
+    "/v1/streams",
+    "create a stream (idempotent)",
+    scope="admin",
+    scope_field="name",
+    status=201,
+    errors={409: "stream_conflict"},
+)
+async def create_stream(call: Call, body: CreateStream) -> Info:
+    existing = next((s for s in await aio_streams.list_streams(call.broker) if s.name == body.name), None)
+    if existing is not None and existing.partitions != body.partitions:
+        raise ApiError(
+            409,
+            "stream_conflict",
+            f'stream "{body.name}" exists with {existing.partitions} partitions',
+            hint="Partitions are fixed when a stream is made: drop it first, or use another name.",
+        )
+    info = await AsyncStream(call.broker, body.name).create(
+        partitions=body.partitions,
+        retention=body.retention_seconds,
+        retention_bytes=body.retention_bytes,
+        truncate_consumed=body.truncate_consumed,
+        notify=body.notify,
+    )
+    return info
+
+
+_NO_STREAM = {404: "stream_not_found"}
+_NO_GROUP = {404: "stream_not_found, stream_group_not_found"}
+
+
+@router.delete(
+    "/v1/streams/{stream}", "drop a stream, its groups and cursors", scope="admin", errors=_NO_STREAM
+)
+async def drop_stream(call: Call) -> StreamDropped:
+    stream = _stream(call, "admin")
+    if not await stream.drop():
+        raise ApiError(404, "stream_not_found", f'stream "{stream.name}" does not exist')
+    return StreamDropped(dropped=stream.name)
+
+
+@router.post(
+    "/v1/streams/{stream}/messages",
+    "send messages (each with an optional key)",
+    scope="send",
+    errors=_NO_STREAM,
+)
+async def stream_send(call: Call, body: StreamSendBatch) -> StreamIds:
+    stream = _stream(call, "send")
+    ids = await stream.send_many(
+        [m.message for m in body.messages],
+        keys=[m.key for m in body.messages],
+        headers=[m.headers for m in body.messages],
+    )
+    return StreamIds(ids=ids)
+
+
+@router.get(
+    "/v1/streams/{stream}/groups", "the stream's groups with their lag", scope="read", errors=_NO_STREAM
+)
+async def stream_groups(call: Call) -> GroupList:
+    found = await _stream(call, "read").groups()
+    return GroupList(groups=found)
+
+
+@router.post(
+    "/v1/streams/{stream}/groups",
+    "create a consumer group (idempotent)",
+    scope="admin",
+    status=201,
+    errors=_NO_STREAM,
+)
+async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
+    retry_queue = await _stream(call, "admin").create_group(body.group, start=body.start)
+    return GroupCreated(group=body.group, retry_queue=retry_queue)
+
+
+@router.post(
+    "/v1/streams/{stream}/groups/{group}/read",
+    "read a batch as one of the group's consumers (ack it with .../ack)",
+    scope="read",
+    errors=_NO_GROUP,
+)
+async def stream_read(call: Call, body: StreamRead) -> StreamBatch:
+    stream = _stream(call, "read")
+    consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds)
+    batch = await consumer.read(body.qty, wait=body.wait)
+    return StreamBatch(messages=batch.messages)
+
+
+@router.post(
+    "/v1/streams/{stream}/groups/{group}/ack",
+    "acknowledge batches up to an id per partition; failed messages go to the group's retry queue",
+    scope="read",
+    errors=_NO_GROUP,
+)
+async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
+    stream = _stream(call, "read")
+    consumer = stream.consumer(_group(call), name=body.consumer)
+    # A batch of one message per acknowledged partition carries the ranges; failures by id.
+    batch = Batch(
+        [Read(stream.name, a.partition, a.last_id, a.epoch, None, _EPOCH, None, None) for a in body.acks],
+        {f.id: f.error for f in body.failed},
+    )
+    held = await consumer.ack(batch)
+    return StreamAcked(partitions=[AckResult(partition=p, acked=ok) for p, ok in sorted(held.items())])

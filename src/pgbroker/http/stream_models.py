@@ -1,0 +1,119 @@
+"""The request and answer models of the stream operations (pgbroker.http.routes.streams): what
+they validate, and, through pydantic, their part of the OpenAPI spec."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, StringConstraints
+
+from pgbroker import stream_models as core
+from pgbroker.http import stream_metrics
+
+# _integral: a JSON number with no fraction (64.0) is an integer, as JSON Schema says.
+from pgbroker.http.models import BIGINT_MAX, Answer, BatchOf, Body, JsonObject, JsonValue, Limit, _integral
+
+STREAM_NAME_PATTERN = "^[a-z0-9_][a-z0-9_-]{0,39}$"
+GROUP_NAME_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$"
+CONSUMER_PATTERN = "^[A-Za-z0-9_.:@-]{1,200}$"
+
+StreamName = Annotated[str, StringConstraints(pattern=STREAM_NAME_PATTERN)]
+GroupName = Annotated[str, StringConstraints(pattern=GROUP_NAME_PATTERN)]
+ConsumerName = Annotated[
+    str,
+    StringConstraints(pattern=CONSUMER_PATTERN),
+    Field(description="unique among the group's consumers; it owns partitions while it reads once a lease"),
+]
+Id = Annotated[int, Field(ge=0, le=BIGINT_MAX), BeforeValidator(_integral)]
+Partitions = Annotated[int, Field(ge=1, le=256), BeforeValidator(_integral)]
+Partition = Annotated[int, Field(ge=0, le=255), BeforeValidator(_integral)]
+Positive = Annotated[int, Field(ge=1, le=BIGINT_MAX), BeforeValidator(_integral)]
+RetentionSeconds = Annotated[int, Field(ge=1, le=3_153_600_000), BeforeValidator(_integral)]  # 100 years
+LeaseSeconds = Annotated[int, Field(ge=1, le=86400), BeforeValidator(_integral)]
+
+
+class CreateStream(Body):
+    name: StreamName
+    partitions: Partitions = 4
+    retention_seconds: RetentionSeconds | None = None
+    retention_bytes: Positive | None = None
+    truncate_consumed: bool = True
+    notify: bool = False
+
+
+class StreamSend(Body):
+    message: JsonValue
+    key: Annotated[str | None, StringConstraints(max_length=1000, pattern="^[^\\x00]*$")] = None
+    headers: JsonObject | None = None
+
+
+class StreamSendBatch(Body):
+    messages: Annotated[list[StreamSend], Field(min_length=1), Limit("max_batch")]
+
+
+class CreateGroup(Body):
+    group: GroupName
+    start: Literal["start", "end"] | Annotated[datetime, Field(strict=False)] = "end"
+
+
+class StreamRead(Body):
+    consumer: ConsumerName
+    qty: BatchOf = 100
+    lease_seconds: LeaseSeconds = 30
+    wait: Annotated[float, Field(ge=0), Limit("max_wait_seconds")] = 0.0
+
+
+class PartitionAck(Body):
+    partition: Partition
+    epoch: Id
+    last_id: Id
+
+
+class FailedMessage(Body):
+    id: Id
+    error: Annotated[str, StringConstraints(max_length=2000, pattern="^[^\\x00]*$")]
+
+
+class StreamAck(Body):
+    consumer: ConsumerName
+    acks: Annotated[list[PartitionAck], Field(min_length=1, max_length=256)]
+    failed: Annotated[list[FailedMessage], Limit("max_batch")] = []
+
+
+class StreamList(Answer):
+    streams: list[core.StreamInfo]
+
+
+class StreamIds(Answer):
+    ids: list[int]
+
+
+class GroupList(Answer):
+    groups: list[core.StreamGroupInfo]
+
+
+class GroupCreated(Answer):
+    group: str
+    retry_queue: str
+
+
+class StreamBatch(Answer):
+    messages: list[core.StreamMessage]
+
+
+class AckResult(Answer):
+    partition: int
+    acked: bool
+
+
+class StreamAcked(Answer):
+    partitions: list[AckResult]
+
+
+class StreamDropped(Answer):
+    dropped: str
+
+
+class StreamStatsList(Answer):
+    groups: list[stream_metrics.StreamGroupStats]

@@ -1,0 +1,67 @@
+-- The stream client's queries, one per operation, shared by the sync and asyncio
+-- clients through pgbroker.stream_queries; each calls the SQL API of
+-- sql/schema/92_streams.sql. Messages and headers arrive as JSON text.
+
+-- name: stream_create
+SELECT stream_name, partitions, retention_seconds, retention_bytes, truncate_consumed, segment_rows, segments,
+       notify, created_at
+FROM pgbroker.create_stream(%(stream)s::text, %(partitions)s::integer, %(retention_seconds)s::bigint,
+                            %(retention_bytes)s::bigint, %(truncate_consumed)s::boolean, %(segment_rows)s::bigint,
+                            %(segments)s::integer, %(notify)s::boolean)
+
+-- name: stream_drop
+SELECT pgbroker.drop_stream(%(stream)s)
+
+-- name: stream_list
+SELECT stream_name, partitions, retention_seconds, retention_bytes, truncate_consumed, segment_rows, segments,
+       notify, created_at
+FROM pgbroker.streams()
+
+-- name: stream_send_many
+SELECT pgbroker.stream_send_many(%(stream)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[])
+
+-- name: stream_notify_channel
+SELECT pgbroker.stream_notify_channel(%(stream)s)
+
+-- name: stream_group_create
+SELECT stream_name, group_name, retry_queue, created_at
+FROM pgbroker.create_stream_group(%(stream)s::text, %(group)s::text, %(start_from)s::text,
+                                  %(start_time)s::timestamptz, %(retry_queue)s::text)
+
+-- name: stream_group_drop
+SELECT pgbroker.drop_stream_group(%(stream)s, %(group)s)
+
+-- name: stream_group_list
+SELECT group_name, lag, oldest_unacked_at, consumers, retry_queue, created_at
+FROM pgbroker.stream_groups(%(stream)s)
+
+-- name: stream_lag
+SELECT group_name, partition, acked_id, delivered_id, lag, oldest_unacked_at, owner, owner_alive
+FROM pgbroker.stream_lag(%(stream)s)
+
+-- name: stream_read
+SELECT partition, id, epoch, key, enqueued_at, headers, message
+FROM pgbroker.stream_read(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
+                          %(lease)s::integer)
+
+-- name: stream_consume
+SELECT partition, id, epoch, key, enqueued_at, headers, message
+FROM pgbroker.stream_consume(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
+                             %(lease)s::integer, %(partitions)s::integer[],
+                             %(epochs)s::bigint[], %(last_ids)s::bigint[], %(failed_ids)s::bigint[],
+                             %(errors)s::text[])
+
+-- name: stream_ack
+SELECT partition, acked
+FROM pgbroker.stream_ack(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(partitions)s::integer[],
+                         %(epochs)s::bigint[],
+                         %(last_ids)s::bigint[], %(failed_ids)s::bigint[], %(errors)s::text[])
+
+-- name: stream_release
+SELECT pgbroker.stream_release(%(stream)s, %(group)s, %(consumer)s)
+
+-- name: stream_rewind
+SELECT pgbroker.stream_rewind(%(stream)s, %(group)s, %(consumer)s)
+
+-- name: stream_maintain
+SELECT pgbroker.maintain_stream(%(stream)s)

@@ -1,0 +1,76 @@
+"""The stream operations of the REST API end to end: create, send with keys, a group's consumer
+reading and acking with a failure, lag in /v1/streams/stats and in /metrics, and the errors."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def test_stream_lifecycle(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    admin, producer, consumer = auth(keys["admin"]), auth(keys["producer"]), auth(keys["consumer"])
+    r = await client.post("/v1/streams", json={"name": "clicks", "partitions": 2}, headers=admin)
+    assert r.status_code == 201, r.text
+    assert r.json()["partitions"] == 2
+    r = await client.post(
+        "/v1/streams/clicks/groups", json={"group": "billing", "start": "start"}, headers=admin
+    )
+    assert r.json() == {"group": "billing", "retry_queue": "clicks_billing_retry"}
+    messages = [{"message": {"n": i}, "key": f"user-{i % 2}"} for i in range(6)]
+    messages[0]["headers"] = {"trace": "t1"}
+    r = await client.post("/v1/streams/clicks/messages", json={"messages": messages}, headers=producer)
+    assert r.json() == {"ids": [1, 2, 3, 4, 5, 6]}
+
+    r = await client.post(
+        "/v1/streams/clicks/groups/billing/read", json={"consumer": "c1", "qty": 10}, headers=consumer
+    )
+    batch = r.json()["messages"]
+    assert sorted(m["id"] for m in batch) == [1, 2, 3, 4, 5, 6]
+    assert next(m for m in batch if m["id"] == 1)["headers"] == {"trace": "t1"}
+    acks: dict[int, dict[str, int]] = {}
+    for m in batch:
+        top = acks.setdefault(
+            m["partition"], {"partition": m["partition"], "epoch": m["epoch"], "last_id": 0}
+        )
+        top["last_id"] = max(top["last_id"], m["id"])
+    body = {"consumer": "c1", "acks": list(acks.values()), "failed": [{"id": 3, "error": "boom"}]}
+    r = await client.post("/v1/streams/clicks/groups/billing/ack", json=body, headers=consumer)
+    assert all(p["acked"] for p in r.json()["partitions"]), r.text
+    r = await client.get("/v1/queues/clicks_billing_retry/metrics", headers=admin)
+    assert r.json()["queue_length"] == 1
+
+    r = await client.get("/v1/streams/clicks/groups", headers=consumer)
+    assert [(g["name"], g["lag"]) for g in r.json()["groups"]] == [("billing", 0)]
+    r = await client.get("/v1/streams/stats", headers=consumer)
+    assert [(g["stream"], g["group"], g["lag"]) for g in r.json()["groups"]] == [("clicks", "billing", 0)]
+    r = await client.get("/metrics", headers=admin)
+    assert 'pgbroker_stream_lag{group="billing",stream="clicks"} 0.0' in r.text
+    r = await client.get("/v1/streams", headers=consumer)
+    assert [s["name"] for s in r.json()["streams"]] == ["clicks"]
+    r = await client.delete("/v1/streams/clicks", headers=admin)
+    assert r.json() == {"dropped": "clicks"}
+
+
+async def test_stream_errors(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
+    admin = auth(keys["admin"])
+    r = await client.post("/v1/streams/nope/messages", json={"messages": [{"message": 1}]}, headers=admin)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "stream_not_found")
+    await client.post("/v1/streams", json={"name": "clicks"}, headers=admin)
+    r = await client.post("/v1/streams/clicks/groups/nope/read", json={"consumer": "c"}, headers=admin)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "stream_group_not_found")
+    r = await client.post(
+        "/v1/streams/clicks/messages", json={"messages": [{"message": 1}]}, headers=auth(keys["other"])
+    )
+    assert r.status_code == 403
+    r = await client.post(
+        "/v1/streams/clicks/messages", json={"messages": [{"message": 1}]}, headers=auth(keys["consumer"])
+    )
+    assert r.status_code == 403
+    r = await client.post("/v1/streams", json={"name": "Bad Name"}, headers=admin)
+    assert r.status_code == 422

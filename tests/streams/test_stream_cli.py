@@ -1,0 +1,61 @@
+"""``pgbroker stream ...`` end to end, in-process (pgbroker.cli.main.main) on the test's database:
+what it prints and its exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from pgbroker.cli.base import Exit
+from pgbroker.cli.main import main
+
+
+def run(capsys: pytest.CaptureFixture[str], dsn: str, *argv: str) -> tuple[int, str, str]:
+    code = main([*argv, "--dsn", dsn, "-v"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_create_send_read_groups_lag_maintain(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, dsn: str
+) -> None:
+    assert run(capsys, dsn, "stream", "create", "clicks", "--partitions", "2")[:3:2] == (Exit.OK, "")
+    code, out, _ = run(capsys, dsn, "stream", "create-group", "clicks", "billing", "--start", "start")
+    assert code == Exit.OK
+    assert "clicks_billing_retry" in out
+    code, out, _ = run(
+        capsys, dsn, "stream", "send", "clicks", '{"n": 1}', "--key", "u1", "--headers", '{"h": 1}'
+    )
+    assert (code, out.strip()) == (Exit.OK, "1")
+    monkeypatch.setattr("sys.stdin", io.StringIO('{"n": 2}\n{"n": 3}\n'))
+    code, out, _ = run(capsys, dsn, "stream", "send", "clicks")
+    assert out.split() == ["2", "3"]
+
+    code, out, _ = run(capsys, dsn, "stream", "groups", "clicks", "--json")
+    assert json.loads(out)[0]["lag"] == 3
+    code, out, _ = run(capsys, dsn, "stream", "read", "clicks", "billing", "--qty", "10")
+    read = [json.loads(line) for line in out.splitlines()]
+    assert sorted(r["message"]["n"] for r in read) == [1, 2, 3]
+    assert next(r for r in read if r["message"]["n"] == 1)["headers"] == {"h": 1}
+    code, out, _ = run(capsys, dsn, "stream", "lag", "clicks")
+    assert "GROUP" in out
+    code, out, _ = run(capsys, dsn, "stream", "groups", "clicks", "--json")
+    assert json.loads(out)[0]["lag"] == 0  # read acks the batch
+    code, out, _ = run(capsys, dsn, "stream", "list")
+    assert "clicks" in out
+    code, out, _ = run(capsys, dsn, "stream", "maintain")
+    assert "clicks: emptied 0 child tables" in out
+    assert run(capsys, dsn, "stream", "drop-group", "clicks", "billing")[0] == Exit.OK
+    assert run(capsys, dsn, "stream", "drop", "clicks")[0] == Exit.OK
+
+
+def test_a_missing_stream_says_how_to_make_it(capsys: pytest.CaptureFixture[str], dsn: str) -> None:
+    code, _, err = run(capsys, dsn, "stream", "send", "nope", "{}")
+    assert code == Exit.QUEUE_NOT_FOUND
+    assert 'stream "nope" does not exist' in err
+    assert "pgbroker stream create nope" in err
+    code, _, err = run(capsys, dsn, "stream", "create", "x", "--partitions", "999")
+    assert code == Exit.USAGE
+    assert "partitions" in err

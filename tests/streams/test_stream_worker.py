@@ -1,0 +1,112 @@
+"""The stream worker runtime (pgbroker.stream_worker, App.stream_handler): a handler on a stream
+and group, per-message outcomes inside the batch ack, failures retried through the group's retry
+queue with the same handler, order per key, a graceful stop that acks what it handled."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from pgbroker import App, Broker
+from pgbroker.app import serve
+from pgbroker.stream_models import StreamMessage
+from pgbroker.stream_worker import StreamWorker
+from pgbroker.streams import Stream
+from pgbroker.worker import Worker
+
+
+def run_until(
+    dsn: str, workers: Sequence[Worker | StreamWorker], done: threading.Event | None, timeout: float
+) -> None:
+    async def main() -> None:
+        task = asyncio.create_task(serve(workers, dsn=dsn, handle_signals=False))
+        end = time.monotonic() + timeout
+        while not (done is not None and done.is_set()) and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        for worker in workers:
+            worker.stop()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+
+
+def test_failures_are_retried_with_the_same_handler_and_the_rest_acked(dsn: str, broker: Broker) -> None:
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=3)
+    retry_queue = clicks.create_group("g", start="start")
+    broker.queue(retry_queue).set_policy(backoff="fixed", backoff_base_seconds=0, backoff_jitter=False)
+    keys = [f"user-{i % 5}" for i in range(300)]
+    ids = clicks.send_many([{"n": i} for i in range(300)], keys=keys)
+    attempts: Counter[int] = Counter()
+    succeeded: list[int] = []
+    first_seen: dict[str, list[int]] = defaultdict(list)
+    lock = threading.Lock()
+    done = threading.Event()
+
+    app = App()
+
+    @app.stream_handler("clicks", "g", batch_size=50, concurrency=3, lease=10)
+    def handle(message: StreamMessage) -> None:
+        with lock:
+            attempts[message.id] += 1
+            if attempts[message.id] == 1:
+                assert message.key is not None
+                first_seen[message.key].append(message.id)
+            if message.id % 7 == 0 and attempts[message.id] == 1:
+                raise RuntimeError(f"transient trouble with {message.id}")
+            succeeded.append(message.id)
+            if len(succeeded) == len(ids):
+                done.set()
+
+    workers = app.stream_workers()
+    assert len(workers) == 1
+    run_until(dsn, workers, done, 60)
+    assert sorted(succeeded) == ids
+    assert {i for i, n in attempts.items() if n == 2} == {i for i in ids if i % 7 == 0}
+    for key, seen in first_seen.items():
+        assert seen == sorted(seen), key
+    (group,) = clicks.groups()
+    assert group.lag == 0
+    assert broker.queue(retry_queue).metrics().queue_length == 0
+    stats = workers[0].stats
+    assert stats.retried == len([i for i in ids if i % 7 == 0])
+
+
+def test_async_handler_and_graceful_stop_acks_the_batch_in_hand(dsn: str, broker: Broker) -> None:
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=2)
+    clicks.create_group("g", start="start")
+    ids = clicks.send_many([{"n": i} for i in range(120)])
+    handled: list[int] = []
+
+    async def handle(message: StreamMessage) -> None:
+        handled.append(message.id)
+
+    worker = StreamWorker("clicks", "g", handle, batch_size=40)
+    run_until(dsn, [worker], None, 2.0)
+    assert sorted(handled) == ids
+    (group,) = clicks.groups()
+    assert (group.lag, group.consumers) == (0, 0)  # acked and released on stop
+
+
+def test_the_worker_applies_retention(dsn: str, broker: Broker) -> None:
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1, segment_rows=100, segments=3)
+    clicks.create_group("g", start="start")
+    clicks.send_many([{"n": i} for i in range(1000)])
+    handled: list[int] = []
+
+    async def handle(message: StreamMessage) -> None:
+        handled.append(message.id)
+
+    worker = StreamWorker("clicks", "g", handle, maintain_every=0.2)
+    run_until(dsn, [worker], None, 2.0)
+    assert len(handled) == 1000
+    with broker.connection() as conn:
+        tables = conn.execute("SELECT DISTINCT tableoid::regclass::text FROM pgbroker.s_clicks").fetchall()
+    # Every child table but the one the current segment (ids 1000..1099) is written to was emptied:
+    # all sent at once, that one also holds the older laps mapped to it (ids 100-199, 400-499, ...).
+    assert tables == [("pgbroker.s_clicks_1",)]

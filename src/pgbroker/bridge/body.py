@@ -21,7 +21,6 @@ from typing import Any, Literal
 
 from pgbroker import codecs
 from pgbroker.codecs import CorruptBody, UnknownCodec
-from pgbroker.models import Message
 
 JSON = "application/json"
 
@@ -40,15 +39,16 @@ class Body:
     content_type: str
 
 
-def encode(message: Message) -> Body:
-    """The body to publish for a message: its codec's bytes and content type."""
+def encode(stored: Any) -> Body:
+    """The body to publish for a message body as stored (a queue message read with
+    decode=False, a stream message): its codec's bytes and content type."""
     try:
-        data, content_type = codecs.wire_body(message.message)
+        data, content_type = codecs.wire_body(stored)
     except CorruptBody as exc:
         # A damaged envelope (written by something else) cannot be opened: it goes as the JSON
         # it is, so it is neither lost nor retried forever, and comes back in as the same JSON.
-        log.warning("bridge.body.damaged_envelope msg_id=%s: %s; sent as JSON", message.msg_id, exc)
-        return Body(json.dumps(message.message, separators=(",", ":")).encode(), JSON)
+        log.warning("bridge.body.damaged_envelope: %s; sent as JSON", exc)
+        return Body(json.dumps(stored, separators=(",", ":")).encode(), JSON)
     return Body(data, content_type)
 
 

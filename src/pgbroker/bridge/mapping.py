@@ -40,6 +40,8 @@ from pgbroker.bridge.errors import Unpublishable
 EXCHANGE_HEADER = "x-amqp-exchange"
 ROUTING_KEY_HEADER = "x-amqp-routing-key"
 PROPERTIES_HEADER = "x-amqp-properties"
+# A message's key (a stream's key, a queue's FIFO group) travels as this AMQP header.
+KEY_HEADER = "x-pgmq-group"
 RECEIVED_HEADER = "x-amqp-received"
 _RESERVED_PREFIXES = ("x-amqp-", "x-pgbroker-")
 
@@ -201,7 +203,11 @@ def incoming(delivery: Delivery, queue: str) -> Received:
             "redelivered": delivery.redelivered,
         },
     }
-    return Received(properties.message_id or None, delivery.body, properties.content_type, headers, delivery)
+    key = (properties.headers or {}).get(KEY_HEADER)
+    key = jsonable(key) if isinstance(key, str | bytes) else None
+    return Received(
+        properties.message_id or None, delivery.body, properties.content_type, headers, delivery, key
+    )
 
 
 def jsonable(value: Any) -> Any:

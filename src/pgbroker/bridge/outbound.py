@@ -239,7 +239,7 @@ class OutboundBridge:
 def out_message(message: Message) -> OutMessage:
     """What a connector is given to publish for a message: its body and content type
     (pgbroker.bridge.body), the msg_id as message id, its headers, its FIFO group as key."""
-    encoded = body.encode(message)
+    encoded = body.encode(message.message)  # as stored: read with decode=False
     headers = message.headers or {}
     key = headers.get(KEY_HEADER)
     return OutMessage(

@@ -226,14 +226,17 @@ class AsyncQueue:
         vt: int | timedelta = 30,
         wait: float | timedelta = 0,
         conditional: Mapping[str, Any] | None = None,
+        decode: bool = True,
     ) -> list[Message]:
         """Lease up to qty visible messages, oldest first; each carries a receipt.
 
         With ``wait`` > 0 and nothing to read, wait up to that many seconds for
         messages: woken by a notification when notify is enabled on the queue
         (see enable_notify), else by polling every poll interval of the broker.
+        ``decode=False`` leaves bodies as stored (a binary codec's JSON envelope; ``codec``
+        still names it): what a bridge forwards unread.
         """
-        query = q.message_read_many(self.name, qty, vt=vt, conditional=conditional)
+        query = q.message_read_many(self.name, qty, vt=vt, conditional=conditional, decode=decode)
         waiting = Waiting(q.duration(wait, "wait"), self._listener.poll_interval)
         found = await self._executor.run(query)
         if waiting.done(found):

@@ -106,6 +106,29 @@ class AsyncStream:
         """Send messages in one statement; returns their ids in order."""
         return await self._executor.run(sq.stream_send_many(self.name, messages, headers=headers, keys=keys))
 
+    if ASYNC:
+
+        async def receive_many(
+            self,
+            message_ids: Sequence[str | None],
+            messages: Sequence[Any],
+            headers: Sequence[Mapping[str, Any] | None],
+            keys: Sequence[str | None],
+            *,
+            seen_within: float,
+        ) -> list[tuple[str | None, int]]:
+            """Append messages from another broker, skipping ids seen within ``seen_within``
+            seconds (an inbound bridge; see pgbroker.stream_queries.stream_receive_many)."""
+            query = sq.stream_receive_many(
+                self.name, message_ids, messages, headers, keys, seen_within=seen_within
+            )
+            return await self._executor.run(query)
+
+        async def prune_inbound_seen(self, seen_within: float) -> int:
+            """Forget every stream's inbound message ids older than ``seen_within`` seconds, one
+            batch; returns how many."""
+            return await self._executor.run(sq.stream_inbound_seen_prune(seen_within))
+
     # groups
 
     async def create_group(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
@@ -124,22 +124,33 @@ def receipt_of(item: Receivable) -> Receipt:
 
 
 def _message(row: Row) -> Message:
-    receipt = Receipt.parse(row[7]) if len(row) > 7 and row[7] is not None else None
-    msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers = row[:7]
-    if not isinstance(stored, dict):  # only an object can be an envelope: the JSON fast path
-        return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt)
+    stored = _stored_message(row)
+    if stored.codec == codecs.JsonCodec.name:  # not an envelope: the JSON fast path
+        return stored
     try:
-        body = codecs.from_stored(stored)
+        body = codecs.from_stored(stored.message)
     except CodecError as exc:
         # Not an error of the read: the message is leased all the same, and the caller decides
         # (the worker fails it, so that it is retried and, in the end, dead-lettered).
-        name = codecs.envelope_codec(stored)
-        return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, name, exc)
-    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, body.value, headers, receipt, body.codec)
+        return replace(stored, codec_error=exc)
+    return replace(stored, message=body.value, codec=body.codec)
 
 
 def _messages(rows: list[Row]) -> list[Message]:
     return [_message(row) for row in rows]
+
+
+def _stored_message(row: Row) -> Message:
+    """A message with its body as stored, undecoded (a binary body stays its JSON envelope) and
+    its codec named: what a bridge forwards as it is, without the codec's schema or class."""
+    receipt = Receipt.parse(row[7]) if len(row) > 7 and row[7] is not None else None
+    msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers = row[:7]
+    codec = codecs.envelope_codec(stored) if codecs.is_envelope(stored) else codecs.JsonCodec.name
+    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, codec)
+
+
+def _stored_messages(rows: list[Row]) -> list[Message]:
+    return [_stored_message(row) for row in rows]
 
 
 def _ids(rows: list[Row]) -> list[int]:
@@ -260,15 +271,17 @@ def message_read_many(
     *,
     vt: int | timedelta = 30,
     conditional: Mapping[str, Any] | None = None,
+    decode: bool = True,
 ) -> Query[list[Message]]:
-    """One read, never waiting: a waiting read repeats it (see pgbroker.listen.Waiting)."""
+    """One read, never waiting: a waiting read repeats it (see pgbroker.listen.Waiting).
+    ``decode=False`` leaves each body as stored (see _stored_message)."""
     params: dict[str, Any] = {
         "queue": queue,
         "vt": _seconds(vt, "vt"),
         "qty": _count(qty, "qty"),
         "conditional": encode_json(dict(conditional or {}), "conditional"),
     }
-    return Query(_named("message_read_many"), params, _messages)
+    return Query(_named("message_read_many"), params, _messages if decode else _stored_messages)
 
 
 def message_complete_and_read(

@@ -10,7 +10,7 @@ from typing import Any, LiteralString
 
 from pgbroker import sql
 from pgbroker.errors import InvalidArgument
-from pgbroker.queries import Query, Row, duration, encode_json
+from pgbroker.queries import DEFAULT_TRIM_BATCH, Query, Row, duration, encode_json
 from pgbroker.stream_models import (
     PartitionLag,
     StreamBatch,
@@ -106,6 +106,37 @@ def stream_send_many(
         "keys": None if keys is None else list(keys),
     }
     return Query(_named("stream_send_many"), params, _ids)
+
+
+def stream_receive_many(
+    stream: str,
+    message_ids: Sequence[str | None],
+    messages: Sequence[Any],
+    headers: Sequence[Mapping[str, Any] | None],
+    keys: Sequence[str | None],
+    *,
+    seen_within: float,
+) -> Query[list[tuple[str | None, int]]]:
+    """Append the messages whose ids were not seen within ``seen_within`` seconds, in one
+    transaction (an inbound bridge; sql/schema/94_stream_bridge.sql). Returns (message_id, id)
+    per message appended; the others were duplicates. A message without an id is always appended."""
+    if not len(message_ids) == len(messages) == len(headers) == len(keys):
+        raise InvalidArgument("message_ids, messages, headers and keys must have one entry per message")
+    params = {
+        "stream": stream,
+        "message_ids": list(message_ids),
+        "messages": [encode_json(m) for m in messages],
+        "headers": [None if h is None else encode_json(dict(h), "headers") for h in headers],
+        "keys": list(keys),
+        "seen_within": duration(seen_within, "seen_within"),
+    }
+    return Query(_named("stream_receive_many"), params, lambda rows: [(r[0], r[1]) for r in rows])
+
+
+def stream_inbound_seen_prune(seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
+    """One batch of forgetting streams' inbound message ids older than ``seen_within`` seconds."""
+    params = {"seen_within": duration(seen_within, "seen_within"), "batch_size": batch_size}
+    return Query(_named("stream_inbound_seen_prune"), params, _scalar)
 
 
 def stream_notify_channel(stream: str) -> Query[str]:

@@ -68,7 +68,10 @@ class Received:
 
     ``message_id`` is the de-duplication key (None: the message cannot be recognised when it
     comes again, so it is stored each time); ``headers`` are the broker's metadata as JSON for the
-    pgbroker message's headers; ``token`` is whatever the connector needs to ack it.
+    pgbroker message's headers; ``token`` is whatever the connector needs to ack it; ``key`` the
+    message's key where the broker carries one (what OutMessage.key became: a Redis field, a NATS
+    header, an MQTT user property, an SQS FIFO group, the AMQP header x-pgmq-group), the key of
+    the message appended when the target is a pgbroker stream.
     """
 
     message_id: str | None
@@ -76,6 +79,7 @@ class Received:
     content_type: str | None
     headers: dict[str, Any]
     token: Any = field(default=None, compare=False)
+    key: str | None = None
 
 
 class Publisher(Protocol):

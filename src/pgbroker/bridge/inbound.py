@@ -1,5 +1,5 @@
-"""Inbound: messages from any broker a connector speaks, written into a pgbroker queue, nothing
-lost and nothing doubled.
+"""Inbound: messages from any broker a connector speaks, written into a pgbroker queue or stream
+(pgbroker.bridge.inbound_targets), nothing lost and nothing doubled.
 
 The connector's Receiver hands over messages unacked; they are written in batches: one call of
 pgbroker.receive_many per batch sends them and records their message ids in one transaction, and
@@ -27,16 +27,17 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from pgbroker.aio import AsyncBroker, AsyncQueue
+from pgbroker.aio import AsyncBroker
 from pgbroker.backoff import SEND_RETRY, Backoff
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Received, Receiver
 from pgbroker.bridge.endpoints import inbound_endpoint
+from pgbroker.bridge.inbound_targets import InboundTarget, QueueTarget, StreamTarget
 from pgbroker.bridge.reconnect import run_connected
 from pgbroker.bridge.settings import InboundSettings
 from pgbroker.errors import InvalidMessage, QueueFull
 
-__all__ = ["InboundBridge", "InboundSettings", "InboundStats"]
+__all__ = ["InboundBridge", "InboundSettings", "InboundStats", "StreamInboundBridge"]
 
 log = logging.getLogger("pgbroker.bridge.in")
 
@@ -46,7 +47,7 @@ _POLL = 0.5
 
 @dataclass(slots=True)
 class InboundStats:
-    received: int = 0  # sent to the pgbroker queue
+    received: int = 0  # sent to the pgbroker queue (appended to the stream)
     duplicates: int = 0  # message ids already received: acked, not sent again
     rejected: int = 0  # refused by pgbroker (invalid or too large): rejected on the broker
     reconnects: int = 0
@@ -71,13 +72,16 @@ class InboundBridge:
     ) -> None:
         self.settings = settings or InboundSettings()
         self.stats = InboundStats()
-        self._broker = broker
-        self._queue: AsyncQueue = broker.queue(queue)
+        self._target: InboundTarget = self._make_target(broker, queue)
         # A malformed URL, an unknown scheme or a missing client library fails here.
         self._endpoint = inbound_endpoint(url, source, queue, self.settings)
         self._stopping = asyncio.Event()
         # Set while connected and receiving (an MQTT subscription, say, exists from then on).
         self.receiving = asyncio.Event()
+
+    @staticmethod
+    def _make_target(broker: AsyncBroker, name: str) -> InboundTarget:
+        return QueueTarget(broker, name)
 
     @property
     def where(self) -> str:
@@ -88,7 +92,7 @@ class InboundBridge:
         self._stopping.set()
 
     async def run(self) -> None:
-        await self._queue.policy()  # QueueNotFound now rather than on the first batch
+        await self._target.check()  # QueueNotFound (StreamNotFound) now rather than on the first batch
         pruner = asyncio.create_task(self._prune())
         try:
             await run_connected(
@@ -105,7 +109,7 @@ class InboundBridge:
         self.stats.reconnects += 1
 
     async def _serve(self, receiver: Receiver) -> None:
-        log.info("bridge.in.started queue=%s broker=%s", self._queue.name, self.where)
+        log.info("bridge.in.started %s=%s broker=%s", self._target.kind, self._target.name, self.where)
         self.receiving.set()
         try:
             while not self._stopping.is_set():
@@ -138,25 +142,23 @@ class InboundBridge:
             payloads.append(payload)
             headers.append(
                 message.headers
-                if kind == "json"
+                if kind in body.SELF_DESCRIBED
                 else {**message.headers, f"{receiver.header_prefix}body": kind}
             )
         pause = Backoff(*SEND_RETRY)
         waited = 0
         while True:
             try:
-                sent = await self._queue.receive_many(
-                    [m.message_id for m in batch], payloads, headers, seen_within=self.settings.seen_within
-                )
+                sent = await self._target.append(batch, payloads, headers, self.settings.seen_within)
             except QueueFull as exc:
                 if waited == 0:  # once per batch: the pauses grow to a second, the log would not
-                    log.warning("bridge.in.queue_full queue=%s error=%s", self._queue.name, exc.message)
+                    log.warning("bridge.in.queue_full queue=%s error=%s", self._target.name, exc.message)
                 waited += 1
                 await asyncio.sleep(pause.next())
                 continue
             self.stats.batches += 1
-            self.stats.received += len(sent)
-            self.stats.duplicates += len(batch) - len(sent)
+            self.stats.received += sent
+            self.stats.duplicates += len(batch) - sent
             return
 
     async def _reject(self, receiver: Receiver, message: Received) -> None:
@@ -174,7 +176,17 @@ class InboundBridge:
         while True:
             await asyncio.sleep(self.settings.prune_every)
             try:
-                while await self._broker.prune_inbound_seen(self.settings.seen_within):
+                while await self._target.prune(self.settings.seen_within):
                     pass
             except Exception as exc:  # the next round tries again; receiving goes on meanwhile
                 log.warning("bridge.in.prune_failed error=%s", exc)
+
+
+class StreamInboundBridge(InboundBridge):
+    """Receives from the broker at ``url`` into a pgbroker stream: each message appended with the
+    key the broker carried, de-duplicated by message id (pgbroker.stream_receive_many).
+    ``StreamInboundBridge(broker, source, stream, url, settings)``; the rest as InboundBridge."""
+
+    @staticmethod
+    def _make_target(broker: AsyncBroker, name: str) -> InboundTarget:
+        return StreamTarget(broker, name)

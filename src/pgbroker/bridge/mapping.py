@@ -10,7 +10,8 @@ Outbound, a message's headers may say where and how to publish it:
 Every other header that does not start with ``x-amqp-`` or ``x-pgbroker-`` is copied into the
 AMQP headers table (x-amqp-properties.headers wins on a clash; AMQP tables have no floating point
 type, so a float header travels as its text). The body and its content type are the core's
-(pgbroker.bridge.body; x-amqp-properties.content_type may override the type); message_id is the
+(pgbroker.bridge.body; x-amqp-properties.content_type may override application/json, never a
+binary codec's type, which says how to read the bytes); message_id is the
 msg_id and delivery is persistent, always: those are the bridge's guarantees, so the
 properties may not set them.
 
@@ -32,12 +33,15 @@ from typing import Any
 import pika
 
 from pgbroker.bridge.amqp import Delivery
+from pgbroker.bridge.body import JSON
 from pgbroker.bridge.connector import OutMessage, Received
 from pgbroker.bridge.errors import Unpublishable
 
 EXCHANGE_HEADER = "x-amqp-exchange"
 ROUTING_KEY_HEADER = "x-amqp-routing-key"
 PROPERTIES_HEADER = "x-amqp-properties"
+# A message's key (a stream's key, a queue's FIFO group) travels as this AMQP header.
+KEY_HEADER = "x-pgmq-group"
 RECEIVED_HEADER = "x-amqp-received"
 _RESERVED_PREFIXES = ("x-amqp-", "x-pgbroker-")
 
@@ -99,7 +103,7 @@ def outgoing(message: OutMessage, default: Route) -> Outgoing:
         raise Unpublishable(f"{PROPERTIES_HEADER}.headers must be an object, got {type(extra).__name__}")
     table.update(extra)
     properties = pika.BasicProperties(
-        content_type=texts.pop("content_type", message.content_type),
+        content_type=_content_type(texts.pop("content_type", None), message.content_type),
         delivery_mode=_PERSISTENT,
         message_id=message.message_id,
         headers={k: _amqp_value(v) for k, v in table.items()} or None,
@@ -109,6 +113,12 @@ def outgoing(message: OutMessage, default: Route) -> Outgoing:
         **texts,
     )
     return Outgoing(message.msg_id, route, message.body, properties)
+
+
+def _content_type(given: str | None, body_type: str) -> str:
+    """The content_type property: the one a JSON message's header gives, else the body's own
+    (a binary body's content type names its codec, and the receiver needs it to read the bytes)."""
+    return given if given is not None and body_type == JSON else body_type
 
 
 def _short_text(value: Any, what: str) -> str:
@@ -193,7 +203,11 @@ def incoming(delivery: Delivery, queue: str) -> Received:
             "redelivered": delivery.redelivered,
         },
     }
-    return Received(properties.message_id or None, delivery.body, properties.content_type, headers, delivery)
+    key = (properties.headers or {}).get(KEY_HEADER)
+    key = jsonable(key) if isinstance(key, str | bytes) else None
+    return Received(
+        properties.message_id or None, delivery.body, properties.content_type, headers, delivery, key
+    )
 
 
 def jsonable(value: Any) -> Any:

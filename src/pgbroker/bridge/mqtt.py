@@ -327,6 +327,7 @@ def _received(message: Any) -> Received:
     properties = message.properties
     user = dict(getattr(properties, "UserProperty", None) or [])
     message_id = user.pop("message-id", None)
+    key = user.get("key")
     headers: dict[str, Any] = {
         f"{PREFIX}received": {
             "topic": message.topic,
@@ -337,4 +338,5 @@ def _received(message: Any) -> Received:
     }
     if user:
         headers[f"{PREFIX}properties"] = user
-    return Received(message_id, message.payload, getattr(properties, "ContentType", None), headers, message)
+    content_type = getattr(properties, "ContentType", None)
+    return Received(message_id, message.payload, content_type, headers, message, key)

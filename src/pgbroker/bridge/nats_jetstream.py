@@ -276,6 +276,7 @@ class _Receiver:
         meta = msg.metadata
         message_id = headers.pop("Nats-Msg-Id", None) or f"{self._stream}:{meta.sequence.stream}"
         content_type = headers.pop("Content-Type", None)
+        key = headers.get("Pgbroker-Key")
         carried: dict[str, Any] = {
             f"{PREFIX}received": {
                 "subject": msg.subject,
@@ -286,7 +287,7 @@ class _Receiver:
         }
         if headers:
             carried[f"{PREFIX}headers"] = headers
-        return Received(message_id, msg.data or b"", content_type, carried, msg)
+        return Received(message_id, msg.data or b"", content_type, carried, msg, key)
 
     async def ack(self, messages: Sequence[Received]) -> None:
         try:

@@ -136,7 +136,8 @@ class OutboundBridge:
         idle_wait at most), or until stopped: a stop does not wait out an idle read."""
 
         async def read() -> list[Message]:
-            return await self._queue.read_many(self.settings.batch_size, vt=self.settings.lease)
+            # Bodies as stored: a binary one goes out as its codec's bytes, never decoded here.
+            return await self._queue.read_many(self.settings.batch_size, vt=self.settings.lease, decode=False)
 
         found = await read()
         if found:
@@ -238,7 +239,7 @@ class OutboundBridge:
 def out_message(message: Message) -> OutMessage:
     """What a connector is given to publish for a message: its body and content type
     (pgbroker.bridge.body), the msg_id as message id, its headers, its FIFO group as key."""
-    encoded = body.encode(message)
+    encoded = body.encode(message.message)  # as stored: read with decode=False
     headers = message.headers or {}
     key = headers.get(KEY_HEADER)
     return OutMessage(

@@ -280,6 +280,7 @@ class _Receiver:
             _text(content_type) if content_type is not None else None,
             headers,
             entry,
+            None if key is None else _text(key),
         )
 
     async def ack(self, messages: Sequence[Received]) -> None:

@@ -293,7 +293,7 @@ class _Queue:
                 WaitTimeSeconds=wait_seconds,
                 VisibilityTimeout=self._ack_wait,
                 MessageAttributeNames=["All"],
-                MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+                MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp", "MessageGroupId"],
             )
         except (*_UNREACHABLE, botocore.exceptions.ClientError) as exc:
             raise BrokerConnectionLost(f"SQS receive failed ({self._name!r}): {exc}") from exc
@@ -323,7 +323,8 @@ class _Queue:
             body = base64.b64decode(body)
         if attributes:
             headers[f"{PREFIX}attributes"] = attributes
-        return Received(message_id, body, content_type, headers, message["ReceiptHandle"])
+        key = system.get("MessageGroupId")  # a FIFO queue's group
+        return Received(message_id, body, content_type, headers, message["ReceiptHandle"], key)
 
     async def ack(self, messages: Sequence[Received]) -> None:
         handles = [m.token for m in messages]

@@ -5,9 +5,11 @@ outbox); ``bridge in --from URL --queue Q`` receives from the broker into Q. The
 chooses the broker: amqp://, redis://, nats://, mqtt://, sqs:// (docs/bridge.md). The RabbitMQ
 forms of before still work: ``bridge out --queue Q --amqp URL`` and
 ``bridge in --amqp URL --from RABBIT_QUEUE --queue Q`` (the AMQP URL also from
-$PGBROKER_AMQP_URL). Both run until SIGTERM or Ctrl-C: the first signal finishes the batch in
-hand (published and acked, or written and acked) and exits 0; a second one exits at once (what
-was in hand is delivered again later, as after a crash) and exits 130.
+$PGBROKER_AMQP_URL). A stream in place of the queue: ``bridge out --stream S --group G --to URL``
+(read as consumer group G, acked after the confirm) and ``bridge in --from URL --stream S``.
+Both run until SIGTERM or Ctrl-C: the first signal finishes the batch in hand (published and
+acked, or written and acked) and exits 0; a second one exits at once (what was in hand is
+delivered again later, as after a crash) and exits 130.
 
 Exit codes are pgbroker's (see pgbroker --help); 6 is the bridge's own: the broker unreachable,
 a refused login, or a missing exchange, queue or stream (without --declare).
@@ -64,7 +66,13 @@ def register(subcommands: Subcommands) -> None:
         return sub
 
     sub = command("out", "publish a pgbroker queue to a broker, acking each message after its confirm", _out)
-    sub.add_argument("--queue", required=True, metavar="NAME", help="the pgbroker queue to publish")
+    what = sub.add_mutually_exclusive_group(required=True)
+    what.add_argument("--queue", metavar="NAME", help="the pgbroker queue to publish")
+    what.add_argument("--stream", metavar="NAME", help="the pgbroker stream to publish (with --group)")
+    sub.add_argument("--group", metavar="NAME", help="--stream: the consumer group the bridge reads as")
+    sub.add_argument(
+        "--consumer", metavar="NAME", help="--stream: this bridge's name in the group (host:pid:random)"
+    )
     sub.add_argument(
         "--to", metavar="URL", help="the broker: amqp://, redis://, nats://, mqtt://, sqs:// (docs/bridge.md)"
     )
@@ -107,7 +115,9 @@ def register(subcommands: Subcommands) -> None:
         metavar="URL",
         help="the broker (amqp://, redis://, nats://, mqtt://, sqs://); with --amqp: the RabbitMQ queue",
     )
-    sub.add_argument("--queue", required=True, metavar="NAME", help="the pgbroker queue to write to")
+    what = sub.add_mutually_exclusive_group(required=True)
+    what.add_argument("--queue", metavar="NAME", help="the pgbroker queue to write to")
+    what.add_argument("--stream", metavar="NAME", help="the pgbroker stream to append to")
     sub.add_argument(
         "--prefetch", type=positive_int, default=1000, metavar="N", help="unacked deliveries (1000)"
     )
@@ -183,15 +193,29 @@ def _out(args: argparse.Namespace, broker: Broker) -> int:
         enable_notify=args.notify,
     )
     url = _target(args)
+    name = args.queue or args.stream
     with needs_extra("bridge"):
-        outbound_endpoint(url, args.queue, settings)  # the URL and its client library, before anything runs
-    return _serve(broker, args, lambda abroker: OutboundBridge(abroker, args.queue, url, settings))
+        outbound_endpoint(url, name, settings)  # the URL and its client library, before anything runs
+    if args.stream is None:
+        return _serve(broker, args, lambda abroker: OutboundBridge(abroker, args.queue, url, settings))
+    if not args.group:
+        raise CliError("--stream needs --group", code=Exit.USAGE, hint="The bridge reads as a consumer group")
+    from pgbroker.bridge.stream_outbound import StreamOutboundBridge
+
+    return _serve(
+        broker,
+        args,
+        lambda abroker: StreamOutboundBridge(
+            abroker, args.stream, args.group, url, settings, consumer=args.consumer
+        ),
+    )
 
 
 def _in(args: argparse.Namespace, broker: Broker) -> int:
     with needs_extra("bridge"):
         from pgbroker.bridge import InboundBridge, InboundSettings
         from pgbroker.bridge.endpoints import inbound_endpoint
+        from pgbroker.bridge.inbound import StreamInboundBridge
 
     settings = InboundSettings(
         batch_size=args.batch_size,
@@ -201,11 +225,11 @@ def _in(args: argparse.Namespace, broker: Broker) -> int:
         ack_wait=args.ack_wait,
     )
     source, url = _source(args)
+    name = args.queue or args.stream
     with needs_extra("bridge"):
-        inbound_endpoint(
-            url, source, args.queue, settings
-        )  # the URL and its client library, before anything runs
-    return _serve(broker, args, lambda abroker: InboundBridge(abroker, source, args.queue, url, settings))
+        inbound_endpoint(url, source, name, settings)  # the URL and its client library, before anything runs
+    kind = InboundBridge if args.stream is None else StreamInboundBridge
+    return _serve(broker, args, lambda abroker: kind(abroker, source, name, url, settings))
 
 
 def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Bridge]) -> int:

@@ -65,3 +65,12 @@ SELECT pgbroker.stream_rewind(%(stream)s, %(group)s, %(consumer)s)
 
 -- name: stream_maintain
 SELECT pgbroker.maintain_stream(%(stream)s)
+
+-- name: stream_receive_many
+SELECT message_id, id FROM pgbroker.stream_receive_many(
+    %(stream)s, %(message_ids)s::text[], %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[],
+    make_interval(secs => %(seen_within)s::double precision))
+
+-- name: stream_inbound_seen_prune
+SELECT pgbroker.prune_stream_inbound_seen(make_interval(secs => %(seen_within)s::double precision),
+                                          %(batch_size)s::integer)

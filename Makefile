@@ -125,7 +125,9 @@ test: generate pg-partman chromium rabbitmq brokers pgbouncer
 	.venv/bin/ruff check src tests bench scripts setup.py
 	.venv/bin/mypy $(MYPY_PATHS)
 	.venv/bin/lint-imports --no-logo
-	.venv/bin/pytest
+	# Three processes, a test file each at a time (its module fixtures stay in one process); each
+	# process starts its own embedded cluster. The slowest tests are listed at the end.
+	.venv/bin/pytest -n 3 --dist loadfile --durations=25
 
 test-quick: generate
 	cd "$(ROOT)"

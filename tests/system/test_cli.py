@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -383,3 +384,20 @@ def test_demo_runs_and_balances(dsn: str) -> None:
     assert "got it when the lease ran out (delivery 2) and acked it" in out
     assert "sent 5,000 = archived 5,000 + still queued 0; duplicates 0: OK" in out
     assert "demo_orders" in out
+    # Streams and job features: fan-out to two groups, priorities, a dedup key, MessagePack.
+    fan_out = (
+        "each group read all 2,000 once (duplicates 0) from 2,000 stored rows; lag billing 0, audit 0: OK"
+    )
+    assert fan_out in out
+    assert "the urgent one first" in out
+    dedup = re.search(
+        r"dedup key invoice-42 sent twice: msg_id (\d+), then (\d+); "
+        r"(\d+) queued before the duplicate, (\d+) after",
+        out,
+    )
+    assert dedup is not None, out
+    assert dedup[1] == dedup[2]
+    assert dedup[3] == dedup[4]
+    assert "and stored nothing; 6 read and acked, 0 left: OK" in out
+    assert "read back equal, bytes and all" in out
+    assert "FAILED" not in out

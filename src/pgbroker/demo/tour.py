@@ -16,6 +16,7 @@ from pgbroker.client import Broker
 from pgbroker.demo.orders import CONSUMERS, orders_stage
 from pgbroker.demo.spark import spark_stage
 from pgbroker.demo.stage import Demo, Stage
+from pgbroker.demo.streams_jobs import streams_jobs_stage
 from pgbroker.demo.workers import workers_stage
 from pgbroker.dsn import resolve_dsn
 from pgbroker.embedded import EmbeddedError
@@ -23,7 +24,7 @@ from pgbroker.errors import PgbrokerError
 
 __all__ = ["STAGES", "main", "run"]
 
-STAGES: list[Stage] = [orders_stage, workers_stage, spark_stage]
+STAGES: list[Stage] = [orders_stage, workers_stage, streams_jobs_stage, spark_stage]
 
 
 def _where(dsn: str, embedded: bool) -> str:

@@ -139,7 +139,13 @@ def test_in_stores_each_message_once_even_when_the_broker_holds_it_twice(
             finally:
                 bridge.stop()
                 await task
-            assert (bridge.stats.received, bridge.stats.duplicates) == (150, copies)
+            assert bridge.stats.received == 150
+            if broker_probe.kind == "sqs":
+                # SQS hands a message out again when its visibility timeout runs out before the
+                # delete arrives (a loaded machine, a slow endpoint): more copies, none stored.
+                assert bridge.stats.duplicates >= copies
+            else:
+                assert bridge.stats.duplicates == copies
 
     asyncio.run(scenario())
     with Broker(dsn) as broker, broker.connection() as conn:

@@ -196,9 +196,9 @@ def send_step_pgbench(broker_dsn: str, pgmq_dsn: str, args: argparse.Namespace) 
     }
     for n, system in alternating_rounds(["stream", "pgmq"], args.rounds):
         dsn = broker_dsn if system == "stream" else pgmq_dsn
+        create = "SELECT pgbroker.create_stream(%s, 4)" if system == "stream" else "SELECT pgmq.create(%s)"
         with connect(dsn) as conn:
-            conn.execute("SELECT pgbroker.create_stream(%s, 4)" if system == "stream" else "SELECT pgmq.create(%s)",
-                         (f"s{n}",))  # fmt: skip
+            conn.execute(create, (f"s{n}",))
         script = streams_pgbench.send_script(system, f"s{n}", PAYLOAD)
         rate = streams_pgbench.run_pgbench(dsn, script, args.clients, args.seconds) * 10 / args.seconds
         rates["pgbroker stream_send_many of 10" if system == "stream" else "pgmq send_batch of 10"].append(

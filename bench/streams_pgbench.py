@@ -49,11 +49,11 @@ def run_pgbench(dsn: str, script: str, clients: int, seconds: float, *, threads:
 def stream_consume_script(stream: str, prefix: str, groups: int, qty: int = 100) -> str:
     """Client n consumes as consumer c<n> of group <prefix><n % groups>, a batch of qty a call."""
     return (
-        f"\\set grp :client_id % {groups}\n"
+        f"\\set grp :client_id % {groups}\n"  # noqa: S608
         "SELECT coalesce(array_agg(partition), '{}') AS p, coalesce(array_agg(epoch), '{}') AS e,\n"
         "       coalesce(array_agg(id), '{}') AS i\n"
         "FROM (SELECT partition, max(epoch) AS epoch, max(id) AS id\n"
-        f"      FROM pgbroker.stream_consume('{stream}', '{prefix}' || :grp::text, 'c' || :client_id::text,"  # noqa: S608
+        f"      FROM pgbroker.stream_consume('{stream}', '{prefix}' || :grp::text, 'c' || :client_id::text,"
         f" {qty}, 30,\n"
         "                                   :p::integer[], :e::bigint[], :i::bigint[])\n"
         "      GROUP BY partition) AS last \\gset\n"
@@ -63,7 +63,7 @@ def stream_consume_script(stream: str, prefix: str, groups: int, qty: int = 100)
 def pgmq_consume_script(queue: str, qty: int = 10) -> str:
     return (
         f"SELECT coalesce(array_agg(msg_id), '{{}}') AS i FROM pgmq.read('{queue}', 30, {qty}) \\gset\n"  # noqa: S608
-        f"SELECT * FROM pgmq.delete('{queue}', :i::bigint[]);\n"  # noqa: S608
+        f"SELECT * FROM pgmq.delete('{queue}', :i::bigint[]);\n"
     )
 
 
@@ -78,7 +78,8 @@ def stream_acked(dsn: str, stream: str, group: str) -> int:
     with connect(dsn) as conn:
         row = conn.execute(
             f"SELECT count(*) FROM pgbroker.s_{stream} l JOIN pgbroker.stream_cursor c"  # noqa: S608
-            " ON c.stream_name = %s AND c.group_name = %s AND c.partition = l.partition AND l.id <= c.acked_id",
+            " ON c.stream_name = %s AND c.group_name = %s"
+            " AND c.partition = l.partition AND l.id <= c.acked_id",
             (stream, group),
         ).fetchone()
     return int(row[0]) if row else 0

@@ -1,0 +1,171 @@
+-- pgbroker migration 0023: a stream's send calls the stream's own send function
+-- through a router written by create_stream and drop_stream (static calls,
+-- planned once per session) instead of a dynamic EXECUTE planned on every send
+-- (see sql/schema/92_streams.sql, of which these are copies).
+
+-- The send of any stream, by name: one static call of the stream's own send
+-- function per stream, so that PL/pgSQL plans it once per session (a
+-- dynamic EXECUTE of that call was parsed and planned on every send: 10-20
+-- us of a send of 10's 55-70 us of server time). Written again by
+-- create_stream and drop_stream (see _stream_send_router_refresh); a stream
+-- it does not name (none should be missing) is called the dynamic way.
+CREATE FUNCTION pgbroker._stream_send_router_sql()
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT format(
+        $F$
+        CREATE OR REPLACE FUNCTION pgbroker._stream_send_to(stream_name text, messages jsonb[], headers jsonb[],
+                                                            keys text[])
+        RETURNS SETOF bigint LANGUAGE plpgsql AS $B$
+        BEGIN
+            IF stream_name IS NULL THEN
+                RETURN;%1$s
+            ELSE
+                RETURN QUERY EXECUTE format('SELECT pgbroker.%%I($1, $2, $3)', 's_' || stream_name || '_send')
+                    USING messages, headers, keys;
+            END IF;
+        END;
+        $B$
+        $F$,
+        coalesce(string_agg(format(
+            $R$
+            ELSIF stream_name = %1$L THEN
+                RETURN QUERY SELECT pgbroker.%2$I(messages, headers, keys);$R$,
+            t.stream_name, 's_' || t.stream_name || '_send'), '' ORDER BY t.stream_name), ''))
+    FROM pgbroker.stream t;
+$$;
+
+-- Write the send router again for the streams there are now. One writer at a
+-- time (two concurrent CREATE OR REPLACE of one function fail): the lock
+-- is taken before the streams are read, so the last writer sees them all.
+CREATE FUNCTION pgbroker._stream_send_router_refresh()
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream_send_router'));
+    EXECUTE pgbroker._stream_send_router_sql();
+END;
+$$;
+
+SELECT pgbroker._stream_send_router_refresh();
+
+CREATE OR REPLACE FUNCTION pgbroker.create_stream(
+    stream_name text,
+    partitions integer DEFAULT 4,
+    retention_seconds bigint DEFAULT NULL,
+    retention_bytes bigint DEFAULT NULL,
+    truncate_consumed boolean DEFAULT true,
+    segment_rows bigint DEFAULT 1000000,
+    segments integer DEFAULT 4,
+    notify boolean DEFAULT false
+)
+RETURNS pgbroker.stream LANGUAGE plpgsql AS $$
+DECLARE
+    s pgbroker.stream;
+    stored text := lower(create_stream.stream_name);
+    log text;
+BEGIN
+    PERFORM pgbroker._check_arg(stored ~ '^[a-z0-9_][a-z0-9_-]{0,39}$',
+        format('stream name must be 1 to 40 letters, digits, _ or - (not starting with -), got %L', stream_name),
+        'For example ''clicks'' or ''orders-v2''; names are lower-cased.');
+    PERFORM pgbroker._check_arg(partitions BETWEEN 1 AND 256,
+        format('partitions must be between 1 and 256, got %s', coalesce(partitions::text, 'NULL')),
+        'A partition is read by one consumer of a group at a time: make as many as consumers you will run.');
+    PERFORM pgbroker._check_arg(segments BETWEEN 3 AND 64,
+        format('segments must be between 3 and 64, got %s', coalesce(segments::text, 'NULL')));
+    PERFORM pgbroker._check_arg(segment_rows >= 100,
+        format('segment_rows must be >= 100, got %s', coalesce(segment_rows::text, 'NULL')));
+    PERFORM pgbroker._check_arg(retention_seconds IS NULL OR retention_seconds BETWEEN 1 AND 3153600000,
+        format('retention_seconds must be from 1 to 3153600000 (100 years; NULL: no time limit), got %s',
+               retention_seconds));
+    PERFORM pgbroker._check_arg(retention_bytes IS NULL OR retention_bytes >= 1,
+        format('retention_bytes must be >= 1 (NULL: no size limit), got %s', retention_bytes));
+    PERFORM pgbroker._check_arg(truncate_consumed IS NOT NULL AND notify IS NOT NULL,
+        'truncate_consumed and notify must not be NULL');
+
+    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored));
+    SELECT * INTO s FROM pgbroker.stream t WHERE t.stream_name = stored;
+    IF FOUND THEN
+        PERFORM pgbroker._check_arg(
+            (s.partitions, s.segments, s.segment_rows) = (create_stream.partitions, create_stream.segments,
+                                                         create_stream.segment_rows),
+            format('stream "%s" exists with partitions %s, segments %s, segment_rows %s',
+                   stored, s.partitions, s.segments, s.segment_rows),
+            'Partitions and segments are fixed when a stream is made: drop it and make it again, or use another name.');
+        RETURN s;
+    END IF;
+
+    log := 's_' || stored;
+    EXECUTE format('CREATE SEQUENCE pgbroker.%I AS bigint', log || '_seq');
+    EXECUTE format(
+        $Q$
+        CREATE TABLE pgbroker.%I (
+            id bigint NOT NULL,
+            segment integer NOT NULL,
+            partition integer NOT NULL,
+            key text,
+            enqueued_at timestamptz NOT NULL,
+            headers jsonb,
+            message jsonb
+        ) PARTITION BY LIST (segment)
+        $Q$, log);
+    FOR i IN 0 .. segments - 1 LOOP
+        EXECUTE format('CREATE TABLE pgbroker.%I PARTITION OF pgbroker.%I FOR VALUES IN (%s)',
+                       log || '_' || i, log, i);
+    END LOOP;
+    EXECUTE format('CREATE INDEX %I ON pgbroker.%I (partition, id)', log || '_partition_id', log);
+
+    INSERT INTO pgbroker.stream (stream_name, partitions, segments, segment_rows, retention_seconds,
+                                 retention_bytes, truncate_consumed, notify)
+    VALUES (stored, partitions, segments, segment_rows, retention_seconds, retention_bytes,
+            truncate_consumed, notify)
+    RETURNING * INTO s;
+    INSERT INTO pgbroker.stream_watermark (stream_name, safe_id) VALUES (stored, 0);
+    EXECUTE pgbroker._stream_send_function(s);
+    EXECUTE pgbroker._stream_read_function(s);
+    PERFORM pgbroker._stream_send_router_refresh();
+    RETURN s;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgbroker.drop_stream(stream_name text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    stored text := lower(drop_stream.stream_name);
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored));
+    DELETE FROM pgbroker.stream t WHERE t.stream_name = stored;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    EXECUTE format('DROP FUNCTION pgbroker.%I', 's_' || stored || '_send');
+    EXECUTE format('DROP FUNCTION pgbroker.%I', 's_' || stored || '_read');
+    EXECUTE format('DROP TABLE pgbroker.%I', 's_' || stored);
+    EXECUTE format('DROP SEQUENCE pgbroker.%I', 's_' || stored || '_seq');
+    PERFORM pgbroker._stream_send_router_refresh();
+    RETURN true;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgbroker.stream_send_many(stream_name text, messages jsonb[], headers jsonb[] DEFAULT NULL,
+                                          keys text[] DEFAULT NULL)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+DECLARE
+    s pgbroker.stream := pgbroker._stream_row(stream_name);
+BEGIN
+    IF cardinality(headers) <> cardinality(messages) OR cardinality(keys) <> cardinality(messages) THEN
+        PERFORM pgbroker._check_arg(false,
+            format('headers (%s) and keys (%s), when given, must have one entry per message (%s)',
+                   coalesce(cardinality(headers)::text, 'none'), coalesce(cardinality(keys)::text, 'none'),
+                   cardinality(messages)),
+            'Pass NULL for a message without headers or key.');
+    END IF;
+    -- The stream's own send function (made with the stream): its INSERT names
+    -- the table, so PL/pgSQL plans it once per session; a dynamic INSERT into a
+    -- partitioned table was planned on every call, twice the cost of the send.
+    -- It is called through the router, whose call of it is static too.
+    RETURN QUERY SELECT pgbroker._stream_send_to(s.stream_name, coalesce(messages, '{}'),
+                                                 coalesce(headers, '{}'), coalesce(keys, '{}'));
+    IF s.notify THEN
+        PERFORM pg_notify('pgbroker.stream.' || s.stream_name, '');
+    END IF;
+END;
+$$;

@@ -622,6 +622,22 @@ DECLARE
     share integer;
     owned integer;
 BEGIN
+    SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
+    WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
+      AND t.owner = _stream_balance.consumer;
+    -- The common case, a consumer that owns partitions reading again well
+    -- within its lease: nothing to renew, nothing to balance. Looked at with a
+    -- plain read first, because the upsert below locks the consumer's row (a
+    -- WAL record and a dirtied page on every read) even when its WHERE leaves
+    -- the row as it is.
+    IF owned > 0 AND EXISTS (
+        SELECT 1 FROM pgbroker.stream_consumer c
+        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+          AND c.consumer = _stream_balance.consumer
+          AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
+          AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0)) THEN
+        RETURN;
+    END IF;
     INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
     VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
     ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
@@ -629,9 +645,6 @@ BEGIN
         WHERE c.renewed_at < now() - make_interval(secs => lease_seconds / 2.0)
            OR c.expires_at < now() + make_interval(secs => lease_seconds / 2.0)
     RETURNING true INTO renewed;
-    SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
-    WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
-      AND t.owner = _stream_balance.consumer;
     IF renewed IS NOT TRUE AND owned > 0 THEN
         RETURN;
     END IF;

@@ -1,7 +1,8 @@
 -- pgbroker migration 0023: a stream's send calls the stream's own send function
 -- through a router written by create_stream and drop_stream (static calls,
 -- planned once per session) instead of a dynamic EXECUTE planned on every send
--- (see sql/schema/92_streams.sql, of which these are copies).
+-- (see sql/schema/92_streams.sql, of which these are copies); and a read by a
+-- consumer well within its lease no longer locks its consumer row.
 
 -- The send of any stream, by name: one static call of the stream's own send
 -- function per stream, so that PL/pgSQL plans it once per session (a
@@ -167,5 +168,79 @@ BEGIN
     IF s.notify THEN
         PERFORM pg_notify('pgbroker.stream.' || s.stream_name, '');
     END IF;
+END;
+$$;
+
+-- Renew the consumer's heartbeat (at most every half lease), and when it was
+-- renewed, or the consumer owns nothing, give up partitions beyond its share
+-- and take free ones up to it. Returns nothing; the caller reads what it owns.
+CREATE OR REPLACE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    renewed boolean;
+    live text[];
+    rank integer;
+    share integer;
+    owned integer;
+BEGIN
+    SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
+    WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
+      AND t.owner = _stream_balance.consumer;
+    -- The common case, a consumer that owns partitions reading again well
+    -- within its lease: nothing to renew, nothing to balance. Looked at with a
+    -- plain read first, because the upsert below locks the consumer's row (a
+    -- WAL record and a dirtied page on every read) even when its WHERE leaves
+    -- the row as it is.
+    IF owned > 0 AND EXISTS (
+        SELECT 1 FROM pgbroker.stream_consumer c
+        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+          AND c.consumer = _stream_balance.consumer
+          AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
+          AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0)) THEN
+        RETURN;
+    END IF;
+    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
+    VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
+    ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
+        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at
+        WHERE c.renewed_at < now() - make_interval(secs => lease_seconds / 2.0)
+           OR c.expires_at < now() + make_interval(secs => lease_seconds / 2.0)
+    RETURNING true INTO renewed;
+    IF renewed IS NOT TRUE AND owned > 0 THEN
+        RETURN;
+    END IF;
+
+    live := ARRAY(SELECT c.consumer FROM pgbroker.stream_consumer c
+                  WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+                    AND (c.expires_at > now() OR c.consumer = _stream_balance.consumer)
+                  ORDER BY c.consumer);
+    rank := array_position(live, consumer) - 1;
+    share := s.partitions / cardinality(live) + CASE WHEN rank < s.partitions % cardinality(live) THEN 1 ELSE 0 END;
+
+    IF owned > share THEN
+        -- Give back the highest partitions that have nothing in flight.
+        UPDATE pgbroker.stream_cursor t SET owner = NULL
+        WHERE (t.stream_name, t.group_name, t.partition) IN (
+            SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
+            WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
+              AND x.owner = _stream_balance.consumer AND x.delivered_id = x.acked_id
+            ORDER BY x.partition DESC LIMIT owned - share);
+    ELSIF owned < share THEN
+        -- Take free partitions: unowned, or their owner's heartbeat expired.
+        -- The new epoch fences the former owner's acks; delivered_id goes back
+        -- to acked_id, so what it held unacknowledged is delivered again.
+        UPDATE pgbroker.stream_cursor t
+        SET owner = _stream_balance.consumer, epoch = t.epoch + 1, delivered_id = t.acked_id
+        WHERE (t.stream_name, t.group_name, t.partition) IN (
+            SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
+            WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
+              AND (x.owner IS NULL OR NOT x.owner = ANY (live))
+            ORDER BY x.partition LIMIT share - owned
+            FOR UPDATE SKIP LOCKED);
+    END IF;
+    -- Forget consumers long gone (a lease and a minute past expiry).
+    DELETE FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+      AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
 END;
 $$;

@@ -1,6 +1,11 @@
 """Streams against pgmq's queues, side by side on one server in one run.
 
-    python -m bench.streams_bench [--rounds 2] [--seconds 4] [--backlog 200000] [--dsn DSN]
+    python -m bench.streams_bench [--rounds 2] [--seconds 4] [--backlog 1000000] [--dsn DSN]
+                                  [--method pgbench|python] [--clients 15] [--consumers 1]
+
+By default the consume and send steps run pgbench scripts (bench/streams_pgbench.py): C clients
+that cost the machine almost nothing, so the rates are the database's work, as in
+docs/performance.md's queue scenarios. --method python runs them as below with Python processes.
 
 Steps (each in alternating rounds, A B then B A, so that the machine's load weighs on both):
 - consume: one consumer process draining a backlog for --seconds. pgbroker: one consumer of
@@ -268,7 +273,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--backlog", type=int, default=200_000)
+    parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--producers", type=int, default=4, help="producer processes of the send step (4)")
     parser.add_argument(

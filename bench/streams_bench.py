@@ -1,6 +1,11 @@
 """Streams against pgmq's queues, side by side on one server in one run.
 
-    python -m bench.streams_bench [--rounds 2] [--seconds 4] [--backlog 200000] [--dsn DSN]
+    python -m bench.streams_bench [--rounds 2] [--seconds 4] [--backlog 1000000] [--dsn DSN]
+                                  [--method pgbench|python] [--clients 15] [--consumers 1]
+
+By default the consume and send steps run pgbench scripts (bench/streams_pgbench.py): C clients
+that cost the machine almost nothing, so the rates are the database's work, as in
+docs/performance.md's queue scenarios. --method python runs them as below with Python processes.
 
 Steps (each in alternating rounds, A B then B A, so that the machine's load weighs on both):
 - consume: one consumer process draining a backlog for --seconds. pgbroker: one consumer of
@@ -26,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench import streams_pgbench
 from bench.harness import Server, alternating_rounds, connect, mean_rate, percentile
 from pgbroker import Broker
 from pgbroker.install import install
@@ -153,6 +159,60 @@ def consume_step(broker_dsn: str, pgmq_dsn: str, args: argparse.Namespace) -> di
     return {k: mean_rate(v) for k, v in rates.items()}
 
 
+def consume_step_pgbench(broker_dsn: str, pgmq_dsn: str, args: argparse.Namespace) -> dict[str, float | None]:
+    """As consume_step, with pgbench clients (bench/streams_pgbench.py) in place of Python processes."""
+    rates: dict[str, list[float | None]] = {
+        "pgbroker stream, 1 group": [],
+        "pgmq read 10 + delete": [],
+        "pgbroker stream, each of 4 groups": [],
+    }
+    per_group = args.consumers
+    for n, system in alternating_rounds(["stream", "pgmq", "fanout"], args.rounds):
+        if system == "pgmq":
+            _fill_pgmq(pgmq_dsn, f"c{n}", args.backlog)
+            streams_pgbench.run_pgbench(
+                pgmq_dsn, streams_pgbench.pgmq_consume_script(f"c{n}"), 1, args.seconds
+            )
+            rate = (args.backlog - streams_pgbench.pgmq_length(pgmq_dsn, f"c{n}")) / args.seconds
+            rates["pgmq read 10 + delete"].append(rate)
+        else:
+            groups = 1 if system == "stream" else 4
+            prefix = "one" if groups == 1 else "g"
+            names = [f"{prefix}{i}" for i in range(groups)]
+            _fill_stream(broker_dsn, f"{system}{n}", names, args.backlog)
+            script = streams_pgbench.stream_consume_script(f"{system}{n}", prefix, groups)
+            streams_pgbench.run_pgbench(broker_dsn, script, groups * per_group, args.seconds)
+            each = [streams_pgbench.stream_acked(broker_dsn, f"{system}{n}", g) for g in names]
+            if max(each) >= args.backlog:
+                print(f"  warning: a group drained the whole backlog ({args.backlog:,}): raise --backlog")
+            rate = sum(each) / len(each) / args.seconds
+            rates["pgbroker stream, 1 group" if groups == 1 else "pgbroker stream, each of 4 groups"].append(
+                rate
+            )
+        print(f"  consume round {n + 1}: {system:<8} {rate:10.0f} msg/s", flush=True)
+    return {k: mean_rate(v) for k, v in rates.items()}
+
+
+def send_step_pgbench(broker_dsn: str, pgmq_dsn: str, args: argparse.Namespace) -> dict[str, float | None]:
+    """As send_step, with --clients pgbench clients sending batches of 10."""
+    rates: dict[str, list[float | None]] = {
+        "pgbroker stream_send_many of 10": [],
+        "pgmq send_batch of 10": [],
+    }
+    for n, system in alternating_rounds(["stream", "pgmq"], args.rounds):
+        dsn = broker_dsn if system == "stream" else pgmq_dsn
+        create = "SELECT pgbroker.create_stream(%s, 4)" if system == "stream" else "SELECT pgmq.create(%s)"
+        with connect(dsn) as conn:
+            conn.execute(create, (f"s{n}",))
+        script = streams_pgbench.send_script(system, f"s{n}", PAYLOAD)
+        rate = streams_pgbench.run_pgbench(dsn, script, args.clients, args.seconds) * 10 / args.seconds
+        rates["pgbroker stream_send_many of 10" if system == "stream" else "pgmq send_batch of 10"].append(
+            rate
+        )
+        print(f"  send round {n + 1}: {system:<8} {rate:10.0f} msg/s", flush=True)
+    return {k: mean_rate(v) for k, v in rates.items()}
+
+
 def send_step(broker_dsn: str, pgmq_dsn: str, args: argparse.Namespace) -> dict[str, float | None]:
     rates: dict[str, list[float | None]] = {
         "pgbroker stream_send_many of 10": [],
@@ -213,9 +273,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=4.0)
-    parser.add_argument("--backlog", type=int, default=200_000)
+    parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--producers", type=int, default=4, help="producer processes of the send step (4)")
+    parser.add_argument(
+        "--method", choices=["pgbench", "python"], default="pgbench",
+        help="clients: pgbench scripts (default; the server's work) or Python processes (the client's too)",
+    )  # fmt: skip
+    parser.add_argument("--clients", type=int, default=15, help="pgbench clients of the send step (15)")
+    parser.add_argument("--consumers", type=int, default=1, help="pgbench consumers per group (1)")
     parser.add_argument("--dsn", help="a server to run on (a superuser); default: a private cluster")
     args = parser.parse_args()
     with Server(args.dsn, None) as server:
@@ -238,9 +304,11 @@ def main() -> None:
         with open("/proc/loadavg") as f:
             print(f"load average at start: {f.read().split()[:3]}")
         print(f"consume (backlog of {args.backlog:,})")
-        consume = consume_step(broker_dsn, pgmq_dsn, args)
-        print(f"send ({args.producers} producers)")
-        send = send_step(broker_dsn, pgmq_dsn, args)
+        pgbench = args.method == "pgbench"
+        consume = (consume_step_pgbench if pgbench else consume_step)(broker_dsn, pgmq_dsn, args)
+        senders = f"{args.clients} pgbench clients" if pgbench else f"{args.producers} producer processes"
+        print(f"send ({senders})")
+        send = (send_step_pgbench if pgbench else send_step)(broker_dsn, pgmq_dsn, args)
         print("latency (idle stream, notify)")
         p50, p99 = latency_step(broker_dsn, args.samples)
         with connect(server.admin_dsn) as admin:
@@ -264,7 +332,7 @@ def main() -> None:
         f"{ratio(four, one)} | >= 0.8x |"
     )
     print(
-        f"| send, {args.producers} producers, batches of 10 vs pgmq send_batch of 10 (msg/s) | "
+        f"| send, {senders}, batches of 10 vs pgmq send_batch of 10 (msg/s) | "
         f"{sent or 0:,.0f} | "
         f"{pgmq_sent or 0:,.0f} | {ratio(sent, pgmq_sent)} | >= 1.3x |"
     )

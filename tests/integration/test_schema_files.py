@@ -19,7 +19,9 @@ from tests.integration.helpers import Conn
 
 # What the route writer generates (see 90_routes.sql): created at install and rewritten whenever
 # queues or policies change, so they have no definition of their own.
-GENERATED = {("pgbroker", f"_route_{op}") for op in ("ack", "deliver", "pop", "read", "send")}
+GENERATED = {("pgbroker", f"_route_{op}") for op in ("ack", "deliver", "pop", "read", "send")} | {
+    ("pgbroker", "_stream_send_to")  # written by _stream_send_router_refresh (92_streams.sql)
+}
 
 _CREATE = re.compile(
     r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+(\w+)\s*\.\s*(\w+|\"\w+\")\s*\(", re.IGNORECASE

@@ -152,7 +152,11 @@ def test_a_paused_queue_reads_nothing_and_touches_no_queue_buffers(plan_conn: Co
     try:
         calls = _reads(plan_conn, BIG[0])
         assert all(c.rows == [] for c in calls)
-        assert all(f"q_{BIG[0]}" not in p.text for c in calls for p in c.nested)
+        # One read in sixteen advances the queue's bounds first (before the route looks at the
+        # read mode), which looks at the queue; the others must not touch it at all.
+        plain = [c for c in calls if not any("_advance_head" in p.text for p in c.nested)]
+        assert plain, "every read advanced the bounds (one in sixteen does): run it again"
+        assert all(f"q_{BIG[0]}" not in p.text for c in plain for p in c.nested)
         print(f"paused: {_median(calls)} buffers per read")
         assert _median(calls) <= 20, f"a read of a paused queue touched {_median(calls)} buffers"
     finally:

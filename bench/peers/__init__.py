@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -23,8 +24,8 @@ Handle = Callable[[dict[str, Any]], None]
 Send = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
-class Peer:
-    """One system under test. Subclasses implement every method; all of them are async."""
+class Peer(ABC):
+    """One system under test; a subclass implements the abstract methods."""
 
     #: the column name in the table
     key: str = ""
@@ -34,21 +35,25 @@ class Peer:
     #: the step's count would not fit in the run's time; its rate is jobs a second all the same
     drain_cap: int | None = None
 
+    @abstractmethod
     def describe(self, tuned: bool) -> str:
         """The worker's configuration in words (the defaults, or the documented speed settings)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     async def install(self, dsn: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     async def create(self, dsn: str, queue: str, tuned: bool) -> None:
         """Make an empty queue (or whatever names a stream of jobs in this system), with the
         documented speed settings when ``tuned``."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def sender(self, dsn: str, queue: str) -> AbstractAsyncContextManager[Send]:
         """A producer's connection: ``async with peer.sender(dsn, queue) as send: await send([...])``."""
-        raise NotImplementedError
+        ...
 
     async def enqueue(self, dsn: str, queue: str, payloads: list[dict[str, Any]], batch: int) -> float:
         """Enqueue ``payloads`` ``batch`` at a time (1: one call each); seconds spent sending."""
@@ -58,13 +63,15 @@ class Peer:
                 await send(payloads[first : first + batch])
             return time.perf_counter() - started
 
+    @abstractmethod
     async def work(self, dsn: str, queue: str, handle: Handle, stop: asyncio.Event, tuned: bool) -> None:
         """Run one worker on ``queue`` until ``stop`` is set, then stop it gracefully."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     async def remaining(self, dsn: str, queue: str) -> int:
         """Jobs not yet done (waiting, or handled but not yet acknowledged)."""
-        raise NotImplementedError
+        ...
 
 
 def peers() -> dict[str, Peer]:

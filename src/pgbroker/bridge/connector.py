@@ -18,6 +18,7 @@ topic): it opens a Publisher or a Receiver, and opens it again after the connect
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -139,3 +140,26 @@ def carried_headers(headers: Mapping[str, Any], own_prefix: str) -> dict[str, An
     """The headers a connector carries to its broker: all but pgbroker's own (x-pgbroker-*, kept
     in Postgres) and those addressed to the connector itself (``own_prefix``, e.g. x-mqtt-)."""
     return {k: v for k, v in headers.items() if not k.startswith(("x-pgbroker-", own_prefix))}
+
+
+Delivery = TypeVar("Delivery")
+
+
+async def gather_more(
+    inbox: asyncio.Queue[Delivery], first: Delivery, limit: int, linger: float
+) -> list[Delivery]:
+    """``first`` and whatever else reaches ``inbox`` within ``linger`` seconds, up to ``limit``: a
+    push-style receiver's batch (its client library hands deliveries to a queue one by one)."""
+    batch = [first]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + linger
+    while len(batch) < limit:
+        if not inbox.empty():
+            batch.append(inbox.get_nowait())
+            continue
+        try:
+            async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                batch.append(await inbox.get())
+        except TimeoutError:
+            break
+    return batch

@@ -48,6 +48,7 @@ from pgbroker.bridge.connector import (
     Receiver,
     Refused,
     carried_headers,
+    gather_more,
 )
 from pgbroker.bridge.errors import BrokerAccessRefused, BrokerConnectionLost, BrokerUnreachable
 from pgbroker.bridge.settings import InboundSettings, OutboundSettings
@@ -300,18 +301,7 @@ class _Receiver:
             first.cancel()
             self._session.check("waiting for messages")
             return []
-        batch = [first.result()]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._linger
-        while len(batch) < limit:
-            if not self._inbox.empty():
-                batch.append(self._inbox.get_nowait())
-                continue
-            try:
-                async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                    batch.append(await self._inbox.get())
-            except TimeoutError:
-                break
+        batch = await gather_more(self._inbox, first.result(), limit, self._linger)
         return [_received(m) for m in batch]
 
     async def ack(self, messages: Sequence[Received]) -> None:

@@ -23,7 +23,16 @@ from collections.abc import Iterable, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pgbroker.bridge import amqp
-from pgbroker.bridge.connector import Confirmed, Outcome, OutMessage, Publisher, Received, Receiver, Refused
+from pgbroker.bridge.connector import (
+    Confirmed,
+    Outcome,
+    OutMessage,
+    Publisher,
+    Received,
+    Receiver,
+    Refused,
+    gather_more,
+)
 from pgbroker.bridge.errors import AmqpConnectionLost, AmqpNotFound, Unpublishable
 from pgbroker.bridge.mapping import Outgoing, Route, incoming, outgoing
 from pgbroker.bridge.settings import InboundSettings, OutboundSettings
@@ -268,18 +277,7 @@ class _Receiver:
             if self._channel.is_closed:
                 raise amqp.lost(self._channel.closed.result(), "waiting for deliveries")
             return []
-        batch = [first.result()]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._linger
-        while len(batch) < limit:
-            if not self._inbox.empty():
-                batch.append(self._inbox.get_nowait())
-                continue
-            try:
-                async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                    batch.append(await self._inbox.get())
-            except TimeoutError:
-                break
+        batch = await gather_more(self._inbox, first.result(), limit, self._linger)
         return [incoming(d, self._source) for d in batch]
 
     async def ack(self, messages: Sequence[Received]) -> None:

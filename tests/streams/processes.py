@@ -18,7 +18,8 @@ from tests.streams.helpers import Batch
 
 TABLES = """
 CREATE TABLE sent (id bigint PRIMARY KEY, producer int);
-CREATE TABLE handled (group_name text, id bigint, consumer text);
+-- seq: the order rows were recorded in (a ctid is not: concurrent backends fill different pages).
+CREATE TABLE handled (group_name text, id bigint, consumer text, seq bigserial);
 CREATE TABLE delivered (group_name text, id bigint, consumer text);
 """
 

@@ -67,7 +67,7 @@ def test_out_of_order_commits_are_all_delivered_to_a_group_of_three(dsn: str, co
     assert max(got.values()) == 1  # each ack is atomic with its record: exactly once here
     # Order per key: within a key, ids handled in increasing order.
     rows = conn.execute(
-        "SELECT l.key, h.id FROM handled h JOIN pgbroker.s_events l ON l.id = h.id ORDER BY h.ctid"
+        "SELECT l.key, h.id FROM handled h JOIN pgbroker.s_events l ON l.id = h.id ORDER BY h.seq"
     ).fetchall()
     last: dict[str, int] = {}
     for key, msg_id in rows:

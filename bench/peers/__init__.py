@@ -41,8 +41,7 @@ class Peer(ABC):
         ...
 
     @abstractmethod
-    async def install(self, dsn: str) -> None:
-        ...
+    async def install(self, dsn: str) -> None: ...
 
     @abstractmethod
     async def create(self, dsn: str, queue: str, tuned: bool) -> None:

@@ -41,7 +41,8 @@ class Peer(ABC):
         ...
 
     @abstractmethod
-    async def install(self, dsn: str) -> None: ...
+    async def install(self, dsn: str) -> None:
+        ...
 
     @abstractmethod
     async def create(self, dsn: str, queue: str, tuned: bool) -> None:

@@ -25,10 +25,7 @@ class InboundTarget(Protocol):
         ...
 
     async def append(
-        self,
-        batch: Sequence[Received],
-        payloads: Sequence[Any],
-        headers: Sequence[Mapping[str, Any]],
+        self, batch: Sequence[Received], payloads: Sequence[Any], headers: Sequence[Mapping[str, Any]],
         seen_within: float,
     ) -> int:
         """Write the batch in one transaction, skipping message ids seen within ``seen_within``
@@ -52,10 +49,7 @@ class QueueTarget:
         await self._queue.policy()  # QueueNotFound
 
     async def append(
-        self,
-        batch: Sequence[Received],
-        payloads: Sequence[Any],
-        headers: Sequence[Mapping[str, Any]],
+        self, batch: Sequence[Received], payloads: Sequence[Any], headers: Sequence[Mapping[str, Any]],
         seen_within: float,
     ) -> int:
         ids = [m.message_id for m in batch]
@@ -76,10 +70,7 @@ class StreamTarget:
         await self._stream.groups()  # StreamNotFound
 
     async def append(
-        self,
-        batch: Sequence[Received],
-        payloads: Sequence[Any],
-        headers: Sequence[Mapping[str, Any]],
+        self, batch: Sequence[Received], payloads: Sequence[Any], headers: Sequence[Mapping[str, Any]],
         seen_within: float,
     ) -> int:
         ids = [m.message_id for m in batch]

@@ -429,7 +429,9 @@ def test_snapshot_notices_a_changed_function_body(dsn: str) -> None:
 # -- functions: written once, re-applied when they change -------------------------------------
 
 EDITED_FUNCTION = "pgmq.format_table_name(text,text)"
-BODY_LINE = "    PERFORM pgbroker._pgmq_check_characters(queue_name);\n    RETURN lower(prefix || '_' || queue_name);"
+BODY_LINE = (
+    "    PERFORM pgbroker._pgmq_check_characters(queue_name);\n    RETURN lower(prefix || '_' || queue_name);"
+)
 EDIT = (BODY_LINE, BODY_LINE + "  -- edited")
 
 

@@ -3345,6 +3345,23 @@ END;
 $$;
 
 --
+-- Name: _stream_functions_refresh(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_functions_refresh() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    s pgbroker.stream;
+BEGIN
+    FOR s IN SELECT * FROM pgbroker.stream ORDER BY stream_name LOOP
+        EXECUTE pgbroker._stream_send_function(s);
+        EXECUTE pgbroker._stream_read_function(s);
+    END LOOP;
+END;
+$$;
+
+--
 -- Name: _stream_group_row(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3377,7 +3394,7 @@ CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream) RETURNS text
     AS $_$
     SELECT format(
         $F$
-        CREATE FUNCTION pgbroker.%1$I(p_child integer, p_partition integer, p_after bigint, p_upto bigint,
+        CREATE OR REPLACE FUNCTION pgbroker.%1$I(p_child integer, p_partition integer, p_after bigint, p_upto bigint,
                                       p_qty integer, p_epoch bigint, p_group text)
         RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                        headers jsonb, message jsonb)
@@ -3488,7 +3505,7 @@ CREATE FUNCTION pgbroker._stream_send_function(s pgbroker.stream) RETURNS text
     AS $_$
     SELECT format(
         $F$
-        CREATE FUNCTION pgbroker.%1$I(messages jsonb[], headers jsonb[], keys text[])
+        CREATE OR REPLACE FUNCTION pgbroker.%1$I(messages jsonb[], headers jsonb[], keys text[])
         RETURNS SETOF bigint LANGUAGE plpgsql AS $B$
         BEGIN%2$s
         END;

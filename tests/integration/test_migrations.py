@@ -491,3 +491,23 @@ def test_an_edited_function_reaches_an_installed_database_on_the_next_install(
         recorder = RecordingConnection(conn)
         install(cast(Conn, recorder))
         assert ran(recorder, edited_functions) == []
+
+
+def test_an_edited_stream_template_reaches_the_streams_there_are(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stream has functions of its own, written from templates in 92_streams.sql: the function
+    files write them again, so they follow a change of the template as the routes do."""
+    stream_insert = "            RETURNING l.id;$F$,"
+    edit = (stream_insert, "            RETURNING l.id;  -- edited$F$,")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgbroker.create_stream('events')")
+        assert edit[1].strip() not in definition(conn, "pgbroker.s_events_send(jsonb[],jsonb[],text[])")[0]
+        files = engine.functions()
+        assert sum(f.sql.count(stream_insert) for f in files) == 1
+        edited = tuple(SqlFile(f.name, f.sql.replace(*edit)) for f in files)
+        monkeypatch.setattr(engine, "functions", lambda: edited)
+        install(conn)
+        assert "-- edited" in definition(conn, "pgbroker.s_events_send(jsonb[],jsonb[],text[])")[0]
+        assert "-- edited" in definition(conn, "pgbroker._stream_send_to(text,jsonb[],jsonb[],text[])")[0]
+        assert conn.execute("SELECT pgbroker.stream_send('events', '1')").fetchone() == (1,)

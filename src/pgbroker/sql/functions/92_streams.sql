@@ -169,7 +169,7 @@ CREATE OR REPLACE FUNCTION pgbroker._stream_send_function(s pgbroker.stream)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
         $F$
-        CREATE FUNCTION pgbroker.%1$I(messages jsonb[], headers jsonb[], keys text[])
+        CREATE OR REPLACE FUNCTION pgbroker.%1$I(messages jsonb[], headers jsonb[], keys text[])
         RETURNS SETOF bigint LANGUAGE plpgsql AS $B$
         BEGIN%2$s
         END;
@@ -230,7 +230,7 @@ CREATE OR REPLACE FUNCTION pgbroker._stream_read_function(s pgbroker.stream)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
         $F$
-        CREATE FUNCTION pgbroker.%1$I(p_child integer, p_partition integer, p_after bigint, p_upto bigint,
+        CREATE OR REPLACE FUNCTION pgbroker.%1$I(p_child integer, p_partition integer, p_after bigint, p_upto bigint,
                                       p_qty integer, p_epoch bigint, p_group text)
         RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                        headers jsonb, message jsonb)
@@ -259,6 +259,25 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
             '' ORDER BY c))
     FROM generate_series(0, s.segments - 1) c;
 $$;
+
+-- Write every stream's own functions again from the templates above. The
+-- function files run again whenever they change (install.py), and this call
+-- with them, so a changed template reaches the streams that exist; a change
+-- of a stream function's arguments or result columns needs its DROP in the
+-- release's upgrade first, as for any function.
+CREATE OR REPLACE FUNCTION pgbroker._stream_functions_refresh()
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    s pgbroker.stream;
+BEGIN
+    FOR s IN SELECT * FROM pgbroker.stream ORDER BY stream_name LOOP
+        EXECUTE pgbroker._stream_send_function(s);
+        EXECUTE pgbroker._stream_read_function(s);
+    END LOOP;
+END;
+$$;
+
+SELECT pgbroker._stream_functions_refresh();
 
 -- Make a stream. segment_rows ids per segment, segments child tables in the
 -- ring: retention frees a child at a time, so the log keeps at least one

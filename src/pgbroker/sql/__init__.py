@@ -9,8 +9,8 @@ The engine is written once, PgQ's way (structure/10_queues.sql's header has the 
 - ``upgrades/<from>-to-<to>.sql``: what a release changes in tables and types, plus a DROP for
   each function it removes or re-signatures (CREATE OR REPLACE cannot change a function's
   arguments or result type); named by the releases it goes between, from the 0.1.0 baseline on;
-- ``upgrades/dev-to-0.1.0.sql`` with ``upgrades/dev-history.txt``: how a development database,
-  installed before this layout by numbered migrations, maps onto the baseline.
+- ``upgrades/dev-to-0.1.0.sql``: how a development database, installed before this layout by
+  numbered migrations, maps onto the baseline (its header lists the history it accepts).
 
 Recipes:
 
@@ -25,7 +25,8 @@ Recipes:
   table and type changes go into structure/ and into dev-to-0.1.0.sql (there, written to run
   also on a database that already has them, since development databases stand at 24 or later);
   its function changes are just the functions/ files, each function's new definition replacing
-  the old; its line goes into dev-history.txt and its file into tests/data/dev_migrations/.
+  the old; its line goes into the history in dev-to-0.1.0.sql's header and its file into
+  tests/data/dev_migrations/.
 - After any change: ``make schema-dump`` refreshes docs/reference/schema.sql and
   route-example.sql, which a test keeps fresh.
 
@@ -183,11 +184,14 @@ class DevMigration:
     checksum: str
 
 
+_DEV_HISTORY_LINE = re.compile(r"^-- history: (\d{4}) ([a-z0-9_]+) ([0-9a-f]{64})$", re.MULTILINE)
+
+
 @cache
 def dev_history() -> tuple[DevMigration, ...]:
-    """The numbered migrations a development database may have applied (dev-history.txt)."""
-    text = resources.files(__package__).joinpath("upgrades", "dev-history.txt").read_text(encoding="utf-8")
-    rows = [line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    """The numbered migrations a development database may have applied, as the header of
+    dev-to-0.1.0.sql lists them."""
+    rows = _DEV_HISTORY_LINE.findall(dev_upgrade().sql)
     return tuple(DevMigration(int(version), name, checksum) for version, name, checksum in rows)
 
 

@@ -26,25 +26,68 @@ BEGIN
 END;
 $$;
 
--- Largest accepted message (jsonb datum size, bytes). Set with
--- ALTER DATABASE ... SET pgbroker.max_message_bytes = '...'; 0 disables it.
+-- The limits an operator sets (pgbroker.max_message_bytes, and
+-- pgbroker.route_limit: 90_routes.sql) protect the server from its callers,
+-- so a caller's session cannot lift them: a limit is the database's setting
+-- (ALTER DATABASE ... SET name = ..., read from the catalog: setrole = 0),
+-- or the session's own value only where that is stricter. A session value
+-- alone (SET, or ALTER ROLE ... SET, which a role may do for itself) would
+-- let any caller of a SECURITY DEFINER entry point choose the limit.
+
+-- A database-wide setting (ALTER DATABASE ... SET name = ...) as the
+-- catalog holds it; NULL without one.
+CREATE FUNCTION pgbroker._database_setting(name text)
+RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT substr(c.setting, length($1) + 2)
+    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
+    WHERE s.setrole = 0
+      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+      AND pg_catalog.starts_with(c.setting, $1 || '=');
+$$;
+
+-- A limit's value given as text: a whole number, or PB007 naming the setting.
+CREATE FUNCTION pgbroker._limit_number(name text, value text)
+RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value !~ '^[0-9]{1,18}$' THEN
+        RAISE EXCEPTION '% must be a whole number, got %', name, quote_literal(value)
+            USING ERRCODE = 'PB007', HINT = 'Set it for the database: ALTER DATABASE ... SET ' || name || ' = ...';
+    END IF;
+    RETURN value::bigint;
+END;
+$$;
+
+-- A limit's value (see above): the database's setting, fallback without one,
+-- or the session's value where it is stricter: smaller, and, where 0 means
+-- no limit (zero_means_none), positive.
+CREATE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none boolean)
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    database_value constant bigint := coalesce(pgbroker._limit_number(name, pgbroker._database_setting(name)),
+                                               fallback);
+    session_value constant bigint := pgbroker._limit_number(name, nullif(current_setting(name, true), ''));
+BEGIN
+    IF session_value IS NULL OR (zero_means_none AND session_value = 0) THEN
+        RETURN database_value;
+    ELSIF zero_means_none AND database_value = 0 THEN
+        RETURN session_value;
+    END IF;
+    RETURN least(database_value, session_value);
+END;
+$$;
+
+-- Refuse a message larger than pgbroker.max_message_bytes (jsonb datum size,
+-- bytes; 1 MiB by default, 0 for no limit), a limit as above.
 CREATE FUNCTION pgbroker._check_message_size(size bigint)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    setting text := coalesce(nullif(current_setting('pgbroker.max_message_bytes', true), ''), '1048576');
-    max_bytes bigint;
+    max_bytes constant bigint := pgbroker._limit('pgbroker.max_message_bytes', 1048576, true);
 BEGIN
-    IF setting !~ '^[0-9]{1,18}$' THEN
-        RAISE EXCEPTION 'pgbroker.max_message_bytes must be a whole number of bytes, got %',
-            quote_literal(setting)
-            USING ERRCODE = 'PB007', HINT = 'Set it to 0 to disable the limit.';
-    END IF;
-    max_bytes := setting::bigint;
     IF max_bytes > 0 AND size > max_bytes THEN
         RAISE EXCEPTION 'message is too large: % bytes, the limit is % bytes', size, max_bytes
             USING ERRCODE = 'PB005',
                   HINT = 'Store large payloads elsewhere and send a reference, '
-                         'or raise pgbroker.max_message_bytes.';
+                         'or raise pgbroker.max_message_bytes for the database.';
     END IF;
 END;
 $$;

@@ -133,20 +133,13 @@ BEGIN
 END;
 $$;
 
--- The ack statement of a queue the routes do not hold, prepared in this
--- session, as an EXECUTE to run (see 50_reads.sql's header).
+-- The ack statement of a queue the routes do not hold, as the text to run
+-- (pgbroker._statement_call, 50_reads.sql).
 CREATE FUNCTION pgbroker._run_ack(qtable text, msg_ids bigint[], read_cts integer[], leases bigint[],
                                   archive boolean)
-RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-    op text := CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END;
-    stmt text := pgbroker._statement_name(qtable, op);
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
-        EXECUTE pgbroker._statement(qtable, op);
-    END IF;
-    RETURN format('EXECUTE %I(%L, %L, %L)', stmt, msg_ids, read_cts, leases);
-END;
+RETURNS text LANGUAGE sql AS $$
+    SELECT pgbroker._statement_call(qtable, CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END,
+                                    quote_nullable(msg_ids), quote_nullable(read_cts), quote_nullable(leases));
 $$;
 
 -- Nack many: make the messages visible again after delay seconds; returns

@@ -51,15 +51,19 @@
 -- results and errors: a route is only ever a faster way to the same
 -- statement.
 
--- A query with its $n parameters replaced by the given names (variables of
--- the route), from the highest number down so that $1 never eats $10's start.
+-- A query with its $n parameters replaced by the given expressions (variables
+-- of the route, or literals: pgbroker._statement_call), in one pass, so that
+-- no replacement is ever read again for marks ($1 in a literal stays as it
+-- is, and $1 never eats $10's start).
 CREATE FUNCTION pgbroker._route_statement(statement text, params text[])
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    routed text := statement;
+    parts constant text[] := regexp_split_to_array(statement, '\$[0-9]+');
+    marks constant integer[] := ARRAY(SELECT m[1]::integer FROM regexp_matches(statement, '\$([0-9]+)', 'g') m);
+    routed text := parts[1];
 BEGIN
-    FOR i IN REVERSE cardinality(params)..1 LOOP
-        routed := replace(routed, '$' || i, params[i]);
+    FOR i IN 1..cardinality(marks) LOOP
+        routed := routed || params[marks[i]] || parts[i + 1];
     END LOOP;
     RETURN routed;
 END;
@@ -92,7 +96,7 @@ RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 SET check_function_bodies = off
 SET search_path = pg_catalog, pg_temp AS $W$
 DECLARE
-    route_limit integer := coalesce(nullif(current_setting('pgbroker.route_limit', true), '')::integer, 128);
+    route_limit constant bigint := pgbroker._limit('pgbroker.route_limit', 128, false);
     keys text[];
     names text[];
     tables text[];
@@ -176,10 +180,8 @@ BEGIN
         SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
         FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
     END IF;
-    -- Without pgbroker.max_message_bytes the limit is 1 MiB (pgbroker._check_message_size).
-    IF r_size > 1048576 OR coalesce(current_setting('pgbroker.max_message_bytes', true), '') <> '' THEN
-        PERFORM pgbroker._check_message_size(r_size);
-    END IF;
+    -- The limit is the database's, never only the session's (0025).
+    PERFORM pgbroker._check_message_size(r_size);
     IF r_max_depth IS NOT NULL THEN
         PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
     END IF;

@@ -55,13 +55,37 @@ CREATE TABLE pgmq.meta (
 -- second name instead (and finds the queue whatever case a caller uses).
 CREATE UNIQUE INDEX meta_queue_name_lower_key ON pgmq.meta (lower(queue_name));
 
--- pg_monitor reads every queue table, as pgmq grants it; queues created later
--- are covered by the default privileges.
+-- pg_monitor sees which queues exist and their sequences (how many messages
+-- each was sent), but not the queue and archive tables: pgmq grants it
+-- SELECT on every table of the schema, which lets every member of
+-- pg_monitor (a role given to monitoring agents) read every payload.
+-- pgbroker makes that an operator's choice, off by default
+-- (pgbroker.grant_pg_monitor_payloads). Lengths and ages need no payload:
+-- they come from the monitor role's functions (88_roles.sql; GRANT
+-- pgbroker_monitor TO pg_monitor gives them to pg_monitor's members).
 GRANT USAGE ON SCHEMA pgmq TO pg_monitor;
-GRANT SELECT ON ALL TABLES IN SCHEMA pgmq TO pg_monitor;
+GRANT SELECT ON pgmq.meta TO pg_monitor;
 GRANT SELECT ON ALL SEQUENCES IN SCHEMA pgmq TO pg_monitor;
-ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON TABLES TO pg_monitor;
 ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON SEQUENCES TO pg_monitor;
+
+-- Let pg_monitor read every queue and archive table, payloads included, as
+-- pgmq does (allowed), or take that back (not allowed: the default). Covers
+-- the tables there are and, by default privileges, those that the role
+-- calling this creates later (run it as the role that creates queues).
+CREATE FUNCTION pgbroker.grant_pg_monitor_payloads(allowed boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(allowed IS NOT NULL, 'allowed must be true or false, got NULL');
+    IF allowed THEN
+        GRANT SELECT ON ALL TABLES IN SCHEMA pgmq TO pg_monitor;
+        ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON TABLES TO pg_monitor;
+    ELSE
+        REVOKE SELECT ON ALL TABLES IN SCHEMA pgmq FROM pg_monitor;
+        ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq REVOKE SELECT ON TABLES FROM pg_monitor;
+        GRANT SELECT ON pgmq.meta TO pg_monitor;
+    END IF;
+END;
+$$;
 
 -- The field order of these types is part of the contract.
 CREATE TYPE pgmq.message_record AS (
@@ -135,8 +159,18 @@ BEGIN
             USING ERRCODE = 'PB001',
                   HINT = 'Use letters, digits, _ and - only.';
     END IF;
-    IF queue_name ~ '[[:cntrl:]]' THEN
-        RAISE EXCEPTION 'queue name contains a control character (got %)', quote_literal(queue_name)
+    PERFORM pgbroker._check_name_characters(queue_name, 'queue');
+END;
+$$;
+
+-- Refuse a queue or stream name (kind) with whitespace or a control character
+-- (PB001): such a name cannot be told apart from another when printed, and
+-- nothing is easier to get wrong in a shell, a URL or a log.
+CREATE FUNCTION pgbroker._check_name_characters(name text, kind text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF name ~ '[[:space:][:cntrl:]]' THEN
+        RAISE EXCEPTION '% name contains whitespace or a control character (got %)', kind, quote_literal(name)
             USING ERRCODE = 'PB001',
                   HINT = 'Use letters, digits, _ and - only.';
     END IF;

@@ -165,11 +165,14 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Send a batch to a queue; what every pgbroker function that sends (topics,
--- dead-letter replay, the bridge) calls.
-CREATE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
+-- dead-letter replay, the bridge, schedules, stream retries) calls.
+-- engine_headers: the engine's own sends (replay, schedules, stream retries),
+-- which may carry reserved headers (pgbroker._check_reserved_headers).
+CREATE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz,
+                                    engine_headers boolean DEFAULT false)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay);
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay, engine_headers);
 END;
 $$;
 

@@ -166,7 +166,7 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM unnest(letter_ids,
-                                      ARRAY(SELECT pgbroker._send_many(p.queue_name, messages, letter_headers, NULL)));
+                                      ARRAY(SELECT pgbroker._send_many(p.queue_name, messages, letter_headers, NULL, true)));
 END;
 $$;
 

@@ -148,7 +148,7 @@ BEGIN
     -- Sends: as 0012's _send_sql and _send_many (checks in the same order).
     EXECUTE format($R$
 CREATE OR REPLACE FUNCTION pgbroker._route_send(p_queue_name text, p_msgs jsonb[], p_headers jsonb[],
-                                                p_delay timestamptz)
+                                                p_delay timestamptz, p_engine_headers boolean DEFAULT false)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $F$
 DECLARE
     r integer := array_position(%1$L::text[], lower(p_queue_name));
@@ -190,6 +190,10 @@ BEGIN
     -- Job headers (32_priorities.sql): checked, and a batch with dedup keys
     -- is sent by pgbroker._send_deduplicated; the rest take the INSERT below.
     IF p_headers IS NOT NULL THEN
+        -- Reserved headers (0025): only the engine's own sends carry them.
+        IF NOT p_engine_headers THEN
+            PERFORM pgbroker._check_reserved_headers(p_headers);
+        END IF;
         IF pgbroker._has_job_headers(p_headers) THEN
             IF pgbroker._prepare_job_headers(r_name, p_headers) THEN
                 RETURN QUERY SELECT * FROM pgbroker._send_deduplicated(r_name, p_msgs, p_headers, p_delay);

@@ -38,7 +38,8 @@ CATALOG_QUERIES: dict[str, str] = {
     "relations": """
         SELECT n.nspname, c.relname, c.relkind, c.relpersistence, c.reloptions::text,
                -- No ACL means the owner's default one: a REVOKE of the last grant leaves that explicit.
-               coalesce(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner))::text,
+               coalesce(c.relacl,
+                        acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner))::text,
                pg_get_partkeydef(c.oid), c.relispartition, obj_description(c.oid, 'pg_class')
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = ANY(%(schemas)s)

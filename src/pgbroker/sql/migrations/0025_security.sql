@@ -77,13 +77,14 @@ BEGIN
 END;
 $$;
 
--- Refuse a queue or stream name (kind) with whitespace or a control character
--- (PB001): such a name cannot be told apart from another when printed, and
--- nothing is easier to get wrong in a shell, a URL or a log.
+-- Refuse a queue or stream name (kind) with whitespace (Unicode's too: no-break
+-- and zero-width spaces) or a control character (PB001): such a name cannot be
+-- told apart from another when printed, and nothing is easier to get wrong in
+-- a shell, a URL or a log.
 CREATE FUNCTION pgbroker._check_name_characters(name text, kind text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF name ~ '[[:space:][:cntrl:]]' THEN
+    IF name ~ '[[:space:][:cntrl:]\u00a0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]' THEN
         RAISE EXCEPTION '% name contains whitespace or a control character (got %)', kind, quote_literal(name)
             USING ERRCODE = 'PB001',
                   HINT = 'Use letters, digits, _ and - only.';

@@ -76,16 +76,15 @@ def queues(conn: Conn) -> tuple[str, ...]:
     conn.execute("CREATE TABLE public.marker (who text)")
     conn.execute("GRANT SELECT ON public.marker TO PUBLIC")
     for name in QUEUES:
-        if name.startswith("far"):
-            # Set the operator's way: for the database. Only the routes written from now see it.
-            conn.execute(
-                sql.SQL("ALTER DATABASE {} SET pgbroker.route_limit = 3").format(
-                    sql.Identifier(conn.info.dbname)
-                )
-            )
+        if name == "far":
+            # Only the first three queues are routed: for the database, the operator's way, and
+            # in this session, which writes the routes (the way of versions before 0025 too).
+            db = sql.Identifier(conn.info.dbname)
+            conn.execute(sql.SQL("ALTER DATABASE {} SET pgbroker.route_limit = 3").format(db))
+            conn.execute("SET pgbroker.route_limit = 3")
         conn.execute("SELECT pgmq.create(%s)", [name])
         conn.execute(
-            "SELECT pgmq.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', n % 3 + 1)"
+            "SELECT pgmq.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', n %% 3 + 1)"
             "                                 FROM generate_series(0, 5) n))",
             [name],
         )

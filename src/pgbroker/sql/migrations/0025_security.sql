@@ -92,17 +92,6 @@ BEGIN
 END;
 $$;
 
--- A database-wide setting (ALTER DATABASE ... SET name = ...) as the
--- catalog holds it; NULL without one.
-CREATE FUNCTION pgbroker._database_setting(name text)
-RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT substr(c.setting, length($1) + 2)
-    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
-    WHERE s.setrole = 0
-      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
-      AND pg_catalog.starts_with(c.setting, $1 || '=');
-$$;
-
 -- A limit's value given as text: a whole number, or PB007 naming the setting.
 CREATE FUNCTION pgbroker._limit_number(name text, value text)
 RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
@@ -117,15 +106,29 @@ $$;
 
 -- A limit's value (see above): the database's setting, fallback without one,
 -- or the session's value where it is stricter: smaller, and, where 0 means
--- no limit (zero_means_none), positive.
+-- no limit (zero_means_none), positive. Every send asks for
+-- max_message_bytes: one catalog probe, and no call for a value not set.
 CREATE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none boolean)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    database_value constant bigint := coalesce(pgbroker._limit_number(name, pgbroker._database_setting(name)),
-                                               fallback);
-    session_value constant bigint := pgbroker._limit_number(name, nullif(current_setting(name, true), ''));
+    database_text text;
+    session_text constant text := nullif(current_setting(name, true), '');
+    database_value bigint := fallback;
+    session_value bigint;
 BEGIN
-    IF session_value IS NULL OR (zero_means_none AND session_value = 0) THEN
+    SELECT substr(c.setting, length(name) + 2) INTO database_text
+    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
+    WHERE s.setrole = 0
+      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+      AND pg_catalog.starts_with(c.setting, name || '=');
+    IF database_text IS NOT NULL THEN
+        database_value := pgbroker._limit_number(name, database_text);
+    END IF;
+    IF session_text IS NULL THEN
+        RETURN database_value;
+    END IF;
+    session_value := pgbroker._limit_number(name, session_text);
+    IF zero_means_none AND session_value = 0 THEN
         RETURN database_value;
     ELSIF zero_means_none AND database_value = 0 THEN
         RETURN session_value;
@@ -263,9 +266,11 @@ $$;
 
 -- A queue's hot statement for op as PREPARE <name> (<types>) AS <query>.
 CREATE OR REPLACE FUNCTION pgbroker._statement(qtable text, op text)
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('PREPARE %I (%s) AS %s', pgbroker._statement_name(qtable, op),
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN format('PREPARE %I (%s) AS %s', pgbroker._statement_name(qtable, op),
                   array_to_string(pgbroker._statement_types(op), ', '), pgbroker._statement_query(qtable, op));
+END;
 $$;
 
 -- A queue's hot statement for op with its parameters bound to args (SQL
@@ -398,9 +403,11 @@ $$;
 -- (pgbroker._statement_call, 50_reads.sql).
 CREATE OR REPLACE FUNCTION pgbroker._run_ack(qtable text, msg_ids bigint[], read_cts integer[], leases bigint[],
                                   archive boolean)
-RETURNS text LANGUAGE sql AS $$
-    SELECT pgbroker._statement_call(qtable, CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END,
+RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN pgbroker._statement_call(qtable, CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END,
                                     quote_nullable(msg_ids), quote_nullable(read_cts), quote_nullable(leases));
+END;
 $$;
 
 -- Send a queue's dead letters back to it as new messages (the

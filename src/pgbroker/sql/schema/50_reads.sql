@@ -309,9 +309,11 @@ $$;
 
 -- A queue's hot statement for op as PREPARE <name> (<types>) AS <query>.
 CREATE FUNCTION pgbroker._statement(qtable text, op text)
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('PREPARE %I (%s) AS %s', pgbroker._statement_name(qtable, op),
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    RETURN format('PREPARE %I (%s) AS %s', pgbroker._statement_name(qtable, op),
                   array_to_string(pgbroker._statement_types(op), ', '), pgbroker._statement_query(qtable, op));
+END;
 $$;
 
 -- A queue's hot statement for op with its parameters bound to args (SQL

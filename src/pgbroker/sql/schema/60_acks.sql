@@ -137,9 +137,11 @@ $$;
 -- (pgbroker._statement_call, 50_reads.sql).
 CREATE FUNCTION pgbroker._run_ack(qtable text, msg_ids bigint[], read_cts integer[], leases bigint[],
                                   archive boolean)
-RETURNS text LANGUAGE sql AS $$
-    SELECT pgbroker._statement_call(qtable, CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END,
+RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN pgbroker._statement_call(qtable, CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END,
                                     quote_nullable(msg_ids), quote_nullable(read_cts), quote_nullable(leases));
+END;
 $$;
 
 -- Nack many: make the messages visible again after delay seconds; returns

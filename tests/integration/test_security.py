@@ -260,6 +260,12 @@ def test_shadowed_functions_operators_types_and_tables_are_never_reached(
             CREATE TEMP TABLE queue_head (queue_name text);
             CREATE FUNCTION pg_temp.lower(text) RETURNS text LANGUAGE sql AS
                 $$ SELECT 'x' FROM shadow.mark() $$;
+            CREATE FUNCTION pg_temp.lower(varchar) RETURNS text LANGUAGE sql AS
+                $$ SELECT 'x' FROM shadow.mark() $$;
+            CREATE FUNCTION pg_temp.array_position(text[], varchar) RETURNS integer LANGUAGE sql AS
+                $$ SELECT 1 FROM shadow.mark() $$;
+            CREATE FUNCTION pg_temp.starts_with(varchar, text) RETURNS boolean LANGUAGE sql AS
+                $$ SELECT true FROM shadow.mark() $$;
             SET search_path = shadow, pg_temp, pg_catalog, pgmq, pgbroker;
             """
         )

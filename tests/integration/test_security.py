@@ -217,6 +217,8 @@ def test_statements_prepared_under_the_engines_names_never_run_as_the_owner(
 def test_the_engines_own_text_prepared_under_a_hostile_search_path_never_runs_as_the_owner(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn
 ) -> None:
+    """A guard: before 0025 the server's plan cache saved this case (a prepared statement run
+    under another search_path is analysed again), which the engine no longer relies on."""
     attack(users["consumer"], seed_shadowed, "consumer")
     assert conn.execute(MARKER).fetchone() == (0,)
 

@@ -47,7 +47,7 @@
 -- 128, the oldest first), because every session compiles a route's full
 -- text when it first calls it. A queue that is not routed (beyond the limit,
 -- or invisible to the transaction that last wrote the routes) takes the
--- dynamic path (prepared statements, see 50_reads.sql), which gives the same
+-- dynamic path (pgbroker._statement_call, 50_reads.sql), which gives the same
 -- results and errors: a route is only ever a faster way to the same
 -- statement.
 

@@ -235,6 +235,19 @@ def test_a_statement_of_the_sessions_own_is_prepared_again_with_the_engines_text
     assert conn.execute(MARKER).fetchone() == (0,)
 
 
+def test_the_sessions_own_prepared_statement_is_kept_from_call_to_call(conn: Conn) -> None:
+    """The check of its text does not prepare it again on every call."""
+    conn.execute("SET pgbroker.route_limit = 0")
+    conn.execute("SELECT pgmq.create('dyn')")
+    conn.execute("SELECT pgmq.send('dyn', '{}')")
+    prepared = "SELECT name, prepare_time FROM pg_prepared_statements"
+    conn.execute("SELECT * FROM pgmq.read('dyn', 0, 1)")
+    first = conn.execute(prepared).fetchall()
+    conn.execute("SELECT * FROM pgmq.read('dyn', 0, 1)")
+    assert [name for name, _ in first] == ["pgb_read_q_dyn"]
+    assert conn.execute(prepared).fetchall() == first
+
+
 def test_shadowed_functions_operators_types_and_tables_are_never_reached(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn
 ) -> None:

@@ -139,6 +139,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
         RETURN;
@@ -150,6 +151,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL, NULL);
 END;
 $$;
@@ -157,6 +159,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers], NULL);
 END;
 $$;
@@ -164,6 +167,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
         RETURN;
@@ -176,6 +180,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
         RETURN;
@@ -187,6 +192,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
         RETURN;
@@ -200,6 +206,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[],
                                 delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
         RETURN;
@@ -211,6 +218,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, NULL);
 END;
 $$;
@@ -218,6 +226,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, NULL);
 END;
 $$;
@@ -225,6 +234,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
         RETURN;
@@ -237,6 +247,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
         RETURN;
@@ -248,6 +259,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
         RETURN;

@@ -108,6 +108,7 @@ def test_a_scoped_consumer_reads_acks_deletes_archives_and_hides_in_its_queues(
         rows = c.execute("SELECT message FROM pgbroker.consume('orders-eu', 30, 10)").fetchall()
         assert len(rows) == 1
         assert c.execute("SELECT count(*) FROM pgbroker.peek('orders-eu')").fetchone() == (2,)
+        assert c.execute("SELECT queue_name FROM pgbroker.policy('Orders-EU')").fetchone() == ("orders-eu",)
     assert conn.execute('SELECT count(*) FROM pgmq."a_orders-eu"').fetchone() == (2,)
 
 
@@ -340,6 +341,22 @@ def test_a_member_of_a_granted_group_role_is_scoped_too(dsn: str, conn: Conn, sc
     try:
         assert refusal(login(dsn, member), "SELECT * FROM pgmq.read('orders-eu', 30, 1)") is None
         assert refusal(login(dsn, member), "SELECT * FROM pgmq.read('billing', 30, 1)") == "42501"
+    finally:
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(member)))
+
+
+def test_members_of_the_broad_roles_keep_every_queue(dsn: str, conn: Conn, scoped: dict[str, str]) -> None:
+    prefix = scoped["consumer"].removesuffix("_consumer_scoped")
+    member = f"{prefix}_broad_member"
+    conn.execute(
+        sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+            sql.Identifier(member), sql.Identifier(f"{prefix}_consumer")
+        )
+    )
+    try:
+        with psycopg.connect(login(dsn, member), autocommit=True) as c:
+            assert len(c.execute("SELECT * FROM pgmq.read('billing', 30, 1)").fetchall()) == 1
+            assert c.execute("SELECT queue_name FROM pgbroker.policy('billing')").fetchone() == ("billing",)
     finally:
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(member)))
 

@@ -363,6 +363,20 @@ def test_members_of_the_broad_roles_keep_every_queue(dsn: str, conn: Conn, scope
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(member)))
 
 
+def test_the_grants_of_a_dropped_role_are_forgotten(
+    conn: Conn, roles: dict[str, str], pg_admin_dsn: str
+) -> None:
+    gone = f"{roles['consumer']}_gone"
+    conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(gone)))
+    grant_queue_access(conn, "consumer", gone, "orders*")
+    conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(gone)))
+    conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(gone)))
+    grant_queue_access(conn, "consumer", roles["consumer"], "billing")
+    assert conn.execute("SELECT grantee::text, pattern FROM pgbroker.queue_grant").fetchall() == [
+        (roles["consumer"], "billing")
+    ]
+
+
 @pytest.mark.parametrize(
     ("kind", "role", "pattern", "message"),
     [

@@ -173,6 +173,16 @@ BEGIN
 END;
 $$;
 
+-- Delete the grants of roles that were dropped (DROP OWNED took their
+-- privileges, so DROP ROLE could go on): a role made later could be given
+-- the same oid, and must not inherit them. Run by every change of the grants.
+CREATE FUNCTION pgbroker._forget_dropped_grantees()
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM pgbroker.queue_grant g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee);
+END;
+$$;
+
 -- Grant role kind on the queues matching pattern (now and created later);
 -- true if the grant is new. Idempotent: granting again repairs the role's
 -- privileges.
@@ -185,6 +195,7 @@ BEGIN
     PERFORM pgbroker._check_arg(pattern ~ '^[^[:space:][:cntrl:]]{1,100}$',
         format('queue pattern %L must be 1 to 100 characters without spaces or control characters', pattern),
         'A queue name, or a glob: * matches any characters, ? one (orders*, eu-?).');
+    PERFORM pgbroker._forget_dropped_grantees();
     INSERT INTO pgbroker.queue_grant (grantee, role_kind, pattern) VALUES (role_oid, kind, lower(pattern))
     ON CONFLICT DO NOTHING;
     added := FOUND;
@@ -206,6 +217,7 @@ BEGIN
     SELECT r.oid INTO role_oid FROM pg_roles r WHERE r.rolname = role_name;
     PERFORM pgbroker._check_arg(role_oid IS NOT NULL, format('role %L does not exist', role_name),
         'List the grants: SELECT * FROM pgbroker.list_queue_grants();');
+    PERFORM pgbroker._forget_dropped_grantees();
     DELETE FROM pgbroker.queue_grant g
     WHERE g.grantee = role_oid AND g.role_kind = kind
       AND (revoke_queue_access.pattern IS NULL OR g.pattern = lower(revoke_queue_access.pattern));
@@ -234,8 +246,8 @@ RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     role_oid regrole;
 BEGIN
-    FOR role_oid IN SELECT DISTINCT g.grantee FROM pgbroker.queue_grant g
-                    JOIN pg_roles r ON r.oid = g.grantee ORDER BY 1 LOOP
+    PERFORM pgbroker._forget_dropped_grantees();
+    FOR role_oid IN SELECT DISTINCT g.grantee FROM pgbroker.queue_grant g ORDER BY 1 LOOP
         PERFORM pgbroker._sync_queue_grantee(role_oid);
     END LOOP;
 END;
@@ -246,6 +258,7 @@ REVOKE EXECUTE ON FUNCTION pgbroker.grant_queue_access(text, text, text),
                            pgbroker.revoke_queue_access(text, text, text),
                            pgbroker.list_queue_grants(),
                            pgbroker._sync_queue_grantee(regrole),
+                           pgbroker._forget_dropped_grantees(),
                            pgbroker._sync_queue_grants() FROM PUBLIC;
 
 -- The entry points, each with its authorization first.

@@ -363,9 +363,7 @@ def test_members_of_the_broad_roles_keep_every_queue(dsn: str, conn: Conn, scope
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(member)))
 
 
-def test_the_grants_of_a_dropped_role_are_forgotten(
-    conn: Conn, roles: dict[str, str], pg_admin_dsn: str
-) -> None:
+def test_the_grants_of_a_dropped_role_are_forgotten(conn: Conn, roles: dict[str, str]) -> None:
     gone = f"{roles['consumer']}_gone"
     conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(gone)))
     grant_queue_access(conn, "consumer", gone, "orders*")

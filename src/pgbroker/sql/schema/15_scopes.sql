@@ -131,7 +131,7 @@ BEGIN
     IF session_user = current_user THEN
         RETURN true;  -- no privilege switch: the caller's own rights decide
     END IF;
-    -- The broad roles before the grants: their members keep today's cost.
+    -- The broad roles before the grants: their members skip the grants' scan.
     IF pg_has_role(session_user, current_user, 'MEMBER')
        OR pgbroker._broad_role(session_user, kind) IS NOT NULL
        OR EXISTS (SELECT 1 FROM pgbroker.queue_grant g

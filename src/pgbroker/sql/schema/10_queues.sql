@@ -18,7 +18,7 @@
 -- The installer's own bookkeeping, pgbroker.schema_migrations, is created by
 -- install.py before these files run.
 --
--- Files: 10 queues, 20 policies, 30 sends, 32 priorities, 34 dedup,
+-- Files: 10 queues, 15 scopes (queue grants), 20 policies, 30 sends, 32 priorities, 34 dedup,
 -- 40 receipts, 50 reads, 56 limits, 60 acks,
 -- 65 failures (dead letters), 70 FIFO groups, 72 topics, 74 notify,
 -- 76 partitions, 77 peek, 78 schedules, 80 stats, 82 spark, 84 keys, 86 bridge, 88 roles, 90 routes.

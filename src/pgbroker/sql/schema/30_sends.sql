@@ -188,6 +188,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
         RETURN;
@@ -199,6 +200,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL, NULL);
 END;
 $$;
@@ -206,6 +208,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers], NULL);
 END;
 $$;
@@ -213,6 +216,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
         RETURN;
@@ -225,6 +229,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
         RETURN;
@@ -236,6 +241,7 @@ $$;
 CREATE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
         RETURN;
@@ -249,6 +255,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[],
                                 delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
         RETURN;
@@ -260,6 +267,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, NULL);
 END;
 $$;
@@ -267,6 +275,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, NULL);
 END;
 $$;
@@ -274,6 +283,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
         RETURN;
@@ -286,6 +296,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
         RETURN;
@@ -297,6 +308,7 @@ $$;
 CREATE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
         RETURN;

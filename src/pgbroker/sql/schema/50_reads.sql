@@ -602,6 +602,7 @@ $$;
 CREATE FUNCTION pgmq.read(queue_name TEXT, vt INTEGER, qty INTEGER, conditional JSONB DEFAULT '{}')
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF (vt IS NULL OR vt < 0 OR qty IS NULL) AND coalesce(qty >= 0, true) THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_read_as_given(queue_name, vt, qty, conditional);
         RETURN;
@@ -671,6 +672,7 @@ CREATE FUNCTION pgmq.read_with_poll(
     conditional JSONB DEFAULT '{}'
 )
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._pgmq_poll(
         format('SELECT * FROM pgmq.read(%L, %s, %s, %L)', queue_name, coalesce(vt::text, 'NULL'),
                coalesce(qty::text, 'NULL'), conditional),
@@ -699,6 +701,7 @@ $$;
 CREATE FUNCTION pgmq.pop(queue_name TEXT, qty INTEGER DEFAULT 1)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF qty IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_pop_all(queue_name);
         RETURN;
@@ -712,6 +715,7 @@ $$;
 CREATE FUNCTION pgbroker.read(queue_name text, vt integer, qty integer, conditional jsonb DEFAULT '{}')
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_deliver(queue_name, vt, qty, conditional);
 END;
 $$;
@@ -725,6 +729,7 @@ CREATE FUNCTION pgbroker.read_with_poll(
     max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100,
     conditional jsonb DEFAULT '{}')
 RETURNS SETOF pgbroker.delivery LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT m.*, pgbroker.receipt(m.msg_id, m.read_ct, m.vt)
     FROM pgbroker._poll(
         format('SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers'

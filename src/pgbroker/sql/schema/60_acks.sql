@@ -16,6 +16,7 @@
 CREATE FUNCTION pgmq.delete(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     RETURN QUERY EXECUTE format(
@@ -26,6 +27,7 @@ $$;
 
 CREATE FUNCTION pgmq.delete(queue_name TEXT, msg_id BIGINT)
 RETURNS BOOLEAN LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT EXISTS (SELECT 1 FROM pgmq.delete(queue_name, ARRAY[msg_id]));
 $$;
 
@@ -33,6 +35,7 @@ $$;
 CREATE FUNCTION pgmq.archive(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     RETURN QUERY EXECUTE format(
@@ -51,6 +54,7 @@ $$;
 
 CREATE FUNCTION pgmq.archive(queue_name TEXT, msg_id BIGINT)
 RETURNS BOOLEAN LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT EXISTS (SELECT 1 FROM pgmq.archive(queue_name, ARRAY[msg_id]));
 $$;
 
@@ -61,6 +65,7 @@ $$;
 CREATE FUNCTION pgmq.set_vt(queue_name TEXT, msg_ids BIGINT[], vt TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
     changed pgmq.message_record[];
     lowest bigint;
@@ -92,17 +97,20 @@ $$;
 CREATE FUNCTION pgmq.set_vt(queue_name TEXT, msg_ids BIGINT[], vt INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgmq.set_vt(queue_name, msg_ids, clock_timestamp() + make_interval(secs => vt));
 END;
 $$;
 
 CREATE FUNCTION pgmq.set_vt(queue_name TEXT, msg_id BIGINT, vt TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgmq.set_vt(queue_name, ARRAY[msg_id], vt);
 $$;
 
 CREATE FUNCTION pgmq.set_vt(queue_name TEXT, msg_id BIGINT, vt INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgmq.set_vt(queue_name, ARRAY[msg_id], vt);
 $$;
 
@@ -116,6 +124,7 @@ $$;
 CREATE FUNCTION pgbroker.ack(queue_name text, receipts text[], archive boolean DEFAULT true)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_ack(queue_name, receipts, archive, false);
 END;
 $$;
@@ -123,6 +132,7 @@ $$;
 CREATE FUNCTION pgbroker.ack(queue_name text, receipt text, archive boolean DEFAULT true)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     acked bigint;
 BEGIN
     SELECT a INTO acked FROM pgbroker.ack(queue_name, ARRAY[receipt], archive) a;
@@ -149,6 +159,7 @@ $$;
 CREATE FUNCTION pgbroker.nack(queue_name text, receipts text[], delay integer DEFAULT 0)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -172,6 +183,7 @@ $$;
 CREATE FUNCTION pgbroker.nack(queue_name text, receipt text, delay integer DEFAULT 0)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     released bigint;
 BEGIN
     SELECT n INTO released FROM pgbroker.nack(queue_name, ARRAY[receipt], delay) n;
@@ -187,6 +199,7 @@ $$;
 CREATE FUNCTION pgbroker.extend(queue_name text, receipts text[], vt integer)
 RETURNS TABLE (msg_id bigint, receipt text) LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -210,6 +223,7 @@ $$;
 CREATE FUNCTION pgbroker.extend(queue_name text, receipt text, vt integer)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     renewed text;
 BEGIN
     SELECT e.receipt INTO renewed FROM pgbroker.extend(queue_name, ARRAY[receipt], vt) e;
@@ -235,6 +249,7 @@ CREATE FUNCTION pgbroker.consume(queue_name text, vt integer, qty integer,
                                  receipts text[] DEFAULT NULL, archive boolean DEFAULT NULL)
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF vt IS NULL OR vt < 0 OR qty IS NULL OR qty < 0 THEN
         PERFORM pgbroker._table(queue_name);
         PERFORM pgbroker._check_read_args(vt, qty);
@@ -254,5 +269,6 @@ $$;
 -- msg_ids whose receipts still held, as pgbroker.ack does.
 CREATE FUNCTION pgbroker.complete(queue_name text, receipts text[])
 RETURNS SETOF bigint LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT pgbroker.ack(queue_name, receipts, (pgbroker.policy(queue_name)).ack_mode = 'archive');
 $$;

@@ -79,6 +79,7 @@ $$;
 CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL)
 RETURNS TABLE (msg_id bigint, outcome text) LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
     one text;
     held record;
@@ -105,6 +106,7 @@ $$;
 CREATE FUNCTION pgbroker.fail(queue_name text, receipt text, error text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     result text;
 BEGIN
     SELECT f.outcome INTO result FROM pgbroker.fail(queue_name, ARRAY[receipt], error) f;

@@ -288,16 +288,19 @@ $$;
 
 CREATE FUNCTION pgmq.read_grouped(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'fill');
 $$;
 
 CREATE FUNCTION pgmq.read_grouped_rr(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'rr');
 $$;
 
 CREATE FUNCTION pgmq.read_grouped_head(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'head');
 $$;
 
@@ -305,6 +308,7 @@ CREATE FUNCTION pgmq.read_grouped_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'fill');
 $$;
 
@@ -312,6 +316,7 @@ CREATE FUNCTION pgmq.read_grouped_rr_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'rr');
 $$;
 
@@ -319,6 +324,7 @@ CREATE FUNCTION pgmq.read_grouped_head_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'head');
 $$;
 

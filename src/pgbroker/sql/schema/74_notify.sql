@@ -57,6 +57,7 @@ CREATE TABLE pgmq.notify_insert_throttle (
 -- every client (and the trigger) agrees with the server's lower-casing.
 CREATE FUNCTION pgbroker.notify_channel(queue_name text)
 RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT 'pgmq.' || pgbroker._table(queue_name) || '.INSERT';
 $$;
 

@@ -35,6 +35,7 @@ CREATE INDEX inbound_seen_seen_at ON pgbroker.inbound_seen (seen_at);
 CREATE FUNCTION pgbroker.ack_published(queue_name text, receipts text[], published jsonb[])
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -79,6 +80,7 @@ CREATE FUNCTION pgbroker.receive_many(
     queue_name text, message_ids text[], messages jsonb[], headers jsonb[], seen_within interval)
 RETURNS TABLE (message_id text, msg_id bigint) LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('producer', queue_name);
     stored varchar;
     fresh_ids text[];
     fresh_messages jsonb[];

@@ -7,7 +7,7 @@
 -- delete) and 'reports' (paused). Each call finds its queue's position among the names,
 -- then runs that queue's static statement.
 
-CREATE OR REPLACE FUNCTION pgbroker._route_send(p_queue_name text, p_msgs jsonb[], p_headers jsonb[], p_delay timestamp with time zone)
+CREATE OR REPLACE FUNCTION pgbroker._route_send(p_queue_name text, p_msgs jsonb[], p_headers jsonb[], p_delay timestamp with time zone, p_engine_headers boolean DEFAULT false)
  RETURNS SETOF bigint
  LANGUAGE plpgsql
 AS $function$
@@ -41,10 +41,8 @@ BEGIN
         SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
         FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
     END IF;
-    -- Without pgbroker.max_message_bytes the limit is 1 MiB (pgbroker._check_message_size).
-    IF r_size > 1048576 OR coalesce(current_setting('pgbroker.max_message_bytes', true), '') <> '' THEN
-        PERFORM pgbroker._check_message_size(r_size);
-    END IF;
+    -- The limit is the database's, never only the session's (0025).
+    PERFORM pgbroker._check_message_size(r_size);
     IF r_max_depth IS NOT NULL THEN
         PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
     END IF;
@@ -53,6 +51,10 @@ BEGIN
     -- Job headers (32_priorities.sql): checked, and a batch with dedup keys
     -- is sent by pgbroker._send_deduplicated; the rest take the INSERT below.
     IF p_headers IS NOT NULL THEN
+        -- Reserved headers (0025): only the engine's own sends carry them.
+        IF NOT p_engine_headers THEN
+            PERFORM pgbroker._check_reserved_headers(p_headers);
+        END IF;
         IF pgbroker._has_job_headers(p_headers) THEN
             IF pgbroker._prepare_job_headers(r_name, p_headers) THEN
                 RETURN QUERY SELECT * FROM pgbroker._send_deduplicated(r_name, p_msgs, p_headers, p_delay);
@@ -154,7 +156,8 @@ BEGIN
     r_clock := clock_timestamp();
 IF r <= 2 THEN
 IF r <= 1 THEN
-RETURN QUERY             WITH 
+RETURN QUERY 
+            WITH 
         ready AS (
             SELECT msg_id FROM pgmq.q_orders
             WHERE read_ct = 0 AND vt <= enqueued_at AND msg_id >= r_from 
@@ -195,7 +198,8 @@ RETURN QUERY             WITH
             SELECT * FROM leased ORDER BY msg_id
             ;
 ELSE
-RETURN QUERY             WITH 
+RETURN QUERY 
+            WITH 
         ready AS (
             SELECT msg_id FROM pgmq.q_emails
             WHERE read_ct = 0 AND vt <= enqueued_at AND msg_id >= r_from 
@@ -289,7 +293,8 @@ BEGIN
     r_clock := clock_timestamp();
 IF r <= 2 THEN
 IF r <= 1 THEN
-RETURN QUERY             WITH 
+RETURN QUERY 
+            WITH 
         ready AS (
             SELECT msg_id FROM pgmq.q_orders
             WHERE read_ct = 0 AND vt <= enqueued_at AND msg_id >= r_from 
@@ -330,7 +335,8 @@ RETURN QUERY             WITH
             SELECT *, pgbroker.receipt(msg_id, read_ct, vt) FROM leased ORDER BY msg_id
             ;
 ELSE
-RETURN QUERY             WITH 
+RETURN QUERY 
+            WITH 
         ready AS (
             SELECT msg_id FROM pgmq.q_emails
             WHERE read_ct = 0 AND vt <= enqueued_at AND msg_id >= r_from 
@@ -409,7 +415,8 @@ BEGIN
     r_clock := clock_timestamp();
 IF r <= 2 THEN
 IF r <= 1 THEN
-RETURN QUERY             WITH 
+RETURN QUERY 
+            WITH 
         ready AS (
             SELECT msg_id FROM pgmq.q_orders
             WHERE read_ct = 0 AND vt <= enqueued_at AND msg_id >= r_from 
@@ -446,7 +453,8 @@ RETURN QUERY             WITH
             SELECT * FROM popped ORDER BY msg_id
             ;
 ELSE
-RETURN QUERY             WITH 
+RETURN QUERY 
+            WITH 
         ready AS (
             SELECT msg_id FROM pgmq.q_emails
             WHERE read_ct = 0 AND vt <= enqueued_at AND msg_id >= r_from 
@@ -532,7 +540,8 @@ BEGIN
 IF r <= 2 THEN
 IF r <= 1 THEN
 IF r_archive THEN
-RETURN QUERY             WITH removed AS (
+RETURN QUERY 
+            WITH removed AS (
                 DELETE FROM pgmq.q_orders q
                 WHERE q.msg_id = ANY(r_held.msg_ids)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
@@ -546,7 +555,8 @@ RETURN QUERY             WITH removed AS (
             SELECT msg_id FROM removed ORDER BY msg_id
             ;
 ELSE
-RETURN QUERY             WITH removed AS (
+RETURN QUERY 
+            WITH removed AS (
                 DELETE FROM pgmq.q_orders q
                 WHERE q.msg_id = ANY(r_held.msg_ids)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
@@ -558,7 +568,8 @@ RETURN QUERY             WITH removed AS (
 END IF;
 ELSE
 IF r_archive THEN
-RETURN QUERY             WITH removed AS (
+RETURN QUERY 
+            WITH removed AS (
                 DELETE FROM pgmq.q_emails q
                 WHERE q.msg_id = ANY(r_held.msg_ids)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
@@ -572,7 +583,8 @@ RETURN QUERY             WITH removed AS (
             SELECT msg_id FROM removed ORDER BY msg_id
             ;
 ELSE
-RETURN QUERY             WITH removed AS (
+RETURN QUERY 
+            WITH removed AS (
                 DELETE FROM pgmq.q_emails q
                 WHERE q.msg_id = ANY(r_held.msg_ids)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
@@ -585,7 +597,8 @@ END IF;
 END IF;
 ELSE
 IF r_archive THEN
-RETURN QUERY             WITH removed AS (
+RETURN QUERY 
+            WITH removed AS (
                 DELETE FROM pgmq.q_reports q
                 WHERE q.msg_id = ANY(r_held.msg_ids)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
@@ -599,7 +612,8 @@ RETURN QUERY             WITH removed AS (
             SELECT msg_id FROM removed ORDER BY msg_id
             ;
 ELSE
-RETURN QUERY             WITH removed AS (
+RETURN QUERY 
+            WITH removed AS (
                 DELETE FROM pgmq.q_reports q
                 WHERE q.msg_id = ANY(r_held.msg_ids)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))

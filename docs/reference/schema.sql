@@ -201,6 +201,36 @@ END;
 $_$;
 
 --
+-- Name: _authorize(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._authorize(kind text, queue_name text) RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF session_user = current_user THEN
+        RETURN true;  -- no privilege switch: the caller's own rights decide
+    END IF;
+    -- The broad roles before the grants: their members skip the grants' scan.
+    IF pg_has_role(session_user, current_user, 'MEMBER')
+       OR pgbroker._broad_role(session_user, kind) IS NOT NULL
+       OR EXISTS (SELECT 1 FROM pgbroker.queue_grant g
+                  WHERE (_authorize.kind IS NULL OR g.role_kind = _authorize.kind)
+                    AND lower(_authorize.queue_name) LIKE g.like_pattern
+                    AND pg_has_role(session_user, g.grantee, 'MEMBER')) THEN
+        RETURN true;
+    END IF;
+    RAISE EXCEPTION 'permission denied: role "%" has no %access to queue "%"',
+                    session_user, coalesce(kind || ' ', ''), queue_name
+        USING ERRCODE = 'insufficient_privilege',
+              HINT = format('The schema owner grants it: SELECT pgbroker.grant_queue_access(%L, %L, %L); '
+                            'or: pgbroker grant %s %s --queue %s',
+                            coalesce(kind, 'consumer'), session_user, lower(queue_name),
+                            coalesce(kind, 'consumer'), session_user, lower(queue_name));
+END;
+$$;
+
+--
 -- Name: _bounded_count(text, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -212,6 +242,25 @@ DECLARE
 BEGIN
     EXECUTE format('SELECT count(*) FROM (SELECT 1 FROM %s LIMIT %s) s', from_where, bound + 1) INTO n;
     RETURN n;
+END;
+$$;
+
+--
+-- Name: _broad_role(name, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._broad_role(member name, kind text) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF kind IS NULL THEN
+        RETURN coalesce(pgbroker._broad_role(member, 'producer'), pgbroker._broad_role(member, 'consumer'),
+                        pgbroker._broad_role(member, 'monitor'));
+    END IF;
+    RETURN (SELECT s.prefix || '_' || kind
+            FROM pgbroker.role_sets s
+            WHERE pg_has_role(member, to_regrole(quote_ident(s.prefix || '_' || kind)), 'MEMBER')
+            LIMIT 1);
 END;
 $$;
 
@@ -334,25 +383,18 @@ $_$;
 
 CREATE FUNCTION pgbroker._check_message_size(size bigint) RETURNS void
     LANGUAGE plpgsql STABLE
-    AS $_$
+    AS $$
 DECLARE
-    setting text := coalesce(nullif(current_setting('pgbroker.max_message_bytes', true), ''), '1048576');
-    max_bytes bigint;
+    max_bytes constant bigint := pgbroker._limit('pgbroker.max_message_bytes', 1048576, true);
 BEGIN
-    IF setting !~ '^[0-9]{1,18}$' THEN
-        RAISE EXCEPTION 'pgbroker.max_message_bytes must be a whole number of bytes, got %',
-            quote_literal(setting)
-            USING ERRCODE = 'PB007', HINT = 'Set it to 0 to disable the limit.';
-    END IF;
-    max_bytes := setting::bigint;
     IF max_bytes > 0 AND size > max_bytes THEN
         RAISE EXCEPTION 'message is too large: % bytes, the limit is % bytes', size, max_bytes
             USING ERRCODE = 'PB005',
                   HINT = 'Store large payloads elsewhere and send a reference, '
-                         'or raise pgbroker.max_message_bytes.';
+                         'or raise pgbroker.max_message_bytes for the database.';
     END IF;
 END;
-$_$;
+$$;
 
 --
 -- Name: _check_name(text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -388,13 +430,25 @@ BEGIN
             USING ERRCODE = 'PB001',
                   HINT = 'Use letters, digits, _ and - only.';
     END IF;
-    IF queue_name ~ '[[:cntrl:]]' THEN
-        RAISE EXCEPTION 'queue name contains a control character (got %)', quote_literal(queue_name)
+    PERFORM pgbroker._check_name_characters(queue_name, 'queue');
+END;
+$_$;
+
+--
+-- Name: _check_name_characters(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._check_name_characters(name text, kind text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF name ~ '[[:space:][:cntrl:]\u00a0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]' THEN
+        RAISE EXCEPTION '% name contains whitespace or a control character (got %)', kind, quote_literal(name)
             USING ERRCODE = 'PB001',
                   HINT = 'Use letters, digits, _ and - only.';
     END IF;
 END;
-$_$;
+$$;
 
 --
 -- Name: _check_new_name(text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -415,6 +469,22 @@ END;
 $$;
 
 --
+-- Name: _check_prune_args(interval, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._check_prune_args(seen_within interval, batch_size integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(seen_within >= interval '1 minute',
+        format('seen_within must be an interval of at least 1 minute, got %s', coalesce(seen_within::text, 'NULL')),
+        'Prune with the window the inbound bridge de-duplicates over (its seen_within).');
+    PERFORM pgbroker._check_arg(batch_size BETWEEN 1 AND 100000,
+        format('batch_size must be from 1 to 100000, got %s', coalesce(batch_size::text, 'NULL')));
+END;
+$$;
+
+--
 -- Name: _check_read_args(integer, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -428,6 +498,31 @@ BEGIN
     PERFORM pgbroker._check_arg(qty IS NOT NULL AND qty >= 0,
         format('qty must be >= 0, got %s', coalesce(qty::text, 'NULL')),
         'qty is the largest number of messages to return.');
+END;
+$$;
+
+--
+-- Name: _check_reserved_headers(jsonb[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._check_reserved_headers(headers jsonb[]) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    reserved text;
+BEGIN
+    SELECT k INTO reserved
+    FROM unnest(headers) h,
+         jsonb_object_keys(CASE WHEN jsonb_typeof(h) = 'object' THEN h END) k
+    WHERE starts_with(lower(k), 'x-pgbroker-')
+      AND lower(k) NOT IN ('x-pgbroker-priority', 'x-pgbroker-dedup-key', 'x-pgbroker-concurrency-key')
+    LIMIT 1;
+    IF reserved IS NOT NULL THEN
+        RAISE EXCEPTION 'header % is reserved for pgbroker itself', quote_ident(reserved)
+            USING ERRCODE = 'PB007',
+                  HINT = 'Of the x-pgbroker-* headers a sender may set only x-pgbroker-priority, '
+                         'x-pgbroker-dedup-key and x-pgbroker-concurrency-key; rename the header.';
+    END IF;
 END;
 $$;
 
@@ -1139,6 +1234,29 @@ CREATE FUNCTION pgbroker._fifo_take_sql(qtable text, batch_order text) RETURNS t
 $_$;
 
 --
+-- Name: _forget_dropped_grantees(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._forget_dropped_grantees() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM pgbroker.queue_grant g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee);
+END;
+$$;
+
+--
+-- Name: _glob_like(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._glob_like(pattern text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT replace(replace(replace(replace(replace(lower(pattern),
+        '\', '\\'), '%', '\%'), '_', '\_'), '*', '%'), '?', '_');
+$$;
+
+--
 -- Name: _has_job_headers(jsonb[]); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -1228,6 +1346,40 @@ END;
 $$;
 
 --
+-- Name: _limit(text, bigint, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none boolean) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    database_text text;
+    session_text constant text := nullif(current_setting(name, true), '');
+    database_value bigint := fallback;
+    session_value bigint;
+BEGIN
+    SELECT substr(c.setting, length(name) + 2) INTO database_text
+    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
+    WHERE s.setrole = 0
+      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+      AND pg_catalog.starts_with(c.setting, name || '=');
+    IF database_text IS NOT NULL THEN
+        database_value := pgbroker._limit_number(name, database_text);
+    END IF;
+    IF session_text IS NULL THEN
+        RETURN database_value;
+    END IF;
+    session_value := pgbroker._limit_number(name, session_text);
+    IF zero_means_none AND session_value = 0 THEN
+        RETURN database_value;
+    ELSIF zero_means_none AND database_value = 0 THEN
+        RETURN session_value;
+    END IF;
+    RETURN least(database_value, session_value);
+END;
+$$;
+
+--
 -- Name: _limit_budget(text, integer, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -1278,6 +1430,22 @@ CREATE FUNCTION pgbroker._limit_charge(stored_name text, available double precis
     UPDATE pgbroker.rate_buckets b SET tokens = available - got, refilled_at = clock
     WHERE b.queue_name = stored_name AND available IS NOT NULL;
 $$;
+
+--
+-- Name: _limit_number(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._limit_number(name text, value text) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE
+    AS $_$
+BEGIN
+    IF value !~ '^[0-9]{1,18}$' THEN
+        RAISE EXCEPTION '% must be a whole number, got %', name, quote_literal(value)
+            USING ERRCODE = 'PB007', HINT = 'Set it for the database: ALTER DATABASE ... SET ' || name || ' = ...';
+    END IF;
+    RETURN value::bigint;
+END;
+$_$;
 
 --
 -- Name: _lower_timed_from(text, timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -2148,23 +2316,6 @@ END;
 $$;
 
 --
--- Name: _prepared(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
---
-
-CREATE FUNCTION pgbroker._prepared(qtable text, op text) RETURNS text
-    LANGUAGE plpgsql
-    AS $$
-DECLARE
-    stmt text := pgbroker._statement_name(qtable, op);
-BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
-        EXECUTE pgbroker._statement(qtable, op);
-    END IF;
-    RETURN stmt;
-END;
-$$;
-
---
 -- Name: _priority(jsonb); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -2219,6 +2370,41 @@ CREATE FUNCTION pgbroker._queue(queue_name text, OUT stored_name text, OUT max_d
     LEFT JOIN pgbroker.queue_head h ON h.queue_name = m.queue_name
     WHERE lower(m.queue_name) = lower($1);
 $_$;
+
+--
+-- Name: _queue_grantee(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._queue_grantee(kind text, role_name text) RETURNS regrole
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    schema_owner oid := (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'pgbroker');
+    role_oid oid;
+    broad text;
+BEGIN
+    PERFORM pgbroker._check_arg(kind IN ('producer', 'consumer', 'monitor'),
+        format('unknown role kind %L', kind), 'Kinds: producer, consumer, monitor.');
+    SELECT r.oid INTO role_oid FROM pg_roles r WHERE r.rolname = role_name;
+    PERFORM pgbroker._check_arg(role_oid IS NOT NULL, format('role %L does not exist', role_name),
+        format('Create it first (CREATE ROLE %I LOGIN PASSWORD ...), then grant it queues.', role_name));
+    PERFORM pgbroker._check_arg(EXISTS (SELECT 1 FROM pgbroker.role_sets),
+        'queue grants need pgbroker''s roles, which are not installed in this database',
+        'Install them first: pgbroker install --roles (or SELECT pgbroker.grant_roles();).');
+    PERFORM pgbroker._check_arg(NOT pg_has_role(role_oid, schema_owner, 'MEMBER'),
+        format('role %L is a superuser or (a member of) the schema owner %L: it has every access already',
+               role_name, schema_owner::regrole),
+        'Grant queues to a role without those rights.');
+    broad := pgbroker._broad_role(role_name, kind);
+    IF broad IS NOT NULL THEN
+        PERFORM pgbroker._check_arg(false,
+            format('role %L is (a member of) %L, which has %s access to every queue: a queue grant would not limit it',
+                   role_name, broad, kind),
+            format('Take that membership back first: REVOKE %I FROM %I;', broad, role_name));
+    END IF;
+    RETURN role_oid::regrole;
+END;
+$$;
 
 --
 -- Name: _raise_stale(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -2428,8 +2614,8 @@ BEGIN
               || CASE WHEN p.priorities THEN '_p' ELSE '' END
               || CASE WHEN NOT pop AND NOT (conditional IS NULL OR conditional = '{}'::jsonb)
                       THEN CASE WHEN p.priorities THEN 'c' ELSE '_c' END ELSE '' END;
-        RETURN QUERY EXECUTE format('EXECUTE %I(%s, %L, %L, %s, %s)', pgbroker._prepared(qtable, op),
-                                    b.budget, conditional, b.clock, coalesce(vt::text, 'NULL'), ready_from);
+        RETURN QUERY EXECUTE pgbroker._statement_call(qtable, op, quote_nullable(b.budget),
+            quote_nullable(conditional), quote_nullable(b.clock), quote_nullable(vt), quote_nullable(ready_from));
     END IF;
     GET DIAGNOSTICS got = ROW_COUNT;
     PERFORM pgbroker._limit_charge(stored_name, b.available, b.clock, got);
@@ -2716,10 +2902,10 @@ END;
 $$;
 
 --
--- Name: _route_send(text, jsonb[], jsonb[], timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _route_send(text, jsonb[], jsonb[], timestamp with time zone, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._route_send(p_queue_name text, p_msgs jsonb[], p_headers jsonb[], p_delay timestamp with time zone) RETURNS SETOF bigint
+CREATE FUNCTION pgbroker._route_send(p_queue_name text, p_msgs jsonb[], p_headers jsonb[], p_delay timestamp with time zone, p_engine_headers boolean DEFAULT false) RETURNS SETOF bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -2752,10 +2938,8 @@ BEGIN
         SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
         FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
     END IF;
-    -- Without pgbroker.max_message_bytes the limit is 1 MiB (pgbroker._check_message_size).
-    IF r_size > 1048576 OR coalesce(current_setting('pgbroker.max_message_bytes', true), '') <> '' THEN
-        PERFORM pgbroker._check_message_size(r_size);
-    END IF;
+    -- The limit is the database's, never only the session's (0025).
+    PERFORM pgbroker._check_message_size(r_size);
     IF r_max_depth IS NOT NULL THEN
         PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
     END IF;
@@ -2764,6 +2948,10 @@ BEGIN
     -- Job headers (32_priorities.sql): checked, and a batch with dedup keys
     -- is sent by pgbroker._send_deduplicated; the rest take the INSERT below.
     IF p_headers IS NOT NULL THEN
+        -- Reserved headers (0025): only the engine's own sends carry them.
+        IF NOT p_engine_headers THEN
+            PERFORM pgbroker._check_reserved_headers(p_headers);
+        END IF;
         IF pgbroker._has_job_headers(p_headers) THEN
             IF pgbroker._prepare_job_headers(r_name, p_headers) THEN
                 RETURN QUERY SELECT * FROM pgbroker._send_deduplicated(r_name, p_msgs, p_headers, p_delay);
@@ -2788,10 +2976,12 @@ CREATE FUNCTION pgbroker._route_statement(statement text, params text[]) RETURNS
     LANGUAGE plpgsql IMMUTABLE
     AS $_$
 DECLARE
-    routed text := statement;
+    parts constant text[] := regexp_split_to_array(statement, '\$[0-9]+');
+    marks constant integer[] := ARRAY(SELECT m[1]::integer FROM regexp_matches(statement, '\$([0-9]+)', 'g') m);
+    routed text := parts[1];
 BEGIN
-    FOR i IN REVERSE cardinality(params)..1 LOOP
-        routed := replace(routed, '$' || i, params[i]);
+    FOR i IN 1..cardinality(marks) LOOP
+        routed := routed || params[marks[i]] || parts[i + 1];
     END LOOP;
     RETURN routed;
 END;
@@ -2838,14 +3028,9 @@ $$;
 CREATE FUNCTION pgbroker._run_ack(qtable text, msg_ids bigint[], read_cts integer[], leases bigint[], archive boolean) RETURNS text
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    op text := CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END;
-    stmt text := pgbroker._statement_name(qtable, op);
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
-        EXECUTE pgbroker._statement(qtable, op);
-    END IF;
-    RETURN format('EXECUTE %I(%L, %L, %L)', stmt, msg_ids, read_cts, leases);
+    RETURN pgbroker._statement_call(qtable, CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END,
+                                    quote_nullable(msg_ids), quote_nullable(read_cts), quote_nullable(leases));
 END;
 $$;
 
@@ -2863,9 +3048,9 @@ BEGIN
         RETURN format('SELECT * FROM pgbroker._read_limited(%L, %s, NULL, %s, NULL, true)',
                       stored_name, ready_from, qty);
     END IF;
-    RETURN format('EXECUTE %I(%s, NULL, %L, NULL, %s)',
-                  pgbroker._prepared(lower('q_' || stored_name), CASE WHEN mode = 'priority' THEN 'pop_p' ELSE 'pop' END),
-                  qty, clock_timestamp(), ready_from);
+    RETURN pgbroker._statement_call(lower('q_' || stored_name), CASE WHEN mode = 'priority' THEN 'pop_p' ELSE 'pop' END,
+                                    quote_nullable(qty), NULL, quote_nullable(clock_timestamp()), NULL,
+                                    quote_nullable(ready_from));
 END;
 $$;
 
@@ -2881,7 +3066,6 @@ DECLARE
     variant text := CASE WHEN mode = 'priority' THEN 'p' ELSE '' END
                     || CASE WHEN conditional IS NULL OR conditional = '{}'::jsonb THEN '' ELSE 'c' END;
     op text := CASE WHEN deliver THEN 'deliver' ELSE 'read' END || CASE WHEN variant = '' THEN '' ELSE '_' || variant END;
-    stmt text := pgbroker._statement_name(qtable, op);
 BEGIN
     IF mode = 'paused' THEN
         RETURN CASE WHEN deliver THEN 'SELECT (NULL::pgbroker.delivery).* LIMIT 0'
@@ -2895,11 +3079,8 @@ BEGIN
                       CASE WHEN deliver THEN ', pgbroker.receipt(m.msg_id, m.read_ct, m.vt)' ELSE '' END,
                       stored_name, ready_from, vt, qty, conditional);
     END IF;
-    -- pgbroker._prepared, inline: this is every read's path.
-    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
-        EXECUTE pgbroker._statement(qtable, op);
-    END IF;
-    RETURN format('EXECUTE %I(%s, %L, %L, %s, %s)', stmt, qty, conditional, clock_timestamp(), vt, ready_from);
+    RETURN pgbroker._statement_call(qtable, op, quote_nullable(qty), quote_nullable(conditional),
+                                    quote_nullable(clock_timestamp()), quote_nullable(vt), quote_nullable(ready_from));
 END;
 $$;
 
@@ -2981,14 +3162,14 @@ CREATE FUNCTION pgbroker._send_insert_sql(qtable text, single boolean) RETURNS t
 $_$;
 
 --
--- Name: _send_many(text, jsonb[], jsonb[], timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _send_many(text, jsonb[], jsonb[], timestamp with time zone, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamp with time zone) RETURNS SETOF bigint
+CREATE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamp with time zone, engine_headers boolean DEFAULT false) RETURNS SETOF bigint
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay);
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay, engine_headers);
 END;
 $$;
 
@@ -3005,6 +3186,7 @@ BEGIN
     PERFORM pgmq.validate_routing_key(routing_key);
     PERFORM pgbroker._check_batch(msgs, headers);
     FOR target IN SELECT DISTINCT b.queue_name FROM pgbroker._topic_matches(routing_key) b ORDER BY 1 LOOP
+        PERFORM pgbroker._authorize('producer', target);
         RETURN QUERY SELECT target, s.id FROM pgbroker._send_many(target, msgs, headers, delay) AS s(id);
     END LOOP;
 END;
@@ -3072,69 +3254,44 @@ $$;
 
 CREATE FUNCTION pgbroker._statement(qtable text, op text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE
-    AS $_$
-DECLARE
-    name text := pgbroker._statement_name(qtable, op);
-    atable text := 'a' || substr(qtable, 2);
-    columns text := 'q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers';
-    prioritized constant boolean := op IN ('read_p', 'read_pc', 'deliver_p', 'deliver_pc', 'pop_p');
-    result_order constant text := CASE WHEN prioritized THEN 'pgbroker._priority(headers) DESC, msg_id'
-                                       ELSE 'msg_id' END;
+    AS $$
 BEGIN
-    IF op IN ('read', 'read_c', 'deliver', 'deliver_c', 'read_p', 'read_pc', 'deliver_p', 'deliver_pc') THEN
-        RETURN format(
-            $Q$
-            PREPARE %1$I (integer, jsonb, timestamptz, integer, bigint) AS
-            WITH %2$s,
-            leased AS (
-                UPDATE pgmq.%3$I q
-                SET vt = clock_timestamp() + make_interval(secs => $4),
-                    read_ct = q.read_ct + 1,
-                    last_read_at = clock_timestamp()
-                FROM picked WHERE q.msg_id = picked.msg_id
-                RETURNING %4$s
-            )
-            SELECT *%5$s FROM leased ORDER BY %6$s
-            $Q$,
-            name,
-            pgbroker._visible_from_sql(qtable, CASE WHEN op LIKE '%c' THEN '{"c": 1}'::jsonb END, prioritized),
-            qtable, columns,
-            CASE WHEN op LIKE 'deliver%' THEN ', pgbroker.receipt(msg_id, read_ct, vt)' ELSE '' END,
-            result_order);
-    ELSIF op IN ('pop', 'pop_p') THEN
-        RETURN format(
-            $Q$
-            PREPARE %1$I (integer, jsonb, timestamptz, integer, bigint) AS
-            WITH %2$s,
-            popped AS (
-                DELETE FROM pgmq.%3$I q USING picked WHERE q.msg_id = picked.msg_id
-                RETURNING %4$s
-            )
-            SELECT * FROM popped ORDER BY %5$s
-            $Q$, name, pgbroker._visible_from_sql(qtable, NULL, prioritized), qtable, columns, result_order);
-    ELSIF op IN ('ack_a', 'ack_d') THEN
-        RETURN format(
-            $Q$
-            PREPARE %1$I (bigint[], integer[], bigint[]) AS
-            WITH removed AS (
-                DELETE FROM pgmq.%2$I q
-                WHERE q.msg_id = ANY($1)
-                  AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest($1, $2, $3))
-                  AND q.vt > clock_timestamp()
-                RETURNING %4$s
-            )%5$s
-            SELECT msg_id FROM removed ORDER BY msg_id
-            $Q$, name, qtable, atable, columns,
-            CASE WHEN op = 'ack_a' THEN format(
-                $A$,
-            archived AS (
-                INSERT INTO pgmq.%I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
-                SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM removed
-            )$A$, atable) ELSE '' END);
-    END IF;
-    RAISE EXCEPTION 'pgbroker._statement: unknown operation %', quote_literal(op) USING ERRCODE = 'PB007';
+    RETURN format('PREPARE %I (%s) AS %s', pgbroker._statement_name(qtable, op),
+                  array_to_string(pgbroker._statement_types(op), ', '), pgbroker._statement_query(qtable, op));
 END;
-$_$;
+$$;
+
+--
+-- Name: _statement_call(text, text, text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._statement_call(qtable text, op text, VARIADIC args text[]) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    statement_name constant text := pgbroker._statement_name(qtable, op);
+    types constant text[] := pgbroker._statement_types(op);
+    typed text[];
+    statement text;
+    found text;
+BEGIN
+    FOR i IN 1..cardinality(types) LOOP
+        typed[i] := format('%s::%s', coalesce(args[i], 'NULL'), types[i]);
+    END LOOP;
+    IF current_user <> session_user THEN
+        RETURN pgbroker._route_statement(pgbroker._statement_query(qtable, op), typed);
+    END IF;
+    statement := pgbroker._statement(qtable, op);
+    SELECT s.statement INTO found FROM pg_prepared_statements s WHERE s.name = statement_name;
+    IF found IS DISTINCT FROM statement THEN
+        IF found IS NOT NULL THEN
+            EXECUTE format('DEALLOCATE %I', statement_name);
+        END IF;
+        EXECUTE statement;
+    END IF;
+    RETURN format('EXECUTE %I(%s)', statement_name, array_to_string(typed, ', '));
+END;
+$$;
 
 --
 -- Name: _statement_name(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -3153,16 +3310,74 @@ $$;
 
 CREATE FUNCTION pgbroker._statement_query(qtable text, op text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE
-    AS $$
+    AS $_$
 DECLARE
-    statement text := pgbroker._statement(qtable, op);
-    stripped text := regexp_replace(statement, '^\s*PREPARE\s+\S+\s*\([^)]*\)\s+AS\s', '');
+    atable text := 'a' || substr(qtable, 2);
+    columns text := 'q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers';
+    prioritized constant boolean := op IN ('read_p', 'read_pc', 'deliver_p', 'deliver_pc', 'pop_p');
+    result_order constant text := CASE WHEN prioritized THEN 'pgbroker._priority(headers) DESC, msg_id'
+                                       ELSE 'msg_id' END;
 BEGIN
-    IF stripped = statement THEN
-        RAISE EXCEPTION 'pgbroker._statement_query: not a PREPARE statement: %', left(statement, 80);
+    IF op IN ('read', 'read_c', 'deliver', 'deliver_c', 'read_p', 'read_pc', 'deliver_p', 'deliver_pc') THEN
+        RETURN format(
+            $Q$
+            WITH %1$s,
+            leased AS (
+                UPDATE pgmq.%2$I q
+                SET vt = clock_timestamp() + make_interval(secs => $4),
+                    read_ct = q.read_ct + 1,
+                    last_read_at = clock_timestamp()
+                FROM picked WHERE q.msg_id = picked.msg_id
+                RETURNING %3$s
+            )
+            SELECT *%4$s FROM leased ORDER BY %5$s
+            $Q$,
+            pgbroker._visible_from_sql(qtable, CASE WHEN op LIKE '%c' THEN '{"c": 1}'::jsonb END, prioritized),
+            qtable, columns,
+            CASE WHEN op LIKE 'deliver%' THEN ', pgbroker.receipt(msg_id, read_ct, vt)' ELSE '' END,
+            result_order);
+    ELSIF op IN ('pop', 'pop_p') THEN
+        RETURN format(
+            $Q$
+            WITH %1$s,
+            popped AS (
+                DELETE FROM pgmq.%2$I q USING picked WHERE q.msg_id = picked.msg_id
+                RETURNING %3$s
+            )
+            SELECT * FROM popped ORDER BY %4$s
+            $Q$, pgbroker._visible_from_sql(qtable, NULL, prioritized), qtable, columns, result_order);
+    ELSIF op IN ('ack_a', 'ack_d') THEN
+        RETURN format(
+            $Q$
+            WITH removed AS (
+                DELETE FROM pgmq.%1$I q
+                WHERE q.msg_id = ANY($1)
+                  AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest($1, $2, $3))
+                  AND q.vt > clock_timestamp()
+                RETURNING %3$s
+            )%4$s
+            SELECT msg_id FROM removed ORDER BY msg_id
+            $Q$, qtable, atable, columns,
+            CASE WHEN op = 'ack_a' THEN format(
+                $A$,
+            archived AS (
+                INSERT INTO pgmq.%I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
+                SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM removed
+            )$A$, atable) ELSE '' END);
     END IF;
-    RETURN stripped;
+    RAISE EXCEPTION 'pgbroker._statement_query: unknown operation %', quote_literal(op) USING ERRCODE = 'PB007';
 END;
+$_$;
+
+--
+-- Name: _statement_types(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._statement_types(op text) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN op IN ('ack_a', 'ack_d') THEN ARRAY['bigint[]', 'integer[]', 'bigint[]']
+                ELSE ARRAY['integer', 'jsonb', 'timestamptz', 'integer', 'bigint'] END;
 $$;
 
 --
@@ -3610,6 +3825,54 @@ CREATE FUNCTION pgbroker._stream_writers(stream_name text) RETURNS text[]
 $$;
 
 --
+-- Name: _sync_queue_grantee(regrole); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._sync_queue_grantee(grantee regrole) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    fn regprocedure;
+    wanted boolean;
+BEGIN
+    FOR fn, wanted IN
+        SELECT p.oid::regprocedure,
+               bool_or(EXISTS (SELECT 1 FROM pgbroker.queue_grant g
+                               WHERE g.grantee = _sync_queue_grantee.grantee AND g.role_kind = f.role_kind))
+        FROM pgbroker.queue_scoped_function f
+        JOIN pg_namespace n ON n.nspname = f.function_schema
+        JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = f.function_name
+        GROUP BY p.oid
+        ORDER BY p.oid
+    LOOP
+        IF wanted THEN
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', fn, grantee);
+        ELSE
+            EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM %s', fn, grantee);
+        END IF;
+    END LOOP;
+    EXECUTE format('GRANT USAGE ON SCHEMA pgmq, pgbroker TO %s', grantee);
+END;
+$$;
+
+--
+-- Name: _sync_queue_grants(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._sync_queue_grants() RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    role_oid regrole;
+BEGIN
+    PERFORM pgbroker._forget_dropped_grantees();
+    FOR role_oid IN SELECT DISTINCT g.grantee FROM pgbroker.queue_grant g ORDER BY 1 LOOP
+        PERFORM pgbroker._sync_queue_grantee(role_oid);
+    END LOOP;
+END;
+$$;
+
+--
 -- Name: _table(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3831,7 +4094,7 @@ CREATE FUNCTION pgbroker._write_routes() RETURNS void
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 DECLARE
-    route_limit integer := coalesce(nullif(current_setting('pgbroker.route_limit', true), '')::integer, 128);
+    route_limit constant bigint := pgbroker._limit('pgbroker.route_limit', 128, false);
     keys text[];
     names text[];
     tables text[];
@@ -3883,7 +4146,7 @@ BEGIN
     -- Sends: as 0012's _send_sql and _send_many (checks in the same order).
     EXECUTE format($R$
 CREATE OR REPLACE FUNCTION pgbroker._route_send(p_queue_name text, p_msgs jsonb[], p_headers jsonb[],
-                                                p_delay timestamptz)
+                                                p_delay timestamptz, p_engine_headers boolean DEFAULT false)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $F$
 DECLARE
     r integer := array_position(%1$L::text[], lower(p_queue_name));
@@ -3915,10 +4178,8 @@ BEGIN
         SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
         FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
     END IF;
-    -- Without pgbroker.max_message_bytes the limit is 1 MiB (pgbroker._check_message_size).
-    IF r_size > 1048576 OR coalesce(current_setting('pgbroker.max_message_bytes', true), '') <> '' THEN
-        PERFORM pgbroker._check_message_size(r_size);
-    END IF;
+    -- The limit is the database's, never only the session's (0025).
+    PERFORM pgbroker._check_message_size(r_size);
     IF r_max_depth IS NOT NULL THEN
         PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
     END IF;
@@ -3927,6 +4188,10 @@ BEGIN
     -- Job headers (32_priorities.sql): checked, and a batch with dedup keys
     -- is sent by pgbroker._send_deduplicated; the rest take the INSERT below.
     IF p_headers IS NOT NULL THEN
+        -- Reserved headers (0025): only the engine's own sends carry them.
+        IF NOT p_engine_headers THEN
+            PERFORM pgbroker._check_reserved_headers(p_headers);
+        END IF;
         IF pgbroker._has_job_headers(p_headers) THEN
             IF pgbroker._prepare_job_headers(r_name, p_headers) THEN
                 RETURN QUERY SELECT * FROM pgbroker._send_deduplicated(r_name, p_msgs, p_headers, p_delay);
@@ -4099,6 +4364,7 @@ CREATE FUNCTION pgbroker.ack(queue_name text, receipts text[], archive boolean D
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_ack(queue_name, receipts, archive, false);
 END;
 $$;
@@ -4111,6 +4377,7 @@ CREATE FUNCTION pgbroker.ack(queue_name text, receipt text, archive boolean DEFA
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     acked bigint;
 BEGIN
     SELECT a INTO acked FROM pgbroker.ack(queue_name, ARRAY[receipt], archive) a;
@@ -4129,6 +4396,7 @@ CREATE FUNCTION pgbroker.ack_published(queue_name text, receipts text[], publish
     LANGUAGE plpgsql
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -4184,6 +4452,7 @@ $$;
 CREATE FUNCTION pgbroker.complete(queue_name text, receipts text[]) RETURNS SETOF bigint
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT pgbroker.ack(queue_name, receipts, (pgbroker.policy(queue_name)).ack_mode = 'archive');
 $$;
 
@@ -4195,6 +4464,7 @@ CREATE FUNCTION pgbroker.consume(queue_name text, vt integer, qty integer, recei
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF vt IS NULL OR vt < 0 OR qty IS NULL OR qty < 0 THEN
         PERFORM pgbroker._table(queue_name);
         PERFORM pgbroker._check_read_args(vt, qty);
@@ -4218,6 +4488,7 @@ DECLARE
     stored text := lower(create_stream.stream_name);
     log text;
 BEGIN
+    PERFORM pgbroker._check_name_characters(stream_name, 'stream');
     PERFORM pgbroker._check_arg(stored ~ '^[a-z0-9_][a-z0-9_-]{0,39}$',
         format('stream name must be 1 to 40 letters, digits, _ or - (not starting with -), got %L', stream_name),
         'For example ''clicks'' or ''orders-v2''; names are lower-cased.');
@@ -4486,6 +4757,7 @@ CREATE FUNCTION pgbroker.extend(queue_name text, receipts text[], vt integer) RE
     LANGUAGE plpgsql
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -4514,6 +4786,7 @@ CREATE FUNCTION pgbroker.extend(queue_name text, receipt text, vt integer) RETUR
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     renewed text;
 BEGIN
     SELECT e.receipt INTO renewed FROM pgbroker.extend(queue_name, ARRAY[receipt], vt) e;
@@ -4532,6 +4805,7 @@ CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAU
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
     one text;
     held record;
@@ -4563,6 +4837,7 @@ CREATE FUNCTION pgbroker.fail(queue_name text, receipt text, error text DEFAULT 
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     result text;
 BEGIN
     SELECT f.outcome INTO result FROM pgbroker.fail(queue_name, ARRAY[receipt], error) f;
@@ -4572,6 +4847,49 @@ BEGIN
     RETURN result;
 END;
 $$;
+
+--
+-- Name: grant_pg_monitor_payloads(boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.grant_pg_monitor_payloads(allowed boolean) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(allowed IS NOT NULL, 'allowed must be true or false, got NULL');
+    IF allowed THEN
+        GRANT SELECT ON ALL TABLES IN SCHEMA pgmq TO pg_monitor;
+        ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON TABLES TO pg_monitor;
+    ELSE
+        REVOKE SELECT ON ALL TABLES IN SCHEMA pgmq FROM pg_monitor;
+        ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq REVOKE SELECT ON TABLES FROM pg_monitor;
+        GRANT SELECT ON pgmq.meta TO pg_monitor;
+    END IF;
+END;
+$$;
+
+--
+-- Name: grant_queue_access(text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.grant_queue_access(kind text, role_name text, pattern text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    role_oid regrole := pgbroker._queue_grantee(kind, role_name);
+    added boolean;
+BEGIN
+    PERFORM pgbroker._check_arg(pattern ~ '^[^[:space:][:cntrl:]]{1,100}$',
+        format('queue pattern %L must be 1 to 100 characters without spaces or control characters', pattern),
+        'A queue name, or a glob: * matches any characters, ? one (orders*, eu-?).');
+    PERFORM pgbroker._forget_dropped_grantees();
+    INSERT INTO pgbroker.queue_grant (grantee, role_kind, pattern) VALUES (role_oid, kind, lower(pattern))
+    ON CONFLICT DO NOTHING;
+    added := FOUND;
+    PERFORM pgbroker._sync_queue_grantee(role_oid);
+    RETURN added;
+END;
+$_$;
 
 --
 -- Name: grant_roles(text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -4625,9 +4943,24 @@ $_$;
 CREATE FUNCTION pgbroker.is_paused(queue_name text) RETURNS boolean
     LANGUAGE sql STABLE
     AS $_$
+    SELECT pgbroker._authorize('monitor', queue_name);
     SELECT coalesce((SELECT p.paused FROM pgmq.meta m JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
                      WHERE lower(m.queue_name) = lower($1)), false);
 $_$;
+
+--
+-- Name: list_queue_grants(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.list_queue_grants() RETURNS TABLE(role_name text, role_kind text, pattern text, granted_at timestamp with time zone)
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    RETURN QUERY SELECT g.grantee::text, g.role_kind, g.pattern, g.granted_at
+                 FROM pgbroker.queue_grant g
+                 ORDER BY 1, 2, 3;
+END;
+$$;
 
 --
 -- Name: maintain_stream(text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -4670,6 +5003,7 @@ $$;
 CREATE FUNCTION pgbroker.messages_consumed(queue_name text) RETURNS bigint
     LANGUAGE sql STABLE
     AS $$
+    SELECT pgbroker._authorize('monitor', queue_name);
     -- to_regclass: a queue dropped while a scrape runs counts 0, it does not fail the scrape.
     WITH q AS (SELECT to_regclass(format('pgmq.%I', pgbroker._table(queue_name))) AS rel)
     SELECT coalesce(sum(pg_stat_get_tuples_deleted(c.oid)), 0)::bigint
@@ -4687,6 +5021,7 @@ CREATE FUNCTION pgbroker.nack(queue_name text, receipts text[], delay integer DE
     LANGUAGE plpgsql
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -4715,6 +5050,7 @@ CREATE FUNCTION pgbroker.nack(queue_name text, receipt text, delay integer DEFAU
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     released bigint;
 BEGIN
     SELECT n INTO released FROM pgbroker.nack(queue_name, ARRAY[receipt], delay) n;
@@ -4732,6 +5068,7 @@ $$;
 CREATE FUNCTION pgbroker.notify_channel(queue_name text) RETURNS text
     LANGUAGE sql STABLE
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT 'pgmq.' || pgbroker._table(queue_name) || '.INSERT';
 $$;
 
@@ -4755,6 +5092,7 @@ CREATE FUNCTION pgbroker.peek(queue_name text, qty integer DEFAULT 10, after_msg
     LANGUAGE plpgsql STABLE
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     source text;
     state_of text;
     letters_of text;
@@ -4814,6 +5152,7 @@ CREATE FUNCTION pgbroker.policy(queue_name text) RETURNS pgbroker.queue_policy
     LANGUAGE plpgsql STABLE
     AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize(NULL, queue_name);
     hit record;
     found_policy pgbroker.queue_policy;
 BEGIN
@@ -4845,20 +5184,25 @@ END;
 $$;
 
 --
--- Name: prune_inbound_seen(interval, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: prune_inbound_seen(interval, integer, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.prune_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000) RETURNS bigint
+CREATE FUNCTION pgbroker.prune_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000, queue_name text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    stored varchar;
     pruned bigint;
 BEGIN
-    PERFORM pgbroker._check_arg(batch_size IS NOT NULL AND batch_size >= 1,
-        format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
-    DELETE FROM pgbroker.inbound_seen WHERE (queue_name, message_id) IN (
+    PERFORM pgbroker._check_prune_args(seen_within, batch_size);
+    IF queue_name IS NOT NULL THEN
+        PERFORM pgbroker._table(queue_name);
+        stored := pgbroker._stored_name(queue_name);
+    END IF;
+    DELETE FROM pgbroker.inbound_seen WHERE (inbound_seen.queue_name, message_id) IN (
         SELECT s.queue_name, s.message_id FROM pgbroker.inbound_seen s
-        WHERE s.seen_at < now() - seen_within ORDER BY s.seen_at LIMIT batch_size);
+        WHERE s.seen_at < now() - seen_within AND (stored IS NULL OR s.queue_name = stored)
+        ORDER BY s.seen_at LIMIT batch_size);
     GET DIAGNOSTICS pruned = ROW_COUNT;
     RETURN pruned;
 END;
@@ -4874,8 +5218,7 @@ CREATE FUNCTION pgbroker.prune_stream_inbound_seen(seen_within interval, batch_s
 DECLARE
     pruned bigint;
 BEGIN
-    PERFORM pgbroker._check_arg(batch_size IS NOT NULL AND batch_size >= 1,
-        format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
+    PERFORM pgbroker._check_prune_args(seen_within, batch_size);
     DELETE FROM pgbroker.stream_inbound_seen WHERE (stream_name, message_id) IN (
         SELECT seen.stream_name, seen.message_id FROM pgbroker.stream_inbound_seen seen
         WHERE seen.seen_at < now() - seen_within ORDER BY seen.seen_at LIMIT batch_size);
@@ -4913,6 +5256,7 @@ $_$;
 CREATE FUNCTION pgbroker.queue_codec(queue_name text) RETURNS text
     LANGUAGE sql STABLE
     AS $$
+    SELECT pgbroker._authorize('producer', queue_name);
     SELECT coalesce((SELECT p.codec FROM pgbroker.queue_policy p
                      WHERE lower(p.queue_name) = lower(queue_codec.queue_name)), 'json');
 $$;
@@ -4997,6 +5341,7 @@ CREATE FUNCTION pgbroker.read(queue_name text, vt integer, qty integer, conditio
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_deliver(queue_name, vt, qty, conditional);
 END;
 $$;
@@ -5008,6 +5353,7 @@ $$;
 CREATE FUNCTION pgbroker.read_with_poll(queue_name text, vt integer, qty integer, max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100, conditional jsonb DEFAULT '{}'::jsonb) RETURNS SETOF pgbroker.delivery
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT m.*, pgbroker.receipt(m.msg_id, m.read_ct, m.vt)
     FROM pgbroker._poll(
         format('SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers'
@@ -5034,6 +5380,7 @@ CREATE FUNCTION pgbroker.receive_many(queue_name text, message_ids text[], messa
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('producer', queue_name);
     stored varchar;
     fresh_ids text[];
     fresh_messages jsonb[];
@@ -5107,7 +5454,7 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM unnest(letter_ids,
-                                      ARRAY(SELECT pgbroker._send_many(p.queue_name, messages, letter_headers, NULL)));
+                                      ARRAY(SELECT pgbroker._send_many(p.queue_name, messages, letter_headers, NULL, true)));
 END;
 $_$;
 
@@ -5136,6 +5483,32 @@ CREATE FUNCTION pgbroker.retry_delay(p pgbroker.queue_policy, read_ct integer) R
                      ELSE least(p.backoff_max_seconds::numeric,
                                 p.backoff_base_seconds * power(2::numeric, least(greatest(read_ct - 1, 0), 40)))
                  END::integer AS d) AS delay;
+$$;
+
+--
+-- Name: revoke_queue_access(text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.revoke_queue_access(kind text, role_name text, pattern text DEFAULT NULL::text) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    role_oid oid;
+    removed integer;
+BEGIN
+    PERFORM pgbroker._check_arg(kind IN ('producer', 'consumer', 'monitor'),
+        format('unknown role kind %L', kind), 'Kinds: producer, consumer, monitor.');
+    SELECT r.oid INTO role_oid FROM pg_roles r WHERE r.rolname = role_name;
+    PERFORM pgbroker._check_arg(role_oid IS NOT NULL, format('role %L does not exist', role_name),
+        'List the grants: SELECT * FROM pgbroker.list_queue_grants();');
+    PERFORM pgbroker._forget_dropped_grantees();
+    DELETE FROM pgbroker.queue_grant g
+    WHERE g.grantee = role_oid AND g.role_kind = kind
+      AND (revoke_queue_access.pattern IS NULL OR g.pattern = lower(revoke_queue_access.pattern));
+    GET DIAGNOSTICS removed = ROW_COUNT;
+    PERFORM pgbroker._sync_queue_grantee(role_oid::regrole);
+    RETURN removed;
+END;
 $$;
 
 --
@@ -5378,7 +5751,7 @@ BEGIN
                 ARRAY[coalesce(s.headers, '{}'::jsonb) || jsonb_build_object('x-pgbroker-schedule',
                     jsonb_build_object('name', s.name,
                                        'tick', to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')))],
-                NULL) sent;
+                NULL, true) sent;
         EXCEPTION WHEN OTHERS THEN
             msg_id := NULL;
             error := SQLERRM;
@@ -5945,6 +6318,7 @@ CREATE FUNCTION pgbroker.stale_reason(queue_name text, receipt text) RETURNS tex
     LANGUAGE plpgsql STABLE
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     r record := pgbroker._parse_receipt(receipt);
     cur record;
@@ -6027,7 +6401,7 @@ BEGIN
         RETURN;
     END IF;
     retried := ARRAY(SELECT pgbroker._send_many(g.retry_queue, acked_ranges.msgs, acked_ranges.hdrs,
-                                                 now() + make_interval(secs => pgbroker.retry_delay(p, 1))));
+                                                 now() + make_interval(secs => pgbroker.retry_delay(p, 1)), true));
     IF p.max_deliveries IS NOT NULL AND p.max_deliveries <= 1 THEN
         PERFORM pgbroker._dead_letter(g.retry_queue, retried,
                                       coalesce(errors[1], 'failed (no error given)'), 1);
@@ -6309,6 +6683,9 @@ BEGIN
                    cardinality(messages)),
             'Pass NULL for a message without headers or key.');
     END IF;
+    IF headers IS NOT NULL THEN
+        PERFORM pgbroker._check_reserved_headers(headers);
+    END IF;
     -- The stream's own send function (made with the stream): its INSERT names
     -- the table, so PL/pgSQL plans it once per session; a dynamic INSERT into a
     -- partitioned table was planned on every call, twice the cost of the send.
@@ -6429,6 +6806,7 @@ CREATE FUNCTION pgmq.archive(queue_name text, msg_ids bigint[]) RETURNS SETOF bi
     LANGUAGE plpgsql
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     RETURN QUERY EXECUTE format(
@@ -6452,6 +6830,7 @@ $_$;
 CREATE FUNCTION pgmq.archive(queue_name text, msg_id bigint) RETURNS boolean
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT EXISTS (SELECT 1 FROM pgmq.archive(queue_name, ARRAY[msg_id]));
 $$;
 
@@ -6807,6 +7186,7 @@ CREATE FUNCTION pgmq.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF big
     LANGUAGE plpgsql
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     RETURN QUERY EXECUTE format(
@@ -6822,6 +7202,7 @@ $_$;
 CREATE FUNCTION pgmq.delete(queue_name text, msg_id bigint) RETURNS boolean
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT EXISTS (SELECT 1 FROM pgmq.delete(queue_name, ARRAY[msg_id]));
 $$;
 
@@ -7022,6 +7403,7 @@ CREATE FUNCTION pgmq.metrics(queue_name text) RETURNS pgmq.metrics_result
     LANGUAGE plpgsql
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('monitor', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
     result pgmq.metrics_result;
 BEGIN
@@ -7066,6 +7448,7 @@ CREATE FUNCTION pgmq.pop(queue_name text, qty integer DEFAULT 1) RETURNS SETOF p
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF qty IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_pop_all(queue_name);
         RETURN;
@@ -7101,6 +7484,7 @@ CREATE FUNCTION pgmq.read(queue_name text, vt integer, qty integer, conditional 
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF (vt IS NULL OR vt < 0 OR qty IS NULL) AND coalesce(qty >= 0, true) THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_read_as_given(queue_name, vt, qty, conditional);
         RETURN;
@@ -7116,6 +7500,7 @@ $$;
 CREATE FUNCTION pgmq.read_grouped(queue_name text, vt integer, qty integer) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'fill');
 $$;
 
@@ -7126,6 +7511,7 @@ $$;
 CREATE FUNCTION pgmq.read_grouped_head(queue_name text, vt integer, qty integer) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'head');
 $$;
 
@@ -7136,6 +7522,7 @@ $$;
 CREATE FUNCTION pgmq.read_grouped_head_with_poll(queue_name text, vt integer, qty integer, max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'head');
 $$;
 
@@ -7146,6 +7533,7 @@ $$;
 CREATE FUNCTION pgmq.read_grouped_rr(queue_name text, vt integer, qty integer) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'rr');
 $$;
 
@@ -7156,6 +7544,7 @@ $$;
 CREATE FUNCTION pgmq.read_grouped_rr_with_poll(queue_name text, vt integer, qty integer, max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'rr');
 $$;
 
@@ -7166,6 +7555,7 @@ $$;
 CREATE FUNCTION pgmq.read_grouped_with_poll(queue_name text, vt integer, qty integer, max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'fill');
 $$;
 
@@ -7176,6 +7566,7 @@ $$;
 CREATE FUNCTION pgmq.read_with_poll(queue_name text, vt integer, qty integer, max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100, conditional jsonb DEFAULT '{}'::jsonb) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._pgmq_poll(
         format('SELECT * FROM pgmq.read(%L, %s, %s, %L)', queue_name, coalesce(vt::text, 'NULL'),
                coalesce(qty::text, 'NULL'), conditional),
@@ -7190,6 +7581,7 @@ CREATE FUNCTION pgmq.send(queue_name text, msg jsonb) RETURNS SETOF bigint
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL, NULL);
 END;
 $$;
@@ -7202,6 +7594,7 @@ CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, delay integer) RETURNS SET
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
         RETURN;
@@ -7219,6 +7612,7 @@ CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb) RETURNS SET
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers], NULL);
 END;
 $$;
@@ -7231,6 +7625,7 @@ CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, delay timestamp with time 
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
         RETURN;
@@ -7247,6 +7642,7 @@ CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay integ
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
         RETURN;
@@ -7264,6 +7660,7 @@ CREATE FUNCTION pgmq.send(queue_name text, msg jsonb, headers jsonb, delay times
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
         RETURN;
@@ -7280,6 +7677,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[]) RETURNS SETOF big
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, NULL);
 END;
 $$;
@@ -7292,6 +7690,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[]) 
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, NULL);
 END;
 $$;
@@ -7304,6 +7703,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], delay integer) RE
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
         RETURN;
@@ -7321,6 +7721,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], delay timestamp w
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
         RETURN;
@@ -7337,6 +7738,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[], 
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
         RETURN;
@@ -7354,6 +7756,7 @@ CREATE FUNCTION pgmq.send_batch(queue_name text, msgs jsonb[], headers jsonb[], 
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
         RETURN;
@@ -7473,6 +7876,7 @@ CREATE FUNCTION pgmq.set_vt(queue_name text, msg_ids bigint[], vt integer) RETUR
     LANGUAGE plpgsql
     AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgmq.set_vt(queue_name, msg_ids, clock_timestamp() + make_interval(secs => vt));
 END;
 $$;
@@ -7485,6 +7889,7 @@ CREATE FUNCTION pgmq.set_vt(queue_name text, msg_ids bigint[], vt timestamp with
     LANGUAGE plpgsql
     AS $_$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
     changed pgmq.message_record[];
     lowest bigint;
@@ -7520,6 +7925,7 @@ $_$;
 CREATE FUNCTION pgmq.set_vt(queue_name text, msg_id bigint, vt integer) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgmq.set_vt(queue_name, ARRAY[msg_id], vt);
 $$;
 
@@ -7530,6 +7936,7 @@ $$;
 CREATE FUNCTION pgmq.set_vt(queue_name text, msg_id bigint, vt timestamp with time zone) RETURNS SETOF pgmq.message_record
     LANGUAGE sql
     AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgmq.set_vt(queue_name, ARRAY[msg_id], vt);
 $$;
 
@@ -7684,6 +8091,20 @@ CREATE TABLE pgbroker.partition_retention (
 );
 
 --
+-- Name: queue_grant; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_grant (
+    grantee regrole NOT NULL,
+    role_kind text NOT NULL,
+    pattern text NOT NULL,
+    like_pattern text GENERATED ALWAYS AS (pgbroker._glob_like(pattern)) STORED NOT NULL,
+    granted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queue_grant_pattern_check CHECK ((pattern = lower(pattern))),
+    CONSTRAINT queue_grant_role_kind_check CHECK ((role_kind = ANY (ARRAY['producer'::text, 'consumer'::text, 'monitor'::text])))
+);
+
+--
 -- Name: queue_head; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
@@ -7698,6 +8119,17 @@ CREATE TABLE pgbroker.queue_head (
     timed_swept_at timestamp with time zone
 )
 WITH (fillfactor='10');
+
+--
+-- Name: queue_scoped_function; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_scoped_function (
+    role_kind text NOT NULL,
+    function_schema text NOT NULL,
+    function_name text NOT NULL,
+    CONSTRAINT queue_scoped_function_role_kind_check CHECK ((role_kind = ANY (ARRAY['producer'::text, 'consumer'::text, 'monitor'::text])))
+);
 
 --
 -- Name: rate_buckets; Type: TABLE; Schema: pgbroker; Owner: -
@@ -7898,6 +8330,13 @@ ALTER TABLE ONLY pgbroker.partition_retention
     ADD CONSTRAINT partition_retention_pkey PRIMARY KEY (queue_name);
 
 --
+-- Name: queue_grant queue_grant_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_grant
+    ADD CONSTRAINT queue_grant_pkey PRIMARY KEY (grantee, role_kind, pattern);
+
+--
 -- Name: queue_head queue_head_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -7910,6 +8349,13 @@ ALTER TABLE ONLY pgbroker.queue_head
 
 ALTER TABLE ONLY pgbroker.queue_policy
     ADD CONSTRAINT queue_policy_pkey PRIMARY KEY (queue_name);
+
+--
+-- Name: queue_scoped_function queue_scoped_function_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_scoped_function
+    ADD CONSTRAINT queue_scoped_function_pkey PRIMARY KEY (role_kind, function_schema, function_name);
 
 --
 -- Name: rate_buckets rate_buckets_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
@@ -8230,16 +8676,28 @@ ALTER TABLE ONLY pgmq.topic_bindings
 GRANT USAGE ON SCHEMA pgmq TO pg_monitor;
 
 --
+-- Name: FUNCTION _forget_dropped_grantees(); Type: ACL; Schema: pgbroker; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgbroker._forget_dropped_grantees() FROM PUBLIC;
+
+--
 -- Name: FUNCTION _routes_changed(); Type: ACL; Schema: pgbroker; Owner: -
 --
 
 REVOKE ALL ON FUNCTION pgbroker._routes_changed() FROM PUBLIC;
 
 --
--- Name: TABLE topic_bindings; Type: ACL; Schema: pgmq; Owner: -
+-- Name: FUNCTION _sync_queue_grantee(grantee regrole); Type: ACL; Schema: pgbroker; Owner: -
 --
 
-GRANT SELECT ON TABLE pgmq.topic_bindings TO pg_monitor;
+REVOKE ALL ON FUNCTION pgbroker._sync_queue_grantee(grantee regrole) FROM PUBLIC;
+
+--
+-- Name: FUNCTION _sync_queue_grants(); Type: ACL; Schema: pgbroker; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgbroker._sync_queue_grants() FROM PUBLIC;
 
 --
 -- Name: FUNCTION _write_routes(); Type: ACL; Schema: pgbroker; Owner: -
@@ -8248,28 +8706,34 @@ GRANT SELECT ON TABLE pgmq.topic_bindings TO pg_monitor;
 REVOKE ALL ON FUNCTION pgbroker._write_routes() FROM PUBLIC;
 
 --
+-- Name: FUNCTION grant_queue_access(kind text, role_name text, pattern text); Type: ACL; Schema: pgbroker; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgbroker.grant_queue_access(kind text, role_name text, pattern text) FROM PUBLIC;
+
+--
+-- Name: FUNCTION list_queue_grants(); Type: ACL; Schema: pgbroker; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgbroker.list_queue_grants() FROM PUBLIC;
+
+--
+-- Name: FUNCTION revoke_queue_access(kind text, role_name text, pattern text); Type: ACL; Schema: pgbroker; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgbroker.revoke_queue_access(kind text, role_name text, pattern text) FROM PUBLIC;
+
+--
 -- Name: TABLE meta; Type: ACL; Schema: pgmq; Owner: -
 --
 
 GRANT SELECT ON TABLE pgmq.meta TO pg_monitor;
 
 --
--- Name: TABLE notify_insert_throttle; Type: ACL; Schema: pgmq; Owner: -
---
-
-GRANT SELECT ON TABLE pgmq.notify_insert_throttle TO pg_monitor;
-
---
 -- Name: DEFAULT PRIVILEGES FOR SEQUENCES; Type: DEFAULT ACL; Schema: pgmq; Owner: -
 --
 
 ALTER DEFAULT PRIVILEGES FOR ROLE <installer> IN SCHEMA pgmq GRANT SELECT ON SEQUENCES  TO pg_monitor;
-
---
--- Name: DEFAULT PRIVILEGES FOR TABLES; Type: DEFAULT ACL; Schema: pgmq; Owner: -
---
-
-ALTER DEFAULT PRIVILEGES FOR ROLE <installer> IN SCHEMA pgmq GRANT SELECT ON TABLES  TO pg_monitor;
 
 --
 -- PostgreSQL database dump complete

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, LiteralString, TypeAlias, TypeVar
 
 import psycopg
@@ -122,6 +123,9 @@ def _install_steps() -> Steps[InstallResult]:
     else:
         upgraded = yield from _upgrade_steps(installed)
         yield from _functions_steps(force=upgraded)
+        # The queue grants' roles get their privileges again (a re-applied function lost them),
+        # and the grants of dropped roles are forgotten.
+        yield "SELECT pgbroker._sync_queue_grants()", ()
     return InstallResult(installed.version, sql.current_version())
 
 
@@ -300,6 +304,52 @@ def install_roles(conn: psycopg.Connection[Any], prefix: str = "pgbroker") -> di
     except psycopg.Error as exc:
         raise from_postgres(exc) from exc
     return {name: count for name, count in rows}
+
+
+@dataclass(frozen=True)
+class QueueGrant:
+    """A role's grant of one kind (producer, consumer, monitor) on the queues matching a glob."""
+
+    role_name: str
+    role_kind: str
+    pattern: str
+    granted_at: datetime
+
+
+def grant_queue_access(conn: psycopg.Connection[Any], kind: str, role: str, pattern: str) -> bool:
+    """Let ``role`` (an existing role) act as ``kind`` on the queues whose names match ``pattern``,
+    a glob (``*`` any characters, ``?`` one) compared case-insensitively, now and for queues made
+    later; True if the grant is new. Needs the roles of install_roles; see sql/functions/15_scopes.sql."""
+    return bool(_one(conn, "SELECT pgbroker.grant_queue_access(%s, %s, %s)", (kind, role, pattern)))
+
+
+def revoke_queue_access(
+    conn: psycopg.Connection[Any], kind: str, role: str, pattern: str | None = None
+) -> int:
+    """Take back ``role``'s grant of ``kind`` on ``pattern`` (all its grants of ``kind`` when None);
+    returns how many grants went."""
+    return int(_one(conn, "SELECT pgbroker.revoke_queue_access(%s, %s, %s)", (kind, role, pattern)))
+
+
+def list_queue_grants(conn: psycopg.Connection[Any]) -> list[QueueGrant]:
+    """Every queue grant, by role, kind and pattern."""
+    try:
+        rows = conn.execute(
+            "SELECT role_name, role_kind, pattern, granted_at FROM pgbroker.list_queue_grants()"
+        ).fetchall()
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return [QueueGrant(*row) for row in rows]
+
+
+def _one(conn: psycopg.Connection[Any], query: LiteralString, params: tuple[Any, ...]) -> Any:
+    try:
+        with conn.transaction():
+            row = conn.execute(query, params).fetchone()
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    assert row is not None
+    return row[0]
 
 
 async def install_async(conn: psycopg.AsyncConnection[Any]) -> InstallResult:

@@ -80,8 +80,11 @@ def test_statements_run_generic_plans_on_the_partial_indexes(conn: Conn, q: str)
     for _ in range(3):
         _read(conn, q, 2)
     # The statement a route runs for q, prepared here as the dynamic path prepares it.
-    name = conn.execute("SELECT pgbroker._prepared(%s, 'deliver')", [f"q_{q}"]).fetchone()
+    name = conn.execute("SELECT pgbroker._statement_name(%s, 'deliver')", [f"q_{q}"]).fetchone()
+    statement = conn.execute("SELECT pgbroker._statement(%s, 'deliver')", [f"q_{q}"]).fetchone()
     assert name is not None
+    assert statement is not None
+    conn.execute(statement[0].encode())
     with conn.transaction():
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
         plan = conn.execute(

@@ -41,7 +41,10 @@ PARTMAN_SCHEMA = "partman"
 CATALOG_QUERIES: dict[str, str] = {
     "relations": """
         SELECT n.nspname, c.relname, c.relkind, c.relpersistence, c.reloptions::text,
-               c.relacl::text, pg_get_partkeydef(c.oid), c.relispartition, obj_description(c.oid, 'pg_class')
+               -- No ACL means the owner's default one: a REVOKE of the last grant leaves that explicit.
+               coalesce(c.relacl,
+                        acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner))::text,
+               pg_get_partkeydef(c.oid), c.relispartition, obj_description(c.oid, 'pg_class')
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = ANY(%(schemas)s)
         ORDER BY 1, 2
@@ -215,7 +218,7 @@ def create_partman(conn: Conn) -> None:
 
 # Queues made after the upgrade to the current version, with every feature: a development version
 # number after the last one.
-CURRENT = DEV_MINIMUM + 1
+CURRENT = dev_migrations()[-1].version + 1
 
 
 def queues_of_version(version: int) -> list[tuple[str, str]]:

@@ -285,7 +285,7 @@ def test_bad_input_names_the_problem(conn: Conn) -> None:
         read(conn, "clicks", "g", "c")
     assert err.value.sqlstate == "PB021"
     for call, text in [
-        ("SELECT pgbroker.create_stream('Bad Name!')", "stream name"),
+        ("SELECT pgbroker.create_stream('Bad/Name!')", "stream name"),  # whitespace: PB001, test_security
         ("SELECT pgbroker.create_stream('x', 0)", "partitions"),
         ("SELECT pgbroker.create_stream('clicks', 8)", "exists with partitions 4"),
         ("SELECT pgbroker.create_stream_group('clicks', 'g', 'middle')", "start_from"),

@@ -10,6 +10,7 @@ from pgbroker.cli import (
     bridge,
     db,
     dead_letters,
+    grants,
     keys,
     messages,
     pause,
@@ -30,7 +31,7 @@ __all__ = ["build_parser", "main"]
 # (bridge, serve, pipeline) imports it only when the command runs.
 COMMAND_MODULES = (
     queues, pause, messages, peek, streams, db, pipeline, worker, schedules, dead_letters, policy,
-    bridge, keys, serve,
+    bridge, keys, grants, serve,
 )
 
 

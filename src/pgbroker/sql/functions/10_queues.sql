@@ -16,6 +16,25 @@
 -- instead walks msg_id order over every row and filters on vt, which touches
 -- every in-flight message at the head of the queue on every read.
 
+-- Let pg_monitor read every queue and archive table, payloads included, as
+-- pgmq does (allowed), or take that back (not allowed: the default). Covers
+-- the tables there are and, by default privileges, those that the role
+-- calling this creates later (run it as the role that creates queues).
+CREATE OR REPLACE FUNCTION pgbroker.grant_pg_monitor_payloads(allowed boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(allowed IS NOT NULL, 'allowed must be true or false, got NULL');
+    IF allowed THEN
+        GRANT SELECT ON ALL TABLES IN SCHEMA pgmq TO pg_monitor;
+        ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON TABLES TO pg_monitor;
+    ELSE
+        REVOKE SELECT ON ALL TABLES IN SCHEMA pgmq FROM pg_monitor;
+        ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq REVOKE SELECT ON TABLES FROM pg_monitor;
+        GRANT SELECT ON pgmq.meta TO pg_monitor;
+    END IF;
+END;
+$$;
+
 ------------------------------------------------------------------------------
 -- Internal helpers (schema pgbroker). pgbroker's errors have codes of class
 -- PB so that every client, in any language, can tell them apart:
@@ -59,8 +78,19 @@ BEGIN
             USING ERRCODE = 'PB001',
                   HINT = 'Use letters, digits, _ and - only.';
     END IF;
-    IF queue_name ~ '[[:cntrl:]]' THEN
-        RAISE EXCEPTION 'queue name contains a control character (got %)', quote_literal(queue_name)
+    PERFORM pgbroker._check_name_characters(queue_name, 'queue');
+END;
+$$;
+
+-- Refuse a queue or stream name (kind) with whitespace (Unicode's too: no-break
+-- and zero-width spaces) or a control character (PB001): such a name cannot be
+-- told apart from another when printed, and nothing is easier to get wrong in
+-- a shell, a URL or a log.
+CREATE OR REPLACE FUNCTION pgbroker._check_name_characters(name text, kind text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF name ~ '[[:space:][:cntrl:]\u00a0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]' THEN
+        RAISE EXCEPTION '% name contains whitespace or a control character (got %)', kind, quote_literal(name)
             USING ERRCODE = 'PB001',
                   HINT = 'Use letters, digits, _ and - only.';
     END IF;

@@ -35,6 +35,7 @@
 CREATE OR REPLACE FUNCTION pgbroker.policy(queue_name text)
 RETURNS pgbroker.queue_policy LANGUAGE plpgsql STABLE AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize(NULL, queue_name);
     hit record;
     found_policy pgbroker.queue_policy;
 BEGIN
@@ -233,6 +234,7 @@ $$;
 -- always). Clients cache it for a few seconds.
 CREATE OR REPLACE FUNCTION pgbroker.queue_codec(queue_name text)
 RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT pgbroker._authorize('producer', queue_name);
     SELECT coalesce((SELECT p.codec FROM pgbroker.queue_policy p
                      WHERE lower(p.queue_name) = lower(queue_codec.queue_name)), 'json');
 $$;
@@ -288,6 +290,7 @@ $$;
 -- (the pgbroker_queue_paused gauge; a monitor entry point, 88_roles.sql).
 CREATE OR REPLACE FUNCTION pgbroker.is_paused(queue_name text)
 RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT pgbroker._authorize('monitor', queue_name);
     SELECT coalesce((SELECT p.paused FROM pgmq.meta m JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
                      WHERE lower(m.queue_name) = lower($1)), false);
 $$;

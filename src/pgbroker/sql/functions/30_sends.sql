@@ -24,25 +24,71 @@ BEGIN
 END;
 $$;
 
--- Largest accepted message (jsonb datum size, bytes). Set with
--- ALTER DATABASE ... SET pgbroker.max_message_bytes = '...'; 0 disables it.
+-- The limits an operator sets (pgbroker.max_message_bytes, and
+-- pgbroker.route_limit: 90_routes.sql) protect the server from its callers,
+-- so a caller's session cannot lift them: a limit is the database's setting
+-- (ALTER DATABASE ... SET name = ..., read from the catalog: setrole = 0),
+-- or the session's own value only where that is stricter. A session value
+-- alone (SET, or ALTER ROLE ... SET, which a role may do for itself) would
+-- let any caller of a SECURITY DEFINER entry point choose the limit.
+
+-- A limit's value given as text: a whole number, or PB007 naming the setting.
+CREATE OR REPLACE FUNCTION pgbroker._limit_number(name text, value text)
+RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value !~ '^[0-9]{1,18}$' THEN
+        RAISE EXCEPTION '% must be a whole number, got %', name, quote_literal(value)
+            USING ERRCODE = 'PB007', HINT = 'Set it for the database: ALTER DATABASE ... SET ' || name || ' = ...';
+    END IF;
+    RETURN value::bigint;
+END;
+$$;
+
+-- A limit's value (see above): the database's setting, fallback without one,
+-- or the session's value where it is stricter: smaller, and, where 0 means
+-- no limit (zero_means_none), positive. Every send asks for
+-- max_message_bytes: one catalog probe, and no call for a value not set.
+CREATE OR REPLACE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none boolean)
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    database_text text;
+    session_text constant text := nullif(current_setting(name, true), '');
+    database_value bigint := fallback;
+    session_value bigint;
+BEGIN
+    SELECT substr(c.setting, length(name) + 2) INTO database_text
+    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
+    WHERE s.setrole = 0
+      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+      AND pg_catalog.starts_with(c.setting, name || '=');
+    IF database_text IS NOT NULL THEN
+        database_value := pgbroker._limit_number(name, database_text);
+    END IF;
+    IF session_text IS NULL THEN
+        RETURN database_value;
+    END IF;
+    session_value := pgbroker._limit_number(name, session_text);
+    IF zero_means_none AND session_value = 0 THEN
+        RETURN database_value;
+    ELSIF zero_means_none AND database_value = 0 THEN
+        RETURN session_value;
+    END IF;
+    RETURN least(database_value, session_value);
+END;
+$$;
+
+-- Refuse a message larger than pgbroker.max_message_bytes (jsonb datum size,
+-- bytes; 1 MiB by default, 0 for no limit), a limit as above.
 CREATE OR REPLACE FUNCTION pgbroker._check_message_size(size bigint)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    setting text := coalesce(nullif(current_setting('pgbroker.max_message_bytes', true), ''), '1048576');
-    max_bytes bigint;
+    max_bytes constant bigint := pgbroker._limit('pgbroker.max_message_bytes', 1048576, true);
 BEGIN
-    IF setting !~ '^[0-9]{1,18}$' THEN
-        RAISE EXCEPTION 'pgbroker.max_message_bytes must be a whole number of bytes, got %',
-            quote_literal(setting)
-            USING ERRCODE = 'PB007', HINT = 'Set it to 0 to disable the limit.';
-    END IF;
-    max_bytes := setting::bigint;
     IF max_bytes > 0 AND size > max_bytes THEN
         RAISE EXCEPTION 'message is too large: % bytes, the limit is % bytes', size, max_bytes
             USING ERRCODE = 'PB005',
                   HINT = 'Store large payloads elsewhere and send a reference, '
-                         'or raise pgbroker.max_message_bytes.';
+                         'or raise pgbroker.max_message_bytes for the database.';
     END IF;
 END;
 $$;
@@ -120,11 +166,14 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Send a batch to a queue; what every pgbroker function that sends (topics,
--- dead-letter replay, the bridge) calls.
-CREATE OR REPLACE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
+-- dead-letter replay, the bridge, schedules, stream retries) calls.
+-- engine_headers: the engine's own sends (replay, schedules, stream retries),
+-- which may carry reserved headers (pgbroker._check_reserved_headers).
+CREATE OR REPLACE FUNCTION pgbroker._send_many(queue_name text, msgs jsonb[], headers jsonb[], delay timestamptz,
+                                    engine_headers boolean DEFAULT false)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 BEGIN
-    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay);
+    RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, delay, engine_headers);
 END;
 $$;
 
@@ -137,6 +186,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
         RETURN;
@@ -148,6 +198,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send(queue_name TEXT, msg JSONB)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], NULL, NULL);
 END;
 $$;
@@ -155,6 +206,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, ARRAY[msg], ARRAY[headers], NULL);
 END;
 $$;
@@ -162,6 +214,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
         RETURN;
@@ -174,6 +227,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], NULL);
         RETURN;
@@ -185,6 +239,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, ARRAY[msg], ARRAY[headers]);
         RETURN;
@@ -198,6 +253,7 @@ CREATE OR REPLACE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], header
                                 delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
         RETURN;
@@ -209,6 +265,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, NULL, NULL);
 END;
 $$;
@@ -216,6 +273,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_send(queue_name, msgs, headers, NULL);
 END;
 $$;
@@ -223,6 +281,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
         RETURN;
@@ -235,6 +294,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, NULL);
         RETURN;
@@ -246,6 +306,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[], delay INTEGER)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('producer', queue_name);
     IF delay IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_send_without_vt(queue_name, msgs, headers);
         RETURN;

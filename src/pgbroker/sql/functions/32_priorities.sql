@@ -68,6 +68,36 @@ BEGIN
 END;
 $$;
 
+-- Headers named x-pgbroker-* are reserved: they carry the engine's state and
+-- its record of what happened to a message (x-pgbroker-dead-letter, which
+-- dead_letters, replay and purge trust; -schedule, -stream and -published,
+-- which consumers key on). A sender may set only the job headers above
+-- (priority, dedup key, concurrency key: inputs by design). A send through
+-- any door carrying another reserved header is refused (PB007), not
+-- stripped: a caller's bad input gets an error and changes nothing, and a
+-- message is never stored other than as sent. Only the engine's own sends
+-- (pgbroker._send_many with engine_headers: dead-letter replay, schedules,
+-- stream retries) carry them. The names compare in any letter case.
+CREATE OR REPLACE FUNCTION pgbroker._check_reserved_headers(headers jsonb[])
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    reserved text;
+BEGIN
+    SELECT k INTO reserved
+    FROM unnest(headers) h,
+         jsonb_object_keys(CASE WHEN jsonb_typeof(h) = 'object' THEN h END) k
+    WHERE starts_with(lower(k), 'x-pgbroker-')
+      AND lower(k) NOT IN ('x-pgbroker-priority', 'x-pgbroker-dedup-key', 'x-pgbroker-concurrency-key')
+    LIMIT 1;
+    IF reserved IS NOT NULL THEN
+        RAISE EXCEPTION 'header % is reserved for pgbroker itself', quote_ident(reserved)
+            USING ERRCODE = 'PB007',
+                  HINT = 'Of the x-pgbroker-* headers a sender may set only x-pgbroker-priority, '
+                         'x-pgbroker-dedup-key and x-pgbroker-concurrency-key; rename the header.';
+    END IF;
+END;
+$$;
+
 -- Whether any headers of a send carry a job header (priority, dedup key,
 -- concurrency key). The send route calls this only for sends with headers.
 CREATE OR REPLACE FUNCTION pgbroker._has_job_headers(headers jsonb[])

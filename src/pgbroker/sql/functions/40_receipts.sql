@@ -99,6 +99,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.stale_reason(queue_name text, receipt text)
 RETURNS text LANGUAGE plpgsql STABLE AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     r record := pgbroker._parse_receipt(receipt);
     cur record;

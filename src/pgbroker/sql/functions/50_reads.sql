@@ -6,13 +6,19 @@
 -- that their text exists once; the visibility rule in them is
 -- pgbroker._visible_sql's. The routes (90_routes.sql) hold these statements
 -- for every routed queue as static SQL, planned once per session. A queue
--- the routes do not hold takes the dynamic path: the statement is made a
+-- the routes do not hold takes the dynamic path (pgbroker._statement_call):
+-- called with the session's own rights, the statement is made a
 -- session-level prepared statement the first time a backend runs it for the
 -- queue (PREPARE, named pgb_<op>_<table>), and later calls run it with
--- EXECUTE: parsed, analysed and planned once per backend and queue.
---   * The check for an existing statement reads pg_prepared_statements, so a
---     DEALLOCATE ALL or DISCARD ALL (connection poolers) only costs a new
---     PREPARE.
+-- EXECUTE: parsed, analysed and planned once per backend and queue. Called
+-- through a SECURITY DEFINER entry point (the roles, 88_roles.sql), it runs
+-- the query with its values written in instead, planned on each call: a
+-- prepared statement belongs to the session, and the session is not trusted
+-- (see _statement_call).
+--   * The check for an existing statement reads pg_prepared_statements and
+--     compares its text, so a DEALLOCATE ALL or DISCARD ALL (connection
+--     poolers) only costs a new PREPARE, and an upgrade that changed the
+--     text prepares it again.
 --   * A prepared statement is re-analysed by the server when a table it uses
 --     is dropped or altered, so a queue dropped and created again under the
 --     same name (even as a partitioned queue) is found again; a dropped queue
@@ -211,11 +217,18 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                 ELSE 'pgb_' || op || '_' || md5(qtable) END;
 $$;
 
--- A queue's hot statement for op (see _statement_name), as PREPARE.
-CREATE OR REPLACE FUNCTION pgbroker._statement(qtable text, op text)
+-- The parameter types of op's statement (see above), in their order.
+CREATE OR REPLACE FUNCTION pgbroker._statement_types(op text)
+RETURNS text[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN op IN ('ack_a', 'ack_d') THEN ARRAY['bigint[]', 'integer[]', 'bigint[]']
+                ELSE ARRAY['integer', 'jsonb', 'timestamptz', 'integer', 'bigint'] END;
+$$;
+
+-- A queue's hot statement for op (see _statement_name), the query alone.
+-- Every name in it is schema-qualified or pg_catalog's.
+CREATE OR REPLACE FUNCTION pgbroker._statement_query(qtable text, op text)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    name text := pgbroker._statement_name(qtable, op);
     atable text := 'a' || substr(qtable, 2);
     columns text := 'q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers';
     prioritized constant boolean := op IN ('read_p', 'read_pc', 'deliver_p', 'deliver_pc', 'pop_p');
@@ -225,19 +238,17 @@ BEGIN
     IF op IN ('read', 'read_c', 'deliver', 'deliver_c', 'read_p', 'read_pc', 'deliver_p', 'deliver_pc') THEN
         RETURN format(
             $Q$
-            PREPARE %1$I (integer, jsonb, timestamptz, integer, bigint) AS
-            WITH %2$s,
+            WITH %1$s,
             leased AS (
-                UPDATE pgmq.%3$I q
+                UPDATE pgmq.%2$I q
                 SET vt = clock_timestamp() + make_interval(secs => $4),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
                 FROM picked WHERE q.msg_id = picked.msg_id
-                RETURNING %4$s
+                RETURNING %3$s
             )
-            SELECT *%5$s FROM leased ORDER BY %6$s
+            SELECT *%4$s FROM leased ORDER BY %5$s
             $Q$,
-            name,
             pgbroker._visible_from_sql(qtable, CASE WHEN op LIKE '%c' THEN '{"c": 1}'::jsonb END, prioritized),
             qtable, columns,
             CASE WHEN op LIKE 'deliver%' THEN ', pgbroker.receipt(msg_id, read_ct, vt)' ELSE '' END,
@@ -245,27 +256,25 @@ BEGIN
     ELSIF op IN ('pop', 'pop_p') THEN
         RETURN format(
             $Q$
-            PREPARE %1$I (integer, jsonb, timestamptz, integer, bigint) AS
-            WITH %2$s,
+            WITH %1$s,
             popped AS (
-                DELETE FROM pgmq.%3$I q USING picked WHERE q.msg_id = picked.msg_id
-                RETURNING %4$s
+                DELETE FROM pgmq.%2$I q USING picked WHERE q.msg_id = picked.msg_id
+                RETURNING %3$s
             )
-            SELECT * FROM popped ORDER BY %5$s
-            $Q$, name, pgbroker._visible_from_sql(qtable, NULL, prioritized), qtable, columns, result_order);
+            SELECT * FROM popped ORDER BY %4$s
+            $Q$, pgbroker._visible_from_sql(qtable, NULL, prioritized), qtable, columns, result_order);
     ELSIF op IN ('ack_a', 'ack_d') THEN
         RETURN format(
             $Q$
-            PREPARE %1$I (bigint[], integer[], bigint[]) AS
             WITH removed AS (
-                DELETE FROM pgmq.%2$I q
+                DELETE FROM pgmq.%1$I q
                 WHERE q.msg_id = ANY($1)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest($1, $2, $3))
                   AND q.vt > clock_timestamp()
-                RETURNING %4$s
-            )%5$s
+                RETURNING %3$s
+            )%4$s
             SELECT msg_id FROM removed ORDER BY msg_id
-            $Q$, name, qtable, atable, columns,
+            $Q$, qtable, atable, columns,
             CASE WHEN op = 'ack_a' THEN format(
                 $A$,
             archived AS (
@@ -273,34 +282,60 @@ BEGIN
                 SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM removed
             )$A$, atable) ELSE '' END);
     END IF;
-    RAISE EXCEPTION 'pgbroker._statement: unknown operation %', quote_literal(op) USING ERRCODE = 'PB007';
+    RAISE EXCEPTION 'pgbroker._statement_query: unknown operation %', quote_literal(op) USING ERRCODE = 'PB007';
 END;
 $$;
 
--- A statement of pgbroker._statement as the query alone (no PREPARE).
-CREATE OR REPLACE FUNCTION pgbroker._statement_query(qtable text, op text)
+-- A queue's hot statement for op as PREPARE <name> (<types>) AS <query>.
+CREATE OR REPLACE FUNCTION pgbroker._statement(qtable text, op text)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    statement text := pgbroker._statement(qtable, op);
-    stripped text := regexp_replace(statement, '^\s*PREPARE\s+\S+\s*\([^)]*\)\s+AS\s', '');
 BEGIN
-    IF stripped = statement THEN
-        RAISE EXCEPTION 'pgbroker._statement_query: not a PREPARE statement: %', left(statement, 80);
-    END IF;
-    RETURN stripped;
+    RETURN format('PREPARE %I (%s) AS %s', pgbroker._statement_name(qtable, op),
+                  array_to_string(pgbroker._statement_types(op), ', '), pgbroker._statement_query(qtable, op));
 END;
 $$;
 
--- The statement's name, prepared in this session if it was not yet.
-CREATE OR REPLACE FUNCTION pgbroker._prepared(qtable text, op text)
+-- A queue's hot statement for op with its parameters bound to args (SQL
+-- literals, one per parameter: quote_nullable), as the text to run; the
+-- dynamic path of reads, pops and acks (a queue the routes do not hold, a
+-- conditional read, a limited queue).
+--
+-- A session prepared statement is used only when this call runs with the
+-- session's own rights (current_user = session_user). Its name is known, so
+-- any session can PREPARE a statement of its own under it first, and not even
+-- the same text would do: its names resolved under the search_path of that
+-- PREPARE. Run by a SECURITY DEFINER entry point (the roles, 88_roles.sql)
+-- it would run as the owner; run with the session's rights it can do nothing
+-- the session could not do itself. Even then it is used only if its text is
+-- the engine's current one, or it is prepared again (an upgrade, or another
+-- statement under that name).
+-- Otherwise the query runs with the values written in as typed literals
+-- (pgbroker._route_statement): planned on each call, and nothing of the
+-- session is involved.
+CREATE OR REPLACE FUNCTION pgbroker._statement_call(qtable text, op text, VARIADIC args text[])
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
-    stmt text := pgbroker._statement_name(qtable, op);
+    statement_name constant text := pgbroker._statement_name(qtable, op);
+    types constant text[] := pgbroker._statement_types(op);
+    typed text[];
+    statement text;
+    found text;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
-        EXECUTE pgbroker._statement(qtable, op);
+    FOR i IN 1..cardinality(types) LOOP
+        typed[i] := format('%s::%s', coalesce(args[i], 'NULL'), types[i]);
+    END LOOP;
+    IF current_user <> session_user THEN
+        RETURN pgbroker._route_statement(pgbroker._statement_query(qtable, op), typed);
     END IF;
-    RETURN stmt;
+    statement := pgbroker._statement(qtable, op);
+    SELECT s.statement INTO found FROM pg_prepared_statements s WHERE s.name = statement_name;
+    IF found IS DISTINCT FROM statement THEN
+        IF found IS NOT NULL THEN
+            EXECUTE format('DEALLOCATE %I', statement_name);
+        END IF;
+        EXECUTE statement;
+    END IF;
+    RETURN format('EXECUTE %I(%s)', statement_name, array_to_string(typed, ', '));
 END;
 $$;
 
@@ -435,7 +470,6 @@ DECLARE
     variant text := CASE WHEN mode = 'priority' THEN 'p' ELSE '' END
                     || CASE WHEN conditional IS NULL OR conditional = '{}'::jsonb THEN '' ELSE 'c' END;
     op text := CASE WHEN deliver THEN 'deliver' ELSE 'read' END || CASE WHEN variant = '' THEN '' ELSE '_' || variant END;
-    stmt text := pgbroker._statement_name(qtable, op);
 BEGIN
     IF mode = 'paused' THEN
         RETURN CASE WHEN deliver THEN 'SELECT (NULL::pgbroker.delivery).* LIMIT 0'
@@ -449,11 +483,8 @@ BEGIN
                       CASE WHEN deliver THEN ', pgbroker.receipt(m.msg_id, m.read_ct, m.vt)' ELSE '' END,
                       stored_name, ready_from, vt, qty, conditional);
     END IF;
-    -- pgbroker._prepared, inline: this is every read's path.
-    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
-        EXECUTE pgbroker._statement(qtable, op);
-    END IF;
-    RETURN format('EXECUTE %I(%s, %L, %L, %s, %s)', stmt, qty, conditional, clock_timestamp(), vt, ready_from);
+    RETURN pgbroker._statement_call(qtable, op, quote_nullable(qty), quote_nullable(conditional),
+                                    quote_nullable(clock_timestamp()), quote_nullable(vt), quote_nullable(ready_from));
 END;
 $$;
 
@@ -467,9 +498,9 @@ BEGIN
         RETURN format('SELECT * FROM pgbroker._read_limited(%L, %s, NULL, %s, NULL, true)',
                       stored_name, ready_from, qty);
     END IF;
-    RETURN format('EXECUTE %I(%s, NULL, %L, NULL, %s)',
-                  pgbroker._prepared(lower('q_' || stored_name), CASE WHEN mode = 'priority' THEN 'pop_p' ELSE 'pop' END),
-                  qty, clock_timestamp(), ready_from);
+    RETURN pgbroker._statement_call(lower('q_' || stored_name), CASE WHEN mode = 'priority' THEN 'pop_p' ELSE 'pop' END,
+                                    quote_nullable(qty), NULL, quote_nullable(clock_timestamp()), NULL,
+                                    quote_nullable(ready_from));
 END;
 $$;
 
@@ -550,6 +581,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.read(queue_name TEXT, vt INTEGER, qty INTEGER, conditional JSONB DEFAULT '{}')
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF (vt IS NULL OR vt < 0 OR qty IS NULL) AND coalesce(qty >= 0, true) THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_read_as_given(queue_name, vt, qty, conditional);
         RETURN;
@@ -619,6 +651,7 @@ CREATE OR REPLACE FUNCTION pgmq.read_with_poll(
     conditional JSONB DEFAULT '{}'
 )
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._pgmq_poll(
         format('SELECT * FROM pgmq.read(%L, %s, %s, %L)', queue_name, coalesce(vt::text, 'NULL'),
                coalesce(qty::text, 'NULL'), conditional),
@@ -647,6 +680,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.pop(queue_name TEXT, qty INTEGER DEFAULT 1)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF qty IS NULL THEN
         RETURN QUERY SELECT * FROM pgbroker._pgmq_pop_all(queue_name);
         RETURN;
@@ -660,6 +694,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.read(queue_name text, vt integer, qty integer, conditional jsonb DEFAULT '{}')
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_deliver(queue_name, vt, qty, conditional);
 END;
 $$;
@@ -673,6 +708,7 @@ CREATE OR REPLACE FUNCTION pgbroker.read_with_poll(
     max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100,
     conditional jsonb DEFAULT '{}')
 RETURNS SETOF pgbroker.delivery LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT m.*, pgbroker.receipt(m.msg_id, m.read_ct, m.vt)
     FROM pgbroker._poll(
         format('SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers'

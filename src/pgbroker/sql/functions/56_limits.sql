@@ -211,8 +211,8 @@ BEGIN
               || CASE WHEN p.priorities THEN '_p' ELSE '' END
               || CASE WHEN NOT pop AND NOT (conditional IS NULL OR conditional = '{}'::jsonb)
                       THEN CASE WHEN p.priorities THEN 'c' ELSE '_c' END ELSE '' END;
-        RETURN QUERY EXECUTE format('EXECUTE %I(%s, %L, %L, %s, %s)', pgbroker._prepared(qtable, op),
-                                    b.budget, conditional, b.clock, coalesce(vt::text, 'NULL'), ready_from);
+        RETURN QUERY EXECUTE pgbroker._statement_call(qtable, op, quote_nullable(b.budget),
+            quote_nullable(conditional), quote_nullable(b.clock), quote_nullable(vt), quote_nullable(ready_from));
     END IF;
     GET DIAGNOSTICS got = ROW_COUNT;
     PERFORM pgbroker._limit_charge(stored_name, b.available, b.clock, got);

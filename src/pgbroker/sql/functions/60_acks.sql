@@ -14,6 +14,7 @@
 CREATE OR REPLACE FUNCTION pgmq.delete(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     RETURN QUERY EXECUTE format(
@@ -24,6 +25,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pgmq.delete(queue_name TEXT, msg_id BIGINT)
 RETURNS BOOLEAN LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT EXISTS (SELECT 1 FROM pgmq.delete(queue_name, ARRAY[msg_id]));
 $$;
 
@@ -31,6 +33,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.archive(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
     RETURN QUERY EXECUTE format(
@@ -49,6 +52,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION pgmq.archive(queue_name TEXT, msg_id BIGINT)
 RETURNS BOOLEAN LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT EXISTS (SELECT 1 FROM pgmq.archive(queue_name, ARRAY[msg_id]));
 $$;
 
@@ -59,6 +63,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.set_vt(queue_name TEXT, msg_ids BIGINT[], vt TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
     changed pgmq.message_record[];
     lowest bigint;
@@ -90,17 +95,20 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.set_vt(queue_name TEXT, msg_ids BIGINT[], vt INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgmq.set_vt(queue_name, msg_ids, clock_timestamp() + make_interval(secs => vt));
 END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.set_vt(queue_name TEXT, msg_id BIGINT, vt TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgmq.set_vt(queue_name, ARRAY[msg_id], vt);
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.set_vt(queue_name TEXT, msg_id BIGINT, vt INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgmq.set_vt(queue_name, ARRAY[msg_id], vt);
 $$;
 
@@ -114,6 +122,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.ack(queue_name text, receipts text[], archive boolean DEFAULT true)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     RETURN QUERY SELECT * FROM pgbroker._route_ack(queue_name, receipts, archive, false);
 END;
 $$;
@@ -121,6 +130,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.ack(queue_name text, receipt text, archive boolean DEFAULT true)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     acked bigint;
 BEGIN
     SELECT a INTO acked FROM pgbroker.ack(queue_name, ARRAY[receipt], archive) a;
@@ -131,19 +141,14 @@ BEGIN
 END;
 $$;
 
--- The ack statement of a queue the routes do not hold, prepared in this
--- session, as an EXECUTE to run (see 50_reads.sql's header).
+-- The ack statement of a queue the routes do not hold, as the text to run
+-- (pgbroker._statement_call, 50_reads.sql).
 CREATE OR REPLACE FUNCTION pgbroker._run_ack(qtable text, msg_ids bigint[], read_cts integer[], leases bigint[],
                                   archive boolean)
 RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-    op text := CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END;
-    stmt text := pgbroker._statement_name(qtable, op);
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_prepared_statements s WHERE s.name = stmt) THEN
-        EXECUTE pgbroker._statement(qtable, op);
-    END IF;
-    RETURN format('EXECUTE %I(%L, %L, %L)', stmt, msg_ids, read_cts, leases);
+    RETURN pgbroker._statement_call(qtable, CASE WHEN archive THEN 'ack_a' ELSE 'ack_d' END,
+                                    quote_nullable(msg_ids), quote_nullable(read_cts), quote_nullable(leases));
 END;
 $$;
 
@@ -152,6 +157,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.nack(queue_name text, receipts text[], delay integer DEFAULT 0)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -175,6 +181,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.nack(queue_name text, receipt text, delay integer DEFAULT 0)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     released bigint;
 BEGIN
     SELECT n INTO released FROM pgbroker.nack(queue_name, ARRAY[receipt], delay) n;
@@ -190,6 +197,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.extend(queue_name text, receipts text[], vt integer)
 RETURNS TABLE (msg_id bigint, receipt text) LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -213,6 +221,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.extend(queue_name text, receipt text, vt integer)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     renewed text;
 BEGIN
     SELECT e.receipt INTO renewed FROM pgbroker.extend(queue_name, ARRAY[receipt], vt) e;
@@ -238,6 +247,7 @@ CREATE OR REPLACE FUNCTION pgbroker.consume(queue_name text, vt integer, qty int
                                  receipts text[] DEFAULT NULL, archive boolean DEFAULT NULL)
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
     IF vt IS NULL OR vt < 0 OR qty IS NULL OR qty < 0 THEN
         PERFORM pgbroker._table(queue_name);
         PERFORM pgbroker._check_read_args(vt, qty);
@@ -257,5 +267,6 @@ $$;
 -- msg_ids whose receipts still held, as pgbroker.ack does.
 CREATE OR REPLACE FUNCTION pgbroker.complete(queue_name text, receipts text[])
 RETURNS SETOF bigint LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT pgbroker.ack(queue_name, receipts, (pgbroker.policy(queue_name)).ack_mode = 'archive');
 $$;

@@ -77,6 +77,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL)
 RETURNS TABLE (msg_id bigint, outcome text) LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
     one text;
     held record;
@@ -103,6 +104,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker.fail(queue_name text, receipt text, error text DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     result text;
 BEGIN
     SELECT f.outcome INTO result FROM pgbroker.fail(queue_name, ARRAY[receipt], error) f;
@@ -164,7 +166,7 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY SELECT * FROM unnest(letter_ids,
-                                      ARRAY(SELECT pgbroker._send_many(p.queue_name, messages, letter_headers, NULL)));
+                                      ARRAY(SELECT pgbroker._send_many(p.queue_name, messages, letter_headers, NULL, true)));
 END;
 $$;
 

@@ -286,16 +286,19 @@ $$;
 
 CREATE OR REPLACE FUNCTION pgmq.read_grouped(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'fill');
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_rr(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'rr');
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_head(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'head');
 $$;
 
@@ -303,6 +306,7 @@ CREATE OR REPLACE FUNCTION pgmq.read_grouped_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'fill');
 $$;
 
@@ -310,6 +314,7 @@ CREATE OR REPLACE FUNCTION pgmq.read_grouped_rr_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'rr');
 $$;
 
@@ -317,6 +322,7 @@ CREATE OR REPLACE FUNCTION pgmq.read_grouped_head_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'head');
 $$;
 

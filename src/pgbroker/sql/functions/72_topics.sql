@@ -125,6 +125,7 @@ BEGIN
     PERFORM pgmq.validate_routing_key(routing_key);
     PERFORM pgbroker._check_batch(msgs, headers);
     FOR target IN SELECT DISTINCT b.queue_name FROM pgbroker._topic_matches(routing_key) b ORDER BY 1 LOOP
+        PERFORM pgbroker._authorize('producer', target);
         RETURN QUERY SELECT target, s.id FROM pgbroker._send_many(target, msgs, headers, delay) AS s(id);
     END LOOP;
 END;

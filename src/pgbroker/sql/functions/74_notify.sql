@@ -45,6 +45,7 @@
 -- every client (and the trigger) agrees with the server's lower-casing.
 CREATE OR REPLACE FUNCTION pgbroker.notify_channel(queue_name text)
 RETURNS text LANGUAGE sql STABLE AS $$
+    SELECT pgbroker._authorize('consumer', queue_name);
     SELECT 'pgmq.' || pgbroker._table(queue_name) || '.INSERT';
 $$;
 

@@ -33,6 +33,7 @@ CREATE OR REPLACE FUNCTION pgbroker.peek(
     enqueued_after timestamptz DEFAULT NULL, enqueued_before timestamptz DEFAULT NULL)
 RETURNS SETOF pgbroker.peeked_message LANGUAGE plpgsql STABLE AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     source text;
     state_of text;
     letters_of text;

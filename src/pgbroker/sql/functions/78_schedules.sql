@@ -439,7 +439,7 @@ BEGIN
                 ARRAY[coalesce(s.headers, '{}'::jsonb) || jsonb_build_object('x-pgbroker-schedule',
                     jsonb_build_object('name', s.name,
                                        'tick', to_char(tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')))],
-                NULL) sent;
+                NULL, true) sent;
         EXCEPTION WHEN OTHERS THEN
             msg_id := NULL;
             error := SQLERRM;

@@ -50,6 +50,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgmq.metrics(queue_name TEXT)
 RETURNS pgmq.metrics_result LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('monitor', queue_name);
     qtable text := pgbroker._pgmq_table(queue_name);
     result pgmq.metrics_result;
 BEGIN
@@ -208,6 +209,7 @@ $$;
 -- too, and a backend reports its counts at most about once a second.
 CREATE OR REPLACE FUNCTION pgbroker.messages_consumed(queue_name text)
 RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT pgbroker._authorize('monitor', queue_name);
     -- to_regclass: a queue dropped while a scrape runs counts 0, it does not fail the scrape.
     WITH q AS (SELECT to_regclass(format('pgmq.%I', pgbroker._table(queue_name))) AS rel)
     SELECT coalesce(sum(pg_stat_get_tuples_deleted(c.oid)), 0)::bigint

@@ -23,6 +23,7 @@
 CREATE OR REPLACE FUNCTION pgbroker.ack_published(queue_name text, receipts text[], published jsonb[])
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     qtable text := pgbroker._table(queue_name);
     held record := pgbroker._held(receipts);
 BEGIN
@@ -67,6 +68,7 @@ CREATE OR REPLACE FUNCTION pgbroker.receive_many(
     queue_name text, message_ids text[], messages jsonb[], headers jsonb[], seen_within interval)
 RETURNS TABLE (message_id text, msg_id bigint) LANGUAGE plpgsql AS $$
 DECLARE
+    authorized constant boolean := pgbroker._authorize('producer', queue_name);
     stored varchar;
     fresh_ids text[];
     fresh_messages jsonb[];
@@ -109,19 +111,40 @@ BEGIN
 END;
 $$;
 
--- Forget inbound message ids seen longer than seen_within ago, at most
--- batch_size per call (a short transaction); returns how many went. Callers
--- repeat until 0.
-CREATE OR REPLACE FUNCTION pgbroker.prune_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000)
+-- A prune's window and batch (PB007 otherwise): the window at least a minute
+-- (a negative or tiny one would wipe the memory that stops a redelivery from
+-- being sent twice, for every queue, and any producer may prune), the batch
+-- from 1 to 100,000 rows (one short transaction).
+CREATE OR REPLACE FUNCTION pgbroker._check_prune_args(seen_within interval, batch_size integer)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(seen_within >= interval '1 minute',
+        format('seen_within must be an interval of at least 1 minute, got %s', coalesce(seen_within::text, 'NULL')),
+        'Prune with the window the inbound bridge de-duplicates over (its seen_within).');
+    PERFORM pgbroker._check_arg(batch_size BETWEEN 1 AND 100000,
+        format('batch_size must be from 1 to 100000, got %s', coalesce(batch_size::text, 'NULL')));
+END;
+$$;
+
+-- Forget inbound message ids seen longer than seen_within ago, of one queue
+-- or (queue_name NULL) of all, at most batch_size per call (a short
+-- transaction); returns how many went. Callers repeat until 0.
+CREATE OR REPLACE FUNCTION pgbroker.prune_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000,
+                                            queue_name text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+    stored varchar;
     pruned bigint;
 BEGIN
-    PERFORM pgbroker._check_arg(batch_size IS NOT NULL AND batch_size >= 1,
-        format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
-    DELETE FROM pgbroker.inbound_seen WHERE (queue_name, message_id) IN (
+    PERFORM pgbroker._check_prune_args(seen_within, batch_size);
+    IF queue_name IS NOT NULL THEN
+        PERFORM pgbroker._table(queue_name);
+        stored := pgbroker._stored_name(queue_name);
+    END IF;
+    DELETE FROM pgbroker.inbound_seen WHERE (inbound_seen.queue_name, message_id) IN (
         SELECT s.queue_name, s.message_id FROM pgbroker.inbound_seen s
-        WHERE s.seen_at < now() - seen_within ORDER BY s.seen_at LIMIT batch_size);
+        WHERE s.seen_at < now() - seen_within AND (stored IS NULL OR s.queue_name = stored)
+        ORDER BY s.seen_at LIMIT batch_size);
     GET DIAGNOSTICS pruned = ROW_COUNT;
     RETURN pruned;
 END;

@@ -24,6 +24,19 @@
 -- the operation, they gain nothing); the installer calls grant_roles again
 -- for every prefix in pgbroker.role_sets each time it re-applies them, so the
 -- roles keep working.
+--
+-- A SECURITY DEFINER entry point trusts nothing of its caller's session
+-- (0025; tests/integration/test_security.py):
+--   * search_path: fixed, with pg_temp last; the server never looks up
+--     functions or operators in pg_temp, and its tables and types come after
+--     the engine's schemas; the engine's statements qualify their tables;
+--   * prepared statements: never run (pgbroker._statement_call, 50_reads.sql);
+--   * settings: the limits are the database's (pgbroker._limit, 30_sends.sql);
+--     what else is read is the caller's own business (transaction_isolation,
+--     which only makes a read skip the advance of its queue's bounds);
+--   * headers: the reserved ones are refused in sends
+--     (pgbroker._check_reserved_headers, 32_priorities.sql);
+--   * windows and counts: checked (pgbroker._check_prune_args, 86_bridge.sql).
 
 -- The functions (every overload) listed for a role kind; NULL: for any kind.
 CREATE OR REPLACE FUNCTION pgbroker._role_procs(kind text)

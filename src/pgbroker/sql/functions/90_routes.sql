@@ -47,19 +47,23 @@
 -- 128, the oldest first), because every session compiles a route's full
 -- text when it first calls it. A queue that is not routed (beyond the limit,
 -- or invisible to the transaction that last wrote the routes) takes the
--- dynamic path (prepared statements, see 50_reads.sql), which gives the same
+-- dynamic path (pgbroker._statement_call, 50_reads.sql), which gives the same
 -- results and errors: a route is only ever a faster way to the same
 -- statement.
 
--- A query with its $n parameters replaced by the given names (variables of
--- the route), from the highest number down so that $1 never eats $10's start.
+-- A query with its $n parameters replaced by the given expressions (variables
+-- of the route, or literals: pgbroker._statement_call), in one pass, so that
+-- no replacement is ever read again for marks ($1 in a literal stays as it
+-- is, and $1 never eats $10's start).
 CREATE OR REPLACE FUNCTION pgbroker._route_statement(statement text, params text[])
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    routed text := statement;
+    parts constant text[] := regexp_split_to_array(statement, '\$[0-9]+');
+    marks constant integer[] := ARRAY(SELECT m[1]::integer FROM regexp_matches(statement, '\$([0-9]+)', 'g') m);
+    routed text := parts[1];
 BEGIN
-    FOR i IN REVERSE cardinality(params)..1 LOOP
-        routed := replace(routed, '$' || i, params[i]);
+    FOR i IN 1..cardinality(marks) LOOP
+        routed := routed || params[marks[i]] || parts[i + 1];
     END LOOP;
     RETURN routed;
 END;
@@ -92,7 +96,7 @@ RETURNS void LANGUAGE plpgsql SECURITY DEFINER
 SET check_function_bodies = off
 SET search_path = pg_catalog, pg_temp AS $W$
 DECLARE
-    route_limit integer := coalesce(nullif(current_setting('pgbroker.route_limit', true), '')::integer, 128);
+    route_limit constant bigint := pgbroker._limit('pgbroker.route_limit', 128, false);
     keys text[];
     names text[];
     tables text[];
@@ -144,7 +148,7 @@ BEGIN
     -- Sends: as 0012's _send_sql and _send_many (checks in the same order).
     EXECUTE format($R$
 CREATE OR REPLACE FUNCTION pgbroker._route_send(p_queue_name text, p_msgs jsonb[], p_headers jsonb[],
-                                                p_delay timestamptz)
+                                                p_delay timestamptz, p_engine_headers boolean DEFAULT false)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $F$
 DECLARE
     r integer := array_position(%1$L::text[], lower(p_queue_name));
@@ -176,10 +180,8 @@ BEGIN
         SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
         FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
     END IF;
-    -- Without pgbroker.max_message_bytes the limit is 1 MiB (pgbroker._check_message_size).
-    IF r_size > 1048576 OR coalesce(current_setting('pgbroker.max_message_bytes', true), '') <> '' THEN
-        PERFORM pgbroker._check_message_size(r_size);
-    END IF;
+    -- The limit is the database's, never only the session's (0025).
+    PERFORM pgbroker._check_message_size(r_size);
     IF r_max_depth IS NOT NULL THEN
         PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
     END IF;
@@ -188,6 +190,10 @@ BEGIN
     -- Job headers (32_priorities.sql): checked, and a batch with dedup keys
     -- is sent by pgbroker._send_deduplicated; the rest take the INSERT below.
     IF p_headers IS NOT NULL THEN
+        -- Reserved headers (0025): only the engine's own sends carry them.
+        IF NOT p_engine_headers THEN
+            PERFORM pgbroker._check_reserved_headers(p_headers);
+        END IF;
         IF pgbroker._has_job_headers(p_headers) THEN
             IF pgbroker._prepare_job_headers(r_name, p_headers) THEN
                 RETURN QUERY SELECT * FROM pgbroker._send_deduplicated(r_name, p_msgs, p_headers, p_delay);

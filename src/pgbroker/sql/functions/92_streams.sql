@@ -299,6 +299,7 @@ DECLARE
     stored text := lower(create_stream.stream_name);
     log text;
 BEGIN
+    PERFORM pgbroker._check_name_characters(stream_name, 'stream');
     PERFORM pgbroker._check_arg(stored ~ '^[a-z0-9_][a-z0-9_-]{0,39}$',
         format('stream name must be 1 to 40 letters, digits, _ or - (not starting with -), got %L', stream_name),
         'For example ''clicks'' or ''orders-v2''; names are lower-cased.');
@@ -408,6 +409,9 @@ BEGIN
                    coalesce(cardinality(headers)::text, 'none'), coalesce(cardinality(keys)::text, 'none'),
                    cardinality(messages)),
             'Pass NULL for a message without headers or key.');
+    END IF;
+    IF headers IS NOT NULL THEN
+        PERFORM pgbroker._check_reserved_headers(headers);
     END IF;
     -- The stream's own send function (made with the stream): its INSERT names
     -- the table, so PL/pgSQL plans it once per session; a dynamic INSERT into a
@@ -837,7 +841,7 @@ BEGIN
         RETURN;
     END IF;
     retried := ARRAY(SELECT pgbroker._send_many(g.retry_queue, acked_ranges.msgs, acked_ranges.hdrs,
-                                                 now() + make_interval(secs => pgbroker.retry_delay(p, 1))));
+                                                 now() + make_interval(secs => pgbroker.retry_delay(p, 1)), true));
     IF p.max_deliveries IS NOT NULL AND p.max_deliveries <= 1 THEN
         PERFORM pgbroker._dead_letter(g.retry_queue, retried,
                                       coalesce(errors[1], 'failed (no error given)'), 1);

@@ -73,8 +73,7 @@ RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     pruned bigint;
 BEGIN
-    PERFORM pgbroker._check_arg(batch_size IS NOT NULL AND batch_size >= 1,
-        format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
+    PERFORM pgbroker._check_prune_args(seen_within, batch_size);
     DELETE FROM pgbroker.stream_inbound_seen WHERE (stream_name, message_id) IN (
         SELECT seen.stream_name, seen.message_id FROM pgbroker.stream_inbound_seen seen
         WHERE seen.seen_at < now() - seen_within ORDER BY seen.seen_at LIMIT batch_size);

@@ -25,11 +25,12 @@
 -- The installer's own bookkeeping, pgbroker.schema_version and
 -- pgbroker.schema_functions, is created by install.py before these files run.
 --
--- Concerns: 10 queues, 20 policies, 30 sends, 32 priorities, 34 dedup,
--- 40 receipts, 50 reads, 56 limits, 60 acks, 65 failures (dead letters),
--- 70 FIFO groups, 71 topic patterns, 72 topics, 74 notify, 76 partitions,
--- 77 peek, 78 schedules, 80 stats, 82 spark, 84 keys, 86 bridge, 88 roles,
--- 90 routes, 92 streams, 94 stream bridge and stream spark.
+-- Concerns: 10 queues, 14 scope patterns, 15 scopes (queue grants),
+-- 20 policies, 30 sends, 32 priorities, 34 dedup, 40 receipts, 50 reads,
+-- 56 limits, 60 acks, 65 failures (dead letters), 70 FIFO groups, 71 topic
+-- patterns, 72 topics, 74 notify, 76 partitions, 77 peek, 78 schedules,
+-- 80 stats, 82 spark, 84 keys, 86 bridge, 88 roles, 90 routes, 92 streams,
+-- 94 stream bridge and stream spark.
 --
 -- Queues: the tables and types behind pgmq's SQL contract; functions/10_queues.sql
 -- explains them.
@@ -48,12 +49,18 @@ CREATE TABLE pgmq.meta (
 -- second name instead (and finds the queue whatever case a caller uses).
 CREATE UNIQUE INDEX meta_queue_name_lower_key ON pgmq.meta (lower(queue_name));
 
--- pg_monitor reads every queue table, as pgmq grants it; queues created later
--- are covered by the default privileges.
+-- pg_monitor sees which queues exist and their sequences (how many messages
+-- each was sent), but not the queue and archive tables: pgmq grants it
+-- SELECT on every table of the schema, which lets every member of
+-- pg_monitor (a role given to monitoring agents) read every payload.
+-- pgbroker makes that an operator's choice, off by default
+-- (pgbroker.grant_pg_monitor_payloads, functions/10_queues.sql). Lengths and
+-- ages need no payload: they come from the monitor role's functions
+-- (88_roles.sql; GRANT pgbroker_monitor TO pg_monitor gives them to
+-- pg_monitor's members).
 GRANT USAGE ON SCHEMA pgmq TO pg_monitor;
-GRANT SELECT ON ALL TABLES IN SCHEMA pgmq TO pg_monitor;
+GRANT SELECT ON pgmq.meta TO pg_monitor;
 GRANT SELECT ON ALL SEQUENCES IN SCHEMA pgmq TO pg_monitor;
-ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON TABLES TO pg_monitor;
 ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq GRANT SELECT ON SEQUENCES TO pg_monitor;
 
 -- The field order of these types is part of the contract.

@@ -1,11 +1,11 @@
--- From a development database (pgbroker.schema_migrations 1..24, installed
--- before the engine was written once) to the 0.1.0 baseline.
+-- From a development database (pgbroker.schema_migrations 1..24 or later,
+-- installed before the engine was written once) to the 0.1.0 baseline.
 --
--- Its tables and types are already the baseline's (test_migrations.py proves
--- it: the database it upgrades is built by those migrations, kept in
--- tests/data/dev_migrations/); only the installer's bookkeeping changes. The
--- installer then records version 0.1.0 and re-applies the function files, as
--- after any upgrade.
+-- The tables and types of migrations 1..24 are the baseline's; what the later
+-- ones brought is made below where it is missing (test_migrations.py proves
+-- the result: the databases it upgrades are built by those migrations, kept in
+-- tests/data/dev_migrations/). The installer then records version 0.1.0 and
+-- re-applies the function files, as after any upgrade.
 --
 -- Folding in a development migration that came after 0024: add its table and
 -- type changes here, written so that they also run on a database that
@@ -40,5 +40,72 @@
 -- history: 0022 stream_spark 8ee6ef52aeb722283eb122483183e2b962f9db068f72bec5af640252c99d19ee
 -- history: 0023 stream_bridge 014b4d746fd8a4f3df9109ff6ba46b10e1be97d2da3312264e3db25566a870cd
 -- history: 0024 stream_hot_paths 6a7e5e08de3def1a801230796e7087bb73eb37ded1b73d6476e90baecaa936ab
+-- history: 0025 security b8408be10b3a0d446f1f361882f4ede19d9914551e10c8e7246bd772a4cc1685
+-- history: 0026 queue_scopes 8e8f2e9bc3c2bdf508aa05ba4827bcc5dde4fdc2d25d54abec83830f324bf8f9
+
+-- 0025 security: the functions it removed or gave new arguments (the function
+-- files create the new ones).
+DROP FUNCTION IF EXISTS pgbroker._prepared(text, text);
+DROP FUNCTION IF EXISTS pgbroker._send_many(text, jsonb[], jsonb[], timestamptz);
+DROP FUNCTION IF EXISTS pgbroker.prune_inbound_seen(interval, integer);
+DROP FUNCTION IF EXISTS pgbroker._route_send(text, jsonb[], jsonb[], timestamptz);
+
+-- 0025 security: pg_monitor no longer reads the queue tables
+-- (structure/10_queues.sql). Only before 0025: after it, an operator may have
+-- let it again (pgbroker.grant_pg_monitor_payloads).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pgbroker.schema_migrations WHERE version = 25) THEN
+        REVOKE SELECT ON ALL TABLES IN SCHEMA pgmq FROM pg_monitor;
+        ALTER DEFAULT PRIVILEGES IN SCHEMA pgmq REVOKE SELECT ON TABLES FROM pg_monitor;
+        GRANT SELECT ON pgmq.meta TO pg_monitor;
+    END IF;
+END;
+$$;
+
+-- 0026 queue scopes: the tables of structure/15_scopes.sql.
+DO $$
+BEGIN
+    IF to_regclass('pgbroker.queue_grant') IS NOT NULL THEN
+        RETURN;
+    END IF;
+    -- The column's function, in the body the function files give it right
+    -- after this upgrade (functions/14_scope_patterns.sql); the table is empty
+    -- until then.
+    CREATE FUNCTION pgbroker._glob_like(pattern text) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT pattern';
+    CREATE TABLE pgbroker.queue_grant (
+        grantee      regrole NOT NULL,
+        role_kind    text NOT NULL CHECK (role_kind IN ('producer', 'consumer', 'monitor')),
+        pattern      text NOT NULL CHECK (pattern = lower(pattern)),
+        like_pattern text NOT NULL GENERATED ALWAYS AS (pgbroker._glob_like(pattern)) STORED,
+        granted_at   timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (grantee, role_kind, pattern)
+    );
+    REVOKE ALL ON pgbroker.queue_grant FROM PUBLIC;
+    CREATE TABLE pgbroker.queue_scoped_function (
+        role_kind       text NOT NULL CHECK (role_kind IN ('producer', 'consumer', 'monitor')),
+        function_schema text NOT NULL,
+        function_name   text NOT NULL,
+        PRIMARY KEY (role_kind, function_schema, function_name)
+    );
+    INSERT INTO pgbroker.queue_scoped_function (role_kind, function_schema, function_name)
+    SELECT 'producer', 'pgmq', f FROM unnest(ARRAY['send', 'send_batch', 'send_topic', 'send_batch_topic']) f
+    UNION ALL
+    SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['receive_many', 'queue_codec']) f
+    UNION ALL
+    SELECT 'consumer', 'pgmq', f FROM unnest(ARRAY[
+        'read', 'read_with_poll', 'read_grouped', 'read_grouped_with_poll', 'read_grouped_head',
+        'read_grouped_head_with_poll', 'read_grouped_rr', 'read_grouped_rr_with_poll',
+        'pop', 'delete', 'archive', 'set_vt']) f
+    UNION ALL
+    SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY[
+        'read', 'read_with_poll', 'peek', 'ack', 'nack', 'extend', 'stale_reason', 'complete', 'fail',
+        'policy', 'notify_channel', 'consume', 'ack_published']) f
+    UNION ALL
+    SELECT 'monitor', 'pgmq', 'metrics'
+    UNION ALL
+    SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['messages_consumed', 'is_paused']) f;
+END;
+$$;
 
 DROP TABLE pgbroker.schema_migrations;

@@ -333,7 +333,9 @@ def test_grants_survive_an_upgrade(dsn: str, conn: Conn, scoped: dict[str, str])
     assert refusal(login(dsn, scoped["consumer"]), statement) is None
 
 
-def test_grants_survive_the_function_files_applied_again(dsn: str, conn: Conn, scoped: dict[str, str]) -> None:
+def test_grants_survive_the_function_files_applied_again(
+    dsn: str, conn: Conn, scoped: dict[str, str]
+) -> None:
     # The database last ran other function files (another package version's): the install applies
     # them again, which resets the entry points to SECURITY INVOKER, and the scoped roles keep
     # their grants and their queues.

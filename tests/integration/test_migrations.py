@@ -396,6 +396,20 @@ def test_a_development_database_upgraded_in_one_go_gives_the_schema_of_a_new_ins
     assert_same_catalog(upgraded_catalog, fresh_catalog)
 
 
+def test_a_development_database_keeps_pg_monitor_reading_payloads_when_it_was_allowed(empty_dsn: str) -> None:
+    """Before 0025 pg_monitor read every queue table, and the upgrade takes that back (the catalog
+    comparisons above); after it, reading them is an operator's choice, which the upgrade keeps."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install_dev(conn, dev_migrations()[-1].version)
+        conn.execute("SELECT pgmq.create('watched')")
+        conn.execute("SELECT pgbroker.grant_pg_monitor_payloads(true)")
+        install(conn)
+        conn.execute("SELECT pgmq.create('watched_later')")
+        for table in ("pgmq.q_watched", "pgmq.a_watched", "pgmq.q_watched_later"):
+            row = conn.execute("SELECT has_table_privilege('pg_monitor', %s, 'SELECT')", [table]).fetchone()
+            assert row == (True,), table
+
+
 def test_the_asyncio_installer_installs_the_same_schema(empty_dsn: str, other_empty_dsn: str) -> None:
     assert install_by("asyncio", empty_dsn) == InstallResult(None, latest_version())
     with psycopg.connect(empty_dsn, autocommit=True) as installed:

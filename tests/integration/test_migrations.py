@@ -82,7 +82,10 @@ CATALOG_QUERIES: dict[str, str] = {
     "functions": """
         SELECT n.nspname, p.proname, pg_get_function_identity_arguments(p.oid), p.prokind,
                CASE WHEN p.prokind = 'a' THEN NULL ELSE pg_get_functiondef(p.oid) END,
-               p.proacl::text, obj_description(p.oid, 'pg_proc')
+               -- Grants by grantee: their order says when each was made, which does not matter (an
+               -- upgrade grants the roles' entry points again, after a queue grant made earlier).
+               (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(p.proacl) a)::text,
+               obj_description(p.oid, 'pg_proc')
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname = ANY(%(schemas)s)
         ORDER BY 1, 2, 3
@@ -151,12 +154,18 @@ CATALOG_QUERIES: dict[str, str] = {
     """,
     "functions_applied": "SELECT checksum FROM pgbroker.schema_functions",
     # Rows the engine keeps about its queues and roles, less what differs by clock alone
-    # (timestamps; queue_head, which reads move at random). role_function is written by the
-    # structure files and the upgrades themselves.
+    # (timestamps; queue_head, which reads move at random). role_function and queue_scoped_function
+    # are written by the structure files and the upgrades themselves.
     "role_functions": """
         SELECT role_kind, function_schema, function_name FROM pgbroker.role_function ORDER BY 1, 2, 3
     """,
     "role_sets": "SELECT prefix FROM pgbroker.role_sets ORDER BY 1",
+    "queue_grants": """
+        SELECT grantee::text, role_kind, pattern, like_pattern FROM pgbroker.queue_grant ORDER BY 1, 2, 3
+    """,
+    "queue_scoped_functions": """
+        SELECT role_kind, function_schema, function_name FROM pgbroker.queue_scoped_function ORDER BY 1, 2, 3
+    """,
     "queues": "SELECT queue_name, is_partitioned, is_unlogged FROM pgmq.meta ORDER BY 1",
     "queue_policies": """
         SELECT queue_name, max_deliveries, backoff, backoff_base_seconds, backoff_max_seconds,
@@ -219,6 +228,8 @@ def create_partman(conn: Conn) -> None:
 # Queues made after the upgrade to the current version, with every feature: a development version
 # number after the last one.
 CURRENT = dev_migrations()[-1].version + 1
+# The development version that brought queue grants.
+QUEUE_SCOPES = 26
 
 
 def queues_of_version(version: int) -> list[tuple[str, str]]:
@@ -259,6 +270,12 @@ def make_queues(conn: Conn, version: int, *, roles: str | None = None) -> None:
         )
     if version == 10 and roles is not None:
         install_roles(conn, roles)
+    if version == QUEUE_SCOPES and roles is not None:
+        # A role given one queue (a server's role: the other database made it already).
+        scoped = f"{roles}_scoped"
+        if conn.execute("SELECT to_regrole(%s)", [scoped]).fetchone() == (None,):
+            conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(scoped)))
+        conn.execute("SELECT pgbroker.grant_queue_access('consumer', %s, %s)", [scoped, plain])
 
 
 @contextmanager
@@ -269,12 +286,12 @@ def role_prefix(pg_admin_dsn: str, *dsns: str) -> Iterator[str]:
     try:
         yield prefix
     finally:
-        roles = [sql.Identifier(f"{prefix}_{kind}") for kind in ("producer", "consumer", "monitor")]
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
             existing = admin.execute(
-                "SELECT count(*) FROM pg_roles WHERE rolname LIKE %s", [f"{prefix}\\_%"]
-            ).fetchone()
-        if existing != (0,):
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY 1", [f"{prefix}\\_%"]
+            ).fetchall()
+        roles = [sql.Identifier(name) for (name,) in existing]
+        if roles:
             for dsn in dsns:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.SQL(", ").join(roles)))
@@ -360,6 +377,8 @@ def test_a_development_database_upgraded_gives_the_schema_of_a_new_install(
     assert all(f"plain_v{CURRENT}" in row[4] for row in routes)
     assert any(f"{prefix}_consumer=X" in (row[5] or "") for row in upgraded_catalog["functions"])
     assert len(upgraded_catalog["role_sets"]) == 1
+    assert [row[2] for row in upgraded_catalog["queue_grants"]] == [f"plain_v{QUEUE_SCOPES}"]
+    assert any(f"{prefix}_scoped=X" in (row[5] or "") for row in upgraded_catalog["functions"])
     if partman:
         assert any(row[0].startswith("pgmq.a_unlogged_v") for row in upgraded_catalog["partman_config"])
     assert_same_catalog(upgraded_catalog, fresh_catalog)

@@ -21,11 +21,12 @@ Recipes:
   change in ``upgrades/<released>-to-<next>.sql`` (what an existing one gets), creating that file
   for the first change after a release. tests/integration/test_migrations.py proves that the two
   give the same catalog.
-- Fold in a numbered development migration (0025, 0026, ... written before this layout): its
+- Fold in a numbered development migration (0027, ... written before this layout): its
   table and type changes go into structure/ and into dev-to-0.1.0.sql (there, written to run
   also on a database that already has them, since development databases stand at 24 or later);
   its function changes are just the functions/ files, each function's new definition replacing
-  the old; its line goes into the history in dev-to-0.1.0.sql's header and its file into
+  the old, and a function it drops or re-signatures gets a DROP FUNCTION IF EXISTS in
+  dev-to-0.1.0.sql; its line goes into the history in dev-to-0.1.0.sql's header and its file into
   tests/data/dev_migrations/.
 - After any change: ``make schema-dump`` refreshes docs/reference/schema.sql and
   route-example.sql, which a test keeps fresh.

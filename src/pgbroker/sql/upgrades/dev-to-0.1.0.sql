@@ -7,7 +7,7 @@
 -- tests/data/dev_migrations/). The installer then records version 0.1.0 and
 -- re-applies the function files, as after any upgrade.
 --
--- Folding in a development migration that came after 0024: add its table and
+-- Folding in a development migration that came after 0026: add its table and
 -- type changes here, written so that they also run on a database that
 -- already has them (IF NOT EXISTS, or a check of the catalog), since
 -- development databases may stand at 24 or at that migration; add its line to

@@ -17,7 +17,7 @@ from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
 from pgbroker import codecs, sql
 from pgbroker.codecs import Codec, CodecError
-from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, StaleReceipt
+from pgbroker.errors import InvalidArgument, InvalidMessage, StaleReceipt
 from pgbroker.models import (
     Message,
     Metrics,
@@ -29,6 +29,7 @@ from pgbroker.models import (
     Schedule,
     ScheduleTick,
 )
+from pgbroker.names import check_queue_name, check_stream_name
 
 T = TypeVar("T")
 Row: TypeAlias = tuple[Any, ...]
@@ -43,11 +44,12 @@ class Query(Generic[T]):
     decode: Callable[[list[Row]], T]
 
     def __post_init__(self) -> None:
-        # libpq cannot send a NUL inside a string at all: say which name is wrong
-        # before psycopg fails with a transport error.
-        queue = self.params.get("queue")
-        if isinstance(queue, str) and "\x00" in queue:
-            raise InvalidQueueName(f"queue name contains a NUL character: {queue!r}")
+        # Every name is judged before any query, by the engine's rule (a NUL, which libpq cannot
+        # even send, included).
+        if self.params.get("queue") is not None:
+            check_queue_name(self.params["queue"])
+        if "stream" in self.params:
+            check_stream_name(self.params["stream"])
 
 
 def _named(name: str) -> LiteralString:

@@ -29,8 +29,20 @@ __all__ = ["build_parser", "main"]
 # In the order `pgbroker --help` lists them. A module whose command needs an optional extra
 # (bridge, serve, pipeline) imports it only when the command runs.
 COMMAND_MODULES = (
-    queues, pause, messages, peek, streams, db, pipeline, worker, schedules, dead_letters, policy,
-    bridge, keys, serve,
+    queues,
+    pause,
+    messages,
+    peek,
+    streams,
+    db,
+    pipeline,
+    worker,
+    schedules,
+    dead_letters,
+    policy,
+    bridge,
+    keys,
+    serve,
 )
 
 

@@ -50,6 +50,7 @@ from pgbroker.http.errors import ApiError
 from pgbroker.http.models import FORMS, REFUSALS, RequestContext
 from pgbroker.http.settings import Settings
 from pgbroker.keys import ApiKey
+from pgbroker.names import check_queue_name
 
 #: Who may call: ``key`` any valid key (and the scope, when one is named), ``public`` anybody,
 #: ``metrics`` a key unless the server serves /metrics publicly.
@@ -200,7 +201,7 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
     if operation.access == "key" or (operation.access == "metrics" and not state.settings.metrics_public):
         key = await authenticate(request, state.keys, state.limiter)
         if operation.scope is not None and operation.scope_field is None:
-            require(key, operation.scope, request.path_params.get("queue"))
+            require(key, operation.scope, path_queue(request))
     arguments: dict[str, Any] = {}
     if operation.body is not None:
         data, nul_escape = await read_json(request, state.settings.max_body_bytes, operation.body_required)
@@ -221,6 +222,13 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
     return Response(
         operation.answer.dump_json(result), status_code=operation.status, media_type="application/json"
     )
+
+
+def path_queue(request: Request) -> str | None:
+    """The queue the path names, judged by the engine's rule before a key is checked against it
+    (the name the key sees is the name the database gets)."""
+    name: str | None = request.path_params.get("queue")
+    return None if name is None else check_queue_name(name)
 
 
 async def read_json(request: Request, limit: int, required: bool) -> tuple[Any, bool]:

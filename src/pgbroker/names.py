@@ -14,7 +14,14 @@ import re
 
 from pgbroker.errors import InvalidArgument, InvalidQueueName
 
-__all__ = ["QUEUE_NAME_MAX", "UNPRINTABLE", "check_queue_name", "check_stream_name"]
+__all__ = [
+    "QUEUE_NAME_MAX",
+    "UNPRINTABLE",
+    "check_dropped_queue_name",
+    "check_queue_name",
+    "check_stream_name",
+    "require_text",
+]
 
 QUEUE_NAME_MAX = 47
 
@@ -27,8 +34,9 @@ _HINT = "Use letters, digits, _ and - only."
 
 
 def check_queue_name(name: object, what: str = "queue name") -> str:
-    """``name`` if it can name a queue; else InvalidQueueName (InvalidArgument when not a string)."""
-    text = _text(name, what)
+    """``name`` if it can name a queue; else InvalidQueueName (InvalidArgument when not a string).
+    The checks run in the engine's order, so that both name the same fault first."""
+    text = _nonempty(name, what)
     if len(text) > QUEUE_NAME_MAX:
         raise InvalidQueueName(
             f"queue name is too long, maximum length is {QUEUE_NAME_MAX} characters"
@@ -45,20 +53,39 @@ def check_queue_name(name: object, what: str = "queue name") -> str:
         raise InvalidQueueName(
             f"queue name contains invalid characters: $, ;, --, or ' (got {text!r})", hint=_HINT
         )
-    return text
+    return _printable(text, what)
 
 
 def check_stream_name(name: object) -> str:
     """``name`` unless it is empty or holds whitespace or a control character."""
-    return _text(name, "stream name")
+    return _printable(_nonempty(name, "stream name"), "stream name")
 
 
-def _text(name: object, what: str) -> str:
-    """The name as a non-empty string of printable characters."""
+def check_dropped_queue_name(name: object) -> str:
+    """``name`` if a drop may look it up: pgmq's drop judges only pgmq's characters (the engine
+    does), so a queue made under an older, looser rule can still be dropped, and any other name
+    is simply not there. A NUL, which libpq cannot send, is refused here."""
+    text = require_text(name, "queue name")
+    if "\x00" in text:
+        raise InvalidQueueName(f"queue name contains a NUL character: {text!r}", hint=_HINT)
+    return text
+
+
+def require_text(name: object, what: str) -> str:
+    """``name`` if it is a string, else InvalidArgument naming ``what``."""
     if not isinstance(name, str):
         raise InvalidArgument(f"{what} must be a string, got {type(name).__name__} {name!r}")
-    if not name:
+    return name
+
+
+def _nonempty(name: object, what: str) -> str:
+    text = require_text(name, what)
+    if not text:
         raise InvalidQueueName(f"{what} must not be empty", hint="Name it, for example 'orders'.")
+    return text
+
+
+def _printable(name: str, what: str) -> str:
     bad = _UNPRINTABLE.search(name)
     if bad is not None:
         raise InvalidQueueName(

@@ -29,7 +29,7 @@ from pgbroker.models import (
     Schedule,
     ScheduleTick,
 )
-from pgbroker.names import check_queue_name, check_stream_name
+from pgbroker.names import check_dropped_queue_name, check_queue_name, check_stream_name
 
 T = TypeVar("T")
 Row: TypeAlias = tuple[Any, ...]
@@ -42,12 +42,13 @@ class Query(Generic[T]):
     sql: LiteralString
     params: Mapping[str, Any]
     decode: Callable[[list[Row]], T]
+    check_queue: Callable[[object], str] = check_queue_name
 
     def __post_init__(self) -> None:
         # Every name is judged before any query, by the engine's rule (a NUL, which libpq cannot
         # even send, included).
         if self.params.get("queue") is not None:
-            check_queue_name(self.params["queue"])
+            self.check_queue(self.params["queue"])
         if "stream" in self.params:
             check_stream_name(self.params["stream"])
 
@@ -184,7 +185,7 @@ def queue_create(queue: str, *, unlogged: bool = False) -> Query[None]:
 
 
 def queue_drop(queue: str) -> Query[bool]:
-    return Query(_named("queue_drop"), {"queue": queue}, _scalar)
+    return Query(_named("queue_drop"), {"queue": queue}, _scalar, check_dropped_queue_name)
 
 
 def queue_list() -> Query[list[QueueInfo]]:

@@ -45,7 +45,7 @@ from starlette.responses import Response
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.http.access import authenticate, require
-from pgbroker.http.auth import KeyStore, RateLimiter
+from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.errors import ApiError
 from pgbroker.http.models import FORMS, REFUSALS, RequestContext
 from pgbroker.http.settings import Settings
@@ -160,6 +160,7 @@ class State:
     broker: AsyncBroker
     keys: KeyStore
     limiter: RateLimiter
+    failures: FailureLimiter
     settings: Settings
     operations: tuple[Operation, ...] = ()
     spec: dict[str, Any] = field(default_factory=dict)
@@ -199,7 +200,7 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
     """Authenticate, validate, call the handler and answer, in the API's order of refusals."""
     key = None
     if operation.access == "key" or (operation.access == "metrics" and not state.settings.metrics_public):
-        key = await authenticate(request, state.keys, state.limiter)
+        key = await authenticate(request, state.keys, state.limiter, state.failures)
         if operation.scope is not None and operation.scope_field is None:
             require(key, operation.scope, path_queue(request))
     arguments: dict[str, Any] = {}

@@ -50,6 +50,7 @@ _KEYED = {
     503: "database unavailable or pgbroker not installed",
 }
 _ON_QUEUE = {404: "queue_not_found", 400: "invalid_queue_name, or an invalid argument"}
+_ON_STREAM = {400: "invalid_queue_name: the stream name is empty or holds whitespace or a control character"}
 _WITH_BODY = {
     400: "invalid JSON, queue name or argument",
     413: "request body too large (request_too_large) or message too large",
@@ -85,6 +86,8 @@ def _document(operation: Operation, schemas: dict[tuple[str, str], Any]) -> dict
         failures.update(_KEYED)
     if operation.on_queue:
         failures.update(_ON_QUEUE)
+    if "{stream}" in operation.path:
+        failures.update(_ON_STREAM)
     if operation.body is not None:
         failures.update(_WITH_BODY)
     if operation.query is not None:

@@ -11,6 +11,7 @@ in logs. A stream name gets the same character rule here; its stricter spelling 
 from __future__ import annotations
 
 import re
+import reprlib
 
 from pgbroker.errors import InvalidArgument, InvalidQueueName
 
@@ -33,10 +34,10 @@ _PGMQ_FORBIDDEN = re.compile(r"\$|;|--|'")
 _HINT = "Use letters, digits, _ and - only."
 
 
-def check_queue_name(name: object, what: str = "queue name") -> str:
+def check_queue_name(name: object) -> str:
     """``name`` if it can name a queue; else InvalidQueueName (InvalidArgument when not a string).
     The checks run in the engine's order, so that both name the same fault first."""
-    text = _nonempty(name, what)
+    text = _nonempty(name, "queue name")
     if len(text) > QUEUE_NAME_MAX:
         raise InvalidQueueName(
             f"queue name is too long, maximum length is {QUEUE_NAME_MAX} characters"
@@ -53,7 +54,7 @@ def check_queue_name(name: object, what: str = "queue name") -> str:
         raise InvalidQueueName(
             f"queue name contains invalid characters: $, ;, --, or ' (got {text!r})", hint=_HINT
         )
-    return _printable(text, what)
+    return _printable(text, "queue name")
 
 
 def check_stream_name(name: object) -> str:
@@ -74,7 +75,7 @@ def check_dropped_queue_name(name: object) -> str:
 def require_text(name: object, what: str) -> str:
     """``name`` if it is a string, else InvalidArgument naming ``what``."""
     if not isinstance(name, str):
-        raise InvalidArgument(f"{what} must be a string, got {type(name).__name__} {name!r}")
+        raise InvalidArgument(f"{what} must be a string, got {type(name).__name__} {reprlib.repr(name)}")
     return name
 
 

@@ -62,6 +62,26 @@ def test_silent_slow_and_idle_connections_are_closed(dsn: str) -> None:
         assert httpx.get(f"{server.url}/healthz").status_code == 200
 
 
+def test_a_body_dribbled_in_is_cut_off(dsn: str, conn: psycopg.Connection[Any]) -> None:
+    _, token = create_key(conn, "admin", scopes=["admin"])
+    conn.execute("SELECT pgmq.create('jobs')")
+    with pgbroker_serve(dsn, "--body-timeout", "1") as server:
+        sock = _connect(server.url)
+        sock.sendall(
+            b"POST /v1/queues/jobs/messages HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {token}\r\n".encode()
+            + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        sock.settimeout(30)  # far beyond the 1 s deadline; before it, the server waited for ever
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        sock.close()
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        assert b"request_timeout" in answer
+    assert conn.execute("SELECT count(*) FROM pgmq.q_jobs").fetchone() == (0,)
+
+
 def test_a_client_gone_mid_upload_leaves_no_traceback(dsn: str, conn: psycopg.Connection[Any]) -> None:
     _, token = create_key(conn, "admin", scopes=["admin"])
     conn.execute("SELECT pgmq.create('jobs')")

@@ -37,6 +37,13 @@ def register(subcommands: Subcommands) -> None:
         help="close a connection whose request line and headers take longer (10)",
     )
     sub.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="answer 408 and close when a request's body takes longer (30)",
+    )
+    sub.add_argument(
         "--keep-alive",
         type=int,
         default=5,
@@ -81,6 +88,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         max_wait_seconds=args.max_wait,
         metrics_public=args.public_metrics,
         max_concurrency=args.max_concurrency,
+        body_timeout_seconds=args.body_timeout,
         auth_failures_per_second=args.auth_failure_rate,
         auth_failure_burst=args.auth_failure_burst,
     )

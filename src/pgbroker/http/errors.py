@@ -88,6 +88,7 @@ ERROR_CODES: dict[str, int] = {
     "not_found": 404,
     "schedule_not_found": 404,
     "method_not_allowed": 405,
+    "request_timeout": 408,
     "request_too_large": 413,
     "rate_limited": 429,
     "database_error": 503,

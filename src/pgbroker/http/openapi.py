@@ -53,6 +53,7 @@ _ON_QUEUE = {404: "queue_not_found", 400: "invalid_queue_name, or an invalid arg
 _ON_STREAM = {400: "invalid_queue_name: the stream name is empty or holds whitespace or a control character"}
 _WITH_BODY = {
     400: "invalid JSON, queue name or argument",
+    408: "the body did not arrive in time (request_timeout)",
     413: "request body too large (request_too_large) or message too large",
     422: "the body has the wrong shape (invalid_body)",
 }

@@ -32,6 +32,7 @@ same; the rest is this module and openapi.py.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import typing
@@ -205,7 +206,7 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
             require(key, operation.scope, path_queue(request))
     arguments: dict[str, Any] = {}
     if operation.body is not None:
-        data, nul_escape = await read_json(request, state.settings.max_body_bytes, operation.body_required)
+        data, nul_escape = await read_json(request, state.settings, operation.body_required)
         context = RequestContext(state.settings, nul_escape)
         body = validated(operation.body, data, context, "invalid_body")
         if key is not None and operation.scope is not None and operation.scope_field is not None:
@@ -232,21 +233,24 @@ def path_queue(request: Request) -> str | None:
     return None if name is None else check_queue_name(name)
 
 
-async def read_json(request: Request, limit: int, required: bool) -> tuple[Any, bool]:
-    """The body's JSON object (``{}`` for an empty optional body), read within ``limit`` bytes,
-    and whether it held an escaped NUL anywhere."""
+async def read_json(request: Request, settings: Settings, required: bool) -> tuple[Any, bool]:
+    """The body's JSON object (``{}`` for an empty optional body), read within the size and time
+    limits of the settings, and whether it held an escaped NUL anywhere."""
+    limit = settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "request_too_large", f"request body larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    # Counted as it streams: a chunked body has no Content-Length to trust.
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, "request_too_large", f"request body larger than {limit} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    try:
+        # A body dribbled in holds its request (and its share of --max-concurrency): it has a deadline.
+        async with asyncio.timeout(settings.body_timeout_seconds):
+            raw = await _read_body(request, limit)
+    except TimeoutError:
+        raise ApiError(
+            408,
+            "request_timeout",
+            f"the request body did not arrive within {settings.body_timeout_seconds:g} s",
+            headers={"Connection": "close"},
+        ) from None
     if not raw.strip():
         if not required:
             return {}, False
@@ -261,6 +265,18 @@ async def read_json(request: Request, limit: int, required: bool) -> tuple[Any, 
         raise ApiError(422, "invalid_body", "the body must be a JSON object")
     # json.loads refuses raw control characters in strings: a NUL can only come escaped.
     return data, b"\\u0000" in raw
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    # Counted as it streams: a chunked body has no Content-Length to trust.
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "request_too_large", f"request body larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _reject_constant(name: str) -> Any:

@@ -12,6 +12,7 @@ class Settings:
     """Limits and knobs of the server; the defaults suit a small deployment."""
 
     max_body_bytes: int = 1024 * 1024
+    body_timeout_seconds: float = 30.0  # for the whole body of a request to arrive
     max_batch: int = 1000  # messages per send, read or ack
     max_wait_seconds: float = 20.0  # long-poll cap: a proxy's idle timeout is often 30 s or more
     rate_per_second: float = 100.0  # per key, unless the key sets its own

@@ -268,4 +268,3 @@ def partitions_of(dsn: str, ids: list[int]) -> list[tuple[int, int]]:
         query = "SELECT partition, id FROM pgbroker.s_orders WHERE id = ANY(%s)"
         rows = conn.execute(query, (ids,)).fetchall()
     return [(int(p), int(i)) for p, i in rows]
-

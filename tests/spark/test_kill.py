@@ -17,6 +17,7 @@ TOTAL = 100_000
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.timeout(900)
 def test_driver_killed_mid_stream_then_restarted(dsn: str, conn: Conn, tmp_path: Path) -> None:
     create(conn, "src", "dst")

@@ -20,6 +20,7 @@ from tests.support.paths import ROOT
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.timeout(600)
 def test_write_read_and_stream_through_the_pooler(
     pooled_dsn: str,

@@ -24,6 +24,7 @@ BATCH = 10_000
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.timeout(900)
 def test_a_streaming_route_rides_out_a_restart(cluster: EmbeddedPostgres, tmp_path: Path) -> None:
     require_spark()

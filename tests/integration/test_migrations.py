@@ -26,8 +26,8 @@ from psycopg import sql
 
 from pgbroker.install import InstallResult, install, install_async, install_roles, latest_version
 from pgbroker.sql import migrations, schema
-from tests.conftest import fresh_database
 from tests.integration.helpers import Conn
+from tests.support.postgres import fresh_database
 
 SCHEMAS = ("pgmq", "pgbroker")
 PARTMAN_SCHEMA = "partman"

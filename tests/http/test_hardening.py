@@ -18,8 +18,8 @@ import pytest
 from pgbroker.aio import AsyncBroker
 from pgbroker.http import Settings
 from pgbroker.keys import create_key
-from tests.http.conftest import client_for
 from tests.http.live import pgbroker_serve
+from tests.support.http import client_for
 
 
 def _connect(url: str) -> socket.socket:

@@ -129,9 +129,13 @@ test: generate pg-partman chromium rabbitmq brokers pgbouncer
 	# process starts its own embedded cluster. The slowest tests are listed at the end.
 	.venv/bin/pytest -n 3 --dist loadfile --durations=25
 
+# Postgres alone: the tests marked with another service, and the slow ones, are deselected
+# (tests/README.md lists the markers; a test that starts a service without its marker fails).
+QUICK_MARKERS := not (slow or rabbitmq or redis or nats or mqtt or sqs or spark or browser or pgbouncer)
+
 test-quick: generate
 	cd "$(ROOT)"
-	.venv/bin/pytest -m 'not slow' -x
+	.venv/bin/pytest -m '$(QUICK_MARKERS)' -x
 
 lint: generate
 	cd "$(ROOT)"

@@ -44,7 +44,7 @@ import aiormq
 from pamqp.commands import Basic
 from tests.bridge.probes import Probe, probe, unique
 from tests.bridge.servers import KINDS, PrivateServer
-from tests.conftest import scratch_dir
+from tests.support.postgres import scratch_dir
 
 from bench.notify_latency import settings
 from pgbroker import Broker

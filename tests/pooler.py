@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import scratch_dir, wait_until_accepting
 from tests.http.live import free_port
+from tests.support.postgres import scratch_dir, wait_until_accepting
 
 PGBOUNCER = shutil.which("pgbouncer", path=os.environ.get("PATH", "") + ":/usr/sbin")
 INSTALL_HINT = "pgbouncer is not installed: run `make pgbouncer` (as root: apt-get install pgbouncer)"

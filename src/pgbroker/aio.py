@@ -253,7 +253,8 @@ class AsyncQueue:
         (see pgbroker.listen): read after it, and read now and then without one.
         """
         channel_of = q.notify_channel(self.name)
-        return await self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), timeout)
+        wait = q.duration(timeout, "timeout")
+        return await self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), wait)
 
     if ASYNC:
 
@@ -570,9 +571,10 @@ class AsyncBroker:
 
         notify=True also enables notify with the default throttle (AsyncQueue.enable_notify).
         """
+        with_notify = q.flag(notify, "notify")  # judged before anything is made
         await self._executor.run(q.queue_create(name, unlogged=unlogged))
         queue = self.queue(name)
-        if notify:
+        if with_notify:
             await queue.enable_notify()
         return queue
 

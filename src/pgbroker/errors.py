@@ -34,7 +34,7 @@ class PgbrokerError(Exception):
 
 
 class InvalidQueueName(PgbrokerError):
-    """The queue name is empty, too long, or contains forbidden characters."""
+    """A queue (or stream) name is empty, too long, or contains forbidden characters."""
 
     sqlstate = "PB001"
 

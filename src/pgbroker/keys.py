@@ -17,7 +17,16 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["SCOPES", "ApiKey", "create_key", "hash_token", "key_from_row", "list_keys", "revoke_key"]
+__all__ = [
+    "SCOPES",
+    "ApiKey",
+    "create_key",
+    "fold_case",
+    "hash_token",
+    "key_from_row",
+    "list_keys",
+    "revoke_key",
+]
 
 SCOPES = ("send", "read", "admin")
 
@@ -35,15 +44,28 @@ class ApiKey:
     def allows(self, scope: str, queue: str | None = None) -> bool:
         """Whether the key may do ``scope`` on ``queue`` (None: an operation on no one queue).
 
-        admin implies every scope. Patterns are globs matched case-sensitively, so that
-        ``orders-*`` never matches ``ORDERS-x`` by accident.
+        admin implies every scope. Patterns are globs matched without regard to ASCII case, as the
+        database compares queue names (``lower()``): ``EU-*`` is the key of queue ``eu-secret``,
+        which ``EU-secret`` names too.
         """
         if scope not in self.scopes and "admin" not in self.scopes:
             return False
         return queue is None or self.sees(queue)
 
     def sees(self, queue: str) -> bool:
-        return any(fnmatch.fnmatchcase(queue, pattern) for pattern in self.queues)
+        folded = fold_case(queue)
+        return any(fnmatch.fnmatchcase(folded, fold_case(pattern)) for pattern in self.queues)
+
+
+# Only A-Z: Postgres' lower() folds them under every collation, while what it does beyond ASCII
+# depends on the database's collation. A fold of more than lower() does would let a pattern reach
+# a queue the database holds apart; a fold of less can only refuse.
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def fold_case(name: str) -> str:
+    """``name`` with its ASCII letters lower-cased, as every database's lower() does."""
+    return name.translate(_ASCII_LOWER)
 
 
 def hash_token(token: str) -> bytes:

@@ -17,7 +17,7 @@ from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
 
 from pgbroker import codecs, sql
 from pgbroker.codecs import Codec, CodecError
-from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, StaleReceipt
+from pgbroker.errors import InvalidArgument, InvalidMessage, StaleReceipt
 from pgbroker.models import (
     Message,
     Metrics,
@@ -29,6 +29,7 @@ from pgbroker.models import (
     Schedule,
     ScheduleTick,
 )
+from pgbroker.names import check_dropped_queue_name, check_queue_name, check_stream_name
 
 T = TypeVar("T")
 Row: TypeAlias = tuple[Any, ...]
@@ -41,13 +42,15 @@ class Query(Generic[T]):
     sql: LiteralString
     params: Mapping[str, Any]
     decode: Callable[[list[Row]], T]
+    check_queue: Callable[[object], object] = check_queue_name
 
     def __post_init__(self) -> None:
-        # libpq cannot send a NUL inside a string at all: say which name is wrong
-        # before psycopg fails with a transport error.
-        queue = self.params.get("queue")
-        if isinstance(queue, str) and "\x00" in queue:
-            raise InvalidQueueName(f"queue name contains a NUL character: {queue!r}")
+        # Every name is judged before any query, by the engine's rule (a NUL, which libpq cannot
+        # even send, included).
+        if "queue" in self.params:
+            self.check_queue(self.params["queue"])
+        if "stream" in self.params:
+            check_stream_name(self.params["stream"])
 
 
 def _named(name: str) -> LiteralString:
@@ -66,6 +69,11 @@ def encode_json(value: Any, what: str = "message") -> str:
             f"{what} is not JSON-serialisable: {exc}",
             hint="Send dicts, lists, strings, numbers, booleans or None (no NaN or Infinity).",
         ) from None
+    except RecursionError:
+        # The encoder meets the depth as it goes: nothing walks a message twice to measure it.
+        raise InvalidMessage(
+            f"{what} is nested too deeply to encode", hint="Flatten it: jsonb is no place for deep trees."
+        ) from None
 
 
 def _headers_object(headers: Mapping[str, Any] | None) -> str | None:
@@ -74,6 +82,31 @@ def _headers_object(headers: Mapping[str, Any] | None) -> str | None:
     if not isinstance(headers, Mapping):
         raise InvalidMessage(f"headers must be a mapping, got {type(headers).__name__}")
     return encode_json(dict(headers), "headers")
+
+
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{what} must be a mapping, got {type(value).__name__} {value!r}")
+    return value
+
+
+def flag(value: Any, what: str) -> bool:
+    """``value`` if it is True or False, else InvalidArgument naming ``what`` (1 and "no" are
+    not flags: a truthy string would turn a setting on by accident)."""
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be True or False, got {value!r}")
+    return value
+
+
+def batch(values: Any, what: str) -> list[Any]:
+    """The items of an iterable argument as a list, refusing a lone string, bytes or mapping
+    (iterable, but surely meant as one item) and anything not iterable."""
+    if isinstance(values, str | bytes | bytearray | Mapping) or not isinstance(values, Iterable):
+        raise InvalidArgument(
+            f"{what} must be a list (or another iterable) of items, got {type(values).__name__}",
+            hint="Pass [item] for one item; the single-item methods take one directly.",
+        )
+    return list(values)
 
 
 def duration(value: int | float | timedelta, what: str) -> float:
@@ -118,6 +151,11 @@ def receipt_of(item: Receivable) -> Receipt:
     if isinstance(item, str):
         return Receipt.parse(item)
     raise InvalidArgument(f"expected a Receipt, Message or receipt text, got {type(item).__name__}")
+
+
+def _receipts(items: Iterable[Receivable]) -> list[str]:
+    """The text of each item's receipt, for a batch operation."""
+    return [str(receipt_of(item)) for item in batch(items, "items")]
 
 
 # -- decoding -----------------------------------------------------------------
@@ -177,12 +215,12 @@ def _queue_infos(rows: list[Row]) -> list[QueueInfo]:
 
 
 def queue_create(queue: str, *, unlogged: bool = False) -> Query[None]:
-    name = "queue_create_unlogged" if unlogged else "queue_create"
+    name = "queue_create_unlogged" if flag(unlogged, "unlogged") else "queue_create"
     return Query(_named(name), {"queue": queue}, _nothing)
 
 
 def queue_drop(queue: str) -> Query[bool]:
-    return Query(_named("queue_drop"), {"queue": queue}, _scalar)
+    return Query(_named("queue_drop"), {"queue": queue}, _scalar, check_dropped_queue_name)
 
 
 def queue_list() -> Query[list[QueueInfo]]:
@@ -243,12 +281,20 @@ def message_send_many(
     codec: Codec | None = None,
 ) -> Query[list[int]]:
     """``codec`` None: JSON, as pgmq stores it; another codec stores each body in an envelope."""
-    encoded = [encode_json(m) if codec is None else codecs.to_stored_text(m, codec) for m in messages]
+    encoded = [
+        encode_json(m) if codec is None else codecs.to_stored_text(m, codec)
+        for m in batch(messages, "messages")
+    ]
     if not encoded:
         raise InvalidArgument("messages must not be empty", hint="Pass at least one message.")
     encoded_headers = None
     if headers is not None:
-        encoded_headers = [_headers_object(h) for h in headers]
+        if isinstance(headers, Mapping):
+            raise InvalidArgument(
+                "headers of send_many is one mapping (or None) per message, got a single mapping",
+                hint="Pass headers=[{...}, ...] with one entry per message, or use send() for one message.",
+            )
+        encoded_headers = [_headers_object(h) for h in batch(headers, "headers")]
         if len(encoded_headers) != len(encoded):
             raise InvalidArgument(
                 f"headers has {len(encoded_headers)} entries for {len(encoded)} messages",
@@ -279,9 +325,11 @@ def message_read_many(
         "queue": queue,
         "vt": _seconds(vt, "vt"),
         "qty": _count(qty, "qty"),
-        "conditional": encode_json(dict(conditional or {}), "conditional"),
+        "conditional": encode_json(dict(_mapping(conditional or {}, "conditional")), "conditional"),
     }
-    return Query(_named("message_read_many"), params, _messages if decode else _stored_messages)
+    return Query(
+        _named("message_read_many"), params, _messages if flag(decode, "decode") else _stored_messages
+    )
 
 
 def message_complete_and_read(
@@ -290,7 +338,7 @@ def message_complete_and_read(
     """Ack by the queue's policy, then read, in one statement: (msg_ids acked, messages read)."""
     params: dict[str, Any] = {
         "queue": queue,
-        "receipts": [str(receipt_of(i)) for i in items],
+        "receipts": _receipts(items),
         "vt": _seconds(vt, "vt"),
         "qty": _count(qty, "qty"),
         "conditional": "{}",
@@ -324,12 +372,12 @@ def _held(queue: str, receipt: Receipt) -> Callable[[list[Row]], Any]:
 
 def message_ack(queue: str, item: Receivable, *, archive: bool = True) -> Query[None]:
     receipt = receipt_of(item)
-    params = {"queue": queue, "receipt": str(receipt), "archive": archive}
+    params = {"queue": queue, "receipt": str(receipt), "archive": flag(archive, "archive")}
     return Query(_named("message_ack"), params, _held(queue, receipt))
 
 
 def message_ack_many(queue: str, items: Iterable[Receivable], *, archive: bool = True) -> Query[list[int]]:
-    params = {"queue": queue, "receipts": [str(receipt_of(i)) for i in items], "archive": archive}
+    params = {"queue": queue, "receipts": _receipts(items), "archive": flag(archive, "archive")}
     return Query(_named("message_ack_many"), params, _ids)
 
 
@@ -344,7 +392,7 @@ def message_nack_many(
 ) -> Query[list[int]]:
     params = {
         "queue": queue,
-        "receipts": [str(receipt_of(i)) for i in items],
+        "receipts": _receipts(items),
         "delay": _seconds(delay, "delay"),
     }
     return Query(_named("message_nack_many"), params, _ids)
@@ -360,7 +408,7 @@ def message_extend(queue: str, item: Receivable, *, vt: int | timedelta) -> Quer
 def message_extend_many(
     queue: str, items: Iterable[Receivable], *, vt: int | timedelta
 ) -> Query[dict[int, Receipt]]:
-    params = {"queue": queue, "receipts": [str(receipt_of(i)) for i in items], "vt": _seconds(vt, "vt")}
+    params = {"queue": queue, "receipts": _receipts(items), "vt": _seconds(vt, "vt")}
     return Query(
         _named("message_extend_many"),
         params,
@@ -369,7 +417,7 @@ def message_extend_many(
 
 
 def _msg_ids(msg_ids: Iterable[int]) -> list[int]:
-    ids = list(msg_ids)
+    ids = batch(msg_ids, "msg_ids")
     for msg_id in ids:
         if isinstance(msg_id, bool) or not isinstance(msg_id, int) or not 0 <= msg_id <= _BIGINT_MAX:
             raise InvalidArgument(f"msg_id must be an integer from 0 to {_BIGINT_MAX}, got {msg_id!r}")
@@ -464,7 +512,7 @@ def _peeked(rows: list[Row]) -> list[PeekedMessage]:
 
 def message_complete_many(queue: str, items: Iterable[Receivable]) -> Query[list[int]]:
     """Ack with the queue's policy (archive or delete); returns the msg_ids whose receipts held."""
-    params = {"queue": queue, "receipts": [str(receipt_of(i)) for i in items]}
+    params = {"queue": queue, "receipts": _receipts(items)}
     return Query(_named("message_complete_many"), params, _ids)
 
 
@@ -486,7 +534,7 @@ def message_fail_many(
     queue: str, items: Iterable[Receivable], *, error: str | None = None
 ) -> Query[dict[int, str]]:
     """message_fail for many receipts with one error: {msg_id: outcome} for those that held."""
-    params = {"queue": queue, "receipts": [str(receipt_of(i)) for i in items], "error": _error_text(error)}
+    params = {"queue": queue, "receipts": _receipts(items), "error": _error_text(error)}
     return Query(_named("message_fail_many"), params, lambda rows: dict(rows))
 
 
@@ -583,7 +631,11 @@ def archive_trim(queue: str, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]
 def dedup_keys_trim(queue: str | None, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
     """One batch of expired dedup keys removed; returns how many (repeat until 0)."""
     params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
-    return Query(_named("dedup_keys_trim"), params, _scalar)
+    return Query(_named("dedup_keys_trim"), params, _scalar, _queue_or_every_queue)
+
+
+def _queue_or_every_queue(name: object) -> object:
+    return None if name is None else check_queue_name(name)
 
 
 # -- the RabbitMQ bridge ------------------------------------------------------------
@@ -597,7 +649,7 @@ def message_ack_published_many(
         raise InvalidArgument(f"{len(published)} publish records for {len(items)} receipts")
     params = {
         "queue": queue,
-        "receipts": [str(receipt_of(i)) for i in items],
+        "receipts": _receipts(items),
         "published": [encode_json(dict(p), "publish record") for p in published],
     }
     return Query(_named("message_ack_published_many"), params, _ids)

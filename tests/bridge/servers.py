@@ -86,6 +86,9 @@ def _moto(exe: str, port: int, data: Path) -> list[str]:
     return [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(port)]
 
 
+# The connectors the bridge tests run against, each on a private server of its kind.
+CONNECTORS = ["redis", "nats", "mqtt", "sqs"]
+
 KINDS = {
     "redis": Kind("redis", "redis-server", _redis),
     "nats": Kind("nats", "nats-server", _nats),

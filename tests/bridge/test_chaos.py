@@ -33,7 +33,7 @@ from pgbroker.aio import AsyncBroker
 from pgbroker.bridge import OutboundBridge, OutboundSettings
 from tests.bridge.private_rabbit import PrivateRabbit, server_binary
 from tests.bridge.rabbit import Rabbit
-from tests.conftest import scratch_dir
+from tests.support.postgres import scratch_dir
 
 pytestmark = pytest.mark.slow
 

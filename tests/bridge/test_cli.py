@@ -8,22 +8,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from pgbroker import Broker
+from tests.bridge.processes import pgbroker
 from tests.bridge.rabbit import Rabbit
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def pgbroker(*args: str, dsn: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pgbroker.cli", *args, "--dsn", dsn],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+from tests.support.paths import ROOT
 
 
 def test_bridge_out_publishes_until_sigterm_then_exits_0(broker: Broker, dsn: str, amqp: str) -> None:

@@ -22,7 +22,8 @@ from tests.bridge.probes import probe, unique
 from tests.bridge.rabbit import Rabbit
 from tests.bridge.servers import KINDS, PrivateServer
 from tests.codec_types import AVRO, PROTOBUF, Order, samples, stored_codec
-from tests.conftest import scratch_dir
+from tests.support.postgres import scratch_dir
+from tests.support.services import service_params
 
 CODECS = ["json", "msgpack", PROTOBUF, AVRO]
 PER_CODEC = 5
@@ -38,7 +39,7 @@ async def rabbit_urls(amqp: str) -> AsyncIterator[Urls]:
         yield f"{amqp}?routing_key={name}", f"{amqp}?queue={name}"
 
 
-@pytest.fixture(params=["rabbitmq", "redis", "nats", "mqtt", "sqs"])
+@pytest.fixture(params=service_params("rabbitmq", "redis", "nats", "mqtt", "sqs"))
 def broker_urls(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Callable[[], Any]]:

@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,13 +24,13 @@ import pytest
 
 from pgbroker import Broker
 from tests.bridge.probes import Probe, body_of, probe, unique
-from tests.bridge.servers import KINDS, PrivateServer
-from tests.bridge.test_connectors import CONNECTORS
-from tests.conftest import scratch_dir
+from tests.bridge.processes import BridgeProcess, wait_for
+from tests.bridge.servers import CONNECTORS, KINDS, PrivateServer
+from tests.support.postgres import scratch_dir
+from tests.support.services import service_params
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = 3000
 # moto's SQS slows down as a queue grows (about 20 sends a second with 2,000 messages in it).
 MESSAGES_OF = {"sqs": 400}
@@ -42,7 +38,7 @@ CHUNK = 25
 RESTARTABLE = {"redis", "nats", "mqtt"}  # moto would come back empty
 
 
-@pytest.fixture(params=CONNECTORS)
+@pytest.fixture(params=service_params(*CONNECTORS))
 def private(request: pytest.FixtureRequest) -> Iterator[PrivateServer]:
     base = scratch_dir(f"pgbroker-{request.param}-")
     node = PrivateServer(KINDS[request.param], base)
@@ -61,44 +57,6 @@ def bridges() -> Iterator[list[BridgeProcess]]:
     for bridge in started:
         if bridge.process.poll() is None:
             bridge.kill()
-
-
-class BridgeProcess:
-    """A `pgbroker bridge ...` process; stderr to a file (a pipe could fill and block it)."""
-
-    def __init__(self, *args: str, dsn: str, logs: Path, env: dict[str, str]) -> None:
-        self.log = logs / f"bridge-{time.monotonic_ns()}.err"
-        with self.log.open("wb") as err:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "pgbroker.cli", *args, "--dsn", dsn, "-v"],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-                env={**os.environ, **env},
-            )
-
-    def started(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"the bridge exited {self.process.returncode}:\n{self.log.read_text()}")
-        return "started" in self.log.read_text()
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> tuple[int, str]:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        code = self.process.wait(timeout=30)
-        return code, self.log.read_text()
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not done after {timeout} s")
-        time.sleep(0.1)
 
 
 def restart_bridge(

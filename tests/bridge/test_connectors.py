@@ -29,13 +29,12 @@ from pgbroker.bridge import (
 )
 from pgbroker.errors import InvalidArgument
 from tests.bridge.probes import Probe, body_of, probe, unique
-from tests.bridge.servers import KINDS, PrivateServer, free_port
-from tests.conftest import scratch_dir
+from tests.bridge.servers import CONNECTORS, KINDS, PrivateServer, free_port
+from tests.support.postgres import scratch_dir
+from tests.support.services import service_params
 
-CONNECTORS = ["redis", "nats", "mqtt", "sqs"]
 
-
-@pytest.fixture(scope="module", params=CONNECTORS)
+@pytest.fixture(scope="module", params=service_params(*CONNECTORS))
 def server(request: pytest.FixtureRequest) -> Iterator[PrivateServer]:
     base = scratch_dir(f"pgbroker-{request.param}-")
     node = PrivateServer(KINDS[request.param], base)
@@ -190,6 +189,7 @@ def test_an_unknown_scheme_names_the_known_ones() -> None:
         OutboundBridge(AsyncBroker("postgresql://nowhere"), "outbox", "kafka://h:9092")
 
 
+@pytest.mark.redis
 def test_redis_inbound_without_declare_needs_the_consumer_group(dsn: str) -> None:
     base = scratch_dir("pgbroker-redis-")
     node = PrivateServer(KINDS["redis"], base)
@@ -208,6 +208,7 @@ def test_redis_inbound_without_declare_needs_the_consumer_group(dsn: str) -> Non
         node.close()
 
 
+@pytest.mark.mqtt
 def test_an_mqtt_publish_no_subscriber_matched_is_retried_then_dead_lettered(dsn: str) -> None:
     base = scratch_dir("pgbroker-mqtt-")
     node = PrivateServer(KINDS["mqtt"], base)
@@ -279,6 +280,7 @@ def test_the_cli_takes_a_url_and_refuses_mixed_forms(dsn: str) -> None:
     assert "cannot reach Redis" in nowhere.stderr
 
 
+@pytest.mark.sqs
 def test_to_an_sqs_fifo_queue_the_fifo_group_is_the_message_group_and_order_holds_per_group(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -27,10 +27,11 @@ from pgbroker.bridge.inbound import StreamInboundBridge
 from pgbroker.bridge.stream_outbound import StreamOutboundBridge
 from pgbroker.streams import Stream
 from tests.bridge.probes import RedisProbe, unique
+from tests.bridge.processes import BridgeProcess, wait_for
 from tests.bridge.rabbit import Rabbit
 from tests.bridge.servers import KINDS, PrivateServer
-from tests.bridge.test_connector_chaos import BridgeProcess, wait_for
-from tests.conftest import scratch_dir
+from tests.support.postgres import scratch_dir
+from tests.support.services import service_params
 
 JSON = "application/json"
 KEYS = [f"k{n}" for n in range(8)]
@@ -118,7 +119,7 @@ def assert_in_order_per_key(rows: list[tuple[str | None, Any]]) -> None:
         last[key] = value["n"]
 
 
-@pytest.mark.parametrize("where", ["rabbitmq", "redis"])
+@pytest.mark.parametrize("where", service_params("rabbitmq", "redis"))
 def test_a_stream_goes_out_and_comes_back_in_once_per_message_in_order_per_key(
     dsn: str, where: str, request: pytest.FixtureRequest
 ) -> None:
@@ -268,4 +269,3 @@ def partitions_of(dsn: str, ids: list[int]) -> list[tuple[int, int]]:
         query = "SELECT partition, id FROM pgbroker.s_orders WHERE id = ANY(%s)"
         rows = conn.execute(query, (ids,)).fetchall()
     return [(int(p), int(i)) for p, i in rows]
-

@@ -15,7 +15,7 @@ import psycopg
 from pgmq.install import get_embedded_install_sql, get_embedded_sql_version
 from psycopg import sql
 
-from tests.conftest import dsn_for_db
+from tests.support.postgres import dsn_for_db
 
 #: The pgmq version the differential tests compare against; the contract is pgmq 1.13.
 EXPECTED_VERSION = "1.13.0"

@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 
 from pgbroker import errors
 from tests.compat.deliberate import DELIBERATE_DIFFERENCES
-from tests.compat.test_differential import Pair, connected_pair, create, left_unchanged, run, send_many
+from tests.compat.differential import Pair, connected_pair, create, left_unchanged, run, send_many
 
 # The queue every failing call may use; it holds two messages.
 JOBS = "jobs"

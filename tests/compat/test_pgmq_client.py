@@ -26,7 +26,7 @@ from pgmq import AsyncPGMQueue, Message, PGMQueue, QueueMetrics, QueueRecord, as
 from pgmq.notify_listener import AsyncNotificationListener, SyncNotificationListener
 from psycopg import sql
 
-from tests.compat.conftest import AsyncFlavour, Flavour, make_async_client, public_methods
+from tests.compat.clients import AsyncFlavour, Flavour, make_async_client, public_methods
 
 Q = "jobs"
 

@@ -1,9 +1,10 @@
 """Fixtures for the HTTP API tests: the ASGI app on the test's database, driven in-process by
-httpx (no socket, no mocks), and API keys of each scope."""
+httpx (no socket, no mocks), API keys of each scope, and ``pgbroker serve`` on loopback for the
+dashboard's browser tests."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -11,11 +12,9 @@ import psycopg
 import pytest
 
 from pgbroker.aio import AsyncBroker
-from pgbroker.http import Settings, create_app
 from pgbroker.keys import create_key
-
-# Generous limits, so that only the rate-limit tests ever meet them.
-SETTINGS = Settings(key_cache_seconds=0, rate_per_second=1000, rate_burst=1000, max_body_bytes=64 * 1024)
+from tests.http.live import LiveServer, pgbroker_serve
+from tests.support.http import client_for
 
 
 @pytest.fixture
@@ -38,19 +37,19 @@ def keys(conn: psycopg.Connection[Any]) -> dict[str, str]:
 
 @pytest.fixture
 async def broker(dsn: str) -> AsyncIterator[AsyncBroker]:
+    """An AsyncBroker on the test's database (the API's; it overrides the suite's sync one)."""
     async with AsyncBroker(dsn, max_connections=4, poll_interval=0.1) as b:
         yield b
-
-
-def client_for(
-    broker: AsyncBroker, settings: Settings = SETTINGS, token: str | None = None
-) -> httpx.AsyncClient:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    transport = httpx.ASGITransport(app=create_app(broker=broker, settings=settings))
-    return httpx.AsyncClient(transport=transport, base_url="http://pgbroker.test", headers=headers)
 
 
 @pytest.fixture
 async def client(broker: AsyncBroker) -> AsyncIterator[httpx.AsyncClient]:
     async with client_for(broker) as c:
         yield c
+
+
+@pytest.fixture
+def server(dsn: str) -> Iterator[LiveServer]:
+    """``pgbroker serve`` on the test's database, with limits the dashboard never meets."""
+    with pgbroker_serve(dsn, "--rate", "1000", "--burst", "1000") as live:
+        yield live

@@ -9,17 +9,9 @@ import httpx
 import pytest
 
 from pgbroker.aio import AsyncBroker
+from tests.support.http import auth, make_queue
 
 pytestmark = pytest.mark.anyio
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
-
-async def make_queue(client: httpx.AsyncClient, admin: str, name: str = "jobs") -> None:
-    r = await client.post("/v1/queues", json={"name": name}, headers=auth(admin))
-    assert r.status_code == 201, r.text
 
 
 async def test_queue_lifecycle(client: httpx.AsyncClient, keys: dict[str, str]) -> None:

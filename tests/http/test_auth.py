@@ -12,13 +12,9 @@ import pytest
 from pgbroker.aio import AsyncBroker
 from pgbroker.http import Settings
 from pgbroker.keys import create_key, list_keys, revoke_key
-from tests.http.conftest import client_for
+from tests.support.http import auth, client_for
 
 pytestmark = pytest.mark.anyio
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def test_missing_malformed_and_wrong_keys(client: httpx.AsyncClient, keys: dict[str, str]) -> None:

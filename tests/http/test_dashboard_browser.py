@@ -16,71 +16,22 @@ this test fails and says how to install it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
-import pytest
-from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException, TimeoutException, WebDriverException
-from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import NoAlertPresentException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from pgbroker import Broker
 from pgbroker.keys import create_key
-from tests.http.live import LiveServer, pgbroker_serve
+from tests.http.live import LiveServer
+from tests.support.browser import row_text, use_key, wait_for
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 ARTIFACTS = Path(__file__).parent / "artifacts"
 QUEUE = "dash_jobs"
-
-T = TypeVar("T")
-
-
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
-    if missing:
-        pytest.fail(
-            f"{', '.join(missing)} not installed: the dashboard test needs Debian's chromium and its"
-            " driver. Install them with `sudo apt-get install -y chromium chromium-driver` (or run"
-            " `make test` as root, which does it).",
-            pytrace=False,
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1100"):
-        options.add_argument(argument)
-    # An explicit driver path: Selenium Manager must not go looking for (or download) another.
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
-def server(dsn: str) -> Iterator[LiveServer]:
-    with pgbroker_serve(dsn, "--rate", "1000", "--burst", "1000") as live:
-        yield live
-
-
-def wait_for(
-    driver: WebDriver, what: str, condition: Callable[[WebDriver], T | None], timeout: float = 20
-) -> T:
-    """The condition's first truthy result, polled every 0.1 s."""
-    try:
-        found: T = WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: condition(d) or False)
-        return found
-    except TimeoutException:
-        status = driver.find_element(By.ID, "status").text
-        raise AssertionError(
-            f"timed out waiting for {what}; the page's status line says {status!r}"
-        ) from None
 
 
 def series(driver: WebDriver, chart: str, kind: str) -> dict[str, Any] | None:
@@ -113,13 +64,6 @@ def line_where(
     return condition
 
 
-def row_text(driver: WebDriver, css: str) -> str:
-    text: str = driver.execute_script(
-        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;", css
-    )
-    return text
-
-
 def accept_confirm(driver: WebDriver) -> None:
     def alert_accepted(d: WebDriver) -> bool:
         try:
@@ -129,13 +73,6 @@ def accept_confirm(driver: WebDriver) -> None:
         return True
 
     wait_for(driver, "the confirmation dialog", alert_accepted, timeout=5)
-
-
-def use_key(driver: WebDriver, token: str) -> None:
-    field = driver.find_element(By.ID, "key")
-    field.clear()
-    field.send_keys(token)
-    driver.find_element(By.CSS_SELECTOR, "#key-form button[type=submit]").click()
 
 
 def test_dashboard_in_a_real_browser(

@@ -1,6 +1,6 @@
-"""The dashboard's pause/resume control in a real headless browser (see test_dashboard_browser.py
-for the browser and server it runs with): an admin key's button pauses the queue, the row says
-so, reads return nothing, and the same button resumes it."""
+"""The dashboard's pause/resume control in a real headless browser (tests/plugins/browser.py,
+against the server of tests/http/conftest.py): an admin key's button pauses the queue, the row
+says so, reads return nothing, and the same button resumes it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from pgbroker.keys import create_key
 from tests.http.live import LiveServer
-from tests.http.test_dashboard_browser import browser, row_text, server, use_key, wait_for
-
-__all__ = ["browser", "server"]  # the fixtures, used by name
+from tests.support.browser import row_text, use_key, wait_for
 
 QUEUE = "dash_pause"
 

@@ -16,13 +16,9 @@ from starlette.routing import Route
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.http import Settings, create_app
-from tests.http.conftest import client_for
+from tests.support.http import auth, client_for
 
 pytestmark = pytest.mark.anyio
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 def samples(text: str) -> dict[tuple[str, str], float]:

@@ -7,12 +7,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pgbroker.aio import AsyncBroker
+from tests.support.http import auth
 
 pytestmark = pytest.mark.anyio
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def test_peek_pages_and_filters_without_taking_messages(

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 
 from tests.codec_types import AVRO, PROTOBUF, stored_codec
-from tests.http.test_api import auth, make_queue
 from tests.integration.helpers import q_rows
+from tests.support.http import auth, make_queue
 
 pytestmark = pytest.mark.anyio
 

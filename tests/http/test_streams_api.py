@@ -6,11 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests.support.http import auth
+
 pytestmark = pytest.mark.anyio
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
 
 
 async def test_stream_lifecycle(client: httpx.AsyncClient, keys: dict[str, str]) -> None:

@@ -14,6 +14,9 @@ from psycopg import sql
 
 Conn = psycopg.Connection[Any]
 
+# The schema the partitioned-queue tests create pg_partman in (tests/integration/conftest.py).
+PARTMAN_SCHEMA = "partman"
+
 
 def q_rows(conn: Conn, queue: str) -> list[tuple[Any, ...]]:
     """(msg_id, read_ct, vt, message, headers) of every row of pgmq.q_<queue>, by msg_id."""

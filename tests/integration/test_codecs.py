@@ -15,7 +15,7 @@ from pgbroker.aio import AsyncBroker
 from pgbroker.codecs import CorruptBody, EncodeError, UnknownCodec, envelope_codec
 from tests.codec_types import AVRO, PROTOBUF, samples
 from tests.integration.helpers import Conn, a_rows, q_rows
-from tests.integration.test_worker import run_until
+from tests.support.worker import run_until
 
 CODECS = list(samples())
 DEAD = "x-pgbroker-dead-letter"

@@ -23,7 +23,7 @@ from pgbroker.embedded import (
     EmbeddedPostgres,
     default_data_dir,
 )
-from tests.conftest import scratch_dir
+from tests.support.postgres import scratch_dir
 
 
 def _cleanup(data_dir: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 from bench.buffers import CallPlans, PlanCapture, StatementPlan
 from psycopg import sql
 
-from tests.conftest import dsn_for_db
+from tests.support.postgres import dsn_for_db
 
 pytestmark = pytest.mark.slow
 

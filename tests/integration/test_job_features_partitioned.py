@@ -6,9 +6,6 @@ from __future__ import annotations
 from psycopg.types.json import Jsonb
 
 from tests.integration.helpers import Conn, jsonb_array
-from tests.integration.test_partitioned import partman_on_server, pconn
-
-__all__ = ["partman_on_server", "pconn"]  # the fixtures, used by name
 
 
 def test_job_features_on_a_partitioned_queue(pconn: Conn) -> None:

@@ -29,9 +29,9 @@ from psycopg import sql
 from pgbroker import sql as engine
 from pgbroker.install import InstallResult, install, install_async, install_roles, latest_version
 from pgbroker.sql import BASELINE, DEV_MINIMUM, SqlFile
-from tests.conftest import fresh_database
 from tests.integration.dev_schema import dev_migrations, install_dev
 from tests.integration.helpers import Conn
+from tests.support.postgres import fresh_database
 
 SCHEMAS = ("pgmq", "pgbroker")
 PARTMAN_SCHEMA = "partman"

@@ -22,7 +22,7 @@ import pytest
 from bench.buffers import PlanCapture
 from psycopg import sql
 
-from tests.conftest import dsn_for_db
+from tests.support.postgres import dsn_for_db
 
 pytestmark = pytest.mark.slow
 

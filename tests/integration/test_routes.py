@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.conftest import fresh_database
 from tests.integration.helpers import Conn, a_rows, q_rows
+from tests.support.postgres import fresh_database
 
 Outcome = tuple[str, Any]
 

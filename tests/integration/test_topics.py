@@ -21,9 +21,9 @@ from psycopg.types.json import Jsonb
 from pgbroker.errors import from_postgres
 from pgbroker.install import install
 from tests.compat.reference import create_reference_database, drop_database
-from tests.conftest import dsn_for_db
 from tests.integration.dev_schema import install_dev
 from tests.integration.helpers import Conn, describe, jsonb_array, q_ids, q_rows
+from tests.support.postgres import dsn_for_db
 
 BINDING_COLUMNS = [
     ("pattern", "text"),

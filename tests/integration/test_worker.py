@@ -7,7 +7,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -19,34 +18,9 @@ from pgbroker import App, Broker, InvalidArgument, Message, QueueNotFound, Worke
 from pgbroker.aio import AsyncBroker
 from pgbroker.app import serve
 from tests.integration.helpers import Conn, a_rows, q_rows
+from tests.support.worker import run_until
 
 DEAD = "x-pgbroker-dead-letter"
-
-
-async def run_until(
-    dsn: str,
-    workers: list[Worker],
-    done: Callable[[], bool],
-    *,
-    timeout: float = 30,
-    broker: AsyncBroker | None = None,
-) -> None:
-    """Serve the workers until done() holds, then stop them gracefully; fail after ``timeout``."""
-
-    async def watch() -> None:
-        deadline = time.monotonic() + timeout
-        try:
-            while not done():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"not done after {timeout} s: {[w.stats for w in workers]}")
-                await asyncio.sleep(0.01)
-        finally:
-            for worker in workers:
-                worker.stop()
-
-    watcher = asyncio.create_task(watch())
-    await serve(workers, dsn=dsn, broker=broker, handle_signals=False)
-    await watcher
 
 
 def test_sync_and_async_handlers_consume_every_message(broker: Broker, dsn: str, conn: Conn) -> None:

@@ -15,7 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgbroker import Broker, Message, Worker
 from pgbroker.aio import AsyncBroker
 from tests.integration.helpers import Conn, a_rows, q_rows
-from tests.integration.test_worker import run_until
+from tests.support.worker import run_until
 
 
 class StatementLog(psycopg.AsyncConnection[Any]):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -93,3 +97,22 @@ def wait_for(condition: Any, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.2)
+
+
+# Rows per micro-batch of the route job route_job starts.
+BATCH = 10_000
+
+
+def route_job(dsn: str, checkpoint: Path) -> subprocess.Popen[str]:
+    # Its own process group: the kill takes the driver, its JVM and their Python workers at once,
+    # as a crash of the driver's machine would.
+    return subprocess.Popen(
+        [sys.executable, "-m", "pgbroker.spark.jobs", "route", "src", "dst", "--dsn", dsn,
+         "--checkpoint", str(checkpoint), "--max-rows-per-batch", str(BATCH), "--partitions", "2",
+         "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )  # fmt: skip

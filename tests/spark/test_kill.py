@@ -6,35 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.spark.helpers import Conn, count, create, fill, numbers
+from tests.spark.helpers import BATCH, Conn, count, create, fill, numbers, route_job
 
 TOTAL = 100_000
-BATCH = 10_000
-
-
-def route_job(dsn: str, checkpoint: Path) -> subprocess.Popen[str]:
-    # Its own process group: the kill takes the driver, its JVM and their Python workers at once,
-    # as a crash of the driver's machine would.
-    return subprocess.Popen(
-        [sys.executable, "-m", "pgbroker.spark.jobs", "route", "src", "dst", "--dsn", dsn,
-         "--checkpoint", str(checkpoint), "--max-rows-per-batch", str(BATCH), "--partitions", "2",
-         "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-    )  # fmt: skip
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.timeout(900)
 def test_driver_killed_mid_stream_then_restarted(dsn: str, conn: Conn, tmp_path: Path) -> None:
     create(conn, "src", "dst")

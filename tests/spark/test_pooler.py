@@ -16,14 +16,14 @@ import pytest
 from pgbroker.dsn import POOLER_ENV
 from tests.spark.helpers import Conn, count, create, numbers, require_spark
 from tests.spark.pooler_job import PER_BATCH, TOTAL
-from tests.system.test_pooler import pooled_dsn, pooler  # noqa: F401 (fixtures)
-from tests.system.test_worker_cli import ROOT
+from tests.support.paths import ROOT
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.timeout(600)
 def test_write_read_and_stream_through_the_pooler(
-    pooled_dsn: str,  # noqa: F811
+    pooled_dsn: str,
     conn: Conn,
     tmp_path: Path,
 ) -> None:

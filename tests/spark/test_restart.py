@@ -16,17 +16,17 @@ import psycopg
 import pytest
 
 from pgbroker.embedded import EmbeddedPostgres
-from tests.spark.helpers import count, create, fill, numbers, require_spark
-from tests.spark.test_kill import route_job
-from tests.system.test_restart import _restart_and_wait, cluster  # noqa: F401 (the cluster fixture)
+from tests.spark.helpers import count, create, fill, numbers, require_spark, route_job
+from tests.support.postgres import _restart_and_wait
 
 TOTAL = 60_000
 BATCH = 10_000
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.timeout(900)
-def test_a_streaming_route_rides_out_a_restart(cluster: EmbeddedPostgres, tmp_path: Path) -> None:  # noqa: F811
+def test_a_streaming_route_rides_out_a_restart(cluster: EmbeddedPostgres, tmp_path: Path) -> None:
     require_spark()
     dsn = cluster.dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -29,7 +29,8 @@ TOTAL = 20_000
 BATCH = 4_000  # 2 partitions of 2,000: the sink sends 1,000 a call, in one transaction
 DRIVER_TIMEOUT = 300
 
-pytestmark = pytest.mark.slow  # the module's cluster takes a while to start, whichever test needs it
+# The module's cluster takes a while to start, whichever test needs it.
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")

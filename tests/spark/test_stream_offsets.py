@@ -224,6 +224,7 @@ def stream_query(dsn: str, checkpoint: Path) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.spark
 @pytest.mark.timeout(900)
 def test_driver_killed_mid_batch_then_restarted(dsn: str, conn: Conn, tmp_path: Path) -> None:
     """The driver SIGKILLed inside a micro-batch (some of its partitions appended, others not):

@@ -28,8 +28,8 @@ from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.stream_models import StreamMessage
 from pgbroker.streams import Stream
 
-# The restart-proof query of the queue worker's chaos test (its private cluster: conftest.py).
-from tests.system.test_worker_chaos import _rows
+# A query that waits out a restart; the private cluster is unstarted_cluster (tests/plugins/postgres.py).
+from tests.support.postgres import _rows
 
 pytestmark = pytest.mark.slow
 
@@ -99,8 +99,10 @@ def _produce(dsn: str, producer: int, sent: list[int]) -> None:
         time.sleep(0.005)
 
 
-def test_sent_equals_handled_per_group_plus_dead_letters(cluster: EmbeddedPostgres, tmp_path: Path) -> None:
-    dsn = cluster.start()
+def test_sent_equals_handled_per_group_plus_dead_letters(
+    unstarted_cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    dsn = unstarted_cluster.start()
     with Broker(dsn, max_connections=2) as broker:
         broker.install()
         stream = Stream(broker, "chaos")
@@ -165,7 +167,7 @@ def test_sent_equals_handled_per_group_plus_dead_letters(cluster: EmbeddedPostgr
             # database (exit 5), which is not what this test is about.
             elif restart_at and done >= restart_at and time.monotonic() - last_start > 3:
                 restart_at = 0
-                cluster.restart()
+                unstarted_cluster.restart()
             time.sleep(0.05)
         for p in producers:
             p.join()

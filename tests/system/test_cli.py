@@ -4,7 +4,6 @@ exit codes, as a shell script would see them; and `python -m pgbroker.demo` end 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,73 +21,9 @@ import pytest
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.install import latest_version
 from tests.integration.helpers import a_ids, q_ids, q_rows
+from tests.support.cli import UNREACHABLE, Cli, _assert_error, _env, _ids, _messages, run
 
 Conn = psycopg.Connection[Any]
-
-# Where the CLI would go without --dsn: nowhere. A test that forgot --dsn fails fast instead of
-# starting the default embedded cluster.
-UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2"
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": UNREACHABLE, **extra}
-
-
-def run(
-    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pgbroker.cli", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env or _env(),
-        timeout=120,
-        check=False,
-    )
-
-
-class Cli:
-    """The CLI bound to one database through --dsn."""
-
-    def __init__(self, dsn: str) -> None:
-        self.dsn = dsn
-
-    def __call__(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return run("--dsn", self.dsn, *args, stdin=stdin)
-
-    def ok(self, *args: str, stdin: str | None = None) -> str:
-        res = self(*args, stdin=stdin)
-        assert res.returncode == 0, f"exit {res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr}"
-        return res.stdout
-
-
-@pytest.fixture
-def cli(dsn: str) -> Cli:
-    return Cli(dsn)
-
-
-@pytest.fixture
-def orders(cli: Cli) -> str:
-    cli.ok("create", "orders")
-    return "orders"
-
-
-def _ids(stdout: str) -> list[int]:
-    return [int(line) for line in stdout.splitlines()]
-
-
-def _messages(stdout: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in stdout.splitlines()]
-
-
-def _assert_error(res: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
-    assert res.returncode == code, f"exit {res.returncode}\nstdout: {res.stdout}\nstderr: {res.stderr}"
-    assert res.stderr.startswith("pgbroker: error: "), res.stderr
-    assert "Traceback" not in res.stderr
-    for fragment in fragments:
-        assert fragment in res.stderr
-
 
 # -- install and queue management ---------------------------------------------------------------
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from pgbroker.client import Broker
 from tests.codec_types import AVRO, PROTOBUF, stored_codec
-from tests.integration.helpers import q_rows
-from tests.system.test_cli import Cli, Conn, _assert_error, _ids, _messages, cli, orders
-
-__all__ = ["cli", "orders"]  # the fixtures, used by name
+from tests.integration.helpers import Conn, q_rows
+from tests.support.cli import Cli, _assert_error, _ids, _messages
 
 # A module the CLI process imports: it registers the Avro schema and defines the Protobuf type.
 TYPES_MODULE = "tests.codec_types"

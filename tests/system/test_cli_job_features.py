@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 
-from tests.system.test_cli import Cli, _assert_error, _ids, _messages, cli, orders
-
-__all__ = ["cli", "orders"]  # the fixtures, used by name
+from tests.support.cli import Cli, _assert_error, _ids, _messages
 
 
 def test_pause_and_resume_a_queue(cli: Cli, orders: str) -> None:

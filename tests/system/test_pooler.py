@@ -13,13 +13,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker
 from pgbroker.aio import AsyncBroker
@@ -27,30 +25,12 @@ from pgbroker.dsn import POOLER_ENV
 from pgbroker.keys import create_key
 from pgbroker.models import Message
 from tests.http.live import pgbroker_serve
-from tests.pooler import transaction_pooler
-from tests.system.test_worker_cli import ROOT
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.slow
 
 THREADS = 8
 PER_THREAD = 300
-
-
-@pytest.fixture(scope="module")
-def pooler(pg_admin_dsn: str) -> Iterator[str]:
-    with transaction_pooler(pg_admin_dsn) as dsn:
-        yield dsn
-
-
-@pytest.fixture
-def pooled_dsn(pooler: str, dsn: str) -> str:
-    """The test's fresh database, reached through the pooler."""
-    return make_conninfo(pooler, dbname=conninfo_to_dict(dsn)["dbname"])
-
-
-@pytest.fixture
-def pooler_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(POOLER_ENV, "transaction")
 
 
 def _send_read_ack(broker: Broker, queue: str, worker: int, errors: list[BaseException]) -> None:

@@ -18,10 +18,8 @@ import pytest
 
 from pgbroker import Broker
 from pgbroker.dsn import LISTEN_DSN_ENV
-from tests.bridge.conftest import amqp  # noqa: F401 (the RabbitMQ fixture)
+from tests.bridge.processes import pgbroker
 from tests.bridge.rabbit import Rabbit
-from tests.bridge.test_cli import pgbroker
-from tests.system.test_pooler import pooled_dsn, pooler, pooler_mode  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("pooler_mode")]
 
@@ -41,9 +39,9 @@ def _stop(bridge: subprocess.Popen[str]) -> str:
 
 @pytest.mark.parametrize("listen", [False, True], ids=["polling", "listen-dsn"])
 def test_bridge_out_through_the_pooler(
-    pooled_dsn: str,  # noqa: F811
+    pooled_dsn: str,
     dsn: str,
-    amqp: str,  # noqa: F811
+    amqp: str,
     listen: bool,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -81,9 +79,9 @@ def test_bridge_out_through_the_pooler(
 
 
 def test_bridge_in_through_the_pooler(
-    pooled_dsn: str,  # noqa: F811
+    pooled_dsn: str,
     dsn: str,
-    amqp: str,  # noqa: F811
+    amqp: str,
 ) -> None:
     with Broker(dsn) as direct:
         direct.create_queue("inbox")

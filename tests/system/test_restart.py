@@ -7,41 +7,19 @@ The cluster is a private embedded one, so that restarting it disturbs no other t
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-
 import httpx
 import psycopg
 import pytest
 
 from pgbroker import Broker
 from pgbroker.embedded import EmbeddedPostgres
-from pgbroker.install import install
 from pgbroker.keys import create_key
-from tests.conftest import scratch_dir, wait_until_accepting
 from tests.http.live import pgbroker_serve
+from tests.support.postgres import _restart_and_wait
 
 pytestmark = pytest.mark.slow
 
 POOL_SIZE = 6  # every pooled connection is dead after the restart: each could cost a request
-
-
-@pytest.fixture
-def cluster() -> Iterator[EmbeddedPostgres]:
-    directory = scratch_dir("pgbroker-restart-")
-    pg = EmbeddedPostgres(directory / "pg")
-    try:
-        with psycopg.connect(pg.start(), autocommit=True) as conn:
-            install(conn)
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _restart_and_wait(pg: EmbeddedPostgres) -> None:
-    """A fast restart (sessions cut), then wait until the server accepts connections again."""
-    wait_until_accepting(pg.restart())
 
 
 def test_serve_loses_no_request_to_a_restart(cluster: EmbeddedPostgres) -> None:

@@ -22,10 +22,9 @@ import pytest
 
 from pgbroker import Broker
 from pgbroker.embedded import EmbeddedPostgres
-from tests.bridge.conftest import amqp  # noqa: F401 (the RabbitMQ fixture)
+from tests.bridge.processes import pgbroker
 from tests.bridge.rabbit import Rabbit
-from tests.bridge.test_cli import pgbroker
-from tests.system.test_restart import _restart_and_wait, cluster  # noqa: F401 (the cluster fixture)
+from tests.support.postgres import _restart_and_wait
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +51,7 @@ async def _until(condition: Callable[[], Awaitable[bool]], what: str, timeout: f
         await asyncio.sleep(0.05)
 
 
-def test_bridge_out_rides_out_a_restart(cluster: EmbeddedPostgres, amqp: str) -> None:  # noqa: F811
+def test_bridge_out_rides_out_a_restart(cluster: EmbeddedPostgres, amqp: str) -> None:
     dsn = cluster.dsn()
     with Broker(dsn) as direct:
         outbox = direct.create_queue("outbox")
@@ -96,7 +95,7 @@ def test_bridge_out_rides_out_a_restart(cluster: EmbeddedPostgres, amqp: str) ->
     assert left == (0,)
 
 
-def test_bridge_in_rides_out_a_restart(cluster: EmbeddedPostgres, amqp: str) -> None:  # noqa: F811
+def test_bridge_in_rides_out_a_restart(cluster: EmbeddedPostgres, amqp: str) -> None:
     dsn = cluster.dsn()
     with Broker(dsn) as direct:
         direct.create_queue("inbox")

@@ -12,23 +12,20 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
 
 from pgbroker import Broker, Message
 from pgbroker.embedded import EmbeddedPostgres
-from tests.conftest import scratch_dir
+from tests.support.postgres import _rows
 
 pytestmark = pytest.mark.slow
 
@@ -72,34 +69,10 @@ def handle(message: Message) -> None:
 # -- the test -------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def cluster() -> Iterator[EmbeddedPostgres]:
-    directory = scratch_dir("pgbroker-chaos-")
-    pg = EmbeddedPostgres(directory / "pg")
-    try:
-        yield pg
-    finally:
-        pg.stop()
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-def _rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
-    """Run a query on a new connection, waiting out a restart of the server."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                return conn.execute(query).fetchall()
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def test_nothing_is_lost_and_nothing_is_handled_twice_without_a_killed_worker(
-    cluster: EmbeddedPostgres, tmp_path: Path
+    unstarted_cluster: EmbeddedPostgres, tmp_path: Path
 ) -> None:
-    dsn = cluster.start()
+    dsn = unstarted_cluster.start()
     with Broker(dsn, max_connections=2) as broker:
         broker.install()
         queue = broker.create_queue("chaos")
@@ -179,7 +152,7 @@ def test_nothing_is_lost_and_nothing_is_handled_twice_without_a_killed_worker(
             if restart_at and done >= restart_at and time.monotonic() - last_start > STARTUP_SECONDS:
                 restart_at = 0
                 handled_at_restart = done
-                cluster.restart()
+                unstarted_cluster.restart()
             time.sleep(0.05)
         while _rows(dsn, "SELECT count(*) FROM pgmq.q_chaos")[0][0] > 0:
             assert time.monotonic() - started < DEADLINE_SECONDS, f"{handled_count()} handled so far"

@@ -25,7 +25,10 @@ class InboundTarget(Protocol):
         ...
 
     async def append(
-        self, batch: Sequence[Received], payloads: Sequence[Any], headers: Sequence[Mapping[str, Any]],
+        self,
+        batch: Sequence[Received],
+        payloads: Sequence[Any],
+        headers: Sequence[Mapping[str, Any]],
         seen_within: float,
     ) -> int:
         """Write the batch in one transaction, skipping message ids seen within ``seen_within``
@@ -49,7 +52,10 @@ class QueueTarget:
         await self._queue.policy()  # QueueNotFound
 
     async def append(
-        self, batch: Sequence[Received], payloads: Sequence[Any], headers: Sequence[Mapping[str, Any]],
+        self,
+        batch: Sequence[Received],
+        payloads: Sequence[Any],
+        headers: Sequence[Mapping[str, Any]],
         seen_within: float,
     ) -> int:
         ids = [m.message_id for m in batch]
@@ -70,7 +76,10 @@ class StreamTarget:
         await self._stream.groups()  # StreamNotFound
 
     async def append(
-        self, batch: Sequence[Received], payloads: Sequence[Any], headers: Sequence[Mapping[str, Any]],
+        self,
+        batch: Sequence[Received],
+        payloads: Sequence[Any],
+        headers: Sequence[Mapping[str, Any]],
         seen_within: float,
     ) -> int:
         ids = [m.message_id for m in batch]

@@ -29,6 +29,44 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument(
         "--max-wait", type=float, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
     )
+    sub.add_argument(
+        "--head-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection whose request line and headers take longer (10)",
+    )
+    sub.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="answer 408 and close when a request's body takes longer (30)",
+    )
+    sub.add_argument(
+        "--keep-alive",
+        type=int,
+        default=5,
+        metavar="SECONDS",
+        help="close a kept-alive connection idle this long (5)",
+    )
+    sub.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests handled at once; more are answered 503 with Retry-After (256)",
+    )
+    sub.add_argument(
+        "--auth-failure-rate",
+        type=float,
+        default=1.0,
+        metavar="PER_SECOND",
+        help="failed API keys per client address before unknown keys are refused unread (1)",
+    )
+    sub.add_argument(
+        "--auth-failure-burst", type=float, default=20.0, metavar="N", help="burst of failed keys (20)"
+    )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
     add_codec_module_option(sub)  # the codecs HTTP sends may name
@@ -39,6 +77,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         import uvicorn
 
         from pgbroker.http import Settings, create_app
+        from pgbroker.http.server import protocol_with_head_timeout
 
     load_codec_modules(args)
     dsn = dsn_of(broker)
@@ -48,6 +87,10 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         rate_burst=args.burst,
         max_wait_seconds=args.max_wait,
         metrics_public=args.public_metrics,
+        max_concurrency=args.max_concurrency,
+        body_timeout_seconds=args.body_timeout,
+        auth_failures_per_second=args.auth_failure_rate,
+        auth_failure_burst=args.auth_failure_burst,
     )
     app = create_app(dsn, settings=settings, max_connections=args.connections)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
@@ -60,6 +103,8 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
             host=args.host,
             port=args.port,
             log_level="info" if getattr(args, "verbose", 0) else "warning",
+            http=protocol_with_head_timeout(args.head_timeout),
+            timeout_keep_alive=args.keep_alive,
             # Requests in flight are answered first; the longest is a long poll.
             timeout_graceful_shutdown=int(args.max_wait) + 5,
         )

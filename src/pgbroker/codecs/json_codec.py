@@ -39,3 +39,5 @@ def dump_text(value: Any, what: str = "message") -> str:
             hint="Send dicts, lists, strings, numbers, booleans or None (no NaN or Infinity), "
             "or choose a binary codec (codec='msgpack', ...).",
         ) from None
+    except RecursionError:
+        raise EncodeError(f"{what} is nested too deeply to encode", hint="Flatten it.") from None

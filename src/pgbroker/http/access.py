@@ -7,7 +7,7 @@ import math
 
 from starlette.requests import Request
 
-from pgbroker.http.auth import KeyStore, RateLimiter
+from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.errors import ApiError
 from pgbroker.keys import ApiKey
 
@@ -20,8 +20,11 @@ def token_of(request: Request) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
-async def authenticate(request: Request, keys: KeyStore, limiter: RateLimiter) -> ApiKey:
-    """The request's live key, charged one request against its rate limit."""
+async def authenticate(
+    request: Request, keys: KeyStore, limiter: RateLimiter, failures: FailureLimiter
+) -> ApiKey:
+    """The request's live key, charged one request against its rate limit. An address whose
+    keys failed too often gets a 429 for any key the server would have to look up."""
     token = token_of(request)
     if token is None:
         raise ApiError(
@@ -31,21 +34,23 @@ async def authenticate(request: Request, keys: KeyStore, limiter: RateLimiter) -
             hint="Send 'Authorization: Bearer <token>' (create one with `pgbroker keys create`).",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    address = request.client.host if request.client else ""
+    if not keys.knows(token):
+        _refuse_if_limited(failures.wait(address), "too many failed API keys from this address")
     key = await keys.authenticate(token)
     if key is None:
+        failures.charge(address)
         raise ApiError(
             401, "unauthorized", "invalid or revoked API key", headers={"WWW-Authenticate": "Bearer"}
         )
     # Charged before any scope check: a key probing what it may do is still rate limited.
-    wait = limiter.take(key)
-    if wait > 0:
-        raise ApiError(
-            429,
-            "rate_limited",
-            f"rate limit of key {key.name!r} exceeded",
-            headers={"Retry-After": str(max(1, math.ceil(wait)))},
-        )
+    _refuse_if_limited(limiter.take(key), f"rate limit of key {key.name!r} exceeded")
     return key
+
+
+def _refuse_if_limited(wait: float, message: str) -> None:
+    if wait > 0:
+        raise ApiError(429, "rate_limited", message, headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
 
 def require(key: ApiKey, scope: str, queue: str | None) -> None:

@@ -16,14 +16,16 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.dsn import connection_kwargs
 from pgbroker.errors import PgbrokerError
-from pgbroker.http.auth import KeyStore, RateLimiter
+from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
+from pgbroker.http.concurrency import ConcurrencyLimit
 from pgbroker.http.errors import ApiError, handle_exception
 from pgbroker.http.openapi import openapi_spec
 from pgbroker.http.operations import Operation, State, run
@@ -50,6 +52,7 @@ def create_app(
         the_broker,
         KeyStore(the_broker, cfg.key_cache_seconds),
         RateLimiter(cfg.rate_per_second, cfg.rate_burst),
+        FailureLimiter(cfg.auth_failures_per_second, cfg.auth_failure_burst),
         cfg,
         operations,
         openapi_spec(operations, cfg),
@@ -69,12 +72,22 @@ def create_app(
     return Starlette(
         routes=_routes(operations, state),
         lifespan=lifespan,
-        # Expected failures are answered by the exception middleware; Exception by the server-error
-        # middleware, which answers 500 and re-raises for the server's log.
+        # Expected failures are answered by the exception middleware (a client gone mid-upload
+        # among them, quietly); Exception by the server-error middleware, which answers 500 and
+        # re-raises for the server's log.
         exception_handlers={
             cls: handle_exception
-            for cls in (ApiError, PgbrokerError, psycopg.Error, PoolTimeout, HTTPException, Exception)
+            for cls in (
+                ApiError,
+                PgbrokerError,
+                psycopg.Error,
+                PoolTimeout,
+                HTTPException,
+                ClientDisconnect,
+                Exception,
+            )
         },
+        middleware=[Middleware(ConcurrencyLimit, limit=cfg.max_concurrency)],
     )
 
 

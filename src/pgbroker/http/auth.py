@@ -34,6 +34,15 @@ class KeyStore:
         self._ttl = ttl
         self._cache: dict[int, tuple[float, bytes, ApiKey | None]] = {}
 
+    def knows(self, token: str) -> bool:
+        """Whether authenticate can judge the token without the database: a malformed token, or
+        one whose id was looked up within ``ttl`` seconds (found or not)."""
+        match = _TOKEN.match(token)
+        if match is None:
+            return True
+        cached = self._cache.get(int(match[1]))
+        return cached is not None and time.monotonic() - cached[0] < self._ttl
+
     async def authenticate(self, token: str) -> ApiKey | None:
         """The live key of a token, or None for a malformed, unknown, wrong or revoked token."""
         match = _TOKEN.match(token)
@@ -74,6 +83,36 @@ class _Bucket:
     updated: float
 
 
+class TokenBuckets:
+    """Token buckets by name (a key's id, a client's address), each refilled at its rate."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[object, _Bucket] = {}
+
+    def wait(self, name: object, rate: float, burst: float) -> float:
+        """0 when the bucket holds a token, else the seconds until it will (nothing is taken)."""
+        bucket = self._refilled(name, rate, burst)
+        return 0.0 if bucket.tokens >= 1.0 else (1.0 - bucket.tokens) / rate
+
+    def take(self, name: object, rate: float, burst: float) -> float:
+        """Take a token: 0 when there was one, else the seconds until there will be."""
+        wait = self.wait(name, rate, burst)
+        if wait == 0.0:
+            self._buckets[name].tokens -= 1.0
+        return wait
+
+    def _refilled(self, name: object, rate: float, burst: float) -> _Bucket:
+        now = time.monotonic()
+        bucket = self._buckets.get(name)
+        if bucket is None:
+            if len(self._buckets) > 100_000:  # bounded: a flood of names must not grow it forever
+                self._buckets.clear()
+            bucket = self._buckets[name] = _Bucket(burst, now)
+        bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
+        bucket.updated = now
+        return bucket
+
+
 @dataclass
 class RateLimiter:
     """A token bucket per key: ``rate`` requests per second sustained, bursts of ``burst``.
@@ -83,19 +122,27 @@ class RateLimiter:
 
     rate: float
     burst: float
-    _buckets: dict[int, _Bucket] = field(default_factory=dict)
+    _buckets: TokenBuckets = field(default_factory=TokenBuckets)
 
     def take(self, key: ApiKey) -> float:
         """0 when the request may go ahead, else the seconds until it could."""
         rate = key.rate_per_second or self.rate
         burst = max(self.burst, 1.0) if key.rate_per_second is None else max(rate, 1.0)
-        now = time.monotonic()
-        bucket = self._buckets.get(key.id)
-        if bucket is None:
-            bucket = self._buckets[key.id] = _Bucket(burst, now)
-        bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
-        bucket.updated = now
-        if bucket.tokens >= 1.0:
-            bucket.tokens -= 1.0
-            return 0.0
-        return (1.0 - bucket.tokens) / rate
+        return self._buckets.take(key.id, rate, burst)
+
+
+@dataclass
+class FailureLimiter:
+    """A token bucket per client address, spent by failed authentications: an address past it
+    has its unknown tokens refused before they are looked up, so guessing key ids costs the
+    database nothing. Keys already known (cached) still pass."""
+
+    rate: float
+    burst: float
+    _buckets: TokenBuckets = field(default_factory=TokenBuckets)
+
+    def wait(self, address: str) -> float:
+        return self._buckets.wait(address, self.rate, max(self.burst, 1.0))
+
+    def charge(self, address: str) -> None:
+        self._buckets.take(address, self.rate, max(self.burst, 1.0))

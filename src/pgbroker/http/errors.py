@@ -7,6 +7,7 @@ changes meaning; the HTTP status only groups them.
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Annotated
 
 import psycopg
@@ -14,7 +15,7 @@ from psycopg_pool import PoolTimeout
 from pydantic import BaseModel, WithJsonSchema
 from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from pgbroker.codecs import CodecNotInstalled, UnknownCodec
@@ -87,12 +88,25 @@ ERROR_CODES: dict[str, int] = {
     "not_found": 404,
     "schedule_not_found": 404,
     "method_not_allowed": 405,
+    "request_timeout": 408,
     "request_too_large": 413,
     "rate_limited": 429,
     "database_error": 503,
     "database_unavailable": 503,
+    "server_busy": 503,
     "internal_error": 500,
 }
+
+# A database failure the client cannot act on is told by its SQLSTATE's class only: the server's
+# message may name files of the data directory, tables, roles or settings. It goes to the log,
+# under the request id the client is given.
+_DATABASE_CLASSES: dict[str, tuple[str, str]] = {
+    "08": ("database_unavailable", "the connection to the database failed"),
+    "40": ("database_unavailable", "the database rolled the request back in a conflict; retry it"),
+    "53": ("database_unavailable", "the database is out of resources"),
+    "57": ("database_unavailable", "the database is shutting down or cancelled the request"),
+}
+_DATABASE_FAILED = ("database_error", "the database failed to run the request")
 
 
 def api_error_of(exc: BaseException) -> ApiError:
@@ -104,7 +118,7 @@ def api_error_of(exc: BaseException) -> ApiError:
             if isinstance(exc, cls):
                 headers = {"Retry-After": "1"} if cls is QueueFull else None
                 return ApiError(status, code, exc.message, hint=_hint(exc), headers=headers)
-        return ApiError(503, "database_error", exc.message, hint=exc.hint)
+        return database_failure(exc.sqlstate)
     if isinstance(exc, PoolTimeout | psycopg.OperationalError):
         return ApiError(
             503,
@@ -112,10 +126,22 @@ def api_error_of(exc: BaseException) -> ApiError:
             "the database is unreachable or overloaded",
             headers={"Retry-After": "1"},
         )
+    if isinstance(exc, psycopg.Error):
+        return database_failure(exc.sqlstate)
+    if isinstance(exc, ClientDisconnect):
+        # Nobody reads the answer; the status only names the case in the access log.
+        return ApiError(400, "client_disconnected", "the client closed the connection mid-request")
     if isinstance(exc, HTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return ApiError(exc.status_code, code, str(exc.detail), headers=dict(exc.headers or {}) or None)
     return ApiError(500, "internal_error", "unexpected server error", hint="See the server's log.")
+
+
+def database_failure(sqlstate: str | None) -> ApiError:
+    """The stable answer to a database error, by the class of its SQLSTATE."""
+    code, message = _DATABASE_CLASSES.get((sqlstate or "")[:2], _DATABASE_FAILED)
+    headers = {"Retry-After": "1"} if code == "database_unavailable" else None
+    return ApiError(503, code, f"{message} (SQLSTATE {sqlstate or 'unknown'})", headers=headers)
 
 
 def _hint(exc: PgbrokerError) -> str | None:
@@ -164,6 +190,17 @@ log = logging.getLogger("pgbroker.http")
 
 async def handle_exception(request: Request, exc: Exception) -> Response:
     error = api_error_of(exc)
-    if error.status >= 500 and error.code != "queue_full":
-        log.error("%s %s failed: %s", request.method, request.url.path, error.code, exc_info=exc)
+    if error.status >= 500 and error.code not in ("queue_full", "server_busy"):
+        # The detail stays here; the client gets the id that finds it.
+        request_id = secrets.token_hex(8)
+        log.error(
+            "%s %s failed (request %s): %s",
+            request.method,
+            request.url.path,
+            request_id,
+            error.code,
+            exc_info=exc,
+        )
+        error.hint = f"The server's log tells more under request id {request_id}."
+        error.headers = {**(error.headers or {}), "X-Request-Id": request_id}
     return error_response(error)

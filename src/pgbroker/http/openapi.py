@@ -50,8 +50,10 @@ _KEYED = {
     503: "database unavailable or pgbroker not installed",
 }
 _ON_QUEUE = {404: "queue_not_found", 400: "invalid_queue_name, or an invalid argument"}
+_ON_STREAM = {400: "invalid_queue_name: the stream name is empty or holds whitespace or a control character"}
 _WITH_BODY = {
     400: "invalid JSON, queue name or argument",
+    408: "the body did not arrive in time (request_timeout)",
     413: "request body too large (request_too_large) or message too large",
     422: "the body has the wrong shape (invalid_body)",
 }
@@ -85,6 +87,8 @@ def _document(operation: Operation, schemas: dict[tuple[str, str], Any]) -> dict
         failures.update(_KEYED)
     if operation.on_queue:
         failures.update(_ON_QUEUE)
+    if "{stream}" in operation.path:
+        failures.update(_ON_STREAM)
     if operation.body is not None:
         failures.update(_WITH_BODY)
     if operation.query is not None:

@@ -32,6 +32,7 @@ same; the rest is this module and openapi.py.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import typing
@@ -45,11 +46,12 @@ from starlette.responses import Response
 
 from pgbroker.aio import AsyncBroker
 from pgbroker.http.access import authenticate, require
-from pgbroker.http.auth import KeyStore, RateLimiter
+from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.errors import ApiError
 from pgbroker.http.models import FORMS, REFUSALS, RequestContext
 from pgbroker.http.settings import Settings
 from pgbroker.keys import ApiKey
+from pgbroker.names import check_queue_name
 
 #: Who may call: ``key`` any valid key (and the scope, when one is named), ``public`` anybody,
 #: ``metrics`` a key unless the server serves /metrics publicly.
@@ -159,6 +161,7 @@ class State:
     broker: AsyncBroker
     keys: KeyStore
     limiter: RateLimiter
+    failures: FailureLimiter
     settings: Settings
     operations: tuple[Operation, ...] = ()
     spec: dict[str, Any] = field(default_factory=dict)
@@ -198,12 +201,12 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
     """Authenticate, validate, call the handler and answer, in the API's order of refusals."""
     key = None
     if operation.access == "key" or (operation.access == "metrics" and not state.settings.metrics_public):
-        key = await authenticate(request, state.keys, state.limiter)
+        key = await authenticate(request, state.keys, state.limiter, state.failures)
         if operation.scope is not None and operation.scope_field is None:
-            require(key, operation.scope, request.path_params.get("queue"))
+            require(key, operation.scope, path_queue(request))
     arguments: dict[str, Any] = {}
     if operation.body is not None:
-        data, nul_escape = await read_json(request, state.settings.max_body_bytes, operation.body_required)
+        data, nul_escape = await read_json(request, state.settings, operation.body_required)
         context = RequestContext(state.settings, nul_escape)
         body = validated(operation.body, data, context, "invalid_body")
         if key is not None and operation.scope is not None and operation.scope_field is not None:
@@ -223,21 +226,31 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
     )
 
 
-async def read_json(request: Request, limit: int, required: bool) -> tuple[Any, bool]:
-    """The body's JSON object (``{}`` for an empty optional body), read within ``limit`` bytes,
-    and whether it held an escaped NUL anywhere."""
+def path_queue(request: Request) -> str | None:
+    """The queue the path names, judged by the engine's rule before a key is checked against it
+    (the name the key sees is the name the database gets)."""
+    name: str | None = request.path_params.get("queue")
+    return None if name is None else check_queue_name(name)
+
+
+async def read_json(request: Request, settings: Settings, required: bool) -> tuple[Any, bool]:
+    """The body's JSON object (``{}`` for an empty optional body), read within the size and time
+    limits of the settings, and whether it held an escaped NUL anywhere."""
+    limit = settings.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "request_too_large", f"request body larger than {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    # Counted as it streams: a chunked body has no Content-Length to trust.
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, "request_too_large", f"request body larger than {limit} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    try:
+        # A body dribbled in holds its request (and its share of --max-concurrency): it has a deadline.
+        async with asyncio.timeout(settings.body_timeout_seconds):
+            raw = await _read_body(request, limit)
+    except TimeoutError:
+        raise ApiError(
+            408,
+            "request_timeout",
+            f"the request body did not arrive within {settings.body_timeout_seconds:g} s",
+            headers={"Connection": "close"},
+        ) from None
     if not raw.strip():
         if not required:
             return {}, False
@@ -252,6 +265,18 @@ async def read_json(request: Request, limit: int, required: bool) -> tuple[Any, 
         raise ApiError(422, "invalid_body", "the body must be a JSON object")
     # json.loads refuses raw control characters in strings: a NUL can only come escaped.
     return data, b"\\u0000" in raw
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    # Counted as it streams: a chunked body has no Content-Length to trust.
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, "request_too_large", f"request body larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _reject_constant(name: str) -> Any:

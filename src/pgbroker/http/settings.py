@@ -12,10 +12,15 @@ class Settings:
     """Limits and knobs of the server; the defaults suit a small deployment."""
 
     max_body_bytes: int = 1024 * 1024
+    body_timeout_seconds: float = 30.0  # for the whole body of a request to arrive
     max_batch: int = 1000  # messages per send, read or ack
     max_wait_seconds: float = 20.0  # long-poll cap: a proxy's idle timeout is often 30 s or more
     rate_per_second: float = 100.0  # per key, unless the key sets its own
     rate_burst: float = 200.0
     key_cache_seconds: float = 5.0  # how long a revoked key may still be honoured
+    # Failed API keys per client address: past them, keys not cached are refused unread (429).
+    auth_failures_per_second: float = 1.0
+    auth_failure_burst: float = 20.0
+    max_concurrency: int = 256  # requests handled at once; more are answered 503 at once
     metrics_public: bool = False  # /metrics without a key (for a scraper on a private network)
     stats_exact_below: int = 10_000  # counts past this are estimated (pgbroker.queue_stats)

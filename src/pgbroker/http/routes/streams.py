@@ -29,6 +29,7 @@ from pgbroker.http.stream_models import (
     StreamSendBatch,
     StreamStatsList,
 )
+from pgbroker.names import check_stream_name
 from pgbroker.stream_models import StreamBatch as Batch
 from pgbroker.stream_models import StreamInfo as Info
 from pgbroker.stream_models import StreamMessage as Read
@@ -40,7 +41,7 @@ _EPOCH = datetime.fromtimestamp(0, UTC)  # an ack range needs no send time
 
 def _stream(call: Call, scope: str) -> AsyncStream:
     """The stream of the path, once the key may do ``scope`` on it."""
-    name: str = call.request.path_params["stream"]
+    name = check_stream_name(call.request.path_params["stream"])
     if not re.match(STREAM_NAME_PATTERN, name):
         raise ApiError(404, "stream_not_found", f"no stream may be named {name!r}")
     if not call.caller.allows(scope, name):

@@ -1,7 +1,8 @@
-"""Fixtures of the bridge tests: a RabbitMQ that answers (a test fails, never skips, without one).
+"""The shared RabbitMQ the bridge tests use (a test fails, never skips, without one).
 
 The server is $PGBROKER_TEST_AMQP, else amqp://guest:guest@127.0.0.1:5672/; ``make test`` runs
-scripts/ensure-rabbitmq first, which makes sure one is there.
+scripts/ensure-rabbitmq first, which makes sure one is there. A test that asks for ``amqp`` is
+marked ``rabbitmq`` (tests/plugins/services.py).
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ import aiormq
 import pytest
 
 from tests.bridge.rabbit import amqp_url
-
-# The integration tests' Broker on the test's database, shared rather than written again.
-from tests.integration.conftest import broker  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,62 @@
+"""What ``pgbroker serve`` puts in front of the application: uvicorn's HTTP protocol with a
+deadline on each request's head.
+
+uvicorn closes a kept-alive connection that stays idle (``timeout_keep_alive``), but it sets no
+clock on a connection that has sent nothing yet, nor on one sending its headers a byte at a time:
+such sockets stay open for as long as their client likes. Here the request line and headers must
+arrive within ``head_timeout`` seconds of the connection opening, or of the first byte of a later
+request; a connection late with them is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+__all__ = ["protocol_with_head_timeout"]
+
+
+class _HeadDeadline(HttpToolsProtocol):
+    head_timeout: float = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        if self._head_deadline is None and (self.cycle is None or self.cycle.response_complete):
+            self._arm()  # a new request begins: its head has the time, not the whole connection
+        super().data_received(data)
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_deadline = self.loop.call_later(self.head_timeout, self._head_too_late)
+
+    def _disarm(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def _head_too_late(self) -> None:
+        self._head_deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def protocol_with_head_timeout(seconds: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol closing a connection whose request head is ``seconds`` late."""
+    return type("HttpToolsProtocolWithHeadTimeout", (_HeadDeadline,), {"head_timeout": seconds})

@@ -1,0 +1,128 @@
+"""Each key scope tries, on every route of the spec, what it must not do: a send key, a read key,
+and an admin key limited to the pattern ``EU-*`` (which names queues in any letter case, as the
+database compares them). Every attempt is refused and changes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from pgbroker.aio import AsyncBroker
+from pgbroker.aio_streams import AsyncStream
+from pgbroker.keys import create_key
+
+pytestmark = pytest.mark.anyio
+
+SCOPES = ("send", "read", "admin")
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def attempt(path: str, method: str, queue: str, stream: str) -> tuple[str, Any]:
+    """The URL and a body that would pass, so that only the key decides."""
+    url = path.replace("{queue}", queue).replace("{stream}", stream).replace("{group}", "g")
+    url = url.replace("{name}", "tick")
+    bodies: dict[tuple[str, str], Any] = {
+        ("/v1/queues", "POST"): {"name": queue},
+        ("/v1/streams", "POST"): {"name": stream},
+        ("/v1/schedules", "POST"): {"name": "s2", "queue": queue, "cron": "* * * * *", "message": {}},
+        ("/v1/queues/{queue}/messages", "POST"): {"message": 1},
+        ("/v1/queues/{queue}/ack", "POST"): {"receipt": "1:1:1"},
+        ("/v1/queues/{queue}/nack", "POST"): {"receipt": "1:1:1"},
+        ("/v1/queues/{queue}/extend", "POST"): {"receipt": "1:1:1", "vt": 1},
+        ("/v1/queues/{queue}/archive", "POST"): {"msg_ids": [1]},
+        ("/v1/queues/{queue}/delete", "POST"): {"msg_ids": [1]},
+        ("/v1/queues/{queue}/dead-letters/purge", "POST"): {"msg_ids": [1]},
+        ("/v1/streams/{stream}/messages", "POST"): {"messages": [{"message": 1}]},
+        ("/v1/streams/{stream}/groups", "POST"): {"group": "g2"},
+        ("/v1/streams/{stream}/groups/{group}/read", "POST"): {"consumer": "c"},
+        ("/v1/streams/{stream}/groups/{group}/ack", "POST"): {
+            "consumer": "c",
+            "acks": [{"partition": 0, "epoch": 1, "last_id": 1}],
+        },
+    }
+    return url, bodies.get((path, method.upper()), {})
+
+
+async def state(broker: AsyncBroker) -> Any:
+    """What a refused request must leave as it was."""
+    async with broker.connection() as conn:
+        cur = await conn.execute(
+            "SELECT (SELECT array_agg(queue_name ORDER BY queue_name) FROM pgmq.meta),"
+            ' (SELECT array_agg(row(msg_id, read_ct, vt, message)::text) FROM pgmq."q_us-secret"),'
+            ' (SELECT count(*) FROM pgmq."a_us-secret")'
+        )
+        row = await cur.fetchone()
+    return row, await broker.schedules()
+
+
+async def test_every_route_refuses_what_each_scope_may_not_do(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    made = {
+        "send": create_key(conn, "sender", scopes=["send"])[1],
+        "read": create_key(conn, "reader", scopes=["read"])[1],
+        "eu": create_key(conn, "eu-admin", scopes=["admin"], queues=["EU-*"])[1],
+    }
+    await broker.create_queue("us-secret")
+    await broker.create_queue("eu-orders")
+    await broker.queue("us-secret").send({"secret": 1})
+    await broker.add_schedule("tick", "us-secret", "0 0 1 1 *", {"tick": 1})
+    await AsyncStream(broker, "us-clicks").create(partitions=1)
+    await AsyncStream(broker, "us-clicks").create_group("g")
+    before = await state(broker)
+    spec = (await client.get("/openapi.json")).json()
+    tried = 0
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            scope = operation["x-pgbroker-scope"]
+            if scope not in SCOPES:
+                continue
+            for role in ("send", "read"):
+                if role != scope:  # a key without the scope, on a queue it may see
+                    url, body = attempt(path, method, "us-secret", "us-clicks")
+                    r = await client.request(method.upper(), url, json=body, headers=auth(made[role]))
+                    assert r.status_code == 403, (role, method, url, r.text)
+                    tried += 1
+            # The pattern key has every scope, on EU-* only: another queue, in any letter case.
+            for queue in ("us-secret", "US-SECRET", "Us-Secret"):
+                url, body = attempt(path, method, queue, "us-clicks")
+                r = await client.request(method.upper(), url, json=body, headers=auth(made["eu"]))
+                if "{name}" in path:  # a schedule of a queue the key does not see does not exist
+                    assert r.status_code == 404, (method, url, r.text)
+                elif "{" not in path and method == "get":  # a list: what the key may not see is left out
+                    assert r.status_code == 200, (method, url, r.text)
+                    for unseen in ("us-secret", "us-clicks", '"tick"'):
+                        assert unseen not in r.text.lower(), (method, url, r.text)
+                else:
+                    assert r.status_code == 403, (method, url, r.text)
+                tried += 1
+    assert tried > 100
+    assert await state(broker) == before
+    # What it may see, it sees in every letter case, and the lists agree with the paths.
+    eu = auth(made["eu"])
+    listed = (await client.get("/v1/queues", headers=eu)).json()["queues"]
+    assert [q["queue_name"] for q in listed] == ["eu-orders"]
+    for queue in ("eu-orders", "EU-orders", "Eu-OrDeRs"):
+        assert (await client.get(f"/v1/queues/{queue}/metrics", headers=eu)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "name", ["a%20b", "%20a", "a%20", "a%09b", "a%0Ab", "a%01", "a%C2%A0b", "a%E2%80%A8b"]
+)
+async def test_names_in_a_path_are_judged_by_the_engines_rule(
+    client: httpx.AsyncClient, keys: dict[str, str], name: str
+) -> None:
+    admin = auth(keys["admin"])
+    for method, url in [
+        ("GET", f"/v1/queues/{name}/metrics"),
+        ("POST", f"/v1/queues/{name}/messages"),
+        ("DELETE", f"/v1/streams/{name}"),
+    ]:
+        r = await client.request(method, url, json={"message": 1}, headers=admin)
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_queue_name"), (url, r.text)

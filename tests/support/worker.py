@@ -1,0 +1,37 @@
+"""Running workers in a test: serve them until a condition holds, then stop them gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from pgbroker import Worker
+from pgbroker.aio import AsyncBroker
+from pgbroker.app import serve
+
+
+async def run_until(
+    dsn: str,
+    workers: list[Worker],
+    done: Callable[[], bool],
+    *,
+    timeout: float = 30,
+    broker: AsyncBroker | None = None,
+) -> None:
+    """Serve the workers until done() holds, then stop them gracefully; fail after ``timeout``."""
+
+    async def watch() -> None:
+        deadline = time.monotonic() + timeout
+        try:
+            while not done():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not done after {timeout} s: {[w.stats for w in workers]}")
+                await asyncio.sleep(0.01)
+        finally:
+            for worker in workers:
+                worker.stop()
+
+    watcher = asyncio.create_task(watch())
+    await serve(workers, dsn=dsn, broker=broker, handle_signals=False)
+    await watcher

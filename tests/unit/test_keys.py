@@ -1,0 +1,44 @@
+"""An API key's queue patterns match names the way the database compares them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from pgbroker.keys import ApiKey
+
+
+def key(*patterns: str) -> ApiKey:
+    return ApiKey(1, "k", patterns, frozenset({"read"}), None, datetime.now(UTC), None)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "queue"),
+    [
+        ("EU-*", "eu-secret"),
+        ("EU-*", "EU-secret"),
+        ("eu-*", "Eu-Secret"),
+        ("Orders", "oRDERS"),
+        ("[A-C]x", "bx"),
+    ],
+)
+def test_patterns_match_regardless_of_ascii_case(pattern: str, queue: str) -> None:
+    assert key(pattern).sees(queue)
+    assert key(pattern).allows("read", queue)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "queue"),
+    [
+        ("EU-*", "us-secret"),
+        ("eu-*", "US-EU-x"),
+        # Beyond ASCII, how lower() folds depends on the database's collation: never fold more.
+        ("é*", "Éclair"),
+        ("straße", "STRASSE"),
+        ("k", "\u212a"),  # KELVIN SIGN, which str.lower() turns into k
+    ],
+)
+def test_patterns_never_fold_more_than_the_database(pattern: str, queue: str) -> None:
+    assert not key(pattern).sees(queue)
+    assert not key(pattern).allows("read", queue)

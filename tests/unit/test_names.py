@@ -1,0 +1,76 @@
+"""The Python side's one check of queue and stream names (pgbroker.names)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+
+import pytest
+
+from pgbroker.errors import InvalidArgument, InvalidQueueName
+from pgbroker.names import UNPRINTABLE, check_queue_name, check_stream_name
+from pgbroker.queries import queue_create
+from pgbroker.stream_queries import stream_drop
+
+REFUSED = [
+    "",
+    " ",
+    "a b",
+    " leading",
+    "trailing ",
+    "tab\there",
+    "new\nline",
+    "nul\x00",
+    "soh\x01",
+    "del\x7f",
+    "c1\x85",
+    "nbsp\u00a0",
+    "line\u2028sep",
+    "ideographic\u3000space",
+    "x" * 48,
+    "é" * 24,  # 24 characters, 48 bytes
+    "a$b",
+    "a;b",
+    "a--b",
+    "a'b",
+]
+ACCEPTED = ["a", "orders", "EU-orders_2", "-x-", "é" * 23, "x" * 47, "zero\u200bwidth"]
+
+
+def test_the_character_class_is_whitespace_and_controls() -> None:
+    """UNPRINTABLE, written so that Postgres reads it the same, is exactly what Python calls
+    whitespace or a control character."""
+    pattern = re.compile(UNPRINTABLE)
+    meant = {c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace() or unicodedata.category(c) == "Cc"}
+    matched = {c for c in map(chr, range(sys.maxunicode + 1)) if pattern.fullmatch(c)}
+    assert matched == meant
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_bad_queue_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidQueueName):
+        check_queue_name(name)
+    with pytest.raises(InvalidQueueName):
+        queue_create(name)  # every query judges its names before it is sent
+
+
+@pytest.mark.parametrize("name", ACCEPTED)
+def test_good_queue_names_pass(name: str) -> None:
+    assert check_queue_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "a b", "tab\t", "x\x01", "nbsp\u00a0"])
+def test_stream_names_follow_the_character_rule(name: str) -> None:
+    with pytest.raises(InvalidQueueName):
+        check_stream_name(name)
+    with pytest.raises(InvalidQueueName):
+        stream_drop(name)
+
+
+@pytest.mark.parametrize("name", [123, None, b"orders", ["orders"]])
+def test_a_name_that_is_not_a_string_names_the_argument(name: object) -> None:
+    with pytest.raises(InvalidArgument, match="queue name must be a string"):
+        check_queue_name(name)
+    with pytest.raises(InvalidArgument, match="stream name must be a string"):
+        check_stream_name(name)

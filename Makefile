@@ -1,4 +1,4 @@
-# Developer and CI entry points for pgbroker: venv, test, test-quick, lint, demo, bench,
+# Developer and CI entry points for pgbroker: venv, test, test-quick, lint, schema-dump, demo, bench,
 # bench-peers, clean, pg-partman, chromium, rabbitmq, brokers, pgbouncer.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint generate demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
+.PHONY: venv test test-quick lint generate schema-dump demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -149,6 +149,13 @@ lint: generate
 generate: venv
 	cd "$(ROOT)"
 	.venv/bin/python scripts/async_to_sync.py
+
+# The engine as a new database holds it (docs/reference/schema.sql) and an example of the route
+# functions it generates (docs/reference/route-example.sql), committed so that an engine change
+# reads as a diff; tests/integration/test_schema_dump.py fails while they are stale.
+schema-dump: venv
+	cd "$(ROOT)"
+	.venv/bin/python scripts/dump_schema.py
 
 demo: venv
 	cd "$(ROOT)"

@@ -68,11 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="acks archive (pgmq.archive, pgbroker.ack(..., true)) instead of deleting",
     )
-    p.add_argument(
-        "--schema-version",
-        type=int,
-        help="install pgbroker's migrations up to this version only (default: all), to compare versions",
-    )
     g = p.add_argument_group("durations and sizes (override the full or --quick preset)")
     g.add_argument("--pgbench-seconds", type=float)
     g.add_argument("--pgbench-clients", type=int)

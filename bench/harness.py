@@ -108,8 +108,6 @@ class Config:
     client_seconds: float
     # acks delete (as pgmq.delete) or archive (as pgmq.archive / pgbroker.ack's default)
     ack_archive: bool = False
-    #: install pgbroker's migrations up to this version (None: all), to measure one migration's effect
-    schema_version: int | None = None
     # (f) worker runtimes side by side (bench.peer_table)
     #: jobs drained by the tuned worker, one process, per round (two processes: half as many)
     peer_messages: int = 100_000
@@ -417,7 +415,7 @@ class Bench:
         self.progress = progress
         self.systems: dict[str, System] = {}
         self.superuser = False
-        self.schema_version = 0
+        self.schema_version = ""
         self._queue_seq = 0
 
     def setup(self) -> None:
@@ -433,7 +431,7 @@ class Bench:
                 dsn = self.server.dsn_for(dbname)
                 with connect(dsn) as conn:
                     if key == PGBROKER:
-                        result = install_pgbroker(conn, target=self.config.schema_version)
+                        result = install_pgbroker(conn)
                         self.schema_version = result.version
                         out.append(f"pgbroker schema version {result.version}")
                     elif key == PGMQ:

@@ -605,7 +605,7 @@ class AsyncBroker:
         """Forget at most batch_size expired dedup keys of every queue (or of one); repeat until 0."""
         return await self._executor.run(q.dedup_keys_trim(queue, batch_size))
 
-    # schedules (sql/schema/78_schedules.sql): the engine decides what is sent and when
+    # schedules (sql/functions/78_schedules.sql): the engine decides what is sent and when
 
     async def add_schedule(
         self,

@@ -3,7 +3,7 @@
 pgbroker's own functions (schema ``pgbroker``) raise SQLSTATEs of class PB. The functions of
 schema ``pgmq`` raise what pgmq 1.13 raises (``P0001`` for its RAISEs, ``42P01`` for a missing
 queue, ...), so that pgmq's clients see pgmq's errors; pgbroker's code rides in their DETAIL as
-``pgbroker PB00n: <explanation>`` (sql/schema/10_queues.sql). The mapping reads that code first,
+``pgbroker PB00n: <explanation>`` (sql/functions/10_queues.sql). The mapping reads that code first,
 then the SQLSTATE: never the message text. Every exception keeps the server's message and hint,
 which name what was wrong and how to fix it; ``sqlstate`` is the code the server sent, ``code``
 pgbroker's (the same for errors of class PB).

@@ -1,5 +1,5 @@
 """The one check of queue and stream names on the Python side, the same rule as the engine's
-(``pgbroker._check_name`` in sql/schema/10_queues.sql): the client, the CLI (through the client)
+(``pgbroker._check_name`` in sql/functions/10_queues.sql): the client, the CLI (through the client)
 and the HTTP API refuse a bad name before any query, with the error the engine would raise.
 
 A queue name is 1 to 47 characters and 47 bytes of UTF-8 (its tables are q_<name> and a_<name>,

@@ -689,7 +689,7 @@ def inbound_seen_prune(seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH)
     return Query(_named("inbound_seen_prune"), params, _scalar)
 
 
-# -- schedules (sql/schema/78_schedules.sql) ------------------------------------------
+# -- schedules (sql/functions/78_schedules.sql) ------------------------------------------
 
 
 def _schedules(rows: list[Row]) -> list[Schedule]:

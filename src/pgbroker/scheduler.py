@@ -1,4 +1,4 @@
-"""The scheduler: sends the ticks of the cron schedules kept in Postgres (sql/schema/78_schedules.sql).
+"""The scheduler: sends the ticks of the cron schedules kept in Postgres (sql/functions/78_schedules.sql).
 
 A small loop: send what is due (pgbroker.schedule_tick), ask how long until the next tick of any
 schedule (pgbroker.schedule_next_wake), and sleep that long, or until a change to the schedules

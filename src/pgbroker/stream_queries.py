@@ -118,7 +118,7 @@ def stream_receive_many(
     seen_within: float,
 ) -> Query[list[tuple[str | None, int]]]:
     """Append the messages whose ids were not seen within ``seen_within`` seconds, in one
-    transaction (an inbound bridge; sql/schema/94_stream_bridge.sql). Returns (message_id, id)
+    transaction (an inbound bridge; sql/functions/94_stream_bridge.sql). Returns (message_id, id)
     per message appended; the others were duplicates. A message without an id is always appended."""
     if not len(message_ids) == len(messages) == len(headers) == len(keys):
         raise InvalidArgument("message_ids, messages, headers and keys must have one entry per message")

@@ -12,18 +12,27 @@ from psycopg import sql
 from pgbroker import Broker, NotInstalled
 from pgbroker.errors import InstallError
 from pgbroker.install import InstallResult, install, installed_version, latest_version
-from pgbroker.sql import migrations
+from pgbroker.sql import BASELINE, DEV_MINIMUM, baseline_checksum, upgrades
+from tests.integration.dev_schema import install_dev
 from tests.integration.helpers import Conn
 
 
 def applied(conn: Conn) -> list[tuple[Any, ...]]:
     return conn.execute(
-        "SELECT version, name, checksum FROM pgbroker.schema_migrations ORDER BY version"
+        "SELECT version, name, checksum FROM pgbroker.schema_version ORDER BY version"
     ).fetchall()
 
 
 def shipped() -> list[tuple[Any, ...]]:
-    return [(m.version, m.name, m.checksum) for m in migrations()]
+    return [(BASELINE, "baseline", baseline_checksum())] + [
+        (u.to_version, u.name, u.file.checksum) for u in upgrades()
+    ]
+
+
+def dev_applied(conn: Conn) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        "SELECT version, name, checksum FROM pgbroker.schema_migrations ORDER BY version"
+    ).fetchall()
 
 
 def schemas(conn: Conn) -> list[str]:
@@ -35,11 +44,11 @@ def schemas(conn: Conn) -> list[str]:
     ]
 
 
-def test_install_on_an_empty_database_applies_every_migration(empty_dsn: str) -> None:
+def test_install_on_an_empty_database_records_every_version(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert installed_version(conn) == 0
+        assert installed_version(conn) is None
         result = install(conn)
-        assert result == InstallResult(0, latest_version())
+        assert result == InstallResult(None, latest_version())
         assert result.changed
         assert applied(conn) == shipped()
         assert installed_version(conn) == latest_version()
@@ -59,7 +68,7 @@ def test_install_is_idempotent(empty_dsn: str) -> None:
 
 def test_broker_install_reports_the_versions(empty_dsn: str) -> None:
     with Broker(empty_dsn) as broker:
-        assert broker.install() == InstallResult(0, latest_version())
+        assert broker.install() == InstallResult(None, latest_version())
         assert broker.install() == InstallResult(latest_version(), latest_version())
         broker.create_queue("jobs").send("x")
 
@@ -87,51 +96,41 @@ def test_install_refuses_a_pgmq_schema_it_did_not_create(empty_dsn: str) -> None
         assert info.value.hint
         assert schemas(conn) == ["pgmq"]
         assert conn.execute("SELECT queue_name FROM pgmq.meta").fetchall() == [("theirs",)]
-        assert installed_version(conn) == 0
+        assert installed_version(conn) is None
 
 
 def test_install_refuses_to_downgrade_a_newer_schema(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO pgbroker.schema_migrations (version, name, checksum) VALUES (999, 'future', 'x')"
+            "INSERT INTO pgbroker.schema_version (version, name, checksum) VALUES ('9.9.9', 'future', 'x')"
         )
         before = applied(conn)
         with pytest.raises(InstallError, match="refusing to downgrade") as info:
             install(conn)
         assert info.value.hint
         assert applied(conn) == before
-        with pytest.raises(InstallError, match="refusing to downgrade"):
-            install(conn, target=1)
 
 
 @pytest.mark.parametrize("column", ["name", "checksum"])
 def test_install_refuses_a_schema_installed_by_another_build(dsn: str, column: str) -> None:
-    # What a database installed from another branch looks like: the same version number
-    # recorded for a different migration.
+    # What a database installed from another branch looks like: the same version recorded for
+    # a different schema.
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            sql.SQL("UPDATE pgbroker.schema_migrations SET {} = 'elsewhere' WHERE version = %s").format(
+            sql.SQL("UPDATE pgbroker.schema_version SET {} = 'elsewhere' WHERE version = %s").format(
                 sql.Identifier(column)
             ),
             (latest_version(),),
         )
         before = applied(conn)
-        with pytest.raises(InstallError, match=f"migration {latest_version()} is") as info:
+        with pytest.raises(InstallError, match=f"schema version {latest_version()} is") as info:
             install(conn)
         assert "another build of pgbroker" in str(info.value)
         assert info.value.hint
         assert applied(conn) == before
 
 
-@pytest.mark.parametrize("target", [0, -1, latest_version() + 1])
-def test_install_refuses_an_unknown_target_version(empty_dsn: str, target: int) -> None:
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        with pytest.raises(InstallError, match=f"no migration {target}"):
-            install(conn, target=target)
-        assert schemas(conn) == []
-
-
-def test_concurrent_installs_all_succeed_and_apply_each_migration_once(empty_dsn: str) -> None:
+def test_concurrent_installs_all_succeed_and_install_once(empty_dsn: str) -> None:
     installers = 5
     barrier = threading.Barrier(installers)
     results: list[InstallResult] = []
@@ -151,16 +150,16 @@ def test_concurrent_installs_all_succeed_and_apply_each_migration_once(empty_dsn
     for t in threads:
         t.join()
     assert errors == []
-    assert sorted(r.previous_version for r in results) == [0] + [latest_version()] * (installers - 1)
+    previous = [r.previous_version for r in results]
+    assert sorted(previous, key=str) == [latest_version()] * (installers - 1) + [None]
     assert {r.version for r in results} == {latest_version()}
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert applied(conn) == shipped()
 
 
-def test_upgrade_from_version_1_keeps_queues_and_messages_working(empty_dsn: str) -> None:
+def test_upgrade_from_a_development_database_keeps_queues_and_messages_working(empty_dsn: str) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        assert install(conn, target=1) == InstallResult(0, 1)
-        assert applied(conn) == shipped()[:1]
+        install_dev(conn, up_to=1)
         conn.execute("SELECT pgmq.create('jobs')")
         conn.execute("SELECT pgmq.create_unlogged('fast')")
         ids = [
@@ -176,8 +175,10 @@ def test_upgrade_from_version_1_keeps_queues_and_messages_working(empty_dsn: str
             "SELECT msg_id, read_ct, vt, message FROM pgmq.q_jobs ORDER BY msg_id"
         ).fetchall()
 
-        assert install(conn) == InstallResult(1, latest_version())
+        install_dev(conn)
+        assert install(conn) == InstallResult(f"{BASELINE}.dev{DEV_MINIMUM}", latest_version())
         assert applied(conn) == shipped()
+        assert conn.execute("SELECT to_regclass('pgbroker.schema_migrations')").fetchone() == (None,)
 
         assert (
             conn.execute("SELECT msg_id, read_ct, vt, message FROM pgmq.q_jobs ORDER BY msg_id").fetchall()
@@ -185,7 +186,7 @@ def test_upgrade_from_version_1_keeps_queues_and_messages_working(empty_dsn: str
         )
         assert conn.execute("SELECT msg_id FROM pgmq.a_jobs").fetchall() == [(ids[2],)]
         assert (leased_id, leased_ct) == (ids[0], 1)
-        # The message sent at version 1 is read with a receipt and acked through the fenced API.
+        # The message sent at development version 1 is read with a receipt and acked through the fenced API.
         [(msg_id, read_ct, receipt)] = conn.execute(
             "SELECT msg_id, read_ct, receipt FROM pgbroker.read('jobs', 60, 5)"
         ).fetchall()
@@ -203,3 +204,45 @@ def test_upgrade_from_version_1_keeps_queues_and_messages_working(empty_dsn: str
             "fast",
             "jobs",
         ]
+
+
+def test_install_refuses_a_development_database_older_than_the_baseline_starts_from(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install_dev(conn, up_to=DEV_MINIMUM - 1)
+        before = dev_applied(conn)
+        with pytest.raises(InstallError, match=f"development schema version {DEV_MINIMUM - 1}") as info:
+            install(conn)
+        assert info.value.hint
+        assert dev_applied(conn) == before
+        assert conn.execute("SELECT to_regclass('pgbroker.schema_version')").fetchone() == (None,)
+
+
+@pytest.mark.parametrize("column", ["name", "checksum"])
+def test_install_refuses_a_development_database_of_another_build(empty_dsn: str, column: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install_dev(conn)
+        conn.execute(
+            sql.SQL("UPDATE pgbroker.schema_migrations SET {} = 'elsewhere' WHERE version = %s").format(
+                sql.Identifier(column)
+            ),
+            (DEV_MINIMUM,),
+        )
+        before = dev_applied(conn)
+        with pytest.raises(InstallError, match=f"migration {DEV_MINIMUM} is") as info:
+            install(conn)
+        assert "another build of pgbroker" in str(info.value)
+        assert info.value.hint
+        assert dev_applied(conn) == before
+
+
+def test_install_refuses_a_newer_development_database(empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install_dev(conn)
+        conn.execute(
+            "INSERT INTO pgbroker.schema_migrations (version, name, checksum) VALUES (999, 'future', 'x')"
+        )
+        before = dev_applied(conn)
+        with pytest.raises(InstallError, match="refusing to downgrade") as info:
+            install(conn)
+        assert info.value.hint
+        assert dev_applied(conn) == before

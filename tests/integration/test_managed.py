@@ -18,7 +18,9 @@ from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker
 from pgbroker.errors import InstallError, MissingExtension, from_postgres
-from pgbroker.install import install, install_roles, latest_version
+from pgbroker.install import InstallResult, install, install_roles, latest_version
+from pgbroker.sql import BASELINE, DEV_MINIMUM
+from tests.integration.dev_schema import install_dev
 
 
 def _owned_database(admin_dsn: str, *privileges: str) -> Iterator[str]:
@@ -67,8 +69,8 @@ def _role(dsn: str) -> str:
 def test_install_upgrade_and_roles_without_superuser(app_dsn: str) -> None:
     role = _role(app_dsn)
     with psycopg.connect(app_dsn, autocommit=True) as conn:
-        assert install(conn, target=12).version == 12
-        assert install(conn).version == latest_version()
+        install_dev(conn)
+        assert install(conn) == InstallResult(f"{BASELINE}.dev{DEV_MINIMUM}", latest_version())
         granted = install_roles(conn, role)
     assert set(granted) == {f"{role}_producer", f"{role}_consumer", f"{role}_monitor"}
     assert all(count > 0 for count in granted.values())

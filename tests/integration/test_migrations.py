@@ -1,15 +1,17 @@
-"""The engine's two sources agree: upgrading through the migrations gives exactly the schema that a
-new database gets from sql/schema/.
+"""The engine's two ways into a database agree: upgrading gives exactly the schema that a new
+database gets from sql/structure/ and sql/functions/; and a function is changed in its file alone.
 
-A database is installed one migration at a time, with queues made at every version (so that each
-later migration must bring existing queues up to date): plain, unlogged and mixed-case queues, and
-from the version that brings them notify triggers, FIFO indexes, topic bindings, partitioned
-queues and archives (when the server has pg_partman), policies (which the generated route functions
-write in) and least-privilege roles. Another database is installed new, from the schema files, and
-gets the same queues in the same order. Their catalogs, and the rows the engine keeps about its
-queues, must be identical; so must a database upgraded from an older version in one go, by either
-driver (sync or asyncio). The tests follow ``pgbroker.sql.migrations()``, so each new migration is
-checked without editing them.
+A development database (installed before the engine was written once, by the numbered migrations
+kept in tests/data/dev_migrations/) is made one migration at a time, with queues made at every
+version (so that the upgrade must bring existing queues up to date): plain, unlogged and mixed-case
+queues, and from the version that brings them notify triggers, FIFO indexes, topic bindings,
+partitioned queues and archives (when the server has pg_partman), policies (which the generated
+route functions write in) and least-privilege roles. It is then upgraded to the current version.
+Another database is installed new and gets the same queues in the same order. Their catalogs, and
+the rows the engine keeps about its queues, must be identical; so must a development database
+upgraded in one go, by either driver (sync or asyncio). Release upgrades (sql/upgrades/) are
+followed by the same comparison once there are any: a database installed new records every
+version, so it is compared with what the upgrades make.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from pgbroker import sql as engine
 from pgbroker.install import InstallResult, install, install_async, install_roles, latest_version
-from pgbroker.sql import migrations, schema
+from pgbroker.sql import BASELINE, DEV_MINIMUM, SqlFile
+from tests.integration.dev_schema import dev_migrations, install_dev
 from tests.integration.helpers import Conn
 from tests.support.postgres import fresh_database
 
@@ -78,7 +82,10 @@ CATALOG_QUERIES: dict[str, str] = {
     "functions": """
         SELECT n.nspname, p.proname, pg_get_function_identity_arguments(p.oid), p.prokind,
                CASE WHEN p.prokind = 'a' THEN NULL ELSE pg_get_functiondef(p.oid) END,
-               p.proacl::text, obj_description(p.oid, 'pg_proc')
+               -- Grants by grantee: their order says when each was made, which does not matter (an
+               -- upgrade grants the roles' entry points again, after a queue grant made earlier).
+               (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(p.proacl) a)::text,
+               obj_description(p.oid, 'pg_proc')
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname = ANY(%(schemas)s)
         ORDER BY 1, 2, 3
@@ -142,16 +149,23 @@ CATALOG_QUERIES: dict[str, str] = {
     "dependent_extensions": """
         SELECT e.extname FROM pg_extension e ORDER BY 1
     """,
-    "migrations": """
-        SELECT version, name, checksum FROM pgbroker.schema_migrations ORDER BY version
+    "versions": """
+        SELECT version, name, checksum FROM pgbroker.schema_version ORDER BY version
     """,
+    "functions_applied": "SELECT checksum FROM pgbroker.schema_functions",
     # Rows the engine keeps about its queues and roles, less what differs by clock alone
-    # (timestamps; queue_head, which reads move at random). role_function is written by the
-    # schema and the migrations themselves.
+    # (timestamps; queue_head, which reads move at random). role_function and queue_scoped_function
+    # are written by the structure files and the upgrades themselves.
     "role_functions": """
         SELECT role_kind, function_schema, function_name FROM pgbroker.role_function ORDER BY 1, 2, 3
     """,
     "role_sets": "SELECT prefix FROM pgbroker.role_sets ORDER BY 1",
+    "queue_grants": """
+        SELECT grantee::text, role_kind, pattern, like_pattern FROM pgbroker.queue_grant ORDER BY 1, 2, 3
+    """,
+    "queue_scoped_functions": """
+        SELECT role_kind, function_schema, function_name FROM pgbroker.queue_scoped_function ORDER BY 1, 2, 3
+    """,
     "queues": "SELECT queue_name, is_partitioned, is_unlogged FROM pgmq.meta ORDER BY 1",
     "queue_policies": """
         SELECT queue_name, max_deliveries, backoff, backoff_base_seconds, backoff_max_seconds,
@@ -211,8 +225,15 @@ def create_partman(conn: Conn) -> None:
     conn.execute(sql.SQL("CREATE EXTENSION pg_partman SCHEMA {}").format(sql.Identifier(PARTMAN_SCHEMA)))
 
 
+# Queues made after the upgrade to the current version, with every feature: a development version
+# number after the last one.
+CURRENT = dev_migrations()[-1].version + 1
+# The development version that brought queue grants.
+QUEUE_SCOPES = 26
+
+
 def queues_of_version(version: int) -> list[tuple[str, str]]:
-    """The plain queues made at ``version``: (pgmq function, queue name)."""
+    """The plain queues made at development ``version`` (or CURRENT): (pgmq function, queue name)."""
     return [
         ("create", f"plain_v{version}"),
         ("create_unlogged", f"unlogged_v{version}"),
@@ -249,6 +270,12 @@ def make_queues(conn: Conn, version: int, *, roles: str | None = None) -> None:
         )
     if version == 10 and roles is not None:
         install_roles(conn, roles)
+    if version == QUEUE_SCOPES and roles is not None:
+        # A role given one queue (a server's role: the other database made it already).
+        scoped = f"{roles}_scoped"
+        if conn.execute("SELECT to_regrole(%s)", [scoped]).fetchone() == (None,):
+            conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(scoped)))
+        conn.execute("SELECT pgbroker.grant_queue_access('consumer', %s, %s)", [scoped, plain])
 
 
 @contextmanager
@@ -259,12 +286,12 @@ def role_prefix(pg_admin_dsn: str, *dsns: str) -> Iterator[str]:
     try:
         yield prefix
     finally:
-        roles = [sql.Identifier(f"{prefix}_{kind}") for kind in ("producer", "consumer", "monitor")]
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
             existing = admin.execute(
-                "SELECT count(*) FROM pg_roles WHERE rolname LIKE %s", [f"{prefix}\\_%"]
-            ).fetchone()
-        if existing != (0,):
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY 1", [f"{prefix}\\_%"]
+            ).fetchall()
+        roles = [sql.Identifier(name) for (name,) in existing]
+        if roles:
             for dsn in dsns:
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.SQL(", ").join(roles)))
@@ -291,15 +318,22 @@ def no_setup(conn: Conn) -> None:
     pass
 
 
+def ran(recorder: RecordingConnection, files: tuple[SqlFile, ...]) -> list[str]:
+    """The names of the files whose SQL the recorded install ran, in the order it ran them."""
+    by_text = {f.sql: f.name for f in files}
+    return [by_text[s] for s in recorder.statements if s in by_text]
+
+
 def install_new(dsn: str, setup: Callable[[Conn], None]) -> Conn:
     """Connect to an empty database, run ``setup``, install pgbroker, and check that it came
-    from the schema files: each of them ran, and no migration did."""
+    from the engine's files: each of them ran, once, and no upgrade did."""
     conn = psycopg.connect(dsn, autocommit=True)
     setup(conn)
     recorder = RecordingConnection(conn)
-    assert install(cast(Conn, recorder)) == InstallResult(0, latest_version())
-    assert [f.sql for f in schema()] == [s for s in recorder.statements if s in {f.sql for f in schema()}]
-    assert not {m.sql for m in migrations()} & set(recorder.statements)
+    assert install(cast(Conn, recorder)) == InstallResult(None, latest_version())
+    assert ran(recorder, engine.new_install()) == [f.name for f in engine.new_install()]
+    upgrades = (*(u.file for u in engine.upgrades()), engine.dev_upgrade())
+    assert ran(recorder, upgrades) == []
     return conn
 
 
@@ -313,10 +347,10 @@ def other_empty_dsn(pg_admin_dsn: str) -> Iterator[str]:
         yield fresh
 
 
-def test_upgrading_one_migration_at_a_time_gives_the_schema_of_a_new_install(
+def test_a_development_database_upgraded_gives_the_schema_of_a_new_install(
     pg_admin_dsn: str, empty_dsn: str, other_empty_dsn: str
 ) -> None:
-    versions = [m.version for m in migrations()]
+    versions = [m.version for m in dev_migrations()]
     with ExitStack() as stack:
         prefix = stack.enter_context(role_prefix(pg_admin_dsn, empty_dsn, other_empty_dsn))
         upgraded = stack.enter_context(psycopg.connect(empty_dsn, autocommit=True))
@@ -324,66 +358,90 @@ def test_upgrading_one_migration_at_a_time_gives_the_schema_of_a_new_install(
         if partman:
             create_partman(upgraded)
         for version in versions:
-            install(upgraded, target=version)
+            install_dev(upgraded, version)
             make_queues(upgraded, version, roles=prefix)
+        assert install(upgraded) == InstallResult(f"{BASELINE}.dev{versions[-1]}", latest_version())
+        make_queues(upgraded, CURRENT)
         upgraded_catalog = catalog_snapshot(upgraded)
 
         fresh = stack.enter_context(install_new(other_empty_dsn, create_partman if partman else no_setup))
-        for version in versions:
+        for version in [*versions, CURRENT]:
             make_queues(fresh, version, roles=prefix)
         fresh_catalog = catalog_snapshot(fresh)
 
     # The snapshots see what was made: every queue, the routes holding them, the roles' grants.
-    assert len(upgraded_catalog["queues"]) == 3 * len(versions) + (len(versions) - 5 if partman else 0)
+    made = len(versions) + 1
+    assert len(upgraded_catalog["queues"]) == 3 * made + (made - 5 if partman else 0)
     routes = [row for row in upgraded_catalog["functions"] if row[1] in ROUTE_FUNCTIONS]
     assert [row[1] for row in routes] == sorted(ROUTE_FUNCTIONS)
-    assert all(f"plain_v{versions[-1]}" in row[4] for row in routes)
+    assert all(f"plain_v{CURRENT}" in row[4] for row in routes)
     assert any(f"{prefix}_consumer=X" in (row[5] or "") for row in upgraded_catalog["functions"])
     assert len(upgraded_catalog["role_sets"]) == 1
+    assert [row[2] for row in upgraded_catalog["queue_grants"]] == [f"plain_v{QUEUE_SCOPES}"]
+    assert any(f"{prefix}_scoped=X" in (row[5] or "") for row in upgraded_catalog["functions"])
     if partman:
         assert any(row[0].startswith("pgmq.a_unlogged_v") for row in upgraded_catalog["partman_config"])
     assert_same_catalog(upgraded_catalog, fresh_catalog)
 
 
-@pytest.mark.parametrize("start", [1, latest_version() - 2])
-def test_upgrading_an_older_install_in_one_go_gives_the_schema_of_a_new_install(
-    empty_dsn: str, other_empty_dsn: str, start: int
+def install_by(driver: str, dsn: str) -> InstallResult:
+    """install() or install_async() on a new connection to ``dsn``."""
+    if driver == "sync":
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return install(conn)
+
+    async def run() -> InstallResult:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            return await install_async(conn)
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("driver", ["sync", "asyncio"])
+def test_a_development_database_upgraded_in_one_go_gives_the_schema_of_a_new_install(
+    empty_dsn: str, other_empty_dsn: str, driver: str
 ) -> None:
     with psycopg.connect(empty_dsn, autocommit=True) as upgraded:
-        install(upgraded, target=start)
-        make_queues(upgraded, start)
-        assert install(upgraded).previous_version == start
-        make_queues(upgraded, latest_version())
+        install_dev(upgraded)
+        make_queues(upgraded, DEV_MINIMUM)
+    assert install_by(driver, empty_dsn) == InstallResult(f"{BASELINE}.dev{DEV_MINIMUM}", latest_version())
+    with psycopg.connect(empty_dsn, autocommit=True) as upgraded:
+        make_queues(upgraded, CURRENT)
         upgraded_catalog = catalog_snapshot(upgraded)
     with install_new(other_empty_dsn, no_setup) as fresh:
-        make_queues(fresh, start)
-        make_queues(fresh, latest_version())
+        make_queues(fresh, DEV_MINIMUM)
+        make_queues(fresh, CURRENT)
         fresh_catalog = catalog_snapshot(fresh)
     assert_same_catalog(upgraded_catalog, fresh_catalog)
 
 
-@pytest.mark.parametrize("start", [0, latest_version() - 2])
-def test_the_asyncio_installer_installs_and_upgrades_to_the_same_schema(
-    empty_dsn: str, other_empty_dsn: str, start: int
-) -> None:
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(empty_dsn, autocommit=True) as conn:
-            if start:
-                await install_async(conn, target=start)
-            assert await install_async(conn) == InstallResult(start, latest_version())
+def test_a_development_database_keeps_pg_monitor_reading_payloads_when_it_was_allowed(empty_dsn: str) -> None:
+    """Before 0025 pg_monitor read every queue table, and the upgrade takes that back (the catalog
+    comparisons above); after it, reading them is an operator's choice, which the upgrade keeps."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install_dev(conn, dev_migrations()[-1].version)
+        conn.execute("SELECT pgmq.create('watched')")
+        conn.execute("SELECT pgbroker.grant_pg_monitor_payloads(true)")
+        install(conn)
+        conn.execute("SELECT pgmq.create('watched_later')")
+        for table in ("pgmq.q_watched", "pgmq.a_watched", "pgmq.q_watched_later"):
+            row = conn.execute("SELECT has_table_privilege('pg_monitor', %s, 'SELECT')", [table]).fetchone()
+            assert row == (True,), table
 
-    asyncio.run(run())
+
+def test_the_asyncio_installer_installs_the_same_schema(empty_dsn: str, other_empty_dsn: str) -> None:
+    assert install_by("asyncio", empty_dsn) == InstallResult(None, latest_version())
     with psycopg.connect(empty_dsn, autocommit=True) as installed:
-        make_queues(installed, latest_version())
+        make_queues(installed, CURRENT)
         installed_catalog = catalog_snapshot(installed)
     with install_new(other_empty_dsn, no_setup) as fresh:
-        make_queues(fresh, latest_version())
+        make_queues(fresh, CURRENT)
         assert_same_catalog(installed_catalog, catalog_snapshot(fresh))
 
 
 def test_installing_again_changes_no_catalog_object(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        make_queues(conn, latest_version())
+        make_queues(conn, CURRENT)
         before = catalog_snapshot(conn)
         install(conn)
         assert_same_catalog(catalog_snapshot(conn), before)
@@ -402,3 +460,90 @@ def test_snapshot_notices_a_changed_function_body(dsn: str) -> None:
     assert {k: v for k, v in before.items() if k != "functions"} == {
         k: v for k, v in after.items() if k != "functions"
     }
+
+
+# -- functions: written once, re-applied when they change -------------------------------------
+
+EDITED_FUNCTION = "pgmq.format_table_name(text,text)"
+BODY_LINE = (
+    "    PERFORM pgbroker._pgmq_check_characters(queue_name);\n    RETURN lower(prefix || '_' || queue_name);"
+)
+EDIT = (BODY_LINE, BODY_LINE + "  -- edited")
+
+
+def edit_functions() -> tuple[SqlFile, ...]:
+    """The function files with one line of one function's body changed, as a developer would."""
+    files = engine.functions()
+    assert sum(f.sql.count(EDIT[0]) for f in files) == 1
+    return tuple(SqlFile(f.name, f.sql.replace(*EDIT)) for f in files)
+
+
+def definition(conn: Conn, signature: str) -> tuple[str, bool, list[str] | None]:
+    """A function's definition, whether it is SECURITY DEFINER, and its settings."""
+    row = conn.execute(
+        "SELECT pg_get_functiondef(%s::regprocedure), prosecdef, proconfig FROM pg_proc"
+        " WHERE oid = %s::regprocedure",
+        [signature, signature],
+    ).fetchone()
+    assert row is not None
+    return cast(tuple[str, bool, list[str] | None], row)
+
+
+def test_installing_again_runs_no_function_file_when_none_changed(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        recorder = RecordingConnection(conn)
+        assert install(cast(Conn, recorder)) == InstallResult(latest_version(), latest_version())
+        assert ran(recorder, engine.functions()) == []
+
+
+def test_an_edited_function_reaches_an_installed_database_on_the_next_install(
+    pg_admin_dsn: str, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with role_prefix(pg_admin_dsn, dsn) as prefix, psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgmq.create('jobs')")
+        install_roles(conn, prefix)
+        send = "pgmq.send(text,jsonb,integer)"
+        entry_point = definition(conn, send)
+        assert entry_point[1], "grant_roles makes a role's entry points SECURITY DEFINER"
+        assert EDIT[1] not in definition(conn, EDITED_FUNCTION)[0]
+        routes_before = catalog_snapshot(conn)["functions"]
+
+        edited_functions = edit_functions()
+        monkeypatch.setattr(engine, "functions", lambda: edited_functions)
+        recorder = RecordingConnection(conn)
+        assert install(cast(Conn, recorder)) == InstallResult(latest_version(), latest_version())
+
+        # Every function file ran again, and the edit is installed: no upgrade was written for it.
+        assert ran(recorder, edited_functions) == [f.name for f in edited_functions]
+        assert EDIT[1] in definition(conn, EDITED_FUNCTION)[0]
+        # What CREATE OR REPLACE resets is restored: the roles' entry points, the routes.
+        assert definition(conn, send) == entry_point
+        routes_after = catalog_snapshot(conn)["functions"]
+        assert [r for r in routes_after if r[1] in ROUTE_FUNCTIONS] == [
+            r for r in routes_before if r[1] in ROUTE_FUNCTIONS
+        ]
+        assert conn.execute("SELECT pgmq.send('jobs', '1')").fetchone() == (1,)
+        # Once applied, the edited files are not run again.
+        recorder = RecordingConnection(conn)
+        install(cast(Conn, recorder))
+        assert ran(recorder, edited_functions) == []
+
+
+def test_an_edited_stream_template_reaches_the_streams_there_are(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each stream has functions of its own, written from templates in 92_streams.sql: the function
+    files write them again, so they follow a change of the template as the routes do."""
+    stream_insert = "            RETURNING l.id;$F$,"
+    edit = (stream_insert, "            RETURNING l.id;  -- edited$F$,")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgbroker.create_stream('events')")
+        assert edit[1].strip() not in definition(conn, "pgbroker.s_events_send(jsonb[],jsonb[],text[])")[0]
+        files = engine.functions()
+        assert sum(f.sql.count(stream_insert) for f in files) == 1
+        edited = tuple(SqlFile(f.name, f.sql.replace(*edit)) for f in files)
+        monkeypatch.setattr(engine, "functions", lambda: edited)
+        install(conn)
+        assert "-- edited" in definition(conn, "pgbroker.s_events_send(jsonb[],jsonb[],text[])")[0]
+        assert "-- edited" in definition(conn, "pgbroker._stream_send_to(text,jsonb[],jsonb[],text[])")[0]
+        assert conn.execute("SELECT pgbroker.stream_send('events', '1')").fetchone() == (1,)

@@ -1,4 +1,4 @@
-"""Peek (sql/schema/77_peek.sql): every message of a queue with its state, or its dead letters,
+"""Peek (sql/functions/77_peek.sql): every message of a queue with its state, or its dead letters,
 filtered and paged by msg_id, without changing anything: no read count, no lease, no lock."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Database roles scoped to queues (sql/schema/15_scopes.sql), used by real LOGIN users: a role
+"""Database roles scoped to queues (sql/functions/15_scopes.sql), used by real LOGIN users: a role
 granted a kind on ``orders*`` does that kind on those queues, whatever their letter case, and is
 refused (42501) on every other queue, by every entry point, and changes nothing there."""
 
@@ -331,6 +331,24 @@ def test_grants_survive_an_upgrade(dsn: str, conn: Conn, scoped: dict[str, str])
     assert refusal(login(dsn, scoped["consumer"]), statement) == "42501"
     install(conn)
     assert refusal(login(dsn, scoped["consumer"]), statement) is None
+
+
+def test_grants_survive_the_function_files_applied_again(
+    dsn: str, conn: Conn, scoped: dict[str, str]
+) -> None:
+    # The database last ran other function files (another package version's): the install applies
+    # them again, which resets the entry points to SECURITY INVOKER, and the scoped roles keep
+    # their grants and their queues.
+    conn.execute(
+        sql.SQL("REVOKE EXECUTE ON FUNCTION pgmq.read(text, integer, integer, jsonb) FROM {}").format(
+            sql.Identifier(scoped["consumer"])
+        )
+    )
+    conn.execute("UPDATE pgbroker.schema_functions SET checksum = 'another version'")
+    install(conn)
+    assert refusal(login(dsn, scoped["consumer"]), "SELECT * FROM pgmq.read('orders-eu', 30, 1)") is None
+    assert refusal(login(dsn, scoped["consumer"]), "SELECT * FROM pgmq.read('billing', 30, 1)") == "42501"
+    assert refusal(login(dsn, scoped["producer"]), "SELECT pgmq.send('orders-eu', '{}')") is None
 
 
 def test_a_member_of_a_granted_group_role_is_scoped_too(dsn: str, conn: Conn, scoped: dict[str, str]) -> None:

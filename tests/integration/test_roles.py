@@ -154,9 +154,11 @@ def test_roles_are_idempotent_and_survive_an_upgrade(users: dict[str, str], jobs
     first = install_roles(conn, prefix)
     assert install_roles(conn, prefix) == first
     assert set(first) == {f"{prefix}_{kind}" for kind in KINDS}
-    # A migration that redefines an entry point resets it to SECURITY INVOKER: the producer
-    # loses sending (and gains nothing); the next install grants it again.
+    # Function files that redefine an entry point reset it to SECURITY INVOKER: the producer
+    # loses sending (and gains nothing); the install that applies them grants it again. Here the
+    # database last ran other function files (another package version's).
     conn.execute("ALTER FUNCTION pgmq.send(text, jsonb) SECURITY INVOKER")
+    conn.execute("UPDATE pgbroker.schema_functions SET checksum = 'another version'")
     assert denied(users["producer"], "SELECT pgmq.send('jobs', '{}')")
     install(conn)
     assert not denied(users["producer"], "SELECT pgmq.send('jobs', '{}')")
@@ -175,7 +177,7 @@ def test_grants_are_exactly_the_listed_entry_points(users: dict[str, str], conn:
             " WHERE n.nspname IN ('pgmq', 'pgbroker') AND p.prosecdef"
         )
     }
-    # Two internal definers rewrite the routes (migration 0014) whoever creates a queue; no role
+    # Two internal definers rewrite the routes (90_routes.sql) whoever creates a queue; no role
     # may call them (checked with the rest below).
     internal = {"pgbroker._write_routes()", "pgbroker._routes_changed()"}
     assert definers == set().union(*listed.values()) | internal

@@ -1,4 +1,4 @@
-"""Cron schedules in the engine (sql/schema/78_schedules.sql): the cron grammar, next ticks in
+"""Cron schedules in the engine (sql/functions/78_schedules.sql): the cron grammar, next ticks in
 time zones across daylight saving changes, one message per tick however many schedulers tick at
 once, catching up on the last missed tick only, pause and resume, refused sends, and the
 Scheduler loop of the clients.

@@ -1,5 +1,7 @@
-"""sql/schema/ is where a reader finds the engine: every function of schemas pgmq and pgbroker is
-defined there exactly once, except the route functions pgbroker._write_routes generates.
+"""sql/functions/ is where a reader finds the engine's code: every function of schemas pgmq and
+pgbroker is defined exactly once in the whole tree of engine SQL (structure/, functions/,
+upgrades/), in functions/ and with CREATE OR REPLACE, so that it can run again on every install;
+except the route functions pgbroker._write_routes generates.
 
 Definitions are found in the files' text at the top level (outside comments, string literals and
 function bodies, so the CREATE statements the route writer runs do not count), and each is
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from pgbroker.sql import schema
+from pgbroker import sql
+from pgbroker.sql import SqlFile
 from tests.integration.helpers import Conn
 
 # What the route writer generates (see 90_routes.sql): created at install and rewritten whenever
@@ -24,7 +27,7 @@ GENERATED = {("pgbroker", f"_route_{op}") for op in ("ack", "deliver", "pop", "r
 }
 
 _CREATE = re.compile(
-    r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+(\w+)\s*\.\s*(\w+|\"\w+\")\s*\(", re.IGNORECASE
+    r"\bCREATE\s+(OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+(\w+)\s*\.\s*(\w+|\"\w+\")\s*\(", re.IGNORECASE
 )
 # Not after a word character: x$1$ is no quote.
 _DOLLAR_QUOTE = re.compile(r"(?<![\w$])\$(?:[A-Za-z_]\w*)?\$")
@@ -38,6 +41,7 @@ class Definition:
     schema: str
     name: str
     arg_types: tuple[str, ...]
+    or_replace: bool
 
     @property
     def signature(self) -> str:
@@ -109,10 +113,15 @@ def _input_type(arg: str) -> str | None:
     return " ".join(words[1:])
 
 
+def engine_files() -> tuple[SqlFile, ...]:
+    """Every file of engine SQL in the package."""
+    return (*sql.new_install(), *(u.file for u in sql.upgrades()), sql.dev_upgrade())
+
+
 def definitions() -> list[Definition]:
     found = []
-    for schema_file in schema():
-        text = top_level(schema_file.sql)
+    for engine_file in engine_files():
+        text = top_level(engine_file.sql)
         for match in _CREATE.finditer(text):
             depth, end = 0, match.end() - 1
             for end in range(match.end() - 1, len(text)):
@@ -122,11 +131,12 @@ def definitions() -> list[Definition]:
             types = [_input_type(a) for a in _split_args(text[match.end() : end])]
             found.append(
                 Definition(
-                    schema_file.name,
+                    engine_file.name,
                     text.count("\n", 0, match.start()) + 1,
-                    match[1].lower(),
-                    match[2].strip('"').lower(),
+                    match[2].lower(),
+                    match[3].strip('"').lower(),
                     tuple(t for t in types if t is not None),
+                    match[1] is not None,
                 )
             )
     return found
@@ -148,11 +158,16 @@ def test_top_level_ignores_bodies_comments_and_literals() -> None:
         "-- CREATE FUNCTION a.b()\nCREATE FUNCTION x.y(v text DEFAULT 'CREATE FUNCTION c.d(') "
         "RETURNS void AS $F$ CREATE FUNCTION e.f() $F$;\nSELECT $$it''s$$, 'x''CREATE FUNCTION g.h()';"
     )
-    assert [m[1] + "." + m[2] for m in _CREATE.finditer(top_level(text))] == ["x.y"]
+    assert [m[2] + "." + m[3] for m in _CREATE.finditer(top_level(text))] == ["x.y"]
     assert len(top_level(text)) == len(text)
 
 
-def test_no_function_is_defined_twice_in_the_schema_files(dsn: str) -> None:
+def test_every_definition_is_a_create_or_replace_in_the_function_files() -> None:
+    misplaced = [str(d) for d in definitions() if not d.file.startswith("functions/") or not d.or_replace]
+    assert misplaced == []
+
+
+def test_no_function_is_defined_twice_in_the_engine_files(dsn: str) -> None:
     found = definitions()
     assert len(found) > 150  # the parser sees the definitions
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -162,7 +177,7 @@ def test_no_function_is_defined_twice_in_the_schema_files(dsn: str) -> None:
     assert twice == []
 
 
-def test_every_installed_function_is_defined_once_in_the_schema_files(dsn: str) -> None:
+def test_every_installed_function_is_defined_once_in_the_engine_files(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         defined = set(resolve(conn, definitions()).values())
         installed = conn.execute(

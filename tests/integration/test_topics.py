@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 from pgbroker.errors import from_postgres
 from pgbroker.install import install
 from tests.compat.reference import create_reference_database, drop_database
+from tests.integration.dev_schema import install_dev
 from tests.integration.helpers import Conn, describe, jsonb_array, q_ids, q_rows
 from tests.support.postgres import dsn_for_db
 
@@ -601,16 +602,19 @@ def test_validation_accepts_and_refuses_exactly_what_the_reference_does(conn: Co
 
 
 def test_bindings_made_before_0015_keep_amqps_hash(empty_dsn: str) -> None:
-    """Until migration 0015 '#' was AMQP's; an upgrade must not change where messages go, so
-    bindings with a '#' word become AMQP bindings. Others are compiled again the pgmq way."""
+    """Until development migration 0015 '#' was AMQP's; an upgrade must not change where messages
+    go, so bindings with a '#' word become AMQP bindings. Others are compiled again the pgmq way.
+    (A database from before 0015 is upgraded by the development migrations to 24, then to the
+    baseline.)"""
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        install(conn, target=14)
+        install_dev(conn, up_to=14)
         create(conn, "logs", "audit", "exact")
         bind(conn, "logs.#", "logs")
         bind(conn, "#.audit", "audit")
         bind(conn, "a.*", "exact")
         bind(conn, "user-#", "exact")  # '#' inside a word: the same in both meanings
         before = {key: routed(conn, key) for key in ("logs", "logs.x", "audit", "x.audit", "a.b", "user-1")}
+        install_dev(conn)
         install(conn)
         assert {key: routed(conn, key) for key in before} == before
         amqp = conn.execute(

@@ -1,4 +1,4 @@
-"""The stream engine's SQL (sql/schema/92_streams.sql), one session or a few interleaved: sends
+"""The stream engine's SQL (sql/functions/92_streams.sql), one session or a few interleaved: sends
 only insert, groups read every committed message once in order per key, a late commit is never
 skipped, acks are fenced by the partition's epoch, failures go to the retry queue under its
 policy, retention truncates child tables and leaves no dead tuple."""

@@ -12,6 +12,7 @@ import pytest
 
 from pgbroker import InvalidArgument, InvalidMessage, Message, Receipt, sql
 from pgbroker import queries as q
+from tests.integration.dev_schema import dev_migrations
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
@@ -217,9 +218,23 @@ def test_extend_many_decodes_a_receipt_per_msg_id() -> None:
     assert decoded == {1: Receipt(1, 1, 50), 2: Receipt(2, 1, 60)}
 
 
-def test_migrations_run_from_1_without_gaps_and_have_stable_checksums() -> None:
-    found = sql.migrations()
+def test_the_development_history_is_the_frozen_migrations() -> None:
+    found = sql.dev_history()
+    assert [(m.version, m.name, m.checksum) for m in found] == [
+        (m.version, m.name, m.checksum) for m in dev_migrations()
+    ]
     assert [m.version for m in found] == list(range(1, len(found) + 1))
     assert all(re.fullmatch(r"[0-9a-f]{64}", m.checksum) for m in found)
-    assert len({m.checksum for m in found}) == len(found)
+    assert len(found) >= sql.DEV_MINIMUM
     assert found[0].name == "pgmq_core"
+
+
+def test_a_new_install_runs_a_concerns_structure_before_its_functions() -> None:
+    names = [f.name for f in sql.new_install()]
+    assert sorted(names) == sorted(f.name for f in (*sql.structure(), *sql.functions()))
+    assert names[0] == "structure/10_queues.sql"
+    order = [names.index(n) for n in ("functions/10_queues.sql", "structure/20_policies.sql")]
+    assert order == sorted(order)
+    # pgmq.topic_bindings checks its patterns with functions of 71_topic_patterns.sql.
+    assert names.index("functions/71_topic_patterns.sql") < names.index("structure/72_topics.sql")
+    assert sql.current_version() == sql.known_versions()[-1] == sql.BASELINE

@@ -1,7 +1,7 @@
 """``pgbroker grant``, ``revoke`` and ``grants``: database roles scoped to queues.
 
 A grant lets an existing role act as a producer, consumer or monitor on the queues whose names
-match a glob, and on no other (sql/schema/15_scopes.sql). It needs the roles of
+match a glob, and on no other (sql/functions/15_scopes.sql). It needs the roles of
 ``pgbroker install --roles``.
 """
 

@@ -1,5 +1,5 @@
 """``pgbroker peek``: look at a queue's messages (waiting, delayed, in flight, or its dead letters)
-without changing them: no lease, no read count, no lock (see sql/schema/77_peek.sql).
+without changing them: no lease, no read count, no lock (see sql/functions/77_peek.sql).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
     result = broker.install()
     if not result.changed:
         print(f"already at version {result.version}")
-    elif result.previous_version == 0:
+    elif result.previous_version is None:
         print(f"installed version {result.version} (was not installed)")
     else:
         print(f"installed version {result.version} (was {result.previous_version})")

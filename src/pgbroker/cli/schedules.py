@@ -1,5 +1,5 @@
 """``pgbroker schedule add|list|remove|pause|resume`` and ``pgbroker scheduler``: cron schedules kept
-in Postgres that send a message to a queue at every tick (sql/schema/78_schedules.sql).
+in Postgres that send a message to a queue at every tick (sql/functions/78_schedules.sql).
 
 Every ``pgbroker worker`` also runs a scheduler; ``pgbroker scheduler`` runs one alone. However
 many run, each tick is sent once.

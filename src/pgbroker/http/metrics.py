@@ -97,7 +97,7 @@ class _QueueCollector(Collector):
 
 
 class _ScheduleCollector(Collector):
-    """The cron schedules (sql/schema/78_schedules.sql): when each ticks next and ticked last. An
+    """The cron schedules (sql/functions/78_schedules.sql): when each ticks next and ticked last. An
     alert on ``time() - pgbroker_schedule_next_run_timestamp_seconds > 60`` finds schedules no
     scheduler is sending."""
 

@@ -1,5 +1,5 @@
 """Lag per stream and consumer group, for /metrics (Prometheus) and the dashboard's feed, from
-pgbroker.stream_groups() of every stream (sql/schema/92_streams.sql)."""
+pgbroker.stream_groups() of every stream (sql/functions/92_streams.sql)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ without claim tables, and batch reads of a range of ids.
 An offset is {"stream", "group", "ids"}: ids[p] is the last id of partition p the query has
 reached. The micro-batch after offset s holds, in each partition p, the rows with
 s.ids[p] < id <= e.ids[p]. An end never passes the stream's safe id (every id at or below it is
-committed or rolled back for good, see sql/schema/92_streams.sql), and nothing below it changes
+committed or rolled back for good, see sql/functions/92_streams.sql), and nothing below it changes
 but by retention; Spark's checkpoint holds the offsets, so a batch read again after a crash reads
 the same rows. Once Spark has committed a batch, its ends become the group's acked_id
 (pgbroker.spark_stream_commit): lag metrics and retention see the query as any consumer, and a

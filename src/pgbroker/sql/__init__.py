@@ -1,12 +1,38 @@
-"""The SQL that defines pgbroker: the engine's schema, its migrations, and the client's named queries.
+"""The SQL that defines pgbroker: the engine, its upgrades, and the client's named queries.
 
-schema/*.sql is the engine as it is now, by concern; a new database is installed from it.
-migrations/*.sql are the deltas that bring a database installed by an earlier version up to
-date. tests/integration/test_migrations.py proves that both give the same catalog.
+The engine is written once, PgQ's way (structure/10_queues.sql's header has the layout):
 
-Queue semantics live only in these files. Python loads them as LiteralString,
-so the types say that no query text is ever built from values
-(mypy reads LiteralString as str; pyright checks it).
+- ``structure/NN_<concern>.sql``: schemas, tables, types, indexes and seed rows, run once, when
+  pgbroker is installed into a new database;
+- ``functions/NN_<concern>.sql``: every function, view and trigger, ``CREATE OR REPLACE``, run at
+  that install and again by any install or upgrade that finds them changed;
+- ``upgrades/<from>-to-<to>.sql``: what a release changes in tables and types, plus a DROP for
+  each function it removes or re-signatures (CREATE OR REPLACE cannot change a function's
+  arguments or result type); named by the releases it goes between, from the 0.1.0 baseline on;
+- ``upgrades/dev-to-0.1.0.sql``: how a development database, installed before this layout by
+  numbered migrations, maps onto the baseline (its header lists the history it accepts).
+
+Recipes:
+
+- Change what a function does: edit its functions/ file. Nothing else.
+- Add, re-signature or remove a function: edit its functions/ file; for a removal or a new
+  signature, also DROP the old one in the next release's upgrade.
+- Change a table or type: edit its structure/ file (what a new database gets) and make the same
+  change in ``upgrades/<released>-to-<next>.sql`` (what an existing one gets), creating that file
+  for the first change after a release. tests/integration/test_migrations.py proves that the two
+  give the same catalog.
+- Fold in a numbered development migration (0027, ... written before this layout): its
+  table and type changes go into structure/ and into dev-to-0.1.0.sql (there, written to run
+  also on a database that already has them, since development databases stand at 24 or later);
+  its function changes are just the functions/ files, each function's new definition replacing
+  the old, and a function it drops or re-signatures gets a DROP FUNCTION IF EXISTS in
+  dev-to-0.1.0.sql; its line goes into the history in dev-to-0.1.0.sql's header and its file into
+  tests/data/dev_migrations/.
+- After any change: ``make schema-dump`` refreshes docs/reference/schema.sql and
+  route-example.sql, which a test keeps fresh.
+
+Queue semantics live only in these files. Python loads them as LiteralString, so the types say
+that no query text is ever built from values (mypy reads LiteralString as str; pyright checks it).
 """
 
 from __future__ import annotations
@@ -18,56 +44,165 @@ from functools import cache
 from importlib import resources
 from typing import LiteralString
 
-_MIGRATION_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+# The release the layout starts from: a new database, or a development one, is installed at it.
+BASELINE = "0.1.0"
+
 # The two-digit prefix is the load order: a file may use what earlier ones define.
-_SCHEMA_FILE = re.compile(r"^\d{2}_[a-z0-9_]+\.sql$")
+_ENGINE_FILE = re.compile(r"^(\d{2})_[a-z0-9_]+\.sql$")
+_UPGRADE_FILE = re.compile(r"^(\d+\.\d+\.\d+)-to-(\d+\.\d+\.\d+)\.sql$")
+_DEV_UPGRADE = "dev-to-0.1.0.sql"
 _QUERY_HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 
 
+def _checksum(*texts: str) -> str:
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode())
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
-class Migration:
-    version: int
-    name: str
+class SqlFile:
+    name: str  # relative to sql/, such as "functions/10_queues.sql"
     sql: LiteralString
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()
+        return _checksum(self.sql)
+
+
+def _engine_files(folder: str) -> tuple[SqlFile, ...]:
+    found = []
+    for entry in resources.files(__package__).joinpath(folder).iterdir():
+        if _ENGINE_FILE.match(entry.name):
+            sql: LiteralString = entry.read_text(encoding="utf-8")
+            found.append(SqlFile(f"{folder}/{entry.name}", sql))
+    if not found:
+        raise RuntimeError(f"no SQL files found: the package was installed without sql/{folder}/*.sql")
+    return tuple(sorted(found, key=lambda f: f.name))
 
 
 @cache
-def migrations() -> tuple[Migration, ...]:
-    """Every migration shipped with this package, in version order."""
-    found = []
-    for entry in resources.files(__package__).joinpath("migrations").iterdir():
-        match = _MIGRATION_FILE.match(entry.name)
-        if match:
-            sql: LiteralString = entry.read_text(encoding="utf-8")
-            found.append(Migration(int(match[1]), match[2], sql))
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migration versions must run 1..n without gaps, found {versions}")
-    return tuple(found)
+def structure() -> tuple[SqlFile, ...]:
+    """The engine's tables, types and other DDL, the files of structure/ in load order."""
+    return _engine_files("structure")
+
+
+@cache
+def functions() -> tuple[SqlFile, ...]:
+    """The engine's functions, views and triggers, the files of functions/ in load order."""
+    return _engine_files("functions")
+
+
+def new_install() -> tuple[SqlFile, ...]:
+    """What a new database runs: both kinds of file by prefix, a concern's structure first."""
+
+    def load_order(f: SqlFile) -> tuple[str, bool]:
+        folder, name = f.name.split("/")
+        return name, folder == "functions"
+
+    return tuple(sorted((*structure(), *functions()), key=load_order))
+
+
+def functions_checksum() -> str:
+    """Identifies the function files as a whole: a database that recorded another value runs them
+    again."""
+    return _checksum(*(f.name + "\n" + f.sql for f in functions()))
+
+
+def structure_checksum() -> str:
+    """Identifies the structure files as a whole: what the current version's tables are."""
+    return _checksum(*(f.name + "\n" + f.sql for f in structure()))
+
+
+# The structure checksum every database at BASELINE records. None while no upgrade exists, since
+# structure/ is then the baseline itself; whoever writes the first upgrade sets it to the value
+# structure_checksum() had before (it is in every 0.1.0 database), as structure/ then moves on.
+_BASELINE_CHECKSUM: str | None = None
+
+
+def baseline_checksum() -> str:
+    return _BASELINE_CHECKSUM or structure_checksum()
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """A release's sort key: "0.10.0" comes after "0.9.0"."""
+    return tuple(int(part) for part in version.split("."))
 
 
 @dataclass(frozen=True)
-class SchemaFile:
-    name: str
-    sql: LiteralString
+class Upgrade:
+    from_version: str
+    to_version: str
+    file: SqlFile
+
+    @property
+    def name(self) -> str:
+        return f"{self.from_version}-to-{self.to_version}"
+
+
+def _upgrade_file(name: str) -> SqlFile:
+    sql: LiteralString = resources.files(__package__).joinpath("upgrades", name).read_text(encoding="utf-8")
+    return SqlFile(f"upgrades/{name}", sql)
 
 
 @cache
-def schema() -> tuple[SchemaFile, ...]:
-    """The engine's current definition, the files of schema/ in load order."""
-    found = []
-    for entry in resources.files(__package__).joinpath("schema").iterdir():
-        if _SCHEMA_FILE.match(entry.name):
-            sql: LiteralString = entry.read_text(encoding="utf-8")
-            found.append(SchemaFile(entry.name, sql))
-    if not found:
-        raise RuntimeError("no schema files found: the package was installed without sql/schema/*.sql")
-    return tuple(sorted(found, key=lambda f: f.name))
+def upgrades() -> tuple[Upgrade, ...]:
+    """The release upgrades, a chain from BASELINE to the current version."""
+    by_start: dict[str, Upgrade] = {}
+    for entry in resources.files(__package__).joinpath("upgrades").iterdir():
+        match = _UPGRADE_FILE.match(entry.name)
+        if match:
+            by_start[match[1]] = Upgrade(match[1], match[2], _upgrade_file(entry.name))
+    chain, version = [], BASELINE
+    while version in by_start:
+        step = by_start.pop(version)
+        if version_key(step.to_version) <= version_key(version):
+            raise RuntimeError(f"upgrade {step.name} does not go forward")
+        chain.append(step)
+        version = step.to_version
+    if by_start:
+        raise RuntimeError(f"upgrades not on the chain from {BASELINE}: {sorted(by_start)}")
+    if chain and _BASELINE_CHECKSUM is None:
+        raise RuntimeError("an upgrade exists: pin the baseline's structure checksum in _BASELINE_CHECKSUM")
+    return tuple(chain)
+
+
+def current_version() -> str:
+    """The schema version this package installs."""
+    chain = upgrades()
+    return chain[-1].to_version if chain else BASELINE
+
+
+def known_versions() -> tuple[str, ...]:
+    return (BASELINE, *(u.to_version for u in upgrades()))
+
+
+@dataclass(frozen=True)
+class DevMigration:
+    version: int
+    name: str
+    checksum: str
+
+
+_DEV_HISTORY_LINE = re.compile(r"^-- history: (\d{4}) ([a-z0-9_]+) ([0-9a-f]{64})$", re.MULTILINE)
+
+
+@cache
+def dev_history() -> tuple[DevMigration, ...]:
+    """The numbered migrations a development database may have applied, as the header of
+    dev-to-0.1.0.sql lists them."""
+    rows = _DEV_HISTORY_LINE.findall(dev_upgrade().sql)
+    return tuple(DevMigration(int(version), name, checksum) for version, name, checksum in rows)
+
+
+# The last of the numbered migrations before the baseline that every development database has.
+DEV_MINIMUM = 24
+
+
+def dev_upgrade() -> SqlFile:
+    """The upgrade of a development database to BASELINE."""
+    return _upgrade_file(_DEV_UPGRADE)
 
 
 @cache

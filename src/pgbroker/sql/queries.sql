@@ -184,7 +184,7 @@ SELECT message_id, msg_id FROM pgbroker.receive_many(
 SELECT pgbroker.prune_inbound_seen(make_interval(secs => %(seen_within)s::double precision),
                                    %(batch_size)s::integer)
 
--- Schedules (sql/schema/78_schedules.sql) --------------------------------------
+-- Schedules (sql/functions/78_schedules.sql) --------------------------------------
 
 -- name: schedule_add
 SELECT * FROM pgbroker.schedule_add(%(name)s, %(queue)s, %(cron)s, %(message)s::jsonb,

@@ -1,6 +1,6 @@
 -- The stream client's queries, one per operation, shared by the sync and asyncio
 -- clients through pgbroker.stream_queries; each calls the SQL API of
--- sql/schema/92_streams.sql. Messages and headers arrive as JSON text.
+-- sql/functions/92_streams.sql. Messages and headers arrive as JSON text.
 
 -- name: stream_create
 SELECT stream_name, partitions, retention_seconds, retention_bytes, truncate_consumed, segment_rows, segments,

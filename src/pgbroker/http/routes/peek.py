@@ -1,5 +1,5 @@
 """Peek: a queue's messages in every state (or its dead letters) without changing them, filtered
-and paged by msg_id (sql/schema/77_peek.sql). A read scope suffices: nothing is leased."""
+and paged by msg_id (sql/functions/77_peek.sql). A read scope suffices: nothing is leased."""
 
 from __future__ import annotations
 

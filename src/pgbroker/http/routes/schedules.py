@@ -1,4 +1,4 @@
-"""Schedules: cron schedules that send a message to a queue at every tick (sql/schema/78_schedules.sql).
+"""Schedules: cron schedules that send a message to a queue at every tick (sql/functions/78_schedules.sql).
 
 A key sees, and with the admin scope changes, the schedules of the queues its patterns match; a
 schedule of another queue answers 404, as if it did not exist.

@@ -1,0 +1,131 @@
+-- Deduplication: a send whose x-pgbroker-dedup-key was seen is not stored again.
+--
+-- A message sent with header x-pgbroker-dedup-key while its key is taken in
+-- that queue is not stored, and the send returns the msg_id of the message
+-- that took the key. How long a key stays taken is the queue's dedup_mode
+-- (20_policies.sql):
+--   window  (default) for dedup_window_seconds after the send that took it
+--           (default 300 s, SQS FIFO's five minutes), whatever became of
+--           its message;
+--   queued  while its message is still in the queue, waiting, delayed or in
+--           flight (River's and pg-boss's unique jobs): once acked, archived,
+--           popped or dead-lettered, the key is free again.
+--
+-- Keys live in pgbroker.dedup_keys, one row per (queue, key). Why this is
+-- safe with concurrent senders: a sender claims a key by inserting its row;
+-- a second sender of the same key blocks on the first one's uncommitted
+-- index entry (INSERT ... ON CONFLICT waits for it), and then either sees
+-- the committed row and returns its msg_id, or, if the first rolled back,
+-- inserts the row itself. A key whose time is over is taken again by
+-- updating its row under a row lock, with the same effect. In REPEATABLE
+-- READ or SERIALIZABLE a sender that loses such a race gets a serialization
+-- failure instead, to be retried as usual. Rows of keys never sent again
+-- stay until pgbroker.trim_dedup_keys (pgbroker maintain) removes the
+-- expired ones; dropping the queue drops its keys.
+
+-- Claim a key for a send: NULL when this send may store its message (the
+-- key was free or its time over; the caller records the msg_id), or the
+-- msg_id of the message that holds the key.
+CREATE OR REPLACE FUNCTION pgbroker._dedup_claim(stored_name text, dedup_key text, window_seconds integer, mode text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    held pgbroker.dedup_keys;
+    still_queued boolean;
+BEGIN
+    LOOP
+        INSERT INTO pgbroker.dedup_keys (queue_name, dedup_key, sent_at)
+        VALUES (stored_name, dedup_key, clock_timestamp())
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            RETURN NULL;
+        END IF;
+        -- A new statement: it sees the row of a sender that committed while
+        -- the insert waited.
+        SELECT * INTO held FROM pgbroker.dedup_keys k
+        WHERE k.queue_name = stored_name AND k.dedup_key = _dedup_claim.dedup_key
+        FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;  -- trimmed meanwhile: claim it afresh
+        IF mode = 'queued' THEN
+            EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgmq.%I WHERE msg_id = $1)', lower('q_' || stored_name))
+                INTO still_queued USING held.msg_id;
+        ELSE
+            still_queued := held.sent_at > clock_timestamp() - make_interval(secs => window_seconds);
+        END IF;
+        IF still_queued THEN
+            RETURN held.msg_id;
+        END IF;
+        UPDATE pgbroker.dedup_keys k SET msg_id = NULL, sent_at = clock_timestamp()
+        WHERE k.queue_name = stored_name AND k.dedup_key = _dedup_claim.dedup_key;
+        RETURN NULL;
+    END LOOP;
+END;
+$$;
+
+-- Send a batch some of whose messages carry a dedup key, one message at a
+-- time in the batch's order (a key repeated within the batch returns the
+-- first one's msg_id). Returns the msg_ids, the held ones for duplicates.
+CREATE OR REPLACE FUNCTION pgbroker._send_deduplicated(stored_name text, msgs jsonb[], headers jsonb[], delay timestamptz)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+DECLARE
+    insert_one constant text := pgbroker._send_insert_sql(lower('q_' || stored_name), true);
+    p pgbroker.queue_policy := pgbroker.policy(stored_name);
+    key text;
+    id bigint;
+BEGIN
+    FOR i IN 1..cardinality(msgs) LOOP
+        key := CASE WHEN jsonb_typeof(headers[i]) = 'object' THEN headers[i]->>'x-pgbroker-dedup-key' END;
+        id := NULL;
+        IF key IS NOT NULL THEN
+            id := pgbroker._dedup_claim(stored_name, key, p.dedup_window_seconds, p.dedup_mode);
+        END IF;
+        IF id IS NULL THEN
+            EXECUTE insert_one INTO id USING ARRAY[msgs[i]], ARRAY[headers[i]], delay;
+            IF key IS NOT NULL THEN
+                UPDATE pgbroker.dedup_keys k SET msg_id = id
+                WHERE k.queue_name = stored_name AND k.dedup_key = key;
+            END IF;
+        END IF;
+        RETURN NEXT id;
+    END LOOP;
+END;
+$$;
+
+-- Remove a queue's keys whose time is over (all queues' when queue_name is
+-- NULL), at most batch_size rows a call; returns how many went.
+CREATE OR REPLACE FUNCTION pgbroker.trim_dedup_keys(queue_name text DEFAULT NULL, batch_size integer DEFAULT 10000)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    q record;
+    n bigint;
+    removed bigint := 0;
+BEGIN
+    PERFORM pgbroker._check_arg(batch_size IS NOT NULL AND batch_size >= 1,
+        format('batch_size must be >= 1, got %s', coalesce(batch_size::text, 'NULL')));
+    IF queue_name IS NOT NULL THEN
+        PERFORM pgbroker._table(queue_name);
+    END IF;
+    FOR q IN SELECT p.* FROM pgbroker.policies() p
+             WHERE trim_dedup_keys.queue_name IS NULL OR lower(p.queue_name) = lower(trim_dedup_keys.queue_name) LOOP
+        EXIT WHEN removed >= batch_size;
+        IF q.dedup_mode = 'queued' THEN
+            EXECUTE format(
+                $Q$
+                DELETE FROM pgbroker.dedup_keys k WHERE (k.queue_name, k.dedup_key) IN (
+                    SELECT d.queue_name, d.dedup_key FROM pgbroker.dedup_keys d
+                    WHERE d.queue_name = $1 AND d.msg_id IS NOT NULL
+                      AND NOT EXISTS (SELECT 1 FROM pgmq.%I m WHERE m.msg_id = d.msg_id)
+                    LIMIT $2)
+                $Q$, lower('q_' || q.queue_name)) USING q.queue_name, batch_size - removed;
+        ELSE
+            DELETE FROM pgbroker.dedup_keys k WHERE (k.queue_name, k.dedup_key) IN (
+                SELECT d.queue_name, d.dedup_key FROM pgbroker.dedup_keys d
+                WHERE d.queue_name = q.queue_name AND d.msg_id IS NOT NULL
+                  AND d.sent_at < clock_timestamp() - make_interval(secs => q.dedup_window_seconds)
+                LIMIT batch_size - removed);
+        END IF;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        removed := removed + n;
+    END LOOP;
+    RETURN removed;
+END;
+$$;

@@ -1,0 +1,22 @@
+-- Reads: what a read may take, the hot statements, and where reads start.
+-- The tables and types of this concern, created once; functions/50_reads.sql
+-- holds its functions and the header that explains them.
+
+CREATE TABLE pgbroker.queue_head (
+    queue_name varchar PRIMARY KEY
+        REFERENCES pgmq.meta (queue_name) ON DELETE CASCADE ON UPDATE CASCADE,
+    -- no ready message has a smaller msg_id
+    ready_from bigint NOT NULL,
+    -- the candidate of the next advance: msg_ids up to next_from were taken by
+    -- transactions older than next_xmax
+    next_from bigint,
+    next_xmax xid8,
+    -- no timed message has a smaller vt (NULL: no bound yet)
+    timed_from timestamptz,
+    -- the candidate of the next advance: timed rows with a vt below timed_next
+    -- were written by transactions older than timed_next_xmax
+    timed_next timestamptz,
+    timed_next_xmax xid8,
+    -- when the last sweep below timed_from ran
+    timed_swept_at timestamptz
+) WITH (fillfactor = 10);  -- pruned on almost every visit: reads never walk long update chains

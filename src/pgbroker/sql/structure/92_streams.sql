@@ -1,0 +1,64 @@
+-- Streams: append-only logs read by consumer groups (PgQ's lesson).
+-- The tables and types of this concern, created once; functions/92_streams.sql
+-- holds its functions and the header that explains them.
+
+CREATE TABLE pgbroker.stream (
+    stream_name text PRIMARY KEY CHECK (stream_name ~ '^[a-z0-9_][a-z0-9_-]{0,39}$'),
+    partitions integer NOT NULL CHECK (partitions BETWEEN 1 AND 256),
+    segments integer NOT NULL CHECK (segments BETWEEN 3 AND 64),
+    segment_rows bigint NOT NULL CHECK (segment_rows >= 100),
+    retention_seconds bigint CHECK (retention_seconds BETWEEN 1 AND 3153600000),  -- NULL: no time limit
+    retention_bytes bigint CHECK (retention_bytes >= 1),        -- NULL: no size limit
+    truncate_consumed boolean NOT NULL,                         -- drop what every group has passed
+    notify boolean NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The safe id and its candidate (see above); one row a stream, updated in
+-- place by readers.
+CREATE TABLE pgbroker.stream_watermark (
+    stream_name text PRIMARY KEY REFERENCES pgbroker.stream ON DELETE CASCADE,
+    safe_id bigint NOT NULL,
+    candidate_id bigint,
+    candidate_writers text[]
+) WITH (fillfactor = 20);
+
+CREATE TABLE pgbroker.stream_group (
+    stream_name text NOT NULL REFERENCES pgbroker.stream ON DELETE CASCADE,
+    group_name text NOT NULL CHECK (group_name ~ '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$'),
+    retry_queue varchar NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (stream_name, group_name)
+);
+
+CREATE TABLE pgbroker.stream_cursor (
+    stream_name text NOT NULL,
+    group_name text NOT NULL,
+    partition integer NOT NULL,
+    acked_id bigint NOT NULL,
+    delivered_id bigint NOT NULL,
+    owner text,
+    epoch bigint NOT NULL DEFAULT 0,
+    acked_at timestamptz,
+    PRIMARY KEY (stream_name, group_name, partition),
+    FOREIGN KEY (stream_name, group_name) REFERENCES pgbroker.stream_group ON DELETE CASCADE
+) WITH (fillfactor = 30);
+
+CREATE TABLE pgbroker.stream_consumer (
+    stream_name text NOT NULL,
+    group_name text NOT NULL,
+    consumer text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    renewed_at timestamptz NOT NULL,
+    PRIMARY KEY (stream_name, group_name, consumer),
+    FOREIGN KEY (stream_name, group_name) REFERENCES pgbroker.stream_group ON DELETE CASCADE
+) WITH (fillfactor = 30);
+
+INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
+SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['stream_send', 'stream_send_many']) f
+UNION ALL
+SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY[
+    'stream_read', 'stream_ack', 'stream_consume', 'stream_release', 'stream_rewind',
+    'stream_notify_channel']) f
+UNION ALL
+SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['streams', 'stream_groups', 'stream_lag']) f;

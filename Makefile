@@ -143,7 +143,7 @@ lint: generate
 	.venv/bin/mypy $(MYPY_PATHS)
 	.venv/bin/lint-imports --no-logo
 
-# The sync client (src/pgbroker/client.py, not kept in git) is generated from the asyncio one
+# The sync client (src/pgbroker/queues/_client.py, not kept in git) is generated from the asyncio one
 # (scripts/async_to_sync.py says how). Installing runs it too (setup.py); test and lint run it
 # first, so they never see a stale twin. tests/unit/test_generated_sync.py fails while it is stale.
 generate: venv

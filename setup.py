@@ -1,7 +1,7 @@
 """Build hook: the synchronous client is generated from the asyncio one while the package builds.
 
-src/pgbroker/aio.py is the one written copy of the client; scripts/async_to_sync.py turns it into
-src/pgbroker/client.py, which git does not keep. Running the generator inside build_py makes every
+src/pgbroker/queues/_client_async.py is the one written copy of the client; scripts/async_to_sync.py turns it into
+src/pgbroker/queues/_client.py, which git does not keep. Running the generator inside build_py makes every
 way of installing pgbroker (a wheel, `pip install .`, an editable install) carry a client.py that
 matches the aio.py it was built from. Everything else about the build is in pyproject.toml.
 """

@@ -48,9 +48,9 @@ from tests.support.postgres import scratch_dir
 
 from bench.notify_latency import settings
 from pgbroker import Broker
-from pgbroker.aio import AsyncBroker
+from pgbroker._db.dsn import resolve_dsn
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
-from pgbroker.dsn import resolve_dsn
+from pgbroker.queues._client_async import AsyncBroker
 
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 TARGET_OUTBOUND = 5_000  # msg/s with confirms

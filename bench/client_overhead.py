@@ -2,7 +2,7 @@
 
 One process, one connection at a time, calls in a loop for a fixed time. Three ways of doing the
 same operation: raw SQL (the shortest statement a hand-written client would send, prepared);
-the client's own SQL (the statement pgbroker.queries builds, run on a raw connection, prepared);
+the client's own SQL (the statement pgbroker.queues._queries builds, run on a raw connection, prepared);
 and the client (Broker/Queue: pool checkout, JSON encoding, Message objects). The first pair
 separates the cost of the statement the client chose from the cost of the Python layer.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.harness import PGBROKER, Bench, Conn, Row, ScenarioResult, connect, json_payload
 from pgbroker import Broker
-from pgbroker import queries as q
+from pgbroker.queues import _queries as q
 
 TITLE = "Client overhead: pgbroker's Python client against raw SQL"
 RAW = "raw SQL"
@@ -51,7 +51,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
     result.description = (
         f"One process, {seconds:g} s per operation and way; 22 B messages; reads start from a backlog of "
         f"{config.consume_prefill:,}; acks delete. '{RAW}': pgmq.send / send_batch, pgbroker.read + "
-        f"pgbroker.ack, prepared. '{CLIENT_SQL}': the statements of pgbroker.queries on a raw connection, "
+        f"pgbroker.ack, prepared. '{CLIENT_SQL}': the statements of pgbroker.queues._queries on a raw connection, "
         f"prepared. '{CLIENT}': Broker(dsn, max_connections=1) and its Queue methods. "
         "Ratio: client / raw SQL."
     )

@@ -23,7 +23,7 @@ from psycopg import sql
 from tests.codec_types import AVRO, PROTOBUF, Order
 
 from pgbroker import Broker, codecs
-from pgbroker.dsn import resolve_dsn
+from pgbroker._db.dsn import resolve_dsn
 
 HEADER = (
     f"{'codec':<40} {'bytes':>6} {'stored':>7} {'enc us':>7} {'dec us':>7} {'send/s':>8} {'consume/s':>10}"

@@ -28,8 +28,8 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgbroker._db.install import install as install_pgbroker
 from pgbroker.embedded import EmbeddedPostgres
-from pgbroker.install import install as install_pgbroker
 
 Conn: TypeAlias = psycopg.Connection[tuple[Any, ...]]
 

@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from pgbroker.install import install
-from pgbroker.keys import create_key
+from pgbroker._db.api_keys import create_key
+from pgbroker._db.install import install
 
 
 def _free_port() -> int:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import psycopg
 
 from pgbroker import Broker
-from pgbroker.aio import AsyncBroker
-from pgbroker.dsn import resolve_dsn
+from pgbroker._db.dsn import resolve_dsn
+from pgbroker.queues._client_async import AsyncBroker
 
 POLL_INTERVAL = 5.0
 TARGET_MEDIAN_MS = 20.0

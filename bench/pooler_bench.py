@@ -24,8 +24,8 @@ from tests.pooler import transaction_pooler
 
 from bench.harness import Server, alternating_rounds, connect, mean_rate
 from pgbroker import Broker
-from pgbroker.dsn import POOLER_ENV
-from pgbroker.install import install
+from pgbroker._db.dsn import POOLER_ENV
+from pgbroker._db.install import install
 
 SYSTEMS = ("direct", "direct, unprepared", "pgbouncer")
 

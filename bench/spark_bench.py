@@ -34,8 +34,8 @@ import psycopg
 from psycopg import sql
 
 from bench.harness import REPORTED_SETTINGS
+from pgbroker._db.install import install
 from pgbroker.embedded import EmbeddedPostgres
-from pgbroker.install import install
 
 SPARK_SETTINGS = (
     "spark.master",

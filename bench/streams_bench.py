@@ -34,8 +34,8 @@ from typing import Any
 from bench import streams_pgbench
 from bench.harness import Server, alternating_rounds, connect, mean_rate, percentile
 from pgbroker import Broker
-from pgbroker.install import install
-from pgbroker.streams import Stream
+from pgbroker._db.install import install
+from pgbroker.streams._client import Stream
 
 PAYLOAD = '{"order": 12345, "note": "x"}'
 ctx = multiprocessing.get_context("spawn")

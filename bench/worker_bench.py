@@ -31,8 +31,8 @@ from multiprocessing.queues import SimpleQueue
 
 from bench.notify_latency import settings
 from pgbroker import Broker, Message, Worker
-from pgbroker.app import serve
-from pgbroker.dsn import resolve_dsn
+from pgbroker._db.dsn import resolve_dsn
+from pgbroker.runtime._app import serve
 
 TARGET_MEDIAN_MS = 20.0
 

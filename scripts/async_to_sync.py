@@ -50,8 +50,8 @@ class Target:
 
 
 TARGETS = (
-    Target("src/pgbroker/aio.py", "src/pgbroker/client.py"),
-    Target("src/pgbroker/aio_streams.py", "src/pgbroker/streams.py"),
+    Target("src/pgbroker/queues/_client_async.py", "src/pgbroker/queues/_client.py"),
+    Target("src/pgbroker/streams/_client_async.py", "src/pgbroker/streams/_client.py"),
 )
 
 COMMAND = "python scripts/async_to_sync.py (or: make generate)"

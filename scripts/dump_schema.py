@@ -33,9 +33,9 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from pgbroker._db.install import install
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.embedded.binaries import find_bin_dir
-from pgbroker.install import install
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DUMP = ROOT / "docs" / "reference" / "schema.sql"
@@ -100,7 +100,7 @@ def route_example(dsn: str) -> str:
             ).fetchall()
         ]
     intro = (
-        "-- What pgbroker._write_routes (src/pgbroker/sql/functions/90_routes.sql) writes: the route\n"
+        "-- What pgbroker._write_routes (src/pgbroker/_sql/functions/90_routes.sql) writes: the route\n"
         "-- functions for three queues, 'orders' (no policy), 'emails' (max_deliveries 5, acks\n"
         "-- delete) and 'reports' (paused). Each call finds its queue's position among the names,\n"
         "-- then runs that queue's static statement.\n"

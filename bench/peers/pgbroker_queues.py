@@ -1,4 +1,4 @@
-"""pgbroker's SQS-style queues with its worker runtime (pgbroker.Worker under pgbroker.app.serve)."""
+"""pgbroker's SQS-style queues with its worker runtime (pgbroker.Worker under pgbroker.runtime._app.serve)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from bench.peers import Handle, Peer, Send
 from pgbroker import Message, Worker
-from pgbroker.aio import AsyncBroker
-from pgbroker.app import serve
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._app import serve
 
 #: docs/performance.md ("worker and peers"): many messages in flight let a batch's acks ride with
 #: the next read; the default (1) suits slow handlers and strict one-at-a-time work.

@@ -15,11 +15,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from bench.peers import Handle, Peer, Send
-from pgbroker.aio import AsyncBroker
-from pgbroker.aio_streams import AsyncStream
-from pgbroker.app import serve
-from pgbroker.stream_models import StreamMessage
-from pgbroker.stream_worker import StreamWorker
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._app import serve
+from pgbroker.runtime._stream_worker import StreamWorker
+from pgbroker.streams._client_async import AsyncStream
+from pgbroker.streams._records import StreamMessage
 
 GROUP = "bench"
 PARTITIONS = 4

@@ -1,12 +1,10 @@
 """pgbroker: a message broker inside PostgreSQL, call-compatible with pgmq.
 
-The public surface is small: Broker and Queue (sync; pgbroker.aio has the
+The public surface is small: Broker and Queue (sync; pgbroker.queues._client_async has the
 asyncio twins), App and Worker (the consumer runtime), the records Message,
 Receipt, QueueInfo, Metrics and Policy, and the exceptions in pgbroker.errors.
 """
 
-from pgbroker.app import App
-from pgbroker.client import Broker, Queue, Transaction
 from pgbroker.errors import (
     InvalidArgument,
     InvalidMessage,
@@ -19,8 +17,10 @@ from pgbroker.errors import (
     QueueNotFound,
     StaleReceipt,
 )
-from pgbroker.models import Message, Metrics, Policy, QueueInfo, Receipt
-from pgbroker.worker import Worker
+from pgbroker.queues._client import Broker, Queue, Transaction
+from pgbroker.queues._records import Message, Metrics, Policy, QueueInfo, Receipt
+from pgbroker.runtime._app import App
+from pgbroker.runtime._worker import Worker
 
 __all__ = [
     "App",

@@ -29,8 +29,8 @@ import psycopg
 import pytest
 
 from pgbroker import Broker
-from pgbroker.aio import AsyncBroker
 from pgbroker.bridge import OutboundBridge, OutboundSettings
+from pgbroker.queues._client_async import AsyncBroker
 from tests.bridge.private_rabbit import PrivateRabbit, server_binary
 from tests.bridge.rabbit import Rabbit
 from tests.support.postgres import scratch_dir

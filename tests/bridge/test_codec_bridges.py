@@ -16,8 +16,8 @@ import msgpack
 import pytest
 
 from pgbroker import Broker, codecs
-from pgbroker.aio import AsyncBroker
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
+from pgbroker.queues._client_async import AsyncBroker
 from tests.bridge.probes import probe, unique
 from tests.bridge.rabbit import Rabbit
 from tests.bridge.servers import KINDS, PrivateServer

@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from pgbroker import Broker
-from pgbroker.aio import AsyncBroker
 from pgbroker.bridge import (
     BrokerNotFound,
     BrokerUnreachable,
@@ -28,6 +27,7 @@ from pgbroker.bridge import (
     OutboundSettings,
 )
 from pgbroker.errors import InvalidArgument
+from pgbroker.queues._client_async import AsyncBroker
 from tests.bridge.probes import Probe, body_of, probe, unique
 from tests.bridge.servers import CONNECTORS, KINDS, PrivateServer, free_port
 from tests.support.postgres import scratch_dir
@@ -252,8 +252,8 @@ def test_an_mqtt_publish_no_subscriber_matched_is_retried_then_dead_lettered(dsn
 
 def test_a_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "redis", None)  # as if redis-py were not installed
-    monkeypatch.delitem(sys.modules, "pgbroker.bridge.redis_streams", raising=False)
-    monkeypatch.delattr("pgbroker.bridge.redis_streams", raising=False)  # imported by an earlier test
+    monkeypatch.delitem(sys.modules, "pgbroker.bridge.connectors.redis_streams", raising=False)
+    monkeypatch.delattr("pgbroker.bridge.connectors.redis_streams", raising=False)  # imported by an earlier test
     with pytest.raises(ModuleNotFoundError, match=r"redis:// bridge needs redis .*pgbroker\[bridge\]"):
         OutboundBridge(AsyncBroker("postgresql://nowhere"), "outbox", "redis://127.0.0.1:6379")
 

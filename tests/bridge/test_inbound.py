@@ -12,8 +12,8 @@ import pytest
 from psycopg import sql
 
 from pgbroker import Broker
-from pgbroker.aio import AsyncBroker
 from pgbroker.bridge import AmqpNotFound, InboundBridge, InboundSettings
+from pgbroker.queues._client_async import AsyncBroker
 from tests.bridge.rabbit import Rabbit
 from tests.integration.helpers import Conn, q_rows
 

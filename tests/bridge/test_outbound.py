@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from pgbroker import Broker
-from pgbroker.aio import AsyncBroker
 from pgbroker.bridge import (
     AmqpAccessRefused,
     AmqpNotFound,
@@ -22,6 +21,7 @@ from pgbroker.bridge import (
     OutboundBridge,
     OutboundSettings,
 )
+from pgbroker.queues._client_async import AsyncBroker
 from tests.bridge.rabbit import Rabbit
 from tests.integration.helpers import Conn, q_rows
 

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from pgbroker import Broker, codecs
-from pgbroker.aio import AsyncBroker
-from pgbroker.aio_streams import AsyncStream
 from pgbroker.bridge import InboundSettings, OutboundSettings
-from pgbroker.bridge.inbound import StreamInboundBridge
-from pgbroker.bridge.stream_outbound import StreamOutboundBridge
-from pgbroker.streams import Stream
+from pgbroker.bridge.core.inbound import StreamInboundBridge
+from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.streams._client import Stream
+from pgbroker.streams._client_async import AsyncStream
 from tests.bridge.probes import RedisProbe, unique
 from tests.bridge.processes import BridgeProcess, wait_for
 from tests.bridge.rabbit import Rabbit

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from pgbroker.aio import AsyncBroker
+from pgbroker.queues._client_async import AsyncBroker
 from tests.support.http import auth, make_queue
 
 pytestmark = pytest.mark.anyio

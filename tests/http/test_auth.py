@@ -9,9 +9,9 @@ import httpx
 import psycopg
 import pytest
 
-from pgbroker.aio import AsyncBroker
+from pgbroker._db.api_keys import create_key, list_keys, revoke_key
 from pgbroker.http import Settings
-from pgbroker.keys import create_key, list_keys, revoke_key
+from pgbroker.queues._client_async import AsyncBroker
 from tests.support.http import auth, client_for
 
 pytestmark = pytest.mark.anyio

@@ -14,11 +14,11 @@ import httpx
 import psycopg
 import pytest
 
-from pgbroker.cli import keys as cli_keys
-from pgbroker.cli import serve as cli_serve
-from pgbroker.cli.base import CliError
-from pgbroker.client import Broker
-from pgbroker.keys import create_key
+from pgbroker._db.api_keys import create_key
+from pgbroker.cli.commands import keys as cli_keys
+from pgbroker.cli.commands import serve as cli_serve
+from pgbroker.cli.support.base import CliError
+from pgbroker.queues._client import Broker
 from tests.http.live import pgbroker_serve
 
 

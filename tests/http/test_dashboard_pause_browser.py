@@ -10,7 +10,7 @@ import psycopg
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
-from pgbroker.keys import create_key
+from pgbroker._db.api_keys import create_key
 from tests.http.live import LiveServer
 from tests.support.browser import row_text, use_key, wait_for
 

@@ -15,9 +15,9 @@ import httpx
 import psycopg
 import pytest
 
-from pgbroker.aio import AsyncBroker
+from pgbroker._db.api_keys import create_key
 from pgbroker.http import Settings
-from pgbroker.keys import create_key
+from pgbroker.queues._client_async import AsyncBroker
 from tests.http.live import pgbroker_serve
 from tests.support.http import client_for
 

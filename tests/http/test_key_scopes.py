@@ -10,9 +10,9 @@ import httpx
 import psycopg
 import pytest
 
-from pgbroker.aio import AsyncBroker
-from pgbroker.aio_streams import AsyncStream
-from pgbroker.keys import create_key
+from pgbroker._db.api_keys import create_key
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.streams._client_async import AsyncStream
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from pgbroker.keys import create_key
+from pgbroker._db.api_keys import create_key
 from tests.http.live import pgbroker_serve
 
 

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.routing import Route
 
-from pgbroker.aio import AsyncBroker
 from pgbroker.http import Settings, create_app
+from pgbroker.queues._client_async import AsyncBroker
 from tests.support.http import auth, client_for
 
 pytestmark = pytest.mark.anyio

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgbroker.aio import AsyncBroker
+from pgbroker.queues._client_async import AsyncBroker
 from tests.support.http import auth
 
 pytestmark = pytest.mark.anyio

@@ -18,10 +18,10 @@ from typing import Any
 
 import psycopg
 
+from pgbroker._db.api_keys import create_key
 from pgbroker.http import Settings
 from pgbroker.http.openapi import openapi_spec
 from pgbroker.http.routes import all_operations
-from pgbroker.keys import create_key
 from tests.http.live import pgbroker_serve
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")

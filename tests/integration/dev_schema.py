@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import cast
 
-from pgbroker.sql import DEV_MINIMUM
+from pgbroker._sql import DEV_MINIMUM
 from tests.integration.helpers import Conn
 
 DEV_MIGRATIONS = Path(__file__).parents[1] / "data" / "dev_migrations"

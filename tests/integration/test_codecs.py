@@ -11,8 +11,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from pgbroker import Broker, InvalidArgument, Message, Worker
-from pgbroker.aio import AsyncBroker
 from pgbroker.codecs import CorruptBody, EncodeError, UnknownCodec, envelope_codec
+from pgbroker.queues._client_async import AsyncBroker
 from tests.codec_types import AVRO, PROTOBUF, samples
 from tests.integration.helpers import Conn, a_rows, q_rows
 from tests.support.worker import run_until

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgbroker.dsn import resolve_dsn
+from pgbroker._db.dsn import resolve_dsn
 from pgbroker.embedded import (
     ENV_PG_BIN,
     PORT_RANGE,

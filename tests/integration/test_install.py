@@ -10,9 +10,9 @@ import pytest
 from psycopg import sql
 
 from pgbroker import Broker, NotInstalled
+from pgbroker._db.install import InstallResult, install, installed_version, latest_version
+from pgbroker._sql import BASELINE, DEV_MINIMUM, baseline_checksum, upgrades
 from pgbroker.errors import InstallError
-from pgbroker.install import InstallResult, install, installed_version, latest_version
-from pgbroker.sql import BASELINE, DEV_MINIMUM, baseline_checksum, upgrades
 from tests.integration.dev_schema import install_dev
 from tests.integration.helpers import Conn
 

@@ -17,9 +17,9 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker
+from pgbroker._db.install import InstallResult, install, install_roles, latest_version
+from pgbroker._sql import BASELINE, DEV_MINIMUM
 from pgbroker.errors import InstallError, MissingExtension, from_postgres
-from pgbroker.install import InstallResult, install, install_roles, latest_version
-from pgbroker.sql import BASELINE, DEV_MINIMUM
 from tests.integration.dev_schema import install_dev
 
 

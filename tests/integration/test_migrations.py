@@ -26,9 +26,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgbroker import sql as engine
-from pgbroker.install import InstallResult, install, install_async, install_roles, latest_version
-from pgbroker.sql import BASELINE, DEV_MINIMUM, SqlFile
+from pgbroker import _sql as engine
+from pgbroker._db.install import InstallResult, install, install_async, install_roles, latest_version
+from pgbroker._sql import BASELINE, DEV_MINIMUM, SqlFile
 from tests.integration.dev_schema import dev_migrations, install_dev
 from tests.integration.helpers import Conn
 from tests.support.postgres import fresh_database

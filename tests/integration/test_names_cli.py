@@ -8,8 +8,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgbroker.cli.base import Exit
 from pgbroker.cli.main import main
+from pgbroker.cli.support.base import Exit
 
 
 @pytest.mark.parametrize(

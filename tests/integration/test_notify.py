@@ -1,4 +1,4 @@
-"""NOTIFY on insert (migration 0003) and the wake-ups of waiting reads (pgbroker.listen).
+"""NOTIFY on insert (migration 0003) and the wake-ups of waiting reads (pgbroker._db.listen).
 
 Notifications are observed on a raw LISTEN connection, never through pgbroker. Wake-up tests
 use a poll interval far longer than any plausible delivery delay, so that a read returning
@@ -20,9 +20,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker, InvalidArgument, InvalidQueueName, Message, QueueNotFound
-from pgbroker.aio import AsyncBroker
+from pgbroker._db.listen import conninfo_of
 from pgbroker.errors import from_postgres
-from pgbroker.listen import conninfo_of
+from pgbroker.queues._client_async import AsyncBroker
 
 from .helpers import describe
 

@@ -18,7 +18,7 @@ import pytest
 from psycopg import sql
 
 from pgbroker import Broker, InvalidArgument, Message, Queue, QueueFull, QueueNotFound, StaleReceipt
-from pgbroker.aio import AsyncBroker
+from pgbroker.queues._client_async import AsyncBroker
 from tests.integration.helpers import Conn, a_ids, a_rows, q_ids, q_rows
 
 DEAD = "x-pgbroker-dead-letter"

@@ -15,15 +15,15 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker
-from pgbroker.cli.main import main as cli_main
-from pgbroker.errors import InvalidArgument
-from pgbroker.install import (
+from pgbroker._db.install import (
     grant_queue_access,
     install,
     install_roles,
     list_queue_grants,
     revoke_queue_access,
 )
+from pgbroker.cli.main import main as cli_main
+from pgbroker.errors import InvalidArgument
 
 Conn = psycopg.Connection[Any]
 KINDS = ("producer", "consumer", "monitor")

@@ -13,8 +13,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker
+from pgbroker._db.install import install, install_roles
 from pgbroker.cli.main import main as cli_main
-from pgbroker.install import install, install_roles
 
 Conn = psycopg.Connection[Any]
 KINDS = ("producer", "consumer", "monitor")

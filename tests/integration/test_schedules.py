@@ -17,9 +17,9 @@ import psycopg
 import pytest
 
 from pgbroker import Broker, Queue
-from pgbroker.aio import AsyncBroker
 from pgbroker.errors import InvalidArgument, QueueNotFound
-from pgbroker.scheduler import Scheduler
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.schedules._scheduler import Scheduler
 from tests.integration.helpers import Conn
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from pgbroker import sql
-from pgbroker.sql import SqlFile
+from pgbroker import _sql as sql
+from pgbroker._sql import SqlFile
 from tests.integration.helpers import Conn
 
 # What the route writer generates (see 90_routes.sql): created at install and rewritten whenever

@@ -25,7 +25,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgbroker.install import install_roles
+from pgbroker._db.install import install_roles
 from tests.integration.helpers import Conn
 
 KINDS = ("producer", "consumer", "monitor", "outsider")

@@ -18,8 +18,8 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pgbroker._db.install import install
 from pgbroker.errors import from_postgres
-from pgbroker.install import install
 from tests.compat.reference import create_reference_database, drop_database
 from tests.integration.dev_schema import install_dev
 from tests.integration.helpers import Conn, describe, jsonb_array, q_ids, q_rows

@@ -15,8 +15,8 @@ from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import App, Broker, InvalidArgument, Message, QueueNotFound, Worker
-from pgbroker.aio import AsyncBroker
-from pgbroker.app import serve
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._app import serve
 from tests.integration.helpers import Conn, a_rows, q_rows
 from tests.support.worker import run_until
 
@@ -242,8 +242,8 @@ def test_acks_are_retried_when_the_connection_is_lost(
     caplog.set_level(logging.INFO, logger="pgbroker.worker")
     broker.create_queue("jobs").send("survives")
     # A connection cut without a word (a network partition) looks alive to the check the pool
-    # makes (pgbroker.liveness): the ack meets it dead.
-    monkeypatch.setattr("pgbroker.aio.server_has_written", lambda conn: False)
+    # makes (pgbroker._db.liveness): the ack meets it dead.
+    monkeypatch.setattr("pgbroker.queues._client_async.server_has_written", lambda conn: False)
     worker = _ack_across_killed_connections(dsn, conn, pg_admin_dsn)
     assert (worker.stats.completed, worker.stats.stale) == (1, 0)
     # The ack met a dead connection, and was tried again.

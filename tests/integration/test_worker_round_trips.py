@@ -13,7 +13,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import Broker, Message, Worker
-from pgbroker.aio import AsyncBroker
+from pgbroker.queues._client_async import AsyncBroker
 from tests.integration.helpers import Conn, a_rows, q_rows
 from tests.support.worker import run_until
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgbroker.dsn import POOLER_ENV
+from pgbroker._db.dsn import POOLER_ENV
 from tests.pooler import transaction_pooler
 
 

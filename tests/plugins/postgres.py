@@ -40,7 +40,7 @@ def pg_admin_dsn() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def template_db(pg_admin_dsn: str) -> Iterator[str]:
     """Name of a database with pgbroker installed, cloned by the ``dsn`` fixture."""
-    from pgbroker.install import install
+    from pgbroker._db.install import install
 
     name = f"pgbroker_tpl_{uuid.uuid4().hex[:12]}"
     create_db(pg_admin_dsn, name, "template0")
@@ -115,7 +115,7 @@ def module_broker(module_dsn: str) -> Iterator[Broker]:
 def cluster() -> Iterator[EmbeddedPostgres]:
     """A private embedded cluster, started, with pgbroker installed: restarting it disturbs no
     other test."""
-    from pgbroker.install import install
+    from pgbroker._db.install import install
 
     directory = scratch_dir("pgbroker-restart-")
     pg = EmbeddedPostgres(directory / "pg")

@@ -14,9 +14,9 @@ from pyspark.sql.streaming.datasource import ReadMaxRows
 
 from pgbroker import Broker
 from pgbroker.spark.arrow_read import copy_batches
-from pgbroker.spark.claim_stream import ClaimStreamReader
 from pgbroker.spark.connect import connect
 from pgbroker.spark.options import parse_read
+from pgbroker.spark.queue.streaming_claim import ClaimStreamReader
 from tests.spark.helpers import Conn, count, create, fill, numbers, stream, wait_for
 
 

@@ -10,8 +10,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from pgbroker._sql import new_install
 from pgbroker.spark.shipping import build_zip
-from pgbroker.sql import new_install
 
 # Never reached: every case fails before it would connect.
 NOWHERE = "postgresql://nobody@127.0.0.1:1/none?connect_timeout=2"
@@ -63,13 +63,13 @@ def test_an_unreachable_database_is_named() -> None:
 def test_the_shipped_zip_is_the_whole_package(tmp_path: Path) -> None:
     path = build_zip(tmp_path)
     names = set(zipfile.ZipFile(path).namelist())
-    assert {"pgbroker/__init__.py", "pgbroker/spark/source.py", "pgbroker/sql/queries.sql"} <= names
-    assert {f"pgbroker/sql/{f.name}" for f in new_install()} <= names
+    assert {"pgbroker/__init__.py", "pgbroker/spark/source.py", "pgbroker/_sql/queries.sql"} <= names
+    assert {f"pgbroker/_sql/{f.name}" for f in new_install()} <= names
     # Importable from the zip alone (its dependencies come from this environment).
     probe = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import pgbroker.spark.source, pgbroker.sql; "
+        "import sys; sys.path.insert(0, sys.argv[1]); import pgbroker.spark.source, pgbroker._sql; "
         "assert pgbroker.__file__.startswith(sys.argv[1]), pgbroker.__file__; "
-        "print(len(pgbroker.sql.new_install()))"
+        "print(len(pgbroker._sql.new_install()))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, check=False

@@ -7,7 +7,7 @@ import pytest
 from pyspark.sql import types as T
 
 from pgbroker.spark.options import ARCHIVE_COLUMNS, QUEUE_COLUMNS, OptionError, parse_read, parse_write
-from pgbroker.spark.partitions import split
+from pgbroker.spark.queue.partitions import split
 from pgbroker.spark.schema import SchemaMismatch, spark_ddl, write_layout
 
 DSN = "host=/nowhere dbname=x"

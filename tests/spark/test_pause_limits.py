@@ -13,9 +13,9 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from pgbroker.errors import InvalidArgument
-from pgbroker.spark.claim_stream import ClaimStreamReader
-from pgbroker.spark.log_stream import LogStreamReader
 from pgbroker.spark.options import parse_read
+from pgbroker.spark.queue.streaming_claim import ClaimStreamReader
+from pgbroker.spark.queue.streaming_log import LogStreamReader
 from tests.spark.helpers import Conn, batch_sizes, count, create, fill, numbers, stream, wait_for
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pgbroker.dsn import POOLER_ENV
+from pgbroker._db.dsn import POOLER_ENV
 from tests.spark.helpers import Conn, count, create, numbers, require_spark
 from tests.spark.pooler_job import PER_BATCH, TOTAL
 from tests.support.paths import ROOT

@@ -8,9 +8,9 @@ from pyspark.sql import types as T
 
 from pgbroker.spark.options import OptionError
 from pgbroker.spark.schema import SchemaMismatch, spark_ddl
-from pgbroker.spark.stream_options import STREAM_COLUMNS, is_stream, parse_stream_read
-from pgbroker.spark.stream_ranges import share
-from pgbroker.spark.stream_sink import stream_write_columns
+from pgbroker.spark.stream.options import STREAM_COLUMNS, is_stream, parse_stream_read
+from pgbroker.spark.stream.ranges import share
+from pgbroker.spark.stream.sink import stream_write_columns
 
 DSN = "host=/nowhere dbname=x"
 

@@ -25,8 +25,8 @@ from psycopg.types.json import Jsonb
 
 from pgbroker import App, Broker
 from pgbroker.embedded import EmbeddedPostgres
-from pgbroker.stream_models import StreamMessage
-from pgbroker.streams import Stream
+from pgbroker.streams._client import Stream
+from pgbroker.streams._records import StreamMessage
 
 # A query that waits out a restart; the private cluster is unstarted_cluster (tests/plugins/postgres.py).
 from tests.support.postgres import _rows

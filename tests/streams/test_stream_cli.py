@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pgbroker.cli.base import Exit
 from pgbroker.cli.main import main
+from pgbroker.cli.support.base import Exit
 
 
 def run(capsys: pytest.CaptureFixture[str], dsn: str, *argv: str) -> tuple[int, str, str]:

@@ -1,4 +1,4 @@
-"""The stream clients (pgbroker.streams, generated from pgbroker.aio_streams): the same calls
+"""The stream clients (pgbroker.streams, generated from pgbroker.streams._client_async): the same calls
 through the sync and asyncio twins, typed errors, batch acks with failures, and a waiting read
 woken by a notification."""
 
@@ -13,10 +13,10 @@ import psycopg
 import pytest
 
 from pgbroker import Broker
-from pgbroker.aio import AsyncBroker
-from pgbroker.aio_streams import AsyncStream
 from pgbroker.errors import InvalidArgument, StreamGroupNotFound, StreamNotFound
-from pgbroker.streams import Stream, list_streams
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.streams._client import Stream, list_streams
+from pgbroker.streams._client_async import AsyncStream
 
 
 def test_send_read_ack_with_failures(broker: Broker) -> None:

@@ -1,4 +1,4 @@
-"""The stream worker runtime (pgbroker.stream_worker, App.stream_handler): a handler on a stream
+"""The stream worker runtime (pgbroker.runtime._stream_worker, App.stream_handler): a handler on a stream
 and group, per-message outcomes inside the batch ack, failures retried through the group's retry
 queue with the same handler, order per key, a graceful stop that acks what it handled."""
 
@@ -11,11 +11,11 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from pgbroker import App, Broker
-from pgbroker.app import serve
-from pgbroker.stream_models import StreamMessage
-from pgbroker.stream_worker import StreamWorker
-from pgbroker.streams import Stream
-from pgbroker.worker import Worker
+from pgbroker.runtime._app import serve
+from pgbroker.runtime._stream_worker import StreamWorker
+from pgbroker.runtime._worker import Worker
+from pgbroker.streams._client import Stream
+from pgbroker.streams._records import StreamMessage
 
 
 def run_until(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 
-from pgbroker.aio import AsyncBroker
 from pgbroker.http import Settings, create_app
+from pgbroker.queues._client_async import AsyncBroker
 
 # Generous limits, so that only the rate-limit tests ever meet them.
 SETTINGS = Settings(key_cache_seconds=0, rate_per_second=1000, rate_burst=1000, max_body_bytes=64 * 1024)

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 
 from pgbroker import Worker
-from pgbroker.aio import AsyncBroker
-from pgbroker.app import serve
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._app import serve
 
 
 async def run_until(

@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgbroker._db.install import latest_version
 from pgbroker.embedded import EmbeddedPostgres
-from pgbroker.install import latest_version
 from tests.integration.helpers import a_ids, q_ids, q_rows
 from tests.support.cli import UNREACHABLE, Cli, _assert_error, _env, _ids, _messages, run
 

@@ -3,7 +3,7 @@ run as real subprocesses; the bodies are checked as stored and as the Python cli
 
 from __future__ import annotations
 
-from pgbroker.client import Broker
+from pgbroker.queues._client import Broker
 from tests.codec_types import AVRO, PROTOBUF, stored_codec
 from tests.integration.helpers import Conn, q_rows
 from tests.support.cli import Cli, _assert_error, _ids, _messages

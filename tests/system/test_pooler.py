@@ -20,10 +20,10 @@ import psycopg
 import pytest
 
 from pgbroker import Broker
-from pgbroker.aio import AsyncBroker
-from pgbroker.dsn import POOLER_ENV
-from pgbroker.keys import create_key
-from pgbroker.models import Message
+from pgbroker._db.api_keys import create_key
+from pgbroker._db.dsn import POOLER_ENV
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._records import Message
 from tests.http.live import pgbroker_serve
 from tests.support.paths import ROOT
 

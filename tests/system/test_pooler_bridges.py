@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pgbroker import Broker
-from pgbroker.dsn import LISTEN_DSN_ENV
+from pgbroker._db.dsn import LISTEN_DSN_ENV
 from tests.bridge.processes import pgbroker
 from tests.bridge.rabbit import Rabbit
 

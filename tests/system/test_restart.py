@@ -1,6 +1,6 @@
 """A restart of Postgres costs no call once the server accepts connections again: `pgbroker serve`
 and the clients find the pooled connections the restart closed before they use them
-(pgbroker.liveness), so no request fails on one.
+(pgbroker._db.liveness), so no request fails on one.
 
 The cluster is a private embedded one, so that restarting it disturbs no other test.
 """
@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from pgbroker import Broker
+from pgbroker._db.api_keys import create_key
 from pgbroker.embedded import EmbeddedPostgres
-from pgbroker.keys import create_key
 from tests.http.live import pgbroker_serve
 from tests.support.postgres import _restart_and_wait
 

@@ -1,10 +1,10 @@
-"""Back-off schedules (pgbroker.backoff): doubling, jitter, the cap, and the deadline."""
+"""Back-off schedules (pgbroker._db.backoff): doubling, jitter, the cap, and the deadline."""
 
 from __future__ import annotations
 
 import time
 
-from pgbroker.backoff import Backoff, Patience
+from pgbroker._db.backoff import Backoff, Patience
 
 
 def test_pauses_double_up_to_the_most_and_start_again_after_reset() -> None:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from pgbroker.bridge.connector import OutMessage
+from pgbroker.bridge.connectors.rabbitmq_mapping import Route, jsonable, outgoing
+from pgbroker.bridge.core.outbound import out_message
 from pgbroker.bridge.errors import Unpublishable
-from pgbroker.bridge.mapping import Route, jsonable, outgoing
-from pgbroker.bridge.outbound import out_message
-from pgbroker.models import Message
+from pgbroker.queues._records import Message
 
 DEFAULT = Route("events", "orders")
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

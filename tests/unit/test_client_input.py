@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pgbroker.aio import AsyncBroker, AsyncQueue
 from pgbroker.errors import InvalidArgument, InvalidMessage, InvalidQueueName, PgbrokerError
+from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 
 Call = Callable[[AsyncBroker, AsyncQueue], Awaitable[Any]]
 

@@ -24,9 +24,9 @@ def test_the_generated_sync_module_is_up_to_date(target: Target) -> None:
 
 
 def test_the_client_that_imports_is_the_generated_one() -> None:
-    import pgbroker.client
+    import pgbroker.queues._client
 
-    assert Path(pgbroker.client.__file__).resolve() == (ROOT / "src/pgbroker/client.py").resolve()
+    assert Path(pgbroker.queues._client.__file__).resolve() == (ROOT / "src/pgbroker/queues/_client.py").resolve()
 
 
 def test_async_only_code_and_sync_replacements_follow_the_markers() -> None:
@@ -57,7 +57,7 @@ class AsyncBroker:
         await asyncio.sleep(1)
 '''
     expected = '''# Generated from aio.py by scripts/async_to_sync.py; do not edit.
-# Change src/pgbroker/aio.py, then run `make generate` (python scripts/async_to_sync.py).
+# Change src/pgbroker/queues/_client_async.py, then run `make generate` (python scripts/async_to_sync.py).
 """The synchronous client: Broker."""
 
 import time

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pgbroker.keys import ApiKey
+from pgbroker._db.api_keys import ApiKey
 
 
 def key(*patterns: str) -> ApiKey:

@@ -1,4 +1,4 @@
-"""The pure parts of pgbroker.listen: the schedule of a waiting read, the reconnect delays, news."""
+"""The pure parts of pgbroker._db.listen: the schedule of a waiting read, the reconnect delays, news."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from pgbroker._db.listen import Listener, Subscription, Waiting, _Loop, check_poll_interval, reconnect_delay
 from pgbroker.errors import InvalidArgument
-from pgbroker.listen import Listener, Subscription, Waiting, _Loop, check_poll_interval, reconnect_delay
 
 
 def test_a_read_that_does_not_wait_is_done_at_once() -> None:

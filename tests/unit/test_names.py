@@ -1,4 +1,4 @@
-"""The Python side's one check of queue and stream names (pgbroker.names)."""
+"""The Python side's one check of queue and stream names (pgbroker._db.names)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import unicodedata
 
 import pytest
 
+from pgbroker._db.names import UNPRINTABLE, check_queue_name, check_stream_name
 from pgbroker.errors import InvalidArgument, InvalidQueueName
-from pgbroker.names import UNPRINTABLE, check_queue_name, check_stream_name
-from pgbroker.queries import queue_create
-from pgbroker.stream_queries import stream_drop
+from pgbroker.queues._queries import queue_create
+from pgbroker.streams._queries import stream_drop
 
 REFUSED = [
     "",

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from pgbroker import InvalidArgument, InvalidMessage, Message, Receipt, sql
-from pgbroker import queries as q
+from pgbroker import InvalidArgument, InvalidMessage, Message, Receipt
+from pgbroker import _sql as sql
+from pgbroker.queues import _queries as q
 from tests.integration.dev_schema import dev_migrations
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

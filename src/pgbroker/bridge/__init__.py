@@ -1,15 +1,17 @@
 """Bridges between pgbroker queues and other brokers: one core, a connector per broker.
 
-OutboundBridge is a transactional outbox (pgbroker.bridge.outbound): a queue's messages are
+OutboundBridge is a transactional outbox (pgbroker.bridge.core.outbound): a queue's messages are
 published to a broker and acked in Postgres only after the broker confirmed them. InboundBridge
 receives from a broker into a queue and acks there only after the commit, de-duplicating
-redeliveries by message id (pgbroker.bridge.inbound). Both run on an AsyncBroker until stop().
-The URL's scheme chooses the connector (pgbroker.bridge.endpoints): amqp:// RabbitMQ (pika),
+redeliveries by message id (pgbroker.bridge.core.inbound). Both run on an AsyncBroker until stop().
+The URL's scheme chooses the connector (pgbroker.bridge.core.endpoints): amqp:// RabbitMQ (pika),
 redis:// Redis Streams (redis-py), nats:// NATS JetStream (nats-py), mqtt:// MQTT (paho-mqtt),
 sqs:// Amazon SQS (boto3), each needing the ``bridge`` extra; the interface a connector
 implements is pgbroker.bridge.connector.
 """
 
+from pgbroker.bridge.core.inbound import InboundBridge, InboundStats
+from pgbroker.bridge.core.outbound import OutboundBridge, OutboundStats
 from pgbroker.bridge.errors import (
     AmqpAccessRefused,
     AmqpConnectionLost,
@@ -22,8 +24,6 @@ from pgbroker.bridge.errors import (
     BrokerUnreachable,
     Unpublishable,
 )
-from pgbroker.bridge.inbound import InboundBridge, InboundStats
-from pgbroker.bridge.outbound import OutboundBridge, OutboundStats
 from pgbroker.bridge.settings import InboundSettings, OutboundSettings
 
 __all__ = [

@@ -1,6 +1,6 @@
 """What a connector is: the small typed interface between the bridge core and one broker.
 
-The core (pgbroker.bridge.outbound, pgbroker.bridge.inbound) owns everything that is the same
+The core (pgbroker.bridge.core.outbound, pgbroker.bridge.core.inbound) owns everything that is the same
 for every broker: leasing batches from the queue, windows in flight, acking in Postgres only
 after the broker confirmed, retries and dead letters under the queue's policy, de-duplication
 by message id inbound, reconnecting, progress and metrics. A connector only talks to its broker:

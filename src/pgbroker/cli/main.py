@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from pgbroker.cli import (
+from pgbroker.cli.commands import (
     bridge,
     db,
     dead_letters,
@@ -23,7 +23,7 @@ from pgbroker.cli import (
     streams,
     worker,
 )
-from pgbroker.cli.base import execute, new_parser
+from pgbroker.cli.support.base import execute, new_parser
 
 __all__ = ["build_parser", "main"]
 

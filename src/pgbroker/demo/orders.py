@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 from psycopg import sql
 
-from pgbroker.client import Broker, Queue
+from pgbroker.cli.support.tables import metrics_table
 from pgbroker.demo.stage import Demo
 from pgbroker.errors import StaleReceipt
-from pgbroker.models import Message
-from pgbroker.tables import metrics_table
+from pgbroker.queues._client import Broker, Queue
+from pgbroker.queues._records import Message
 
 __all__ = ["CONSUMERS", "orders_stage"]
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from pgbroker.client import Broker
-from pgbroker.listen import conninfo_of
+from pgbroker._db.listen import conninfo_of
+from pgbroker.queues._client import Broker
 
 __all__ = ["Demo", "Stage"]
 

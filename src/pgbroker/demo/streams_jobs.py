@@ -11,7 +11,7 @@ from collections import Counter
 from psycopg import sql
 
 from pgbroker.demo.stage import Demo
-from pgbroker.streams import Stream
+from pgbroker.streams._client import Stream
 
 __all__ = ["streams_jobs_stage"]
 

@@ -12,15 +12,15 @@ from typing import TextIO
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from pgbroker.client import Broker
+from pgbroker._db.dsn import resolve_dsn
 from pgbroker.demo.orders import CONSUMERS, orders_stage
 from pgbroker.demo.spark import spark_stage
 from pgbroker.demo.stage import Demo, Stage
 from pgbroker.demo.streams_jobs import streams_jobs_stage
 from pgbroker.demo.workers import workers_stage
-from pgbroker.dsn import resolve_dsn
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import PgbrokerError
+from pgbroker.queues._client import Broker
 
 __all__ = ["STAGES", "main", "run"]
 

@@ -10,10 +10,10 @@ import json
 import logging
 import time
 
-from pgbroker.app import serve
 from pgbroker.demo.stage import Demo
-from pgbroker.models import Message
-from pgbroker.worker import Worker
+from pgbroker.queues._records import Message
+from pgbroker.runtime._app import serve
+from pgbroker.runtime._worker import Worker
 
 __all__ = ["workers_stage"]
 

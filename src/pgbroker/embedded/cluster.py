@@ -136,7 +136,7 @@ class EmbeddedPostgres:
         if pf is None:
             raise EmbeddedError(
                 f"the embedded PostgreSQL in {self.data_dir} is not running: start it with "
-                "EmbeddedPostgres(...).start() (pgbroker.dsn.resolve_dsn() does so when no DSN "
+                "EmbeddedPostgres(...).start() (pgbroker._db.dsn.resolve_dsn() does so when no DSN "
                 "is given), or set DATABASE_URL to use another server"
             )
         return self._dsn_from(pf)

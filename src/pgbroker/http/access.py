@@ -7,9 +7,9 @@ import math
 
 from starlette.requests import Request
 
+from pgbroker._db.api_keys import ApiKey
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.errors import ApiError
-from pgbroker.keys import ApiKey
 
 
 def token_of(request: Request) -> str | None:

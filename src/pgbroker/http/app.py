@@ -21,8 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pgbroker.aio import AsyncBroker
-from pgbroker.dsn import connection_kwargs
+from pgbroker._db.dsn import connection_kwargs
 from pgbroker.errors import PgbrokerError
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.concurrency import ConcurrencyLimit
@@ -31,6 +30,7 @@ from pgbroker.http.openapi import openapi_spec
 from pgbroker.http.operations import Operation, State, run
 from pgbroker.http.routes import all_operations
 from pgbroker.http.settings import Settings
+from pgbroker.queues._client_async import AsyncBroker
 
 
 def create_app(
@@ -109,7 +109,7 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
 
 def _server_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
     """A fixed-size pool that hands out connections without a round trip to check them:
-    AsyncBroker passes over those the server has closed (pgbroker.liveness), so a restart of
+    AsyncBroker passes over those the server has closed (pgbroker._db.liveness), so a restart of
     Postgres costs no request."""
     return AsyncConnectionPool(
         dsn,

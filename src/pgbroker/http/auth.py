@@ -1,5 +1,5 @@
 """API keys in the server: checking a request's key, its scopes and queue patterns, and the
-per-key rate limit. Making, listing and revoking keys is pgbroker.keys (no HTTP needed).
+per-key rate limit. Making, listing and revoking keys is pgbroker._db.api_keys (no HTTP needed).
 
 A token is ``pgb_<id>_<secret>``: the id finds the row, and the SHA-256 of the whole token is
 compared with the stored hash in constant time. The secret has 256 bits of entropy, so a plain
@@ -13,8 +13,8 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from pgbroker.aio import AsyncBroker
-from pgbroker.keys import ApiKey, hash_token, key_from_row
+from pgbroker._db.api_keys import ApiKey, hash_token, key_from_row
+from pgbroker.queues._client_async import AsyncBroker
 
 _TOKEN = re.compile(r"^pgb_([0-9]{1,18})_([A-Za-z0-9_-]{20,100})$")
 

@@ -17,9 +17,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from pgbroker.aio import AsyncBroker
 from pgbroker.errors import from_postgres
-from pgbroker.models import Schedule
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._records import Schedule
 
 
 @dataclass(frozen=True, slots=True)

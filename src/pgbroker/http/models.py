@@ -39,10 +39,10 @@ from pydantic import (
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
-from pgbroker import models as core
 from pgbroker.codecs.json_view import json_view
 from pgbroker.http import metrics as prom
 from pgbroker.http.settings import Settings
+from pgbroker.queues import _records as core
 
 INT32_MAX = 2**31 - 1
 BIGINT_MAX = 2**63 - 1
@@ -315,7 +315,7 @@ class SendOne(OneForm, Delayed, Encoded):
     excludes: ClassVar[str] = "messages"
     message: Annotated[JsonValue, Field(description="any JSON value jsonb can store (no NUL character)")]
     headers: Annotated[JsonObject | None, Field(description="the message's headers")] = None
-    # The job headers (pgbroker.job_headers), as the clients' send() takes them.
+    # The job headers (pgbroker.queues._job_headers), as the clients' send() takes them.
     priority: Annotated[
         int | None, Field(ge=-999_999_999, le=999_999_999, description="higher is read first (0)")
     ] = None

@@ -44,14 +44,14 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pgbroker.aio import AsyncBroker
+from pgbroker._db.api_keys import ApiKey
+from pgbroker._db.names import check_queue_name
 from pgbroker.http.access import authenticate, require
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.errors import ApiError
 from pgbroker.http.models import FORMS, REFUSALS, RequestContext
 from pgbroker.http.settings import Settings
-from pgbroker.keys import ApiKey
-from pgbroker.names import check_queue_name
+from pgbroker.queues._client_async import AsyncBroker
 
 #: Who may call: ``key`` any valid key (and the scope, when one is named), ``public`` anybody,
 #: ``metrics`` a key unless the server serves /metrics publicly.

@@ -12,8 +12,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from pgbroker.aio import AsyncBroker
 from pgbroker.errors import from_postgres
+from pgbroker.queues._client_async import AsyncBroker
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,11 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints
 
-from pgbroker import stream_models as core
 from pgbroker.http import stream_metrics
 
 # _integral: a JSON number with no fraction (64.0) is an integer, as JSON Schema says.
 from pgbroker.http.models import BIGINT_MAX, Answer, BatchOf, Body, JsonObject, JsonValue, Limit, _integral
+from pgbroker.streams import _records as core
 
 STREAM_NAME_PATTERN = "^[a-z0-9_][a-z0-9_-]{0,39}$"
 GROUP_NAME_PATTERN = "^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$"

@@ -15,7 +15,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from pgbroker.dsn import connection_kwargs
+from pgbroker._db.dsn import connection_kwargs
 from pgbroker.errors import PgbrokerError, from_postgres
 
 Connection = psycopg.Connection[tuple[Any, ...]]

@@ -21,7 +21,7 @@ SPARK_TYPES = {
     "message": "STRING",
     "headers": "STRING",
     "archived_at": "TIMESTAMP",
-    # Streams (pgbroker.spark.stream_options.STREAM_COLUMNS).
+    # Streams (pgbroker.spark.stream.options.STREAM_COLUMNS).
     "partition": "INT",
     "id": "BIGINT",
     "key": "STRING",

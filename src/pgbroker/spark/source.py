@@ -23,17 +23,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pgbroker.spark.batch import BatchReader, BatchWriter
-from pgbroker.spark.claim_stream import ClaimStreamReader
 from pgbroker.spark.connect import connect, queue_table
-from pgbroker.spark.log_stream import LogStreamReader
 from pgbroker.spark.options import OptionError, ReadOptions, WriteOptions, parse_read, parse_write
+from pgbroker.spark.queue.batch import BatchReader, BatchWriter
+from pgbroker.spark.queue.streaming_claim import ClaimStreamReader
+from pgbroker.spark.queue.streaming_log import LogStreamReader
+from pgbroker.spark.queue.streaming_write import StreamWriter
 from pgbroker.spark.schema import WriteLayout, column_type, spark_ddl, write_layout
-from pgbroker.spark.stream_dispatch import stream_read_options, stream_schema, stream_write_options
-from pgbroker.spark.stream_options import is_stream
-from pgbroker.spark.stream_sink import StreamAppendWriter, StreamBatchAppendWriter
-from pgbroker.spark.stream_source import StreamOffsetReader, StreamRangeReader
-from pgbroker.spark.stream_write import StreamWriter
+from pgbroker.spark.stream.dispatch import stream_read_options, stream_schema, stream_write_options
+from pgbroker.spark.stream.options import is_stream
+from pgbroker.spark.stream.sink import StreamAppendWriter, StreamBatchAppendWriter
+from pgbroker.spark.stream.source import StreamOffsetReader, StreamRangeReader
 
 NAME = "pgbroker"
 

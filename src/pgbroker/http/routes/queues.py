@@ -5,7 +5,7 @@ from __future__ import annotations
 from pgbroker.http.errors import ApiError
 from pgbroker.http.models import Created, CreateQueue, Dropped, Purged, QueueList
 from pgbroker.http.operations import Call, Router
-from pgbroker.models import Metrics
+from pgbroker.queues._records import Metrics
 
 router = Router()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pgbroker.http.errors import ApiError
 from pgbroker.http.models import AddSchedule, ScheduleList, ScheduleRemoved
 from pgbroker.http.operations import Call, Router
-from pgbroker.models import Schedule
+from pgbroker.queues._records import Schedule
 
 router = Router()
 

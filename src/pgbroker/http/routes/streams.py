@@ -6,8 +6,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from pgbroker import aio_streams
-from pgbroker.aio_streams import AsyncStream
+from pgbroker._db.names import check_stream_name
 from pgbroker.http import stream_metrics
 from pgbroker.http.errors import ApiError
 from pgbroker.http.operations import Call, Router
@@ -29,10 +28,11 @@ from pgbroker.http.stream_models import (
     StreamSendBatch,
     StreamStatsList,
 )
-from pgbroker.names import check_stream_name
-from pgbroker.stream_models import StreamBatch as Batch
-from pgbroker.stream_models import StreamInfo as Info
-from pgbroker.stream_models import StreamMessage as Read
+from pgbroker.streams import _client_async as aio_streams
+from pgbroker.streams._client_async import AsyncStream
+from pgbroker.streams._records import StreamBatch as Batch
+from pgbroker.streams._records import StreamInfo as Info
+from pgbroker.streams._records import StreamMessage as Read
 
 router = Router()
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from pgbroker.dsn import resolve_dsn
+from pgbroker._db.dsn import resolve_dsn
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.spark.connect import connect, queue_table

@@ -1,0 +1,1 @@
+"""Private: database plumbing (connection strings, LISTEN, liveness, install, back-off, API keys)."""

@@ -1,0 +1,31 @@
+"""Finding a pooled connection the server has closed, before a call is lost on it.
+
+When Postgres restarts (or fails over, or a session is terminated), every idle pooled connection
+is dead, and the first call made on each would fail. psycopg_pool's ``check`` callback finds them
+with a round trip per checkout, which doubles the round trips of a one-query call, and after each
+failed check it backs off (1 s, 2 s, 4 s, ...): with ten dead connections a call waits for many
+seconds.
+
+An idle connection has nothing to read unless the server wrote to it: a server that ends a
+session sends its FATAL message and closes the socket. So the clients ask the socket of each
+connection they take from a pool, without a round trip, whether anything is waiting; if so they
+close that connection (the pool replaces a closed connection when it comes back) and take the
+next one, at once (pgbroker.queues._client_async's ``_live_connection``). A connection
+cut without a word (a network partition) is not found this way, nor by a round trip before the
+TCP timeout.
+"""
+
+from __future__ import annotations
+
+import select
+from typing import Any
+
+import psycopg
+
+
+def server_has_written(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether the idle connection is closed or has input waiting, found without reading."""
+    if conn.closed or conn.broken:
+        return True
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    return bool(readable)

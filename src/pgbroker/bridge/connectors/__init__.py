@@ -1,0 +1,1 @@
+"""One connector per broker, each implementing pgbroker.bridge.connector."""

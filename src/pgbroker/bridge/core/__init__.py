@@ -1,0 +1,1 @@
+"""The bridge's core: inbound and outbound loops, whatever the broker."""

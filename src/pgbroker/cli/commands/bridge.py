@@ -1,0 +1,280 @@
+"""``pgbroker bridge out|in``: the bridges (pgbroker.bridge) from a shell.
+
+``bridge out --queue Q --to URL`` publishes queue Q to the broker at URL (a transactional
+outbox); ``bridge in --from URL --queue Q`` receives from the broker into Q. The URL's scheme
+chooses the broker: amqp://, redis://, nats://, mqtt://, sqs:// (docs/bridge.md). The RabbitMQ
+forms of before still work: ``bridge out --queue Q --amqp URL`` and
+``bridge in --amqp URL --from RABBIT_QUEUE --queue Q`` (the AMQP URL also from
+$PGBROKER_AMQP_URL). A stream in place of the queue: ``bridge out --stream S --group G --to URL``
+(read as consumer group G, acked after the confirm) and ``bridge in --from URL --stream S``.
+Both run until SIGTERM or Ctrl-C: the first signal finishes the batch in hand (published and
+acked, or written and acked) and exits 0; a second one exits at once (what was in hand is
+delivered again later, as after a crash) and exits 130.
+
+Exit codes are pgbroker's (see pgbroker --help); 6 is the bridge's own: the broker unreachable,
+a refused login, or a missing exchange, queue or stream (without --declare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from pgbroker.cli.support.base import (
+    CliError,
+    Exit,
+    Handler,
+    Subcommands,
+    add_command,
+    add_group,
+    add_progress_option,
+    dsn_of,
+    duration,
+    needs_extra,
+    positive_int,
+    seconds,
+)
+from pgbroker.queues._client import Broker
+
+__all__ = ["register"]
+
+AMQP_ENV = "PGBROKER_AMQP_URL"
+
+
+def register(subcommands: Subcommands) -> None:
+    summary = "bridges to RabbitMQ, Redis, NATS, MQTT, SQS: publish a queue (out), or receive into one (in)"
+    actions = add_group(subcommands, "bridge", summary, metavar="DIRECTION")
+
+    def command(name: str, summary: str, handler: Handler) -> argparse.ArgumentParser:
+        sub = add_command(actions, name, summary, handler)
+        sub.add_argument(
+            "--amqp", metavar="URL", help=f"RabbitMQ, amqp://user:password@host:5672/vhost (${AMQP_ENV})"
+        )
+        sub.add_argument(
+            "--declare", action="store_true", help="create what is missing on the broker (durable)"
+        )
+        sub.add_argument(
+            "--batch-size", type=positive_int, default=500, metavar="N", help="messages per batch (500)"
+        )
+        add_progress_option(sub, "counts")
+        return sub
+
+    sub = command("out", "publish a pgbroker queue to a broker, acking each message after its confirm", _out)
+    what = sub.add_mutually_exclusive_group(required=True)
+    what.add_argument("--queue", metavar="NAME", help="the pgbroker queue to publish")
+    what.add_argument("--stream", metavar="NAME", help="the pgbroker stream to publish (with --group)")
+    sub.add_argument("--group", metavar="NAME", help="--stream: the consumer group the bridge reads as")
+    sub.add_argument(
+        "--consumer", metavar="NAME", help="--stream: this bridge's name in the group (host:pid:random)"
+    )
+    sub.add_argument(
+        "--to", metavar="URL", help="the broker: amqp://, redis://, nats://, mqtt://, sqs:// (docs/bridge.md)"
+    )
+    sub.add_argument(
+        "--exchange", default="", metavar="NAME", help="RabbitMQ: exchange without x-amqp-exchange ('')"
+    )
+    sub.add_argument(
+        "--routing-key",
+        metavar="KEY",
+        help="RabbitMQ: routing key without x-amqp-routing-key (the queue's name)",
+    )
+    sub.add_argument(
+        "--exchange-type",
+        default="topic",
+        metavar="TYPE",
+        help="RabbitMQ with --declare: exchange type (topic)",
+    )
+    sub.add_argument(
+        "--windows", type=positive_int, default=2, metavar="N", help="batches in flight at once (2)"
+    )
+    sub.add_argument(
+        "--lease", type=positive_int, default=30, metavar="SECONDS", help="lease per message (30)"
+    )
+    sub.add_argument(
+        "--confirm-timeout",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="wait for a confirm this long (30)",
+    )
+    sub.add_argument(
+        "--no-notify", dest="notify", action="store_false", help="do not enable notify on the queue"
+    )
+
+    sub = command("in", "receive from a broker into a pgbroker queue, acking after the commit", _in)
+    sub.add_argument(
+        "--from",
+        dest="source",
+        required=True,
+        metavar="URL",
+        help="the broker (amqp://, redis://, nats://, mqtt://, sqs://); with --amqp: the RabbitMQ queue",
+    )
+    what = sub.add_mutually_exclusive_group(required=True)
+    what.add_argument("--queue", metavar="NAME", help="the pgbroker queue to write to")
+    what.add_argument("--stream", metavar="NAME", help="the pgbroker stream to append to")
+    sub.add_argument(
+        "--prefetch", type=positive_int, default=1000, metavar="N", help="unacked deliveries (1000)"
+    )
+    sub.add_argument(
+        "--dedup-window",
+        type=duration,
+        default=86_400,
+        metavar="DURATION",
+        help="remember message_ids this long, e.g. 1h or 7d (1d)",
+    )
+    sub.add_argument(
+        "--ack-wait",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="NATS, SQS, Redis: an unacked message goes to another consumer after this (30)",
+    )
+
+
+class _Bridge(Protocol):
+    stats: Any
+
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _amqp_url(args: argparse.Namespace) -> str:
+    url: str | None = args.amqp or os.environ.get(AMQP_ENV)
+    if not url:
+        raise CliError(
+            f"no broker given: no URL, and no RabbitMQ given (--amqp, ${AMQP_ENV})",
+            code=Exit.USAGE,
+            hint="Pass --to URL (out) or --from URL (in), e.g. redis://127.0.0.1:6379, or"
+            f" --amqp amqp://user:password@host:5672/, or set ${AMQP_ENV}.",
+        )
+    return url
+
+
+def _target(args: argparse.Namespace) -> str:
+    if args.to and args.amqp:
+        raise CliError("give --to or --amqp, not both", code=Exit.USAGE)
+    return str(args.to) if args.to else _amqp_url(args)
+
+
+def _source(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(name on the broker, URL): --from URL names both; --from NAME takes the URL from --amqp."""
+    if "://" in args.source:
+        if args.amqp:
+            raise CliError(
+                "--from is a URL, so --amqp is not needed",
+                code=Exit.USAGE,
+                hint="Give --from URL alone, or --amqp URL with --from RABBIT_QUEUE.",
+            )
+        return None, str(args.source)
+    return str(args.source), _amqp_url(args)
+
+
+def _out(args: argparse.Namespace, broker: Broker) -> int:
+    with needs_extra("bridge"):
+        from pgbroker.bridge import OutboundBridge, OutboundSettings
+        from pgbroker.bridge.core.endpoints import outbound_endpoint
+
+    settings = OutboundSettings(
+        exchange=args.exchange,
+        routing_key=args.routing_key,
+        batch_size=args.batch_size,
+        windows=args.windows,
+        lease=args.lease,
+        confirm_timeout=args.confirm_timeout,
+        declare=args.declare,
+        exchange_type=args.exchange_type,
+        enable_notify=args.notify,
+    )
+    url = _target(args)
+    name = args.queue or args.stream
+    with needs_extra("bridge"):
+        outbound_endpoint(url, name, settings)  # the URL and its client library, before anything runs
+    if args.stream is None:
+        return _serve(broker, args, lambda abroker: OutboundBridge(abroker, args.queue, url, settings))
+    if not args.group:
+        raise CliError("--stream needs --group", code=Exit.USAGE, hint="The bridge reads as a consumer group")
+    from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
+
+    return _serve(
+        broker,
+        args,
+        lambda abroker: StreamOutboundBridge(
+            abroker, args.stream, args.group, url, settings, consumer=args.consumer
+        ),
+    )
+
+
+def _in(args: argparse.Namespace, broker: Broker) -> int:
+    with needs_extra("bridge"):
+        from pgbroker.bridge import InboundBridge, InboundSettings
+        from pgbroker.bridge.core.endpoints import inbound_endpoint
+        from pgbroker.bridge.core.inbound import StreamInboundBridge
+
+    settings = InboundSettings(
+        batch_size=args.batch_size,
+        prefetch=args.prefetch,
+        seen_within=args.dedup_window,
+        declare=args.declare,
+        ack_wait=args.ack_wait,
+    )
+    source, url = _source(args)
+    name = args.queue or args.stream
+    with needs_extra("bridge"):
+        inbound_endpoint(url, source, name, settings)  # the URL and its client library, before anything runs
+    kind = InboundBridge if args.stream is None else StreamInboundBridge
+    return _serve(broker, args, lambda abroker: kind(abroker, source, name, url, settings))
+
+
+def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Bridge]) -> int:
+    from pgbroker.bridge import BridgeError
+    from pgbroker.queues._client_async import AsyncBroker
+
+    dsn = dsn_of(broker)
+
+    async def run() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            bridge = make(abroker)
+            task = asyncio.create_task(bridge.run())
+            loop = asyncio.get_running_loop()
+            signals = 0
+
+            def on_signal() -> None:
+                nonlocal signals
+                signals += 1
+                bridge.stop()
+                if signals > 1:
+                    task.cancel()  # a second signal: leave now
+
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, on_signal)
+            reporter = asyncio.create_task(_report(bridge, args.progress)) if args.progress else None
+            try:
+                await task
+            finally:
+                if reporter is not None:
+                    reporter.cancel()
+                for signum in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(signum)
+
+    try:
+        asyncio.run(run())
+    except asyncio.CancelledError:
+        print("pgbroker: interrupted", file=sys.stderr)
+        return Exit.INTERRUPTED
+    except BridgeError as exc:
+        raise CliError(exc.message, code=Exit.AMQP, hint=exc.hint) from exc
+    return Exit.OK
+
+
+async def _report(bridge: _Bridge, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        fields = " ".join(f"{k}={v}" for k, v in asdict(bridge.stats).items() if not isinstance(v, dict))
+        print(f"progress {fields}", file=sys.stderr, flush=True)

@@ -1,0 +1,69 @@
+"""``pgbroker db start|stop|status|url``: the embedded PostgreSQL cluster (pgbroker.embedded)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from pgbroker.cli.support.base import CliError, Exit, Subcommands, add_command
+from pgbroker.embedded import EmbeddedPostgres
+
+__all__ = ["register"]
+
+
+def register(subcommands: Subcommands) -> None:
+    summary = "the embedded PostgreSQL cluster"
+    sub = add_command(subcommands, "db", summary, _db, json_output=True, database=False)
+    sub.add_argument(
+        "action",
+        choices=["start", "stop", "status", "url"],
+        help="start it, stop it, show its status, or print its DSN (for DATABASE_URL)",
+    )
+    sub.add_argument("--data-dir", type=Path, metavar="DIR", help="the cluster's data directory")
+
+
+def _db(args: argparse.Namespace) -> int:
+    cluster = EmbeddedPostgres(args.data_dir)
+    if args.action == "start":
+        was_running = cluster.status().running
+        dsn = cluster.start()
+        status = cluster.status()
+        verb = "already running" if was_running else "started"
+        print(f"embedded PostgreSQL {status.server_version} {verb} in {status.data_dir} (pid {status.pid})")
+        print(f"dsn: {dsn}")
+        return Exit.OK
+    if args.action == "stop":
+        if not cluster.stop():
+            raise CliError(
+                f"embedded PostgreSQL in {cluster.data_dir} is not running; nothing stopped",
+                code=Exit.NOTHING_DONE,
+            )
+        print(f"stopped embedded PostgreSQL in {cluster.data_dir}")
+        return Exit.OK
+    if args.action == "url":
+        status = cluster.status()
+        if status.dsn is None:
+            raise CliError(
+                f"embedded PostgreSQL in {cluster.data_dir} is not running",
+                code=Exit.NOTHING_DONE,
+                hint="Start it first: pgbroker db start",
+            )
+        print(status.dsn)
+        return Exit.OK
+    status = cluster.status()
+    if args.json:
+        print(json.dumps(asdict(status), default=str, indent=2))
+    else:
+        fields = {
+            "running": "yes" if status.running else "no",
+            "data dir": str(status.data_dir),
+            "pid": status.pid,
+            "dsn": status.dsn,
+            "server version": status.server_version,
+            "binaries": status.bin_dir,
+        }
+        print("\n".join(f"{k + ':':<16}{'-' if v is None else v}" for k, v in fields.items()))
+    # Like `pg_ctl status`, the exit code answers "is it running?" for scripts.
+    return Exit.OK if status.running else Exit.NOTHING_DONE

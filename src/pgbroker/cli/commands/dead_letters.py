@@ -1,0 +1,115 @@
+"""``pgbroker dlq list|replay|purge``: the dead letters of a queue, the messages that failed
+their last allowed delivery (see ``pgbroker policy``), with the error in their headers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from pgbroker.cli.support.base import (
+    CliError,
+    Exit,
+    Subcommands,
+    add_command,
+    add_group,
+    message_json,
+    msg_id,
+    plural,
+    positive_int,
+)
+from pgbroker.cli.support.tables import table
+from pgbroker.codecs.json_view import json_view
+from pgbroker.queues._client import Broker
+from pgbroker.queues._records import Message
+
+__all__ = ["register"]
+
+
+def register(subcommands: Subcommands) -> None:
+    actions = add_group(subcommands, "dlq", "a queue's dead letters")
+    sub = add_command(actions, "list", "list dead letters, oldest first", _list, json_output=True)
+    sub.add_argument("queue", help="the queue they came from")
+    sub.add_argument("--limit", type=positive_int, default=100, metavar="N", help="at most this many (100)")
+    sub = add_command(actions, "replay", "send dead letters back to their queue", _replay)
+    _add_queue_and_msg_ids(sub)
+    sub = add_command(actions, "purge", "delete dead letters", _purge)
+    _add_queue_and_msg_ids(sub)
+    sub.add_argument("--yes", action="store_true", help="confirm: purging cannot be undone")
+
+
+def _add_queue_and_msg_ids(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("queue", help="the queue they came from")
+    sub.add_argument("msg_ids", nargs="*", type=msg_id, metavar="MSG_ID", help="these only (default: all)")
+
+
+def _list(args: argparse.Namespace, broker: Broker) -> int:
+    letters = broker.queue(args.queue).dead_letters(args.limit)
+    if args.json:
+        for letter in letters:
+            print(message_json(letter))
+    elif not letters:
+        print(f'no dead letters from queue "{args.queue}"')
+    else:
+        print(_letter_table(letters))
+    return Exit.OK
+
+
+def _letter_table(letters: Sequence[Message]) -> str:
+    rows = [_letter_row(letter) for letter in letters]
+    return table(["MSG_ID", "DELIVERIES", "DEAD-LETTERED", "ERROR", "MESSAGE"], rows, right_aligned=[0, 1])
+
+
+def _letter_row(letter: Message) -> list[str]:
+    why: dict[str, Any] = (letter.headers or {}).get("x-pgbroker-dead-letter", {})
+    error = str(why.get("error") or "-")
+    payload = json.dumps(json_view(letter.message), ensure_ascii=False)
+    when = str(why.get("dead_lettered_at", ""))[:19].replace("T", " ")
+    return [str(letter.msg_id), str(why.get("deliveries", "-")), when, _cut(error, 60), _cut(payload, 40)]
+
+
+def _cut(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _replay(args: argparse.Namespace, broker: Broker) -> int:
+    replayed = broker.queue(args.queue).replay_dead_letters(args.msg_ids or None)
+    _report_missing(args, set(replayed))
+    if not replayed:
+        raise CliError(f'no dead letters from queue "{args.queue}"; nothing replayed', code=Exit.NOTHING_DONE)
+    print(f'replayed {plural(len(replayed), "dead letter")} to queue "{args.queue}" as new messages')
+    return Exit.OK
+
+
+def _purge(args: argparse.Namespace, broker: Broker) -> int:
+    if not args.yes:
+        raise CliError(
+            f'purge deletes dead letters from queue "{args.queue}" and cannot be undone',
+            code=Exit.USAGE,
+            hint=f"Look first (pgbroker dlq list {args.queue}), then confirm with --yes.",
+        )
+    queue = broker.queue(args.queue)
+    purged = queue.purge_dead_letters(args.msg_ids or None)
+    if args.msg_ids and purged < len(set(args.msg_ids)):
+        # Which ones were missing is no longer knowable after the delete; say how many.
+        raise CliError(
+            f"purged {plural(purged, 'dead letter')}; {len(set(args.msg_ids)) - purged} of the msg_ids given "
+            f'are not dead letters from queue "{args.queue}"',
+            code=Exit.NOTHING_DONE,
+        )
+    print(f'purged {plural(purged, "dead letter")} from queue "{args.queue}"')
+    return Exit.OK
+
+
+def _report_missing(args: argparse.Namespace, done: set[int]) -> None:
+    missing = [str(letter_id) for letter_id in dict.fromkeys(args.msg_ids) if letter_id not in done]
+    if missing:
+        raise CliError(
+            f'no dead letter {", ".join(missing)} from queue "{args.queue}"'
+            + (f" ({plural(len(done), 'other')} replayed)" if done else ""),
+            code=Exit.NOTHING_DONE,
+            hint=f"See them with: pgbroker dlq list {args.queue}",
+        )

@@ -1,0 +1,98 @@
+"""``pgbroker grant``, ``revoke`` and ``grants``: database roles scoped to queues.
+
+A grant lets an existing role act as a producer, consumer or monitor on the queues whose names
+match a glob, and on no other (sql/functions/15_scopes.sql). It needs the roles of
+``pgbroker install --roles``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from pgbroker._db.install import QueueGrant, grant_queue_access, list_queue_grants, revoke_queue_access
+from pgbroker.cli.support.base import (
+    CliError,
+    Exit,
+    Subcommands,
+    add_command,
+    plural,
+    print_listing,
+    timestamped_json,
+)
+from pgbroker.cli.support.tables import local_time, table
+from pgbroker.queues._client import Broker
+
+__all__ = ["register"]
+
+KINDS = ("producer", "consumer", "monitor")
+
+
+def register(subcommands: Subcommands) -> None:
+    sub = add_command(subcommands, "grant", "let a database role use some queues as one role kind", _grant)
+    _add_role_arguments(sub)
+    sub.add_argument(
+        "--queue",
+        action="append",
+        dest="queues",
+        metavar="GLOB",
+        required=True,
+        help="queues it may use: a name or a glob (* any characters, ? one), any letter case (repeat)",
+    )
+
+    sub = add_command(subcommands, "revoke", "take queue grants back from a database role", _revoke)
+    _add_role_arguments(sub)
+    which = sub.add_mutually_exclusive_group(required=True)
+    which.add_argument(
+        "--queue", action="append", dest="queues", metavar="GLOB", help="a grant's glob (repeat)"
+    )
+    which.add_argument("--all", action="store_true", help="every grant of that kind to the role")
+
+    add_command(subcommands, "grants", "list the queue grants of database roles", _list, json_output=True)
+
+
+def _add_role_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kind", choices=KINDS, help="what the role may do on the queues")
+    parser.add_argument("role", help="an existing database role (CREATE ROLE ... LOGIN)")
+
+
+def _grant(args: argparse.Namespace, broker: Broker) -> int:
+    with broker.connection() as conn:
+        for pattern in args.queues:
+            added = grant_queue_access(conn, args.kind, args.role, pattern)
+            state = "granted" if added else "already granted"
+            print(f"{state}: {args.role} may act as {args.kind} on queues matching {pattern!r}")
+    return Exit.OK
+
+
+def _revoke(args: argparse.Namespace, broker: Broker) -> int:
+    patterns: list[str | None] = [None] if args.all else list(args.queues)
+    removed = 0
+    with broker.connection() as conn:
+        for pattern in patterns:
+            removed += revoke_queue_access(conn, args.kind, args.role, pattern)
+    if not removed:
+        raise CliError(
+            f"{args.role} has no such {args.kind} grant; nothing revoked",
+            code=Exit.NOTHING_DONE,
+            hint="See pgbroker grants.",
+        )
+    print(f"revoked {plural(removed, args.kind + ' grant')} from {args.role}")
+    return Exit.OK
+
+
+def _list(args: argparse.Namespace, broker: Broker) -> int:
+    with broker.connection() as conn:
+        grants = list_queue_grants(conn)
+    return print_listing(
+        args,
+        grants,
+        lambda grant: timestamped_json(grant, "granted_at"),
+        _table,
+        empty="no queue grants (add one with: pgbroker grant KIND ROLE --queue GLOB)",
+    )
+
+
+def _table(grants: Sequence[QueueGrant]) -> str:
+    rows = [[g.role_name, g.role_kind, g.pattern, local_time(g.granted_at)] for g in grants]
+    return table(["role", "kind", "queues", "granted"], rows)

@@ -1,0 +1,110 @@
+"""``pgbroker keys create|list|revoke``: the API keys of the HTTP API (pgbroker._db.api_keys).
+
+The token is printed once, by create; the database keeps only its hash. Managing keys needs no
+HTTP server, so these commands work without the ``http`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pgbroker._db.api_keys import SCOPES, ApiKey, create_key, list_keys, revoke_key
+from pgbroker.cli.support.base import CliError, Exit, Subcommands, add_command, add_group
+from pgbroker.cli.support.tables import local_time, table
+from pgbroker.queues._client import Broker
+
+__all__ = ["register"]
+
+
+def register(subcommands: Subcommands) -> None:
+    actions = add_group(subcommands, "keys", "API keys of the HTTP API")
+    summary = "create a key and print its token (shown only once)"
+    sub = add_command(actions, "create", summary, _create, json_output=True)
+    sub.add_argument("name", help="what the key is for")
+    sub.add_argument(
+        "--scope",
+        action="append",
+        choices=SCOPES,
+        required=True,
+        dest="scopes",
+        help="an operation it may do (repeat; admin implies all)",
+    )
+    sub.add_argument(
+        "--queue",
+        action="append",
+        dest="queues",
+        metavar="GLOB",
+        help="queues it may use, a glob pattern (repeat; default: every queue)",
+    )
+    sub.add_argument(
+        "--rate", type=float, metavar="PER_SECOND", help="its own rate limit (default: the server's)"
+    )
+
+    sub = add_command(actions, "list", "list the keys (never their tokens)", _list, json_output=True)
+    sub.add_argument("--all", action="store_true", help="include revoked keys")
+
+    sub = add_command(actions, "revoke", "revoke a key by id", _revoke)
+    sub.add_argument("id", type=int, help="the key's id (see keys list)")
+
+
+def _key_json(key: ApiKey) -> dict[str, object]:
+    return {
+        "id": key.id,
+        "name": key.name,
+        "queues": list(key.queues),
+        "scopes": sorted(key.scopes),
+        "rate_per_second": key.rate_per_second,
+        "created_at": key.created_at.isoformat(),
+        "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+    }
+
+
+def _create(args: argparse.Namespace, broker: Broker) -> int:
+    if args.rate is not None and not args.rate > 0:
+        raise CliError(f"--rate must be > 0, got {args.rate}", code=Exit.USAGE)
+    with broker.connection() as conn:
+        try:
+            key, token = create_key(
+                conn, args.name, scopes=args.scopes, queues=args.queues or ["*"], rate_per_second=args.rate
+            )
+        except ValueError as exc:
+            raise CliError(str(exc), code=Exit.USAGE) from None
+    if getattr(args, "json", False):
+        print(json.dumps({**_key_json(key), "token": token}))
+    else:
+        print(token)
+    return Exit.OK
+
+
+def _list(args: argparse.Namespace, broker: Broker) -> int:
+    with broker.connection() as conn:
+        keys = list_keys(conn, include_revoked=args.all)
+    if getattr(args, "json", False):
+        for key in keys:
+            print(json.dumps(_key_json(key)))
+        return Exit.OK
+    rows = [
+        [
+            str(k.id),
+            k.name,
+            ",".join(sorted(k.scopes)),
+            ",".join(k.queues),
+            "" if k.rate_per_second is None else f"{k.rate_per_second:g}/s",
+            local_time(k.created_at),
+            local_time(k.revoked_at) if k.revoked_at else "",
+        ]
+        for k in keys
+    ]
+    print(table(["id", "name", "scopes", "queues", "rate", "created", "revoked"], rows, right_aligned=[0]))
+    return Exit.OK
+
+
+def _revoke(args: argparse.Namespace, broker: Broker) -> int:
+    with broker.connection() as conn:
+        if not revoke_key(conn, args.id):
+            raise CliError(
+                f"no live key with id {args.id}", code=Exit.NOTHING_DONE, hint="See pgbroker keys list --all."
+            )
+    print(f"revoked key {args.id}")
+    return Exit.OK

@@ -1,0 +1,230 @@
+"""``pgbroker send``, ``read``, ``pop``, ``ack``, ``archive``, ``delete`` and ``purge``: messages
+from a shell. Reads print JSON lines with the receipt that ``ack`` takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from pgbroker.cli.support.base import (
+    CliError,
+    Exit,
+    Subcommands,
+    add_command,
+    json_argument,
+    json_problem,
+    loads,
+    message_json,
+    msg_id,
+    plural,
+    positive_int,
+    print_error,
+    seconds,
+    whole_seconds,
+)
+from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
+from pgbroker.errors import StaleReceipt
+from pgbroker.queues._client import Broker
+from pgbroker.queues._job_headers import with_job_headers
+from pgbroker.queues._records import Receipt
+
+__all__ = ["register", "send_lines"]
+
+
+def register(subcommands: Subcommands) -> None:
+    sub = add_command(subcommands, "send", "send a JSON message, or JSON lines from stdin", _send)
+    sub.add_argument("name", help="queue name")
+    sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
+    sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
+    sub.add_argument("--delay", type=whole_seconds, metavar="SECONDS", help="invisible for this long")
+    sub.add_argument("--priority", type=int, metavar="N", help="higher is read first (0)")
+    sub.add_argument("--dedup-key", metavar="KEY", help="not stored again while the key is taken")
+    sub.add_argument("--concurrency-key", metavar="KEY", help="the key max_in_flight_per_key counts by")
+    sub.add_argument(
+        "--codec",
+        metavar="NAME",
+        help="encode with json, msgpack, protobuf:TYPE or avro:NAME (the message is its JSON form); "
+        "default: the queue's policy",
+    )
+    add_codec_module_option(sub)
+    sub.add_argument(
+        "--batch-size", type=positive_int, default=500, metavar="N", help="stdin lines per statement (500)"
+    )
+
+    sub = add_command(subcommands, "read", "lease messages; prints JSON lines with receipts", _read)
+    sub.add_argument("name", help="queue name")
+    sub.add_argument("--vt", type=whole_seconds, default=30, metavar="SECONDS", help="lease length (30)")
+    sub.add_argument("--qty", type=positive_int, default=1, metavar="N", help="at most this many (1)")
+    sub.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait for messages (0)")
+
+    sub = add_command(subcommands, "pop", "read and delete messages at once (at most once)", _pop)
+    sub.add_argument("name", help="queue name")
+    sub.add_argument("--qty", type=positive_int, default=1, metavar="N", help="at most this many (1)")
+
+    sub = add_command(subcommands, "ack", "acknowledge read messages by receipt (archives them)", _ack)
+    sub.add_argument("name", help="queue name")
+    sub.add_argument("receipts", nargs="+", metavar="RECEIPT", help="receipts as printed by read")
+    sub.add_argument("--delete", action="store_true", help="delete instead of archiving")
+
+    sub = add_command(subcommands, "archive", "move messages to the archive by msg_id (unfenced)", _archive)
+    sub.add_argument("name", help="queue name")
+    sub.add_argument("msg_ids", nargs="+", type=msg_id, metavar="MSG_ID")
+
+    sub = add_command(subcommands, "delete", "delete messages by msg_id (unfenced)", _delete)
+    sub.add_argument("name", help="queue name")
+    sub.add_argument("msg_ids", nargs="+", type=msg_id, metavar="MSG_ID")
+
+    sub = add_command(subcommands, "purge", "delete every message of a queue (not its archive)", _purge)
+    sub.add_argument("name", help="queue name")
+    sub.add_argument("--yes", action="store_true", help="confirm: purge cannot be undone")
+
+
+def _send(args: argparse.Namespace, broker: Broker) -> int:
+    load_codec_modules(args)
+    queue = broker.queue(args.name)
+    headers: dict[str, Any] | None = None
+    if args.headers is not None:
+        parsed = json_argument(args.headers, "--headers")
+        if not isinstance(parsed, dict):
+            raise CliError(
+                '--headers must be a JSON object, for example \'{"source": "cli"}\'', code=Exit.USAGE
+            )
+        headers = parsed
+    job = with_job_headers(
+        headers, priority=args.priority, dedup_key=args.dedup_key, concurrency_key=args.concurrency_key
+    )
+    headers = None if job is None else dict(job)
+    if args.message is not None:
+        message = json_argument(args.message, "the message")
+        print(queue.send(message, headers=headers, delay=args.delay, codec=args.codec))
+        return Exit.OK
+
+    def send_batch(batch: list[Any]) -> int:
+        ids = queue.send_many(
+            batch,
+            headers=None if headers is None else [headers] * len(batch),
+            delay=args.delay,
+            codec=args.codec,
+        )
+        # Flushed per batch so a consumer of our output sees progress on a long stream.
+        print("\n".join(map(str, ids)), flush=True)
+        return len(ids)
+
+    if sys.stdin.isatty():
+        print("pgbroker: reading one JSON message per line; end with Ctrl-D", file=sys.stderr)
+    sent = send_lines(sys.stdin, args.batch_size, send_batch)
+    if sent == 0:
+        raise CliError(
+            "no messages on stdin; nothing sent",
+            code=Exit.NOTHING_DONE,
+            hint="Pass a message as an argument, or one JSON value per line on stdin.",
+        )
+    return Exit.OK
+
+
+def send_lines(stream: TextIO, batch_size: int, send_batch: Callable[[list[Any]], int]) -> int:
+    """Send the JSON lines of ``stream`` in batches; return how many were sent.
+
+    Each batch is parsed whole before it is sent, so a bad line stops the run with nothing of
+    its batch sent and every earlier batch sent: the output (the msg_ids) says exactly how far
+    it got.
+    """
+    sent = 0
+    batch: list[Any] = []
+    batch_start = 0
+    for line_no, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        if not batch:
+            batch_start = line_no
+        try:
+            batch.append(loads(line))
+        except ValueError as exc:
+            raise CliError(
+                f"line {line_no} is not valid JSON ({json_problem(exc)}): nothing from line "
+                f"{batch_start} on was sent ({plural(sent, 'message')} before it were)",
+                code=Exit.USAGE,
+                hint='Give one JSON value per line, for example {"order": 1}.',
+            ) from None
+        if len(batch) == batch_size:
+            sent += send_batch(batch)
+            batch = []
+    if batch:
+        sent += send_batch(batch)
+    return sent
+
+
+def _read(args: argparse.Namespace, broker: Broker) -> int:
+    for message in broker.queue(args.name).read_many(args.qty, vt=args.vt, wait=args.wait):
+        print(message_json(message))
+    return Exit.OK
+
+
+def _pop(args: argparse.Namespace, broker: Broker) -> int:
+    for message in broker.queue(args.name).pop_many(args.qty):
+        print(message_json(message))
+    return Exit.OK
+
+
+def _ack(args: argparse.Namespace, broker: Broker) -> int:
+    receipts = [Receipt.parse(token) for token in args.receipts]
+    queue = broker.queue(args.name)
+    archive = not args.delete
+    acked = set(queue.ack_many(receipts, archive=archive))
+    stale: list[StaleReceipt] = []
+    for receipt in receipts:
+        if receipt.msg_id in acked:
+            continue
+        # The batch form only skips a stale receipt; the single form says why it is stale.
+        try:
+            queue.ack(receipt, archive=archive)
+        except StaleReceipt as exc:
+            stale.append(exc)
+        else:
+            acked.add(receipt.msg_id)
+    for acked_id in dict.fromkeys(r.msg_id for r in receipts if r.msg_id in acked):
+        print(acked_id)
+    if not stale:
+        return Exit.OK
+    for error in stale[:-1]:
+        print_error(error.message, None)
+    raise CliError(stale[-1].message, code=Exit.STALE_RECEIPT, hint=stale[-1].hint)
+
+
+def _archive(args: argparse.Namespace, broker: Broker) -> int:
+    return _by_msg_id(args, broker.queue(args.name).archive_many)
+
+
+def _delete(args: argparse.Namespace, broker: Broker) -> int:
+    return _by_msg_id(args, broker.queue(args.name).delete_many)
+
+
+def _by_msg_id(args: argparse.Namespace, operation: Callable[[list[int]], list[int]]) -> int:
+    wanted = list(dict.fromkeys(args.msg_ids))
+    done = set(operation(wanted))
+    for wanted_id in wanted:
+        if wanted_id in done:
+            print(wanted_id)
+    missing = [str(wanted_id) for wanted_id in wanted if wanted_id not in done]
+    if missing:
+        raise CliError(
+            f'no message {", ".join(missing)} in queue "{args.name}"',
+            code=Exit.NOTHING_DONE,
+            hint="It was never sent, or was already deleted, archived, acknowledged or popped.",
+        )
+    return Exit.OK
+
+
+def _purge(args: argparse.Namespace, broker: Broker) -> int:
+    if not args.yes:
+        raise CliError(
+            f'purge deletes every message in queue "{args.name}" and cannot be undone',
+            code=Exit.USAGE,
+            hint=f"Confirm with: pgbroker purge {args.name} --yes",
+        )
+    purged = broker.queue(args.name).purge()
+    print(f'purged {plural(purged, "message")} from queue "{args.name}"')
+    return Exit.OK

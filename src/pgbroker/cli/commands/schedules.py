@@ -1,0 +1,140 @@
+"""``pgbroker schedule add|list|remove|pause|resume`` and ``pgbroker scheduler``: cron schedules kept
+in Postgres that send a message to a queue at every tick (sql/functions/78_schedules.sql).
+
+Every ``pgbroker worker`` also runs a scheduler; ``pgbroker scheduler`` runs one alone. However
+many run, each tick is sent once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from pgbroker.cli.support.base import (
+    CliError,
+    Exit,
+    Subcommands,
+    add_command,
+    add_group,
+    dsn_of,
+    json_argument,
+)
+from pgbroker.cli.support.tables import local_time, table
+from pgbroker.queues._client import Broker
+from pgbroker.queues._records import Schedule
+from pgbroker.schedules._scheduler import serve_alone
+
+__all__ = ["register"]
+
+
+def register(subcommands: Subcommands) -> None:
+    actions = add_group(subcommands, "schedule", "cron schedules that send messages to queues")
+    sub = add_command(actions, "add", "add a schedule", _add, json_output=True)
+    sub.add_argument("name", help="the schedule's name")
+    sub.add_argument("--queue", required=True, help="the queue each tick sends to")
+    sub.add_argument("--cron", required=True, help="5 fields, e.g. '*/5 * * * *' or '0 9 * * mon-fri'")
+    sub.add_argument("--message", required=True, metavar="JSON", help="the message each tick sends")
+    sub.add_argument("--headers", metavar="JSON", help="its headers, a JSON object")
+    sub.add_argument("--timezone", default="UTC", metavar="TZ", help="an IANA time zone (UTC)")
+    sub.add_argument("--replace", action="store_true", help="redefine a schedule of that name")
+    sub = add_command(actions, "list", "list the schedules", _list, json_output=True)
+    for action, summary, handler in (
+        ("remove", "remove a schedule", _remove),
+        ("pause", "stop sending a schedule's ticks", _pause),
+        ("resume", "send a paused schedule's ticks again, from the next one", _resume),
+    ):
+        sub = add_command(actions, action, summary, handler, json_output=True)
+        sub.add_argument("name", help="the schedule's name")
+
+    summary = "send the ticks of the schedules (workers run one too)"
+    add_command(subcommands, "scheduler", summary, _scheduler)
+
+
+def _schedule_json(schedule: Schedule) -> dict[str, Any]:
+    return {
+        key: value.isoformat() if hasattr(value, "isoformat") else value
+        for key, value in asdict(schedule).items()
+    }
+
+
+def _print(args: argparse.Namespace, schedule: Schedule, done: str) -> int:
+    if args.json:
+        print(json.dumps(_schedule_json(schedule), ensure_ascii=False))
+    else:
+        state = "paused" if schedule.paused else f"next tick {local_time(schedule.next_run)}"
+        print(f'{done} schedule "{schedule.name}" ({schedule.cron} {schedule.timezone}): {state}')
+    return Exit.OK
+
+
+def _add(args: argparse.Namespace, broker: Broker) -> int:
+    message = json_argument(args.message, "--message")
+    headers = None if args.headers is None else json_argument(args.headers, "--headers")
+    if headers is not None and not isinstance(headers, dict):
+        raise CliError('--headers must be a JSON object, for example \'{"source": "cron"}\'', code=Exit.USAGE)
+    schedule = broker.add_schedule(
+        args.name,
+        args.queue,
+        args.cron,
+        message,
+        headers=headers,
+        timezone=args.timezone,
+        replace=args.replace,
+    )
+    return _print(args, schedule, "replaced" if args.replace else "added")
+
+
+def _list(args: argparse.Namespace, broker: Broker) -> int:
+    schedules = broker.schedules()
+    if args.json:
+        print(json.dumps([_schedule_json(s) for s in schedules], ensure_ascii=False, indent=2))
+    elif not schedules:
+        print("no schedules (add one with: pgbroker schedule add NAME --queue Q --cron CRON --message JSON)")
+    else:
+        print(_schedule_table(schedules))
+    return Exit.OK
+
+
+def _schedule_table(schedules: Sequence[Schedule]) -> str:
+    rows = [
+        [
+            s.name,
+            s.queue_name,
+            f"{s.cron} {s.timezone}",
+            "paused" if s.paused else local_time(s.next_run),
+            local_time(s.last_run) if s.last_run else "-",
+            f"error: {s.last_error}" if s.last_error else str(s.last_msg_id or "-"),
+        ]
+        for s in schedules
+    ]
+    return table(["NAME", "QUEUE", "CRON", "NEXT", "LAST", "LAST MSG_ID"], rows)
+
+
+def _remove(args: argparse.Namespace, broker: Broker) -> int:
+    if not broker.remove_schedule(args.name):
+        raise CliError(
+            f'schedule "{args.name}" does not exist',
+            code=Exit.NOTHING_DONE,
+            hint="List them: pgbroker schedule list",
+        )
+    if args.json:
+        print(json.dumps({"removed": args.name}))
+    else:
+        print(f'removed schedule "{args.name}"')
+    return Exit.OK
+
+
+def _pause(args: argparse.Namespace, broker: Broker) -> int:
+    return _print(args, broker.pause_schedule(args.name), "paused")
+
+
+def _resume(args: argparse.Namespace, broker: Broker) -> int:
+    return _print(args, broker.resume_schedule(args.name), "resumed")
+
+
+def _scheduler(args: argparse.Namespace, broker: Broker) -> int:
+    asyncio.run(serve_alone(dsn_of(broker)))
+    return Exit.OK

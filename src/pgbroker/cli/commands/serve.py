@@ -1,0 +1,123 @@
+"""``pgbroker serve``: run the HTTP API (pgbroker.http) with uvicorn.
+
+The server opens its own async pool on the database the CLI connected to. It needs the ``http``
+extra, imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from types import FrameType
+
+from pgbroker.cli.support.base import Exit, Subcommands, add_command, dsn_of, needs_extra
+from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
+from pgbroker.queues._client import Broker
+
+__all__ = ["register"]
+
+
+def register(subcommands: Subcommands) -> None:
+    sub = add_command(subcommands, "serve", "serve the HTTP API, /metrics and the dashboard", _serve)
+    sub.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    sub.add_argument("--port", type=int, default=8080, help="port (8080)")
+    sub.add_argument("--max-body", type=int, default=1024 * 1024, metavar="BYTES", help="request body limit")
+    sub.add_argument(
+        "--rate", type=float, default=100.0, metavar="PER_SECOND", help="per-key rate limit (100)"
+    )
+    sub.add_argument("--burst", type=float, default=200.0, metavar="N", help="per-key burst (200)")
+    sub.add_argument(
+        "--max-wait", type=float, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
+    )
+    sub.add_argument(
+        "--head-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="close a connection whose request line and headers take longer (10)",
+    )
+    sub.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="answer 408 and close when a request's body takes longer (30)",
+    )
+    sub.add_argument(
+        "--keep-alive",
+        type=int,
+        default=5,
+        metavar="SECONDS",
+        help="close a kept-alive connection idle this long (5)",
+    )
+    sub.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=256,
+        metavar="N",
+        help="requests handled at once; more are answered 503 with Retry-After (256)",
+    )
+    sub.add_argument(
+        "--auth-failure-rate",
+        type=float,
+        default=1.0,
+        metavar="PER_SECOND",
+        help="failed API keys per client address before unknown keys are refused unread (1)",
+    )
+    sub.add_argument(
+        "--auth-failure-burst", type=float, default=20.0, metavar="N", help="burst of failed keys (20)"
+    )
+    sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
+    sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
+    add_codec_module_option(sub)  # the codecs HTTP sends may name
+
+
+def _serve(args: argparse.Namespace, broker: Broker) -> int:
+    with needs_extra("http"):
+        import uvicorn
+
+        from pgbroker.http import Settings, create_app
+        from pgbroker.http.server import protocol_with_head_timeout
+
+    load_codec_modules(args)
+    dsn = dsn_of(broker)
+    settings = Settings(
+        max_body_bytes=args.max_body,
+        rate_per_second=args.rate,
+        rate_burst=args.burst,
+        max_wait_seconds=args.max_wait,
+        metrics_public=args.public_metrics,
+        max_concurrency=args.max_concurrency,
+        body_timeout_seconds=args.body_timeout,
+        auth_failures_per_second=args.auth_failure_rate,
+        auth_failure_burst=args.auth_failure_burst,
+    )
+    app = create_app(dsn, settings=settings, max_connections=args.connections)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
+    # found: with the default one the process would die of it (exit -15, no cleanup). SIGTERM is
+    # how a server is normally stopped, so it ends here, as a success.
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="info" if getattr(args, "verbose", 0) else "warning",
+            http=protocol_with_head_timeout(args.head_timeout),
+            timeout_keep_alive=args.keep_alive,
+            # Requests in flight are answered first; the longest is a long poll.
+            timeout_graceful_shutdown=int(args.max_wait) + 5,
+        )
+    except _Stopped:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return Exit.OK
+
+
+class _Stopped(Exception):
+    """SIGTERM, passed on by uvicorn once it has shut down."""
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped

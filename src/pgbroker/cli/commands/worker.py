@@ -1,0 +1,232 @@
+"""``pgbroker worker MODULE:ATTR``: run handlers that consume queues, until SIGTERM or Ctrl-C.
+
+MODULE:ATTR is imported from the current directory (it is put on the import path): a
+pgbroker.App runs every handler it registered (or those of --queue), a function is run as the
+handler of each --queue. With --processes N, a supervisor starts N worker processes, restarts
+one that is killed, and passes SIGTERM and SIGINT on to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import multiprocessing
+import multiprocessing.connection
+import operator
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from pgbroker.cli.support.base import (
+    LOG_FORMAT,
+    CliError,
+    Exit,
+    Subcommands,
+    add_command,
+    add_progress_option,
+    classify,
+    dsn_of,
+    positive_int,
+    print_error,
+    seconds,
+)
+from pgbroker.queues._client import Broker
+from pgbroker.queues._records import Message
+from pgbroker.runtime._app import App, serve
+from pgbroker.runtime._stream_worker import StreamWorker
+from pgbroker.runtime._worker import Worker
+
+__all__ = ["register"]
+
+log = logging.getLogger("pgbroker.worker")
+
+# A worker process that was killed is started again after this pause, so that one that
+# dies at once (out of memory, say) does not spin.
+_RESTART_PAUSE = 1.0
+
+
+def register(subcommands: Subcommands) -> None:
+    summary = "run handlers that consume queues (until SIGTERM or Ctrl-C)"
+    sub = add_command(subcommands, "worker", summary, _worker)
+    sub.add_argument("target", metavar="MODULE:ATTR", help="a pgbroker.App, or a handler function")
+    sub.add_argument(
+        "--queue",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="queue to consume (repeatable; an App: all)",
+    )
+    sub.add_argument(
+        "--concurrency", type=positive_int, metavar="N", help="messages in flight per process (1)"
+    )
+    sub.add_argument(
+        "--batch-size", type=positive_int, metavar="N", help="most messages per read (concurrency)"
+    )
+    sub.add_argument("--vt", type=positive_int, metavar="SECONDS", help="lease length (30)")
+    sub.add_argument(
+        "--no-heartbeat", dest="heartbeat", action="store_false", default=None, help="do not extend leases"
+    )
+    sub.add_argument(
+        "--no-notify",
+        dest="notify",
+        action="store_false",
+        default=None,
+        help="do not enable notify on the queue",
+    )
+    sub.add_argument("--poll-max", type=seconds, metavar="SECONDS", help="longest pause between polls (5)")
+    sub.add_argument("--grace", dest="grace_period", type=seconds, metavar="SECONDS", help="drain time (30)")
+    sub.add_argument(
+        "--maintain-every", type=seconds, metavar="SECONDS", help="also apply archive retention this often"
+    )
+    sub.add_argument("--processes", type=positive_int, default=1, metavar="N", help="worker processes (1)")
+    sub.add_argument(
+        "--no-scheduler",
+        dest="schedules",
+        action="store_false",
+        help="do not send schedule ticks (by default every worker process runs a scheduler)",
+    )
+    add_progress_option(sub, "counts and rates to stderr")
+
+
+def _worker(args: argparse.Namespace, broker: Broker) -> int:
+    workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
+    dsn = dsn_of(broker)
+    if args.processes == 1:
+        return _serve(workers, dsn, args.progress, args.schedules)
+    return _supervise(args, dsn)
+
+
+def _serve(
+    workers: Sequence[Worker | StreamWorker], dsn: str, progress: float | None, schedules: bool = True
+) -> int:
+    asyncio.run(serve(workers, dsn=dsn, progress_every=progress, schedules=schedules))
+    return Exit.OK
+
+
+def _workers(args: argparse.Namespace) -> Sequence[Worker | StreamWorker]:
+    target = _load(args.target)
+    names = (
+        "concurrency",
+        "batch_size",
+        "vt",
+        "heartbeat",
+        "notify",
+        "poll_max",
+        "grace_period",
+        "maintain_every",
+    )
+    options: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if isinstance(target, App):
+        streams = [] if args.queue else target.stream_workers()  # --queue names queues only
+        return [*target.workers(args.queue or None, **options), *streams]
+    if not args.queue:
+        raise CliError(
+            f"{args.target} is a handler function: say which queue it consumes",
+            code=Exit.USAGE,
+            hint=f"pgbroker worker {args.target} --queue NAME",
+        )
+    return [Worker(name, target, **options) for name in args.queue]
+
+
+def _load(target: str) -> App | Callable[[Message], Any]:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise CliError(
+            f"expected MODULE:ATTR, got {target!r}",
+            code=Exit.USAGE,
+            hint="For example: pgbroker worker shop.jobs:app",
+        )
+    # As `python -m` would: handlers usually live beside where the worker is started.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+        found = operator.attrgetter(attribute)(module)
+    except (ImportError, AttributeError) as exc:
+        raise CliError(f"cannot load {target}: {exc}", code=Exit.USAGE) from exc
+    if not (isinstance(found, App) or callable(found)):
+        raise CliError(f"{target} is neither a pgbroker.App nor a function, but {found!r}", code=Exit.USAGE)
+    return found  # type: ignore[no-any-return]
+
+
+def _supervise(args: argparse.Namespace, dsn: str) -> int:
+    """Run args.processes worker processes until SIGTERM or SIGINT; restart one that is killed.
+
+    The first signal reaches the workers as SIGTERM (stop within the grace period), any later
+    one as SIGINT (stop now). Exits with the first non-zero exit code of a worker process that
+    ended on its own (after stopping the others), else 0.
+    """
+    context = multiprocessing.get_context("spawn")  # a fork would share the parent's connection
+    level = logging.getLogger().getEffectiveLevel()
+    children: list[BaseProcess] = []
+    stopping = False
+    result: int = Exit.OK
+
+    def start() -> None:
+        child = context.Process(target=_child, args=(args, dsn, level), name="pgbroker-worker")
+        child.start()
+        children.append(child)
+
+    def stop_all(*_: object) -> None:
+        nonlocal stopping
+        for child in children:
+            if child.pid is not None and child.exitcode is None:
+                os.kill(child.pid, signal.SIGINT if stopping else signal.SIGTERM)
+        stopping = True
+
+    previous = {signum: signal.signal(signum, stop_all) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for _ in range(args.processes):
+            start()
+        log.info("supervisor.started processes=%s pid=%s", args.processes, os.getpid())
+        while children:
+            multiprocessing.connection.wait([child.sentinel for child in children], timeout=1.0)
+            for child in [c for c in children if c.exitcode is not None]:
+                children.remove(child)
+                code = child.exitcode
+                assert code is not None
+                if stopping or code == 0:
+                    continue
+                if code < 0:
+                    log.warning("supervisor.restarting pid=%s signal=%s", child.pid, -code)
+                    time.sleep(_RESTART_PAUSE)
+                    start()
+                else:
+                    result = code
+                    stop_all()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return result
+
+
+def _child(args: argparse.Namespace, dsn: str, level: int) -> None:
+    """A worker process under the supervisor, which alone decides when it stops."""
+    # Out of the terminal's process group: Ctrl-C reaches the supervisor only, which passes it on.
+    os.setpgrp()
+    _stop_with(os.getppid())
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        code = _serve(_workers(args), dsn, args.progress, args.schedules)
+    except Exception as exc:
+        code, message, hint = classify(exc)
+        print_error(message, hint)
+    sys.exit(code)
+
+
+def _stop_with(parent: int) -> None:
+    """Stop gracefully once the supervisor is gone (killed): nobody else would stop this process."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="pgbroker-parent-watch", daemon=True).start()

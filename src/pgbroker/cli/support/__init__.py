@@ -1,0 +1,1 @@
+"""What the CLI's commands share."""

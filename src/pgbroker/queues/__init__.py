@@ -1,0 +1,1 @@
+"""Queues: the clients (AsyncBroker, and Broker generated from it) and their query layer."""

@@ -1,0 +1,1 @@
+"""The consumer runtime: App, Worker, the stream worker and their parts."""

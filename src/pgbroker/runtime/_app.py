@@ -1,0 +1,230 @@
+"""Running workers: the App registry (``@app.handler("orders")``) and serve(), which runs workers
+until SIGTERM or SIGINT and then stops them gracefully.
+
+    app = pgbroker.App()
+
+    @app.handler("orders", concurrency=4)
+    def ship(message: pgbroker.Message) -> None:
+        ...
+
+    app.run()                      # or: pgbroker worker mymodule:app
+
+serve() opens one connection pool for all its workers (each uses up to four connections at
+once: two reads in flight, acks sent on their own, the heartbeat) and one LISTEN connection,
+shared through an AsyncBroker.
+
+Signals: SIGTERM or SIGINT stops every worker with its grace period; SIGINT once more
+(Ctrl-C twice) gives back what is still in flight at once. SIGTERM again changes nothing:
+process managers send it to every process of a service, and the worker supervisor passes
+it on as well, so a worker process may well receive it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AsyncExitStack
+from typing import Any, TextIO, TypedDict, TypeVar, Unpack
+
+from psycopg_pool import AsyncConnectionPool
+
+from pgbroker._db.dsn import connection_kwargs, resolve_dsn
+from pgbroker.errors import InvalidArgument
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._stream_worker import StreamHandler, StreamWorker
+from pgbroker.runtime._worker import Handler, Worker, WorkerStats
+from pgbroker.schedules._scheduler import Scheduler
+
+__all__ = ["App", "WorkerOptions", "serve"]
+
+H = TypeVar("H", bound=Handler)
+SH = TypeVar("SH", bound=StreamHandler)
+
+# How long serve() waits for its first connections: a wrong DSN fails here, not at the first read.
+_CONNECT_TIMEOUT = 30.0
+
+
+class WorkerOptions(TypedDict, total=False):
+    """Keyword options of Worker (see there)."""
+
+    concurrency: int
+    batch_size: int
+    vt: int
+    heartbeat: bool
+    notify: bool
+    poll_min: float
+    poll_max: float
+    grace_period: float
+    maintain_every: float
+
+
+class App:
+    """Handlers by queue name, run together by run(), serve() or `pgbroker worker module:app`."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, tuple[Handler, WorkerOptions]] = {}
+        self._stream_workers: list[Callable[[], StreamWorker]] = []
+
+    @property
+    def queues(self) -> list[str]:
+        return list(self._handlers)
+
+    def handler(self, queue: str, **options: Unpack[WorkerOptions]) -> Callable[[H], H]:
+        """Register the decorated function as the handler of ``queue``; it is returned unchanged."""
+
+        def register(function: H) -> H:
+            if queue in self._handlers:
+                raise InvalidArgument(f'queue "{queue}" already has a handler: {self._handlers[queue][0]!r}')
+            Worker(queue, function, **options)  # checks the options here, where a mistake is made
+            self._handlers[queue] = (function, options)
+            return function
+
+        return register
+
+    def stream_handler(self, stream: str, group: str, **options: Any) -> Callable[[SH], SH]:
+        """Register the decorated function as a handler of ``group`` on ``stream`` (see
+        StreamWorker for the options); it runs with the queue handlers, one consumer a process."""
+
+        def register(function: SH) -> SH:
+            StreamWorker(stream, group, function, **options)  # checks the options here
+            self._stream_workers.append(lambda: StreamWorker(stream, group, function, **options))
+            return function
+
+        return register
+
+    def workers(
+        self, queues: Iterable[str] | None = None, **overrides: Unpack[WorkerOptions]
+    ) -> list[Worker]:
+        """A Worker per registered queue (or per queue named), with ``overrides`` over each one's options."""
+        names = self.queues if queues is None else list(queues)
+        unknown = [name for name in names if name not in self._handlers]
+        if unknown:
+            raise InvalidArgument(
+                f"no handler for queue {', '.join(map(repr, unknown))}",
+                hint=f"Registered: {', '.join(self.queues) or 'none'}.",
+            )
+        workers = []
+        for name in names:
+            handler, registered = self._handlers[name]
+            options: WorkerOptions = {**registered, **overrides}
+            workers.append(Worker(name, handler, **options))
+        return workers
+
+    def stream_workers(self) -> list[StreamWorker]:
+        """A StreamWorker per registered stream handler."""
+        return [make() for make in self._stream_workers]
+
+    def run(self, dsn: str | None = None, **overrides: Unpack[WorkerOptions]) -> None:
+        """Run every handler until SIGTERM or SIGINT (see serve)."""
+        asyncio.run(serve([*self.workers(**overrides), *self.stream_workers()], dsn=dsn))
+
+
+async def serve(
+    workers: Sequence[Worker | StreamWorker],
+    *,
+    dsn: str | None = None,
+    broker: AsyncBroker | None = None,
+    handle_signals: bool = True,
+    progress_every: float | None = None,
+    progress_out: TextIO | None = None,
+    schedules: bool = True,
+) -> None:
+    """Run workers until they stop: by Worker.stop(), or by SIGTERM or SIGINT (see above) when
+    ``handle_signals`` (it needs the main thread).
+
+    With ``schedules`` (the default) a Scheduler runs beside them and sends the ticks of the
+    cron schedules (pgbroker.schedules._scheduler); any number of processes may run one.
+
+    Uses ``broker`` when given, else a pool of its own on ``dsn`` (resolved like Broker's).
+    With ``progress_every``, prints each worker's counts and rate that often (to stderr).
+    Raises the error that stopped a worker (QueueNotFound, say) after stopping the others.
+    """
+    if not workers:
+        raise InvalidArgument("no workers to run", hint="Register a handler, or pass a Worker.")
+    async with AsyncExitStack() as stack:
+        if broker is None:
+            broker = await _own_broker(stack, dsn, workers)
+        loop = asyncio.get_running_loop()
+        stopping = False
+        scheduler = Scheduler() if schedules else None
+
+        def on_signal(signum: int) -> None:
+            nonlocal stopping
+            hurry = stopping and signum == signal.SIGINT
+            if hurry or not stopping:
+                for worker in workers:
+                    worker.stop(grace_period=0 if hurry else None)
+                if scheduler is not None:
+                    scheduler.stop()
+            stopping = True
+
+        for signum in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
+            loop.add_signal_handler(signum, on_signal, signum)
+            stack.callback(loop.remove_signal_handler, signum)
+        if progress_every is not None:
+            reporter = asyncio.create_task(_report(workers, progress_every, progress_out or sys.stderr))
+            stack.callback(reporter.cancel)
+        tasks = [
+            asyncio.create_task(worker.run(broker), name=f"pgbroker-worker-{worker.queue}")
+            for worker in workers
+        ]
+        if scheduler is not None:
+            scheduling = asyncio.create_task(scheduler.run(broker), name="pgbroker-scheduler")
+            stack.push_async_callback(_stopped, scheduler, scheduling)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((task for task in done if not task.cancelled() and task.exception()), None)
+        if failed is not None:
+            for worker in workers:
+                worker.stop()
+            await asyncio.wait(tasks)
+            error = failed.exception()
+            assert error is not None
+            raise error
+
+
+async def _stopped(scheduler: Scheduler, task: asyncio.Task[None]) -> None:
+    scheduler.stop()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def _own_broker(
+    stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker | StreamWorker]
+) -> AsyncBroker:
+    # No round trip to check a connection on checkout: AsyncBroker passes over those the server
+    # has closed (pgbroker._db.liveness), and a worker retries a call whose connection broke anyway.
+    pool = AsyncConnectionPool(
+        resolve_dsn(dsn),
+        min_size=2 * len(workers),
+        max_size=4 * len(workers) + 1,  # + the scheduler's
+        kwargs={"autocommit": True, **connection_kwargs()},
+        open=False,
+        name="pgbroker-worker",
+    )
+    await pool.open(wait=True, timeout=_CONNECT_TIMEOUT)
+    stack.push_async_callback(pool.close)
+    broker = AsyncBroker(pool=pool)
+    stack.push_async_callback(broker.close)
+    return broker
+
+
+async def _report(workers: Sequence[Worker | StreamWorker], every: float, out: TextIO) -> None:
+    """A progress line per worker every ``every`` seconds: counts, and the rate since the last line."""
+    last = {id(worker): (time.monotonic(), worker.stats.completed) for worker in workers}
+    while True:
+        await asyncio.sleep(every)
+        for worker in workers:
+            stats: WorkerStats = worker.stats
+            then, completed = last[id(worker)]
+            now = time.monotonic()
+            rate = (stats.completed - completed) / (now - then)
+            last[id(worker)] = (now, stats.completed)
+            print(
+                f"progress queue={worker.queue} completed={stats.completed} rate={rate:.1f}/s "
+                f"retried={stats.retried} dead_lettered={stats.dead_lettered} stale={stats.stale} "
+                f"in_flight={worker.in_flight}",
+                file=out,
+                flush=True,
+            )

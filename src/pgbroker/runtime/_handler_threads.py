@@ -1,0 +1,60 @@
+"""The threads that run a worker's sync handlers, so that they never block its event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from contextlib import suppress
+from typing import Any
+
+from pgbroker.queues._records import Message
+
+
+class HandlerThreads:
+    """Daemon threads that run sync handlers, ``size`` at a time.
+
+    Not concurrent.futures' pool: its threads are joined at interpreter exit, so one handler
+    stuck past the grace period would keep a stopping worker process alive for good.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self._work: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._size = size
+        for n in range(size):
+            threading.Thread(target=self._serve, name=f"{name}-{n + 1}", daemon=True).start()
+
+    async def run(self, handler: Callable[[Message], object], message: Message) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._work.put((loop, future, handler, message))
+        await future
+
+    def close(self) -> None:
+        """Let the threads end once their current handler returns."""
+        for _ in range(self._size):
+            self._work.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._work.get()) is not None:
+            loop, future, handler, message = item
+            error: BaseException | None = None
+            try:
+                handler(message)
+            except Exception as exc:
+                error = exc
+            except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler: a failure
+                error = RuntimeError(f"handler raised {exc!r}")
+            # The loop is closed when the worker stopped without waiting for this handler.
+            with suppress(RuntimeError):
+                loop.call_soon_threadsafe(_settle, future, error)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():  # cancelled: the worker gave the message back meanwhile
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

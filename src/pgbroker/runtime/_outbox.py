@@ -1,0 +1,97 @@
+"""The outcomes a worker owes the server: handled messages waiting to be acked or failed.
+
+A handler that returns (or raises) leaves its outcome here and its slot is free at once. The
+outcomes ride with the worker's next read, in the same transaction and round trip
+(pgbroker.runtime._round_trips); the ones no read comes for within ``linger`` seconds (every slot still
+busy, or the worker stopping) are sent on their own. Successes of a batch share one
+pgbroker.complete, failures one pgbroker.fail per distinct error text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pgbroker.queues import _queries as q
+from pgbroker.queues._queries import Query
+from pgbroker.queues._records import Message, Receipt
+
+__all__ = ["Outbox", "Outcome"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A handled message: the receipt to record it with, and the handler's error (None: success)."""
+
+    message: Message
+    receipt: Receipt
+    error: str | None = None
+
+
+class Outbox:
+    """Outcomes not yet sent, oldest first; ``changed`` is set whenever one is added."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self._items: list[Outcome] = []
+        self._since = 0.0  # monotonic time of the oldest outcome waiting
+        self.changed = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, outcome: Outcome) -> None:
+        if not self._items:
+            self._since = time.monotonic()
+        self._items.append(outcome)
+        self.changed.set()
+
+    def put_back(self, outcomes: list[Outcome]) -> None:
+        """Return outcomes whose sending failed, ahead of any added since."""
+        if outcomes:
+            self._items[:0] = outcomes
+            self._since = time.monotonic()
+            self.changed.set()
+
+    def take(self) -> list[Outcome]:
+        taken, self._items = self._items, []
+        return taken
+
+    def waited(self) -> float:
+        """Seconds the oldest outcome has waited (0 when there is none)."""
+        return time.monotonic() - self._since if self._items else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The statements that record a list of outcomes, and how to read their results back."""
+
+    successes: list[Outcome]
+    failures: dict[str, list[Outcome]]  # by error text
+    queries: list[Query[Any]]
+
+    def results(self, found: Iterable[Any]) -> tuple[set[int], dict[int, str]]:
+        """(msg_ids acked, {msg_id: 'retry' | 'dead_lettered'}) from the queries' results."""
+        answers = iter(found)
+        acked = set(next(answers)) if self.successes else set()
+        failed: dict[int, str] = {}
+        for _ in self.failures:
+            failed.update(next(answers))
+        return acked, failed
+
+
+def batch_of(queue: str, outcomes: list[Outcome]) -> Batch:
+    successes = [outcome for outcome in outcomes if outcome.error is None]
+    failures: dict[str, list[Outcome]] = {}
+    for outcome in outcomes:
+        if outcome.error is not None:
+            failures.setdefault(outcome.error, []).append(outcome)
+    queries: list[Query[Any]] = []
+    if successes:
+        queries.append(q.message_complete_many(queue, [outcome.receipt for outcome in successes]))
+    for error, failed in failures.items():
+        queries.append(q.message_fail_many(queue, [outcome.receipt for outcome in failed], error=error))
+    return Batch(successes, failures, queries)

@@ -1,0 +1,299 @@
+"""The worker runtime for streams: a handler on a stream and a consumer group.
+
+A StreamWorker is one consumer of the group. It reads a batch from the partitions it owns, runs
+the handler on every message (the partitions of the batch side by side, up to ``concurrency``,
+and the messages of one partition one after another, so that a key's messages are handled in
+order), and acks the batch as a whole in the same call that reads the next one: one statement
+and one commit a batch. A message whose handler raised is marked failed in the batch; the ack
+sends it to the group's retry queue, where the queue's policy applies (back-off, max
+deliveries, dead-letter queue). The worker also runs a queue Worker on that retry queue with
+the same handler, which gets the message as a StreamMessage again (from its
+x-pgbroker-stream header), so the handler sees one kind of message either way.
+
+A worker that dies mid-batch acks nothing: the batch is delivered again to whoever takes its
+partitions over when its lease runs out (at-least-once). stop() finishes the batch in hand,
+acks it and releases the partitions, so that the others take them over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+from contextlib import suppress
+from datetime import datetime
+from typing import Any, TypeAlias
+
+from pgbroker._db.backoff import Backoff
+from pgbroker._db.listen import AsyncSubscription
+from pgbroker.errors import InvalidArgument
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._records import Message
+from pgbroker.runtime._handler_threads import HandlerThreads
+
+# The queue worker's classification of connection errors and its log format, shared so that
+# both runtimes log and retry alike.
+from pgbroker.runtime._worker import Worker, WorkerStats
+from pgbroker.runtime._worker import _is_transient as is_transient
+from pgbroker.runtime._worker import _log as log_event
+from pgbroker.streams._client_async import AsyncStream, AsyncStreamConsumer, consumer_name
+from pgbroker.streams._records import StreamBatch, StreamMessage
+
+__all__ = ["StreamHandler", "StreamWorker", "stream_message_of"]
+
+# Called with each message; a coroutine function is awaited, anything else runs on a thread.
+StreamHandler: TypeAlias = Callable[[StreamMessage], Any]
+
+_RECONNECT = (0.05, 2.0)
+_LISTEN_TIMEOUT = 1.0
+
+
+def stream_message_of(message: Message) -> StreamMessage:
+    """The stream message a retry-queue message was made from (its x-pgbroker-stream header)."""
+    origin = (message.headers or {}).get("x-pgbroker-stream")
+    if not isinstance(origin, dict):
+        raise InvalidArgument(
+            f"message {message.msg_id} did not come from a stream (no x-pgbroker-stream header)"
+        )
+    headers = {k: v for k, v in (message.headers or {}).items() if k != "x-pgbroker-stream"} or None
+    return StreamMessage(
+        stream=origin["stream"],
+        partition=origin["partition"],
+        id=origin["id"],
+        epoch=-1,  # not read under a lease of the stream: it cannot ack the stream
+        key=origin.get("key"),
+        enqueued_at=datetime.fromisoformat(origin["enqueued_at"]),
+        headers=headers,
+        message=message.message,
+    )
+
+
+class StreamWorker:
+    """One consumer of ``group`` on ``stream``, running ``handler``; ``await run(broker)``.
+
+    batch_size: most messages a read. concurrency: partitions of a batch handled at once.
+    lease: seconds a consumer owns its partitions without reading (a dead one's partitions
+    move after that). poll_min/poll_max: the polls of an idle stream (sooner when the stream
+    notifies). retries: also run the group's retry queue with the handler. grace_period:
+    seconds a stopping worker waits for the batch in hand (then it is left unacked, to be
+    delivered again). maintain_every: apply the stream's retention that often (seconds; None:
+    leave it to `pgbroker stream maintain`); it empties child tables without waiting for locks,
+    so several workers doing it cost little.
+    """
+
+    def __init__(
+        self,
+        stream: str,
+        group: str,
+        handler: StreamHandler,
+        *,
+        batch_size: int = 100,
+        concurrency: int = 1,
+        lease: int = 30,
+        poll_min: float = 0.02,
+        poll_max: float = 1.0,
+        retries: bool = True,
+        grace_period: float = 30.0,
+        consumer: str | None = None,
+        maintain_every: float | None = 60.0,
+    ) -> None:
+        if not callable(handler):
+            raise InvalidArgument(f"handler must be callable, got {handler!r}")
+        for value, what in ((batch_size, "batch_size"), (concurrency, "concurrency"), (lease, "lease")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
+        self.stream = stream
+        self.group = group
+        self.queue = f"{stream}/{group}"  # what serve() logs and reports it by
+        self.handler = handler
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.lease = lease
+        self.poll_min, self.poll_max = poll_min, max(poll_min, poll_max)
+        self.retries = retries
+        self.grace_period = grace_period
+        self.consumer = consumer or consumer_name()
+        self.maintain_every = maintain_every
+        self.stats = WorkerStats()
+        call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
+        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+        self._stopping = asyncio.Event()
+        self._in_flight = 0
+        self._retry_worker: Worker | None = None
+
+    def __repr__(self) -> str:
+        return f"StreamWorker({self.stream!r}, {self.group!r}, consumer={self.consumer!r})"
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def stop(self, *, grace_period: float | None = None) -> None:
+        """Stop reading; the batch in hand is finished and acked (within the grace period)."""
+        if grace_period is not None:
+            self.grace_period = grace_period
+        self._stopping.set()
+        if self._retry_worker is not None:
+            self._retry_worker.stop(grace_period=grace_period)
+
+    async def run(self, broker: AsyncBroker) -> None:
+        stream = AsyncStream(broker, self.stream)
+        consumer = stream.consumer(self.group, name=self.consumer, lease=self.lease)
+        threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.stream}")
+        retry_task = maintain_task = None
+        if self.retries:
+            retry_queue = next((g.retry_queue for g in await stream.groups() if g.name == self.group), None)
+            if retry_queue is not None:
+                self._retry_worker = Worker(retry_queue, self._retry, concurrency=self.concurrency)
+                if self._stopping.is_set():
+                    self._retry_worker.stop()
+                retry_task = asyncio.create_task(self._retry_worker.run(broker))
+        if self.maintain_every is not None:
+            maintain_task = asyncio.create_task(self._maintain(stream, self.maintain_every))
+        log_event(
+            logging.INFO,
+            "stream_worker.started",
+            stream=self.stream,
+            group=self.group,
+            consumer=self.consumer,
+        )
+        try:
+            await self._consume(stream, consumer, threads)
+        finally:
+            with suppress(Exception):
+                await consumer.release()
+            if maintain_task is not None:
+                maintain_task.cancel()
+            if self._retry_worker is not None:
+                self._retry_worker.stop()
+            for task in (retry_task, maintain_task):
+                if task is not None:
+                    with suppress(Exception, asyncio.CancelledError):
+                        await task
+            if threads is not None:
+                threads.close()
+            log_event(
+                logging.INFO,
+                "stream_worker.stopped",
+                stream=self.stream,
+                group=self.group,
+                completed=self.stats.completed,
+                retried=self.stats.retried,
+            )
+
+    async def _consume(
+        self, stream: AsyncStream, consumer: AsyncStreamConsumer, threads: HandlerThreads | None
+    ) -> None:
+        idle = Backoff(self.poll_min, self.poll_max)
+        trouble = Backoff(*_RECONNECT)
+        subscription: AsyncSubscription | None = None
+        handled: StreamBatch | None = None  # acked with the next read
+        while True:
+            stopping = self._stopping.is_set()
+            try:
+                if stopping:
+                    if handled is not None:
+                        await consumer.ack(handled)
+                        self._count(handled)
+                    return
+                if subscription is None:
+                    subscription = await stream.listen(_LISTEN_TIMEOUT)
+                self.stats.reads += 1
+                batch = await consumer.ack_and_read(handled, self.batch_size)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                # The ack and the read were one transaction, and it may have committed without
+                # its answer arriving. Settle the handled batch on its own (an ack again is
+                # harmless), then rewind: a read that committed unseen must not skip its rows.
+                self.stats.connection_errors += 1
+                log_event(
+                    logging.WARNING, "stream_worker.database_unavailable", stream=self.stream, error=exc
+                )
+                await self._nap(None, trouble.next())
+                try:
+                    if handled is not None:
+                        await consumer.ack(handled)
+                        self._count(handled)
+                        handled = None
+                    await consumer.rewind()
+                except Exception as again:
+                    if not is_transient(again):
+                        raise
+                continue
+            trouble.reset()
+            if handled is not None:
+                self._count(handled)
+            handled = None
+            if not batch:
+                await self._nap(subscription, idle.next())
+                continue
+            idle.reset()
+            self.stats.received += len(batch)
+            self._in_flight = len(batch)
+            try:
+                await self._handle_batch(batch, threads)
+            finally:
+                self._in_flight = 0
+            handled = batch
+
+    def _count(self, batch: StreamBatch) -> None:
+        self.stats.retried += len(batch.failures)
+        self.stats.completed += len(batch) - len(batch.failures)
+
+    async def _handle_batch(self, batch: StreamBatch, threads: HandlerThreads | None) -> None:
+        by_partition: dict[int, list[StreamMessage]] = {}
+        for message in batch:
+            by_partition.setdefault(message.partition, []).append(message)
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def one_partition(messages: list[StreamMessage]) -> None:
+            async with slots:
+                for message in messages:
+                    error = await self._handle(threads, message)
+                    if error is not None:
+                        batch.fail(message, f"{type(error).__name__}: {error}")
+
+        await asyncio.gather(*(one_partition(ms) for ms in by_partition.values()))
+
+    async def _handle(self, threads: HandlerThreads | None, message: StreamMessage) -> Exception | None:
+        try:
+            if threads is None:
+                await self.handler(message)
+            else:
+                await threads.run(self.handler, message)  # type: ignore[arg-type]
+        except Exception as exc:
+            log_event(
+                logging.INFO, "stream_worker.handler_failed", stream=self.stream, id=message.id, error=exc
+            )
+            return exc
+        return None
+
+    async def _retry(self, message: Message) -> None:
+        """The handler, on a message of the retry queue (a Worker's handler: raising fails it)."""
+        converted = stream_message_of(message)
+        if self._is_async:
+            await self.handler(converted)
+        else:
+            await asyncio.to_thread(self.handler, converted)
+
+    async def _maintain(self, stream: AsyncStream, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                emptied = await stream.maintain()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                continue
+            if emptied:
+                log_event(logging.INFO, "stream_worker.retention", stream=self.stream, emptied=emptied)
+
+    async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
+        sleepers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stopping.wait())]
+        if subscription is not None:
+            sleepers.append(asyncio.ensure_future(subscription.wait(seconds)))
+        await asyncio.wait(sleepers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for sleeper in sleepers:
+            sleeper.cancel()

@@ -1,0 +1,737 @@
+"""The worker runtime: a handler consumes a queue with N messages in flight per process.
+
+A Worker reads batches sized to its free slots and runs each message's handler: an async
+handler on the event loop, a sync one on the worker's threads. The outcome goes through the
+queue's policy, in SQL: success -> pgbroker.complete (archive or delete), an exception ->
+pgbroker.fail (back in the queue after the back-off, or dead-lettered after max_deliveries).
+
+Round trips are few: a handler's outcome waits in the outbox (pgbroker.runtime._outbox) for the next
+read, and the outcomes of a batch and that read go in one transaction and one round trip
+(pgbroker.runtime._round_trips); outcomes that no read takes along within a few milliseconds (every slot
+busy with slow handlers, or the queue empty) are sent on their own. On the common success path
+a message costs no round trip of its own.
+
+While handlers run, one heartbeat extends, in one call, the leases of all those past a third
+of their vt. Each extend hands out a new receipt and spends the old one, so the heartbeat and
+the outcome of a message take turns on its lease. A handler that outlives its lease (no
+heartbeat, or the database away for longer than the lease) cannot ack: another consumer has
+the message by then. That is counted as ``stale`` and logged, never retried here.
+
+Calls that fail because the connection is lost (a restart, a failover) are retried while the
+lease still holds; fenced receipts make a retried ack safe, so a restart of Postgres costs
+no duplicate handling.
+
+An empty queue is waited on with LISTEN/NOTIFY; polls are the fallback, less frequent the
+longer the queue stays empty (``poll_min`` doubling up to ``poll_max``). Worker.stop() (or
+SIGTERM/SIGINT under pgbroker.runtime._app.serve) stops reading, lets the handlers in flight (and the
+messages read ahead for them) finish within ``grace_period``, sends the outcomes still waiting,
+and gives back (nacks) the messages that could not be handled in time. A read-ahead message
+counts as delivered (read_ct), as one in flight does: a worker killed outright leaves both to
+come back after their vt, one delivery further towards the queue's max_deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeAlias, TypeVar
+
+import psycopg
+
+from pgbroker._db.backoff import Backoff, Patience
+from pgbroker._db.listen import AsyncSubscription, nap
+from pgbroker.errors import DatabaseError, InvalidArgument, PgbrokerError, QueueNotFound, StaleReceipt
+from pgbroker.queues import _queries as q
+from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
+from pgbroker.queues._queries import Query
+from pgbroker.queues._records import Message, Receipt
+from pgbroker.runtime._handler_threads import HandlerThreads
+from pgbroker.runtime._outbox import Batch, Outbox, Outcome, batch_of
+from pgbroker.runtime._round_trips import run_together
+
+__all__ = ["Handler", "Worker", "WorkerStats"]
+
+log = logging.getLogger("pgbroker.worker")
+
+T = TypeVar("T")
+# Called with each message; a coroutine function is awaited, anything else runs on a thread.
+# Returning normally is success; raising is a failure (see pgbroker.fail).
+Handler: TypeAlias = Callable[[Message], Any]
+
+# How long to wait for the LISTEN to be in place before the first read; reads do not need it.
+_LISTEN_TIMEOUT = 1.0
+# Retries of calls that lost their connection: soon at first, then every few seconds.
+_RECONNECT = (0.05, 2.0)
+# Seconds an outcome waits for the next read to carry it before it is sent on its own.
+_ACK_LINGER = 0.01
+# Read-ahead: messages read beyond the free slots, held (leased) until a slot frees. As many as
+# the handlers get through in _AHEAD_SECONDS at their measured pace, at most _MOST_AHEAD; none
+# until a handler has finished, and none for handlers that take longer than that.
+_AHEAD_SECONDS = 0.05
+_MOST_AHEAD = 100
+# Reads in flight at once, each on its own connection: the server serves one while the handlers
+# go through what the last one brought.
+_READS_AT_ONCE = 2
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost or refused connection (the same call may succeed soon).
+
+    psycopg reports those, and pool timeouts, as OperationalError; the clients wrap errors
+    raised by a query in pgbroker's types, with the psycopg error as the cause.
+    """
+    cause = exc.__cause__ if isinstance(exc, DatabaseError) else exc
+    return isinstance(cause, psycopg.OperationalError)
+
+
+def _log(level: int, event: str, **fields: object) -> None:
+    """One log line: the event, then key=value pairs (values with spaces are JSON-quoted)."""
+    if log.isEnabledFor(level):
+        pairs = []
+        for key, value in fields.items():
+            text = str(value)
+            plain = text and not any(c in text for c in ' "=\n')
+            pairs.append(f"{key}={text if plain else json.dumps(text)}")
+        log.log(level, "%s %s", event, " ".join(pairs))
+
+
+@dataclass
+class WorkerStats:
+    """What a worker has done since it started."""
+
+    reads: int = 0  # read statements, empty ones included
+    received: int = 0  # messages read
+    completed: int = 0  # handled and acked
+    retried: int = 0  # handler failed; back in the queue after the back-off
+    dead_lettered: int = 0  # handler failed on the last allowed delivery
+    stale: int = 0  # lease lost before the outcome was recorded: the message is redelivered
+    released: int = 0  # given back unhandled at shutdown
+    connection_errors: int = 0  # calls that lost their connection (then tried again while that made sense)
+
+
+@dataclass(eq=False, slots=True)
+class _Lease:
+    """One message's lease: the current receipt, and whether the heartbeat is renewing it."""
+
+    receipt: Receipt
+    # Set once the outcome is being recorded, or the lease is lost or given back: no more extends.
+    over: bool = False
+    # An extend in flight: the outcome waits for it, then uses the receipt it handed out.
+    extending: asyncio.Future[None] | None = None
+
+
+async def _why(call: Awaitable[object]) -> str:
+    """Why a receipt was refused: the single forms raise StaleReceipt with the server's reason
+    (they cannot succeed now: a receipt that stopped holding never holds again)."""
+    try:
+        await call
+    except StaleReceipt as exc:
+        return exc.message
+    except Exception as exc:
+        return f"unknown ({exc})"
+    return "recorded on the second try"
+
+
+async def _retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``, tried again after connection errors until ``lease_ends`` (epoch seconds).
+
+    Past the lease a retry could only fail as stale, so the last error is raised instead.
+    """
+    retry = Patience(*_RECONNECT, within=lease_ends - time.time())
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not _is_transient(exc):
+                raise
+            stats.connection_errors += 1
+            pause = retry.next()
+            if pause is None:
+                raise
+            _log(logging.INFO, "worker.retrying", error=exc, pause=f"{pause:.2f}")
+            await asyncio.sleep(pause)
+
+
+def _check_seconds(value: float, what: str, *, positive: bool = True) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value >= 0)
+    ):
+        raise InvalidArgument(f"{what} must be a finite number of seconds >= 0, got {value!r}")
+    if positive and value == 0:
+        raise InvalidArgument(f"{what} must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _check_count(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+class Worker:
+    """Consumes one queue with one handler; ``await worker.run(broker)`` until stop().
+
+    concurrency: messages in flight at once. Fast handlers also get a read-ahead: as many more
+    messages as they handle in about 50 ms (at most 100, none for slow handlers), held leased
+    until a slot frees, so that even one slot shares its reads and acks among many messages.
+    batch_size: most messages per read (default: the larger of concurrency and 100); a read is
+    made once half of what may be held is free, so that reads are shared. vt: lease seconds.
+    heartbeat: extend leases of slow handlers (and of read-ahead messages) every vt/3 seconds.
+    notify: enable notify on the queue if it has none (with pgmq's default 250 ms throttle),
+    so an idle worker sleeps until a send. poll_min and
+    poll_max: the fallback polls of an empty queue, doubling from one to the other.
+    grace_period: seconds a stopping worker waits for its handlers. maintain_every: apply
+    the archive retention and forget expired dedup keys every so many seconds (None: leave it
+    to `pgbroker maintain`).
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        handler: Handler,
+        *,
+        concurrency: int = 1,
+        batch_size: int | None = None,
+        vt: int = 30,
+        heartbeat: bool = True,
+        notify: bool = True,
+        poll_min: float = 0.01,
+        poll_max: float = 5.0,
+        grace_period: float = 30.0,
+        maintain_every: float | None = None,
+    ) -> None:
+        if not callable(handler):
+            raise InvalidArgument(f"handler must be callable, got {handler!r}")
+        self.queue = queue
+        self.handler = handler
+        self.concurrency = _check_count(concurrency, "concurrency")
+        self.batch_size = _check_count(
+            batch_size if batch_size is not None else max(concurrency, _MOST_AHEAD), "batch_size"
+        )
+        self.vt = _check_count(vt, "vt")
+        self.heartbeat = heartbeat
+        self.notify = notify
+        self.poll_min = _check_seconds(poll_min, "poll_min")
+        self.poll_max = max(self.poll_min, _check_seconds(poll_max, "poll_max"))
+        self.grace_period = _check_seconds(grace_period, "grace_period", positive=False)
+        self.maintain_every = (
+            None if maintain_every is None else _check_seconds(maintain_every, "maintain_every")
+        )
+        self.stats = WorkerStats()
+        call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
+        self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+        self._in_flight: dict[asyncio.Task[None], _Lease] = {}
+        # Read ahead, not started yet: started as slots free, given back at stop.
+        self._ahead: deque[tuple[Message, _Lease]] = deque()
+        self._handler_seconds: float | None = None  # moving average of the handlers' time
+        self._threads: HandlerThreads | None = None
+        self._asked = 0  # messages asked for by the reads in flight
+        self._unavailable = False  # the last call lost its connection
+        self._stopping = asyncio.Event()
+        self._hurry = False
+        self._changed = asyncio.Event()  # a slot came free, or stop() was called
+        self._outbox = Outbox(queue)
+        self._closing = False  # the outbox's sender sends what is left, then ends
+
+    def __repr__(self) -> str:
+        return f"Worker({self.queue!r}, {getattr(self.handler, '__qualname__', self.handler)!r})"
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def stop(self, *, grace_period: float | None = None) -> None:
+        """Stop reading and let run() drain; call on the worker's event loop.
+
+        grace_period overrides the worker's own (0: give back what is in flight now).
+        """
+        if grace_period is not None:
+            self.grace_period = _check_seconds(grace_period, "grace_period", positive=False)
+            self._hurry = self.grace_period == 0
+        self._stopping.set()
+        self._changed.set()
+
+    async def run(self, broker: AsyncBroker) -> None:
+        """Consume until stop(), then drain. Raises what made consuming impossible (QueueNotFound)."""
+        queue = broker.queue(self.queue)
+        if self.notify:
+            await self._enable_notify(queue)
+        threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.queue}")
+        self._threads = threads
+        flusher = asyncio.create_task(self._send_lingering(broker), name=f"pgbroker-ack-{self.queue}")
+        helpers = []
+        if self.heartbeat:
+            helpers.append(asyncio.create_task(self._heartbeats(queue), name=f"pgbroker-beat-{self.queue}"))
+        if self.maintain_every is not None:
+            helpers.append(asyncio.create_task(self._maintain(queue), name=f"pgbroker-maintain-{self.queue}"))
+        _log(
+            logging.INFO,
+            "worker.started",
+            queue=self.queue,
+            concurrency=self.concurrency,
+            vt=self.vt,
+            heartbeat=self.heartbeat,
+            pid=os.getpid(),
+        )
+        try:
+            await self._consume(broker, queue, threads)
+        finally:
+            self._stopping.set()
+            await self._drain(queue)
+            # The outcomes still waiting are sent now, then the sender ends.
+            self._closing = True
+            self._outbox.changed.set()
+            await asyncio.gather(flusher, return_exceptions=True)
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            if threads is not None:
+                threads.close()
+            _log(logging.INFO, "worker.stopped", queue=self.queue, **self._counts())
+
+    def _counts(self) -> dict[str, int]:
+        s = self.stats
+        return {
+            "completed": s.completed,
+            "retried": s.retried,
+            "dead_lettered": s.dead_lettered,
+            "stale": s.stale,
+            "released": s.released,
+        }
+
+    async def _enable_notify(self, queue: AsyncQueue) -> None:
+        try:
+            await queue.enable_notify(keep_existing=True)
+        except QueueNotFound:
+            raise
+        except PgbrokerError as exc:
+            # A role that may not create triggers, say: the worker still works, by polling.
+            _log(
+                logging.WARNING,
+                "worker.notify_unavailable",
+                queue=self.queue,
+                poll_max=self.poll_max,
+                error=exc,
+            )
+
+    # -- reading, with the outcomes of the last messages -----------------------------------
+
+    async def _consume(self, broker: AsyncBroker, queue: AsyncQueue, threads: HandlerThreads | None) -> None:
+        """Read while there is room, up to _READS_AT_ONCE reads in flight (on their own
+        connections), so that the server serves one while the handlers go through the last."""
+        idle = Backoff(self.poll_min, self.poll_max)
+        trouble = Backoff(*_RECONNECT)
+        self._unavailable = False
+        subscription: AsyncSubscription | None = None
+        reads: dict[asyncio.Task[list[Message]], tuple[int, list[Outcome]]] = {}
+        pause: float | None = None  # an empty queue or a lost connection: sleep once the reads are back
+        try:
+            while not self._stopping.is_set():
+                await self._until(partial(self._read_due, reads, pause is None))
+                if self._stopping.is_set():
+                    return
+                for task in [t for t in reads if t.done()]:
+                    qty, outcomes = reads.pop(task)
+                    self._asked -= qty
+                    found = self._read_back(task, outcomes)
+                    if found is None:
+                        pause, subscription = trouble.next(), None
+                    elif found:
+                        idle.reset()
+                        trouble.reset()
+                        pause = None
+                    elif pause is None:
+                        pause = idle.next()
+                        trouble.reset()
+                if pause is not None:
+                    if reads:
+                        continue  # first what they bring
+                    await self._nap(subscription, pause)
+                    pause = None
+                    continue
+                if not self._may_read(reads):
+                    continue
+                if subscription is None:
+                    try:
+                        subscription = await queue.listen(_LISTEN_TIMEOUT)
+                    except Exception as exc:
+                        if not self._lost_connection(exc, []):
+                            raise
+                        pause = trouble.next()
+                        continue
+                qty = min(self.batch_size, self._room() - self._asked)
+                outcomes = self._outbox.take()
+                self._asked += qty
+                self.stats.reads += 1
+                task = asyncio.create_task(self._exchange(broker, outcomes, qty))
+                task.add_done_callback(lambda _: self._changed.set())
+                reads[task] = (qty, outcomes)
+        finally:
+            # Reads still in flight: their messages are held, and given back by _drain.
+            await asyncio.gather(*reads, return_exceptions=True)
+            for task, (qty, outcomes) in reads.items():
+                self._asked -= qty
+                with suppress(Exception):
+                    self._read_back(task, outcomes)
+
+    def _read_due(self, reads: Mapping[asyncio.Task[list[Message]], object], may_read: bool) -> bool:
+        """A read came back, or (unless napping) there is room for another."""
+        return any(task.done() for task in reads) or (may_read and self._may_read(reads))
+
+    def _may_read(self, reads: Mapping[asyncio.Task[list[Message]], object]) -> bool:
+        """Room for a read: half of what may be held is free (so that reads are shared)."""
+        if len(reads) >= _READS_AT_ONCE:
+            return False
+        return self._room() - self._asked >= min(self.batch_size, max(1, self._capacity() // 2))
+
+    def _read_back(self, task: asyncio.Task[list[Message]], outcomes: list[Outcome]) -> list[Message] | None:
+        """Take in what a read brought: its messages (held, and started as slots free), or None
+        after a lost connection (its outcomes go back to the outbox). Raises any other error."""
+        try:
+            messages = task.result()
+        except Exception as exc:
+            if not self._lost_connection(exc, outcomes):
+                raise
+            return None
+        if self._unavailable:
+            _log(logging.WARNING, "worker.database_available", queue=self.queue)
+            self._unavailable = False
+        self.stats.received += len(messages)
+        for message in messages:
+            assert message.receipt is not None  # pgbroker.read hands out receipts
+            self._ahead.append((message, _Lease(message.receipt)))
+        self._start_ahead()
+        return messages
+
+    def _lost_connection(self, exc: Exception, outcomes: list[Outcome]) -> bool:
+        """Whether ``exc`` is a lost connection (logged; the call is worth another try later).
+        The outcomes the call carried go back to the outbox either way: its sender tries them
+        again (fenced receipts make a second ack safe)."""
+        self._outbox.put_back(outcomes)
+        if not _is_transient(exc):
+            return False
+        self.stats.connection_errors += 1
+        if outcomes:
+            _log(logging.INFO, "worker.retrying", error=exc, outcomes=len(outcomes))
+        # Once per outage at WARNING; the retries at DEBUG.
+        _log(
+            logging.DEBUG if self._unavailable else logging.WARNING,
+            "worker.database_unavailable",
+            queue=self.queue,
+            error=exc,
+        )
+        self._unavailable = True
+        return True
+
+    async def _exchange(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
+        """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages.
+
+        The common case, successes and a read, is one statement; failures (one statement per
+        error text) go with them in pipeline mode.
+        """
+        batch = batch_of(self.queue, outcomes)
+        async with broker.connection() as conn:
+            if qty and batch.successes and not batch.failures:
+                [(acked, found)] = await run_together(
+                    conn,
+                    [
+                        q.message_complete_and_read(
+                            self.queue, [o.receipt for o in batch.successes], qty, vt=self.vt
+                        )
+                    ],
+                )
+                await self._record(broker.queue(self.queue), batch, set(acked), {})
+                read: list[Message] = found
+                return read
+            queries: list[Query[Any]] = list(batch.queries)
+            if qty:
+                queries.append(q.message_read_many(self.queue, qty, vt=self.vt))
+            results = await run_together(conn, queries, shared=broker.single_connection)
+        messages: list[Message] = results.pop() if qty else []
+        if outcomes:
+            await self._record(broker.queue(self.queue), batch, *batch.results(results))
+        return messages
+
+    async def _send_lingering(self, broker: AsyncBroker) -> None:
+        """Send the outcomes that no read took along within _ACK_LINGER seconds; at the end, all."""
+        outbox = self._outbox
+        while True:
+            if not outbox:
+                if self._closing:
+                    return
+                outbox.changed.clear()
+                await outbox.changed.wait()
+                continue
+            wait = _ACK_LINGER - outbox.waited()
+            if wait > 0 and not self._closing:
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._closed_or_never()
+                continue
+            outcomes = outbox.take()
+            lease_ends = max(outcome.receipt.lease for outcome in outcomes) / 1e6
+            try:
+                await _retry_while_leased(
+                    self.stats, lease_ends, partial(self._exchange, broker, outcomes, 0)
+                )
+            except Exception as exc:
+                for outcome in outcomes:
+                    self._not_recorded(outcome, f"the ack failed: {exc}")
+
+    async def _closed_or_never(self) -> None:
+        while not self._closing:
+            self._outbox.changed.clear()
+            await self._outbox.changed.wait()
+
+    async def _record(self, queue: AsyncQueue, batch: Batch, acked: set[int], failed: dict[int, str]) -> None:
+        """Count what the server recorded; ask why for what it refused (a stale receipt)."""
+        for outcome in batch.successes:
+            if outcome.receipt.msg_id in acked:
+                self.stats.completed += 1
+            else:
+                self._not_recorded(outcome, await _why(queue.ack(outcome.receipt)))
+        for error, outcomes in batch.failures.items():
+            for outcome in outcomes:
+                message = outcome.message
+                result = failed.get(message.msg_id)
+                if result is None:
+                    self._not_recorded(outcome, await _why(queue.fail(outcome.receipt, error=error)))
+                    continue
+                if result == "dead_lettered":
+                    self.stats.dead_lettered += 1
+                    level, event = logging.WARNING, "worker.dead_lettered"
+                else:
+                    self.stats.retried += 1
+                    level, event = logging.INFO, "worker.retry"
+                _log(
+                    level,
+                    event,
+                    queue=self.queue,
+                    msg_id=message.msg_id,
+                    delivery=message.read_ct,
+                    error=error,
+                )
+
+    def _not_recorded(self, outcome: Outcome, why: str) -> None:
+        self.stats.stale += 1
+        message = outcome.message
+        if outcome.error is None:
+            _log(
+                logging.WARNING,
+                "worker.ack_refused",
+                queue=self.queue,
+                msg_id=message.msg_id,
+                delivery=message.read_ct,
+                reason=why,
+            )
+        else:
+            _log(
+                logging.WARNING,
+                "worker.failure_not_recorded",
+                queue=self.queue,
+                msg_id=message.msg_id,
+                delivery=message.read_ct,
+                error=outcome.error,
+                why=why,
+            )
+
+    async def _until(self, ready: Callable[[], bool]) -> None:
+        while not (ready() or self._stopping.is_set()):
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
+        """Sleep until a notification of a send, stop(), or ``seconds`` have passed."""
+        await nap(self._stopping, subscription, seconds)
+
+    # -- one message -----------------------------------------------------------------------
+
+    def _capacity(self) -> int:
+        """Messages that may be held: the slots, and the read-ahead the handlers' pace allows."""
+        pace = self._handler_seconds
+        if pace is None:
+            return self.concurrency
+        ahead = _MOST_AHEAD if pace <= 0 else min(_MOST_AHEAD, int(_AHEAD_SECONDS * self.concurrency / pace))
+        return self.concurrency + ahead
+
+    def _room(self) -> int:
+        return self._capacity() - self.in_flight - len(self._ahead)
+
+    def _start_ahead(self) -> None:
+        """Start read-ahead messages while slots are free."""
+        while self._ahead and self.in_flight < self.concurrency and not self._hurry:
+            message, lease = self._ahead.popleft()
+            task = asyncio.create_task(self._process(self._threads, message, lease))
+            self._in_flight[task] = lease
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(task, None)
+        self._start_ahead()
+        self._changed.set()
+        if not task.cancelled() and task.exception() is not None:
+            _log(logging.ERROR, "worker.bug", queue=self.queue, error=repr(task.exception()))
+
+    async def _process(self, threads: HandlerThreads | None, message: Message, lease: _Lease) -> None:
+        started = time.perf_counter()
+        error = await self._handle(threads, message)
+        took = time.perf_counter() - started
+        pace = self._handler_seconds
+        self._handler_seconds = took if pace is None else 0.9 * pace + 0.1 * took
+        if lease.extending is not None:  # an extend in flight finishes first: its receipt is the one to use
+            await asyncio.shield(lease.extending)
+        if lease.over:  # lost, or given back at shutdown
+            return
+        lease.over = True
+        text = None if error is None else f"{type(error).__name__}: {error}"
+        self._outbox.add(Outcome(message, lease.receipt, text))
+
+    async def _handle(self, threads: HandlerThreads | None, message: Message) -> Exception | None:
+        if message.codec_error is not None:
+            # The body cannot be decoded here (pgbroker.codecs): a failed delivery, so that the
+            # policy retries it (another process may know the codec) and, in the end, dead-letters it.
+            return message.codec_error
+        try:
+            if threads is None:
+                await self.handler(message)
+            else:
+                await threads.run(self.handler, message)
+        except Exception as exc:
+            log.debug("handler traceback", exc_info=exc)
+            return exc
+        return None
+
+    async def _heartbeats(self, queue: AsyncQueue) -> None:
+        """Extend, in one call, every lease of a handler still running past a third of its vt.
+
+        Each extend hands out a new receipt and spends the old one: a handler that returns
+        meanwhile waits for it (``lease.extending``) and records its outcome with the new one.
+        """
+        while True:
+            await asyncio.sleep(self.vt / 6)
+            now = time.time()
+            held = [*self._in_flight.values(), *(lease for _, lease in self._ahead)]
+            due = [
+                lease
+                for lease in held
+                if not lease.over and lease.receipt.lease / 1e6 - now < 2 * self.vt / 3
+            ]
+            if due:
+                await self._extend(queue, due)
+
+    async def _extend(self, queue: AsyncQueue, leases: list[_Lease]) -> None:
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for lease in leases:
+            lease.extending = turn
+        receipts = [lease.receipt for lease in leases]
+        try:
+            renewed = await _retry_while_leased(
+                self.stats,
+                min(receipt.lease for receipt in receipts) / 1e6,
+                partial(queue.extend_many, receipts, vt=self.vt),
+            )
+            error = "the lease had ended"
+        except Exception as exc:
+            renewed = {}
+            error = exc.message if isinstance(exc, PgbrokerError) else str(exc)
+        for lease in leases:
+            lease.extending = None
+            held = lease.receipt
+            if held.msg_id in renewed:
+                lease.receipt = renewed[held.msg_id]
+            elif not lease.over:
+                lease.over = True
+                self.stats.stale += 1
+                _log(
+                    logging.WARNING,
+                    "worker.lease_lost",
+                    queue=self.queue,
+                    msg_id=held.msg_id,
+                    delivery=held.read_ct,
+                    error=error,
+                )
+        turn.set_result(None)
+
+    # -- stopping and maintenance ----------------------------------------------------------
+
+    async def _drain(self, queue: AsyncQueue) -> None:
+        """Wait up to the grace period for the handlers in flight and what was read ahead (fast
+        handlers, by construction: handling it spares its message a delivery count), then give
+        back the rest."""
+        if (self._in_flight or self._ahead) and not self._hurry:
+            _log(
+                logging.INFO,
+                "worker.draining",
+                queue=self.queue,
+                in_flight=self.in_flight,
+                read_ahead=len(self._ahead),
+                grace_period=self.grace_period,
+            )
+            with suppress(TimeoutError):
+                async with asyncio.timeout(self.grace_period):
+                    await self._until_drained()
+        ahead = [lease for _, lease in self._ahead]
+        self._ahead.clear()
+        leftover = list(self._in_flight.items())
+        await self._release(queue, ahead + [lease for _, lease in leftover])
+        for task, _ in leftover:
+            task.cancel()
+        await asyncio.gather(*(task for task, _ in leftover), return_exceptions=True)
+
+    async def _release(self, queue: AsyncQueue, leases: list[_Lease]) -> None:
+        """Nack the leases whose handler has not finished (or not started)."""
+        receipts = []
+        for lease in leases:
+            if lease.extending is not None:  # the receipt to give back is the one it hands out
+                await asyncio.shield(lease.extending)
+            if not lease.over:  # otherwise its outcome is being recorded
+                lease.over = True
+                receipts.append(lease.receipt)
+        if not receipts:
+            return
+        try:
+            released = await queue.nack_many(receipts)
+        except Exception as exc:
+            released = []
+            _log(logging.WARNING, "worker.release_failed", queue=self.queue, error=exc)
+        self.stats.released += len(released)
+        _log(
+            logging.WARNING,
+            "worker.released",
+            queue=self.queue,
+            messages=len(released),
+            unfinished=len(receipts),
+        )
+
+    async def _until_drained(self) -> None:
+        while (self._in_flight or self._ahead) and not self._hurry:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def _maintain(self, queue: AsyncQueue) -> None:
+        assert self.maintain_every is not None
+        while True:
+            await asyncio.sleep(self.maintain_every)
+            trimmed = 0
+            try:
+                # Each batch is its own short transaction.
+                while batch := await queue.trim_archive():
+                    trimmed += batch
+                while await queue.trim_dedup_keys():  # expired dedup keys (34_dedup.sql)
+                    pass
+            except Exception as exc:
+                _log(logging.WARNING, "worker.maintenance_failed", queue=self.queue, error=exc)
+            if trimmed:
+                _log(logging.INFO, "worker.archive_trimmed", queue=self.queue, rows=trimmed)

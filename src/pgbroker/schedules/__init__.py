@@ -1,0 +1,1 @@
+"""Schedules: the scheduler that sends a schedule's messages when they are due."""

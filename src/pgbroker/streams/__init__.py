@@ -1,0 +1,1 @@
+"""Streams: the stream clients (AsyncStream, and Stream generated from it) and their queries."""

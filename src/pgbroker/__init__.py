@@ -1,47 +1,118 @@
 """pgbroker: a message broker inside PostgreSQL, call-compatible with pgmq.
 
-The public surface is small: Broker and Queue (sync; pgbroker.queues._client_async has the
-asyncio twins), App and Worker (the consumer runtime), the records Message,
-Receipt, QueueInfo, Metrics and Policy, and the exceptions in pgbroker.errors.
+This module is the public API, sync and asyncio alike: the clients (Broker, Queue, Transaction,
+Stream and their Async twins), the consumer runtime (App, Worker, StreamWorker, Scheduler), the
+records they return and the errors they raise. A module or package whose name starts with an
+underscore is private; a package's API is its __init__ (docs/adr/0001-layout.md).
 """
 
 from pgbroker.errors import (
+    DatabaseError,
+    InstallError,
     InvalidArgument,
     InvalidMessage,
     InvalidQueueName,
     MessageTooLarge,
+    MissingExtension,
     NotInstalled,
     PgbrokerError,
     QueueFull,
     QueueNameConflict,
     QueueNotFound,
     StaleReceipt,
+    StreamGroupNotFound,
+    StreamNotFound,
 )
-from pgbroker.queues._client import Broker, Queue, Transaction
-from pgbroker.queues._records import Message, Metrics, Policy, QueueInfo, Receipt
-from pgbroker.runtime._app import App
-from pgbroker.runtime._worker import Worker
+from pgbroker.queues import (
+    AsyncBroker,
+    AsyncQueue,
+    AsyncTransaction,
+    Broker,
+    Message,
+    Metrics,
+    PeekedMessage,
+    Policy,
+    PolicyChanges,
+    Queue,
+    QueueInfo,
+    Receipt,
+    Schedule,
+    ScheduleTick,
+    Transaction,
+)
+from pgbroker.runtime import (
+    App,
+    Handler,
+    StreamHandler,
+    StreamWorker,
+    Worker,
+    WorkerOptions,
+    WorkerStats,
+)
+from pgbroker.schedules import (
+    Scheduler,
+    SchedulerStats,
+)
+from pgbroker.streams import (
+    AsyncStream,
+    AsyncStreamConsumer,
+    PartitionLag,
+    Stream,
+    StreamBatch,
+    StreamConsumer,
+    StreamGroupInfo,
+    StreamInfo,
+    StreamMessage,
+)
 
 __all__ = [
     "App",
+    "AsyncBroker",
+    "AsyncQueue",
+    "AsyncStream",
+    "AsyncStreamConsumer",
+    "AsyncTransaction",
     "Broker",
+    "DatabaseError",
+    "Handler",
+    "InstallError",
     "InvalidArgument",
     "InvalidMessage",
     "InvalidQueueName",
     "Message",
     "MessageTooLarge",
     "Metrics",
+    "MissingExtension",
     "NotInstalled",
+    "PartitionLag",
+    "PeekedMessage",
     "PgbrokerError",
     "Policy",
+    "PolicyChanges",
     "Queue",
     "QueueFull",
     "QueueInfo",
     "QueueNameConflict",
     "QueueNotFound",
     "Receipt",
+    "Schedule",
+    "ScheduleTick",
+    "Scheduler",
+    "SchedulerStats",
     "StaleReceipt",
+    "Stream",
+    "StreamBatch",
+    "StreamConsumer",
+    "StreamGroupInfo",
+    "StreamGroupNotFound",
+    "StreamHandler",
+    "StreamInfo",
+    "StreamMessage",
+    "StreamNotFound",
+    "StreamWorker",
     "Transaction",
     "Worker",
+    "WorkerOptions",
+    "WorkerStats",
 ]
 __version__ = "0.1.0"

@@ -1,1 +1,8 @@
-"""The consumer runtime: App, Worker, the stream worker and their parts."""
+"""The consumer runtime: App runs Workers (a queue each), StreamWorkers (a stream's consumer group
+each) and the scheduler in one process. Its modules are private: import from here."""
+
+from pgbroker.runtime._app import App, WorkerOptions
+from pgbroker.runtime._stream_worker import StreamHandler, StreamWorker
+from pgbroker.runtime._worker import Handler, Worker, WorkerStats
+
+__all__ = ["App", "Handler", "StreamHandler", "StreamWorker", "Worker", "WorkerOptions", "WorkerStats"]

@@ -1,1 +1,6 @@
-"""Schedules: the scheduler that sends a schedule's messages when they are due."""
+"""Schedules: the scheduler that sends each schedule's messages when they fall due (App runs one;
+``pgbroker scheduler`` runs one alone)."""
+
+from pgbroker.schedules._scheduler import Scheduler, SchedulerStats
+
+__all__ = ["Scheduler", "SchedulerStats"]

@@ -120,9 +120,10 @@ pgbouncer:
 	    "the pooler tests will fail" >&2
 	fi
 
-test: generate pg-partman chromium rabbitmq brokers pgbouncer
+test: venv pg-partman chromium rabbitmq brokers pgbouncer
 	cd "$(ROOT)"
-	.venv/bin/ruff check src tests bench scripts setup.py
+	.venv/bin/python scripts/async_to_sync.py --check
+	.venv/bin/ruff check src tests bench scripts
 	.venv/bin/mypy $(MYPY_PATHS)
 	.venv/bin/lint-imports --no-logo
 	# Three processes, a test file each at a time (its module fixtures stay in one process); each
@@ -133,19 +134,21 @@ test: generate pg-partman chromium rabbitmq brokers pgbouncer
 # (tests/README.md lists the markers; a test that starts a service without its marker fails).
 QUICK_MARKERS := not (slow or rabbitmq or redis or nats or mqtt or sqs or spark or browser or pgbouncer)
 
-test-quick: generate
+test-quick: venv
 	cd "$(ROOT)"
+	.venv/bin/python scripts/async_to_sync.py --check
 	.venv/bin/pytest -m '$(QUICK_MARKERS)' -x
 
-lint: generate
+lint: venv
 	cd "$(ROOT)"
-	.venv/bin/ruff check src tests bench scripts setup.py
+	.venv/bin/python scripts/async_to_sync.py --check
+	.venv/bin/ruff check src tests bench scripts
 	.venv/bin/mypy $(MYPY_PATHS)
 	.venv/bin/lint-imports --no-logo
 
-# The sync client (src/pgbroker/queues/_client.py, not kept in git) is generated from the asyncio one
-# (scripts/async_to_sync.py says how). Installing runs it too (setup.py); test and lint run it
-# first, so they never see a stale twin. tests/unit/test_generated_sync.py fails while it is stale.
+# The sync twins (src/pgbroker/queues/_client.py, streams/_client.py) are generated from the asyncio
+# modules (scripts/async_to_sync.py says how) and committed: run this after changing one of those.
+# test, test-quick and lint only check (--check), so a stale committed twin fails them.
 generate: venv
 	cd "$(ROOT)"
 	.venv/bin/python scripts/async_to_sync.py

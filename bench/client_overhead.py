@@ -51,8 +51,8 @@ def run(bench: Bench, result: ScenarioResult) -> None:
     result.description = (
         f"One process, {seconds:g} s per operation and way; 22 B messages; reads start from a backlog of "
         f"{config.consume_prefill:,}; acks delete. '{RAW}': pgmq.send / send_batch, pgbroker.read + "
-        f"pgbroker.ack, prepared. '{CLIENT_SQL}': the statements of pgbroker.queues._queries on a raw connection, "
-        f"prepared. '{CLIENT}': Broker(dsn, max_connections=1) and its Queue methods. "
+        f"pgbroker.ack, prepared. '{CLIENT_SQL}': the statements of pgbroker.queues._queries on a raw "
+        f"connection, prepared. '{CLIENT}': Broker(dsn, max_connections=1) and its Queue methods. "
         "Ratio: client / raw SQL."
     )
     queue_name = bench.new_queue_name("client")

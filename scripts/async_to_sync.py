@@ -3,10 +3,10 @@
     python scripts/async_to_sync.py          # rewrite every generated file (what `make generate` runs)
     python scripts/async_to_sync.py --check  # exit 1, naming the stale files, when one would change
 
-The generated files are build products, like a parser generator's output: setup.py runs this script
-whenever the package is built or installed (editable installs too), `make test` and `make lint` run
-it first, and git ignores its output. So the repository holds each method once, and a generated
-file can never be committed stale.
+The generated files are committed, each opening with a "generated, do not edit" header, so that
+review, search and jump-to-definition see the classes users import. `make lint` and `make test` run
+`--check` first, and tests/unit/test_generated_sync.py fails too, while a twin is stale: the
+repository holds each method once by hand, and its twin can never drift from it.
 
 Why tokens and not an ``ast`` round trip: ``ast.unparse`` throws away comments, blank lines and
 the layout of every long call, and the generated twin is read and reviewed like hand-written code.

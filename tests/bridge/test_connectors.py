@@ -253,7 +253,8 @@ def test_an_mqtt_publish_no_subscriber_matched_is_retried_then_dead_lettered(dsn
 def test_a_missing_client_library_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "redis", None)  # as if redis-py were not installed
     monkeypatch.delitem(sys.modules, "pgbroker.bridge.connectors.redis_streams", raising=False)
-    monkeypatch.delattr("pgbroker.bridge.connectors.redis_streams", raising=False)  # imported by an earlier test
+    # Imported by an earlier test.
+    monkeypatch.delattr("pgbroker.bridge.connectors.redis_streams", raising=False)
     with pytest.raises(ModuleNotFoundError, match=r"redis:// bridge needs redis .*pgbroker\[bridge\]"):
         OutboundBridge(AsyncBroker("postgresql://nowhere"), "outbox", "redis://127.0.0.1:6379")
 

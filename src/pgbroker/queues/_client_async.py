@@ -1,7 +1,7 @@
-# The one written copy of the client. Its synchronous twin, pgbroker/queues/_client.py, is generated from
-# this file by scripts/async_to_sync.py when the package is built or installed (setup.py) and by
-# `make generate`; it is not kept in git. Where the twins really differ: `if ASYNC:` blocks are
-# left out of the sync twin, and a line ending in `# sync: <code>` becomes <code> there.
+# The one written copy of the client. Its synchronous twin, _client.py, is generated from this
+# file by scripts/async_to_sync.py (`make generate`) and committed; `make lint` fails while it is
+# stale. Where the twins really differ: `if ASYNC:` blocks are left out of the sync twin, and a
+# line ending in `# sync: <code>` becomes <code> there.
 """The asyncio client: AsyncBroker (connections, install, queue management) and AsyncQueue.
 
 Every method builds a Query in pgbroker.queues._queries and hands it to an executor:
@@ -288,8 +288,8 @@ class AsyncQueue:
         enqueued_before: datetime | None = None,
     ) -> list[PeekedMessage]:
         """Up to qty messages with msg_id > ``after`` (and <= ``before``), oldest first, without
-        leasing or changing them, each with its state; filters as in pgbroker.queues._queries.message_peek_many.
-        The next page: ``after=`` the last msg_id of this one."""
+        leasing or changing them, each with its state; filters as in
+        pgbroker.queues._queries.message_peek_many. The next page: ``after=`` the last msg_id of this one."""
         query = q.message_peek_many(
             self.name,
             qty,

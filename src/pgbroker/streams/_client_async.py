@@ -1,6 +1,5 @@
-# The one written copy of the stream client. Its synchronous twin, pgbroker/streams/_client.py, is
-# generated from this file by scripts/async_to_sync.py (like client.py from aio.py); it is not
-# kept in git.
+# The one written copy of the stream client. Its synchronous twin, _client.py, is generated from
+# this file by scripts/async_to_sync.py and committed, like the queue client's.
 """The asyncio stream client: AsyncStream (create, send, groups, lag, retention) and
 AsyncStreamConsumer (a consumer of a group: read batches, ack them as a whole). Every call is
 awaited in the asyncio client:

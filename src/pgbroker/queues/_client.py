@@ -1,0 +1,594 @@
+# Generated from _client_async.py by scripts/async_to_sync.py; do not edit.
+# Change src/pgbroker/queues/_client_async.py, then run `make generate` (python scripts/async_to_sync.py).
+"""The synchronous client: Broker (connections, install, queue management) and Queue.
+
+Every method builds a Query in pgbroker.queues._queries and hands it to an executor:
+a pool (each call borrows a connection in autocommit), or one connection
+that the caller owns, for example inside ``with broker.transaction() as tx``
+so that sends and acks commit or roll back with the caller's own writes.
+A read that waits sleeps on the broker's Listener (pgbroker._db.listen) between
+reads, holding no connection meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar, Unpack
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import ConnectionPool
+
+from pgbroker import codecs
+from pgbroker._db.backoff import SEND_RETRY, Patience
+from pgbroker._db.dsn import connection_kwargs, listen_dsn, resolve_dsn
+from pgbroker._db.install import InstallResult, install
+from pgbroker._db.listen import DEFAULT_POLL_INTERVAL, Listener, Subscription, Waiting, conninfo_of
+from pgbroker._db.liveness import server_has_written
+from pgbroker.codecs import Codec, CodecLike
+from pgbroker.codecs.queue_defaults import DefaultCodecs
+from pgbroker.errors import QueueFull, from_postgres
+from pgbroker.queues import _queries as q
+from pgbroker.queues._job_headers import with_job_headers
+from pgbroker.queues._queries import Delay, Query, Receivable
+from pgbroker.queues._records import (
+    Message,
+    Metrics,
+    PeekedMessage,
+    Policy,
+    PolicyChanges,
+    QueueInfo,
+    Receipt,
+    Schedule,
+    ScheduleTick,
+)
+
+T = TypeVar("T")
+
+# The listener's key for the schedules channel: not a queue name (those cannot hold a space).
+_SCHEDULES_KEY = " schedules"
+
+
+class Executor(Protocol):
+    def run(self, query: Query[T]) -> T: ...
+
+    def run_in_savepoint(self, query: Query[T]) -> T:
+        """Run in a savepoint when the caller's transaction is open: a failure leaves it usable."""
+        ...
+
+
+def _run_on(conn: psycopg.Connection[Any], query: Query[T]) -> T:
+    try:
+        cursor = conn.execute(query.sql, query.params)
+        rows = cursor.fetchall() if cursor.description else []
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return query.decode(rows)
+
+
+@contextmanager
+def _live_connection(pool: ConnectionPool[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """``pool.connection()``, passing over connections the server has closed (a restart of
+    Postgres leaves every idle one dead): each is closed, which makes the pool replace it, and
+    the next is taken at once. No round trip is spent on the check (pgbroker._db.liveness)."""
+    for _ in range(pool.max_size + 1):  # every idle one may be dead; one more is a new one
+        with pool.connection() as conn:
+            if not server_has_written(conn):
+                yield conn
+                return
+            conn.close()
+    with pool.connection() as conn:  # let the call fail on it, as it would have
+        yield conn
+
+
+class PoolExecutor:
+    """Runs each query on a pooled connection in autocommit: one call, one transaction."""
+
+    def __init__(self, pool: ConnectionPool[Any]) -> None:
+        self.pool = pool
+
+    def run(self, query: Query[T]) -> T:
+        with _live_connection(self.pool) as conn:
+            return _run_on(conn, query)
+
+    run_in_savepoint = run  # each call is its own transaction: nothing to protect
+
+
+class ConnectionExecutor:
+    """Runs queries on one connection the caller owns, in whatever transaction it is in."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def run(self, query: Query[T]) -> T:
+        return _run_on(self.conn, query)
+
+    def run_in_savepoint(self, query: Query[T]) -> T:
+        if self.conn.info.transaction_status != pq.TransactionStatus.INTRANS:
+            return _run_on(self.conn, query)
+        with self.conn.transaction():  # a savepoint: an error rolls back to it, not the caller's work
+            return _run_on(self.conn, query)
+
+
+class Queue:
+    """One queue, bound to an executor. Get it from Broker.queue() or Transaction.queue()."""
+
+    def __init__(
+        self,
+        name: str,
+        executor: Executor,
+        listener: Listener,
+        default_codecs: DefaultCodecs | None = None,
+    ) -> None:
+        self.name = name
+        self._executor = executor
+        self._listener = listener
+        self._default_codecs = default_codecs or DefaultCodecs()
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    # sending
+
+    def send(
+        self,
+        message: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        delay: Delay | None = None,
+        wait: float | timedelta = 0,
+        codec: CodecLike | None = None,
+        priority: int | None = None,
+        dedup_key: str | None = None,
+        concurrency_key: str | None = None,
+    ) -> int:
+        """Send one message; returns its msg_id. ``wait`` and ``codec``: see send_many.
+
+        ``priority``: higher is read first (default 0). ``dedup_key``: while the key is taken
+        (the queue's dedup window or mode) nothing is stored and the first message's msg_id is
+        returned. ``concurrency_key``: the queue's max_in_flight_per_key counts per key. They
+        travel as the x-pgbroker-* headers (pgbroker.queues._job_headers).
+        """
+        headers = with_job_headers(
+            headers, priority=priority, dedup_key=dedup_key, concurrency_key=concurrency_key
+        )
+        sent = self.send_many(
+            [message], headers=None if headers is None else [headers], delay=delay, wait=wait, codec=codec
+        )
+        return sent[0]
+
+    def send_many(
+        self,
+        messages: Iterable[Any],
+        *,
+        headers: Sequence[Mapping[str, Any] | None] | None = None,
+        delay: Delay | None = None,
+        wait: float | timedelta = 0,
+        codec: CodecLike | None = None,
+    ) -> list[int]:
+        """Send messages in one statement; returns their msg_ids in order.
+
+        ``codec`` (a name such as "msgpack" or "avro:shop.Order", or a pgbroker.codecs.Codec)
+        encodes the bodies; None uses the queue's policy's codec (JSON unless set).
+
+        A queue at its policy's max_depth refuses the send with QueueFull at once; with
+        ``wait`` > 0 the send is tried again, less and less often, for up to that many
+        seconds (inside a transaction, each try in a savepoint).
+        """
+        chosen = self._codec(codec)
+        query = q.message_send_many(self.name, messages, headers=headers, delay=delay, codec=chosen)
+        retry = Patience(*SEND_RETRY, within=q.duration(wait, "wait"))
+        run = self._executor.run_in_savepoint if wait else self._executor.run
+        while True:
+            try:
+                return run(query)
+            except QueueFull:
+                pause = retry.next()
+                if pause is None:
+                    raise
+                time.sleep(pause)
+
+    def _codec(self, codec: CodecLike | None) -> Codec | None:
+        """The codec of a send: the one given, else the queue's default; None for plain JSON."""
+        if codec is None:
+            codec = self._default_codecs.cached(self.name)
+            if codec is None:
+                codec = self._executor.run(q.queue_codec(self.name))
+                self._default_codecs.remember(self.name, codec)
+        chosen = codecs.get(codec)
+        return None if chosen.name == "json" else chosen
+
+    # reading
+
+    def read(
+        self,
+        *,
+        vt: int | timedelta = 30,
+        wait: float | timedelta = 0,
+        conditional: Mapping[str, Any] | None = None,
+    ) -> Message | None:
+        """Lease the oldest visible message for vt seconds, waiting up to ``wait`` seconds for one."""
+        found = self.read_many(1, vt=vt, wait=wait, conditional=conditional)
+        return found[0] if found else None
+
+    def read_many(
+        self,
+        qty: int,
+        *,
+        vt: int | timedelta = 30,
+        wait: float | timedelta = 0,
+        conditional: Mapping[str, Any] | None = None,
+        decode: bool = True,
+    ) -> list[Message]:
+        """Lease up to qty visible messages, oldest first; each carries a receipt.
+
+        With ``wait`` > 0 and nothing to read, wait up to that many seconds for
+        messages: woken by a notification when notify is enabled on the queue
+        (see enable_notify), else by polling every poll interval of the broker.
+        ``decode=False`` leaves bodies as stored (a binary codec's JSON envelope; ``codec``
+        still names it): what a bridge forwards unread.
+        """
+        query = q.message_read_many(self.name, qty, vt=vt, conditional=conditional, decode=decode)
+        waiting = Waiting(q.duration(wait, "wait"), self._listener.poll_interval)
+        found = self._executor.run(query)
+        if waiting.done(found):
+            return found
+        subscription = self.listen(waiting.timeout())
+        while not waiting.done(found := self._executor.run(query)):
+            subscription.wait(waiting.timeout())
+        return found
+
+    def listen(self, timeout: float = 5.0) -> Subscription:
+        """Wake-ups for this queue: ``wait(seconds)`` returns early when a send was announced.
+
+        Waits up to ``timeout`` seconds for the LISTEN to be in place. A wake-up is a hint
+        (see pgbroker._db.listen): read after it, and read now and then without one.
+        """
+        channel_of = q.notify_channel(self.name)
+        return self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), timeout)
+
+    def peek(
+        self,
+        qty: int = 10,
+        *,
+        after: int = 0,
+        state: str | None = None,
+        before: int | None = None,
+        header: str | None = None,
+        header_value: str | None = None,
+        enqueued_after: datetime | None = None,
+        enqueued_before: datetime | None = None,
+    ) -> list[PeekedMessage]:
+        """Up to qty messages with msg_id > ``after`` (and <= ``before``), oldest first, without
+        leasing or changing them, each with its state; filters as in
+        pgbroker.queues._queries.message_peek_many. The next page: ``after=`` the last msg_id of this one."""
+        query = q.message_peek_many(
+            self.name,
+            qty,
+            after=after,
+            state=state,
+            before=before,
+            header=header,
+            header_value=header_value,
+            enqueued_after=enqueued_after,
+            enqueued_before=enqueued_before,
+        )
+        return self._executor.run(query)
+
+    def pop(self) -> Message | None:
+        """Delete and return the oldest visible message (at-most-once delivery)."""
+        found = self.pop_many(1)
+        return found[0] if found else None
+
+    def pop_many(self, qty: int) -> list[Message]:
+        return self._executor.run(q.message_pop_many(self.name, qty))
+
+    # fenced acknowledgement
+
+    def ack(self, item: Receivable, *, archive: bool = True) -> None:
+        """Archive (or delete) a read message; StaleReceipt if its lease no longer holds."""
+        self._executor.run(q.message_ack(self.name, item, archive=archive))
+
+    def ack_many(self, items: Iterable[Receivable], *, archive: bool = True) -> list[int]:
+        """Ack every message whose receipt still holds; returns their msg_ids (stale ones are left)."""
+        return self._executor.run(q.message_ack_many(self.name, items, archive=archive))
+
+    def nack(self, item: Receivable, *, delay: int | timedelta = 0) -> None:
+        """Give a message back: visible again after ``delay`` seconds; StaleReceipt if stale."""
+        self._executor.run(q.message_nack(self.name, item, delay=delay))
+
+    def nack_many(self, items: Iterable[Receivable], *, delay: int | timedelta = 0) -> list[int]:
+        return self._executor.run(q.message_nack_many(self.name, items, delay=delay))
+
+    def extend(self, item: Receivable, *, vt: int | timedelta) -> Receipt:
+        """Make the lease end vt seconds from now; returns the new receipt (the old one is spent)."""
+        return self._executor.run(q.message_extend(self.name, item, vt=vt))
+
+    def extend_many(self, items: Iterable[Receivable], *, vt: int | timedelta) -> dict[int, Receipt]:
+        return self._executor.run(q.message_extend_many(self.name, items, vt=vt))
+
+    # outcomes by the queue's policy
+
+    def complete_many(self, items: Iterable[Receivable]) -> list[int]:
+        """Ack as the queue's policy says (archive or delete); returns the msg_ids whose receipts held."""
+        return self._executor.run(q.message_complete_many(self.name, items))
+
+    def fail(self, item: Receivable, *, error: str | None = None) -> str:
+        """Report a failed delivery: 'retry' (visible again after the policy's back-off) or
+        'dead_lettered' (that was its last allowed delivery); StaleReceipt if stale."""
+        return self._executor.run(q.message_fail(self.name, item, error=error))
+
+    def fail_many(self, items: Iterable[Receivable], *, error: str | None = None) -> dict[int, str]:
+        """fail() for many receipts with one error: {msg_id: 'retry' | 'dead_lettered'} for those
+        whose receipts held; stale ones are left out and change nothing."""
+        return self._executor.run(q.message_fail_many(self.name, items, error=error))
+
+    def policy(self) -> Policy:
+        """The queue's policy (the defaults when none was set)."""
+        return self._executor.run(q.policy_get(self.name))
+
+    def set_policy(self, **changes: Unpack[PolicyChanges]) -> Policy:
+        """Change the settings given (see PolicyChanges); returns the policy now in force."""
+        self._default_codecs.forget(self.name)
+        return self._executor.run(q.policy_set(self.name, changes))
+
+    def pause(self) -> bool:
+        """Stop every read of the queue (sends go on); False if it was paused already."""
+        return self._executor.run(q.queue_pause(self.name))
+
+    def resume(self) -> bool:
+        """Let reads take messages again; False if the queue was not paused."""
+        return self._executor.run(q.queue_resume(self.name))
+
+    def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
+        """This queue's dead letters, oldest first; their headers say why (x-pgbroker-dead-letter)."""
+        return self._executor.run(q.dead_letter_list(self.name, qty, after=after))
+
+    def replay_dead_letters(self, msg_ids: Iterable[int] | None = None) -> dict[int, int]:
+        """Send dead letters back to this queue (all, or those given): {dead letter id: new msg_id}."""
+        return self._executor.run(q.dead_letter_replay_many(self.name, msg_ids))
+
+    def purge_dead_letters(self, msg_ids: Iterable[int] | None = None) -> int:
+        """Delete dead letters (all, or those given); returns how many."""
+        return self._executor.run(q.dead_letter_purge_many(self.name, msg_ids))
+
+    def trim_archive(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Apply the archive retention to at most batch_size rows; returns how many went (repeat until 0)."""
+        return self._executor.run(q.archive_trim(self.name, batch_size))
+
+    def trim_dedup_keys(self, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size dedup keys whose time is over; returns how many (repeat until 0)."""
+        return self._executor.run(q.dedup_keys_trim(self.name, batch_size))
+
+    # unfenced, by msg_id (pgmq's semantics)
+
+    def archive(self, msg_id: int) -> bool:
+        return bool(self.archive_many([msg_id]))
+
+    def archive_many(self, msg_ids: Iterable[int]) -> list[int]:
+        return self._executor.run(q.message_archive_many(self.name, msg_ids))
+
+    def delete(self, msg_id: int) -> bool:
+        return bool(self.delete_many([msg_id]))
+
+    def delete_many(self, msg_ids: Iterable[int]) -> list[int]:
+        return self._executor.run(q.message_delete_many(self.name, msg_ids))
+
+    def set_vt(self, msg_id: int, vt: int | timedelta | datetime) -> Message | None:
+        found = self._executor.run(q.message_set_vt_many(self.name, [msg_id], vt))
+        return found[0] if found else None
+
+    # the queue as a whole
+
+    def enable_notify(
+        self, throttle_ms: int = q.DEFAULT_NOTIFY_THROTTLE_MS, *, keep_existing: bool = False
+    ) -> None:
+        """Notify waiting readers of sends, at most once per ``throttle_ms`` milliseconds (idempotent).
+
+        A message sent within throttle_ms of a notified one is not announced:
+        waiting readers find it at their next poll. 0 announces every send
+        (concurrent ones share a notification). Notifying transactions commit
+        one at a time (Postgres' notify lock), so keep a throttle on queues
+        with many concurrent senders. keep_existing=True leaves a queue that
+        already notifies with the throttle it has.
+        """
+        builder = q.notify_enable_if_disabled if keep_existing else q.notify_enable
+        self._executor.run(builder(self.name, throttle_ms))
+
+    def disable_notify(self) -> None:
+        self._executor.run(q.notify_disable(self.name))
+
+    def purge(self) -> int:
+        """Delete every message (not the archive); returns how many there were."""
+        return self._executor.run(q.queue_purge(self.name))
+
+    def metrics(self) -> Metrics:
+        return self._executor.run(q.queue_metrics(self.name))
+
+
+class Transaction:
+    """A transaction on one connection, shared by the caller's own SQL and pgbroker's."""
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], listener: Listener, default_codecs: DefaultCodecs
+    ) -> None:
+        self.connection = conn
+        self._executor = ConnectionExecutor(conn)
+        self._listener = listener
+        self._default_codecs = default_codecs
+
+    def queue(self, name: str) -> Queue:
+        return Queue(name, self._executor, self._listener, self._default_codecs)
+
+
+class Broker:
+    """Entry point: a DSN (pooled), a pool, or a single connection; ``with Broker(dsn)``.
+
+    With none of them the DSN comes from DATABASE_URL, else the embedded
+    cluster is started (see pgbroker._db.dsn). A read that waits and finds nothing
+    reads again every ``poll_interval`` seconds, or sooner when notified.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        pool: ConnectionPool[Any] | None = None,
+        connection: psycopg.Connection[Any] | None = None,
+        max_connections: int = 10,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+    ) -> None:
+        if sum(x is not None for x in (dsn, pool, connection)) > 1:
+            raise ValueError("pass at most one of dsn, pool and connection")
+        self._listener = Listener(self._listen_conninfo, poll_interval)
+        self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
+        self._owned_pool: ConnectionPool | None = None
+        self._connection = connection
+        if connection is None and pool is None:
+            pool = ConnectionPool(
+                resolve_dsn(dsn),
+                min_size=1,
+                max_size=max_connections,
+                kwargs={"autocommit": True, **connection_kwargs()},
+                open=True,
+                name="pgbroker",
+            )
+            self._owned_pool = pool
+        self._pool = pool
+        self._executor: Executor = (
+            ConnectionExecutor(connection) if connection is not None else PoolExecutor(pool)  # type: ignore[arg-type]
+        )
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the listener and the pool this broker opened (a pool or connection passed in stays open)."""
+        self._listener.close()
+        if self._owned_pool is not None:
+            self._owned_pool.close()
+
+    @property
+    def single_connection(self) -> bool:
+        """Whether every call shares the one connection passed in (not a pool's)."""
+        return self._connection is not None
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        if self._connection is not None:
+            yield self._connection
+        else:
+            assert self._pool is not None
+            with _live_connection(self._pool) as conn:
+                yield conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """A transaction whose queue operations commit or roll back with the caller's own SQL."""
+        with self.connection() as conn, conn.transaction():
+            yield Transaction(conn, self._listener, self._default_codecs)
+
+    def _listen_conninfo(self) -> str:
+        direct = listen_dsn()  # behind a transaction pooler, LISTEN needs a connection of its own
+        if direct:
+            return direct
+        with self.connection() as conn:
+            return conninfo_of(conn.info)
+
+    def install(self) -> InstallResult:
+        """Install or upgrade the schema (idempotent)."""
+        with self.connection() as conn:
+            return install(conn)
+
+    def queue(self, name: str) -> Queue:
+        return Queue(name, self._executor, self._listener, self._default_codecs)
+
+    def create_queue(self, name: str, *, unlogged: bool = False, notify: bool = False) -> Queue:
+        """Create a queue if it does not exist (idempotent) and return it.
+
+        notify=True also enables notify with the default throttle (Queue.enable_notify).
+        """
+        self._executor.run(q.queue_create(name, unlogged=unlogged))
+        queue = self.queue(name)
+        if notify:
+            queue.enable_notify()
+        return queue
+
+    def drop_queue(self, name: str) -> bool:
+        """Drop a queue and its archive; False when there was no such queue."""
+        return self._executor.run(q.queue_drop(name))
+
+    def list_queues(self) -> list[QueueInfo]:
+        return self._executor.run(q.queue_list())
+
+    def metrics(self, name: str) -> Metrics:
+        return self._executor.run(q.queue_metrics(name))
+
+    def metrics_all(self) -> list[Metrics]:
+        return self._executor.run(q.queue_metrics_all())
+
+    def policies(self) -> list[Policy]:
+        """Every queue's policy, by queue name."""
+        return self._executor.run(q.policy_list())
+
+    def trim_dedup_keys(self, queue: str | None = None, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
+        """Forget at most batch_size expired dedup keys of every queue (or of one); repeat until 0."""
+        return self._executor.run(q.dedup_keys_trim(queue, batch_size))
+
+    # schedules (sql/schema/78_schedules.sql): the engine decides what is sent and when
+
+    def add_schedule(
+        self,
+        name: str,
+        queue: str,
+        cron: str,
+        message: Any,
+        *,
+        headers: Mapping[str, Any] | None = None,
+        timezone: str = "UTC",
+        replace: bool = False,
+    ) -> Schedule:
+        """Send ``message`` to ``queue`` at every tick of ``cron`` (5 fields) in ``timezone`` (IANA).
+
+        A schedule of that name is refused (InvalidArgument) unless ``replace``. Ticks are sent by
+        schedulers: every worker runs one (pgbroker.runtime._app.serve), ``pgbroker scheduler`` runs one
+        alone, or call run_due_schedules().
+        """
+        query = q.schedule_add(
+            name, queue, cron, message, headers=headers, timezone=timezone, replace=replace
+        )
+        return self._executor.run(query)
+
+    def schedules(self) -> list[Schedule]:
+        return self._executor.run(q.schedule_list())
+
+    def remove_schedule(self, name: str) -> bool:
+        """Remove a schedule; False when there was none of that name."""
+        return self._executor.run(q.schedule_remove(name))
+
+    def pause_schedule(self, name: str) -> Schedule:
+        return self._executor.run(q.schedule_pause(name))
+
+    def resume_schedule(self, name: str) -> Schedule:
+        """Run a paused schedule again from its next tick after now (a pause is not caught up)."""
+        return self._executor.run(q.schedule_resume(name))
+
+    def run_due_schedules(self, as_of: datetime | None = None) -> list[ScheduleTick]:
+        """Send every due tick once (however many schedulers call this); see pgbroker.schedule_tick."""
+        return self._executor.run(q.schedule_tick(as_of))
+
+    def schedule_next_wake(self) -> float | None:
+        """Seconds until the next tick of any running schedule (0: one is due); None without one."""
+        return self._executor.run(q.schedule_next_wake())
+
+    def listen_schedules(self, timeout: float = 5.0) -> Subscription:
+        """Wake-ups when schedules are added, changed, paused, resumed or removed."""
+        return self._listener.subscribe(
+            _SCHEDULES_KEY, lambda: self._executor.run(q.schedules_channel()), timeout
+        )

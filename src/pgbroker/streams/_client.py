@@ -1,0 +1,202 @@
+# Generated from _client_async.py by scripts/async_to_sync.py; do not edit.
+# Change src/pgbroker/streams/_client_async.py, then run `make generate` (python scripts/async_to_sync.py).
+"""The asyncio stream client: Stream (create, send, groups, lag, retention) and
+StreamConsumer (a consumer of a group: read batches, ack them as a whole). Every call is
+awaited in the synchronous client:
+
+    clicks = Stream(broker, "clicks")     # on a broker, or on a transaction of one
+    clicks.create(partitions=4)
+    clicks.send({"page": "/"}, key="user-1")   # only an INSERT
+    clicks.create_group("billing", start="start")
+    consumer = clicks.consumer("billing")
+    batch = consumer.read(100, wait=5)
+    for message in batch:
+        ...                                     # batch.fail(message, "why") for a failure
+    consumer.ack(batch)                         # the cursors move; failures go to the retry queue
+
+See docs/streams.md for the model and its guarantees.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgbroker._db.listen import Listener, Subscription, Waiting
+from pgbroker.queues._client import Executor
+from pgbroker.queues._queries import duration
+from pgbroker.streams import _queries as sq
+from pgbroker.streams._records import PartitionLag, StreamBatch, StreamGroupInfo, StreamInfo
+
+
+def consumer_name() -> str:
+    """A name unique among a group's consumers: host, process and a random part."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Stream:
+    """One stream, bound to a broker (each call its own transaction) or to a transaction."""
+
+    def __init__(self, owner: Any, name: str) -> None:
+        self.name = name
+        self._executor: Executor = owner._executor
+        self._listener: Listener = owner._listener
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name!r})"
+
+    def create(
+        self,
+        *,
+        partitions: int = 4,
+        retention: int | float | timedelta | None = None,
+        retention_bytes: int | None = None,
+        truncate_consumed: bool = True,
+        segment_rows: int = 1_000_000,
+        segments: int = 4,
+        notify: bool = False,
+    ) -> StreamInfo:
+        """Make the stream if it does not exist (idempotent for the same partitions and segments).
+
+        retention: seconds (or a timedelta) after which messages may go even if a group has not
+        read them; retention_bytes likewise for the log's size; truncate_consumed: free what
+        every group has acknowledged. notify: announce sends, for consumers waiting on an idle
+        stream (costs senders Postgres' notify lock at commit).
+        """
+        query = sq.stream_create(
+            self.name,
+            partitions=partitions,
+            retention=retention,
+            retention_bytes=retention_bytes,
+            truncate_consumed=truncate_consumed,
+            segment_rows=segment_rows,
+            segments=segments,
+            notify=notify,
+        )
+        return self._executor.run(query)
+
+    def drop(self) -> bool:
+        """Drop the stream, its groups and cursors (retry queues stay); False when there was none."""
+        return self._executor.run(sq.stream_drop(self.name))
+
+    # sending
+
+    def send(
+        self, message: Any, *, key: str | None = None, headers: Mapping[str, Any] | None = None
+    ) -> int:
+        """Send one message; returns its id. Messages of one key keep their order."""
+        sent = self.send_many([message], keys=[key], headers=None if headers is None else [headers])
+        return sent[0]
+
+    def send_many(
+        self,
+        messages: Iterable[Any],
+        *,
+        keys: Sequence[str | None] | None = None,
+        headers: Sequence[Mapping[str, Any] | None] | None = None,
+    ) -> list[int]:
+        """Send messages in one statement; returns their ids in order."""
+        return self._executor.run(sq.stream_send_many(self.name, messages, headers=headers, keys=keys))
+
+    # groups
+
+    def create_group(
+        self, group: str, *, start: str | datetime = "end", retry_queue: str | None = None
+    ) -> str:
+        """Make a consumer group (idempotent) starting at 'start', 'end' or a time; returns the
+        name of its retry queue (by default <stream>_<group>_retry)."""
+        return self._executor.run(
+            sq.stream_group_create(self.name, group, start=start, retry_queue=retry_queue)
+        )
+
+    def drop_group(self, group: str) -> bool:
+        return self._executor.run(sq.stream_group_drop(self.name, group))
+
+    def groups(self) -> list[StreamGroupInfo]:
+        """Every group with its lag, its oldest unacknowledged message and its live consumers."""
+        return self._executor.run(sq.stream_group_list(self.name))
+
+    def lag(self) -> list[PartitionLag]:
+        """Per group and partition: cursor, lag and owner."""
+        return self._executor.run(sq.stream_lag(self.name))
+
+    def consumer(
+        self, group: str, *, name: str | None = None, lease: int | float | timedelta = 30
+    ) -> StreamConsumer:
+        """A consumer of ``group``; it owns a share of the partitions while it reads at least once
+        a ``lease`` (seconds). ``name``: unique in the group (default: host:pid:random)."""
+        return StreamConsumer(self, group, name or consumer_name(), lease)
+
+    def maintain(self) -> int:
+        """Apply retention: empty the child tables whose messages may go; returns how many."""
+        return self._executor.run(sq.stream_maintain(self.name))
+
+    def listen(self, timeout: float = 5.0) -> Subscription:
+        """Wake-ups for this stream (when it was made with notify=True); a hint, as for queues."""
+        channel_of = sq.stream_notify_channel(self.name)
+        return self._listener.subscribe(
+            f"stream {self.name}", lambda: self._executor.run(channel_of), timeout
+        )
+
+
+class StreamConsumer:
+    """A consumer of one group of one stream. Read a batch, handle it, ack it: the ack moves the
+    group's cursors past the batch; a consumer that dies first leaves the batch to be delivered
+    again to whoever takes its partitions over (at-least-once)."""
+
+    def __init__(self, stream: Stream, group: str, name: str, lease: int | float | timedelta) -> None:
+        self.stream = stream
+        self.group = group
+        self.name = name
+        self.lease = lease
+
+    def __repr__(self) -> str:
+        return f"StreamConsumer({self.stream.name!r}, {self.group!r}, {self.name!r})"
+
+    def read(self, qty: int = 100, *, wait: float | timedelta = 0) -> StreamBatch:
+        """Up to qty messages from the partitions this consumer owns, waiting up to ``wait``
+        seconds for some (woken by notifications when the stream has notify, else polling)."""
+        return self.ack_and_read(None, qty, wait=wait)
+
+    def ack_and_read(
+        self, acked: StreamBatch | None, qty: int = 100, *, wait: float | timedelta = 0
+    ) -> StreamBatch:
+        """Ack ``acked`` and read the next batch in one call (one transaction a batch)."""
+        stream, executor = self.stream, self.stream._executor
+        query = sq.stream_consume(stream.name, self.group, self.name, qty, self.lease, acked)
+        found = executor.run(query)
+        waiting = Waiting(duration(wait, "wait"), stream._listener.poll_interval)
+        if waiting.done(found.messages):
+            return found
+        query = sq.stream_read(stream.name, self.group, self.name, qty, self.lease)
+        subscription = stream.listen(waiting.timeout())
+        while not waiting.done((found := executor.run(query)).messages):
+            subscription.wait(waiting.timeout())
+        return found
+
+    def ack(self, batch: StreamBatch) -> dict[int, bool]:
+        """Move the cursors past the batch, and send its failures to the retry queue. Returns
+        {partition: held}; False where the partition changed hands (the batch goes to its new
+        owner again)."""
+        if not batch.messages:
+            return {}
+        return self.stream._executor.run(sq.stream_ack(self.stream.name, self.group, self.name, batch))
+
+    def rewind(self) -> int:
+        """Have what was read and not acknowledged handed out again (after a lost connection: a
+        read may have committed without its rows arriving). Returns the partitions rewound."""
+        return self.stream._executor.run(sq.stream_rewind(self.stream.name, self.group, self.name))
+
+    def release(self) -> int:
+        """Leave the group: the partitions are free at once; returns how many were held."""
+        return self.stream._executor.run(sq.stream_release(self.stream.name, self.group, self.name))
+
+
+def list_streams(owner: Any) -> list[StreamInfo]:
+    """Every stream of the database of ``owner`` (an Broker or a transaction of one)."""
+    executor: Executor = owner._executor
+    return executor.run(sq.stream_list())

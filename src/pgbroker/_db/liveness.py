@@ -12,7 +12,8 @@ connection they take from a pool, without a round trip, whether anything is wait
 close that connection (the pool replaces a closed connection when it comes back) and take the
 next one, at once (pgbroker.queues._client_async's ``_live_connection``). A connection
 cut without a word (a network partition) is not found this way, nor by a round trip before the
-TCP timeout.
+TCP timeout. ``is_transient`` tells such a lost connection from other errors, for the workers'
+retries.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Any
 
 import psycopg
 
+from pgbroker.errors import DatabaseError
+
 
 def server_has_written(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether the idle connection is closed or has input waiting, found without reading."""
@@ -29,3 +32,13 @@ def server_has_written(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[A
         return True
     readable, _, _ = select.select([conn.fileno()], [], [], 0)
     return bool(readable)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost or refused connection (the same call may succeed soon).
+
+    psycopg reports those, and pool timeouts, as OperationalError; the clients wrap errors
+    raised by a query in pgbroker's types, with the psycopg error as the cause.
+    """
+    cause = exc.__cause__ if isinstance(exc, DatabaseError) else exc
+    return isinstance(cause, psycopg.OperationalError)

@@ -27,16 +27,16 @@ from typing import Any, TypeAlias
 
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen import AsyncSubscription
+from pgbroker._db.liveness import is_transient
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
+from pgbroker.runtime._log_events import log_event
 
 # The queue worker's classification of connection errors and its log format, shared so that
 # both runtimes log and retry alike.
 from pgbroker.runtime._worker import Worker, WorkerStats
-from pgbroker.runtime._worker import _is_transient as is_transient
-from pgbroker.runtime._worker import _log as log_event
 from pgbroker.streams._client_async import AsyncStream, AsyncStreamConsumer, consumer_name
 from pgbroker.streams._records import StreamBatch, StreamMessage
 

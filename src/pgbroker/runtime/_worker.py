@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import math
 import os
@@ -46,16 +45,16 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeAlias, TypeVar
 
-import psycopg
-
 from pgbroker._db.backoff import Backoff, Patience
 from pgbroker._db.listen import AsyncSubscription, nap
-from pgbroker.errors import DatabaseError, InvalidArgument, PgbrokerError, QueueNotFound, StaleReceipt
+from pgbroker._db.liveness import is_transient
+from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound, StaleReceipt
 from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._queries import Query
 from pgbroker.queues._records import Message, Receipt
 from pgbroker.runtime._handler_threads import HandlerThreads
+from pgbroker.runtime._log_events import log_event
 from pgbroker.runtime._outbox import Batch, Outbox, Outcome, batch_of
 from pgbroker.runtime._round_trips import run_together
 
@@ -82,27 +81,6 @@ _MOST_AHEAD = 100
 # Reads in flight at once, each on its own connection: the server serves one while the handlers
 # go through what the last one brought.
 _READS_AT_ONCE = 2
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is a lost or refused connection (the same call may succeed soon).
-
-    psycopg reports those, and pool timeouts, as OperationalError; the clients wrap errors
-    raised by a query in pgbroker's types, with the psycopg error as the cause.
-    """
-    cause = exc.__cause__ if isinstance(exc, DatabaseError) else exc
-    return isinstance(cause, psycopg.OperationalError)
-
-
-def _log(level: int, event: str, **fields: object) -> None:
-    """One log line: the event, then key=value pairs (values with spaces are JSON-quoted)."""
-    if log.isEnabledFor(level):
-        pairs = []
-        for key, value in fields.items():
-            text = str(value)
-            plain = text and not any(c in text for c in ' "=\n')
-            pairs.append(f"{key}={text if plain else json.dumps(text)}")
-        log.log(level, "%s %s", event, " ".join(pairs))
 
 
 @dataclass
@@ -152,13 +130,13 @@ async def _retry_while_leased(stats: WorkerStats, lease_ends: float, call: Calla
         try:
             return await call()
         except Exception as exc:
-            if not _is_transient(exc):
+            if not is_transient(exc):
                 raise
             stats.connection_errors += 1
             pause = retry.next()
             if pause is None:
                 raise
-            _log(logging.INFO, "worker.retrying", error=exc, pause=f"{pause:.2f}")
+            log_event(logging.INFO, "worker.retrying", error=exc, pause=f"{pause:.2f}")
             await asyncio.sleep(pause)
 
 
@@ -276,7 +254,7 @@ class Worker:
             helpers.append(asyncio.create_task(self._heartbeats(queue), name=f"pgbroker-beat-{self.queue}"))
         if self.maintain_every is not None:
             helpers.append(asyncio.create_task(self._maintain(queue), name=f"pgbroker-maintain-{self.queue}"))
-        _log(
+        log_event(
             logging.INFO,
             "worker.started",
             queue=self.queue,
@@ -299,7 +277,7 @@ class Worker:
             await asyncio.gather(*helpers, return_exceptions=True)
             if threads is not None:
                 threads.close()
-            _log(logging.INFO, "worker.stopped", queue=self.queue, **self._counts())
+            log_event(logging.INFO, "worker.stopped", queue=self.queue, **self._counts())
 
     def _counts(self) -> dict[str, int]:
         s = self.stats
@@ -318,7 +296,7 @@ class Worker:
             raise
         except PgbrokerError as exc:
             # A role that may not create triggers, say: the worker still works, by polling.
-            _log(
+            log_event(
                 logging.WARNING,
                 "worker.notify_unavailable",
                 queue=self.queue,
@@ -406,7 +384,7 @@ class Worker:
                 raise
             return None
         if self._unavailable:
-            _log(logging.WARNING, "worker.database_available", queue=self.queue)
+            log_event(logging.WARNING, "worker.database_available", queue=self.queue)
             self._unavailable = False
         self.stats.received += len(messages)
         for message in messages:
@@ -420,13 +398,13 @@ class Worker:
         The outcomes the call carried go back to the outbox either way: its sender tries them
         again (fenced receipts make a second ack safe)."""
         self._outbox.put_back(outcomes)
-        if not _is_transient(exc):
+        if not is_transient(exc):
             return False
         self.stats.connection_errors += 1
         if outcomes:
-            _log(logging.INFO, "worker.retrying", error=exc, outcomes=len(outcomes))
+            log_event(logging.INFO, "worker.retrying", error=exc, outcomes=len(outcomes))
         # Once per outage at WARNING; the retries at DEBUG.
-        _log(
+        log_event(
             logging.DEBUG if self._unavailable else logging.WARNING,
             "worker.database_unavailable",
             queue=self.queue,
@@ -515,7 +493,7 @@ class Worker:
                 else:
                     self.stats.retried += 1
                     level, event = logging.INFO, "worker.retry"
-                _log(
+                log_event(
                     level,
                     event,
                     queue=self.queue,
@@ -528,7 +506,7 @@ class Worker:
         self.stats.stale += 1
         message = outcome.message
         if outcome.error is None:
-            _log(
+            log_event(
                 logging.WARNING,
                 "worker.ack_refused",
                 queue=self.queue,
@@ -537,7 +515,7 @@ class Worker:
                 reason=why,
             )
         else:
-            _log(
+            log_event(
                 logging.WARNING,
                 "worker.failure_not_recorded",
                 queue=self.queue,
@@ -582,7 +560,7 @@ class Worker:
         self._start_ahead()
         self._changed.set()
         if not task.cancelled() and task.exception() is not None:
-            _log(logging.ERROR, "worker.bug", queue=self.queue, error=repr(task.exception()))
+            log_event(logging.ERROR, "worker.bug", queue=self.queue, error=repr(task.exception()))
 
     async def _process(self, threads: HandlerThreads | None, message: Message, lease: _Lease) -> None:
         started = time.perf_counter()
@@ -654,7 +632,7 @@ class Worker:
             elif not lease.over:
                 lease.over = True
                 self.stats.stale += 1
-                _log(
+                log_event(
                     logging.WARNING,
                     "worker.lease_lost",
                     queue=self.queue,
@@ -671,7 +649,7 @@ class Worker:
         handlers, by construction: handling it spares its message a delivery count), then give
         back the rest."""
         if (self._in_flight or self._ahead) and not self._hurry:
-            _log(
+            log_event(
                 logging.INFO,
                 "worker.draining",
                 queue=self.queue,
@@ -705,9 +683,9 @@ class Worker:
             released = await queue.nack_many(receipts)
         except Exception as exc:
             released = []
-            _log(logging.WARNING, "worker.release_failed", queue=self.queue, error=exc)
+            log_event(logging.WARNING, "worker.release_failed", queue=self.queue, error=exc)
         self.stats.released += len(released)
-        _log(
+        log_event(
             logging.WARNING,
             "worker.released",
             queue=self.queue,
@@ -732,6 +710,6 @@ class Worker:
                 while await queue.trim_dedup_keys():  # expired dedup keys (34_dedup.sql)
                     pass
             except Exception as exc:
-                _log(logging.WARNING, "worker.maintenance_failed", queue=self.queue, error=exc)
+                log_event(logging.WARNING, "worker.maintenance_failed", queue=self.queue, error=exc)
             if trimmed:
-                _log(logging.INFO, "worker.archive_trimmed", queue=self.queue, rows=trimmed)
+                log_event(logging.INFO, "worker.archive_trimmed", queue=self.queue, rows=trimmed)

@@ -6,7 +6,7 @@ that they compose with pipes; commands that change things print one sentence. Er
 stderr as ``pgbroker: error: <message>`` and usually a ``hint:`` line; ``-v`` adds the traceback.
 The exit codes are listed in pgbroker.cli.support.base.
 
-The modules: ``base`` (what every command shares), one module per group of commands, and
-``main``, which assembles them (``pgbroker.cli.main:main`` is the console script). Nothing is
-imported here, so that importing ``base`` does not load every command.
+The packages: ``support`` (what every command shares), ``commands`` (one module per group of
+commands), and ``main``, which assembles them (``pgbroker.cli.main:main`` is the console script).
+Nothing is imported here, so that importing ``support`` does not load every command.
 """

@@ -2,8 +2,8 @@
 the way a command is added, connecting, turning an exception into a message and an exit code,
 and the JSON the commands read and write.
 
-The command modules (pgbroker.cli.commands.queues, .messages, .worker, ...) import this module and
-nothing else of pgbroker.cli; pgbroker.cli.main assembles them.
+The command modules (pgbroker.cli.commands.queues, .messages, .worker, ...) import this package
+(pgbroker.cli.support) and nothing else of pgbroker.cli; pgbroker.cli.main assembles them.
 
 Exit codes (a shell script may rely on them):
 

@@ -17,7 +17,7 @@ import pytest
 from pgbroker._db.api_keys import create_key
 from pgbroker.cli.commands import keys as cli_keys
 from pgbroker.cli.commands import serve as cli_serve
-from pgbroker.cli.support.base import CliError
+from pgbroker.cli.support.errors import CliError
 from pgbroker.queues._client import Broker
 from tests.http.live import pgbroker_serve
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pgbroker.cli.main import main
-from pgbroker.cli.support.base import Exit
+from pgbroker.cli.support.errors import Exit
 
 
 def run(capsys: pytest.CaptureFixture[str], dsn: str, *argv: str) -> tuple[int, str, str]:

@@ -9,7 +9,8 @@ import textwrap
 
 import pytest
 
-from pgbroker.cli.support.base import CliError, Exit, needs_extra
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.running import needs_extra
 
 # Run in a fresh interpreter whose imports of the extras' packages fail, as in a bare install.
 BARE_INSTALL = textwrap.dedent(
@@ -28,7 +29,7 @@ BARE_INSTALL = textwrap.dedent(
 
     sys.meta_path.insert(0, NoExtras())
 
-    from pgbroker.cli.support.base import CliError
+    from pgbroker.cli.support.errors import CliError
     from pgbroker.cli.main import build_parser
 
     parser = build_parser()

@@ -23,7 +23,8 @@ from pgbroker.cli.commands import (
     streams,
     worker,
 )
-from pgbroker.cli.support.base import execute, new_parser
+from pgbroker.cli.support.parsers import new_parser
+from pgbroker.cli.support.running import execute
 
 __all__ = ["build_parser", "main"]
 

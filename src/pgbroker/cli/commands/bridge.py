@@ -26,20 +26,11 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from pgbroker.cli.support.base import (
-    CliError,
-    Exit,
-    Handler,
-    Subcommands,
-    add_command,
-    add_group,
-    add_progress_option,
-    dsn_of,
-    duration,
-    needs_extra,
-    positive_int,
-    seconds,
-)
+from pgbroker.cli.support.arguments import duration, positive_int, seconds
+from pgbroker.cli.support.connecting import dsn_of
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.parsers import Handler, Subcommands, add_command, add_group, add_progress_option
+from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
 
 __all__ = ["register"]

@@ -7,7 +7,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from pgbroker.cli.support.base import CliError, Exit, Subcommands, add_command
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.embedded import EmbeddedPostgres
 
 __all__ = ["register"]

@@ -9,17 +9,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from pgbroker.cli.support.base import (
-    CliError,
-    Exit,
-    Subcommands,
-    add_command,
-    add_group,
-    message_json,
-    msg_id,
-    plural,
-    positive_int,
-)
+from pgbroker.cli.support.arguments import msg_id, positive_int
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.output import message_json, plural
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.codecs.json_view import json_view
 from pgbroker.queues._client import Broker

@@ -10,7 +10,8 @@ import argparse
 import json
 
 from pgbroker._db.api_keys import SCOPES, ApiKey, create_key, list_keys, revoke_key
-from pgbroker.cli.support.base import CliError, Exit, Subcommands, add_command, add_group
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 

@@ -9,23 +9,13 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from pgbroker.cli.support.base import (
-    CliError,
-    Exit,
-    Subcommands,
-    add_command,
-    json_argument,
-    json_problem,
-    loads,
-    message_json,
-    msg_id,
-    plural,
-    positive_int,
-    print_error,
-    seconds,
-    whole_seconds,
-)
+from pgbroker.cli.support.arguments import msg_id, positive_int, seconds, whole_seconds
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.json_input import json_argument, json_problem, loads
+from pgbroker.cli.support.output import message_json, plural
+from pgbroker.cli.support.parsers import Subcommands, add_command
+from pgbroker.cli.support.running import print_error
 from pgbroker.errors import StaleReceipt
 from pgbroker.queues._client import Broker
 from pgbroker.queues._job_headers import with_job_headers

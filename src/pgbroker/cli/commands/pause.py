@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pgbroker.cli.support.base import Exit, Subcommands, add_command
+from pgbroker.cli.support.errors import Exit
+from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.queues._client import Broker
 
 __all__ = ["register"]

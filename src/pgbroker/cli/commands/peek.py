@@ -9,7 +9,10 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
-from pgbroker.cli.support.base import Exit, Subcommands, add_command, message_json, msg_id, positive_int
+from pgbroker.cli.support.arguments import msg_id, positive_int
+from pgbroker.cli.support.errors import Exit
+from pgbroker.cli.support.output import message_json
+from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._queries import PEEK_STATES

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from pgbroker.cli.support.base import Exit, Subcommands, missing_extra
+from pgbroker.cli.support.errors import Exit
+from pgbroker.cli.support.parsers import Subcommands
+from pgbroker.cli.support.running import missing_extra
 
 __all__ = ["register"]
 

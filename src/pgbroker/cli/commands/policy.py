@@ -9,19 +9,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from pgbroker.cli.support.base import (
-    DURATION_UNITS,
-    CliError,
-    Exit,
-    Subcommands,
-    add_command,
-    add_group,
-    duration,
-    plural,
-    positive_int,
-    print_listing,
-    whole,
-)
+from pgbroker.cli.support.arguments import DURATION_UNITS, duration, positive_int, whole
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.output import plural, print_listing
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Policy

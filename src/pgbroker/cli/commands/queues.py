@@ -7,14 +7,9 @@ import json
 from collections.abc import Sequence
 
 from pgbroker._db.install import install_roles
-from pgbroker.cli.support.base import (
-    CliError,
-    Exit,
-    Subcommands,
-    add_command,
-    print_listing,
-    timestamped_json,
-)
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.output import print_listing, timestamped_json
+from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, metrics_table, table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Metrics, QueueInfo

@@ -14,15 +14,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from pgbroker.cli.support.base import (
-    CliError,
-    Exit,
-    Subcommands,
-    add_command,
-    add_group,
-    dsn_of,
-    json_argument,
-)
+from pgbroker.cli.support.connecting import dsn_of
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.json_input import json_argument
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Schedule

@@ -10,8 +10,11 @@ import argparse
 import signal
 from types import FrameType
 
-from pgbroker.cli.support.base import Exit, Subcommands, add_command, dsn_of, needs_extra
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
+from pgbroker.cli.support.connecting import dsn_of
+from pgbroker.cli.support.errors import Exit
+from pgbroker.cli.support.parsers import Subcommands, add_command
+from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
 
 __all__ = ["register"]

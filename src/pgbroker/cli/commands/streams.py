@@ -13,19 +13,11 @@ from datetime import datetime
 from typing import Any
 
 from pgbroker.cli.commands.messages import send_lines
-from pgbroker.cli.support.base import (
-    CliError,
-    Exit,
-    Subcommands,
-    add_command,
-    add_group,
-    duration,
-    json_argument,
-    plural,
-    positive_int,
-    print_listing,
-    seconds,
-)
+from pgbroker.cli.support.arguments import duration, positive_int, seconds
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.json_input import json_argument
+from pgbroker.cli.support.output import plural, print_listing
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.queues._client import Broker
 from pgbroker.streams._client import Stream, list_streams

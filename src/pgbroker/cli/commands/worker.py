@@ -24,19 +24,11 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from pgbroker.cli.support.base import (
-    LOG_FORMAT,
-    CliError,
-    Exit,
-    Subcommands,
-    add_command,
-    add_progress_option,
-    classify,
-    dsn_of,
-    positive_int,
-    print_error,
-    seconds,
-)
+from pgbroker.cli.support.arguments import positive_int, seconds
+from pgbroker.cli.support.connecting import dsn_of
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_progress_option
+from pgbroker.cli.support.running import LOG_FORMAT, classify, print_error
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._app import App, serve

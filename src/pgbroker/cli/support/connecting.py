@@ -1,0 +1,58 @@
+"""Connecting a command to its database: one autocommit connection, with a usage error for a
+bad DSN and a hint when the server is not there."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from pgbroker._db.dsn import connection_kwargs, resolve_dsn
+from pgbroker._db.listen import conninfo_of
+from pgbroker.cli.support.errors import CliError, Exit, first_line
+from pgbroker.queues._client import Broker
+
+# Connecting to a host that drops packets would otherwise hang for minutes.
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+@contextmanager
+def connected(dsn: str | None) -> Iterator[Broker]:
+    """A Broker on one autocommit connection: a CLI call runs a few statements, then exits."""
+    resolved = resolve_dsn(dsn)
+    try:
+        options = conninfo_to_dict(resolved)
+    except psycopg.ProgrammingError as exc:
+        raise CliError(
+            f"invalid DSN: {first_line(str(exc))}",
+            code=Exit.USAGE,
+            hint="Use a URL (postgresql://user@host:5432/db) or key=value pairs (host=... dbname=...).",
+        ) from exc
+    extra: dict[str, Any] = connection_kwargs()
+    if "connect_timeout" not in options and "PGCONNECT_TIMEOUT" not in os.environ:
+        extra["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+    if "application_name" not in options and "PGAPPNAME" not in os.environ:
+        extra["application_name"] = "pgbroker-cli"
+    try:
+        conn = psycopg.connect(resolved, autocommit=True, **extra)
+    except psycopg.OperationalError as exc:
+        raise CliError(
+            f"cannot connect to the database: {first_line(str(exc))}",
+            code=Exit.DATABASE,
+            hint="Is the server running? Check --dsn or DATABASE_URL "
+            "(with neither, pgbroker uses its embedded PostgreSQL).",
+        ) from exc
+    with conn:
+        yield Broker(connection=conn)
+
+
+def dsn_of(broker: Broker) -> str:
+    """The conninfo the broker's connection used, for a command that opens its own pool (a
+    server, a worker, a bridge) on the same database."""
+    with broker.connection() as conn:
+        return conninfo_of(conn.info)
+

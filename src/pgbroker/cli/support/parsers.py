@@ -1,0 +1,116 @@
+"""The command line's shape: pgbroker's top-level parser, its global options, and how a
+command module adds its commands and groups."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TypeAlias
+
+from pgbroker.cli.support.arguments import seconds
+from pgbroker.queues._client import Broker
+
+EPILOG = """\
+exit codes:
+  0   success (an empty read is a success with no output)
+  1   not found or nothing done (drop of a missing queue, archive/delete of a
+      missing msg_id, send with no input, embedded cluster not running)
+  2   usage error or invalid input (bad JSON, malformed receipt, bad queue name),
+      or the command's optional extra not installed
+  3   stale receipt: the ack changed nothing
+  4   queue not found
+  5   database unreachable, refused the operation, or pgbroker not installed
+  6   a broker (bridge) unreachable, login refused, or an exchange, queue or stream missing
+  70  unexpected error (run again with -v and report it)
+
+The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL
+(started on first use; see `pgbroker db status`).
+"""
+
+
+# A command that works on the database gets a Broker; one that does not (db, pipeline) only its
+# arguments.
+Handler = Callable[[argparse.Namespace, Broker], int]
+
+
+LocalHandler = Callable[[argparse.Namespace], int]
+
+
+# What add_subparsers returns; a string, as argparse does not subscript it at run time.
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def new_parser() -> tuple[argparse.ArgumentParser, Subcommands]:
+    """pgbroker's top-level parser, and the subparsers the command modules add their commands to."""
+    parser = argparse.ArgumentParser(
+        prog="pgbroker",
+        description="Queues inside PostgreSQL (pgmq-compatible), with fenced acks.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_global_options(parser, top_level=True)
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
+
+
+def add_global_options(
+    parser: argparse.ArgumentParser, *, top_level: bool, json_output: bool = True, dsn_option: bool = True
+) -> None:
+    if dsn_option:
+        parser.add_argument(
+            "--dsn",
+            default=None if top_level else argparse.SUPPRESS,
+            help="database to use (default: $DATABASE_URL, else the embedded one)",
+        )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0 if top_level else argparse.SUPPRESS,
+        help="log progress; on errors, show the traceback (-vv: debug logs)",
+    )
+    if json_output:
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            default=False if top_level else argparse.SUPPRESS,
+            help="machine-readable output",
+        )
+
+
+def add_command(
+    subcommands: Subcommands,
+    name: str,
+    summary: str,
+    handler: Handler | LocalHandler,
+    *,
+    json_output: bool = False,
+    database: bool = True,
+) -> argparse.ArgumentParser:
+    """Add a command. With ``database`` (the default) its handler is a Handler, called with a
+    connected Broker; without, a LocalHandler, called with the arguments alone (no --dsn)."""
+    sub = subcommands.add_parser(
+        name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
+    )
+    # Accepted after the command too (`pgbroker list --dsn ...`), without resetting a value given
+    # before it.
+    add_global_options(sub, top_level=False, json_output=json_output, dsn_option=database)
+    sub.set_defaults(handler=handler, needs_database=database)
+    return sub
+
+
+def add_group(subcommands: Subcommands, name: str, summary: str, *, metavar: str = "ACTION") -> Subcommands:
+    """Add a command made of subcommands (``pgbroker dlq list``); returns where they go."""
+    group = subcommands.add_parser(name, help=summary, description=summary)
+    return group.add_subparsers(dest=f"{name}_action", metavar=metavar, required=True)
+
+
+def add_progress_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--progress",
+        type=seconds,
+        nargs="?",
+        const=5.0,
+        metavar="SECONDS",
+        help=f"print {what} every SECONDS (5)",
+    )
+

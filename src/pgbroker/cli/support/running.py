@@ -1,0 +1,122 @@
+"""Running one command: parse, set up logging, connect if needed, and turn whatever it raised
+into a message, a hint and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import psycopg
+
+from pgbroker.cli.support.connecting import connected
+from pgbroker.cli.support.errors import CliError, Exit, first_line
+from pgbroker.cli.support.parsers import Handler, LocalHandler
+from pgbroker.codecs.errors import CodecError
+from pgbroker.embedded import EmbeddedError
+from pgbroker.errors import (
+    InvalidArgument,
+    InvalidQueueName,
+    NotInstalled,
+    PgbrokerError,
+    QueueNameConflict,
+    QueueNotFound,
+    StaleReceipt,
+    StreamGroupNotFound,
+    StreamNotFound,
+)
+
+# How log lines look, in the command and in the worker processes it starts.
+LOG_FORMAT = "pgbroker: %(message)s"
+
+
+def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv``, run the command it names and return the exit code."""
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return Exit.USAGE
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        if not args.needs_database:
+            local: LocalHandler = args.handler
+            return local(args)
+        with connected(args.dsn) as broker:
+            handler: Handler = args.handler
+            return handler(args, broker)
+    except KeyboardInterrupt:
+        print("pgbroker: interrupted", file=sys.stderr)
+        return Exit.INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`pgbroker read q --qty 100 | head -1`): not worth a message, but
+        # the interpreter's final flush must not fail again on the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + 13
+    except Exception as exc:
+        code, message, hint = classify(exc)
+        if args.verbose:
+            traceback.print_exc()
+        elif code == Exit.UNEXPECTED:
+            hint = "This is a bug in pgbroker; run again with -v and report the traceback."
+        print_error(message, hint)
+        return code
+
+
+def classify(exc: Exception) -> tuple[int, str, str | None]:
+    """The exit code, message and hint for an exception."""
+    if isinstance(exc, CliError):
+        return exc.code, exc.message, exc.hint
+    if isinstance(exc, PgbrokerError):
+        code = Exit.DATABASE
+        if isinstance(exc, StaleReceipt):
+            code = Exit.STALE_RECEIPT
+        elif isinstance(exc, QueueNotFound | StreamNotFound | StreamGroupNotFound):
+            code = Exit.QUEUE_NOT_FOUND
+        elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict | CodecError):
+            code = Exit.USAGE
+        elif isinstance(exc, NotInstalled):
+            message = f"pgbroker is not installed in this database ({exc.message})"
+            return code, message, "Install the schema first: pgbroker install"
+        return code, exc.message, exc.hint
+    if isinstance(exc, EmbeddedError):
+        # Its message already says how to fix it.
+        return Exit.DATABASE, str(exc), None
+    if isinstance(exc, psycopg.Error):
+        # Outside a query (closing, or the connection dropping between statements).
+        return Exit.DATABASE, first_line(str(exc)), None
+    return Exit.UNEXPECTED, f"{type(exc).__name__}: {exc}", None
+
+
+def print_error(message: str, hint: str | None) -> None:
+    # Continuation lines (a server log tail, say) are indented so the first line stays greppable.
+    print("pgbroker: error: " + message.strip().replace("\n", "\n  "), file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+
+
+@contextmanager
+def needs_extra(extra: str) -> Iterator[None]:
+    """Around the imports of a command that needs an optional extra (http, bridge): a missing
+    dependency becomes an error that says what to install, not a traceback."""
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] == "pgbroker":
+            raise  # pgbroker's own module missing: a broken install, not a missing extra
+        raise missing_extra(extra, exc.name) from exc
+
+
+def missing_extra(extra: str, package: str | None) -> CliError:
+    """The usage error of a command whose optional extra is not installed."""
+    return CliError(
+        f"this command needs pgbroker's {extra} extra ({package} is not installed)",
+        code=Exit.USAGE,
+        hint=f"Install it: pip install 'pgbroker[{extra}]'",
+    )
+

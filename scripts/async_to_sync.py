@@ -52,6 +52,7 @@ class Target:
 TARGETS = (
     Target("src/pgbroker/queues/_client_async.py", "src/pgbroker/queues/_client.py"),
     Target("src/pgbroker/streams/_client_async.py", "src/pgbroker/streams/_client.py"),
+    Target("src/pgbroker/_db/listen_async.py", "src/pgbroker/_db/listen.py"),
 )
 
 COMMAND = "python scripts/async_to_sync.py (or: make generate)"
@@ -73,6 +74,7 @@ NAMES = {
     "AsyncGenerator": "Generator",
     "asynccontextmanager": "contextmanager",
     "install_async": "install",
+    "listen_async": "listen",
     "__aenter__": "__enter__",
     "__aexit__": "__exit__",
     "__aiter__": "__iter__",

@@ -20,7 +20,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker, InvalidArgument, InvalidQueueName, Message, QueueNotFound
-from pgbroker._db.listen import conninfo_of
+from pgbroker._db.wakeups import conninfo_of
 from pgbroker.errors import from_postgres
 from pgbroker.queues._client_async import AsyncBroker
 

@@ -1,4 +1,5 @@
-"""The pure parts of pgbroker._db.listen: the schedule of a waiting read, the reconnect delays, news."""
+"""The pure parts of the LISTEN wake-ups (pgbroker._db.wakeups, and the listeners' counts): the
+schedule of a waiting read, the reconnect delays, news."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import time
 
 import pytest
 
-from pgbroker._db.listen import Listener, Subscription, Waiting, _Loop, check_poll_interval, reconnect_delay
+from pgbroker._db.listen import Listener, Subscription, _Loop
+from pgbroker._db.wakeups import Waiting, check_poll_interval, reconnect_delay
 from pgbroker.errors import InvalidArgument
 
 

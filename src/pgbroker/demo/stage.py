@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from pgbroker._db.listen import conninfo_of
+from pgbroker._db.wakeups import conninfo_of
 from pgbroker.queues._client import Broker
 
 __all__ = ["Demo", "Stage"]

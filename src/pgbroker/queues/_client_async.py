@@ -28,8 +28,9 @@ from pgbroker import codecs
 from pgbroker._db.backoff import SEND_RETRY, Patience
 from pgbroker._db.dsn import connection_kwargs, listen_dsn, resolve_dsn
 from pgbroker._db.install import InstallResult, install_async
-from pgbroker._db.listen import DEFAULT_POLL_INTERVAL, AsyncListener, AsyncSubscription, Waiting, conninfo_of
+from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
 from pgbroker._db.liveness import server_has_written
+from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of
 from pgbroker.codecs import Codec, CodecLike
 from pgbroker.codecs.queue_defaults import DefaultCodecs
 from pgbroker.errors import QueueFull, from_postgres

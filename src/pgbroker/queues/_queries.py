@@ -320,7 +320,7 @@ def message_read_many(
     conditional: Mapping[str, Any] | None = None,
     decode: bool = True,
 ) -> Query[list[Message]]:
-    """One read, never waiting: a waiting read repeats it (see pgbroker._db.listen.Waiting).
+    """One read, never waiting: a waiting read repeats it (see pgbroker._db.wakeups.Waiting).
     ``decode=False`` leaves each body as stored (see _stored_message)."""
     params: dict[str, Any] = {
         "queue": queue,

@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any, TypeAlias
 
 from pgbroker._db.backoff import Backoff
-from pgbroker._db.listen import AsyncSubscription
+from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker._db.liveness import is_transient
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker

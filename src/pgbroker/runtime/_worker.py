@@ -46,7 +46,7 @@ from functools import partial
 from typing import Any, TypeAlias, TypeVar
 
 from pgbroker._db.backoff import Backoff, Patience
-from pgbroker._db.listen import AsyncSubscription, nap
+from pgbroker._db.listen_async import AsyncSubscription, nap
 from pgbroker._db.liveness import is_transient
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound, StaleReceipt
 from pgbroker.queues import _queries as q

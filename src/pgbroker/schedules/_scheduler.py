@@ -21,7 +21,7 @@ import signal
 from dataclasses import dataclass
 
 from pgbroker._db.backoff import Backoff
-from pgbroker._db.listen import AsyncSubscription, nap
+from pgbroker._db.listen_async import AsyncSubscription, nap
 from pgbroker.errors import NotInstalled, PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker
 

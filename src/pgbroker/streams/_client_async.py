@@ -26,7 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pgbroker._db.listen import AsyncListener, AsyncSubscription, Waiting
+from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
+from pgbroker._db.wakeups import Waiting
 from pgbroker.queues._client_async import AsyncExecutor  # sync: from pgbroker.queues._client import Executor
 from pgbroker.queues._queries import duration
 from pgbroker.streams import _queries as sq

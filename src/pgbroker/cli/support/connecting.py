@@ -12,7 +12,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker._db.dsn import connection_kwargs, resolve_dsn
-from pgbroker._db.listen import conninfo_of
+from pgbroker._db.wakeups import conninfo_of
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.queues._client import Broker
 

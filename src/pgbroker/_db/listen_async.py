@@ -1,0 +1,289 @@
+# The one written copy of the LISTEN wake-ups. Its synchronous twin, listen.py, is generated from
+# this file by scripts/async_to_sync.py and committed, like the clients'.
+"""LISTEN/NOTIFY wake-ups for waiting reads (AsyncListener); polling stays the fallback.
+
+A listener owns one dedicated autocommit connection. It LISTENs on the channel
+of every queue a read has waited on (the server names it:
+pgbroker.notify_channel) and counts the notifications of each channel. A
+waiting read subscribes, reads, and sleeps until its channel's count moves or
+the poll interval has passed, then reads again (pgbroker._db.wakeups.Waiting).
+
+The connection loop runs as a task on the caller's event loop (asyncio) or on a
+daemon thread (the sync twin); it reconnects after the connection drops and
+LISTENs again. What has no I/O in it is in pgbroker._db.wakeups.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TypeAlias
+
+import psycopg
+from psycopg import sql
+
+from pgbroker._db.dsn import behind_transaction_pooler, listen_dsn
+from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval, reconnect_delay
+
+# True here; the generator drops this line and every `if ASYNC:` block (mypy: always_true).
+ASYNC = True
+
+if ASYNC:
+    import asyncio
+    from collections.abc import Awaitable
+    from contextlib import suppress
+
+__all__ = ["AsyncListener", "AsyncSubscription"]
+
+log = logging.getLogger("pgbroker.listen")
+
+# What gives the dedicated connection's conninfo, and a queue's channel: called once each.
+_Conninfo: TypeAlias = Callable[[], Awaitable[str]]  # sync: _Conninfo: TypeAlias = Callable[[], str]
+_ChannelOf: TypeAlias = Callable[[], Awaitable[str]]  # sync: _ChannelOf: TypeAlias = Callable[[], str]
+
+# Seconds the sync twin's thread waits for notifications at a time, between its looks for new
+# channels to LISTEN to and for close() (the asyncio loop is interrupted instead).
+_RECEIVE_SLICE = 0.05
+# Seconds the sync twin's close() waits for its thread to close the connection.
+_CLOSE_WAIT = 5.0
+
+
+class _Loop:
+    """The listening loop and what it has heard.
+
+    ``counts[channel]`` moves on every notification of the channel and every
+    time the channel is LISTENed to anew (anything may have been sent while it
+    was not). ``on_change`` runs after every change, so that the listener can
+    wake its sleepers.
+    """
+
+    def __init__(self, conninfo: str, on_change: Callable[[], None]) -> None:
+        self.counts: dict[str, int] = {}
+        self.listening: set[str] = set()
+        self._conninfo = conninfo
+        self._on_change = on_change
+        self._wanted = asyncio.Event()  # sync: self._wanted = threading.Event()
+        self._stopped = asyncio.Event()  # sync: self._stopped = threading.Event()
+
+    def want(self, channel: str) -> None:
+        if channel not in self.counts:
+            self.counts[channel] = 0
+            self._wanted.set()
+
+    def stop(self) -> None:
+        """End the loop (the sync twin's close(); the asyncio listener cancels the task)."""
+        self._stopped.set()
+        self._wanted.set()
+
+    async def run(self) -> None:
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+            except psycopg.Error as exc:
+                log.warning("pgbroker listener cannot connect, waiting reads poll meanwhile: %s", exc)
+                await self._pause(reconnect_delay(failures))
+                failures += 1
+                continue
+            failures = 0
+            try:
+                async with conn:
+                    await self._serve(conn)
+            except psycopg.Error as exc:
+                log.warning("pgbroker listener lost its connection, reconnecting: %s", exc)
+            finally:
+                self.listening.clear()
+                self._on_change()
+            # Not at once: a server that drops every new connection must not be hammered.
+            await self._pause(reconnect_delay(0))
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep before connecting again, unless the loop is stopped meanwhile."""
+        if ASYNC:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await self._stopped.wait()
+        else:
+            self._stopped.wait(seconds)
+
+    async def _serve(self, conn: psycopg.AsyncConnection[object]) -> None:
+        while not self._stopped.is_set():
+            self._wanted.clear()
+            # A copy: in the sync twin, readers add channels from their own threads.
+            fresh = [channel for channel in list(self.counts) if channel not in self.listening]
+            if fresh:
+                await conn.execute(
+                    sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in fresh)
+                )
+            for channel in fresh:
+                self.counts[channel] += 1
+                self.listening.add(channel)
+            if fresh:
+                self._on_change()
+            await self._receive_until_wanted(conn)
+
+    async def _receive_until_wanted(self, conn: psycopg.AsyncConnection[object]) -> None:
+        # A LISTEN cannot be sent while notifies() holds the connection, so a
+        # new channel interrupts the receiving (the connection is idle then).
+        if ASYNC:
+            receiving = asyncio.ensure_future(self._receive(conn))
+            wanted = asyncio.ensure_future(self._wanted.wait())
+            try:
+                await asyncio.wait((receiving, wanted), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                wanted.cancel()
+                receiving.cancel()
+                with suppress(asyncio.CancelledError):
+                    await receiving  # raises the connection's error, if that is what ended it
+        else:
+            while not self._wanted.is_set():
+                for notify in conn.notifies(timeout=_RECEIVE_SLICE):
+                    self._heard(notify.channel)
+
+    if ASYNC:
+
+        async def _receive(self, conn: psycopg.AsyncConnection[object]) -> None:
+            async for notify in conn.notifies():
+                self._heard(notify.channel)
+
+    def _heard(self, channel: str) -> None:
+        if channel in self.counts:
+            self.counts[channel] += 1
+            self._on_change()
+
+
+class AsyncSubscription:
+    """One reader's view of a channel: wait() returns once it has news, that is once the channel's
+    count moved since the reader last looked."""
+
+    def __init__(self, listener: AsyncListener, channel: str) -> None:
+        self._listener = listener
+        self._channel = channel
+        self._seen = listener._count(channel)
+
+    async def wait(self, timeout: float) -> bool:
+        """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came."""
+        heard = await self._listener._until(self._has_news, timeout)
+        self._catch_up()
+        return heard
+
+    def _has_news(self) -> bool:
+        return self._listener._count(self._channel) != self._seen
+
+    def _catch_up(self) -> None:
+        self._seen = self._listener._count(self._channel)
+
+
+class AsyncListener:
+    """A client's wake-ups, started on first use: the listening loop runs as a task on the event
+    loop (in the sync twin, on a daemon thread).
+
+    ``conninfo`` is called once, at start, for the dedicated connection's conninfo.
+    """
+
+    def __init__(self, conninfo: _Conninfo, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        self.poll_interval = check_poll_interval(poll_interval)
+        # Behind a transaction pooler a LISTEN ends with its transaction: without a direct
+        # connection for it, waiting reads only poll (pgbroker._db.dsn).
+        self.polling_only = behind_transaction_pooler() and listen_dsn() is None
+        self._conninfo = conninfo
+        self._channels: dict[str, str] = {}
+        self._listening: _Loop | None = None
+        if ASYNC:
+            self._task: asyncio.Task[None] | None = None
+            # Replaced on every change, so that everyone sleeping on the old one wakes.
+            self._changed_event = asyncio.Event()
+        else:
+            self._cond = threading.Condition()
+            self._start_lock = threading.Lock()
+            self._thread: threading.Thread | None = None
+
+    async def subscribe(self, queue: str, channel_of: _ChannelOf, timeout: float) -> AsyncSubscription:
+        """Listen to the queue's channel (waiting up to ``timeout`` for the LISTEN); see AsyncSubscription.
+
+        ``channel_of`` asks the server for the channel, once per queue name.
+        """
+        if self.polling_only:
+            return AsyncSubscription(self, "")
+        channel = self._channels.get(queue)
+        if channel is None:
+            channel = self._channels[queue] = await channel_of()
+        listening = await self._start()
+        listening.want(channel)
+        await self._until(lambda: channel in listening.listening, timeout)
+        return AsyncSubscription(self, channel)
+
+    async def close(self) -> None:
+        """Stop listening and close the connection; waiting reads then only poll."""
+        if ASYNC:
+            task, self._task, self._listening = self._task, None, None
+            if task is not None:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
+        else:
+            with self._start_lock:
+                listening, thread = self._listening, self._thread
+                self._listening = self._thread = None
+            if listening is not None and thread is not None:
+                listening.stop()
+                thread.join(_CLOSE_WAIT)
+
+    def _count(self, channel: str) -> int:
+        return self._listening.counts.get(channel, 0) if self._listening is not None else 0
+
+    def _changed(self) -> None:
+        if ASYNC:
+            event, self._changed_event = self._changed_event, asyncio.Event()
+            event.set()
+        else:
+            with self._cond:
+                self._cond.notify_all()
+
+    async def _until(self, ready: Callable[[], bool], timeout: float) -> bool:
+        if ASYNC:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while not ready():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await self._changed_event.wait()
+            return True
+        else:
+            with self._cond:
+                return self._cond.wait_for(ready, timeout)
+
+    async def _start(self) -> _Loop:
+        if ASYNC:
+            if self._listening is None:
+                conninfo = await self._conninfo()
+                if self._listening is None:  # another reader may have started it meanwhile
+                    self._listening = _Loop(conninfo, self._changed)
+                    self._task = asyncio.get_running_loop().create_task(self._listening.run())
+            return self._listening
+        else:
+            with self._start_lock:
+                if self._listening is None:
+                    listening = _Loop(self._conninfo(), self._changed)
+                    thread = threading.Thread(target=listening.run, name="pgbroker-listener", daemon=True)
+                    self._listening, self._thread = listening, thread
+                    thread.start()
+                return self._listening
+
+
+if ASYNC:
+    __all__ += ["nap"]
+
+    async def nap(stopping: asyncio.Event, subscription: AsyncSubscription | None, seconds: float) -> None:
+        """Sleep until the subscription hears news, ``stopping`` is set, or ``seconds`` have passed
+        (the idle wait of a worker or a scheduler)."""
+        sleepers: list[asyncio.Future[bool]] = [asyncio.ensure_future(stopping.wait())]
+        if subscription is not None:
+            sleepers.append(asyncio.ensure_future(subscription.wait(seconds)))
+        await asyncio.wait(sleepers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        for sleeper in sleepers:
+            sleeper.cancel()

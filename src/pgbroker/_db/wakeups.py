@@ -1,0 +1,76 @@
+"""What both LISTEN wake-up listeners share, with no I/O in it: the schedule of a waiting read, the
+reconnect delays, the poll interval's check, and the conninfo of a listener's own connection.
+
+A waiting read reads; if that found nothing and there is time left, it subscribes to its queue's
+channel (listen_async.AsyncListener, or its generated sync twin listen.Listener), reads again,
+and sleeps until a notification or the poll interval, then reads again. A notification is only a
+hint: one that never comes costs at most a poll interval of latency, never a message.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgbroker.errors import InvalidArgument
+
+__all__ = ["DEFAULT_POLL_INTERVAL", "Waiting", "check_poll_interval", "conninfo_of", "reconnect_delay"]
+
+# Seconds between reads of a waiting reader that hears nothing.
+DEFAULT_POLL_INTERVAL = 0.5
+
+_RECONNECT_FIRST = 0.1
+_RECONNECT_MAX = 5.0
+# A peer that vanishes without closing the socket is found by TCP keepalive (libpq
+# ignores these on Unix sockets); until then waiting reads only poll.
+_KEEPALIVE = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+}
+
+
+def conninfo_of(info: psycopg.ConnectionInfo) -> str:
+    """A conninfo for a connection like ``info``'s (psycopg leaves the password out of info.dsn)."""
+    params = conninfo_to_dict(info.dsn)
+    if info.password:
+        params["password"] = info.password
+    for key, value in _KEEPALIVE.items():
+        params.setdefault(key, value)
+    return make_conninfo("", **params)
+
+
+def check_poll_interval(poll_interval: float) -> float:
+    if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float) or not poll_interval > 0:
+        raise InvalidArgument(f"poll_interval must be a number of seconds > 0, got {poll_interval!r}")
+    return float(poll_interval)
+
+
+def reconnect_delay(failures: int) -> float:
+    """Seconds before the next connection attempt after ``failures`` failed ones in a row."""
+    return min(_RECONNECT_MAX, _RECONNECT_FIRST * 2.0 ** min(failures, 16))
+
+
+class Waiting:
+    """The schedule of one waiting read, shared by both clients.
+
+    They read; if that found nothing and there is time left, subscribe, then
+    read again and sleep for ``timeout()`` until ``done()``. Subscribing before
+    the second read is what makes a send that commits between a read and the
+    sleep wake the sleep.
+    """
+
+    def __init__(self, wait: float, poll_interval: float) -> None:
+        self.poll_interval = poll_interval
+        self._deadline = time.monotonic() + wait
+
+    def done(self, found: Sequence[object]) -> bool:
+        return bool(found) or time.monotonic() >= self._deadline
+
+    def timeout(self) -> float:
+        """How long to sleep: until the deadline, but never longer than a poll interval."""
+        return max(0.0, min(self._deadline - time.monotonic(), self.poll_interval))

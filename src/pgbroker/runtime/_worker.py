@@ -17,6 +17,9 @@ the outcome of a message take turns on its lease. A handler that outlives its le
 heartbeat, or the database away for longer than the lease) cannot ack: another consumer has
 the message by then. That is counted as ``stale`` and logged, never retried here.
 
+The leases and their heartbeat's calls are in pgbroker.runtime._leases; what the server made
+of the outcomes (counted, logged, the reason of a refusal) in pgbroker.runtime._outcomes.
+
 Calls that fail because the connection is lost (a restart, a failover) are retried while the
 lease still holds; fenced receipts make a retried ack safe, so a restart of Postgres costs
 no duplicate handling.
@@ -39,38 +42,37 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
-from pgbroker._db.backoff import Backoff, Patience
+from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
 from pgbroker._db.liveness import is_transient
-from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound, StaleReceipt
+from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._queries import Query
-from pgbroker.queues._records import Message, Receipt
+from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
+from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
 from pgbroker.runtime._log_events import log_event
-from pgbroker.runtime._outbox import Batch, Outbox, Outcome, batch_of
+from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
+from pgbroker.runtime._outcomes import not_recorded, record_outcomes
 from pgbroker.runtime._round_trips import run_together
+from pgbroker.runtime._worker_stats import WorkerStats
 
 __all__ = ["Handler", "Worker", "WorkerStats"]
 
 log = logging.getLogger("pgbroker.worker")
 
-T = TypeVar("T")
 # Called with each message; a coroutine function is awaited, anything else runs on a thread.
 # Returning normally is success; raising is a failure (see pgbroker.fail).
 Handler: TypeAlias = Callable[[Message], Any]
 
 # How long to wait for the LISTEN to be in place before the first read; reads do not need it.
 _LISTEN_TIMEOUT = 1.0
-# Retries of calls that lost their connection: soon at first, then every few seconds.
-_RECONNECT = (0.05, 2.0)
 # Seconds an outcome waits for the next read to carry it before it is sent on its own.
 _ACK_LINGER = 0.01
 # Read-ahead: messages read beyond the free slots, held (leased) until a slot frees. As many as
@@ -81,63 +83,6 @@ _MOST_AHEAD = 100
 # Reads in flight at once, each on its own connection: the server serves one while the handlers
 # go through what the last one brought.
 _READS_AT_ONCE = 2
-
-
-@dataclass
-class WorkerStats:
-    """What a worker has done since it started."""
-
-    reads: int = 0  # read statements, empty ones included
-    received: int = 0  # messages read
-    completed: int = 0  # handled and acked
-    retried: int = 0  # handler failed; back in the queue after the back-off
-    dead_lettered: int = 0  # handler failed on the last allowed delivery
-    stale: int = 0  # lease lost before the outcome was recorded: the message is redelivered
-    released: int = 0  # given back unhandled at shutdown
-    connection_errors: int = 0  # calls that lost their connection (then tried again while that made sense)
-
-
-@dataclass(eq=False, slots=True)
-class _Lease:
-    """One message's lease: the current receipt, and whether the heartbeat is renewing it."""
-
-    receipt: Receipt
-    # Set once the outcome is being recorded, or the lease is lost or given back: no more extends.
-    over: bool = False
-    # An extend in flight: the outcome waits for it, then uses the receipt it handed out.
-    extending: asyncio.Future[None] | None = None
-
-
-async def _why(call: Awaitable[object]) -> str:
-    """Why a receipt was refused: the single forms raise StaleReceipt with the server's reason
-    (they cannot succeed now: a receipt that stopped holding never holds again)."""
-    try:
-        await call
-    except StaleReceipt as exc:
-        return exc.message
-    except Exception as exc:
-        return f"unknown ({exc})"
-    return "recorded on the second try"
-
-
-async def _retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callable[[], Awaitable[T]]) -> T:
-    """``call()``, tried again after connection errors until ``lease_ends`` (epoch seconds).
-
-    Past the lease a retry could only fail as stale, so the last error is raised instead.
-    """
-    retry = Patience(*_RECONNECT, within=lease_ends - time.time())
-    while True:
-        try:
-            return await call()
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            stats.connection_errors += 1
-            pause = retry.next()
-            if pause is None:
-                raise
-            log_event(logging.INFO, "worker.retrying", error=exc, pause=f"{pause:.2f}")
-            await asyncio.sleep(pause)
 
 
 def _check_seconds(value: float, what: str, *, positive: bool = True) -> float:
@@ -210,9 +155,9 @@ class Worker:
         self.stats = WorkerStats()
         call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
-        self._in_flight: dict[asyncio.Task[None], _Lease] = {}
+        self._in_flight: dict[asyncio.Task[None], Lease] = {}
         # Read ahead, not started yet: started as slots free, given back at stop.
-        self._ahead: deque[tuple[Message, _Lease]] = deque()
+        self._ahead: deque[tuple[Message, Lease]] = deque()
         self._handler_seconds: float | None = None  # moving average of the handlers' time
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
@@ -310,7 +255,7 @@ class Worker:
         """Read while there is room, up to _READS_AT_ONCE reads in flight (on their own
         connections), so that the server serves one while the handlers go through the last."""
         idle = Backoff(self.poll_min, self.poll_max)
-        trouble = Backoff(*_RECONNECT)
+        trouble = Backoff(*RECONNECT)
         self._unavailable = False
         subscription: AsyncSubscription | None = None
         reads: dict[asyncio.Task[list[Message]], tuple[int, list[Outcome]]] = {}
@@ -389,7 +334,7 @@ class Worker:
         self.stats.received += len(messages)
         for message in messages:
             assert message.receipt is not None  # pgbroker.read hands out receipts
-            self._ahead.append((message, _Lease(message.receipt)))
+            self._ahead.append((message, Lease(message.receipt)))
         self._start_ahead()
         return messages
 
@@ -430,7 +375,7 @@ class Worker:
                         )
                     ],
                 )
-                await self._record(broker.queue(self.queue), batch, set(acked), {})
+                await record_outcomes(broker.queue(self.queue), batch, set(acked), {}, self.stats)
                 read: list[Message] = found
                 return read
             queries: list[Query[Any]] = list(batch.queries)
@@ -439,7 +384,7 @@ class Worker:
             results = await run_together(conn, queries, shared=broker.single_connection)
         messages: list[Message] = results.pop() if qty else []
         if outcomes:
-            await self._record(broker.queue(self.queue), batch, *batch.results(results))
+            await record_outcomes(broker.queue(self.queue), batch, *batch.results(results), self.stats)
         return messages
 
     async def _send_lingering(self, broker: AsyncBroker) -> None:
@@ -461,69 +406,17 @@ class Worker:
             outcomes = outbox.take()
             lease_ends = max(outcome.receipt.lease for outcome in outcomes) / 1e6
             try:
-                await _retry_while_leased(
+                await retry_while_leased(
                     self.stats, lease_ends, partial(self._exchange, broker, outcomes, 0)
                 )
             except Exception as exc:
                 for outcome in outcomes:
-                    self._not_recorded(outcome, f"the ack failed: {exc}")
+                    not_recorded(self.queue, outcome, f"the ack failed: {exc}", self.stats)
 
     async def _closed_or_never(self) -> None:
         while not self._closing:
             self._outbox.changed.clear()
             await self._outbox.changed.wait()
-
-    async def _record(self, queue: AsyncQueue, batch: Batch, acked: set[int], failed: dict[int, str]) -> None:
-        """Count what the server recorded; ask why for what it refused (a stale receipt)."""
-        for outcome in batch.successes:
-            if outcome.receipt.msg_id in acked:
-                self.stats.completed += 1
-            else:
-                self._not_recorded(outcome, await _why(queue.ack(outcome.receipt)))
-        for error, outcomes in batch.failures.items():
-            for outcome in outcomes:
-                message = outcome.message
-                result = failed.get(message.msg_id)
-                if result is None:
-                    self._not_recorded(outcome, await _why(queue.fail(outcome.receipt, error=error)))
-                    continue
-                if result == "dead_lettered":
-                    self.stats.dead_lettered += 1
-                    level, event = logging.WARNING, "worker.dead_lettered"
-                else:
-                    self.stats.retried += 1
-                    level, event = logging.INFO, "worker.retry"
-                log_event(
-                    level,
-                    event,
-                    queue=self.queue,
-                    msg_id=message.msg_id,
-                    delivery=message.read_ct,
-                    error=error,
-                )
-
-    def _not_recorded(self, outcome: Outcome, why: str) -> None:
-        self.stats.stale += 1
-        message = outcome.message
-        if outcome.error is None:
-            log_event(
-                logging.WARNING,
-                "worker.ack_refused",
-                queue=self.queue,
-                msg_id=message.msg_id,
-                delivery=message.read_ct,
-                reason=why,
-            )
-        else:
-            log_event(
-                logging.WARNING,
-                "worker.failure_not_recorded",
-                queue=self.queue,
-                msg_id=message.msg_id,
-                delivery=message.read_ct,
-                error=outcome.error,
-                why=why,
-            )
 
     async def _until(self, ready: Callable[[], bool]) -> None:
         while not (ready() or self._stopping.is_set()):
@@ -562,7 +455,7 @@ class Worker:
         if not task.cancelled() and task.exception() is not None:
             log_event(logging.ERROR, "worker.bug", queue=self.queue, error=repr(task.exception()))
 
-    async def _process(self, threads: HandlerThreads | None, message: Message, lease: _Lease) -> None:
+    async def _process(self, threads: HandlerThreads | None, message: Message, lease: Lease) -> None:
         started = time.perf_counter()
         error = await self._handle(threads, message)
         took = time.perf_counter() - started
@@ -607,40 +500,7 @@ class Worker:
                 if not lease.over and lease.receipt.lease / 1e6 - now < 2 * self.vt / 3
             ]
             if due:
-                await self._extend(queue, due)
-
-    async def _extend(self, queue: AsyncQueue, leases: list[_Lease]) -> None:
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for lease in leases:
-            lease.extending = turn
-        receipts = [lease.receipt for lease in leases]
-        try:
-            renewed = await _retry_while_leased(
-                self.stats,
-                min(receipt.lease for receipt in receipts) / 1e6,
-                partial(queue.extend_many, receipts, vt=self.vt),
-            )
-            error = "the lease had ended"
-        except Exception as exc:
-            renewed = {}
-            error = exc.message if isinstance(exc, PgbrokerError) else str(exc)
-        for lease in leases:
-            lease.extending = None
-            held = lease.receipt
-            if held.msg_id in renewed:
-                lease.receipt = renewed[held.msg_id]
-            elif not lease.over:
-                lease.over = True
-                self.stats.stale += 1
-                log_event(
-                    logging.WARNING,
-                    "worker.lease_lost",
-                    queue=self.queue,
-                    msg_id=held.msg_id,
-                    delivery=held.read_ct,
-                    error=error,
-                )
-        turn.set_result(None)
+                await extend_leases(queue, due, self.vt, self.stats)
 
     # -- stopping and maintenance ----------------------------------------------------------
 
@@ -663,35 +523,10 @@ class Worker:
         ahead = [lease for _, lease in self._ahead]
         self._ahead.clear()
         leftover = list(self._in_flight.items())
-        await self._release(queue, ahead + [lease for _, lease in leftover])
+        await release_leases(queue, ahead + [lease for _, lease in leftover], self.stats)
         for task, _ in leftover:
             task.cancel()
         await asyncio.gather(*(task for task, _ in leftover), return_exceptions=True)
-
-    async def _release(self, queue: AsyncQueue, leases: list[_Lease]) -> None:
-        """Nack the leases whose handler has not finished (or not started)."""
-        receipts = []
-        for lease in leases:
-            if lease.extending is not None:  # the receipt to give back is the one it hands out
-                await asyncio.shield(lease.extending)
-            if not lease.over:  # otherwise its outcome is being recorded
-                lease.over = True
-                receipts.append(lease.receipt)
-        if not receipts:
-            return
-        try:
-            released = await queue.nack_many(receipts)
-        except Exception as exc:
-            released = []
-            log_event(logging.WARNING, "worker.release_failed", queue=self.queue, error=exc)
-        self.stats.released += len(released)
-        log_event(
-            logging.WARNING,
-            "worker.released",
-            queue=self.queue,
-            messages=len(released),
-            unfinished=len(receipts),
-        )
 
     async def _until_drained(self) -> None:
         while (self._in_flight or self._ahead) and not self._hurry:

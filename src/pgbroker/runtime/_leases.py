@@ -1,0 +1,118 @@
+"""A worker's leases: one per message held, renewed by the heartbeat, given back at shutdown,
+and the calls made on them retried after a lost connection while the lease still holds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TypeVar
+
+from pgbroker._db.backoff import Patience
+from pgbroker._db.liveness import is_transient
+from pgbroker.errors import PgbrokerError
+from pgbroker.queues._client_async import AsyncQueue
+from pgbroker.queues._records import Receipt
+from pgbroker.runtime._log_events import log_event
+from pgbroker.runtime._worker_stats import WorkerStats
+
+__all__ = ["RECONNECT", "Lease", "extend_leases", "release_leases", "retry_while_leased"]
+
+T = TypeVar("T")
+# Retries of calls that lost their connection: soon at first, then every few seconds.
+RECONNECT = (0.05, 2.0)
+
+
+@dataclass(eq=False, slots=True)
+class Lease:
+    """One message's lease: the current receipt, and whether the heartbeat is renewing it."""
+
+    receipt: Receipt
+    # Set once the outcome is being recorded, or the lease is lost or given back: no more extends.
+    over: bool = False
+    # An extend in flight: the outcome waits for it, then uses the receipt it handed out.
+    extending: asyncio.Future[None] | None = None
+
+
+async def retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``, tried again after connection errors until ``lease_ends`` (epoch seconds).
+
+    Past the lease a retry could only fail as stale, so the last error is raised instead.
+    """
+    retry = Patience(*RECONNECT, within=lease_ends - time.time())
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            stats.connection_errors += 1
+            pause = retry.next()
+            if pause is None:
+                raise
+            log_event(logging.INFO, "worker.retrying", error=exc, pause=f"{pause:.2f}")
+            await asyncio.sleep(pause)
+
+
+async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: WorkerStats) -> None:
+    """Extend ``leases`` in one call; a lease the server no longer holds is over (counted, logged)."""
+    turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    for lease in leases:
+        lease.extending = turn
+    receipts = [lease.receipt for lease in leases]
+    try:
+        renewed = await retry_while_leased(
+            stats,
+            min(receipt.lease for receipt in receipts) / 1e6,
+            partial(queue.extend_many, receipts, vt=vt),
+        )
+        error = "the lease had ended"
+    except Exception as exc:
+        renewed = {}
+        error = exc.message if isinstance(exc, PgbrokerError) else str(exc)
+    for lease in leases:
+        lease.extending = None
+        held = lease.receipt
+        if held.msg_id in renewed:
+            lease.receipt = renewed[held.msg_id]
+        elif not lease.over:
+            lease.over = True
+            stats.stale += 1
+            log_event(
+                logging.WARNING,
+                "worker.lease_lost",
+                queue=queue.name,
+                msg_id=held.msg_id,
+                delivery=held.read_ct,
+                error=error,
+            )
+    turn.set_result(None)
+
+
+async def release_leases(queue: AsyncQueue, leases: list[Lease], stats: WorkerStats) -> None:
+    """Nack the leases whose handler has not finished (or not started)."""
+    receipts = []
+    for lease in leases:
+        if lease.extending is not None:  # the receipt to give back is the one it hands out
+            await asyncio.shield(lease.extending)
+        if not lease.over:  # otherwise its outcome is being recorded
+            lease.over = True
+            receipts.append(lease.receipt)
+    if not receipts:
+        return
+    try:
+        released = await queue.nack_many(receipts)
+    except Exception as exc:
+        released = []
+        log_event(logging.WARNING, "worker.release_failed", queue=queue.name, error=exc)
+    stats.released += len(released)
+    log_event(
+        logging.WARNING,
+        "worker.released",
+        queue=queue.name,
+        messages=len(released),
+        unfinished=len(receipts),
+    )

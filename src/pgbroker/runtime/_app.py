@@ -34,11 +34,12 @@ from psycopg_pool import AsyncConnectionPool
 from pgbroker._db.dsn import connection_kwargs, resolve_dsn
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._signals import on_stop_signals
 from pgbroker.runtime._stream_worker import StreamHandler, StreamWorker
 from pgbroker.runtime._worker import Handler, Worker, WorkerStats
 from pgbroker.schedules._scheduler import Scheduler
 
-__all__ = ["App", "WorkerOptions", "serve"]
+__all__ = ["App", "WorkerOptions", "serve", "serve_scheduler"]
 
 H = TypeVar("H", bound=Handler)
 SH = TypeVar("SH", bound=StreamHandler)
@@ -147,7 +148,6 @@ async def serve(
     async with AsyncExitStack() as stack:
         if broker is None:
             broker = await _own_broker(stack, dsn, workers)
-        loop = asyncio.get_running_loop()
         stopping = False
         scheduler = Scheduler() if schedules else None
 
@@ -161,9 +161,7 @@ async def serve(
                     scheduler.stop()
             stopping = True
 
-        for signum in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
-            loop.add_signal_handler(signum, on_signal, signum)
-            stack.callback(loop.remove_signal_handler, signum)
+        stack.enter_context(on_stop_signals(on_signal, enabled=handle_signals))
         if progress_every is not None:
             reporter = asyncio.create_task(_report(workers, progress_every, progress_out or sys.stderr))
             stack.callback(reporter.cancel)
@@ -228,3 +226,11 @@ async def _report(workers: Sequence[Worker | StreamWorker], every: float, out: T
                 file=out,
                 flush=True,
             )
+
+
+async def serve_scheduler(dsn: str | None = None, *, handle_signals: bool = True) -> None:
+    """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT."""
+    scheduler = Scheduler()
+    async with AsyncBroker(dsn, max_connections=2) as broker:
+        with on_stop_signals(lambda _: scheduler.stop(), enabled=handle_signals):
+            await scheduler.run(broker)

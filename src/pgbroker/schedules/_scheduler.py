@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from dataclasses import dataclass
 
 from pgbroker._db.backoff import Backoff
@@ -25,7 +24,7 @@ from pgbroker._db.listen_async import AsyncSubscription, nap
 from pgbroker.errors import NotInstalled, PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker
 
-__all__ = ["Scheduler", "SchedulerStats", "serve_alone"]
+__all__ = ["Scheduler", "SchedulerStats"]
 
 log = logging.getLogger("pgbroker.scheduler")
 
@@ -117,13 +116,3 @@ class Scheduler:
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
         """Sleep until a change to the schedules is announced, stop(), or ``seconds`` have passed."""
         await nap(self._stopping, subscription, seconds)
-
-
-async def serve_alone(dsn: str | None = None, *, handle_signals: bool = True) -> None:
-    """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT."""
-    scheduler = Scheduler()
-    async with AsyncBroker(dsn, max_connections=2) as broker:
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
-            loop.add_signal_handler(signum, scheduler.stop)
-        await scheduler.run(broker)

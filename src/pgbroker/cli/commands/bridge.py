@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
@@ -32,6 +31,7 @@ from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Handler, Subcommands, add_command, add_group, add_progress_option
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
+from pgbroker.runtime._signals import on_stop_signals
 
 __all__ = ["register"]
 
@@ -233,26 +233,22 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
         async with AsyncBroker(dsn, max_connections=4) as abroker:
             bridge = make(abroker)
             task = asyncio.create_task(bridge.run())
-            loop = asyncio.get_running_loop()
             signals = 0
 
-            def on_signal() -> None:
+            def on_signal(_: int) -> None:
                 nonlocal signals
                 signals += 1
                 bridge.stop()
                 if signals > 1:
                     task.cancel()  # a second signal: leave now
 
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, on_signal)
             reporter = asyncio.create_task(_report(bridge, args.progress)) if args.progress else None
             try:
-                await task
+                with on_stop_signals(on_signal):
+                    await task
             finally:
                 if reporter is not None:
                     reporter.cancel()
-                for signum in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(signum)
 
     try:
         asyncio.run(run())

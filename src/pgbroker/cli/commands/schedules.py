@@ -21,7 +21,7 @@ from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Schedule
-from pgbroker.schedules._scheduler import serve_alone
+from pgbroker.runtime._app import serve_scheduler
 
 __all__ = ["register"]
 
@@ -131,5 +131,5 @@ def _resume(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _scheduler(args: argparse.Namespace, broker: Broker) -> int:
-    asyncio.run(serve_alone(dsn_of(broker)))
+    asyncio.run(serve_scheduler(dsn_of(broker)))
     return Exit.OK

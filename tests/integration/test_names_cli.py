@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from pgbroker.cli.main import main
-from pgbroker.cli.support.base import Exit
+from pgbroker.cli.support.errors import Exit
 
 
 @pytest.mark.parametrize(

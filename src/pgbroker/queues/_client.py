@@ -249,7 +249,8 @@ class Queue:
         (see pgbroker._db.listen): read after it, and read now and then without one.
         """
         channel_of = q.notify_channel(self.name)
-        return self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), timeout)
+        wait = q.duration(timeout, "timeout")
+        return self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), wait)
 
     def peek(
         self,
@@ -515,9 +516,10 @@ class Broker:
 
         notify=True also enables notify with the default throttle (Queue.enable_notify).
         """
+        with_notify = q.flag(notify, "notify")  # judged before anything is made
         self._executor.run(q.queue_create(name, unlogged=unlogged))
         queue = self.queue(name)
-        if notify:
+        if with_notify:
             queue.enable_notify()
         return queue
 
@@ -542,7 +544,7 @@ class Broker:
         """Forget at most batch_size expired dedup keys of every queue (or of one); repeat until 0."""
         return self._executor.run(q.dedup_keys_trim(queue, batch_size))
 
-    # schedules (sql/schema/78_schedules.sql): the engine decides what is sent and when
+    # schedules (sql/functions/78_schedules.sql): the engine decides what is sent and when
 
     def add_schedule(
         self,

@@ -11,15 +11,9 @@ import argparse
 from collections.abc import Sequence
 
 from pgbroker._db.install import QueueGrant, grant_queue_access, list_queue_grants, revoke_queue_access
-from pgbroker.cli.support.base import (
-    CliError,
-    Exit,
-    Subcommands,
-    add_command,
-    plural,
-    print_listing,
-    timestamped_json,
-)
+from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.output import plural, print_listing, timestamped_json
+from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 

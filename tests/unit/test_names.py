@@ -28,6 +28,8 @@ REFUSED = [
     "nbsp\u00a0",
     "line\u2028sep",
     "ideographic\u3000space",
+    "zero\u200bwidth",
+    "bom\ufeff",
     "x" * 48,
     "é" * 24,  # 24 characters, 48 bytes
     "a$b",
@@ -35,14 +37,19 @@ REFUSED = [
     "a--b",
     "a'b",
 ]
-ACCEPTED = ["a", "orders", "EU-orders_2", "-x-", "é" * 23, "x" * 47, "zero\u200bwidth"]
+ACCEPTED = ["a", "orders", "EU-orders_2", "-x-", "é" * 23, "x" * 47, "joiner\u200dinside"]
 
 
 def test_the_character_class_is_whitespace_and_controls() -> None:
     """UNPRINTABLE, written so that Postgres reads it the same, is exactly what Python calls
-    whitespace or a control character."""
+    whitespace or a control character, and the two invisible spaces (zero-width space, BOM)."""
     pattern = re.compile(UNPRINTABLE)
-    meant = {c for c in map(chr, range(sys.maxunicode + 1)) if c.isspace() or unicodedata.category(c) == "Cc"}
+    invisible = {"\u200b", "\ufeff"}
+    meant = {
+        c
+        for c in map(chr, range(sys.maxunicode + 1))
+        if c.isspace() or unicodedata.category(c) == "Cc" or c in invisible
+    }
     matched = {c for c in map(chr, range(sys.maxunicode + 1)) if pattern.fullmatch(c)}
     assert matched == meant
 

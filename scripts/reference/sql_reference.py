@@ -61,9 +61,7 @@ def sql_reference(dsn: str) -> str:
     with psycopg.connect(dsn) as conn:
         signatures, roles = _catalog(conn)
     files = engine_file_texts()
-    documented = {
-        (f.schema, f.name) for file, text in files for f in functions_in(file, text)
-    }
+    documented = {(f.schema, f.name) for file, text in files for f in functions_in(file, text)}
     unknown = sorted(".".join(key) for key in signatures if key not in documented)
     if unknown:
         raise LookupError(f"public functions in the catalog but in no functions/ file: {unknown}")
@@ -80,7 +78,7 @@ def sql_reference(dsn: str) -> str:
     for schema in PUBLIC_SCHEMAS:
         out += [f"## Schema `{schema}`", ""]
         for file, text in files:
-            public = [f for f in functions_in(file, text) if f.schema == schema and is_public(f.schema, f.name)]
+            public = [f for f in functions_in(file, text) if f.schema == schema and is_public(schema, f.name)]
             if not public:
                 continue
             out += [f"### {file}", "", file_summary(text), ""]

@@ -121,9 +121,13 @@ $$;
 -- Fenced, by receipt
 ------------------------------------------------------------------------------
 
--- Ack many: archive (default) or delete the messages whose receipts still
--- hold, through the ack route (90_routes.sql); returns their msg_ids. Stale
--- receipts are skipped and change nothing.
+-- Ack deliveries by their receipts: archive the messages (the default) or
+-- delete them, through the ack route (90_routes.sql).
+-- Arguments: receipts (or receipt): what the read returned; archive: false
+--   to delete.
+-- Returns: the msg_ids acked. The batch form skips stale receipts, which
+--   change nothing.
+-- Errors: PB003 from the single form when its receipt no longer holds.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.ack(queue_name text, receipts text[], archive boolean DEFAULT true)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$

@@ -16,7 +16,7 @@ PUBLIC_SCHEMAS = ("pgmq", "pgbroker")
 
 _CREATE = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION (\w+)\.\"?(\w+)\"?\s*\(", re.IGNORECASE)
 _FIELD = re.compile(rf"^({'|'.join(FIELDS)}):\s*(.*)$")
-_RULE = re.compile(r"^--+\s*-*$")  # a line of dashes separates sections of a file, not a header
+_RULE = re.compile(r"^-{4,}\s*$")  # a line of dashes separates sections of a file, not a header
 
 
 @dataclass
@@ -29,7 +29,9 @@ class Header:
 
     @property
     def description(self) -> str:
-        return " ".join(self.prose).strip()
+        """The prose, its paragraphs (split by a bare ``--`` line) apart by a blank line."""
+        paragraphs = " ".join(line or "\n\n" for line in self.prose).split("\n\n")
+        return "\n\n".join(p.strip() for p in paragraphs if p.strip())
 
     @property
     def structured(self) -> bool:
@@ -64,7 +66,7 @@ def parse_header(comment_lines: list[str]) -> Header | None:
         if found:
             current = header.fields.setdefault(found[1], [])
             text = found[2]
-        if text:
+        if text or current is header.prose:
             current.append(text)
     return header
 

@@ -236,8 +236,10 @@ $$;
 -- Names
 ------------------------------------------------------------------------------
 
--- pgmq's checks, no more: the length only (pgmq leaves the characters to
--- format_table_name). pgbroker._check_name checks fully when a queue is made.
+-- Check a queue name as pgmq does: its length only (pgmq leaves the
+-- characters to format_table_name). pgbroker._check_name checks fully when a
+-- queue is made.
+-- Errors: pgmq's when the name is too long (pgbroker code PB001).
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.validate_queue_name(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -246,8 +248,9 @@ BEGIN
 END;
 $$;
 
--- pgmq's helper, with pgmq's check and message: it refuses only the characters
--- that could end a literal or a statement.
+-- The table name of a queue for a prefix ('q' for messages, 'a' for the
+-- archive), as pgmq's helper, with pgmq's check and message: it refuses only
+-- the characters that could end a literal or a statement.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.format_table_name(queue_name text, prefix text)
 RETURNS TEXT LANGUAGE plpgsql AS $$
@@ -350,8 +353,9 @@ BEGIN
 END;
 $$;
 
--- pgmq's ways to create a plain queue (pgmq.create makes a plain queue in
--- pgmq too).
+-- Create a plain queue, as pgmq.create does (pgmq's explicit name for it).
+-- Errors: pgmq's on a bad name (pgbroker code PB001); PB004 for a name that
+--   differs from an existing one only in case.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.create_non_partitioned(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$

@@ -162,8 +162,13 @@ BEGIN
 END;
 $$;
 
--- Nack many: make the messages visible again after delay seconds; returns
--- the msg_ids whose receipts still held.
+-- Nack deliveries: make the messages visible again after delay seconds.
+-- Arguments: receipts (or receipt): what the read returned; delay: seconds,
+--   >= 0.
+-- Returns: the msg_ids whose receipts still held (the batch form skips the
+--   others); the single form, its msg_id.
+-- Errors: PB007 on a NULL or negative delay; PB003 from the single form when
+--   its receipt no longer holds.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.nack(queue_name text, receipts text[], delay integer DEFAULT 0)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
@@ -203,8 +208,12 @@ BEGIN
 END;
 $$;
 
--- Extend many: the lease now ends vt seconds from now; returns a new
--- receipt for each message whose receipt still held.
+-- Extend leases: each now ends vt seconds from now.
+-- Arguments: receipts (or receipt): what the read returned; vt: seconds, >= 0.
+-- Returns: a new receipt for each message whose receipt still held (the
+--   batch form skips the others); the single form, the new receipt.
+-- Errors: PB007 on a NULL or negative vt; PB003 from the single form when its
+--   receipt no longer holds.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.extend(queue_name text, receipts text[], vt integer)
 RETURNS TABLE (msg_id bigint, receipt text) LANGUAGE plpgsql AS $$

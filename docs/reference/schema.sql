@@ -442,7 +442,10 @@ CREATE FUNCTION pgbroker._check_name_characters(name text, kind text) RETURNS vo
     LANGUAGE plpgsql IMMUTABLE
     AS $$
 BEGIN
-    IF name ~ '[[:space:][:cntrl:]\u00a0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]' THEN
+    -- The class is written out rather than [:space:][:cntrl:], whose meaning
+    -- beyond ASCII depends on the database's locale; pgbroker._db.names.UNPRINTABLE
+    -- is the same text.
+    IF name ~ '[\x00-\x20\x7f-\xa0\u1680\u2000-\u200b\u2028\u2029\u202f\u205f\u3000\ufeff]' THEN
         RAISE EXCEPTION '% name contains whitespace or a control character (got %)', kind, quote_literal(name)
             USING ERRCODE = 'PB001',
                   HINT = 'Use letters, digits, _ and - only.';

@@ -1,5 +1,5 @@
 """The one check of queue and stream names on the Python side, the same rule as the engine's
-(``pgbroker._check_name`` in sql/functions/10_queues.sql): the client, the CLI (through the client)
+(``pgbroker._check_name`` in _sql/functions/10_queues.sql): the client, the CLI (through the client)
 and the HTTP API refuse a bad name before any query, with the error the engine would raise.
 
 A queue name is 1 to 47 characters and 47 bytes of UTF-8 (its tables are q_<name> and a_<name>,
@@ -26,9 +26,12 @@ __all__ = [
 
 QUEUE_NAME_MAX = 47
 
-#: Every character that is whitespace (str.isspace) or a control (Unicode category Cc), spelled
-#: as a class that a Postgres regular expression reads the same way, whatever the locale.
-UNPRINTABLE = "[\\x00-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+#: Every character that is whitespace (str.isspace), a control (Unicode category Cc) or an
+#: invisible space (zero-width space, byte-order mark), spelled as a class that a Postgres regular
+#: expression reads the same way whatever the locale: pgbroker._check_name_characters
+#: (_sql/functions/10_queues.sql) holds the same text, and tests/integration/test_name_rule.py
+#: keeps the two equal.
+UNPRINTABLE = "[\\x00-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200b\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff]"
 _UNPRINTABLE = re.compile(UNPRINTABLE)
 _PGMQ_FORBIDDEN = re.compile(r"\$|;|--|'")
 _HINT = "Use letters, digits, _ and - only."

@@ -697,6 +697,12 @@ $$;
 
 -- Read like pgmq.read, with a receipt per message (40_receipts.sql), through
 -- the deliver route; honours the queue's max_deliveries (see _deliver).
+-- Arguments: vt: seconds the messages stay leased; qty: at most how many;
+--   conditional: a JSON object the messages must contain.
+-- Returns: a pgbroker.delivery per message: pgmq's record and its receipt,
+--   for ack, nack, extend and fail.
+-- Errors: PB002 when the queue does not exist; PB007 on a NULL or negative
+--   vt or qty.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.read(queue_name text, vt integer, qty integer, conditional jsonb DEFAULT '{}')
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$

@@ -16,6 +16,7 @@ PUBLIC_SCHEMAS = ("pgmq", "pgbroker")
 
 _CREATE = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION (\w+)\.\"?(\w+)\"?\s*\(", re.IGNORECASE)
 _FIELD = re.compile(rf"^({'|'.join(FIELDS)}):\s*(.*)$")
+_RELEASE = re.compile(r"\d+\.\d+\.\d+")
 _RULE = re.compile(r"^-{4,}\s*$")  # a line of dashes separates sections of a file, not a header
 
 
@@ -35,7 +36,7 @@ class Header:
 
     @property
     def structured(self) -> bool:
-        return bool(self.description) and bool(self.text("Since"))
+        return bool(self.description) and _RELEASE.fullmatch(self.text("Since")) is not None
 
 
 @dataclass

@@ -33,8 +33,10 @@ def test_a_header_is_the_comment_just_above_and_overloads_share_it() -> None:
         "CREATE OR REPLACE FUNCTION pgbroker.ack(receipt text)\nRETURNS boolean AS $$ $$;\n"
         "CREATE OR REPLACE FUNCTION pgbroker.ack(receipts text[])\nRETURNS boolean AS $$ $$;\n"
         '-- Not structured: no Since.\nCREATE FUNCTION pgmq."create"(queue_name text)\n'
+        "-- Not structured: Since is not a release.\n-- Since: soon\n"
+        "CREATE FUNCTION pgmq.drop_queue(queue_name text)\n"
     )
-    ack, create = functions_in("functions/60_acks.sql", sql)
+    ack, create, drop = functions_in("functions/60_acks.sql", sql)
     assert ack.qualified == "pgbroker.ack"
     assert ack.header is not None
     assert ack.header.structured
@@ -43,6 +45,8 @@ def test_a_header_is_the_comment_just_above_and_overloads_share_it() -> None:
     assert create.qualified == "pgmq.create"
     assert create.header is not None
     assert not create.header.structured
+    assert drop.header is not None
+    assert not drop.header.structured
 
 
 @pytest.mark.parametrize(("path", "generate"), [(PYTHON_MD, python_reference), (CLI_MD, cli_reference)])

@@ -1,4 +1,4 @@
-# Developer and CI entry points for pgbroker: venv, test, test-quick, lint, schema-dump, demo, bench,
+# Developer and CI entry points for pgbroker: venv, test, test-quick, lint, schema-dump, reference, demo, bench,
 # bench-peers, clean, pg-partman, chromium, rabbitmq, brokers, pgbouncer.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
@@ -15,7 +15,7 @@ SHELL := /bin/bash
 .ONESHELL:
 .DEFAULT_GOAL := test
 
-.PHONY: venv test test-quick lint generate schema-dump demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
+.PHONY: venv test test-quick lint generate schema-dump reference demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -159,6 +159,13 @@ generate: venv
 schema-dump: venv
 	cd "$(ROOT)"
 	.venv/bin/python scripts/dump_schema.py
+
+# The references generated from the code (docs/reference/sql.md, python.md, cli.md: the public SQL
+# functions' header comments with a new database's catalog, the public __all__, the CLI's --help);
+# tests/unit/test_reference_docs.py and tests/integration/test_sql_reference.py fail while stale.
+reference: venv
+	cd "$(ROOT)"
+	.venv/bin/python scripts/gen_reference.py
 
 demo: venv
 	cd "$(ROOT)"

@@ -1,1 +1,2 @@
-"""Developer scripts: scripts/async_to_sync.py generates the sync client from the asyncio one."""
+"""Developer scripts: async_to_sync.py generates the sync clients from the asyncio ones,
+dump_schema.py the engine's schema dump, gen_reference.py the references of docs/reference/."""

@@ -20,6 +20,7 @@
 -- pgmq does (allowed), or take that back (not allowed: the default). Covers
 -- the tables there are and, by default privileges, those that the role
 -- calling this creates later (run it as the role that creates queues).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.grant_pg_monitor_payloads(allowed boolean)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -238,8 +239,11 @@ $$;
 -- Names
 ------------------------------------------------------------------------------
 
--- pgmq's checks, no more: the length only (pgmq leaves the characters to
--- format_table_name). pgbroker._check_name checks fully when a queue is made.
+-- Check a queue name as pgmq does: its length only (pgmq leaves the
+-- characters to format_table_name). pgbroker._check_name checks fully when a
+-- queue is made.
+-- Errors: pgmq's when the name is too long (pgbroker code PB001).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.validate_queue_name(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -247,8 +251,10 @@ BEGIN
 END;
 $$;
 
--- pgmq's helper, with pgmq's check and message: it refuses only the characters
--- that could end a literal or a statement.
+-- The table name of a queue for a prefix ('q' for messages, 'a' for the
+-- archive), as pgmq's helper, with pgmq's check and message: it refuses only
+-- the characters that could end a literal or a statement.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.format_table_name(queue_name text, prefix text)
 RETURNS TEXT LANGUAGE plpgsql AS $$
 BEGIN
@@ -350,8 +356,10 @@ BEGIN
 END;
 $$;
 
--- pgmq's ways to create a plain queue (pgmq.create makes a plain queue in
--- pgmq too).
+-- Create a plain queue, as pgmq.create does (pgmq's explicit name for it).
+-- Errors: pgmq's on a bad name (pgbroker code PB001); PB004 for a name that
+--   differs from an existing one only in case.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.create_non_partitioned(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -359,6 +367,10 @@ BEGIN
 END;
 $$;
 
+-- Create a plain queue whose tables are UNLOGGED: faster sends, lost on a crash.
+-- Errors: pgmq's on a bad name (pgbroker code PB001); PB004 for a name that
+--   differs from an existing one only in case.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.create_unlogged(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -366,6 +378,11 @@ BEGIN
 END;
 $$;
 
+-- Create a plain queue: its message and archive tables and its meta row; a
+-- repeat for an existing queue does nothing.
+-- Errors: pgmq's on a bad name (pgbroker code PB001); PB004 for a name that
+--   differs from an existing one only in case.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq."create"(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -377,6 +394,7 @@ $$;
 -- there is no such queue. Deleting the meta row cascades to every table that
 -- refers to the queue, removes its pg_partman configuration (76_partitions.sql)
 -- and rewrites the routes (90_routes.sql).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.drop_queue(queue_name TEXT)
 RETURNS BOOLEAN LANGUAGE plpgsql AS $$
 DECLARE
@@ -411,6 +429,7 @@ END;
 $$;
 
 -- Delete every message of a queue (not its archive); returns how many.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.purge_queue(queue_name TEXT)
 RETURNS BIGINT LANGUAGE plpgsql AS $$
 DECLARE
@@ -425,6 +444,9 @@ BEGIN
 END;
 $$;
 
+-- Every queue, by name.
+-- Returns: one pgmq.queue_record per queue (name, partitioned, unlogged, created_at).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.list_queues()
 RETURNS SETOF pgmq.queue_record LANGUAGE sql STABLE AS $$
     SELECT queue_name, is_partitioned, is_unlogged, created_at FROM pgmq.meta ORDER BY queue_name;

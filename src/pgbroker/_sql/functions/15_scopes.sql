@@ -176,6 +176,7 @@ $$;
 -- Grant role kind on the queues matching pattern (now and created later);
 -- true if the grant is new. Idempotent: granting again repairs the role's
 -- privileges.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.grant_queue_access(kind text, role_name text, pattern text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
@@ -196,6 +197,7 @@ $$;
 
 -- Take back role's grants of kind: the one of pattern, or all of them when
 -- pattern is NULL; returns how many went.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.revoke_queue_access(kind text, role_name text, pattern text DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -218,6 +220,7 @@ END;
 $$;
 
 -- Every queue grant, by role, kind and pattern.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.list_queue_grants()
 RETURNS TABLE (role_name text, role_kind text, pattern text, granted_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$

@@ -32,6 +32,7 @@
 -- The policy in force: the queue's row, or the defaults when it has none. The
 -- usual case is one statement: a probe of meta (as pgbroker._table makes)
 -- joined with the policy table.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.policy(queue_name text)
 RETURNS pgbroker.queue_policy LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -84,6 +85,7 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 -- Every queue's policy, by queue name.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.policies()
 RETURNS SETOF pgbroker.queue_policy LANGUAGE sql STABLE AS $$
     SELECT p.* FROM pgmq.meta m CROSS JOIN LATERAL pgbroker.policy(m.queue_name) p ORDER BY m.queue_name;
@@ -96,6 +98,7 @@ $$;
 -- priorities => true builds the queue's priority index now (a first
 -- prioritized send would build it anyway), false drops it; a limit per key
 -- builds the concurrency-key index (56_limits.sql), turning it off drops it.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.set_policy(
     queue_name text,
     max_deliveries integer DEFAULT NULL,
@@ -232,6 +235,7 @@ $$;
 -- The codec a client's send uses when not told one: the policy's, 'json' when
 -- the queue has no policy row, or no such queue (its send then fails as
 -- always). Clients cache it for a few seconds.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.queue_codec(queue_name text)
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT pgbroker._authorize('producer', queue_name);
@@ -250,6 +254,7 @@ $$;
 -- routed read of a paused queue returns before its statement, with no probe,
 -- and a queue that was never paused pays nothing. Returns whether the queue
 -- was running before (false: it was paused already).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.pause(queue_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
@@ -258,6 +263,7 @@ END;
 $$;
 
 -- Resume a paused queue; returns whether it was paused.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.resume(queue_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
@@ -288,6 +294,7 @@ $$;
 -- Whether a queue is paused, whatever the case of the name (false for no such
 -- queue): the probe of the reads the routes do not hold, and the monitor's
 -- (the pgbroker_queue_paused gauge; a monitor entry point, 88_roles.sql).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.is_paused(queue_name text)
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT pgbroker._authorize('monitor', queue_name);
@@ -299,6 +306,7 @@ $$;
 -- Exponential back-off doubles from the base up to the max; jitter draws the
 -- delay from its upper half, so that messages that failed together (a
 -- dependency down) come back spread out rather than all at once.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.retry_delay(p pgbroker.queue_policy, read_ct integer)
 RETURNS integer LANGUAGE sql VOLATILE AS $$
     SELECT CASE WHEN p.backoff_jitter THEN ceil(d / 2.0 + random() * d / 2.0)::integer ELSE d END
@@ -358,6 +366,11 @@ $$;
 -- until it returns 0 (pgbroker maintain does).
 ------------------------------------------------------------------------------
 
+-- Delete up to batch_size archived messages older than the queue policy's
+-- archive retention; repeat until it returns 0.
+-- Returns: how many rows it deleted.
+-- Errors: PB007 when batch_size < 1; PB002 when the queue does not exist.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.trim_archive(queue_name text, batch_size integer DEFAULT 10000)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

@@ -183,6 +183,12 @@ $$;
 -- route is called.
 ------------------------------------------------------------------------------
 
+-- Send one message, with optional headers and a delay (seconds, or the instant it
+-- becomes visible); pgmq's six overloads.
+-- Returns: the new msg_id.
+-- Errors: pgmq's on a missing queue (PB002); PB006 when the queue's max_depth is
+--   reached.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.send(queue_name TEXT, msg JSONB, headers JSONB, delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 BEGIN
@@ -249,6 +255,12 @@ BEGIN
 END;
 $$;
 
+-- Send several messages at once, in order, with optional headers (one per message)
+-- and a delay shared by all; pgmq's overloads.
+-- Returns: their msg_ids, in the order given.
+-- Errors: pgmq's on a missing queue (PB002); PB006 when the queue's max_depth is
+--   reached.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.send_batch(queue_name TEXT, msgs JSONB[], headers JSONB[],
                                 delay TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$

@@ -92,6 +92,7 @@ $$;
 
 -- Remove a queue's keys whose time is over (all queues' when queue_name is
 -- NULL), at most batch_size rows a call; returns how many went.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.trim_dedup_keys(queue_name text DEFAULT NULL, batch_size integer DEFAULT 10000)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

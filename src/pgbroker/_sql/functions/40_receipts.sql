@@ -25,6 +25,7 @@ RETURNS bigint LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $$
 $$;
 
 -- The receipt of a delivery.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.receipt(msg_id bigint, read_ct integer, vt timestamptz)
 RETURNS text LANGUAGE sql STABLE STRICT PARALLEL SAFE AS $$
     SELECT msg_id || ':' || read_ct || ':' || pgbroker._micros(vt);
@@ -96,6 +97,7 @@ $$;
 -- Why a receipt no longer holds, or NULL while it does. Clients call this
 -- after a batch ack left a receipt out, to explain it without raising inside
 -- the caller's transaction.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stale_reason(queue_name text, receipt text)
 RETURNS text LANGUAGE plpgsql STABLE AS $$
 DECLARE

@@ -578,6 +578,7 @@ $$;
 -- takes the dynamic path; the arguments only pgmq accepts take
 -- pgbroker._pgmq_read_as_given (a negative qty fails in the route, as
 -- pgmq's LIMIT fails).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.read(queue_name TEXT, vt INTEGER, qty INTEGER, conditional JSONB DEFAULT '{}')
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
@@ -642,6 +643,10 @@ BEGIN
 END;
 $$;
 
+-- Read as pgmq.read does, waiting up to max_poll_seconds (checking every
+-- poll_interval_ms) while nothing is ready.
+-- Returns: up to qty messages, hidden for vt seconds.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.read_with_poll(
     queue_name TEXT,
     vt INTEGER,
@@ -677,6 +682,7 @@ END;
 $$;
 
 -- Delete and return up to qty visible messages, through the pop route.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.pop(queue_name TEXT, qty INTEGER DEFAULT 1)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 BEGIN
@@ -691,6 +697,13 @@ $$;
 
 -- Read like pgmq.read, with a receipt per message (40_receipts.sql), through
 -- the deliver route; honours the queue's max_deliveries (see _deliver).
+-- Arguments: vt: seconds the messages stay leased; qty: at most how many;
+--   conditional: a JSON object the messages must contain.
+-- Returns: a pgbroker.delivery per message: pgmq's record and its receipt,
+--   for ack, nack, extend and fail.
+-- Errors: PB002 when the queue does not exist; PB007 on a NULL or negative
+--   vt or qty.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.read(queue_name text, vt integer, qty integer, conditional jsonb DEFAULT '{}')
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
 BEGIN
@@ -703,6 +716,7 @@ $$;
 -- honour max_deliveries too. (pgbroker._poll returns message records: the
 -- receipt is made again from msg_id, read_ct and vt, as pgbroker.read makes
 -- it.)
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.read_with_poll(
     queue_name text, vt integer, qty integer,
     max_poll_seconds integer DEFAULT 5, poll_interval_ms integer DEFAULT 100,

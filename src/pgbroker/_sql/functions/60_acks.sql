@@ -11,6 +11,9 @@
 -- Unfenced, as in pgmq
 ------------------------------------------------------------------------------
 
+-- Delete messages by msg_id, whoever holds them (unfenced, as in pgmq).
+-- Returns: the msg_ids deleted (the array form), or whether it was (the single one).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.delete(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 DECLARE
@@ -30,6 +33,7 @@ RETURNS BOOLEAN LANGUAGE sql AS $$
 $$;
 
 -- Move messages into the queue's archive, keeping their msg_ids.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.archive(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
 DECLARE
@@ -60,6 +64,7 @@ $$;
 -- only writer of an arbitrary vt, it keeps queue_head's bounds
 -- (50_reads.sql) below what it writes: a message it makes ready again
 -- lowers ready_from, and one it leaves timed lowers timed_from.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.set_vt(queue_name TEXT, msg_ids BIGINT[], vt TIMESTAMP WITH TIME ZONE)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
 DECLARE
@@ -116,9 +121,14 @@ $$;
 -- Fenced, by receipt
 ------------------------------------------------------------------------------
 
--- Ack many: archive (default) or delete the messages whose receipts still
--- hold, through the ack route (90_routes.sql); returns their msg_ids. Stale
--- receipts are skipped and change nothing.
+-- Ack deliveries by their receipts: archive the messages (the default) or
+-- delete them, through the ack route (90_routes.sql).
+-- Arguments: receipts (or receipt): what the read returned; archive: false
+--   to delete.
+-- Returns: the msg_ids acked. The batch form skips stale receipts, which
+--   change nothing.
+-- Errors: PB003 from the single form when its receipt no longer holds.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.ack(queue_name text, receipts text[], archive boolean DEFAULT true)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 BEGIN
@@ -152,8 +162,14 @@ BEGIN
 END;
 $$;
 
--- Nack many: make the messages visible again after delay seconds; returns
--- the msg_ids whose receipts still held.
+-- Nack deliveries: make the messages visible again after delay seconds.
+-- Arguments: receipts (or receipt): what the read returned; delay: seconds,
+--   >= 0.
+-- Returns: the msg_ids whose receipts still held (the batch form skips the
+--   others); the single form, its msg_id.
+-- Errors: PB007 on a NULL or negative delay; PB003 from the single form when
+--   its receipt no longer holds.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.nack(queue_name text, receipts text[], delay integer DEFAULT 0)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -192,8 +208,13 @@ BEGIN
 END;
 $$;
 
--- Extend many: the lease now ends vt seconds from now; returns a new
--- receipt for each message whose receipt still held.
+-- Extend leases: each now ends vt seconds from now.
+-- Arguments: receipts (or receipt): what the read returned; vt: seconds, >= 0.
+-- Returns: a new receipt for each message whose receipt still held (the
+--   batch form skips the others); the single form, the new receipt.
+-- Errors: PB007 on a NULL or negative vt; PB003 from the single form when its
+--   receipt no longer holds.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.extend(queue_name text, receipts text[], vt integer)
 RETURNS TABLE (msg_id bigint, receipt text) LANGUAGE plpgsql AS $$
 DECLARE
@@ -243,6 +264,7 @@ $$;
 -- round trip and one commit a batch instead of two. With no receipts it is a
 -- read. Use pgbroker.ack when you need to know which receipts held. Errors
 -- come in this order: the queue, the read arguments, the receipts.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.consume(queue_name text, vt integer, qty integer,
                                  receipts text[] DEFAULT NULL, archive boolean DEFAULT NULL)
 RETURNS SETOF pgbroker.delivery LANGUAGE plpgsql AS $$
@@ -265,6 +287,7 @@ $$;
 
 -- Ack many with the policy's ack_mode (archive or delete); returns the
 -- msg_ids whose receipts still held, as pgbroker.ack does.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.complete(queue_name text, receipts text[])
 RETURNS SETOF bigint LANGUAGE sql AS $$
     SELECT pgbroker._authorize('consumer', queue_name);

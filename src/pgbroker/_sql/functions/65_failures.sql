@@ -74,6 +74,7 @@ $$;
 -- policy's back-off, or dead-letter it when this was its last allowed
 -- delivery. Returns (msg_id, 'retry' | 'dead_lettered') for the receipts that
 -- still held; stale ones are skipped and change nothing.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL)
 RETURNS TABLE (msg_id bigint, outcome text) LANGUAGE plpgsql AS $$
 DECLARE
@@ -117,6 +118,7 @@ $$;
 
 -- A queue's dead letters, oldest first: up to qty after msg_id after_msg_id
 -- (ids of the table they are in: the dead-letter queue, or the archive).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.dead_letters(queue_name text, qty integer DEFAULT 100, after_msg_id bigint DEFAULT 0)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -140,6 +142,7 @@ $$;
 -- replay and the letter would be lost. The queue's max_depth applies, all or
 -- nothing. Returns (dead_letter_id, msg_id): the letter's id where it was,
 -- and the new message's id in the queue.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.replay_dead_letters(queue_name text, msg_ids bigint[] DEFAULT NULL)
 RETURNS TABLE (dead_letter_id bigint, msg_id bigint) LANGUAGE plpgsql AS $$
 DECLARE
@@ -172,6 +175,7 @@ $$;
 
 -- Delete a queue's dead letters: all of them, or those of msg_ids. Returns
 -- how many.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.purge_dead_letters(queue_name text, msg_ids bigint[] DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

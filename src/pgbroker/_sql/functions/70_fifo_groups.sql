@@ -284,24 +284,37 @@ $$;
 -- pgmq's grouped reads: fill (read_grouped), rr and head, each with a poll form
 ------------------------------------------------------------------------------
 
+-- Read FIFO groups (header x-pgmq-group): fill qty from the oldest ready group's run
+-- of messages, then the next group's, never passing a group's invisible message.
+-- Returns: up to qty messages, hidden for vt seconds.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.read_grouped(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
     SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'fill');
 $$;
 
+-- Read FIFO groups round-robin: the head of each ready group in turn, then the
+-- next message of each, until qty.
+-- Returns: up to qty messages, hidden for vt seconds.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_rr(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
     SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'rr');
 $$;
 
+-- Read only the head message of each ready FIFO group, up to qty groups.
+-- Returns: up to qty messages, hidden for vt seconds.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_head(queue_name TEXT, vt INTEGER, qty INTEGER)
 RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
     SELECT pgbroker._authorize('consumer', queue_name);
     SELECT * FROM pgbroker._read_grouped(queue_name, vt, qty, 'head');
 $$;
 
+-- pgmq.read_grouped, waiting up to max_poll_seconds while nothing is ready.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
@@ -310,6 +323,8 @@ RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'fill');
 $$;
 
+-- pgmq.read_grouped_rr, waiting up to max_poll_seconds while nothing is ready.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_rr_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
@@ -318,6 +333,8 @@ RETURNS SETOF pgmq.message_record LANGUAGE sql AS $$
     SELECT * FROM pgbroker._read_grouped_with_poll(queue_name, vt, qty, max_poll_seconds, poll_interval_ms, 'rr');
 $$;
 
+-- pgmq.read_grouped_head, waiting up to max_poll_seconds while nothing is ready.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.read_grouped_head_with_poll(
     queue_name TEXT, vt INTEGER, qty INTEGER,
     max_poll_seconds INTEGER DEFAULT 5, poll_interval_ms INTEGER DEFAULT 100)
@@ -332,6 +349,10 @@ $$;
 -- heads are its first entry per group, a run is a range scan of it.
 ------------------------------------------------------------------------------
 
+-- Create the index that FIFO-group reads use on a queue (a btree on group and
+-- msg_id); a repeat gives a NOTICE. Best created before the queue fills: the
+-- build holds off sends.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.create_fifo_index(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -355,6 +376,7 @@ END;
 $$;
 
 -- The FIFO index on every queue.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.create_fifo_indexes_all()
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE

@@ -35,6 +35,7 @@ END;
 $$;
 
 -- true for a valid routing key, else pgmq's error.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.validate_routing_key(routing_key text)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -45,6 +46,7 @@ END;
 $$;
 
 -- true for a valid pattern, else pgmq's error.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.validate_topic_pattern(pattern text)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE

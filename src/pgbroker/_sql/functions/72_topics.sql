@@ -35,6 +35,7 @@ $$;
 
 -- Bind a pattern to a queue; binding it again changes nothing. Checks and
 -- errors are pgmq's, in its order; the queue is found in any case (0015).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.bind_topic(pattern text, queue_name text)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -59,6 +60,7 @@ $$;
 -- exchanges, where pgmq.bind_topic's need at least one ('orders.#' then also
 -- matches 'orders'). Binding an existing pattern this way switches it to
 -- AMQP's meaning; pgmq.unbind_topic removes it either way.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.bind_topic_amqp(pattern text, queue_name text)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -70,6 +72,7 @@ END;
 $$;
 
 -- Unbind a pattern from a queue; false when it was not bound.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.unbind_topic(pattern text, queue_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
@@ -85,6 +88,7 @@ $$;
 
 -- Every binding, newest first; or one queue's. compiled_regex is the regex
 -- the binding matches by (AMQP's for pgbroker.bind_topic_amqp's).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.list_topic_bindings()
 RETURNS TABLE (pattern text, queue_name text, bound_at timestamptz, compiled_regex text)
 LANGUAGE sql STABLE AS $$
@@ -103,6 +107,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- The bindings a routing key would reach, without sending.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.test_routing(routing_key text)
 RETURNS TABLE (pattern text, queue_name text, compiled_regex text)
 LANGUAGE sql STABLE AS $$
@@ -132,6 +137,7 @@ END;
 $$;
 
 -- Send one message to every queue the key reaches; returns how many queues.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, headers jsonb, delay integer)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -162,6 +168,7 @@ $$;
 
 -- Send a batch to every queue the key reaches; returns (queue_name, msg_id)
 -- for every message sent.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.send_batch_topic(routing_key text, msgs jsonb[], headers jsonb[], delay timestamptz)
 RETURNS TABLE (queue_name text, msg_id bigint) LANGUAGE sql AS $$
     SELECT * FROM pgbroker._send_topic(routing_key, msgs, headers, pgbroker._check_delay_time(delay));

@@ -43,6 +43,7 @@
 
 -- The channel a queue's inserts are announced on; defined here only, so that
 -- every client (and the trigger) agrees with the server's lower-casing.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.notify_channel(queue_name text)
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT pgbroker._authorize('consumer', queue_name);
@@ -111,6 +112,7 @@ $$;
 -- Enable notify on a queue, or change its throttle when it is enabled.
 -- Checks and errors are pgmq's, in pgmq's order (0015); a NULL throttle
 -- fails on the table's NOT NULL, as in pgmq.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.enable_notify_insert(queue_name text, throttle_interval_ms integer DEFAULT 250)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -152,6 +154,7 @@ $$;
 
 -- Disable notify; for a queue that does not exist, pgmq's notice (its DROP
 -- TRIGGER IF EXISTS finds no table) and nothing else.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.disable_notify_insert(queue_name text)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -177,6 +180,7 @@ END;
 $$;
 
 -- Change the throttle of a queue that has notify enabled.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.update_notify_insert(queue_name text, throttle_interval_ms integer)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -204,6 +208,9 @@ BEGIN
 END;
 $$;
 
+-- The queues with insert notifications enabled, with each one's throttle.
+-- Returns: queue_name, throttle_interval_ms, last_notified_at per queue.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.list_notify_insert_throttles()
 RETURNS TABLE (queue_name text, throttle_interval_ms integer, last_notified_at timestamptz)
 LANGUAGE sql STABLE AS $$

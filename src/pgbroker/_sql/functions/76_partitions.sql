@@ -326,6 +326,7 @@ $$;
 
 -- Create a partitioned queue (see the header); idempotent, like create, for a
 -- queue that is already partitioned.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.create_partitioned(
     queue_name TEXT,
     partition_interval TEXT DEFAULT '10000',
@@ -449,6 +450,7 @@ $$;
 -- this transaction. (pgmq leaves the rows behind in a_<name>_old.) As in
 -- pgmq, a missing queue or an archive that is already partitioned is only a
 -- NOTICE.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.convert_archive_partitioned(
     table_name TEXT,
     partition_interval TEXT DEFAULT '10000',
@@ -574,6 +576,7 @@ $$;
 
 -- Deprecated in pgmq and a no-op there too: archives are not extension
 -- member objects, so there is nothing to detach.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.detach_archive(queue_name TEXT)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -837,6 +840,7 @@ $$;
 -- takes); what could not be locked is reported ('deferred', 'failed') and
 -- done at a later run. Locks are taken queue table first, then archive, the
 -- order in which archive and ack take them, and held until commit.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.run_maintenance(queue_name text DEFAULT NULL, lock_timeout_ms integer DEFAULT 1000)
 RETURNS TABLE (queue text, relation text, action text, detail text)
 LANGUAGE plpgsql AS $$

@@ -26,6 +26,7 @@
 -- in flight), with header header_key (and, when header_value is given, that
 -- header's text equal to it), enqueued at or after enqueued_after and before
 -- enqueued_before.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.peek(
     queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0,
     state text DEFAULT NULL, before_msg_id bigint DEFAULT NULL,

@@ -54,6 +54,7 @@
 -- minute it names, in real time (*/15 fires every 15 minutes throughout).
 
 -- Notifications on this channel tell schedulers that schedules changed.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.schedules_channel()
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT 'pgbroker_schedules'::text;
@@ -130,6 +131,7 @@ END;
 $$;
 
 -- Parse a cron expression, or fail (PB007) saying what is wrong with it.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.cron_parse(cron text)
 RETURNS pgbroker.cron_fields LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -231,6 +233,7 @@ $$;
 -- The first tick of a cron expression after an instant, in a time zone
 -- (see the top of this file for daylight saving time); NULL when it never
 -- fires within ten years.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.cron_next(cron text, timezone text, after timestamptz)
 RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -312,6 +315,7 @@ $$;
 -- 'Europe/Berlin'). A schedule of that name is refused (PB007), unless
 -- ``replace``: then it is redefined (its next tick computed again, paused as
 -- it was).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.schedule_add(
     name text, queue_name text, cron text, message jsonb, headers jsonb DEFAULT NULL,
     timezone text DEFAULT 'UTC', replace boolean DEFAULT false)
@@ -353,6 +357,7 @@ END;
 $$;
 
 -- Every schedule, by name.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.schedule_list()
 RETURNS SETOF pgbroker.schedules LANGUAGE sql STABLE AS $$
     SELECT * FROM pgbroker.schedules ORDER BY name;
@@ -367,6 +372,7 @@ END;
 $$;
 
 -- Remove a schedule; false when there was none of that name.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.schedule_remove(name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
@@ -376,6 +382,7 @@ END;
 $$;
 
 -- Stop sending a schedule's ticks (idempotent).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.schedule_pause(name text)
 RETURNS pgbroker.schedules LANGUAGE plpgsql AS $$
 DECLARE
@@ -394,6 +401,7 @@ $$;
 -- Send a paused schedule's ticks again, from the first tick after now (the
 -- ticks of the pause are not caught up). Resuming a running schedule changes
 -- nothing.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.schedule_resume(name text)
 RETURNS pgbroker.schedules LANGUAGE plpgsql AS $$
 DECLARE
@@ -421,6 +429,7 @@ $$;
 -- move each schedule to its next tick; returns a row per schedule that was
 -- due: the tick, and the msg_id sent or the error that refused it. Schedules
 -- another scheduler holds right now are skipped (it is sending them).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.schedule_tick(as_of timestamptz DEFAULT NULL)
 RETURNS TABLE (schedule_name text, tick timestamptz, msg_id bigint, error text) LANGUAGE plpgsql AS $$
 DECLARE
@@ -455,6 +464,7 @@ $$;
 
 -- Seconds until the next tick of any running schedule (0 when one is due),
 -- or NULL when there is none: how long a scheduler may sleep.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.schedule_next_wake()
 RETURNS double precision LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN min(next_run) IS NOT NULL

@@ -47,6 +47,7 @@ END;
 $$;
 
 -- A queue's length, ages and total sent, counted exactly.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.metrics(queue_name TEXT)
 RETURNS pgmq.metrics_result LANGUAGE plpgsql AS $$
 DECLARE
@@ -71,6 +72,9 @@ BEGIN
 END;
 $$;
 
+-- pgmq.metrics of every queue, by name.
+-- Returns: one pgmq.metrics_result per queue.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.metrics_all()
 RETURNS SETOF pgmq.metrics_result LANGUAGE plpgsql AS $$
 DECLARE
@@ -121,6 +125,7 @@ $$;
 -- dead_letter_length counts the queue's dead letters when they go to a
 -- dead-letter queue of their own or to a small archive; NULL when finding
 -- them would mean scanning a large archive.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.queue_stats(exact_below bigint DEFAULT 10000)
 RETURNS TABLE (
     queue_name text,
@@ -207,6 +212,7 @@ $$;
 -- server crashes, and a dropped partition takes its share with it, which
 -- rate() reads as a counter reset. Approximate: deletions rolled back count
 -- too, and a backend reports its counts at most about once a second.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.messages_consumed(queue_name text)
 RETURNS bigint LANGUAGE sql STABLE AS $$
     SELECT pgbroker._authorize('monitor', queue_name);

@@ -49,6 +49,7 @@
 -- whenever a message is acknowledged: the watermark then also stays below the
 -- oldest message still in the queue table, and waits for writers of the
 -- archive as well.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_safe_watermark(queue_name text, archive boolean DEFAULT false,
                                               wait_ms integer DEFAULT 2000,
                                               ignore_pids integer[] DEFAULT '{}')
@@ -130,6 +131,7 @@ $$;
 -- Release a range Spark has committed: archive (or delete) every message with
 -- after_id < msg_id <= up_to. Cumulative and idempotent, because Spark may
 -- skip a commit call or repeat one; returns how many messages it moved.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_release(queue_name text, after_id bigint, up_to bigint,
                                        archive boolean DEFAULT true)
 RETURNS bigint LANGUAGE plpgsql AS $$
@@ -161,6 +163,7 @@ $$;
 
 -- Register (or find) a consumer of a queue; returns its released_seq, the
 -- offset a new streaming query starts from.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_consumer(consumer text, queue_name text)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -194,6 +197,7 @@ $$;
 -- it: a read that got newer ones is rolled back and done again for as many
 -- messages as it found at or below max_msg_id; if a concurrent reader still
 -- makes the second read overshoot, its messages are kept (they are leased).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_claim(consumer text, seq bigint, qty integer, vt integer,
                                      max_msg_id bigint DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -250,6 +254,7 @@ $$;
 -- Renew the leases of every unreleased claim of a consumer for vt seconds
 -- from now. A receipt that no longer holds becomes NULL: that message left
 -- the claim. Returns how many leases were lost by this renewal.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_renew(consumer text, vt integer)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -283,6 +288,7 @@ $$;
 -- Acknowledge (archive, or delete) the messages of every claim up to seq
 -- through pgbroker.ack, and forget those claims. Cumulative and idempotent;
 -- returns how many messages were acknowledged.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_release_claims(consumer text, up_to_seq bigint, archive boolean DEFAULT true)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -314,6 +320,7 @@ $$;
 -- send the partition, false when an earlier attempt already did (and
 -- committed). A concurrent attempt for the same key waits here until the
 -- first one commits or rolls back.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_sink_begin(query_id text, batch_id bigint, partition_id integer, queue_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
@@ -325,6 +332,7 @@ END;
 $$;
 
 -- Record how many messages the partition sent (same transaction as begin).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_sink_finish(query_id text, batch_id bigint, partition_id integer, messages bigint)
 RETURNS void LANGUAGE sql AS $$
     UPDATE pgbroker.spark_sink_commits c SET messages = spark_sink_finish.messages, committed_at = now()
@@ -335,6 +343,7 @@ $$;
 -- Forget the keys of batches before before_batch: Spark replays only the
 -- last batch of a query, so older keys can never match again. Returns how
 -- many keys were dropped.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_sink_forget(query_id text, before_batch bigint)
 RETURNS bigint LANGUAGE sql AS $$
     WITH gone AS (
@@ -371,6 +380,7 @@ $$;
 -- (visible, and at or below up_to when given): 'paused', 'limited' (its
 -- limits leave no room at the moment), or NULL (nothing holds them back, or
 -- nothing visible waits).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_held_back(queue_name text, up_to bigint DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -393,6 +403,7 @@ $$;
 -- the stream releases (archives or deletes) what it reads; one that does not
 -- (it reads the archive, or release=none) only looks, like a peek, and is
 -- always allowed.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_log_gate(queue_name text, consumes boolean DEFAULT true)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 DECLARE

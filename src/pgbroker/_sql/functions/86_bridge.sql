@@ -20,6 +20,7 @@
 -- receipts[n]); returns the msg_ids whose receipts still held, as
 -- pgbroker.ack does. Stale receipts change nothing: the caller's lease ran
 -- out, so another bridge may publish that message again.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.ack_published(queue_name text, receipts text[], published jsonb[])
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -64,6 +65,7 @@ $$;
 -- Two transactions receiving the same id take turns on its row (the second
 -- waits for the first to commit or roll back), so a redelivery that races the
 -- first delivery is still sent once.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.receive_many(
     queue_name text, message_ids text[], messages jsonb[], headers jsonb[], seen_within interval)
 RETURNS TABLE (message_id text, msg_id bigint) LANGUAGE plpgsql AS $$
@@ -129,6 +131,7 @@ $$;
 -- Forget inbound message ids seen longer than seen_within ago, of one queue
 -- or (queue_name NULL) of all, at most batch_size per call (a short
 -- transaction); returns how many went. Callers repeat until 0.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.prune_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000,
                                             queue_name text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$

@@ -52,6 +52,7 @@ $$;
 -- Create (or bring up to date) the roles of a prefix with exactly their
 -- grants, and record the prefix; returns the number of functions granted to
 -- each role.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.grant_roles(prefix text DEFAULT 'pgbroker')
 RETURNS TABLE (role_name text, functions integer) LANGUAGE plpgsql AS $$
 DECLARE

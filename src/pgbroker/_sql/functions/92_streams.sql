@@ -133,6 +133,7 @@ END;
 $$;
 
 -- The channel a stream's sends are announced on (when the stream notifies).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_notify_channel(stream_name text)
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT 'pgbroker.stream.' || (pgbroker._stream_row(stream_name)).stream_name;
@@ -283,6 +284,7 @@ SELECT pgbroker._stream_functions_refresh();
 -- ring: retention frees a child at a time, so the log keeps at least one
 -- segment and at most about segments x segment_rows rows while every group
 -- keeps up. Idempotent for the same settings.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.create_stream(
     stream_name text,
     partitions integer DEFAULT 4,
@@ -366,6 +368,7 @@ $$;
 -- Drop a stream: its log, its groups and their cursors. The groups' retry
 -- queues stay (they are queues: pgmq.drop_queue). Returns false when there
 -- was no such stream.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.drop_stream(stream_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
@@ -386,6 +389,7 @@ END;
 $$;
 
 -- Every stream with its settings.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.streams()
 RETURNS SETOF pgbroker.stream LANGUAGE sql STABLE AS $$
     SELECT * FROM pgbroker.stream ORDER BY stream_name;
@@ -397,6 +401,7 @@ $$;
 
 -- Send a batch; returns the ids in the order of the messages. headers and
 -- keys, when given, pair with messages by position.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_send_many(stream_name text, messages jsonb[], headers jsonb[] DEFAULT NULL,
                                           keys text[] DEFAULT NULL)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
@@ -426,6 +431,7 @@ END;
 $$;
 
 -- Send one message; returns its id.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_send(stream_name text, message jsonb, headers jsonb DEFAULT NULL,
                                      key text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
@@ -513,6 +519,7 @@ $$;
 -- (messages enqueued at or after it), and its retry queue (by default
 -- <stream>_<group>_retry) is made if it does not exist. Idempotent: an
 -- existing group is returned as it is.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.create_stream_group(stream_name text, group_name text, start_from text DEFAULT 'end',
                                              start_time timestamptz DEFAULT NULL, retry_queue text DEFAULT NULL)
 RETURNS pgbroker.stream_group LANGUAGE plpgsql AS $$
@@ -566,6 +573,7 @@ $$;
 
 -- Drop a group (its cursors and consumers; its retry queue stays). Returns
 -- false when there was no such group.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.drop_stream_group(stream_name text, group_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
@@ -655,6 +663,7 @@ $$;
 
 -- A consumer leaving: its partitions are free at once (what it read and did
 -- not acknowledge is delivered again to their next owner).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_release(stream_name text, group_name text, consumer text)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -674,6 +683,7 @@ $$;
 -- partitions' delivered_id goes back to acked_id. For a consumer that lost
 -- its connection during a read: the read may have committed without the
 -- consumer getting its rows, and the next read would start after them.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_rewind(stream_name text, group_name text, consumer text)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -698,6 +708,7 @@ $$;
 -- its partition and the epoch to ack it under. A consumer may read again
 -- before acking (the next messages come); an ack settles everything up to
 -- the id it names.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
                                      lease_seconds integer DEFAULT 30)
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
@@ -782,6 +793,7 @@ $$;
 -- says acked = false. failed_ids (with errors by position, or one error for
 -- all) are messages of the acknowledged ranges that failed: they go to the
 -- group's retry queue (see the header).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_ack(stream_name text, group_name text, consumer text, partitions integer[],
                                     epochs bigint[], last_ids bigint[], failed_ids bigint[] DEFAULT NULL,
                                     errors text[] DEFAULT NULL)
@@ -851,6 +863,7 @@ $$;
 
 -- Acknowledge the last batch and read the next in one call (one transaction,
 -- one commit, one round trip a batch): what a worker loop calls.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
                                         lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL,
                                         epochs bigint[] DEFAULT NULL, last_ids bigint[] DEFAULT NULL,
@@ -874,6 +887,7 @@ $$;
 -- Per group and partition: where the cursor is, how many messages are kept
 -- beyond it (counted on the index, up to the newest id drawn), the age of
 -- the oldest of them, and the owner.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_lag(stream_name text)
 RETURNS TABLE (group_name text, partition integer, acked_id bigint, delivered_id bigint, lag bigint,
                oldest_unacked_at timestamptz, owner text, owner_alive boolean)
@@ -899,6 +913,7 @@ $$;
 
 -- Per group: the lag summed over partitions, the age of its oldest
 -- unacknowledged message, its live consumers and its retry queue.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_groups(stream_name text)
 RETURNS TABLE (group_name text, lag bigint, oldest_unacked_at timestamptz, consumers bigint, retry_queue text,
                created_at timestamptz)
@@ -931,6 +946,7 @@ $$;
 -- the lock, because a producer may have moved into it in the meantime.
 -- A producer that drew an id of the child's next lap and waits for the lock
 -- inserts after the TRUNCATE: its row is kept. pgbroker maintain calls this.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.maintain_stream(stream_name text)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE

@@ -16,6 +16,7 @@
 -- the others were duplicates. A NULL message_id is always appended. Two
 -- transactions receiving the same id take turns on its row, so a redelivery
 -- racing the first delivery is still appended once.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_receive_many(
     stream_name text, message_ids text[], messages jsonb[], headers jsonb[], keys text[],
     seen_within interval)
@@ -68,6 +69,7 @@ $$;
 
 -- Forget stream inbound message ids seen longer than seen_within ago, at most
 -- batch_size per call; returns how many went. Callers repeat until 0.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.prune_stream_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE

@@ -30,6 +30,7 @@ $$;
 -- Where a Spark query reading the group starts: the group's acked_id per
 -- partition. The group is made when missing, from the start of the stream
 -- or its end (start_from as in create_stream_group).
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_stream_start(stream_name text, group_name text, start_from text DEFAULT 'start')
 RETURNS TABLE (partition integer, acked_id bigint) LANGUAGE plpgsql AS $$
 DECLARE
@@ -45,6 +46,7 @@ $$;
 -- and the candidate still waiting for its writers to end (NULL: none). A
 -- caller that wants the newest bound calls again until safe_id reaches the
 -- candidate it first saw.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_stream_bound(stream_name text)
 RETURNS TABLE (safe_id bigint, candidate_id bigint) LANGUAGE plpgsql AS $$
 DECLARE
@@ -59,6 +61,7 @@ $$;
 -- Spark committed the batch ending at ids (one per partition): the group's
 -- cursors move there. Cumulative and idempotent (greatest), because Spark may
 -- skip a commit call or repeat one. Returns how many cursors moved.
+-- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.spark_stream_commit(stream_name text, group_name text, partitions integer[], ids bigint[])
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE

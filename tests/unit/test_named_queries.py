@@ -80,7 +80,10 @@ def test_the_check_sees_statements_not_prose() -> None:
         'def f(cur):\n    """SELECT in a docstring is prose."""\n'
         '    cur.execute("SELECT 1")\n    cur.execute(sql.SQL(f"LISTEN {x}"))\n    method = "DELETE"\n'
     )
-    assert [line.split(": ", 1)[1] for line in inline_statements(source, "probe.py")] == ["'SELECT 1'", "'LISTEN'"]
+    assert [line.split(": ", 1)[1] for line in inline_statements(source, "probe.py")] == [
+        "'SELECT 1'",
+        "'LISTEN'",
+    ]
     bootstrap = '_BOOTSTRAP = "CREATE TABLE t (x int)"\nOTHER = "CREATE TABLE u (x int)"\n'
     assert len(inline_statements(bootstrap, "_db/install.py")) == 1
 

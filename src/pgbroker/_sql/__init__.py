@@ -229,7 +229,9 @@ def parse_queries(text: LiteralString, file: str) -> tuple[NamedQuery, ...]:
 def query_files() -> tuple[str, ...]:
     """The callers that have a file of named queries: queries/<caller>.sql."""
     folder = resources.files(__package__).joinpath("queries")
-    return tuple(sorted(entry.name.removesuffix(".sql") for entry in folder.iterdir() if entry.name.endswith(".sql")))
+    return tuple(
+        sorted(entry.name.removesuffix(".sql") for entry in folder.iterdir() if entry.name.endswith(".sql"))
+    )
 
 
 @cache

@@ -29,7 +29,7 @@ ALLOWED = {("_db/install.py", "_BOOTSTRAP")}
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
-    found = set()
+    found: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             first = node.body[0] if node.body else None
@@ -39,7 +39,7 @@ def _docstrings(tree: ast.Module) -> set[int]:
 
 
 def _allowed(tree: ast.Module, module: str) -> set[int]:
-    found = set()
+    found: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -48,20 +48,21 @@ def _allowed(tree: ast.Module, module: str) -> set[int]:
     return found
 
 
-def _string_constants(source: str, module: str) -> Iterator[tuple[ast.Constant, bool]]:
-    """Each string constant of a module, and whether it is exempt (a docstring or an allowed one)."""
+def _string_constants(source: str, module: str) -> Iterator[tuple[int, str, bool]]:
+    """Each string constant of a module: its line, its text, and whether it is exempt (a docstring
+    or an allowed one)."""
     tree = ast.parse(source, module)
     exempt = _docstrings(tree) | _allowed(tree, module)
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            yield node, id(node) in exempt
+            yield node.lineno, node.value, id(node) in exempt
 
 
 def inline_statements(source: str, module: str) -> list[str]:
     return [
-        f"{module}:{node.lineno}: {node.value.strip()[:60]!r}"
-        for node, exempt in _string_constants(source, module)
-        if not exempt and _STATEMENT.match(node.value)
+        f"{module}:{line}: {text.strip()[:60]!r}"
+        for line, text, exempt in _string_constants(source, module)
+        if not exempt and _STATEMENT.match(text)
     ]
 
 
@@ -109,7 +110,7 @@ def test_each_named_query_has_a_description(caller: str) -> None:
 
 
 def test_each_named_query_is_used() -> None:
-    used = {node.value for source, module in _modules() for node, _ in _string_constants(source, module)}
+    used = {text for source, module in _modules() for _, text, _ in _string_constants(source, module)}
     unused = sorted(set(_defined_names()) - used)
     assert not unused, f"named queries no module uses: {unused}"
 

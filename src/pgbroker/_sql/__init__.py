@@ -11,6 +11,11 @@ The engine is written once, PgQ's way (structure/10_queues.sql's header has the 
   arguments or result type); named by the releases it goes between, from the 0.1.0 baseline on;
 - ``upgrades/dev-to-0.1.0.sql``: how a development database, installed before this layout by
   numbered migrations, maps onto the baseline (its header lists the history it accepts).
+- ``queries/<caller>.sql``: every other statement Python runs, as ``-- name: x`` blocks, each
+  with a one-line ``-- description`` under its name (queues.sql, streams.sql for the clients;
+  spark*.sql, http.sql, keys.sql, install.sql, listen.sql, demo.sql). Placeholders in braces are
+  composed in Python with psycopg's ``sql.SQL(text).format(...)``; only tests, bench and the
+  installer's bootstrap write SQL inline.
 
 Recipes:
 

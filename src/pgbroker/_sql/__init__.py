@@ -1,4 +1,4 @@
-"""The SQL that defines pgbroker: the engine, its upgrades, and the client's named queries.
+"""The SQL that defines pgbroker: the engine, its upgrades, and every statement Python runs, named.
 
 The engine is written once, PgQ's way (structure/10_queues.sql's header has the layout):
 

@@ -244,7 +244,8 @@ def queries(caller: str) -> dict[str, LiteralString]:
     """The named queries of queries/<caller>.sql, keyed by name: every statement Python runs
     outside the installer's bootstrap."""
     file = f"queries/{caller}.sql"
-    text: LiteralString = resources.files(__package__).joinpath(file).read_text(encoding="utf-8")
+    entry = resources.files(__package__).joinpath("queries", f"{caller}.sql")
+    text: LiteralString = entry.read_text(encoding="utf-8")
     named: dict[str, LiteralString] = {}
     for query in parse_queries(text, file):
         if query.name in named:

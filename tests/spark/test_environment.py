@@ -63,7 +63,7 @@ def test_an_unreachable_database_is_named() -> None:
 def test_the_shipped_zip_is_the_whole_package(tmp_path: Path) -> None:
     path = build_zip(tmp_path)
     names = set(zipfile.ZipFile(path).namelist())
-    assert {"pgbroker/__init__.py", "pgbroker/spark/source.py", "pgbroker/_sql/queries.sql"} <= names
+    assert {"pgbroker/__init__.py", "pgbroker/spark/source.py", "pgbroker/_sql/queries/queues.sql"} <= names
     assert {f"pgbroker/_sql/{f.name}" for f in new_install()} <= names
     # Importable from the zip alone (its dependencies come from this environment).
     probe = (

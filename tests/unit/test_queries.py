@@ -83,12 +83,12 @@ def test_every_query_builder_supplies_exactly_the_parameters_its_sql_names() -> 
     ]
     for query in built:
         assert placeholders(query) == set(query.params), query.sql
-        assert query.sql in sql.queries().values()
+        assert query.sql in sql.queries("queues").values()
 
 
 def test_send_without_delay_uses_the_plain_batch_query() -> None:
     query = q.message_send_many("jobs", [{"a": 1}, "b"], headers=[{"h": 1}, None])
-    assert query.sql == sql.queries()["message_send_many"]
+    assert query.sql == sql.queries("queues")["message_send_many"]
     assert query.params == {"queue": "jobs", "messages": ['{"a":1}', '"b"'], "headers": ['{"h":1}', None]}
 
 
@@ -104,13 +104,13 @@ def test_send_without_delay_uses_the_plain_batch_query() -> None:
 )
 def test_delay_in_seconds_is_rounded_up_to_whole_seconds(delay: int | timedelta, seconds: int) -> None:
     query = q.message_send_many("jobs", [1], delay=delay)
-    assert query.sql == sql.queries()["message_send_many_delay_seconds"]
+    assert query.sql == sql.queries("queues")["message_send_many_delay_seconds"]
     assert query.params["delay"] == seconds
 
 
 def test_delay_as_an_aware_datetime_uses_the_timestamp_query() -> None:
     query = q.message_send_many("jobs", [1], delay=NOW)
-    assert query.sql == sql.queries()["message_send_many_delay_until"]
+    assert query.sql == sql.queries("queues")["message_send_many_delay_until"]
     assert query.params["delay"] == NOW
 
 
@@ -149,7 +149,7 @@ def test_headers_must_be_mappings() -> None:
 
 def test_read_rounds_vt_up_and_encodes_the_conditional() -> None:
     plain = q.message_read_many("jobs", 3, vt=timedelta(seconds=2.5))
-    assert plain.sql == sql.queries()["message_read_many"]
+    assert plain.sql == sql.queries("queues")["message_read_many"]
     assert plain.params == {"queue": "jobs", "vt": 3, "qty": 3, "conditional": "{}"}
     filtered = q.message_read_many("jobs", 1, conditional={"k": "v"})
     assert filtered.params["conditional"] == '{"k":"v"}'

@@ -17,6 +17,8 @@ from typing import Any
 
 import psycopg
 
+from pgbroker import _sql as sql
+
 __all__ = [
     "SCOPES",
     "ApiKey",
@@ -63,6 +65,9 @@ class ApiKey:
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 
 
+_QUERIES = sql.queries("keys")
+
+
 def fold_case(name: str) -> str:
     """``name`` with its ASCII letters lower-cased, as every database's lower() does."""
     return name.translate(_ASCII_LOWER)
@@ -95,13 +100,11 @@ def create_key(
     secret = secrets.token_urlsafe(32)
     with conn.transaction():
         # The id is part of the token, so it is taken first and the hash set once it is known.
-        key_id = conn.execute("SELECT nextval(pg_get_serial_sequence('pgbroker.api_keys', 'id'))").fetchone()
+        key_id = conn.execute(_QUERIES["key_next_id"]).fetchone()
         assert key_id is not None
         token = f"pgb_{key_id[0]}_{secret}"
         row = conn.execute(
-            "INSERT INTO pgbroker.api_keys (id, name, hash, queues, scopes, rate_per_second)"
-            " OVERRIDING SYSTEM VALUE VALUES (%s, %s, %s, %s, %s, %s)"
-            " RETURNING id, name, queues, scopes, rate_per_second, created_at, revoked_at",
+            _QUERIES["key_insert"],
             (key_id[0], name, hash_token(token), list(queues), sorted(set(scopes)), rate_per_second),
         ).fetchone()
     assert row is not None
@@ -109,17 +112,11 @@ def create_key(
 
 
 def list_keys(conn: psycopg.Connection[Any], *, include_revoked: bool = False) -> list[ApiKey]:
-    rows = conn.execute(
-        "SELECT id, name, queues, scopes, rate_per_second, created_at, revoked_at FROM pgbroker.api_keys"
-        " WHERE %s OR revoked_at IS NULL ORDER BY id",
-        (include_revoked,),
-    ).fetchall()
+    rows = conn.execute(_QUERIES["key_list"], (include_revoked,)).fetchall()
     return [key_from_row(r) for r in rows]
 
 
 def revoke_key(conn: psycopg.Connection[Any], key_id: int) -> bool:
     """Revoke a key; False when there is no such key or it was revoked already."""
-    cur = conn.execute(
-        "UPDATE pgbroker.api_keys SET revoked_at = now() WHERE id = %s AND revoked_at IS NULL", (key_id,)
-    )
+    cur = conn.execute(_QUERIES["key_revoke"], (key_id,))
     return cur.rowcount == 1

@@ -52,10 +52,12 @@ CREATE TABLE IF NOT EXISTS pgbroker.schema_functions (
 );
 """
 
-_RECORD_VERSIONS = (
-    "INSERT INTO pgbroker.schema_version (version, name, checksum)"
-    " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[])"
-)
+# The bootstrap is the one statement not in _sql/queries/install.sql: it creates the tables the
+# named statements read, before anything else.
+
+
+def _named(name: str) -> LiteralString:
+    return sql.queries("install")[name]
 
 
 @dataclass(frozen=True)
@@ -96,24 +98,20 @@ Steps: TypeAlias = Generator[Statement, list[tuple[Any, ...]], R]
 
 
 def _installed_steps() -> Steps[_Installed]:
-    rows = yield (
-        "SELECT to_regclass('pgbroker.schema_version') IS NOT NULL,"
-        " to_regclass('pgbroker.schema_migrations') IS NOT NULL",
-        (),
-    )
+    rows = yield _named("install_history_tables"), ()
     has_releases, has_dev = rows[0]
     if has_releases:
-        rows = yield "SELECT version, name, checksum FROM pgbroker.schema_version", ()
+        rows = yield _named("install_release_versions"), ()
         return _Installed(releases=tuple((str(v), str(n), str(c)) for v, n, c in rows))
     if has_dev:
-        rows = yield "SELECT version, name, checksum FROM pgbroker.schema_migrations ORDER BY version", ()
+        rows = yield _named("install_dev_migrations"), ()
         return _Installed(dev=tuple((int(v), str(n), str(c)) for v, n, c in rows))
     return _Installed()
 
 
 def _install_steps() -> Steps[InstallResult]:
-    yield "SELECT pg_advisory_xact_lock(%s)", (_INSTALL_LOCK,)
-    rows = yield _FOREIGN_PGMQ, ()
+    yield _named("install_lock"), (_INSTALL_LOCK,)
+    rows = yield _named("install_foreign_pgmq"), ()
     _refuse_foreign_pgmq(*rows[0])
     installed = yield from _installed_steps()
     if installed.dev:
@@ -128,7 +126,7 @@ def _install_steps() -> Steps[InstallResult]:
         yield from _functions_steps(force=upgraded)
         # The queue grants' roles get their privileges again (a re-applied function lost them),
         # and the grants of dropped roles are forgotten.
-        yield "SELECT pgbroker._sync_queue_grants()", ()
+        yield _named("install_sync_queue_grants"), ()
     return InstallResult(installed.version, sql.current_version())
 
 
@@ -137,7 +135,7 @@ def _new_install_steps() -> Steps[None]:
     later upgrade starts from the last of them."""
     for engine_file in sql.new_install():
         yield engine_file.sql, ()
-    yield _RECORD_VERSIONS, _version_rows(sql.known_versions())
+    yield _named("install_record_versions"), _version_rows(sql.known_versions())
     yield from _record_functions_steps()
 
 
@@ -145,33 +143,29 @@ def _upgrade_steps(installed: _Installed) -> Steps[bool]:
     """Bring the tables and types up to the current version; whether anything was applied."""
     if installed.dev:
         yield sql.dev_upgrade().sql, ()
-        yield _RECORD_VERSIONS, _version_rows((sql.BASELINE,))
+        yield _named("install_record_versions"), _version_rows((sql.BASELINE,))
     done = {v for v, _, _ in installed.releases} | ({sql.BASELINE} if installed.dev else set())
     pending = [u for u in sql.upgrades() if u.to_version not in done]
     for upgrade in pending:
         yield upgrade.file.sql, ()
-        yield _RECORD_VERSIONS, _version_rows((upgrade.to_version,))
+        yield _named("install_record_versions"), _version_rows((upgrade.to_version,))
     return bool(installed.dev or pending)
 
 
 def _functions_steps(*, force: bool) -> Steps[None]:
     """Run the function files again when they changed (or after an upgrade), then restore what
     CREATE OR REPLACE resets: the role model's SECURITY DEFINER settings and search_path."""
-    rows = yield "SELECT checksum FROM pgbroker.schema_functions", ()
+    rows = yield _named("install_functions_checksum"), ()
     if not force and rows == [(sql.functions_checksum(),)]:
         return
     for function_file in sql.functions():
         yield function_file.sql, ()
     yield from _record_functions_steps()
-    yield "SELECT pgbroker.grant_roles(prefix) FROM pgbroker.role_sets ORDER BY prefix", ()
+    yield _named("install_regrant_role_sets"), ()
 
 
 def _record_functions_steps() -> Steps[None]:
-    yield (
-        "INSERT INTO pgbroker.schema_functions (checksum) VALUES (%s)"
-        " ON CONFLICT (singleton) DO UPDATE SET checksum = excluded.checksum, applied_at = now()",
-        (sql.functions_checksum(),),
-    )
+    yield _named("install_record_functions"), (sql.functions_checksum(),)
 
 
 def _version_rows(versions: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
@@ -293,9 +287,7 @@ def install_roles(conn: psycopg.Connection[Any], prefix: str = "pgbroker") -> di
     installed schema and the right to create roles."""
     try:
         with conn.transaction():
-            rows = conn.execute(
-                "SELECT role_name, functions FROM pgbroker.grant_roles(%s)", (prefix,)
-            ).fetchall()
+            rows = conn.execute(_named("roles_install"), (prefix,)).fetchall()
     except psycopg.errors.InsufficientPrivilege as exc:
         # A managed service's application role may lack CREATEROLE: say which right is missing.
         raise InstallError(
@@ -323,7 +315,7 @@ def grant_queue_access(conn: psycopg.Connection[Any], kind: str, role: str, patt
     """Let ``role`` (an existing role) act as ``kind`` on the queues whose names match ``pattern``,
     a glob (``*`` any characters, ``?`` one) compared case-insensitively, now and for queues made
     later; True if the grant is new. Needs the roles of install_roles; see sql/functions/15_scopes.sql."""
-    return bool(_one(conn, "SELECT pgbroker.grant_queue_access(%s, %s, %s)", (kind, role, pattern)))
+    return bool(_one(conn, _named("queue_grant"), (kind, role, pattern)))
 
 
 def revoke_queue_access(
@@ -331,15 +323,13 @@ def revoke_queue_access(
 ) -> int:
     """Take back ``role``'s grant of ``kind`` on ``pattern`` (all its grants of ``kind`` when None);
     returns how many grants went."""
-    return int(_one(conn, "SELECT pgbroker.revoke_queue_access(%s, %s, %s)", (kind, role, pattern)))
+    return int(_one(conn, _named("queue_revoke"), (kind, role, pattern)))
 
 
 def list_queue_grants(conn: psycopg.Connection[Any]) -> list[QueueGrant]:
     """Every queue grant, by role, kind and pattern."""
     try:
-        rows = conn.execute(
-            "SELECT role_name, role_kind, pattern, granted_at FROM pgbroker.list_queue_grants()"
-        ).fetchall()
+        rows = conn.execute(_named("queue_grant_list")).fetchall()
     except psycopg.Error as exc:
         raise from_postgres(exc) from exc
     return [QueueGrant(*row) for row in rows]
@@ -359,14 +349,6 @@ async def install_async(conn: psycopg.AsyncConnection[Any]) -> InstallResult:
     """install() for an asyncio connection."""
     async with conn.transaction():
         return await _drive_async(conn, _install_steps())
-
-
-_FOREIGN_PGMQ = """
-SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq'),
-       to_regnamespace('pgmq') IS NOT NULL,
-       to_regclass('pgbroker.schema_version') IS NOT NULL
-           OR to_regclass('pgbroker.schema_migrations') IS NOT NULL
-"""
 
 
 def _refuse_foreign_pgmq(has_extension: bool, has_schema: bool, has_pgbroker: bool) -> None:

@@ -23,6 +23,7 @@ from typing import TypeAlias
 import psycopg
 from psycopg import sql
 
+from pgbroker import _sql
 from pgbroker._db.dsn import behind_transaction_pooler, listen_dsn
 from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval, reconnect_delay
 
@@ -47,6 +48,8 @@ _ChannelOf: TypeAlias = Callable[[], Awaitable[str]]  # sync: _ChannelOf: TypeAl
 _RECEIVE_SLICE = 0.05
 # Seconds the sync twin's close() waits for its thread to close the connection.
 _CLOSE_WAIT = 5.0
+# LISTEN {channel}, the channel composed as an identifier.
+_LISTEN = sql.SQL(_sql.queries("listen")["listen_channel"])
 
 
 class _Loop:
@@ -114,7 +117,7 @@ class _Loop:
             fresh = [channel for channel in list(self.counts) if channel not in self.listening]
             if fresh:
                 await conn.execute(
-                    sql.SQL("; ").join(sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in fresh)
+                    sql.SQL("; ").join(_LISTEN.format(channel=sql.Identifier(c)) for c in fresh)
                 )
             for channel in fresh:
                 self.counts[channel] += 1

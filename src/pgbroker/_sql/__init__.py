@@ -1,4 +1,4 @@
-"""The SQL that defines pgbroker: the engine, its upgrades, and the client's named queries.
+"""The SQL that defines pgbroker: the engine, its upgrades, and every statement Python runs, named.
 
 The engine is written once, PgQ's way (structure/10_queues.sql's header has the layout):
 
@@ -11,6 +11,11 @@ The engine is written once, PgQ's way (structure/10_queues.sql's header has the 
   arguments or result type); named by the releases it goes between, from the 0.1.0 baseline on;
 - ``upgrades/dev-to-0.1.0.sql``: how a development database, installed before this layout by
   numbered migrations, maps onto the baseline (its header lists the history it accepts).
+- ``queries/<caller>.sql``: every other statement Python runs, as ``-- name: x`` blocks, each
+  with a one-line ``-- description`` under its name (queues.sql, streams.sql for the clients;
+  spark*.sql, http.sql, keys.sql, install.sql, listen.sql, demo.sql). Placeholders in braces are
+  composed in Python with psycopg's ``sql.SQL(text).format(...)``; only tests, bench and the
+  installer's bootstrap write SQL inline.
 
 Recipes:
 
@@ -205,14 +210,45 @@ def dev_upgrade() -> SqlFile:
     return _upgrade_file(_DEV_UPGRADE)
 
 
-@cache
-def queries(file: str = "queries.sql") -> dict[str, LiteralString]:
-    """The named queries of queries.sql (or of another file of them, such as streams.sql):
-    ``-- name: x`` blocks, keyed by name."""
-    text = resources.files(__package__).joinpath(file).read_text(encoding="utf-8")
+@dataclass(frozen=True)
+class NamedQuery:
+    name: str
+    description: str  # the comment line under its name
+    sql: LiteralString
+
+
+def parse_queries(text: LiteralString, file: str) -> tuple[NamedQuery, ...]:
+    """The ``-- name: x`` blocks of a file of named queries, each opening with a one-line
+    ``-- description``; comment lines are not part of a query's text."""
     parts = _QUERY_HEADER.split(text)
-    named: dict[str, LiteralString] = {}
+    found = []
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [line for line in body.strip().splitlines() if not line.lstrip().startswith("--")]
-        named[name] = "\n".join(lines).strip()
+        lines = body.strip().splitlines()
+        if not lines or not lines[0].startswith("-- "):
+            raise RuntimeError(f"{file}: query {name} lacks its one-line description")
+        statement = [line for line in lines if not line.lstrip().startswith("--")]
+        found.append(NamedQuery(name, lines[0][3:].strip(), "\n".join(statement).strip()))
+    return tuple(found)
+
+
+def query_files() -> tuple[str, ...]:
+    """The callers that have a file of named queries: queries/<caller>.sql."""
+    folder = resources.files(__package__).joinpath("queries")
+    return tuple(
+        sorted(entry.name.removesuffix(".sql") for entry in folder.iterdir() if entry.name.endswith(".sql"))
+    )
+
+
+@cache
+def queries(caller: str) -> dict[str, LiteralString]:
+    """The named queries of queries/<caller>.sql, keyed by name: every statement Python runs
+    outside the installer's bootstrap."""
+    file = f"queries/{caller}.sql"
+    entry = resources.files(__package__).joinpath("queries", f"{caller}.sql")
+    text: LiteralString = entry.read_text(encoding="utf-8")
+    named: dict[str, LiteralString] = {}
+    for query in parse_queries(text, file):
+        if query.name in named:
+            raise RuntimeError(f"{file}: query {query.name} is defined twice")
+        named[query.name] = query.sql
     return named

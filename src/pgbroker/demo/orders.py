@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from psycopg import sql
 
+from pgbroker import _sql
 from pgbroker.cli.support.tables import metrics_table
 from pgbroker.demo.stage import Demo
 from pgbroker.errors import StaleReceipt
@@ -157,10 +158,9 @@ def report(demo: Demo, ledger: Ledger) -> None:
     for line in metrics_table([demo.broker.metrics(QUEUE)]).splitlines():
         demo.say("", line)
     # Counted straight from the tables, not through pgbroker, so the check trusts nothing it checks.
-    count = sql.SQL(
-        "SELECT (SELECT count(*) FROM pgmq.{archive} WHERE msg_id = ANY(%s)),"
-        " (SELECT count(*) FROM pgmq.{queue})"
-    ).format(archive=sql.Identifier(f"a_{QUEUE}"), queue=sql.Identifier(f"q_{QUEUE}"))
+    count = sql.SQL(_sql.queries("demo")["demo_orders_balance"]).format(
+        archive=sql.Identifier(f"a_{QUEUE}"), queue=sql.Identifier(f"q_{QUEUE}")
+    )
     with demo.broker.connection() as conn:
         row = conn.execute(count, [ledger.sent_ids]).fetchone()
     assert row is not None

@@ -10,6 +10,7 @@ from collections import Counter
 
 from psycopg import sql
 
+from pgbroker import _sql
 from pgbroker.demo.stage import Demo
 from pgbroker.streams._client import Stream
 
@@ -26,6 +27,7 @@ ROUTINE_JOBS = 3
 URGENT_PRIORITY = 10
 DEDUP_KEY = "invoice-42"
 MSGPACK_BODY = {"invoice": 42, "pdf": b"%PDF-1.7\x00\xff"}  # bytes, which JSON cannot carry
+_DEMO = _sql.queries("demo")
 
 
 def streams_jobs_stage(demo: Demo) -> None:
@@ -55,7 +57,7 @@ def fan_out(demo: Demo) -> bool:
         read[group] = _read_all(demo, stream, group)
     with demo.broker.connection() as conn:
         row = conn.execute(
-            sql.SQL("SELECT count(*) FROM pgbroker.{}").format(sql.Identifier(f"s_{STREAM}"))
+            sql.SQL(_DEMO["demo_stream_stored"]).format(table=sql.Identifier(f"s_{STREAM}"))
         ).fetchone()
     stored = int(row[0]) if row else -1
     lags = {info.name: info.lag for info in stream.groups()}
@@ -155,6 +157,6 @@ def _stored(demo: Demo) -> int:
     # Counted straight from the queue table, not through pgbroker, so the check trusts nothing it checks.
     with demo.broker.connection() as conn:
         row = conn.execute(
-            sql.SQL("SELECT count(*) FROM pgmq.{}").format(sql.Identifier(f"q_{JOBS_QUEUE}"))
+            sql.SQL(_DEMO["demo_queue_stored"]).format(queue=sql.Identifier(f"q_{JOBS_QUEUE}"))
         ).fetchone()
     return int(row[0]) if row else -1

@@ -13,6 +13,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from pgbroker import _sql as sql
 from pgbroker._db.api_keys import ApiKey, hash_token, key_from_row
 from pgbroker.queues._client_async import AsyncBroker
 
@@ -66,11 +67,7 @@ class KeyStore:
 
     async def _fetch(self, key_id: int) -> tuple[bytes, ApiKey | None]:
         async with self._broker.connection() as conn:
-            cur = await conn.execute(
-                "SELECT hash, id, name, queues, scopes, rate_per_second, created_at, revoked_at"
-                " FROM pgbroker.api_keys WHERE id = %s",
-                (key_id,),
-            )
+            cur = await conn.execute(sql.queries("keys")["key_for_authentication"], (key_id,))
             row = await cur.fetchone()
         if row is None or row[7] is not None:
             return bytes(32), None

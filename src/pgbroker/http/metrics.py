@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from pgbroker import _sql as sql
 from pgbroker.errors import from_postgres
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Schedule
@@ -42,11 +43,7 @@ class QueueStats:
 async def queue_stats(broker: AsyncBroker, exact_below: int = 10_000) -> list[QueueStats]:
     async with broker.connection() as conn:
         try:
-            cur = await conn.execute(
-                "SELECT s.*, pgbroker.messages_consumed(s.queue_name), pgbroker.is_paused(s.queue_name)"
-                " FROM pgbroker.queue_stats(%s) s",
-                (exact_below,),
-            )
+            cur = await conn.execute(sql.queries("http")["queue_stats_for_metrics"], (exact_below,))
             rows = await cur.fetchall()
         except psycopg.Error as exc:
             raise from_postgres(exc) from exc

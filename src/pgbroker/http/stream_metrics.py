@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from pgbroker import _sql as sql
 from pgbroker.errors import from_postgres
 from pgbroker.queues._client_async import AsyncBroker
 
@@ -29,13 +30,7 @@ class StreamGroupStats:
 async def stream_group_stats(broker: AsyncBroker) -> list[StreamGroupStats]:
     async with broker.connection() as conn:
         try:
-            cur = await conn.execute(
-                "SELECT s.stream_name, g.group_name, g.lag,"
-                " extract(epoch FROM clock_timestamp() - g.oldest_unacked_at)::float8,"
-                " g.consumers, g.retry_queue"
-                " FROM pgbroker.streams() s CROSS JOIN LATERAL pgbroker.stream_groups(s.stream_name) g"
-                " ORDER BY 1, 2"
-            )
+            cur = await conn.execute(sql.queries("http")["stream_group_stats_for_metrics"])
             rows = await cur.fetchall()
         except psycopg.errors.UndefinedFunction:
             return []  # a database from before streams (the server may be newer than its schema)

@@ -1,7 +1,7 @@
 """The query layer shared by the sync and asyncio clients.
 
 Each function here turns one client operation into a Query: the SQL text
-(from sql/queries.sql), its parameters, and how to decode the rows. It does
+(from _sql/queries/queues.sql), its parameters, and how to decode the rows. It does
 no I/O, so a sync and an async executor can run the same Query objects and
 no operation is written twice.
 """
@@ -55,7 +55,7 @@ class Query(Generic[T]):
 
 
 def _named(name: str) -> LiteralString:
-    return sql.queries()[name]
+    return sql.queries("queues")[name]
 
 
 # -- encoding -----------------------------------------------------------------

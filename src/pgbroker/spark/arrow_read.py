@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 from psycopg import pq, sql
 
+from pgbroker import _sql
 from pgbroker.spark.bodies import decode_batch
 from pgbroker.spark.connect import Connection
 from pgbroker.spark.options import BodyOptions
@@ -64,8 +65,8 @@ def copy_batches(
             yield batch if body is None else decode_batch(batch, body)
 
     for name, value in settings:
-        conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-    statement = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(select)
+        conn.execute(_sql.queries("spark")["spark_read_setting"], (name, value))
+    statement = sql.SQL(_sql.queries("spark")["spark_copy_out"]).format(select=select)
     pending = bytearray()
     with closing(_copy_out(conn, statement)) as rows:
         # Each chunk is one whole row: a block ends at a row's end.

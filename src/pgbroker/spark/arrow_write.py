@@ -15,6 +15,7 @@ from typing import Any
 
 from psycopg import sql
 
+from pgbroker import _sql
 from pgbroker.spark.bodies import encode_column
 from pgbroker.spark.connect import Connection
 from pgbroker.spark.jsonb_array import JsonbArray, JsonbArrayDumper, jsonb_array
@@ -59,7 +60,7 @@ def _send_sql(layout: WriteLayout) -> sql.Composed:
         args.append(sql.SQL("coalesce(%s::integer, 0)"))
     elif layout.delay == "until":
         args.append(sql.SQL("coalesce(%s::timestamptz, now())"))
-    return sql.SQL("SELECT count(*) FROM pgmq.send_batch({})").format(sql.SQL(", ").join(args))
+    return sql.SQL(_sql.queries("spark")["spark_send_batch"]).format(args=sql.SQL(", ").join(args))
 
 
 def chunks(batches: Iterable[Any], wanted: Sequence[str]) -> Iterator[Any]:

@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
+from pgbroker import _sql
 from pgbroker._db.dsn import connection_kwargs
 from pgbroker.errors import PgbrokerError, from_postgres
 
@@ -44,8 +45,8 @@ def open_connection(dsn: str, *, role: str) -> Connection:
             hint="Check option dsn (or DATABASE_URL); every executor must reach that server.",
         ) from exc
     try:
-        conn.execute("SET TimeZone = 'UTC'")
-        conn.execute("SET DateStyle = 'ISO'")
+        conn.execute(_sql.queries("spark")["spark_session_utc"])
+        conn.execute(_sql.queries("spark")["spark_session_iso_dates"])
     except psycopg.Error as exc:
         conn.close()
         raise from_postgres(exc) from exc
@@ -66,7 +67,9 @@ def connect(dsn: str, *, role: str) -> Iterator[Connection]:
 
 def queue_table(conn: Connection, queue: str, *, archive: bool = False) -> str:
     """The table name (in schema pgmq) of a queue or its archive; QueueNotFound names the fix."""
-    row = conn.execute("SELECT pgbroker._table(%s, %s)", (queue, "a" if archive else "q")).fetchone()
+    row = conn.execute(
+        _sql.queries("spark")["spark_queue_table"], (queue, "a" if archive else "q")
+    ).fetchone()
     assert row is not None
     return str(row[0])
 

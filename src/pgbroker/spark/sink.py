@@ -15,6 +15,7 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from pgbroker import _sql
 from pgbroker.spark.arrow_write import send_batches
 from pgbroker.spark.connect import Connection, connect
 from pgbroker.spark.schema import WriteLayout
@@ -50,14 +51,14 @@ def write_keyed(dsn: str, target: str, key: SinkKey, send: Callable[[Connection]
     in the transaction that records ``key``, unless an earlier attempt already committed it."""
     with connect(dsn, role="writer") as conn, conn.transaction():
         row = conn.execute(
-            "SELECT pgbroker.spark_sink_begin(%s, %s, %s, %s)",
+            _sql.queries("spark")["spark_sink_begin"],
             (key.query_id, key.batch_id, key.partition_id, target),
         ).fetchone()
         if row is None or not row[0]:
             return PartitionWritten(key.query_id, key.batch_id, key.partition_id, 0, duplicate=True)
         sent = send(conn)
         conn.execute(
-            "SELECT pgbroker.spark_sink_finish(%s, %s, %s, %s)",
+            _sql.queries("spark")["spark_sink_finish"],
             (key.query_id, key.batch_id, key.partition_id, sent),
         )
     return PartitionWritten(key.query_id, key.batch_id, key.partition_id, sent, duplicate=False)
@@ -66,4 +67,4 @@ def write_keyed(dsn: str, target: str, key: SinkKey, send: Callable[[Connection]
 def forget(dsn: str, query_id: str, before_batch: int) -> None:
     """Drop the keys of batches before ``before_batch``: they can never be replayed."""
     with connect(dsn, role="writer commit") as conn:
-        conn.execute("SELECT pgbroker.spark_sink_forget(%s, %s)", (query_id, before_batch))
+        conn.execute(_sql.queries("spark")["spark_sink_forget"], (query_id, before_batch))

@@ -1,5 +1,5 @@
 """The query layer of streams, shared by the sync and asyncio stream clients: one Query per
-operation (SQL from sql/streams.sql, its parameters, how to decode the rows), no I/O."""
+operation (SQL from _sql/queries/streams.sql, its parameters, how to decode the rows), no I/O."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ START_POSITIONS = ("start", "end")
 
 
 def _named(name: str) -> LiteralString:
-    return sql.queries("streams.sql")[name]
+    return sql.queries("streams")[name]
 
 
 def _scalar(rows: list[Row]) -> Any:

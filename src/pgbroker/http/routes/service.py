@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, Response
 
+from pgbroker import _sql as sql
 from pgbroker.http.dashboard import asset
 from pgbroker.http.models import Health
 from pgbroker.http.operations import Call, Router
@@ -17,7 +18,7 @@ router = Router()
 )
 async def healthz(call: Call) -> Health:
     async with call.broker.connection() as conn:
-        await conn.execute("SELECT 1")
+        await conn.execute(sql.queries("http")["health_check"])
     return Health(status="ok")
 
 

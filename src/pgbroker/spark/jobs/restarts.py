@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from pgbroker import _sql
 from pgbroker.errors import PgbrokerError
 from pgbroker.spark.connect import connect, scalar
 from pgbroker.spark.jobs.common import JobFailed, watch
@@ -55,7 +56,7 @@ def _server_started_at(dsn: str) -> datetime | None:
     """When the server the DSN reaches started; None while it cannot be reached."""
     try:
         with connect(dsn, role="job") as conn:
-            started: datetime = scalar(conn, "SELECT pg_postmaster_start_time()")
+            started: datetime = scalar(conn, _sql.queries("spark")["spark_server_started_at"])
             return started
     except PgbrokerError:
         return None

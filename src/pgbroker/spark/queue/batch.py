@@ -21,6 +21,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from pgbroker import _sql
 from pgbroker.spark.arrow_read import copy_batches
 from pgbroker.spark.connect import connect, queue_table, table_ident
 from pgbroker.spark.options import ReadOptions, WriteOptions
@@ -38,7 +39,7 @@ class BatchReader(DataSourceReader):
         with connect(opts.dsn, role="planner") as conn:
             table = queue_table(conn, opts.queue, archive=opts.archive)
             row = conn.execute(
-                sql.SQL("SELECT min(msg_id), max(msg_id) FROM {}").format(table_ident(table))
+                sql.SQL(_sql.queries("spark_queue")["spark_queue_bounds"]).format(table=table_ident(table))
             ).fetchone()
         first, last = row if row is not None else (None, None)
         if first is None or last is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from psycopg import sql
 from pyspark.sql.datasource import InputPartition
 
+from pgbroker import _sql
 from pgbroker.spark.connect import table_ident
 
 
@@ -46,8 +47,11 @@ class RangePartition(InputPartition):
     settings = (("enable_sort", "off"),)
 
     def select(self) -> sql.Composed:
-        return sql.SQL("SELECT {} FROM {} WHERE msg_id BETWEEN {} AND {} ORDER BY msg_id").format(
-            _columns(self.columns), table_ident(self.table), sql.Literal(self.first), sql.Literal(self.last)
+        return sql.SQL(_sql.queries("spark_queue")["spark_queue_range_rows"]).format(
+            columns=_columns(self.columns),
+            table=table_ident(self.table),
+            first=sql.Literal(self.first),
+            last=sql.Literal(self.last),
         )
 
 
@@ -67,15 +71,7 @@ class ClaimPartition(InputPartition):
     last: int
 
     def select(self) -> sql.Composed:
-        return sql.SQL(
-            "SELECT {columns} FROM pgbroker.spark_claims c"
-            " CROSS JOIN LATERAL unnest(c.msg_ids[{first}:{last}], c.receipts[{first}:{last}])"
-            " AS u(msg_id, receipt)"
-            " JOIN {table} q ON q.msg_id = u.msg_id"
-            " WHERE c.consumer = {consumer} AND c.seq = {seq} AND u.receipt IS NOT NULL"
-            " AND q.read_ct = split_part(u.receipt, ':', 2)::integer"
-            " ORDER BY q.msg_id"
-        ).format(
+        return sql.SQL(_sql.queries("spark_queue")["spark_queue_claim_rows"]).format(
             columns=_columns(self.columns, "q"),
             first=sql.Literal(self.first),
             last=sql.Literal(self.last),

@@ -15,6 +15,7 @@ import threading
 
 import psycopg
 
+from pgbroker import _sql
 from pgbroker.errors import from_postgres
 from pgbroker.spark.connect import Connection, open_connection
 
@@ -95,7 +96,7 @@ class BackgroundRelease:
                 assert self._conn is not None
                 try:
                     self._conn.execute(
-                        "SELECT pgbroker.spark_release(%s, %s, %s, %s)",
+                        _sql.queries("spark_queue")["spark_queue_release"],
                         (self.queue, after_id, up_to, self.archive),
                     )
                 except psycopg.Error as exc:

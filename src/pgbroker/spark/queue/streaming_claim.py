@@ -32,6 +32,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pgbroker import _sql
 from pgbroker.spark.arrow_read import copy_batches
 from pgbroker.spark.connect import Connection, connect, queue_table, scalar
 from pgbroker.spark.options import MAX_CLAIM, ReadOptions
@@ -74,7 +75,9 @@ class LeaseRenewer:
     def renew(self) -> int:
         """Renew now; returns how many leases were found lost."""
         with connect(self.dsn, role="lease renewer") as conn:
-            lost = scalar(conn, "SELECT pgbroker.spark_renew(%s, %s)", (self.consumer, self.lease_seconds))
+            lost = scalar(
+                conn, _sql.queries("spark_queue")["spark_queue_renew"], (self.consumer, self.lease_seconds)
+            )
         return int(lost or 0)
 
     def _run(self) -> None:
@@ -114,7 +117,9 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offset:
         with self._connect() as conn:
-            seq = scalar(conn, "SELECT pgbroker.spark_consumer(%s, %s)", (self.consumer, self.options.queue))
+            seq = scalar(
+                conn, _sql.queries("spark_queue")["spark_queue_consumer"], (self.consumer, self.options.queue)
+            )
         return {"queue": self.options.queue, "consumer": self.consumer, "seq": int(seq)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -128,8 +133,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._target = int(
                 scalar(
                     conn,
-                    "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence("
-                    "format('pgmq.%%I', pgbroker._table(%s)), 'msg_id')), 0)",
+                    _sql.queries("spark_queue")["spark_queue_last_msg_id"],
                     (self.options.queue,),
                 )
             )
@@ -154,8 +158,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self._connect() as conn:
             table = self._table_name(conn)
             claims = conn.execute(
-                "SELECT seq, cardinality(msg_ids) FROM pgbroker.spark_claims"
-                " WHERE consumer = %s AND seq > %s AND seq <= %s ORDER BY seq",
+                _sql.queries("spark_queue")["spark_queue_claims_between"],
                 (self.consumer, start["seq"], end["seq"]),
             ).fetchall()
         found = [seq for seq, _ in claims]
@@ -219,13 +222,15 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         while True:
             claimed = scalar(
                 conn,
-                "SELECT pgbroker.spark_claim(%s, %s, %s, %s, %s)",
+                _sql.queries("spark_queue")["spark_queue_claim"],
                 (self.consumer, seq, qty, self.options.lease_seconds, self._target),
             )
             if claimed:
                 self._paused.note(False)
                 return int(claimed)
-            held = scalar(conn, "SELECT pgbroker.spark_held_back(%s, %s)", (self.options.queue, self._target))
+            held = scalar(
+                conn, _sql.queries("spark_queue")["spark_queue_held_back"], (self.options.queue, self._target)
+            )
             self._paused.note(held == "paused")
             if held != "limited" or self._target is None:
                 return 0
@@ -243,7 +248,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         scalar(
             conn,
-            "SELECT pgbroker.spark_release_claims(%s, %s, %s)",
+            _sql.queries("spark_queue")["spark_queue_release_claims"],
             (self.consumer, seq, self.options.release == "archive"),
         )
         self._released = seq

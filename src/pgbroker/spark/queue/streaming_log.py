@@ -37,6 +37,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pgbroker import _sql
 from pgbroker.errors import PgbrokerError
 from pgbroker.spark.arrow_read import copy_batches
 from pgbroker.spark.connect import Connection, connect, queue_table, scalar, table_ident
@@ -124,8 +125,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 watermark = found
             first = scalar(
                 conn,
-                sql.SQL("SELECT min(msg_id) FROM {} WHERE msg_id > %s AND msg_id <= %s").format(
-                    table_ident(self._table_name(conn))
+                sql.SQL(_sql.queries("spark_queue")["spark_queue_first_after"]).format(
+                    table=table_ident(self._table_name(conn))
                 ),
                 (start["msg_id"], watermark),
             )
@@ -144,8 +145,8 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with self._connect() as conn:
             table = self._table_name(conn)
             row = conn.execute(
-                sql.SQL("SELECT min(msg_id), max(msg_id) FROM {} WHERE msg_id > %s AND msg_id <= %s").format(
-                    table_ident(table)
+                sql.SQL(_sql.queries("spark_queue")["spark_queue_bounds_between"]).format(
+                    table=table_ident(table)
                 ),
                 (start["msg_id"], end["msg_id"]),
             ).fetchone()
@@ -197,7 +198,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log stream cannot honour (82_spark.sql). A stream that releases nothing (of the archive,
         or release=none) only looks, and reads whatever the queue's state."""
         consumes = not self.options.archive and self.options.release != "none"
-        may = bool(scalar(conn, "SELECT pgbroker.spark_log_gate(%s, %s)", (self.options.queue, consumes)))
+        may = bool(
+            scalar(conn, _sql.queries("spark_queue")["spark_queue_log_gate"], (self.options.queue, consumes))
+        )
         self._paused.note(not may)
         return may
 
@@ -206,7 +209,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         pid = self._releaser.backend_pid if self._releaser is not None else None
         value = scalar(
             conn,
-            "SELECT pgbroker.spark_safe_watermark(%s, %s, %s, %s)",
+            _sql.queries("spark_queue")["spark_queue_safe_watermark"],
             (self.options.queue, self.options.archive, wait_ms, [pid] if pid else []),
         )
         return None if value is None else int(value)

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 from pyspark.sql.types import StructType
 
+from pgbroker import _sql
 from pgbroker.spark.connect import connect
 from pgbroker.spark.options import OptionError
 from pgbroker.spark.schema import SPARK_TYPES, spark_ddl
@@ -57,4 +58,6 @@ def stream_write_options(
 
 def _check_stream(dsn: str, stream: str) -> None:
     with connect(dsn, role="planner") as conn:
-        conn.execute("SELECT pgbroker._stream_row(%s)", (stream,))  # StreamNotFound names the fix
+        conn.execute(
+            _sql.queries("spark_stream")["spark_stream_check"], (stream,)
+        )  # StreamNotFound names the fix

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from pgbroker import _sql
 from pgbroker.spark.connect import Connection
 
 
@@ -52,11 +53,7 @@ def batch_ends(
     partitions = list(range(len(starts)))
     # Rows waiting per partition, counted on the (partition, id) index up to the limit.
     counted = conn.execute(
-        sql.SQL(
-            "SELECT (SELECT count(*) FROM (SELECT 1 FROM {} l WHERE l.partition = u.p AND l.id > u.a"
-            " AND l.id <= %s LIMIT %s) x)"
-            " FROM unnest(%s::integer[], %s::bigint[]) WITH ORDINALITY AS u(p, a, n) ORDER BY u.n"
-        ).format(log),
+        sql.SQL(_sql.queries("spark_stream")["spark_stream_waiting"]).format(log=log),
         (bound, 1 if limit is None else limit, partitions, list(starts)),
     ).fetchall()
     available = [int(r[0]) for r in counted]
@@ -68,11 +65,7 @@ def batch_ends(
     if cut:
         # The taken-th row after the start: the last of the partition's share.
         rows = conn.execute(
-            sql.SQL(
-                "SELECT u.p, (SELECT l.id FROM {} l WHERE l.partition = u.p AND l.id > u.a AND l.id <= %s"
-                " ORDER BY l.id OFFSET u.k - 1 LIMIT 1)"
-                " FROM unnest(%s::integer[], %s::bigint[], %s::integer[]) AS u(p, a, k)"
-            ).format(log),
+            sql.SQL(_sql.queries("spark_stream")["spark_stream_kth_after"]).format(log=log),
             (bound, cut, [starts[p] for p in cut], [taken[p] for p in cut]),
         ).fetchall()
         for p, end in rows:

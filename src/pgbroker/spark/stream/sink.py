@@ -18,6 +18,7 @@ from typing import Any
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
+from pgbroker import _sql
 from pgbroker.spark.arrow_write import chunks
 from pgbroker.spark.connect import Connection
 from pgbroker.spark.jsonb_array import JsonbArray, JsonbArrayDumper, jsonb_array
@@ -66,7 +67,7 @@ def send_to_stream(conn: Connection, stream: str, columns: tuple[str, ...], batc
     sent = 0
     for chunk in chunks(batches, columns):
         row = conn.execute(
-            "SELECT count(*) FROM pgbroker.stream_send_many(%s, %b, %b, %s::text[])",
+            _sql.queries("spark_stream")["spark_stream_send"],
             (
                 stream,
                 jsonb_array(chunk.column("message")),

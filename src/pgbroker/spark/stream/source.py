@@ -33,6 +33,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pgbroker import _sql
 from pgbroker.errors import PgbrokerError
 from pgbroker.spark.arrow_read import copy_batches
 from pgbroker.spark.connect import Connection, connect
@@ -60,12 +61,12 @@ class StreamPartition(InputPartition):
 
     def select(self) -> sql.Composed:
         # The log's one index is (partition, id): an index walk, in id order (order per key).
-        return sql.SQL("SELECT {} FROM {} WHERE partition = {} AND id > {} AND id <= {} ORDER BY id").format(
-            sql.SQL(", ").join(map(sql.Identifier, self.columns)),
-            sql.Identifier("pgbroker", self.table),
-            sql.Literal(self.partition),
-            sql.Literal(self.after),
-            sql.Literal(self.last),
+        return sql.SQL(_sql.queries("spark_stream")["spark_stream_partition_rows"]).format(
+            columns=sql.SQL(", ").join(map(sql.Identifier, self.columns)),
+            table=sql.Identifier("pgbroker", self.table),
+            partition=sql.Literal(self.partition),
+            after=sql.Literal(self.after),
+            last=sql.Literal(self.last),
         )
 
 
@@ -100,7 +101,7 @@ def safe_id(conn: Connection, stream: str, wait_ms: int) -> tuple[int, bool]:
     when it was taken): look again until it passes the first candidate, for up to ``wait_ms``.
     """
     deadline = time.monotonic() + wait_ms / 1000
-    bound = "SELECT safe_id, candidate_id FROM pgbroker.spark_stream_bound(%s)"
+    bound = _sql.queries("spark_stream")["spark_stream_bound"]
     row = conn.execute(bound, (stream,)).fetchone()
     assert row is not None
     safe, target = int(row[0]), row[1]
@@ -128,7 +129,7 @@ class StreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         start = "end" if self.options.starting_offset == "latest" else "start"
         with self._connect() as conn:
             rows = conn.execute(
-                "SELECT acked_id FROM pgbroker.spark_stream_start(%s, %s, %s)",
+                _sql.queries("spark_stream")["spark_stream_start"],
                 (self.options.stream, self.group, start),
             ).fetchall()
         self._initial = self._offset([int(r[0]) for r in rows])
@@ -206,7 +207,7 @@ class StreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         with self._connect() as conn:
             conn.execute(
-                "SELECT pgbroker.spark_stream_commit(%s, %s, %s, %s)",
+                _sql.queries("spark_stream")["spark_stream_commit"],
                 (self.options.stream, self.group, list(range(len(ids))), ids),
             )
         self._committed = ids
@@ -224,17 +225,20 @@ class StreamRangeReader(DataSourceReader):
         with connect(opts.dsn, role="planner") as conn:
             bound, _ = safe_id(conn, opts.stream, opts.watermark_wait_ms)
             if opts.group is not None:
-                conn.execute("SELECT pgbroker._stream_group_row(%s, %s)", (opts.stream, opts.group))
+                conn.execute(
+                    _sql.queries("spark_stream")["spark_stream_group_check"], (opts.stream, opts.group)
+                )
                 cursors = [
                     int(r[0])
                     for r in conn.execute(
-                        "SELECT acked_id FROM pgbroker.stream_cursor"
-                        " WHERE stream_name = %s AND group_name = %s ORDER BY partition",
+                        _sql.queries("spark_stream")["spark_stream_group_cursors"],
                         (opts.stream, opts.group),
                     )
                 ]
             else:
-                row = conn.execute("SELECT (pgbroker._stream_row(%s)).partitions", (opts.stream,)).fetchone()
+                row = conn.execute(
+                    _sql.queries("spark_stream")["spark_stream_partitions"], (opts.stream,)
+                ).fetchone()
                 assert row is not None
                 cursors = [0] * int(row[0])
         last = bound if opts.to_id is None else min(bound, opts.to_id)

@@ -1,8 +1,9 @@
 -- The stream client's queries, one per operation, shared by the sync and asyncio
--- clients through pgbroker.stream_queries; each calls the SQL API of
+-- clients through pgbroker.streams._queries; each calls the SQL API of
 -- sql/functions/92_streams.sql. Messages and headers arrive as JSON text.
 
 -- name: stream_create
+-- Create a stream.
 SELECT stream_name, partitions, retention_seconds, retention_bytes, truncate_consumed, segment_rows, segments,
        notify, created_at
 FROM pgbroker.create_stream(%(stream)s::text, %(partitions)s::integer, %(retention_seconds)s::bigint,
@@ -10,41 +11,51 @@ FROM pgbroker.create_stream(%(stream)s::text, %(partitions)s::integer, %(retenti
                             %(segments)s::integer, %(notify)s::boolean)
 
 -- name: stream_drop
+-- Drop a stream.
 SELECT pgbroker.drop_stream(%(stream)s)
 
 -- name: stream_list
+-- Every stream.
 SELECT stream_name, partitions, retention_seconds, retention_bytes, truncate_consumed, segment_rows, segments,
        notify, created_at
 FROM pgbroker.streams()
 
 -- name: stream_send_many
+-- Append a batch of messages to a stream.
 SELECT pgbroker.stream_send_many(%(stream)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[])
 
 -- name: stream_notify_channel
+-- The LISTEN channel a stream's appends notify on.
 SELECT pgbroker.stream_notify_channel(%(stream)s)
 
 -- name: stream_group_create
+-- Create a consumer group on a stream.
 SELECT stream_name, group_name, retry_queue, created_at
 FROM pgbroker.create_stream_group(%(stream)s::text, %(group)s::text, %(start_from)s::text,
                                   %(start_time)s::timestamptz, %(retry_queue)s::text)
 
 -- name: stream_group_drop
+-- Drop a consumer group.
 SELECT pgbroker.drop_stream_group(%(stream)s, %(group)s)
 
 -- name: stream_group_list
+-- A stream's consumer groups.
 SELECT group_name, lag, oldest_unacked_at, consumers, retry_queue, created_at
 FROM pgbroker.stream_groups(%(stream)s)
 
 -- name: stream_lag
+-- A group's lag by partition.
 SELECT group_name, partition, acked_id, delivered_id, lag, oldest_unacked_at, owner, owner_alive
 FROM pgbroker.stream_lag(%(stream)s)
 
 -- name: stream_read
+-- Read messages from a position, outside any group.
 SELECT partition, id, epoch, key, enqueued_at, headers, message
 FROM pgbroker.stream_read(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
                           %(lease)s::integer)
 
 -- name: stream_consume
+-- Claim the next batch of a group's messages.
 SELECT partition, id, epoch, key, enqueued_at, headers, message
 FROM pgbroker.stream_consume(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
                              %(lease)s::integer, %(partitions)s::integer[],
@@ -52,25 +63,31 @@ FROM pgbroker.stream_consume(%(stream)s::text, %(group)s::text, %(consumer)s::te
                              %(errors)s::text[])
 
 -- name: stream_ack
+-- Ack a group's claimed messages.
 SELECT partition, acked
 FROM pgbroker.stream_ack(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(partitions)s::integer[],
                          %(epochs)s::bigint[],
                          %(last_ids)s::bigint[], %(failed_ids)s::bigint[], %(errors)s::text[])
 
 -- name: stream_release
+-- Release a group's claim unacked.
 SELECT pgbroker.stream_release(%(stream)s, %(group)s, %(consumer)s)
 
 -- name: stream_rewind
+-- Move a group's position back or forward.
 SELECT pgbroker.stream_rewind(%(stream)s, %(group)s, %(consumer)s)
 
 -- name: stream_maintain
+-- Truncate a stream's consumed or expired segments.
 SELECT pgbroker.maintain_stream(%(stream)s)
 
 -- name: stream_receive_many
+-- Append messages received by a bridge, skipping ones already seen.
 SELECT message_id, id FROM pgbroker.stream_receive_many(
     %(stream)s, %(message_ids)s::text[], %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[],
     make_interval(secs => %(seen_within)s::double precision))
 
 -- name: stream_inbound_seen_prune
+-- Forget a stream bridge's old inbound message ids.
 SELECT pgbroker.prune_stream_inbound_seen(make_interval(secs => %(seen_within)s::double precision),
                                           %(batch_size)s::integer)

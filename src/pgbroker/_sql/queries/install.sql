@@ -1,0 +1,65 @@
+-- The installer's statements (_db/install.py), besides its bootstrap, which stays inline: it
+-- creates the bookkeeping tables these statements read and write. The engine's own files
+-- (structure/, functions/, upgrades/) are run whole, not named here.
+
+-- name: install_lock
+-- One installer at a time: a transaction-scoped advisory lock.
+SELECT pg_advisory_xact_lock(%s)
+
+-- name: install_foreign_pgmq
+-- Whether the pgmq extension, a schema pgmq, and pgbroker's bookkeeping exist.
+SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq'),
+       to_regnamespace('pgmq') IS NOT NULL,
+       to_regclass('pgbroker.schema_version') IS NOT NULL
+           OR to_regclass('pgbroker.schema_migrations') IS NOT NULL
+
+-- name: install_history_tables
+-- Whether the database records releases (schema_version) or a development history (schema_migrations).
+SELECT to_regclass('pgbroker.schema_version') IS NOT NULL,
+       to_regclass('pgbroker.schema_migrations') IS NOT NULL
+
+-- name: install_release_versions
+-- The releases the database records.
+SELECT version, name, checksum FROM pgbroker.schema_version
+
+-- name: install_dev_migrations
+-- The numbered development migrations the database records.
+SELECT version, name, checksum FROM pgbroker.schema_migrations ORDER BY version
+
+-- name: install_record_versions
+-- Record installed releases, one row per (version, name, checksum) of the three arrays.
+INSERT INTO pgbroker.schema_version (version, name, checksum)
+SELECT * FROM unnest(%s::text[], %s::text[], %s::text[])
+
+-- name: install_functions_checksum
+-- The checksum of the function files the database last ran.
+SELECT checksum FROM pgbroker.schema_functions
+
+-- name: install_record_functions
+-- Record the checksum of the function files just run.
+INSERT INTO pgbroker.schema_functions (checksum) VALUES (%s)
+ON CONFLICT (singleton) DO UPDATE SET checksum = excluded.checksum, applied_at = now()
+
+-- name: install_regrant_role_sets
+-- Give every role set its grants again, which re-applied functions lost.
+SELECT pgbroker.grant_roles(prefix) FROM pgbroker.role_sets ORDER BY prefix
+
+-- name: install_sync_queue_grants
+-- Give the queue grants' roles their privileges again and forget the grants of dropped roles.
+SELECT pgbroker._sync_queue_grants()
+
+-- name: roles_install
+-- Create or bring up to date a prefix's producer, consumer and monitor roles.
+SELECT role_name, functions FROM pgbroker.grant_roles(%s)
+
+-- name: queue_grant
+-- Let a role act as a kind on the queues matching a glob.
+SELECT pgbroker.grant_queue_access(%s, %s, %s)
+
+-- name: queue_revoke
+-- Take back a role's grants of a kind, on one glob or all.
+SELECT pgbroker.revoke_queue_access(%s, %s, %s)
+
+-- name: queue_grant_list
+-- Every queue grant, by role, kind and pattern.
+SELECT role_name, role_kind, pattern, granted_at FROM pgbroker.list_queue_grants()

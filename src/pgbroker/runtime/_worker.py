@@ -310,8 +310,11 @@ class Worker:
                     self._read_back(task, outcomes)
 
     def _read_due(self, reads: Mapping[asyncio.Task[list[Message]], object], may_read: bool) -> bool:
-        """A read came back, or (unless napping) there is room for another."""
-        return any(task.done() for task in reads) or (may_read and self._may_read(reads))
+        """A read came back, or there is room for another; when napping, once no read is left
+        in flight (the nap comes next: waiting for a read that was never sent would be for good)."""
+        if any(task.done() for task in reads):
+            return True
+        return self._may_read(reads) if may_read else not reads
 
     def _may_read(self, reads: Mapping[asyncio.Task[list[Message]], object]) -> bool:
         """Room for a read: half of what may be held is free (so that reads are shared)."""

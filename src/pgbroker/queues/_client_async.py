@@ -29,8 +29,8 @@ from pgbroker._db.backoff import SEND_RETRY, Patience
 from pgbroker._db.dsn import connection_kwargs, listen_dsn, resolve_dsn
 from pgbroker._db.install import InstallResult, install_async
 from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
-from pgbroker._db.liveness import server_has_written
-from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of
+from pgbroker._db.liveness import is_read_only_server, server_has_written
+from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of, listen_conninfo
 from pgbroker.codecs import Codec, CodecLike
 from pgbroker.codecs.queue_defaults import DefaultCodecs
 from pgbroker.errors import QueueFull, from_postgres
@@ -83,11 +83,25 @@ async def _live_connection(pool: AsyncConnectionPool[Any]) -> AsyncIterator[psyc
     for _ in range(pool.max_size + 1):  # every idle one may be dead; one more is a new one
         async with pool.connection() as conn:
             if not server_has_written(conn):
-                yield conn
+                async with _closed_if_read_only(conn):
+                    yield conn
                 return
             await conn.close()
-    async with pool.connection() as conn:  # let the call fail on it, as it would have
+    # Let the call fail on it, as it would have.
+    async with pool.connection() as conn, _closed_if_read_only(conn):
         yield conn
+
+
+@asynccontextmanager
+async def _closed_if_read_only(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """Close the connection when a call fails on it because the server takes no writes (a
+    standby after a switchover): the pool replaces it with one to the primary."""
+    try:
+        yield
+    except Exception as exc:
+        if is_read_only_server(exc):
+            await conn.close()
+        raise
 
 
 class AsyncPoolExecutor:
@@ -556,6 +570,10 @@ class AsyncBroker:
         direct = listen_dsn()  # behind a transaction pooler, LISTEN needs a connection of its own
         if direct:
             return direct
+        pool = self._pool
+        if pool is not None and isinstance(pool.conninfo, str) and not callable(pool.kwargs):
+            # As the pool was given it (every host of a list), not the server that answered.
+            return listen_conninfo(pool.conninfo, pool.kwargs)
         async with self.connection() as conn:
             return conninfo_of(conn.info)
 

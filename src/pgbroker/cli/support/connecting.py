@@ -9,10 +9,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker._db.dsn import connection_kwargs, resolve_dsn
-from pgbroker._db.wakeups import conninfo_of
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.queues._client import Broker
 
@@ -50,9 +49,12 @@ def connected(dsn: str | None) -> Iterator[Broker]:
         yield Broker(connection=conn)
 
 
-def dsn_of(broker: Broker) -> str:
-    """The conninfo the broker's connection used, for a command that opens its own pool (a
-    server, a worker, a bridge) on the same database."""
-    with broker.connection() as conn:
-        return conninfo_of(conn.info)
+def dsn_of(dsn: str | None) -> str:
+    """The DSN for a command that opens its own pools (a server, a worker, a bridge): as the
+    user gave it (every host of a multi-host list, hostnames unresolved, target_session_attrs),
+    so that a reconnect after a failover finds the new primary; with the CLI's connect timeout."""
+    resolved = resolve_dsn(dsn)
+    if "connect_timeout" in conninfo_to_dict(resolved) or "PGCONNECT_TIMEOUT" in os.environ:
+        return resolved
+    return make_conninfo(resolved, connect_timeout=CONNECT_TIMEOUT_SECONDS)
 

@@ -441,3 +441,32 @@ def test_a_worker_whose_listen_set_up_times_out_reads_again(broker: Broker, dsn:
         locker.join()
     assert sorted(handled) == list(range(200))
     assert worker.stats.connection_errors >= 1  # the lock was met
+
+
+def test_a_worker_on_a_server_gone_read_only_waits_for_one_that_takes_writes(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    """A switchover leaves the worker's sessions on a server that takes no writes (25006, as a
+    standby answers): the worker counts it as a lost connection, not a reason to stop, its pooled
+    connections are replaced, and once new sessions take writes it handles every message."""
+    broker.create_queue("jobs").send_many(list(range(50)))
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), notify=False)
+    read_only = sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = {}")
+    database = sql.Identifier(conn.info.dbname)
+    conn.execute(read_only.format(database, sql.SQL("on")))
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+
+            async def writable_again() -> None:
+                await asyncio.sleep(2)
+                await asyncio.to_thread(conn.execute, read_only.format(database, sql.SQL("off")))
+
+            writable = asyncio.create_task(writable_again())
+            await run_until(dsn, [worker], lambda: len(handled) == 50, timeout=60, broker=abroker)
+            await writable
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(50))
+    assert worker.stats.connection_errors >= 1  # the read-only server was met

@@ -235,7 +235,7 @@ def two_hosts(dsn: str) -> Iterator[tuple[str, Callable[[], None]]]:
     """A multi-host DSN (two socket directories, the first answering) on the test's server, and
     a failover: the first host goes, the second answers. The sockets are links to the server's."""
     params = conninfo_to_dict(dsn)
-    server_socket = Path(params["host"]) / f".s.PGSQL.{params['port']}"
+    server_socket = Path(str(params["host"])) / f".s.PGSQL.{params['port']}"
     scratch = Path(tempfile.mkdtemp(prefix="pgb-hosts-"))  # short: a socket path has a size limit
     first, second = scratch / "first", scratch / "second"
     first.mkdir()

@@ -9,8 +9,10 @@ import socket
 import time
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker import Broker
+from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.errors import DatabaseError, InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 
@@ -49,3 +51,14 @@ def test_an_async_broker_on_a_server_that_cannot_be_reached_fails_at_once_with_t
 def test_timeouts_are_judged_before_connecting(option: str, value: object) -> None:
     with pytest.raises(InvalidArgument, match=option):
         AsyncBroker(closed_port_dsn(), **{option: value})  # type: ignore[arg-type]
+
+
+def test_the_cli_gives_its_processes_the_dsn_as_given_with_its_connect_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("PGCONNECT_TIMEOUT", raising=False)
+    given = "host=db-a.internal,db-b.internal port=5432,5433 dbname=app target_session_attrs=read-write"
+    params = conninfo_to_dict(dsn_of(given, connect_timeout=2.5))
+    assert params == {**conninfo_to_dict(given), "connect_timeout": "3"}
+    own = conninfo_to_dict(dsn_of(f"{given} connect_timeout=7", connect_timeout=2.5))
+    assert own["connect_timeout"] == "7"  # the DSN's own wins

@@ -22,7 +22,13 @@ from psycopg.conninfo import conninfo_to_dict
 from pgbroker._db.dsn import connection_kwargs
 from pgbroker.errors import InvalidArgument
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "DEFAULT_POOL_TIMEOUT", "RECONNECT_CEILING", "PoolTimeouts"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_POOL_TIMEOUT",
+    "RECONNECT_CEILING",
+    "PoolTimeouts",
+    "connect_timeout_for",
+]
 
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_POOL_TIMEOUT = 30.0
@@ -45,7 +51,12 @@ class PoolTimeouts:
     def connection_kwargs(self, dsn: str) -> dict[str, Any]:
         """psycopg arguments of each pooled connection of ``dsn``; the DSN's own connect_timeout
         (or $PGCONNECT_TIMEOUT) wins."""
-        kwargs: dict[str, Any] = {"autocommit": True, **connection_kwargs()}
-        if "connect_timeout" not in conninfo_to_dict(dsn) and "PGCONNECT_TIMEOUT" not in os.environ:
-            kwargs["connect_timeout"] = max(2, math.ceil(self.connect))
-        return kwargs
+        return {"autocommit": True, **connection_kwargs(), **connect_timeout_for(dsn, self.connect)}
+
+
+def connect_timeout_for(dsn: str, seconds: float) -> dict[str, int]:
+    """libpq's connect_timeout of ``seconds`` (whole, at least 2), unless the DSN or
+    $PGCONNECT_TIMEOUT sets one."""
+    if "connect_timeout" in conninfo_to_dict(dsn) or "PGCONNECT_TIMEOUT" in os.environ:
+        return {}
+    return {"connect_timeout": max(2, math.ceil(seconds))}

@@ -8,6 +8,7 @@ soon after a send can only have been woken by its notification.
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -461,3 +462,26 @@ def test_the_listener_conninfo_keeps_the_password_and_adds_keepalives(dsn: str) 
     with psycopg.connect(make_conninfo(dsn, password="secret", keepalives_idle="7")) as c:
         params = conninfo_to_dict(conninfo_of(c.info))
     assert (params["password"], params["keepalives_idle"]) == ("secret", "7")
+
+
+def test_the_listener_connects_with_the_dsn_as_given(dsn: str) -> None:
+    """Every host of a multi-host DSN, and target_session_attrs: after a failover the listener
+    reconnects to the new primary, as the pool does (not to the server that answered first)."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    params = conninfo_to_dict(dsn)
+    multi_host = make_conninfo(
+        dsn,
+        host=f"127.0.0.1,{params['host']}",
+        port=f"{closed_port},{params['port']}",
+        target_session_attrs="read-write",
+    )
+    with Broker(multi_host) as broker:
+        queue = broker.create_queue("jobs", notify=True)
+        assert queue.read_many(1, wait=0.2) == []  # a waiting read starts the listener
+        listener = conninfo_to_dict(broker._listen_conninfo())
+    given = conninfo_to_dict(multi_host)
+    assert (listener["host"], listener["port"]) == (given["host"], given["port"])
+    assert listener["target_session_attrs"] == "read-write"

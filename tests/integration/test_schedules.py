@@ -345,3 +345,30 @@ def test_the_scheduler_stops_alone_on_a_database_without_schedules(empty_dsn: st
             await asyncio.wait_for(Scheduler().run(broker), timeout=10)
 
     asyncio.run(scenario())
+
+
+def test_the_scheduler_outlives_a_pool_that_found_no_connection_in_time(dsn: str, queue: Queue) -> None:
+    """Every pooled connection is busy past the pool's timeout (PoolTimeout, no PgbrokerError):
+    the scheduler waits and tries again, and sends the tick once a connection is free."""
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=1, pool_timeout=0.5) as broker:
+            async with broker.connection() as busy:
+                await busy.execute(
+                    "SELECT pgbroker.schedule_add('now', 'jobs', '* * * * *', '{}');"
+                    " UPDATE pgbroker.schedules SET next_run = now() - interval '1 second'"
+                )
+                scheduler = Scheduler()
+                running = asyncio.create_task(scheduler.run(broker))
+                await asyncio.sleep(2)  # its calls time out meanwhile
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            while not await broker.queue("jobs").peek():
+                assert not running.done(), running.exception()
+                assert loop.time() - started < 30
+                await asyncio.sleep(0.05)
+            scheduler.stop()
+            await running
+            assert scheduler.stats.errors >= 1
+
+    asyncio.run(scenario())

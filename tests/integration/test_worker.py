@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import App, Broker, InvalidArgument, Message, QueueNotFound, Worker
@@ -407,3 +408,65 @@ def test_a_worker_can_apply_the_archive_retention(broker: Broker, dsn: str, conn
     asyncio.run(
         run_until(dsn, [worker], lambda: len(a_rows(conn, "jobs")) == 2 and worker.stats.completed == 5)
     )
+
+
+def test_a_worker_whose_listen_set_up_times_out_reads_again(broker: Broker, dsn: str) -> None:
+    """A maintenance transaction locks pgmq.meta while a worker on a role with a short
+    statement_timeout starts: its LISTEN set-up times out (a transient error), and it must wait
+    a while and try again, not stop reading for good."""
+    broker.create_queue("jobs").send_many(list(range(200)))
+    impatient = make_conninfo(dsn, options="-c statement_timeout=200")
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), notify=False)
+    locked, release = threading.Event(), threading.Event()
+
+    def maintain() -> None:
+        with psycopg.connect(dsn) as maintenance:
+            maintenance.execute("LOCK TABLE pgmq.meta IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(3)
+
+    locker = threading.Thread(target=maintain)
+    locker.start()
+    assert locked.wait(30)
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient, max_connections=4) as abroker:
+            await run_until(impatient, [worker], lambda: len(handled) == 200, timeout=60, broker=abroker)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        locker.join()
+    assert sorted(handled) == list(range(200))
+    assert worker.stats.connection_errors >= 1  # the lock was met
+
+
+def test_a_worker_on_a_server_gone_read_only_waits_for_one_that_takes_writes(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    """A switchover leaves the worker's sessions on a server that takes no writes (25006, as a
+    standby answers): the worker counts it as a lost connection, not a reason to stop, its pooled
+    connections are replaced, and once new sessions take writes it handles every message."""
+    broker.create_queue("jobs").send_many(list(range(50)))
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), notify=False)
+    read_only = sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = {}")
+    database = sql.Identifier(conn.info.dbname)
+    conn.execute(read_only.format(database, sql.SQL("on")))
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+
+            async def writable_again() -> None:
+                await asyncio.sleep(2)
+                await asyncio.to_thread(conn.execute, read_only.format(database, sql.SQL("off")))
+
+            writable = asyncio.create_task(writable_again())
+            await run_until(dsn, [worker], lambda: len(handled) == 50, timeout=60, broker=abroker)
+            await writable
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(50))
+    assert worker.stats.connection_errors >= 1  # the read-only server was met

@@ -10,15 +10,18 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker, Message, Queue
 from pgbroker.demo.stage import Demo
@@ -225,6 +228,52 @@ def test_the_supervisor_restarts_a_killed_worker_process_and_stops_them_all(
     assert f"supervisor.restarting pid={victim} signal=9" in stderr
     assert supervisor.children() == set()
     assert len(a_rows(conn, "jobs")) == 100
+
+
+@pytest.fixture
+def two_hosts(dsn: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A multi-host DSN (two socket directories, the first answering) on the test's server, and
+    a failover: the first host goes, the second answers. The sockets are links to the server's."""
+    params = conninfo_to_dict(dsn)
+    server_socket = Path(str(params["host"])) / f".s.PGSQL.{params['port']}"
+    scratch = Path(tempfile.mkdtemp(prefix="pgb-hosts-"))  # short: a socket path has a size limit
+    first, second = scratch / "first", scratch / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / server_socket.name).symlink_to(server_socket)
+
+    def fail_over() -> None:
+        (first / server_socket.name).unlink()
+        (second / server_socket.name).symlink_to(server_socket)
+
+    try:
+        yield make_conninfo(dsn, host=f"{first},{second}"), fail_over
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_a_worker_on_a_multi_host_dsn_follows_a_failover(
+    dsn: str,
+    conn: Conn,
+    jobs: Queue,
+    workers: Callable[..., WorkerProcess],
+    two_hosts: tuple[str, Callable[[], None]],
+) -> None:
+    multi_host, fail_over = two_hosts
+    before = jobs.send_many([{"n": n} for n in range(5)])
+    worker = workers(multi_host, f"{HERE}:record", "--queue", "jobs")
+    wait_for(lambda: len(handled(conn)) == 5, what="5 messages handled before the failover")
+    fail_over()
+    conn.execute(  # every other session ends, as with a crashed primary
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity WHERE datname = %s AND pid <> %s",
+        [conn.info.dbname, conn.info.backend_pid],
+    )
+    after = jobs.send_many([{"n": n} for n in range(5, 25)])
+    wait_for(lambda: len(handled(conn)) == 25, timeout=90, what="25 messages handled after the failover")
+    assert sorted(r[0] for r in handled(conn)) == before + after
+    worker.signal(signal.SIGTERM)
+    code, stderr = worker.finish()
+    assert code == 0, stderr
 
 
 def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:

@@ -13,7 +13,8 @@ close that connection (the pool replaces a closed connection when it comes back)
 next one, at once (pgbroker.queues._client_async's ``_live_connection``). A connection
 cut without a word (a network partition) is not found this way, nor by a round trip before the
 TCP timeout. ``is_transient`` tells such a lost connection from other errors, for the workers'
-retries.
+retries; a connection to a server that has become read-only counts as lost: the clients close it
+(the pool replaces it) when a call fails on it.
 """
 
 from __future__ import annotations
@@ -35,10 +36,22 @@ def server_has_written(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[A
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether ``exc`` is a lost or refused connection (the same call may succeed soon).
+    """Whether ``exc`` is a lost or refused connection, or one to a read-only server (the same
+    call may succeed soon, on a new connection).
 
-    psycopg reports those, and pool timeouts, as OperationalError; the clients wrap errors
+    psycopg reports the first, and pool timeouts, as OperationalError; the clients wrap errors
     raised by a query in pgbroker's types, with the psycopg error as the cause.
     """
-    cause = exc.__cause__ if isinstance(exc, DatabaseError) else exc
-    return isinstance(cause, psycopg.OperationalError)
+    return isinstance(_psycopg_error(exc), psycopg.OperationalError) or is_read_only_server(exc)
+
+
+def is_read_only_server(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server takes no writes (25006: a standby, "cannot execute ...
+    during recovery", or a primary demoted by a switchover): the connection is to the wrong
+    server, and a new one, made from the DSN as given (target_session_attrs=read-write), finds
+    the primary."""
+    return isinstance(_psycopg_error(exc), psycopg.errors.ReadOnlySqlTransaction)
+
+
+def _psycopg_error(exc: BaseException) -> BaseException | None:
+    return exc.__cause__ if isinstance(exc, DatabaseError) else exc

@@ -10,14 +10,24 @@ hint: one that never comes costs at most a poll interval of latency, never a mes
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from functools import cache
+from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker.errors import InvalidArgument
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "Waiting", "check_poll_interval", "conninfo_of", "reconnect_delay"]
+__all__ = [
+    "DEFAULT_POLL_INTERVAL",
+    "Waiting",
+    "check_poll_interval",
+    "conninfo_of",
+    "listen_conninfo",
+    "reconnect_delay",
+]
 
 # Seconds between reads of a waiting reader that hears nothing.
 DEFAULT_POLL_INTERVAL = 0.5
@@ -34,14 +44,29 @@ _KEEPALIVE = {
 }
 
 
-def conninfo_of(info: psycopg.ConnectionInfo) -> str:
-    """A conninfo for a connection like ``info``'s (psycopg leaves the password out of info.dsn)."""
-    params = conninfo_to_dict(info.dsn)
-    if info.password:
-        params["password"] = info.password
+def listen_conninfo(conninfo: str, kwargs: Mapping[str, Any] | None = None) -> str:
+    """The conninfo of a listener's own connection, from the one a pool was given (and the pool's
+    connection ``kwargs``, of which only libpq's parameters count): kept as given, every host of
+    a multi-host list, hostnames unresolved and target_session_attrs included, so that a
+    reconnect after a failover finds the new primary as the pool does; keepalives added."""
+    params = conninfo_to_dict(conninfo)
+    params.update((key, value) for key, value in (kwargs or {}).items() if key in _libpq_keywords())
     for key, value in _KEEPALIVE.items():
         params.setdefault(key, value)
     return make_conninfo("", **params)
+
+
+def conninfo_of(info: psycopg.ConnectionInfo) -> str:
+    """A listener's conninfo for a connection like ``info``'s, when nothing else is known (a
+    single connection passed in): it names the one server that answered, not the DSN's list.
+    psycopg leaves the password out of info.dsn."""
+    password = {"password": info.password} if info.password else {}
+    return listen_conninfo(info.dsn, password)
+
+
+@cache
+def _libpq_keywords() -> frozenset[str]:
+    return frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
 
 
 def check_poll_interval(poll_interval: float) -> float:

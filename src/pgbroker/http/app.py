@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pgbroker._db.dsn import connection_kwargs
+from pgbroker._db.pools import RECONNECT_CEILING, PoolTimeouts
 from pgbroker.errors import PgbrokerError
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.concurrency import ConcurrencyLimit
@@ -115,9 +115,10 @@ def _server_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         dsn,
         min_size=size,
         max_size=size,
-        kwargs={"autocommit": True, **connection_kwargs()},
+        kwargs=PoolTimeouts().connection_kwargs(dsn),
         open=False,
         name="pgbroker-http",
+        reconnect_timeout=RECONNECT_CEILING,
     )
 
 

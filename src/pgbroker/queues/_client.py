@@ -24,14 +24,15 @@ from psycopg_pool import ConnectionPool
 
 from pgbroker import codecs
 from pgbroker._db.backoff import SEND_RETRY, Patience
-from pgbroker._db.dsn import connection_kwargs, listen_dsn, resolve_dsn
+from pgbroker._db.dsn import listen_dsn, resolve_dsn
 from pgbroker._db.install import InstallResult, install
 from pgbroker._db.listen import Listener, Subscription
-from pgbroker._db.liveness import server_has_written
-from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of
+from pgbroker._db.liveness import is_read_only_server, server_has_written
+from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts
+from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of, listen_conninfo
 from pgbroker.codecs import Codec, CodecLike
 from pgbroker.codecs.queue_defaults import DefaultCodecs
-from pgbroker.errors import QueueFull, from_postgres
+from pgbroker.errors import DatabaseError, QueueFull, from_postgres
 from pgbroker.queues import _queries as q
 from pgbroker.queues._job_headers import with_job_headers
 from pgbroker.queues._queries import Delay, Query, Receivable
@@ -78,11 +79,25 @@ def _live_connection(pool: ConnectionPool[Any]) -> Iterator[psycopg.Connection[A
     for _ in range(pool.max_size + 1):  # every idle one may be dead; one more is a new one
         with pool.connection() as conn:
             if not server_has_written(conn):
-                yield conn
+                with _closed_if_read_only(conn):
+                    yield conn
                 return
             conn.close()
-    with pool.connection() as conn:  # let the call fail on it, as it would have
+    # Let the call fail on it, as it would have.
+    with pool.connection() as conn, _closed_if_read_only(conn):
         yield conn
+
+
+@contextmanager
+def _closed_if_read_only(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """Close the connection when a call fails on it because the server takes no writes (a
+    standby after a switchover): the pool replaces it with one to the primary."""
+    try:
+        yield
+    except Exception as exc:
+        if is_read_only_server(exc):
+            conn.close()
+        raise
 
 
 class PoolExecutor:
@@ -442,27 +457,52 @@ class Broker:
         connection: psycopg.Connection[Any] | None = None,
         max_connections: int = 10,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
     ) -> None:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
+        timeouts = PoolTimeouts(connect_timeout, pool_timeout)
         self._listener = Listener(self._listen_conninfo, poll_interval)
         self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: ConnectionPool | None = None
         self._connection = connection
         if connection is None and pool is None:
+            conninfo = resolve_dsn(dsn)
             pool = ConnectionPool(
-                resolve_dsn(dsn),
+                conninfo,
                 min_size=1,
                 max_size=max_connections,
-                kwargs={"autocommit": True, **connection_kwargs()},
-                open=True,
+                kwargs=timeouts.connection_kwargs(conninfo),
+                open=False,
                 name="pgbroker",
+                timeout=timeouts.pool,
+                reconnect_timeout=RECONNECT_CEILING,
             )
             self._owned_pool = pool
+            self._open_owned_pool()
         self._pool = pool
         self._executor: Executor = (
             ConnectionExecutor(connection) if connection is not None else PoolExecutor(pool)  # type: ignore[arg-type]
         )
+
+    def _open_owned_pool(self) -> None:
+        """Open the pool made from a DSN once the server has answered one connection: a server
+        that cannot be reached fails here, with libpq's own words (refused, unknown host, bad
+        password), not with a PoolTimeout that hides them on the first call."""
+        pool = self._owned_pool
+        assert pool is not None
+        assert isinstance(pool.conninfo, str)
+        assert isinstance(pool.kwargs, dict)
+        try:
+            probe = psycopg.Connection.connect(pool.conninfo, **pool.kwargs)
+        except psycopg.OperationalError as exc:
+            raise DatabaseError(
+                f"cannot connect to the database: {str(exc).strip()}",
+                hint="Is the server running, and the DSN right (host, port, user, password)?",
+            ) from exc
+        probe.close()
+        pool.open()
 
     def __enter__(self) -> Broker:
         return self
@@ -500,6 +540,10 @@ class Broker:
         direct = listen_dsn()  # behind a transaction pooler, LISTEN needs a connection of its own
         if direct:
             return direct
+        pool = self._pool
+        if pool is not None and isinstance(pool.conninfo, str) and not callable(pool.kwargs):
+            # As the pool was given it (every host of a list), not the server that answered.
+            return listen_conninfo(pool.conninfo, pool.kwargs)
         with self.connection() as conn:
             return conninfo_of(conn.info)
 

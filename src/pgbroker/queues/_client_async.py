@@ -26,14 +26,15 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import codecs
 from pgbroker._db.backoff import SEND_RETRY, Patience
-from pgbroker._db.dsn import connection_kwargs, listen_dsn, resolve_dsn
+from pgbroker._db.dsn import listen_dsn, resolve_dsn
 from pgbroker._db.install import InstallResult, install_async
 from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
-from pgbroker._db.liveness import server_has_written
-from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of
+from pgbroker._db.liveness import is_read_only_server, server_has_written
+from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts
+from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of, listen_conninfo
 from pgbroker.codecs import Codec, CodecLike
 from pgbroker.codecs.queue_defaults import DefaultCodecs
-from pgbroker.errors import QueueFull, from_postgres
+from pgbroker.errors import DatabaseError, QueueFull, from_postgres
 from pgbroker.queues import _queries as q
 from pgbroker.queues._job_headers import with_job_headers
 from pgbroker.queues._queries import Delay, Query, Receivable
@@ -83,11 +84,25 @@ async def _live_connection(pool: AsyncConnectionPool[Any]) -> AsyncIterator[psyc
     for _ in range(pool.max_size + 1):  # every idle one may be dead; one more is a new one
         async with pool.connection() as conn:
             if not server_has_written(conn):
-                yield conn
+                async with _closed_if_read_only(conn):
+                    yield conn
                 return
             await conn.close()
-    async with pool.connection() as conn:  # let the call fail on it, as it would have
+    # Let the call fail on it, as it would have.
+    async with pool.connection() as conn, _closed_if_read_only(conn):
         yield conn
+
+
+@asynccontextmanager
+async def _closed_if_read_only(conn: psycopg.AsyncConnection[Any]) -> AsyncIterator[None]:
+    """Close the connection when a call fails on it because the server takes no writes (a
+    standby after a switchover): the pool replaces it with one to the primary."""
+    try:
+        yield
+    except Exception as exc:
+        if is_read_only_server(exc):
+            await conn.close()
+        raise
 
 
 class AsyncPoolExecutor:
@@ -489,23 +504,33 @@ class AsyncBroker:
         connection: psycopg.AsyncConnection[Any] | None = None,
         max_connections: int = 10,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
     ) -> None:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
+        timeouts = PoolTimeouts(connect_timeout, pool_timeout)
         self._listener = AsyncListener(self._listen_conninfo, poll_interval)
         self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: AsyncConnectionPool | None = None
         self._connection = connection
         if connection is None and pool is None:
+            conninfo = resolve_dsn(dsn)
             pool = AsyncConnectionPool(
-                resolve_dsn(dsn),
+                conninfo,
                 min_size=1,
                 max_size=max_connections,
-                kwargs={"autocommit": True, **connection_kwargs()},
-                open=False,  # sync: open=True,
+                kwargs=timeouts.connection_kwargs(conninfo),
+                open=False,
                 name="pgbroker-async",  # sync: name="pgbroker",
+                timeout=timeouts.pool,
+                reconnect_timeout=RECONNECT_CEILING,
             )
             self._owned_pool = pool
+            if ASYNC:
+                pass  # an async pool opens in open(), on a running event loop
+            else:
+                self._open_owned_pool()
         self._pool = pool
         self._executor: AsyncExecutor = (
             AsyncConnectionExecutor(connection) if connection is not None else AsyncPoolExecutor(pool)  # type: ignore[arg-type]
@@ -517,8 +542,26 @@ class AsyncBroker:
             """Open the pool this broker made from a DSN (``async with`` does it): an async pool
             cannot open in the constructor, outside a running event loop."""
             if self._owned_pool is not None:
-                await self._owned_pool.open()
+                await self._open_owned_pool()
             return self
+
+    async def _open_owned_pool(self) -> None:
+        """Open the pool made from a DSN once the server has answered one connection: a server
+        that cannot be reached fails here, with libpq's own words (refused, unknown host, bad
+        password), not with a PoolTimeout that hides them on the first call."""
+        pool = self._owned_pool
+        assert pool is not None
+        assert isinstance(pool.conninfo, str)
+        assert isinstance(pool.kwargs, dict)
+        try:
+            probe = await psycopg.AsyncConnection.connect(pool.conninfo, **pool.kwargs)
+        except psycopg.OperationalError as exc:
+            raise DatabaseError(
+                f"cannot connect to the database: {str(exc).strip()}",
+                hint="Is the server running, and the DSN right (host, port, user, password)?",
+            ) from exc
+        await probe.close()
+        await pool.open()
 
     async def __aenter__(self) -> AsyncBroker:
         return await self.open()  # sync: return self
@@ -556,6 +599,10 @@ class AsyncBroker:
         direct = listen_dsn()  # behind a transaction pooler, LISTEN needs a connection of its own
         if direct:
             return direct
+        pool = self._pool
+        if pool is not None and isinstance(pool.conninfo, str) and not callable(pool.kwargs):
+            # As the pool was given it (every host of a list), not the server that answered.
+            return listen_conninfo(pool.conninfo, pool.kwargs)
         async with self.connection() as conn:
             return conninfo_of(conn.info)
 

@@ -31,7 +31,8 @@ from typing import Any, TextIO, TypedDict, TypeVar, Unpack
 
 from psycopg_pool import AsyncConnectionPool
 
-from pgbroker._db.dsn import connection_kwargs, resolve_dsn
+from pgbroker._db.dsn import resolve_dsn
+from pgbroker._db.pools import RECONNECT_CEILING, PoolTimeouts
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._signals import on_stop_signals
@@ -193,13 +194,15 @@ async def _own_broker(
 ) -> AsyncBroker:
     # No round trip to check a connection on checkout: AsyncBroker passes over those the server
     # has closed (pgbroker._db.liveness), and a worker retries a call whose connection broke anyway.
+    conninfo = resolve_dsn(dsn)
     pool = AsyncConnectionPool(
-        resolve_dsn(dsn),
+        conninfo,
         min_size=2 * len(workers),
         max_size=4 * len(workers) + 1,  # + the scheduler's
-        kwargs={"autocommit": True, **connection_kwargs()},
+        kwargs=PoolTimeouts().connection_kwargs(conninfo),
         open=False,
         name="pgbroker-worker",
+        reconnect_timeout=RECONNECT_CEILING,
     )
     await pool.open(wait=True, timeout=_CONNECT_TIMEOUT)
     stack.push_async_callback(pool.close)

@@ -20,9 +20,11 @@ the message by then. That is counted as ``stale`` and logged, never retried here
 The leases and their heartbeat's calls are in pgbroker.runtime._leases; what the server made
 of the outcomes (counted, logged, the reason of a refusal) in pgbroker.runtime._outcomes.
 
-Calls that fail because the connection is lost (a restart, a failover) are retried while the
-lease still holds; fenced receipts make a retried ack safe, so a restart of Postgres costs
-no duplicate handling.
+Calls that fail because the connection is lost (a restart, a terminated session, a server gone
+read-only) are retried while the lease still holds; fenced receipts make a retried ack safe, so a
+restart of Postgres in place costs no duplicate handling. Every such failure, a failed LISTEN
+set-up included, leads to a bounded wait and another read. A failover to a standby is followed
+when the DSN names it (docs/operations.md); what asynchronous replication loses is not covered.
 
 An empty queue is waited on with LISTEN/NOTIFY; polls are the fallback, less frequent the
 longer the queue stays empty (``poll_min`` doubling up to ``poll_max``). Worker.stop() (or
@@ -310,8 +312,11 @@ class Worker:
                     self._read_back(task, outcomes)
 
     def _read_due(self, reads: Mapping[asyncio.Task[list[Message]], object], may_read: bool) -> bool:
-        """A read came back, or (unless napping) there is room for another."""
-        return any(task.done() for task in reads) or (may_read and self._may_read(reads))
+        """A read came back, or there is room for another; when napping, once no read is left
+        in flight (the nap comes next: waiting for a read that was never sent would be for good)."""
+        if any(task.done() for task in reads):
+            return True
+        return self._may_read(reads) if may_read else not reads
 
     def _may_read(self, reads: Mapping[asyncio.Task[list[Message]], object]) -> bool:
         """Room for a read: half of what may be held is free (so that reads are shared)."""

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
+from pgbroker._db.liveness import is_transient
 from pgbroker.errors import NotInstalled, PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker
 
@@ -85,13 +86,23 @@ class Scheduler:
             except PgbrokerError as exc:
                 if _cannot_schedule(exc):
                     return
-                self.stats.errors += 1
-                log.warning("scheduler.retry error=%r", exc.message)
-                await self._nap(None, retry.next())
+                await self._retry_later(exc.message, retry)
+                continue
+            except Exception as exc:
+                # A pool that found no connection in time raises PoolTimeout, no PgbrokerError:
+                # retried too, else the scheduler would end for good while its process runs on.
+                if not is_transient(exc):
+                    raise
+                await self._retry_later(str(exc), retry)
                 continue
             retry.reset()
             await self._nap(subscription, self._sleep_for(wake))
         log.info("scheduler.stopped sent=%d", self.stats.sent)
+
+    async def _retry_later(self, error: str, retry: Backoff) -> None:
+        self.stats.errors += 1
+        log.warning("scheduler.retry error=%r", error)
+        await self._nap(None, retry.next())
 
     def _sleep_for(self, wake: float | None) -> float:
         if wake is None:

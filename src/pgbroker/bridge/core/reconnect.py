@@ -21,6 +21,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from pgbroker._db.backoff import Backoff
+from pgbroker._db.liveness import is_read_only_server
 from pgbroker.bridge.connector import Endpoint
 from pgbroker.bridge.errors import BrokerConnectionLost, BrokerNotFound
 from pgbroker.errors import DatabaseError
@@ -41,6 +42,8 @@ C = TypeVar("C", bound=_Closable)
 
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, BrokerConnectionLost | psycopg.OperationalError | PoolTimeout):
+        return True
+    if is_read_only_server(exc):  # a standby after a switchover: a new connection finds the primary
         return True
     if isinstance(exc, DatabaseError):
         code = exc.sqlstate or ""

@@ -227,7 +227,7 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
     from pgbroker.bridge import BridgeError
     from pgbroker.queues._client_async import AsyncBroker
 
-    dsn = dsn_of(broker)
+    dsn = dsn_of(args.dsn, args.connect_timeout)
 
     async def run() -> None:
         async with AsyncBroker(dsn, max_connections=4) as abroker:

@@ -83,7 +83,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         from pgbroker.http.server import protocol_with_head_timeout
 
     load_codec_modules(args)
-    dsn = dsn_of(broker)
+    dsn = dsn_of(args.dsn, args.connect_timeout)
     settings = Settings(
         max_body_bytes=args.max_body,
         rate_per_second=args.rate,

@@ -89,7 +89,7 @@ def register(subcommands: Subcommands) -> None:
 
 def _worker(args: argparse.Namespace, broker: Broker) -> int:
     workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
-    dsn = dsn_of(broker)
+    dsn = dsn_of(args.dsn, args.connect_timeout)
     if args.processes == 1:
         return _serve(workers, dsn, args.progress, args.schedules)
     return _supervise(args, dsn)

@@ -39,6 +39,13 @@ def seconds(text: str) -> float:
     return value
 
 
+def positive_seconds(text: str) -> float:
+    value = seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
+
+
 def msg_id(text: str) -> int:
     return _converted(text, int, "a msg_id (a whole number)")
 

@@ -7,7 +7,8 @@ import argparse
 from collections.abc import Callable
 from typing import TypeAlias
 
-from pgbroker.cli.support.arguments import seconds
+from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT
+from pgbroker.cli.support.arguments import positive_seconds, seconds
 from pgbroker.queues._client import Broker
 
 EPILOG = """\
@@ -60,6 +61,15 @@ def add_global_options(
             "--dsn",
             default=None if top_level else argparse.SUPPRESS,
             help="database to use (default: $DATABASE_URL, else the embedded one)",
+        )
+        parser.add_argument(
+            "--connect-timeout",
+            type=positive_seconds,
+            default=DEFAULT_CONNECT_TIMEOUT if top_level else argparse.SUPPRESS,
+            metavar="SECONDS",
+            help="give up a connection attempt after this long, in this command and the pools of "
+            f"a worker, server or bridge (default: {DEFAULT_CONNECT_TIMEOUT:g}; a connect_timeout "
+            "in the DSN or $PGCONNECT_TIMEOUT wins)",
         )
     parser.add_argument(
         "-v",

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgbroker import __version__
 from pgbroker._db.install import latest_version
 from pgbroker.embedded import EmbeddedPostgres
 from tests.integration.helpers import a_ids, q_ids, q_rows
@@ -87,6 +88,21 @@ def test_help_documents_the_exit_codes() -> None:
         assert line in res.stdout
     assert run().returncode == 2
     assert run("read").returncode == 2
+
+
+def test_version_and_a_mistyped_command_get_an_answer() -> None:
+    assert run("--version").stdout.strip() == f"pgbroker {__version__}"
+    res = run("lst")
+    assert res.returncode == 2
+    assert "did you mean 'list'?" in res.stderr
+    assert "did you mean 'list'?" in run("dlq", "lsit").stderr
+
+
+def test_a_command_s_bad_option_shows_that_command_s_usage() -> None:
+    res = run("list", "--bogus")
+    assert res.returncode == 2
+    assert res.stderr.startswith("usage: pgbroker list ")
+    assert "pgbroker list: error: unrecognized arguments: --bogus" in res.stderr
 
 
 # -- sending --------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 
 from pgbroker import __version__
 from pgbroker._db.install import latest_version
+from pgbroker.demo.tour import _next_steps
 from pgbroker.embedded import EmbeddedPostgres
 from tests.integration.helpers import a_ids, q_ids, q_rows
 from tests.support.cli import UNREACHABLE, Cli, _assert_error, _env, _ids, _messages, run
@@ -315,6 +316,25 @@ def test_db_start_url_status_stop(data_dir: Path) -> None:
 
 
 # -- the demo -------------------------------------------------------------------------------------
+
+
+def test_the_demo_ends_with_the_cli_s_real_path_and_how_to_stop_its_server(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A virtualenv's bin/ is rarely on PATH: the bare `pgbroker` a new user is told to run fails.
+    monkeypatch.setenv("PGBROKER_HOME", str(data_dir))
+    monkeypatch.chdir(data_dir.parent)  # the interpreter's bin/ is not below it: an absolute path
+    cluster = EmbeddedPostgres()
+    cluster.start()
+    try:
+        *running, stop, following = _next_steps(embedded=True)
+    finally:
+        cluster.stop()
+    cli = f"PGBROKER_HOME={data_dir} {Path(sys.executable).parent / 'pgbroker'}"
+    [still] = running
+    assert still.startswith(f"the embedded PostgreSQL is still running (data in {cluster.data_dir}, pid ")
+    assert stop == f"stop it: {cli} db stop"
+    assert following == f"next: {cli} --help"
 
 
 @pytest.mark.slow

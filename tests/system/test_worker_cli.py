@@ -50,13 +50,13 @@ def _env(dsn: str) -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": UNREACHABLE, "WORKER_TEST_DSN": dsn}
 
 
-def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(dsn: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, *args],
         capture_output=True,
         text=True,
         env=_env(dsn),
-        cwd=ROOT,
+        cwd=cwd,
         timeout=120,
         check=False,
     )
@@ -234,6 +234,30 @@ def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:
     assert_error(cli(dsn, "worker", f"{HERE}:ROOT", "--queue", "jobs"), 2, "neither a pgbroker.App")
     # pgmq's own words ('Queue "nope" does not exist. Create it first ...'), pgmq's SQLSTATE.
     assert_error(cli(dsn, "worker", f"{HERE}:record", "--queue", "nope"), 4, '"nope" does not exist')
+
+
+@pytest.mark.parametrize(
+    ("source", "error", "line"),
+    [
+        ("def handle(:\n    pass\n", "SyntaxError: invalid syntax", "def handle(:"),
+        ('SETTINGS = {}\nTOKEN = SETTINGS["token"]\n', "KeyError: 'token'", 'TOKEN = SETTINGS["token"]'),
+        (
+            "from pgbroker import App\napp = App()\n"
+            "@app.handler('jobs', concurency=4)\ndef handle(m): pass\n",
+            "TypeError: Worker.__init__() got an unexpected keyword argument 'concurency'",
+            "@app.handler('jobs', concurency=4)",
+        ),
+    ],
+    ids=["syntax", "import-time", "misspelt-option"],
+)
+def test_a_mistake_in_the_user_s_module_is_theirs_with_their_frame(
+    dsn: str, jobs: Queue, tmp_path: Path, source: str, error: str, line: str
+) -> None:
+    # Not "a bug in pgbroker" (exit 70): a usage error that points into the user's file.
+    (tmp_path / "shop_jobs.py").write_text(source)
+    res = cli(dsn, "worker", "shop_jobs:app", "--queue", "jobs", cwd=tmp_path)
+    assert_error(res, 2, f"cannot load shop_jobs:app: {error}", str(tmp_path / "shop_jobs.py"), line)
+    assert "importlib" not in res.stderr
 
 
 # -- dead letters, policies, maintenance ----------------------------------------------------------

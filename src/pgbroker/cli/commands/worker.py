@@ -20,10 +20,13 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
+import pgbroker
 from pgbroker.cli.support.arguments import positive_int, seconds
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
@@ -141,11 +144,25 @@ def _load(target: str) -> App | Callable[[Message], Any]:
     try:
         module = importlib.import_module(module_name)
         found = operator.attrgetter(attribute)(module)
-    except (ImportError, AttributeError) as exc:
-        raise CliError(f"cannot load {target}: {exc}", code=Exit.USAGE) from exc
+    except Exception as exc:  # whatever the user's module raised while it ran (SyntaxError included)
+        raise CliError(f"cannot load {target}: {_user_frames(exc)}", code=Exit.USAGE) from exc
     if not (isinstance(found, App) or callable(found)):
         raise CliError(f"{target} is neither a pgbroker.App nor a function, but {found!r}", code=Exit.USAGE)
     return found  # type: ignore[no-any-return]
+
+
+def _user_frames(exc: Exception) -> str:
+    """The error, then the frames of the user's code that led to it: not those of the import
+    machinery or of pgbroker, which only say where it was noticed."""
+    machinery = tuple(str(Path(package.__file__ or "").parent) for package in (importlib, pgbroker))
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(("<frozen ", *machinery))
+    ]
+    # The last line names the error; a SyntaxError's lines before it show where it is.
+    *where, error = traceback.format_exception_only(exc)
+    return "".join([error, *traceback.format_list(frames), *where]).rstrip()
 
 
 def _supervise(args: argparse.Namespace, dsn: str) -> int:

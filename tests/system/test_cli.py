@@ -76,6 +76,17 @@ def test_unreachable_database_exits_5(orders: str) -> None:
     _assert_error(res, 5, "cannot connect", "hint: ")
 
 
+def test_each_connection_failure_gets_its_own_hint(dsn: str) -> None:
+    # "Is the server running?" sends the user the wrong way when the server answered.
+    no_role = run("--dsn", f"{dsn} user=nosuchrole", "list")
+    _assert_error(no_role, 5, 'role "nosuchrole" does not exist', 'hint: The server has no role "nosuchrole"')
+    no_database = run("--dsn", f"{dsn} dbname=nosuchdb", "list")
+    _assert_error(no_database, 5, 'hint: The server has no database "nosuchdb"')
+    for res in (no_role, no_database):
+        assert "Is the server running" not in res.stderr
+    _assert_error(run("--dsn", UNREACHABLE, "list"), 5, "hint: Is the server running, at that host and port?")
+
+
 def test_database_url_is_used_without_dsn(dsn: str, orders: str) -> None:
     res = run("list", "--json", env=_env(DATABASE_URL=dsn))
     assert res.returncode == 0, res.stderr

@@ -169,6 +169,8 @@ def test_a_worker_consumes_the_queue_and_exits_0_on_sigterm(
     worker.signal(signal.SIGTERM)
     code, stderr = worker.finish()
     assert code == 0, stderr
+    # Printed, not logged at INFO: shown without -v too.
+    assert "pgbroker: worker started: 1 process consuming jobs (concurrency 4) from " in stderr
     assert "worker.started queue=jobs concurrency=4" in stderr
     assert "progress queue=jobs completed=" in stderr
     assert "worker.stopped queue=jobs completed=30 retried=0 dead_lettered=0 stale=0 released=0" in stderr

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import TextIO
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
-from pgbroker._db.dsn import resolve_dsn
+from pgbroker._db.dsn import database_place, resolve_dsn
 from pgbroker.demo.orders import CONSUMERS, orders_stage
 from pgbroker.demo.spark import spark_stage
 from pgbroker.demo.stage import Demo, Stage
@@ -30,10 +29,7 @@ STAGES: list[Stage] = [orders_stage, workers_stage, streams_jobs_stage, spark_st
 
 
 def _where(dsn: str, embedded: bool) -> str:
-    params = conninfo_to_dict(dsn)
-    host = params.get("host") or "localhost"
-    place = f"{host}" if str(host).startswith("/") else f"{host}:{params.get('port') or 5432}"
-    where = f"{params.get('dbname', 'postgres')} at {place}"
+    where = database_place(dsn)
     return f"{where} (embedded; set DATABASE_URL to use another server)" if embedded else where
 
 

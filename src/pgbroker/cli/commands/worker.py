@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pgbroker
+from pgbroker._db.dsn import database_place
 from pgbroker.cli.support.arguments import positive_int, seconds
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
@@ -93,9 +94,22 @@ def register(subcommands: Subcommands) -> None:
 def _worker(args: argparse.Namespace, broker: Broker) -> int:
     workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
     dsn = dsn_of(broker)
+    _announce(workers, dsn, args.processes)
     if args.processes == 1:
         return _serve(workers, dsn, args.progress, args.schedules)
     return _supervise(args, dsn)
+
+
+def _announce(workers: Sequence[Worker | StreamWorker], dsn: str, processes: int) -> None:
+    """One line on stderr, shown without -v: what the worker consumes, from where, how to stop it."""
+    consumed = ", ".join(f"{worker.queue} (concurrency {worker.concurrency})" for worker in workers)
+    each = f"{processes} processes, each" if processes > 1 else "1 process"
+    print(
+        f"pgbroker: worker started: {each} consuming {consumed} from {database_place(dsn)} "
+        "(stop: Ctrl-C or SIGTERM)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _serve(

@@ -24,7 +24,7 @@ __all__ = ["register"]
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "dlq", "a queue's dead letters")
     sub = add_command(actions, "list", "list dead letters, oldest first", _list, json_output=True)
-    sub.add_argument("queue", help="the queue they came from")
+    sub.add_argument("queue", metavar="QUEUE", help="the queue they came from")
     sub.add_argument("--limit", type=positive_int, default=100, metavar="N", help="at most this many (100)")
     sub = add_command(actions, "replay", "send dead letters back to their queue", _replay)
     _add_queue_and_msg_ids(sub)
@@ -34,7 +34,7 @@ def register(subcommands: Subcommands) -> None:
 
 
 def _add_queue_and_msg_ids(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("queue", help="the queue they came from")
+    sub.add_argument("queue", metavar="QUEUE", help="the queue they came from")
     sub.add_argument("msg_ids", nargs="*", type=msg_id, metavar="MSG_ID", help="these only (default: all)")
 
 

@@ -26,7 +26,7 @@ __all__ = ["register", "send_lines"]
 
 def register(subcommands: Subcommands) -> None:
     sub = add_command(subcommands, "send", "send a JSON message, or JSON lines from stdin", _send)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
     sub.add_argument("--delay", type=whole_seconds, metavar="SECONDS", help="invisible for this long")
@@ -45,30 +45,30 @@ def register(subcommands: Subcommands) -> None:
     )
 
     sub = add_command(subcommands, "read", "lease messages; prints JSON lines with receipts", _read)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("--vt", type=whole_seconds, default=30, metavar="SECONDS", help="lease length (30)")
     sub.add_argument("--qty", type=positive_int, default=1, metavar="N", help="at most this many (1)")
     sub.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait for messages (0)")
 
     sub = add_command(subcommands, "pop", "read and delete messages at once (at most once)", _pop)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("--qty", type=positive_int, default=1, metavar="N", help="at most this many (1)")
 
     sub = add_command(subcommands, "ack", "acknowledge read messages by receipt (archives them)", _ack)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("receipts", nargs="+", metavar="RECEIPT", help="receipts as printed by read")
     sub.add_argument("--delete", action="store_true", help="delete instead of archiving")
 
     sub = add_command(subcommands, "archive", "move messages to the archive by msg_id (unfenced)", _archive)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("msg_ids", nargs="+", type=msg_id, metavar="MSG_ID")
 
     sub = add_command(subcommands, "delete", "delete messages by msg_id (unfenced)", _delete)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("msg_ids", nargs="+", type=msg_id, metavar="MSG_ID")
 
     sub = add_command(subcommands, "purge", "delete every message of a queue (not its archive)", _purge)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("--yes", action="store_true", help="confirm: purge cannot be undone")
 
 

@@ -25,9 +25,9 @@ log = logging.getLogger("pgbroker.worker")
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "policy", "queue policies")
     sub = add_command(actions, "show", "show queue policies", _show, json_output=True)
-    sub.add_argument("queue", nargs="?", help="one queue (default: all)")
+    sub.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
     sub = add_command(actions, "set", "change a queue's policy (0 turns a limit off)", _set)
-    sub.add_argument("queue", help="queue name")
+    sub.add_argument("queue", metavar="QUEUE", help="queue name")
     sub.add_argument(
         "--max-deliveries", type=whole, metavar="N", help="dead-letter after N failed deliveries"
     )
@@ -37,7 +37,7 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--jitter", action=argparse.BooleanOptionalAction, help="spread retry delays")
     target = sub.add_mutually_exclusive_group()
     target.add_argument(
-        "--dead-letter-queue", metavar="NAME", help="where dead letters go (default: the archive)"
+        "--dead-letter-queue", metavar="QUEUE", help="where dead letters go (default: the archive)"
     )
     target.add_argument(
         "--no-dead-letter-queue",

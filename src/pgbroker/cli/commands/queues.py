@@ -29,16 +29,16 @@ def register(subcommands: Subcommands) -> None:
     )
 
     sub = add_command(subcommands, "create", "create a queue (idempotent)", _create)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("--unlogged", action="store_true", help="faster, but emptied by a server crash")
 
     sub = add_command(subcommands, "drop", "drop a queue and its archive", _drop)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
 
     add_command(subcommands, "list", "list the queues", _list, json_output=True)
 
     sub = add_command(subcommands, "metrics", "queue lengths and ages", _metrics, json_output=True)
-    sub.add_argument("name", nargs="?", help="one queue (default: all)")
+    sub.add_argument("name", nargs="?", metavar="QUEUE", help="one queue (default: all)")
 
 
 def _install(args: argparse.Namespace, broker: Broker) -> int:

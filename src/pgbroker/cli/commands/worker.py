@@ -51,16 +51,23 @@ _RESTART_PAUSE = 1.0
 def register(subcommands: Subcommands) -> None:
     summary = "run handlers that consume queues (until SIGTERM or Ctrl-C)"
     sub = add_command(subcommands, "worker", summary, _worker)
+    sub.epilog = (
+        "An option left out keeps what the App's @app.handler(...) set, else the default in "
+        "parentheses. exit codes: see pgbroker --help"
+    )
     sub.add_argument("target", metavar="MODULE:ATTR", help="a pgbroker.App, or a handler function")
     sub.add_argument(
         "--queue",
         action="append",
         default=[],
-        metavar="NAME",
+        metavar="QUEUE",
         help="queue to consume (repeatable; an App: all)",
     )
     sub.add_argument(
-        "--concurrency", type=positive_int, metavar="N", help="messages in flight per process (1)"
+        "--concurrency",
+        type=positive_int,
+        metavar="N",
+        help="messages in flight per process (the handler's, else 1)",
     )
     sub.add_argument(
         "--batch-size", type=positive_int, metavar="N", help="most messages per read (concurrency)"

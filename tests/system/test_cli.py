@@ -51,8 +51,11 @@ def test_create_list_drop(cli: Cli) -> None:
     listed = json.loads(cli.ok("list", "--json"))
     assert [(q["queue_name"], q["is_unlogged"]) for q in listed] == [("fast", True), ("orders", False)]
 
-    assert "dropped" in cli.ok("drop", "orders")
-    _assert_error(cli("drop", "orders"), 1, 'queue "orders" does not exist')
+    # Destructive, like purge: asks for --yes, and does nothing without it.
+    _assert_error(cli("drop", "orders"), 2, "cannot be undone", "pgbroker drop orders --yes")
+    assert "orders" in cli.ok("list")
+    assert "dropped" in cli.ok("drop", "orders", "--yes")
+    _assert_error(cli("drop", "orders", "--yes"), 1, 'queue "orders" does not exist')
     assert [q["queue_name"] for q in json.loads(cli.ok("list", "--json"))] == ["fast"]
 
 

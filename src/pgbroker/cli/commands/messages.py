@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from pgbroker.cli.support.arguments import msg_id, positive_int, seconds, whole_seconds
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
+from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument, json_problem, loads
 from pgbroker.cli.support.output import message_json, plural
@@ -69,7 +70,7 @@ def register(subcommands: Subcommands) -> None:
 
     sub = add_command(subcommands, "purge", "delete every message of a queue (not its archive)", _purge)
     sub.add_argument("name", metavar="QUEUE", help="queue name")
-    sub.add_argument("--yes", action="store_true", help="confirm: purge cannot be undone")
+    add_yes_option(sub, "purge")
 
 
 def _send(args: argparse.Namespace, broker: Broker) -> int:
@@ -209,12 +210,11 @@ def _by_msg_id(args: argparse.Namespace, operation: Callable[[list[int]], list[i
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
-    if not args.yes:
-        raise CliError(
-            f'purge deletes every message in queue "{args.name}" and cannot be undone',
-            code=Exit.USAGE,
-            hint=f"Confirm with: pgbroker purge {args.name} --yes",
-        )
+    confirmed(
+        args,
+        f'purge deletes every message in queue "{args.name}"',
+        hint=f"Confirm with: pgbroker purge {args.name} --yes",
+    )
     purged = broker.queue(args.name).purge()
     print(f'purged {plural(purged, "message")} from queue "{args.name}"')
     return Exit.OK

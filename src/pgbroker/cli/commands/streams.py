@@ -14,6 +14,7 @@ from typing import Any
 
 from pgbroker.cli.commands.messages import send_lines
 from pgbroker.cli.support.arguments import duration, positive_int, seconds
+from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
 from pgbroker.cli.support.output import plural, print_listing
@@ -46,6 +47,7 @@ def register(subcommands: Subcommands) -> None:
 
     sub = add_command(actions, "drop", "drop a stream, its groups and cursors", _drop)
     sub.add_argument("name", metavar="STREAM", help="stream name")
+    add_yes_option(sub, "drop")
 
     add_command(actions, "list", "list streams", _list, json_output=True)
 
@@ -103,6 +105,11 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
+    confirmed(
+        args,
+        f"drop deletes stream {args.name} with its messages, groups and cursors",
+        hint=f"Confirm with: pgbroker stream drop {args.name} --yes",
+    )
     if not Stream(broker, args.name).drop():
         raise CliError(f'stream "{args.name}" does not exist', code=Exit.QUEUE_NOT_FOUND)
     print(f"dropped stream {args.name}")

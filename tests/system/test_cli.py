@@ -186,6 +186,23 @@ def test_read_prints_a_receipt_that_acks_once(cli: Cli, orders: str, conn: Conn)
     assert again.stdout == ""
 
 
+def test_extend_hands_out_a_new_receipt_and_nack_gives_the_message_back(
+    cli: Cli, orders: str, conn: Conn
+) -> None:
+    (msg_id,) = _ids(cli.ok("send", orders, '"x"'))
+    (read,) = _messages(cli.ok("read", orders, "--vt", "30"))
+
+    (extended,) = cli.ok("extend", orders, read["receipt"], "--vt", "600").split()
+    assert extended.startswith(f"{msg_id}:1:")
+    assert extended != read["receipt"]
+    _assert_error(cli("extend", orders, read["receipt"], "--vt", "60"), 3, "stale receipt", "hint: ")
+
+    assert _ids(cli.ok("nack", orders, extended)) == [msg_id]
+    (again,) = _messages(cli.ok("read", orders))
+    assert (again["msg_id"], again["read_ct"]) == (msg_id, 2)
+    _assert_error(cli("nack", orders, extended), 3, "stale receipt")
+
+
 def test_ack_after_the_lease_expired_is_stale(cli: Cli, orders: str, conn: Conn) -> None:
     ids = _ids(cli.ok("send", orders, stdin='"a"\n"b"\n'))
     held = _messages(cli.ok("read", orders, "--qty", "2", "--vt", "1"))

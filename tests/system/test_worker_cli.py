@@ -265,6 +265,15 @@ def test_a_mistake_in_the_user_s_module_is_theirs_with_their_frame(
 # -- dead letters, policies, maintenance ----------------------------------------------------------
 
 
+def test_policy_set_creates_the_dead_letter_queue_it_names(dsn: str, jobs: Queue, broker: Broker) -> None:
+    out = ok(dsn, "policy", "set", "jobs", "--dead-letter-queue", "jobs_dlq")
+    assert 'created dead-letter queue "jobs_dlq"' in out
+    assert "jobs_dlq" in {q.queue_name for q in broker.list_queues()}
+    # A missing queue is reported, and no dead-letter queue made for it.
+    assert_error(cli(dsn, "policy", "set", "nope", "--dead-letter-queue", "nope_dlq"), 4, '"nope"')
+    assert "nope_dlq" not in {q.queue_name for q in broker.list_queues()}
+
+
 def test_policy_set_and_show(dsn: str, jobs: Queue, broker: Broker) -> None:
     broker.create_queue("jobs_dlq")
     out = ok(

@@ -185,10 +185,23 @@ def _set(args: argparse.Namespace, broker: Broker) -> int:
             code=Exit.USAGE,
             hint=f"See: pgbroker policy set --help; the policy now: pgbroker policy show {args.queue}",
         )
+    _create_dead_letter_queue(broker, args.queue, changes.get("dead_letter_queue"))
     policy = broker.queue(args.queue).set_policy(**changes)
     print(f'policy of queue "{policy.queue_name}" changed:')
     print(_policy_table([policy]))
     return Exit.OK
+
+
+def _create_dead_letter_queue(broker: Broker, queue: str, dead_letter_queue: str | None) -> None:
+    """Create the dead-letter queue a policy names, when the queue exists and it does not yet: a
+    new user's first `policy set ... --dead-letter-queue` should not fail on a queue they only
+    just named. A missing queue is left to set_policy to report, with nothing created."""
+    if not dead_letter_queue:
+        return
+    existing = {info.queue_name.lower() for info in broker.list_queues()}
+    if queue.lower() in existing and dead_letter_queue.lower() not in existing:
+        broker.create_queue(dead_letter_queue)
+        print(f'created dead-letter queue "{dead_letter_queue}"')
 
 
 def _maintain(args: argparse.Namespace, broker: Broker) -> int:

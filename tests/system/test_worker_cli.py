@@ -269,6 +269,10 @@ def test_policy_set_creates_the_dead_letter_queue_it_names(dsn: str, jobs: Queue
     out = ok(dsn, "policy", "set", "jobs", "--dead-letter-queue", "jobs_dlq")
     assert 'created dead-letter queue "jobs_dlq"' in out
     assert "jobs_dlq" in {q.queue_name for q in broker.list_queues()}
+    # --json: the record alone on stdout.
+    (policy,) = json.loads(ok(dsn, "policy", "set", "jobs", "--max-deliveries", "4", "--json"))
+    shown = (policy["queue_name"], policy["max_deliveries"], policy["dead_letter_queue"])
+    assert shown == ("jobs", 4, "jobs_dlq")
     # A missing queue is reported, and no dead-letter queue made for it.
     assert_error(cli(dsn, "policy", "set", "nope", "--dead-letter-queue", "nope_dlq"), 4, '"nope"')
     assert "nope_dlq" not in {q.queue_name for q in broker.list_queues()}

@@ -101,7 +101,10 @@ def register(subcommands: Subcommands) -> None:
 def _worker(args: argparse.Namespace, broker: Broker) -> int:
     workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
     dsn = dsn_of(broker)
-    _announce(workers, dsn, args.processes)
+    existing = {info.queue_name.lower() for info in broker.list_queues()}
+    # A missing queue is the worker's to report (exit 4), with no start-up line before the error.
+    if all(worker.queue.lower() in existing for worker in workers if isinstance(worker, Worker)):
+        _announce(workers, dsn, args.processes)
     if args.processes == 1:
         return _serve(workers, dsn, args.progress, args.schedules)
     return _supervise(args, dsn)

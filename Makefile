@@ -1,5 +1,5 @@
-# Developer and CI entry points for pgbroker: venv, test, test-quick, lint, schema-dump, reference, demo, bench,
-# bench-peers, clean, pg-partman, chromium, rabbitmq, brokers, pgbouncer.
+# Developer and CI entry points for pgbroker: help (the default), venv, test, test-quick, lint,
+# schema-dump, reference, demo, bench, bench-peers, clean, pg-partman, chromium, rabbitmq, brokers, pgbouncer.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
 
@@ -13,9 +13,24 @@ STAMP := $(VENV)/.pgbroker-installed
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 .ONESHELL:
-.DEFAULT_GOAL := test
+# A bare `make` only says what there is: the full suite takes long and installs services.
+.DEFAULT_GOAL := help
 
-.PHONY: venv test test-quick lint generate schema-dump reference demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
+.PHONY: help venv test test-quick lint generate schema-dump reference demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
+
+help:
+	@echo "usage: make TARGET"
+	echo
+	echo "  demo        a tour of pgbroker on an embedded PostgreSQL (installs .venv first)"
+	echo "  venv        .venv with pgbroker and every extra, editable"
+	echo "  test        lint, then the whole suite with every service it needs (what CI runs)"
+	echo "  test-quick  the tests that need PostgreSQL alone"
+	echo "  lint        ruff, mypy, the import contracts and the committed sync twins' freshness"
+	echo "  generate    regenerate the sync twins after editing an asyncio module"
+	echo "  schema-dump refresh docs/reference/schema.sql and route-example.sql"
+	echo "  reference   refresh docs/reference/sql.md, python.md and cli.md"
+	echo "  bench       the benchmarks; bench-peers: beside PgQueuer, Procrastinate and pgmq"
+	echo "  clean       remove .venv and the caches"
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
 # that have some.
@@ -167,8 +182,11 @@ reference: venv
 	cd "$(ROOT)"
 	.venv/bin/python scripts/gen_reference.py
 
+# As root the embedded cluster's default home is machine-wide (/var/lib/pgbroker): give each
+# checkout its own (.pgbroker/, git-ignored), so that a second clone does not reuse the first's data.
 demo: venv
 	cd "$(ROOT)"
+	if [ "$$(id -u)" = 0 ] && [ -z "$${PGBROKER_HOME:-}" ]; then export PGBROKER_HOME="$(ROOT)/.pgbroker"; fi
 	.venv/bin/python -m pgbroker.demo
 
 bench: venv

@@ -67,6 +67,9 @@ def test_serve_runs_through_the_cli_and_stops_cleanly_on_sigterm(
         assert (
             httpx.get(f"{server.url}/v1/queues", headers=headers).json()["queues"][0]["queue_name"] == "jobs"
         )
+        # Without -v too, the one line that says where to go.
+        where = f"serving the API at {server.url}/v1 and the dashboard at {server.url}/dashboard"
+        assert where in server.log()
         # A long poll in flight when SIGTERM comes is answered before the server exits.
         with ThreadPoolExecutor(1) as pool:
             reading = pool.submit(

@@ -92,6 +92,28 @@ def test_an_always_failing_handler_dead_letters_after_exactly_max_deliveries(
     assert why["error"] == "ValueError: cannot ship order 1"
 
 
+def test_a_handler_s_failure_is_logged_at_warning_with_its_traceback(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # WARNING is what the CLI shows without -v: a buggy handler must not look like an idle worker.
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    queue.set_policy(max_deliveries=1)
+    sent = queue.send({"order": 1})
+
+    def handle(message: Message) -> None:
+        raise ValueError("cannot ship")
+
+    worker = Worker("jobs", handle)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.dead_lettered == 1))
+    [failed] = [r for r in caplog.records if r.getMessage().startswith("worker.handler_failed")]
+    assert failed.levelno == logging.WARNING
+    assert f"msg_id={sent}" in failed.getMessage()
+    assert 'error="ValueError: cannot ship"' in failed.getMessage()
+    assert failed.exc_info is not None
+    assert failed.exc_info[0] is ValueError
+
+
 def test_a_handler_slower_than_its_lease_cannot_ack_and_the_consumer_that_took_over_acks(
     broker: Broker, dsn: str, conn: Conn
 ) -> None:

@@ -48,7 +48,11 @@ def test_create_send_read_groups_lag_maintain(
     code, out, _ = run(capsys, dsn, "stream", "maintain")
     assert "clicks: emptied 0 child tables" in out
     assert run(capsys, dsn, "stream", "drop-group", "clicks", "billing")[0] == Exit.OK
-    assert run(capsys, dsn, "stream", "drop", "clicks")[0] == Exit.OK
+    code, _, err = run(capsys, dsn, "stream", "drop", "clicks")
+    assert code == Exit.USAGE
+    assert "pgbroker stream drop clicks --yes" in err
+    assert "clicks" in run(capsys, dsn, "stream", "list")[1]  # nothing dropped without --yes
+    assert run(capsys, dsn, "stream", "drop", "clicks", "--yes")[0] == Exit.OK
 
 
 def test_a_missing_stream_says_how_to_make_it(capsys: pytest.CaptureFixture[str], dsn: str) -> None:

@@ -18,7 +18,9 @@ from typing import Any
 import psycopg
 import pytest
 
+from pgbroker import __version__
 from pgbroker._db.install import latest_version
+from pgbroker.demo.tour import _next_steps
 from pgbroker.embedded import EmbeddedPostgres
 from tests.integration.helpers import a_ids, q_ids, q_rows
 from tests.support.cli import UNREACHABLE, Cli, _assert_error, _env, _ids, _messages, run
@@ -49,8 +51,11 @@ def test_create_list_drop(cli: Cli) -> None:
     listed = json.loads(cli.ok("list", "--json"))
     assert [(q["queue_name"], q["is_unlogged"]) for q in listed] == [("fast", True), ("orders", False)]
 
-    assert "dropped" in cli.ok("drop", "orders")
-    _assert_error(cli("drop", "orders"), 1, 'queue "orders" does not exist')
+    # Destructive, like purge: asks for --yes, and does nothing without it.
+    _assert_error(cli("drop", "orders"), 2, "cannot be undone", "pgbroker drop orders --yes")
+    assert "orders" in cli.ok("list")
+    assert "dropped" in cli.ok("drop", "orders", "--yes")
+    _assert_error(cli("drop", "orders", "--yes"), 1, 'queue "orders" does not exist')
     assert [q["queue_name"] for q in json.loads(cli.ok("list", "--json"))] == ["fast"]
 
 
@@ -74,6 +79,17 @@ def test_unreachable_database_exits_5(orders: str) -> None:
     _assert_error(res, 5, "cannot connect", "hint: ")
 
 
+def test_each_connection_failure_gets_its_own_hint(dsn: str) -> None:
+    # "Is the server running?" sends the user the wrong way when the server answered.
+    no_role = run("--dsn", f"{dsn} user=nosuchrole", "list")
+    _assert_error(no_role, 5, 'role "nosuchrole" does not exist', 'hint: The server has no role "nosuchrole"')
+    no_database = run("--dsn", f"{dsn} dbname=nosuchdb", "list")
+    _assert_error(no_database, 5, 'hint: The server has no database "nosuchdb"')
+    for res in (no_role, no_database):
+        assert "Is the server running" not in res.stderr
+    _assert_error(run("--dsn", UNREACHABLE, "list"), 5, "hint: Is the server running, at that host and port?")
+
+
 def test_database_url_is_used_without_dsn(dsn: str, orders: str) -> None:
     res = run("list", "--json", env=_env(DATABASE_URL=dsn))
     assert res.returncode == 0, res.stderr
@@ -87,6 +103,21 @@ def test_help_documents_the_exit_codes() -> None:
         assert line in res.stdout
     assert run().returncode == 2
     assert run("read").returncode == 2
+
+
+def test_version_and_a_mistyped_command_get_an_answer() -> None:
+    assert run("--version").stdout.strip() == f"pgbroker {__version__}"
+    res = run("lst")
+    assert res.returncode == 2
+    assert "did you mean 'list'?" in res.stderr
+    assert "did you mean 'list'?" in run("dlq", "lsit").stderr
+
+
+def test_a_command_s_bad_option_shows_that_command_s_usage() -> None:
+    res = run("list", "--bogus")
+    assert res.returncode == 2
+    assert res.stderr.startswith("usage: pgbroker list ")
+    assert "pgbroker list: error: unrecognized arguments: --bogus" in res.stderr
 
 
 # -- sending --------------------------------------------------------------------------------------
@@ -153,6 +184,23 @@ def test_read_prints_a_receipt_that_acks_once(cli: Cli, orders: str, conn: Conn)
     again = cli("ack", orders, read["receipt"])
     _assert_error(again, 3, f"stale receipt for message {msg_id}", "hint: ")
     assert again.stdout == ""
+
+
+def test_extend_hands_out_a_new_receipt_and_nack_gives_the_message_back(
+    cli: Cli, orders: str, conn: Conn
+) -> None:
+    (msg_id,) = _ids(cli.ok("send", orders, '"x"'))
+    (read,) = _messages(cli.ok("read", orders, "--vt", "30"))
+
+    (extended,) = cli.ok("extend", orders, read["receipt"], "--vt", "600").split()
+    assert extended.startswith(f"{msg_id}:1:")
+    assert extended != read["receipt"]
+    _assert_error(cli("extend", orders, read["receipt"], "--vt", "60"), 3, "stale receipt", "hint: ")
+
+    assert _ids(cli.ok("nack", orders, extended)) == [msg_id]
+    (again,) = _messages(cli.ok("read", orders))
+    assert (again["msg_id"], again["read_ct"]) == (msg_id, 2)
+    _assert_error(cli("nack", orders, extended), 3, "stale receipt")
 
 
 def test_ack_after_the_lease_expired_is_stale(cli: Cli, orders: str, conn: Conn) -> None:
@@ -299,6 +347,25 @@ def test_db_start_url_status_stop(data_dir: Path) -> None:
 
 
 # -- the demo -------------------------------------------------------------------------------------
+
+
+def test_the_demo_ends_with_the_cli_s_real_path_and_how_to_stop_its_server(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A virtualenv's bin/ is rarely on PATH: the bare `pgbroker` a new user is told to run fails.
+    monkeypatch.setenv("PGBROKER_HOME", str(data_dir))
+    monkeypatch.chdir(data_dir.parent)  # the interpreter's bin/ is not below it: an absolute path
+    cluster = EmbeddedPostgres()
+    cluster.start()
+    try:
+        *running, stop, following = _next_steps(embedded=True)
+    finally:
+        cluster.stop()
+    cli = f"PGBROKER_HOME={data_dir} {Path(sys.executable).parent / 'pgbroker'}"
+    [still] = running
+    assert still.startswith(f"the embedded PostgreSQL is still running (data in {cluster.data_dir}, pid ")
+    assert stop == f"stop it: {cli} db stop"
+    assert following == f"next: {cli} --help"
 
 
 # The demo takes ~20 s on a quiet machine, but its Spark stage alone took 196 s at a load average

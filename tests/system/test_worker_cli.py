@@ -53,13 +53,13 @@ def _env(dsn: str) -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": UNREACHABLE, "WORKER_TEST_DSN": dsn}
 
 
-def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(dsn: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, *args],
         capture_output=True,
         text=True,
         env=_env(dsn),
-        cwd=ROOT,
+        cwd=cwd,
         timeout=120,
         check=False,
     )
@@ -172,6 +172,8 @@ def test_a_worker_consumes_the_queue_and_exits_0_on_sigterm(
     worker.signal(signal.SIGTERM)
     code, stderr = worker.finish()
     assert code == 0, stderr
+    # Printed, not logged at INFO: shown without -v too.
+    assert "pgbroker: worker started: 1 process consuming jobs (concurrency 4) from " in stderr
     assert "worker.started queue=jobs concurrency=4" in stderr
     assert "progress queue=jobs completed=" in stderr
     assert "worker.stopped queue=jobs completed=30 retried=0 dead_lettered=0 stale=0 released=0" in stderr
@@ -285,7 +287,44 @@ def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:
     assert_error(cli(dsn, "worker", f"{HERE}:record", "--queue", "nope"), 4, '"nope" does not exist')
 
 
+@pytest.mark.parametrize(
+    ("source", "error", "line"),
+    [
+        ("def handle(:\n    pass\n", "SyntaxError: invalid syntax", "def handle(:"),
+        ('SETTINGS = {}\nTOKEN = SETTINGS["token"]\n', "KeyError: 'token'", 'TOKEN = SETTINGS["token"]'),
+        (
+            "from pgbroker import App\napp = App()\n"
+            "@app.handler('jobs', concurency=4)\ndef handle(m): pass\n",
+            "TypeError: Worker.__init__() got an unexpected keyword argument 'concurency'",
+            "@app.handler('jobs', concurency=4)",
+        ),
+    ],
+    ids=["syntax", "import-time", "misspelt-option"],
+)
+def test_a_mistake_in_the_user_s_module_is_theirs_with_their_frame(
+    dsn: str, jobs: Queue, tmp_path: Path, source: str, error: str, line: str
+) -> None:
+    # Not "a bug in pgbroker" (exit 70): a usage error that points into the user's file.
+    (tmp_path / "shop_jobs.py").write_text(source)
+    res = cli(dsn, "worker", "shop_jobs:app", "--queue", "jobs", cwd=tmp_path)
+    assert_error(res, 2, f"cannot load shop_jobs:app: {error}", str(tmp_path / "shop_jobs.py"), line)
+    assert "importlib" not in res.stderr
+
+
 # -- dead letters, policies, maintenance ----------------------------------------------------------
+
+
+def test_policy_set_creates_the_dead_letter_queue_it_names(dsn: str, jobs: Queue, broker: Broker) -> None:
+    out = ok(dsn, "policy", "set", "jobs", "--dead-letter-queue", "jobs_dlq")
+    assert 'created dead-letter queue "jobs_dlq"' in out
+    assert "jobs_dlq" in {q.queue_name for q in broker.list_queues()}
+    # --json: the record alone on stdout.
+    (policy,) = json.loads(ok(dsn, "policy", "set", "jobs", "--max-deliveries", "4", "--json"))
+    shown = (policy["queue_name"], policy["max_deliveries"], policy["dead_letter_queue"])
+    assert shown == ("jobs", 4, "jobs_dlq")
+    # A missing queue is reported, and no dead-letter queue made for it.
+    assert_error(cli(dsn, "policy", "set", "nope", "--dead-letter-queue", "nope_dlq"), 4, '"nope"')
+    assert "nope_dlq" not in {q.queue_name for q in broker.list_queues()}
 
 
 def test_policy_set_and_show(dsn: str, jobs: Queue, broker: Broker) -> None:

@@ -18,9 +18,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from psycopg.conninfo import conninfo_to_dict
+
 from pgbroker.errors import InvalidArgument
 
-__all__ = ["behind_transaction_pooler", "connection_kwargs", "listen_dsn", "resolve_dsn"]
+__all__ = ["behind_transaction_pooler", "connection_kwargs", "database_place", "listen_dsn", "resolve_dsn"]
 
 POOLER_ENV = "PGBROKER_POOLER"
 LISTEN_DSN_ENV = "PGBROKER_LISTEN_DSN"
@@ -41,6 +43,14 @@ def resolve_dsn(dsn: str | None = None) -> str:
     from pgbroker.embedded import EmbeddedPostgres
 
     return EmbeddedPostgres().start()
+
+
+def database_place(dsn: str) -> str:
+    """Where a DSN points, for a person: ``DBNAME at HOST:PORT`` (a socket directory has no port)."""
+    params = conninfo_to_dict(dsn)
+    host = params.get("host") or "localhost"
+    place = f"{host}" if str(host).startswith("/") else f"{host}:{params.get('port') or 5432}"
+    return f"{params.get('dbname', 'postgres')} at {place}"
 
 
 def behind_transaction_pooler() -> bool:

@@ -1,5 +1,5 @@
-"""What ``pgbroker serve`` puts in front of the application: uvicorn's HTTP protocol with a
-deadline on each request's head.
+"""What ``pgbroker serve`` puts in front of the application: uvicorn's server, which says where it
+listens once it does, and its HTTP protocol with a deadline on each request's head.
 
 uvicorn closes a kept-alive connection that stays idle (``timeout_keep_alive``), but it sets no
 clock on a connection that has sent nothing yet, nor on one sending its headers a byte at a time:
@@ -11,11 +11,32 @@ request; a connection late with them is closed.
 from __future__ import annotations
 
 import asyncio
+import socket
+import sys
 from typing import Any
 
+import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["protocol_with_head_timeout"]
+__all__ = ["AnnouncingServer", "protocol_with_head_timeout"]
+
+
+class AnnouncingServer(uvicorn.Server):
+    """uvicorn's server, printing to stderr where the API and the dashboard are once it listens
+    (uvicorn's own line is at INFO, which the CLI shows only with -v)."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        for server in self.servers:
+            for listening in server.sockets:
+                host, port = listening.getsockname()[:2]
+                url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+                print(
+                    f"pgbroker: serving the API at {url}/v1 and the dashboard at {url}/dashboard "
+                    "(stop: Ctrl-C or SIGTERM)",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
 
 class _HeadDeadline(HttpToolsProtocol):

@@ -59,15 +59,13 @@ from pgbroker.queues._queries import Query
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
 from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
-from pgbroker.runtime._log_events import log_event
+from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
 
 __all__ = ["Handler", "Worker", "WorkerStats"]
-
-log = logging.getLogger("pgbroker.worker")
 
 # Called with each message; a coroutine function is awaited, anything else runs on a thread.
 # Returning normally is success; raising is a failure (see pgbroker.fail).
@@ -485,7 +483,16 @@ class Worker:
             else:
                 await threads.run(self.handler, message)
         except Exception as exc:
-            log.debug("handler traceback", exc_info=exc)
+            # At WARNING, traceback included: a first handler's bug must show without -v, or
+            # the worker looks idle while every message fails.
+            log_failure(
+                "worker.handler_failed",
+                exc,
+                queue=self.queue,
+                msg_id=message.msg_id,
+                delivery=message.read_ct,
+                error=f"{type(exc).__name__}: {exc}",
+            )
             return exc
         return None
 

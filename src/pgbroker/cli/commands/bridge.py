@@ -58,8 +58,8 @@ def register(subcommands: Subcommands) -> None:
 
     sub = command("out", "publish a pgbroker queue to a broker, acking each message after its confirm", _out)
     what = sub.add_mutually_exclusive_group(required=True)
-    what.add_argument("--queue", metavar="NAME", help="the pgbroker queue to publish")
-    what.add_argument("--stream", metavar="NAME", help="the pgbroker stream to publish (with --group)")
+    what.add_argument("--queue", metavar="QUEUE", help="the pgbroker queue to publish")
+    what.add_argument("--stream", metavar="STREAM", help="the pgbroker stream to publish (with --group)")
     sub.add_argument("--group", metavar="NAME", help="--stream: the consumer group the bridge reads as")
     sub.add_argument(
         "--consumer", metavar="NAME", help="--stream: this bridge's name in the group (host:pid:random)"
@@ -107,8 +107,8 @@ def register(subcommands: Subcommands) -> None:
         help="the broker (amqp://, redis://, nats://, mqtt://, sqs://); with --amqp: the RabbitMQ queue",
     )
     what = sub.add_mutually_exclusive_group(required=True)
-    what.add_argument("--queue", metavar="NAME", help="the pgbroker queue to write to")
-    what.add_argument("--stream", metavar="NAME", help="the pgbroker stream to append to")
+    what.add_argument("--queue", metavar="QUEUE", help="the pgbroker queue to write to")
+    what.add_argument("--stream", metavar="STREAM", help="the pgbroker stream to append to")
     sub.add_argument(
         "--prefetch", type=positive_int, default=1000, metavar="N", help="unacked deliveries (1000)"
     )

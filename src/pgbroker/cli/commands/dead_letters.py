@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pgbroker.cli.support.arguments import msg_id, positive_int
+from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import message_json, plural
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
@@ -24,17 +25,17 @@ __all__ = ["register"]
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "dlq", "a queue's dead letters")
     sub = add_command(actions, "list", "list dead letters, oldest first", _list, json_output=True)
-    sub.add_argument("queue", help="the queue they came from")
+    sub.add_argument("queue", metavar="QUEUE", help="the queue they came from")
     sub.add_argument("--limit", type=positive_int, default=100, metavar="N", help="at most this many (100)")
     sub = add_command(actions, "replay", "send dead letters back to their queue", _replay)
     _add_queue_and_msg_ids(sub)
     sub = add_command(actions, "purge", "delete dead letters", _purge)
     _add_queue_and_msg_ids(sub)
-    sub.add_argument("--yes", action="store_true", help="confirm: purging cannot be undone")
+    add_yes_option(sub, "purging")
 
 
 def _add_queue_and_msg_ids(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("queue", help="the queue they came from")
+    sub.add_argument("queue", metavar="QUEUE", help="the queue they came from")
     sub.add_argument("msg_ids", nargs="*", type=msg_id, metavar="MSG_ID", help="these only (default: all)")
 
 
@@ -78,12 +79,11 @@ def _replay(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
-    if not args.yes:
-        raise CliError(
-            f'purge deletes dead letters from queue "{args.queue}" and cannot be undone',
-            code=Exit.USAGE,
-            hint=f"Look first (pgbroker dlq list {args.queue}), then confirm with --yes.",
-        )
+    confirmed(
+        args,
+        f'purge deletes dead letters from queue "{args.queue}"',
+        hint=f"Look first (pgbroker dlq list {args.queue}), then confirm with --yes.",
+    )
     queue = broker.queue(args.queue)
     purged = queue.purge_dead_letters(args.msg_ids or None)
     if args.msg_ids and purged < len(set(args.msg_ids)):

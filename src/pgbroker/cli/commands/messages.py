@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from pgbroker.cli.support.arguments import msg_id, positive_int, seconds, whole_seconds
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
+from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument, json_problem, loads
 from pgbroker.cli.support.output import message_json, plural
@@ -26,7 +27,7 @@ __all__ = ["register", "send_lines"]
 
 def register(subcommands: Subcommands) -> None:
     sub = add_command(subcommands, "send", "send a JSON message, or JSON lines from stdin", _send)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
     sub.add_argument("--delay", type=whole_seconds, metavar="SECONDS", help="invisible for this long")
@@ -45,31 +46,45 @@ def register(subcommands: Subcommands) -> None:
     )
 
     sub = add_command(subcommands, "read", "lease messages; prints JSON lines with receipts", _read)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("--vt", type=whole_seconds, default=30, metavar="SECONDS", help="lease length (30)")
     sub.add_argument("--qty", type=positive_int, default=1, metavar="N", help="at most this many (1)")
     sub.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait for messages (0)")
 
     sub = add_command(subcommands, "pop", "read and delete messages at once (at most once)", _pop)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("--qty", type=positive_int, default=1, metavar="N", help="at most this many (1)")
 
     sub = add_command(subcommands, "ack", "acknowledge read messages by receipt (archives them)", _ack)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("receipts", nargs="+", metavar="RECEIPT", help="receipts as printed by read")
     sub.add_argument("--delete", action="store_true", help="delete instead of archiving")
 
+    sub = add_command(subcommands, "nack", "give read messages back by receipt (visible again)", _nack)
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
+    sub.add_argument("receipts", nargs="+", metavar="RECEIPT", help="receipts as printed by read")
+    sub.add_argument("--delay", type=whole_seconds, default=0, metavar="SECONDS", help="visible after (0)")
+
+    sub = add_command(
+        subcommands, "extend", "lengthen the leases of read messages; prints the new receipts", _extend
+    )
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
+    sub.add_argument("receipts", nargs="+", metavar="RECEIPT", help="receipts as printed by read")
+    sub.add_argument(
+        "--vt", type=positive_int, required=True, metavar="SECONDS", help="the lease ends this long from now"
+    )
+
     sub = add_command(subcommands, "archive", "move messages to the archive by msg_id (unfenced)", _archive)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("msg_ids", nargs="+", type=msg_id, metavar="MSG_ID")
 
     sub = add_command(subcommands, "delete", "delete messages by msg_id (unfenced)", _delete)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("msg_ids", nargs="+", type=msg_id, metavar="MSG_ID")
 
     sub = add_command(subcommands, "purge", "delete every message of a queue (not its archive)", _purge)
-    sub.add_argument("name", help="queue name")
-    sub.add_argument("--yes", action="store_true", help="confirm: purge cannot be undone")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
+    add_yes_option(sub, "purge")
 
 
 def _send(args: argparse.Namespace, broker: Broker) -> int:
@@ -160,23 +175,58 @@ def _pop(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _ack(args: argparse.Namespace, broker: Broker) -> int:
-    receipts = [Receipt.parse(token) for token in args.receipts]
     queue = broker.queue(args.name)
     archive = not args.delete
-    acked = set(queue.ack_many(receipts, archive=archive))
+
+    def ack_many(receipts: list[Receipt]) -> dict[int, str]:
+        return {msg_id: str(msg_id) for msg_id in queue.ack_many(receipts, archive=archive)}
+
+    def ack_one(receipt: Receipt) -> str:
+        queue.ack(receipt, archive=archive)
+        return str(receipt.msg_id)
+
+    return _settle(args.receipts, ack_many, ack_one)
+
+
+def _nack(args: argparse.Namespace, broker: Broker) -> int:
+    queue = broker.queue(args.name)
+
+    def nack_many(receipts: list[Receipt]) -> dict[int, str]:
+        return {msg_id: str(msg_id) for msg_id in queue.nack_many(receipts, delay=args.delay)}
+
+    def nack_one(receipt: Receipt) -> str:
+        queue.nack(receipt, delay=args.delay)
+        return str(receipt.msg_id)
+
+    return _settle(args.receipts, nack_many, nack_one)
+
+
+def _extend(args: argparse.Namespace, broker: Broker) -> int:
+    queue = broker.queue(args.name)
+
+    def extend_many(receipts: list[Receipt]) -> dict[int, str]:
+        return {msg_id: str(new) for msg_id, new in queue.extend_many(receipts, vt=args.vt).items()}
+
+    return _settle(args.receipts, extend_many, lambda receipt: str(queue.extend(receipt, vt=args.vt)))
+
+
+def _settle(
+    tokens: list[str], many: Callable[[list[Receipt]], dict[int, str]], one: Callable[[Receipt], str]
+) -> int:
+    """Settle messages by receipt in one call (``many``), printing a line for each that held (its
+    msg_id, or its new receipt); then each stale one alone (``one``), which says why it is stale."""
+    receipts = [Receipt.parse(token) for token in tokens]
+    done = many(receipts)
     stale: list[StaleReceipt] = []
     for receipt in receipts:
-        if receipt.msg_id in acked:
+        if receipt.msg_id in done:
             continue
-        # The batch form only skips a stale receipt; the single form says why it is stale.
         try:
-            queue.ack(receipt, archive=archive)
+            done[receipt.msg_id] = one(receipt)
         except StaleReceipt as exc:
             stale.append(exc)
-        else:
-            acked.add(receipt.msg_id)
-    for acked_id in dict.fromkeys(r.msg_id for r in receipts if r.msg_id in acked):
-        print(acked_id)
+    for line in dict.fromkeys(done[r.msg_id] for r in receipts if r.msg_id in done):
+        print(line)
     if not stale:
         return Exit.OK
     for error in stale[:-1]:
@@ -209,12 +259,11 @@ def _by_msg_id(args: argparse.Namespace, operation: Callable[[list[int]], list[i
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
-    if not args.yes:
-        raise CliError(
-            f'purge deletes every message in queue "{args.name}" and cannot be undone',
-            code=Exit.USAGE,
-            hint=f"Confirm with: pgbroker purge {args.name} --yes",
-        )
+    confirmed(
+        args,
+        f'purge deletes every message in queue "{args.name}"',
+        hint=f"Confirm with: pgbroker purge {args.name} --yes",
+    )
     purged = broker.queue(args.name).purge()
     print(f'purged {plural(purged, "message")} from queue "{args.name}"')
     return Exit.OK

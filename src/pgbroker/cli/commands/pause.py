@@ -13,9 +13,9 @@ __all__ = ["register"]
 
 def register(subcommands: Subcommands) -> None:
     sub = add_command(subcommands, "pause", "stop every read of a queue (sends still succeed)", _pause)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub = add_command(subcommands, "resume", "let a paused queue's messages be read again", _resume)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
 
 
 def _pause(args: argparse.Namespace, broker: Broker) -> int:

@@ -24,7 +24,7 @@ __all__ = ["register"]
 def register(subcommands: Subcommands) -> None:
     summary = "look at messages without taking them (no lease, no read count)"
     sub = add_command(subcommands, "peek", summary, _peek, json_output=True)
-    sub.add_argument("queue", help="queue name")
+    sub.add_argument("queue", metavar="QUEUE", help="queue name")
     sub.add_argument("--state", choices=PEEK_STATES, help="only these (default: all but dead)")
     sub.add_argument("--limit", type=positive_int, default=20, metavar="N", help="at most this many (20)")
     sub.add_argument("--after", type=msg_id, default=0, metavar="ID", help="msg_ids after this one (paging)")

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
+from typing import TextIO
 
 from pgbroker.cli.support.arguments import DURATION_UNITS, duration, positive_int, whole
 from pgbroker.cli.support.errors import CliError, Exit
@@ -25,9 +27,9 @@ log = logging.getLogger("pgbroker.worker")
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "policy", "queue policies")
     sub = add_command(actions, "show", "show queue policies", _show, json_output=True)
-    sub.add_argument("queue", nargs="?", help="one queue (default: all)")
-    sub = add_command(actions, "set", "change a queue's policy (0 turns a limit off)", _set)
-    sub.add_argument("queue", help="queue name")
+    sub.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
+    sub = add_command(actions, "set", "change a queue's policy (0 turns a limit off)", _set, json_output=True)
+    sub.add_argument("queue", metavar="QUEUE", help="queue name")
     sub.add_argument(
         "--max-deliveries", type=whole, metavar="N", help="dead-letter after N failed deliveries"
     )
@@ -37,7 +39,7 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--jitter", action=argparse.BooleanOptionalAction, help="spread retry delays")
     target = sub.add_mutually_exclusive_group()
     target.add_argument(
-        "--dead-letter-queue", metavar="NAME", help="where dead letters go (default: the archive)"
+        "--dead-letter-queue", metavar="QUEUE", help="where dead letters go (default: the archive)"
     )
     target.add_argument(
         "--no-dead-letter-queue",
@@ -185,10 +187,26 @@ def _set(args: argparse.Namespace, broker: Broker) -> int:
             code=Exit.USAGE,
             hint=f"See: pgbroker policy set --help; the policy now: pgbroker policy show {args.queue}",
         )
+    # With --json, stdout holds the record alone.
+    notices = sys.stderr if args.json else sys.stdout
+    _create_dead_letter_queue(broker, args.queue, changes.get("dead_letter_queue"), notices)
     policy = broker.queue(args.queue).set_policy(**changes)
-    print(f'policy of queue "{policy.queue_name}" changed:')
-    print(_policy_table([policy]))
-    return Exit.OK
+    print(f'policy of queue "{policy.queue_name}" changed:', file=notices)
+    return print_listing(args, [policy], asdict, _policy_table)
+
+
+def _create_dead_letter_queue(
+    broker: Broker, queue: str, dead_letter_queue: str | None, notices: TextIO
+) -> None:
+    """Create the dead-letter queue a policy names, when the queue exists and it does not yet: a
+    new user's first `policy set ... --dead-letter-queue` should not fail on a queue they only
+    just named. A missing queue is left to set_policy to report, with nothing created."""
+    if not dead_letter_queue:
+        return
+    existing = {info.queue_name.lower() for info in broker.list_queues()}
+    if queue.lower() in existing and dead_letter_queue.lower() not in existing:
+        broker.create_queue(dead_letter_queue)
+        print(f'created dead-letter queue "{dead_letter_queue}"', file=notices)
 
 
 def _maintain(args: argparse.Namespace, broker: Broker) -> int:

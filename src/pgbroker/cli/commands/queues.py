@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 
 from pgbroker._db.install import install_roles
+from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import print_listing, timestamped_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
@@ -29,16 +30,17 @@ def register(subcommands: Subcommands) -> None:
     )
 
     sub = add_command(subcommands, "create", "create a queue (idempotent)", _create)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("--unlogged", action="store_true", help="faster, but emptied by a server crash")
 
     sub = add_command(subcommands, "drop", "drop a queue and its archive", _drop)
-    sub.add_argument("name", help="queue name")
+    sub.add_argument("name", metavar="QUEUE", help="queue name")
+    add_yes_option(sub, "drop")
 
     add_command(subcommands, "list", "list the queues", _list, json_output=True)
 
     sub = add_command(subcommands, "metrics", "queue lengths and ages", _metrics, json_output=True)
-    sub.add_argument("name", nargs="?", help="one queue (default: all)")
+    sub.add_argument("name", nargs="?", metavar="QUEUE", help="one queue (default: all)")
 
 
 def _install(args: argparse.Namespace, broker: Broker) -> int:
@@ -70,6 +72,11 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
+    confirmed(
+        args,
+        f'drop deletes queue "{args.name}" with its messages and its archive',
+        hint=f"Confirm with: pgbroker drop {args.name} --yes",
+    )
     if not broker.drop_queue(args.name):
         raise CliError(
             f'queue "{args.name}" does not exist; nothing dropped',

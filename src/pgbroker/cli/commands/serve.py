@@ -80,7 +80,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         import uvicorn
 
         from pgbroker.http import Settings, create_app
-        from pgbroker.http.server import protocol_with_head_timeout
+        from pgbroker.http.server import AnnouncingServer, protocol_with_head_timeout
 
     load_codec_modules(args)
     dsn = dsn_of(args.dsn, args.connect_timeout)
@@ -101,7 +101,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
     # how a server is normally stopped, so it ends here, as a success.
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        uvicorn.run(
+        config = uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
@@ -111,6 +111,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
             # Requests in flight are answered first; the longest is a long poll.
             timeout_graceful_shutdown=int(args.max_wait) + 5,
         )
+        AnnouncingServer(config).run()
     except _Stopped:
         pass
     finally:

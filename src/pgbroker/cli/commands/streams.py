@@ -14,6 +14,7 @@ from typing import Any
 
 from pgbroker.cli.commands.messages import send_lines
 from pgbroker.cli.support.arguments import duration, positive_int, seconds
+from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
 from pgbroker.cli.support.output import plural, print_listing
@@ -31,7 +32,7 @@ NO_STREAMS = "no streams (create one with: pgbroker stream create NAME)"
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "stream", "streams: logs read by consumer groups")
     sub = add_command(actions, "create", "create a stream (idempotent)", _create, json_output=True)
-    sub.add_argument("name", help="stream name")
+    sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("--partitions", type=positive_int, default=4, metavar="N", help="key partitions (4)")
     sub.add_argument("--retention", type=duration, metavar="DURATION", help="drop messages older than this")
     sub.add_argument("--retention-bytes", type=positive_int, metavar="N", help="keep the log under N bytes")
@@ -45,12 +46,13 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--notify", action="store_true", help="wake waiting consumers on each send")
 
     sub = add_command(actions, "drop", "drop a stream, its groups and cursors", _drop)
-    sub.add_argument("name", help="stream name")
+    sub.add_argument("name", metavar="STREAM", help="stream name")
+    add_yes_option(sub, "drop")
 
     add_command(actions, "list", "list streams", _list, json_output=True)
 
     sub = add_command(actions, "send", "send a JSON message, or JSON lines from stdin", _send)
-    sub.add_argument("name", help="stream name")
+    sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
     sub.add_argument("--key", help="partition key (messages of a key keep their order)")
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
@@ -59,14 +61,14 @@ def register(subcommands: Subcommands) -> None:
     )
 
     sub = add_command(actions, "read", "read a batch as a group's consumer, print JSON lines, ack it", _read)
-    sub.add_argument("name", help="stream name")
+    sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("group", help="consumer group")
     sub.add_argument("--qty", type=positive_int, default=10, metavar="N", help="at most this many (10)")
     sub.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait for messages (0)")
     sub.add_argument("--no-ack", action="store_true", help="leave the batch unacknowledged (a peek)")
 
     sub = add_command(actions, "create-group", "create a consumer group (idempotent)", _create_group)
-    sub.add_argument("name", help="stream name")
+    sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("group", help="group name")
     sub.add_argument(
         "--start", default="end", metavar="WHERE", help="start, end (default), or an ISO time with its zone"
@@ -76,17 +78,17 @@ def register(subcommands: Subcommands) -> None:
     )
 
     sub = add_command(actions, "drop-group", "drop a consumer group (its retry queue stays)", _drop_group)
-    sub.add_argument("name", help="stream name")
+    sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("group", help="group name")
 
     sub = add_command(actions, "groups", "a stream's groups with their lag", _groups, json_output=True)
-    sub.add_argument("name", help="stream name")
+    sub.add_argument("name", metavar="STREAM", help="stream name")
 
     sub = add_command(actions, "lag", "lag and owner per group and partition", _lag, json_output=True)
-    sub.add_argument("name", help="stream name")
+    sub.add_argument("name", metavar="STREAM", help="stream name")
 
     sub = add_command(actions, "maintain", "apply retention: empty the child tables that may go", _maintain)
-    sub.add_argument("names", nargs="*", metavar="NAME", help="these streams (default: all)")
+    sub.add_argument("names", nargs="*", metavar="STREAM", help="these streams (default: all)")
 
 
 def _create(args: argparse.Namespace, broker: Broker) -> int:
@@ -103,6 +105,11 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
+    confirmed(
+        args,
+        f"drop deletes stream {args.name} with its messages, groups and cursors",
+        hint=f"Confirm with: pgbroker stream drop {args.name} --yes",
+    )
     if not Stream(broker, args.name).drop():
         raise CliError(f'stream "{args.name}" does not exist', code=Exit.QUEUE_NOT_FOUND)
     print(f"dropped stream {args.name}")

@@ -20,10 +20,14 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
+import pgbroker
+from pgbroker._db.dsn import database_place
 from pgbroker.cli.support.arguments import positive_int, seconds
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
@@ -47,16 +51,23 @@ _RESTART_PAUSE = 1.0
 def register(subcommands: Subcommands) -> None:
     summary = "run handlers that consume queues (until SIGTERM or Ctrl-C)"
     sub = add_command(subcommands, "worker", summary, _worker)
+    sub.epilog = (
+        "An option left out keeps what the App's @app.handler(...) set, else the default in "
+        "parentheses. exit codes: see pgbroker --help"
+    )
     sub.add_argument("target", metavar="MODULE:ATTR", help="a pgbroker.App, or a handler function")
     sub.add_argument(
         "--queue",
         action="append",
         default=[],
-        metavar="NAME",
+        metavar="QUEUE",
         help="queue to consume (repeatable; an App: all)",
     )
     sub.add_argument(
-        "--concurrency", type=positive_int, metavar="N", help="messages in flight per process (1)"
+        "--concurrency",
+        type=positive_int,
+        metavar="N",
+        help="messages in flight per process (the handler's, else 1)",
     )
     sub.add_argument(
         "--batch-size", type=positive_int, metavar="N", help="most messages per read (concurrency)"
@@ -90,9 +101,25 @@ def register(subcommands: Subcommands) -> None:
 def _worker(args: argparse.Namespace, broker: Broker) -> int:
     workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
     dsn = dsn_of(args.dsn, args.connect_timeout)
+    existing = {info.queue_name.lower() for info in broker.list_queues()}
+    # A missing queue is the worker's to report (exit 4), with no start-up line before the error.
+    if all(worker.queue.lower() in existing for worker in workers if isinstance(worker, Worker)):
+        _announce(workers, dsn, args.processes)
     if args.processes == 1:
         return _serve(workers, dsn, args.progress, args.schedules)
     return _supervise(args, dsn)
+
+
+def _announce(workers: Sequence[Worker | StreamWorker], dsn: str, processes: int) -> None:
+    """One line on stderr, shown without -v: what the worker consumes, from where, how to stop it."""
+    consumed = ", ".join(f"{worker.queue} (concurrency {worker.concurrency})" for worker in workers)
+    each = f"{processes} processes, each" if processes > 1 else "1 process"
+    print(
+        f"pgbroker: worker started: {each} consuming {consumed} from {database_place(dsn)} "
+        "(stop: Ctrl-C or SIGTERM)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _serve(
@@ -141,11 +168,25 @@ def _load(target: str) -> App | Callable[[Message], Any]:
     try:
         module = importlib.import_module(module_name)
         found = operator.attrgetter(attribute)(module)
-    except (ImportError, AttributeError) as exc:
-        raise CliError(f"cannot load {target}: {exc}", code=Exit.USAGE) from exc
+    except Exception as exc:  # whatever the user's module raised while it ran (SyntaxError included)
+        raise CliError(f"cannot load {target}: {_user_frames(exc)}", code=Exit.USAGE) from exc
     if not (isinstance(found, App) or callable(found)):
         raise CliError(f"{target} is neither a pgbroker.App nor a function, but {found!r}", code=Exit.USAGE)
     return found  # type: ignore[no-any-return]
+
+
+def _user_frames(exc: Exception) -> str:
+    """The error, then the frames of the user's code that led to it: not those of the import
+    machinery or of pgbroker, which only say where it was noticed."""
+    machinery = tuple(str(Path(package.__file__ or "").parent) for package in (importlib, pgbroker))
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not frame.filename.startswith(("<frozen ", *machinery))
+    ]
+    # The last line names the error; a SyntaxError's lines before it show where it is.
+    *where, error = traceback.format_exception_only(exc)
+    return "".join([error, *traceback.format_list(frames), *where]).rstrip()
 
 
 def _supervise(args: argparse.Namespace, dsn: str) -> int:

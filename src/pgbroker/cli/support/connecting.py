@@ -1,9 +1,10 @@
 """Connecting a command to its database: one autocommit connection, with a usage error for a
-bad DSN and a hint when the server is not there."""
+bad DSN and a hint for each reason a connection fails."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -16,6 +17,28 @@ from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, connect_timeout_for
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.queues._client import Broker
 
+WHERE_THE_DSN_COMES_FROM = "the DSN (--dsn, else DATABASE_URL)"
+
+# What libpq's message says went wrong, and what to do about it; the first match wins. The server
+# answered for all but the last: asking whether it runs would send the user the wrong way.
+CONNECT_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r'role "(?P<name>[^"]*)" does not exist'),
+        'The server has no role "{name}": check the user in ' + WHERE_THE_DSN_COMES_FROM
+        + ", or create the role (CREATE ROLE ... LOGIN).",
+    ),
+    (
+        re.compile(r'database "(?P<name>[^"]*)" does not exist'),
+        'The server has no database "{name}": check its name in ' + WHERE_THE_DSN_COMES_FROM
+        + ", or create the database (createdb).",
+    ),
+    (
+        re.compile(r"authentication failed|no password supplied|pg_hba\.conf"),
+        "The server refused the login: check the user and password (in the DSN, $PGPASSWORD or "
+        "~/.pgpass) and the server's pg_hba.conf.",
+    ),
+)
+
 
 @contextmanager
 def connected(dsn: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Iterator[Broker]:
@@ -27,14 +50,24 @@ def connected(dsn: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT)
     try:
         conn = psycopg.connect(conninfo, autocommit=True, **extra)
     except psycopg.OperationalError as exc:
+        message = first_line(str(exc))
         raise CliError(
-            f"cannot connect to the database: {first_line(str(exc))}",
-            code=Exit.DATABASE,
-            hint="Is the server running? Check --dsn or DATABASE_URL "
-            "(with neither, pgbroker uses its embedded PostgreSQL).",
+            f"cannot connect to the database: {message}", code=Exit.DATABASE, hint=connect_hint(message)
         ) from exc
     with conn:
         yield Broker(connection=conn)
+
+
+def connect_hint(message: str) -> str:
+    """What to check, for the message of a failed connection."""
+    for pattern, hint in CONNECT_HINTS:
+        found = pattern.search(message)
+        if found:
+            return hint.format(**found.groupdict())
+    return (
+        f"Is the server running, at that host and port? Check {WHERE_THE_DSN_COMES_FROM}; "
+        "with neither, pgbroker uses its embedded PostgreSQL."
+    )
 
 
 def dsn_of(dsn: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> str:

@@ -4,9 +4,11 @@ command module adds its commands and groups."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import TypeAlias
+import difflib
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
+from pgbroker import __version__
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT
 from pgbroker.cli.support.arguments import positive_seconds, seconds
 from pgbroker.queues._client import Broker
@@ -41,16 +43,45 @@ LocalHandler = Callable[[argparse.Namespace], int]
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with a suggestion for a mistyped choice (``pgbroker lst``: did you
+    mean 'list'?)."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        close = difflib.get_close_matches(str(value), [str(choice) for choice in choices], n=3)
+        suggestion = ", ".join(repr(name) for name in close)
+        hint = f"did you mean {suggestion}?" if close else f"choose from {', '.join(map(str, choices))}"
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint})")
+
+
+class CommandParser(Parser):
+    """The parser of one command: an option it does not know is its own error, reported with
+    its own usage (argparse would hand it up to the top-level parser, whose usage says nothing
+    of the command's options)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+
 def new_parser() -> tuple[argparse.ArgumentParser, Subcommands]:
     """pgbroker's top-level parser, and the subparsers the command modules add their commands to."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pgbroker",
         description="Queues inside PostgreSQL (pgmq-compatible), with fenced acks.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"pgbroker {__version__}")
     add_global_options(parser, top_level=True)
-    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
+    return parser, parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
 
 
 def add_global_options(

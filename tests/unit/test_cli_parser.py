@@ -1,0 +1,44 @@
+"""The ``pgbroker`` parser's shape, read from the parser itself: every command names its queue the
+same way, and says where an App's settings win over the defaults it shows."""
+
+from __future__ import annotations
+
+import argparse
+
+from pgbroker.cli.main import build_parser
+
+
+def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
+    """Every command and group action, by its full name (``dlq replay``)."""
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[f"{prefix}{name}"] = sub
+                found.update(_commands(sub, f"{prefix}{name} "))
+    return found
+
+
+def _takes_a_queue_name(action: argparse.Action) -> bool:
+    if action.nargs == 0 or action.metavar == "GLOB":  # a flag, or a pattern of names
+        return False
+    if action.dest == "name":  # also a stream's, a schedule's or a key's
+        return "queue" in (action.help or "")
+    return action.dest in ("queue", "queues") or action.dest.endswith("_queue")
+
+
+def test_every_command_calls_its_queue_QUEUE() -> None:
+    shown = {
+        f"{command} {action.dest}": action.metavar or action.dest.upper()
+        for command, parser in _commands(build_parser()).items()
+        for action in parser._actions
+        if _takes_a_queue_name(action)
+    }
+    assert len(shown) > 20
+    assert {where: name for where, name in shown.items() if name != "QUEUE"} == {}
+
+
+def test_worker_help_says_an_app_s_settings_win() -> None:
+    help_text = _commands(build_parser())["worker"].format_help()
+    assert "(the handler's, else 1)" in help_text
+    assert "An option left out keeps what the App's @app.handler(...) set" in help_text

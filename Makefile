@@ -180,7 +180,7 @@ schema-dump: venv
 # tests/unit/test_reference_docs.py and tests/integration/test_sql_reference.py fail while stale.
 reference: venv
 	cd "$(ROOT)"
-	.venv/bin/python scripts/gen_reference.py
+	.venv/bin/python -m scripts.gen_reference
 
 # As root the embedded cluster's default home is machine-wide (/var/lib/pgbroker): give each
 # checkout its own (.pgbroker/, git-ignored), so that a second clone does not reuse the first's data.

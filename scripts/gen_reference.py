@@ -1,7 +1,7 @@
 """Write the generated references of docs/reference/ (what `make reference` runs).
 
-    python scripts/gen_reference.py              # a throwaway embedded cluster for sql.md
-    python scripts/gen_reference.py --dsn DSN    # a server where DSN's role may create databases
+    python -m scripts.gen_reference              # a throwaway embedded cluster for sql.md
+    python -m scripts.gen_reference --dsn DSN    # a server where DSN's role may create databases
 
 - sql.md: the engine's public SQL functions, from their header comments (CONTRIBUTING.md has the
   shape) and a new database's catalog (signatures, and the roles pgbroker.role_function grants);

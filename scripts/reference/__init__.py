@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-REFRESH = "make reference (python scripts/gen_reference.py)"
+REFRESH = "make reference (python -m scripts.gen_reference)"
 
 
 def generated_notice(source: str) -> str:

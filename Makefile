@@ -170,14 +170,14 @@ generate: venv
 
 # The engine as a new database holds it (docs/reference/schema.sql) and an example of the route
 # functions it generates (docs/reference/route-example.sql), committed so that an engine change
-# reads as a diff; tests/integration/test_schema_dump.py fails while they are stale.
+# reads as a diff; tests/engine/test_schema_dump.py fails while they are stale.
 schema-dump: venv
 	cd "$(ROOT)"
 	.venv/bin/python scripts/dump_schema.py
 
 # The references generated from the code (docs/reference/sql.md, python.md, cli.md: the public SQL
 # functions' header comments with a new database's catalog, the public __all__, the CLI's --help);
-# tests/unit/test_reference_docs.py and tests/integration/test_sql_reference.py fail while stale.
+# tests/tree/test_reference_docs.py and tests/engine/test_sql_reference.py fail while stale.
 reference: venv
 	cd "$(ROOT)"
 	.venv/bin/python -m scripts.gen_reference

@@ -2,9 +2,9 @@
 commit, for every connector in one run (RabbitMQ, Redis Streams, NATS JetStream, MQTT, SQS).
 
 Every connector but RabbitMQ runs against a private server the bench starts on a loopback port
-(tests/bridge/servers.py: redis-server with appendfsync always, nats-server -js with a file
+(tests/support/servers.py: redis-server with appendfsync always, nats-server -js with a file
 store, mosquitto with persistence, moto's SQS server), and sets it up and reads it through the
-tests' own clients (tests/bridge/probes.py). Their outbound run is as RabbitMQ's below; their
+tests' own clients (tests/support/probes.py). Their outbound run is as RabbitMQ's below; their
 inbound run has the messages waiting in the broker first (MQTT: in the bridge's persistent
 session, made by a first connection), then times one InboundBridge writing them all. SQS runs
 over a twentieth of the messages (at most 500): moto slows down as a queue grows, so its figures
@@ -42,9 +42,9 @@ from typing import Any
 
 import aiormq
 from pamqp.commands import Basic
-from tests.bridge.probes import Probe, probe, unique
-from tests.bridge.servers import KINDS, PrivateServer
 from tests.support.postgres import scratch_dir
+from tests.support.probes import Probe, probe, unique
+from tests.support.servers import KINDS, PrivateServer
 
 from bench.notify_latency import settings
 from pgbroker import Broker

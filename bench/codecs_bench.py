@@ -8,7 +8,7 @@ rates (send_many of --batch, then read_many of --batch + ack_many, one connectio
     python -m bench.codecs_bench [--dsn DSN] [--messages 20000] [--batch 100]
 
 Without --dsn the DSN comes from DATABASE_URL, else the embedded cluster is used. The message
-types are the tests' (tests/codec_types.py), so run it from the repository root.
+types are the tests' (tests/support/codec_types.py), so run it from the repository root.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 from psycopg import sql
-from tests.codec_types import AVRO, PROTOBUF, Order
+from tests.support.codec_types import AVRO, PROTOBUF, Order
 
 from pgbroker import Broker, codecs
 from pgbroker._db.dsn import resolve_dsn

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from psycopg.conninfo import make_conninfo
-from tests.pooler import transaction_pooler
+from tests.support.pooler import transaction_pooler
 
 from bench.harness import Server, alternating_rounds, connect, mean_rate
 from pgbroker import Broker

@@ -5,7 +5,7 @@
 
 The generated files are committed, each opening with a "generated, do not edit" header, so that
 review, search and jump-to-definition see the classes users import. `make lint` and `make test` run
-`--check` first, and tests/unit/test_generated_sync.py fails too, while a twin is stale: the
+`--check` first, and tests/tree/test_generated_sync.py fails too, while a twin is stale: the
 repository holds each method once by hand, and its twin can never drift from it.
 
 Why tokens and not an ``ast`` round trip: ``ast.unparse`` throws away comments, blank lines and

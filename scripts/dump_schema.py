@@ -10,7 +10,7 @@ Two committed files come out of a new database with pgbroker installed:
 - docs/reference/route-example.sql: the route functions pgbroker._write_routes generates
   (functions/90_routes.sql), for three sample queues, one of them with a policy and one paused.
 
-tests/integration/test_schema_dump.py fails while either is stale. pg_dump's output changes a
+tests/engine/test_schema_dump.py fails while either is stale. pg_dump's output changes a
 little between PostgreSQL majors, so the files name the major they came from, and the test
 compares only on a server of that major.
 """

@@ -8,7 +8,7 @@
 - python.md: the names of pgbroker.__all__ and of the public packages' __all__;
 - cli.md: the --help of every command, from pgbroker.cli.main.build_parser.
 
-tests/unit/test_reference_docs.py and tests/integration/test_sql_reference.py fail while a file is
+tests/tree/test_reference_docs.py and tests/engine/test_sql_reference.py fail while a file is
 stale, or while a public SQL function has no header.
 """
 

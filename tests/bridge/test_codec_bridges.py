@@ -18,11 +18,11 @@ import pytest
 from pgbroker import Broker, codecs
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
 from pgbroker.queues._client_async import AsyncBroker
-from tests.bridge.probes import probe, unique
-from tests.bridge.rabbit import Rabbit
-from tests.bridge.servers import KINDS, PrivateServer
-from tests.codec_types import AVRO, PROTOBUF, Order, samples, stored_codec
+from tests.support.codec_types import AVRO, PROTOBUF, Order, samples, stored_codec
 from tests.support.postgres import scratch_dir
+from tests.support.probes import probe, unique
+from tests.support.rabbit import Rabbit
+from tests.support.servers import KINDS, PrivateServer
 from tests.support.services import service_params
 
 CODECS = ["json", "msgpack", PROTOBUF, AVRO]

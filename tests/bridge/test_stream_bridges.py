@@ -26,11 +26,11 @@ from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream
 from pgbroker.streams._client_async import AsyncStream
-from tests.bridge.probes import RedisProbe, unique
-from tests.bridge.processes import BridgeProcess, wait_for
-from tests.bridge.rabbit import Rabbit
-from tests.bridge.servers import KINDS, PrivateServer
+from tests.support.bridge_processes import BridgeProcess, wait_for
 from tests.support.postgres import scratch_dir
+from tests.support.probes import RedisProbe, unique
+from tests.support.rabbit import Rabbit
+from tests.support.servers import KINDS, PrivateServer
 from tests.support.services import service_params
 
 JSON = "application/json"

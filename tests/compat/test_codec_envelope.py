@@ -9,7 +9,7 @@ import base64
 from pgmq import PGMQueue
 
 from pgbroker import Broker, codecs
-from tests.codec_types import samples
+from tests.support.codec_types import samples
 
 
 def test_a_pgmq_client_reads_binary_bodies_as_the_documented_envelope(client: PGMQueue, dsn: str) -> None:

@@ -9,9 +9,9 @@ import httpx
 import psycopg
 import pytest
 
-from tests.codec_types import AVRO, PROTOBUF, stored_codec
-from tests.integration.helpers import q_rows
+from tests.support.codec_types import AVRO, PROTOBUF, stored_codec
 from tests.support.http import auth, make_queue
+from tests.support.tables import q_rows
 
 pytestmark = pytest.mark.anyio
 

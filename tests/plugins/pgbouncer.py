@@ -1,4 +1,4 @@
-"""A private pgbouncer in transaction pooling mode in front of the test server (tests/pooler.py),
+"""A private pgbouncer in transaction pooling mode in front of the test server (tests/support/pooler.py),
 and the test's database reached through it. A test that asks for ``pooler`` (``pooled_dsn`` does)
 is marked ``pgbouncer`` (tests/plugins/services.py)."""
 
@@ -10,7 +10,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker._db.dsn import POOLER_ENV
-from tests.pooler import transaction_pooler
+from tests.support.pooler import transaction_pooler
 
 
 @pytest.fixture(scope="module")

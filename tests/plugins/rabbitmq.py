@@ -12,7 +12,7 @@ import asyncio
 import aiormq
 import pytest
 
-from tests.bridge.rabbit import amqp_url
+from tests.support.rabbit import amqp_url
 
 
 @pytest.fixture(scope="session")

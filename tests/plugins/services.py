@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.bridge.rabbit import amqp_url
+from tests.support.rabbit import amqp_url
 from tests.support.services import SERVICES
 
 # A test that asks for one of these fixtures (directly or through another) needs the service.

@@ -13,11 +13,11 @@ from psycopg.types.json import Jsonb
 from pyspark.errors import PySparkException
 
 from pgbroker import Broker
-from tests.codec_types import AVRO, AVRO_SCHEMA, PROTOBUF, samples
 from tests.spark.helpers import Conn
+from tests.support.codec_types import AVRO, AVRO_SCHEMA, PROTOBUF, samples
 
 AVRO_OPTIONS = {"codec": "avro", "avroSchema": json.dumps(AVRO_SCHEMA)}
-PROTOBUF_OPTIONS = {"codec": "protobuf", "protobufClass": "tests.codec_types:Order"}
+PROTOBUF_OPTIONS = {"codec": "protobuf", "protobufClass": "tests.support.codec_types:Order"}
 
 
 def reader(spark: Any, dsn: str, queue: str, **options: str) -> Any:

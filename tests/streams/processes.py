@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from tests.streams.helpers import Batch
+from tests.support.streams import Batch
 
 TABLES = """
 CREATE TABLE sent (id bigint PRIMARY KEY, producer int);

@@ -18,8 +18,8 @@ import pytest
 
 from pgbroker import Broker
 from pgbroker._db.dsn import LISTEN_DSN_ENV
-from tests.bridge.processes import pgbroker
-from tests.bridge.rabbit import Rabbit
+from tests.support.bridge_processes import pgbroker
+from tests.support.rabbit import Rabbit
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("pooler_mode")]
 

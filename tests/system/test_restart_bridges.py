@@ -22,9 +22,9 @@ import pytest
 
 from pgbroker import Broker
 from pgbroker.embedded import EmbeddedPostgres
-from tests.bridge.processes import pgbroker
-from tests.bridge.rabbit import Rabbit
+from tests.support.bridge_processes import pgbroker
 from tests.support.postgres import _restart_and_wait
+from tests.support.rabbit import Rabbit
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pgbroker import Broker, Message, Queue
 from pgbroker.demo.stage import Demo
 from pgbroker.demo.workers import workers_stage
-from tests.integration.helpers import Conn, a_rows, q_rows
+from tests.support.tables import Conn, a_rows, q_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2"

@@ -24,7 +24,7 @@ Recipes:
   signature, also DROP the old one in the next release's upgrade.
 - Change a table or type: edit its structure/ file (what a new database gets) and make the same
   change in ``upgrades/<released>-to-<next>.sql`` (what an existing one gets), creating that file
-  for the first change after a release. tests/integration/test_migrations.py proves that the two
+  for the first change after a release. tests/engine/test_migrations.py proves that the two
   give the same catalog.
 - Fold in a numbered development migration (0027, ... written before this layout): its
   table and type changes go into structure/ and into dev-to-0.1.0.sql (there, written to run

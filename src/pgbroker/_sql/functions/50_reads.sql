@@ -30,7 +30,7 @@
 --     LIMIT $n, the server would otherwise judge the generic plan dearer than
 --     a custom one (it guesses 10% of the table for the limit) and replan on
 --     every call. The generic plans are the custom ones (ready and timed
---     index scans, primary-key probes): tests/integration/test_query_plans.py
+--     index scans, primary-key probes): tests/engine/test_query_plans.py
 --     checks them.
 --
 -- Where reads start (pgbroker.queue_head). Every delivered, acked or popped

@@ -26,7 +26,7 @@
 -- roles keep working.
 --
 -- A SECURITY DEFINER entry point trusts nothing of its caller's session
--- (0025; tests/integration/test_security.py):
+-- (0025; tests/engine/test_security.py):
 --   * search_path: fixed, with pg_temp last; the server never looks up
 --     functions or operators in pg_temp, and its tables and types come after
 --     the engine's schemas; the engine's statements qualify their tables;

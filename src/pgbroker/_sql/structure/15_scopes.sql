@@ -17,7 +17,7 @@ REVOKE ALL ON pgbroker.queue_grant FROM PUBLIC;
 
 -- The entry points a queue grant of a kind gives: each of them takes a queue
 -- and checks it with pgbroker._authorize (a subset of pgbroker.role_function;
--- tests/integration/test_queue_scopes.py holds them to both). An entry point
+-- tests/engine/test_queue_scopes.py holds them to both). An entry point
 -- added to role_function is not granted to scoped roles until it is listed
 -- here too.
 CREATE TABLE pgbroker.queue_scoped_function (

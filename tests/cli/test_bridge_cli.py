@@ -1,0 +1,98 @@
+"""`pgbroker bridge out|in` as a user runs them: processes, signals, exit codes and error messages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from pgbroker import Broker
+from tests.support.bridge_processes import pgbroker
+from tests.support.paths import ROOT
+from tests.support.rabbit import Rabbit
+
+
+def test_bridge_out_publishes_until_sigterm_then_exits_0(broker: Broker, dsn: str, amqp: str) -> None:
+    outbox = broker.create_queue("outbox")
+
+    async def scenario() -> None:
+        async with Rabbit(amqp) as rabbit:
+            target = await rabbit.queue()
+            outbox.send_many([{"n": i} for i in range(100)])
+            bridge = pgbroker(
+                "bridge", "out", "--queue", "outbox", "--amqp", amqp, "--routing-key", target, dsn=dsn
+            )
+            try:
+                got = await rabbit.drain(target, expect=100, timeout=30)
+            finally:
+                bridge.send_signal(signal.SIGTERM)
+                _, err = bridge.communicate(timeout=30)
+            assert bridge.returncode == 0, err
+            assert err == ""  # quiet by default
+            assert sorted(json.loads(m.body)["n"] for m in got) == list(range(100))
+
+    asyncio.run(scenario())
+    assert broker.metrics("outbox").queue_length == 0
+
+
+def test_bridge_in_receives_until_sigterm_then_exits_0(broker: Broker, dsn: str, amqp: str) -> None:
+    broker.create_queue("inbox")
+
+    async def scenario() -> None:
+        async with Rabbit(amqp) as rabbit:
+            source = await rabbit.queue()
+            for i in range(50):
+                await rabbit.publish(source, b'{"n": %d}' % i, message_id=str(i))
+            bridge = pgbroker("bridge", "in", "--amqp", amqp, "--from", source, "--queue", "inbox", dsn=dsn)
+            try:
+                deadline = time.monotonic() + 30
+                while broker.metrics("inbox").queue_length < 50 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+            finally:
+                bridge.send_signal(signal.SIGTERM)
+                _, err = bridge.communicate(timeout=30)
+            assert bridge.returncode == 0, err
+            assert await rabbit.count(source) == 0
+
+    asyncio.run(scenario())
+    assert broker.metrics("inbox").queue_length == 50
+
+
+def test_rabbitmq_errors_exit_6_with_a_hint_and_usage_errors_exit_2(
+    broker: Broker, dsn: str, amqp: str
+) -> None:
+    broker.create_queue("outbox")
+    bad = amqp.replace("guest:guest@", "guest:wrong@")
+    refused = pgbroker("bridge", "out", "--queue", "outbox", "--amqp", bad, dsn=dsn)
+    _, err = refused.communicate(timeout=30)
+    assert refused.returncode == 6
+    assert "pgbroker: error: RabbitMQ at " in err
+    assert "refused the login of user 'guest'" in err
+    assert "wrong" not in err
+    assert "hint: Check the user and password" in err
+
+    missing = pgbroker(
+        "bridge", "in", "--amqp", amqp, "--from", "pgbroker-test-none", "--queue", "outbox", dsn=dsn
+    )
+    _, err = missing.communicate(timeout=30)
+    assert missing.returncode == 6
+    assert "RabbitMQ has no queue 'pgbroker-test-none'" in err
+    assert "--declare" in err
+
+    no_url = subprocess.run(
+        [sys.executable, "-m", "pgbroker.cli", "bridge", "out", "--queue", "outbox", "--dsn", dsn],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        timeout=30,
+    )
+    assert no_url.returncode == 2
+    assert "no RabbitMQ given" in no_url.stderr
+
+    unknown_queue = pgbroker("bridge", "out", "--queue", "nope", "--amqp", amqp, dsn=dsn)
+    _, err = unknown_queue.communicate(timeout=30)
+    assert unknown_queue.returncode == 4, err

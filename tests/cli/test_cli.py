@@ -1,0 +1,408 @@
+"""The `pgbroker` command run as a real subprocess against a fresh database: output, effects and
+exit codes, as a shell script would see them; and `python -m pgbroker.demo` end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgbroker import __version__
+from pgbroker._db.install import latest_version
+from pgbroker.demo.tour import _next_steps
+from pgbroker.embedded import EmbeddedPostgres
+from tests.support.cli import UNREACHABLE, Cli, _assert_error, _env, _ids, _messages, run
+from tests.support.tables import a_ids, q_ids, q_rows
+
+Conn = psycopg.Connection[Any]
+
+# -- install and queue management ---------------------------------------------------------------
+
+
+def test_install_is_idempotent_and_commands_before_it_say_so(empty_dsn: str) -> None:
+    cli = Cli(empty_dsn)
+    _assert_error(cli("list"), 5, "not installed", "hint: ", "pgbroker install")
+
+    version = latest_version()
+    assert cli.ok("install").strip() == f"installed version {version} (was not installed)"
+    assert cli.ok("install").strip() == f"already at version {version}"
+    assert "no queues" in cli.ok("list")
+
+
+def test_create_list_drop(cli: Cli) -> None:
+    assert cli.ok("create", "orders").strip() == 'created queue "orders"'
+    assert "already exists" in cli.ok("create", "orders")
+    cli.ok("create", "fast", "--unlogged")
+
+    table = cli.ok("list").splitlines()
+    assert table[0].split() == ["QUEUE", "STORAGE", "CREATED"]
+    assert [line.split()[:2] for line in table[1:]] == [["fast", "unlogged"], ["orders", "logged"]]
+    listed = json.loads(cli.ok("list", "--json"))
+    assert [(q["queue_name"], q["is_unlogged"]) for q in listed] == [("fast", True), ("orders", False)]
+
+    # Destructive, like purge: asks for --yes, and does nothing without it.
+    _assert_error(cli("drop", "orders"), 2, "cannot be undone", "pgbroker drop orders --yes")
+    assert "orders" in cli.ok("list")
+    assert "dropped" in cli.ok("drop", "orders", "--yes")
+    _assert_error(cli("drop", "orders", "--yes"), 1, 'queue "orders" does not exist')
+    assert [q["queue_name"] for q in json.loads(cli.ok("list", "--json"))] == ["fast"]
+
+
+def test_global_options_work_after_the_command(dsn: str, orders: str) -> None:
+    listed = json.loads(run("list", "--dsn", dsn, "--json").stdout)
+    assert [q["queue_name"] for q in listed] == ["orders"]
+
+
+def test_queue_not_found_exits_4_with_a_hint(cli: Cli) -> None:
+    for args in (["send", "nope", "1"], ["read", "nope"], ["metrics", "nope"], ["purge", "nope", "--yes"]):
+        _assert_error(cli(*args), 4, 'queue "nope" does not exist', "hint: ", "pgbroker create nope")
+
+
+def test_bad_queue_name_exits_2(cli: Cli) -> None:
+    _assert_error(cli("create", "bad;name"), 2, "invalid characters", "hint: ")
+    _assert_error(cli("create", "x" * 48), 2, "too long")
+
+
+def test_unreachable_database_exits_5(orders: str) -> None:
+    res = run("--dsn", UNREACHABLE, "list")
+    _assert_error(res, 5, "cannot connect", "hint: ")
+
+
+def test_each_connection_failure_gets_its_own_hint(dsn: str) -> None:
+    # "Is the server running?" sends the user the wrong way when the server answered.
+    no_role = run("--dsn", f"{dsn} user=nosuchrole", "list")
+    _assert_error(no_role, 5, 'role "nosuchrole" does not exist', 'hint: The server has no role "nosuchrole"')
+    no_database = run("--dsn", f"{dsn} dbname=nosuchdb", "list")
+    _assert_error(no_database, 5, 'hint: The server has no database "nosuchdb"')
+    for res in (no_role, no_database):
+        assert "Is the server running" not in res.stderr
+    _assert_error(run("--dsn", UNREACHABLE, "list"), 5, "hint: Is the server running, at that host and port?")
+
+
+def test_database_url_is_used_without_dsn(dsn: str, orders: str) -> None:
+    res = run("list", "--json", env=_env(DATABASE_URL=dsn))
+    assert res.returncode == 0, res.stderr
+    assert [q["queue_name"] for q in json.loads(res.stdout)] == ["orders"]
+
+
+def test_help_documents_the_exit_codes() -> None:
+    res = run("--help")
+    assert res.returncode == 0
+    for line in ("3   stale receipt", "4   queue not found", "5   database unreachable"):
+        assert line in res.stdout
+    assert run().returncode == 2
+    assert run("read").returncode == 2
+
+
+def test_version_and_a_mistyped_command_get_an_answer() -> None:
+    assert run("--version").stdout.strip() == f"pgbroker {__version__}"
+    res = run("lst")
+    assert res.returncode == 2
+    assert "did you mean 'list'?" in res.stderr
+    assert "did you mean 'list'?" in run("dlq", "lsit").stderr
+
+
+def test_a_command_s_bad_option_shows_that_command_s_usage() -> None:
+    res = run("list", "--bogus")
+    assert res.returncode == 2
+    assert res.stderr.startswith("usage: pgbroker list ")
+    assert "pgbroker list: error: unrecognized arguments: --bogus" in res.stderr
+
+
+# -- sending --------------------------------------------------------------------------------------
+
+
+def test_send_argument_then_stdin_lines_in_order(cli: Cli, orders: str, conn: Conn) -> None:
+    first = _ids(cli.ok("send", orders, '{"n": 0}', "--headers", '{"source": "cli"}'))
+    lines = "".join(json.dumps({"n": n}) + "\n" for n in range(1, 8))
+    rest = _ids(cli.ok("send", orders, "--batch-size", "3", stdin=lines + "\n"))
+
+    assert len(first) == 1
+    assert len(rest) == 7
+    assert [first[0], *rest] == sorted([first[0], *rest])
+    rows = q_rows(conn, orders)
+    assert [row[0] for row in rows] == [first[0], *rest]
+    assert [row[3] for row in rows] == [{"n": n} for n in range(8)]
+    assert rows[0][4] == {"source": "cli"}
+    assert [row[4] for row in rows[1:]] == [None] * 7
+
+
+def test_send_with_delay_hides_the_message(cli: Cli, orders: str) -> None:
+    cli.ok("send", orders, '"later"', "--delay", "60")
+    assert cli.ok("read", orders) == ""
+
+
+def test_bad_json_line_stops_before_its_batch(cli: Cli, orders: str, conn: Conn) -> None:
+    # Batches of 3: lines 1-3 are sent; line 5 is bad, so its batch (lines 4-5) is not.
+    lines = '{"n": 1}\n{"n": 2}\n{"n": 3}\n{"n": 4}\n{"n": 5\n{"n": 6}\n'
+    res = cli("send", orders, "--batch-size", "3", stdin=lines)
+
+    _assert_error(res, 2, "line 5 is not valid JSON", "nothing from line 4 on was sent")
+    assert len(_ids(res.stdout)) == 3
+    assert [row[3] for row in q_rows(conn, orders)] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
+def test_invalid_input_exits_2(cli: Cli, orders: str, conn: Conn) -> None:
+    _assert_error(cli("send", orders, "{oops"), 2, "the message is not valid JSON")
+    _assert_error(cli("send", orders, "NaN"), 2, "NaN")
+    _assert_error(cli("send", orders, "1", "--headers", "[1]"), 2, "--headers must be a JSON object")
+    _assert_error(cli("send", orders, stdin=""), 1, "nothing sent")
+    assert cli("read", orders, "--qty", "0").returncode == 2
+    assert q_ids(conn, orders) == []
+
+
+# -- reading and acknowledging --------------------------------------------------------------------
+
+
+def test_read_prints_a_receipt_that_acks_once(cli: Cli, orders: str, conn: Conn) -> None:
+    (msg_id,) = _ids(cli.ok("send", orders, '{"order": 7}', "--headers", '{"h": 1}'))
+
+    (read,) = _messages(cli.ok("read", orders, "--vt", "30"))
+    assert read["msg_id"] == msg_id
+    assert read["read_ct"] == 1
+    assert read["message"] == {"order": 7}
+    assert read["headers"] == {"h": 1}
+    assert datetime.fromisoformat(read["enqueued_at"]) < datetime.fromisoformat(read["vt"])
+    assert read["receipt"].startswith(f"{msg_id}:1:")
+    assert cli.ok("read", orders) == "", "a leased message is invisible"
+
+    assert _ids(cli.ok("ack", orders, read["receipt"])) == [msg_id]
+    assert q_ids(conn, orders) == []
+    assert a_ids(conn, orders) == [msg_id]
+
+    again = cli("ack", orders, read["receipt"])
+    _assert_error(again, 3, f"stale receipt for message {msg_id}", "hint: ")
+    assert again.stdout == ""
+
+
+def test_extend_hands_out_a_new_receipt_and_nack_gives_the_message_back(
+    cli: Cli, orders: str, conn: Conn
+) -> None:
+    (msg_id,) = _ids(cli.ok("send", orders, '"x"'))
+    (read,) = _messages(cli.ok("read", orders, "--vt", "30"))
+
+    (extended,) = cli.ok("extend", orders, read["receipt"], "--vt", "600").split()
+    assert extended.startswith(f"{msg_id}:1:")
+    assert extended != read["receipt"]
+    _assert_error(cli("extend", orders, read["receipt"], "--vt", "60"), 3, "stale receipt", "hint: ")
+
+    assert _ids(cli.ok("nack", orders, extended)) == [msg_id]
+    (again,) = _messages(cli.ok("read", orders))
+    assert (again["msg_id"], again["read_ct"]) == (msg_id, 2)
+    _assert_error(cli("nack", orders, extended), 3, "stale receipt")
+
+
+def test_ack_after_the_lease_expired_is_stale(cli: Cli, orders: str, conn: Conn) -> None:
+    ids = _ids(cli.ok("send", orders, stdin='"a"\n"b"\n'))
+    held = _messages(cli.ok("read", orders, "--qty", "2", "--vt", "1"))
+    assert [m["msg_id"] for m in held] == ids
+    time.sleep(1.2)
+
+    res = cli("ack", orders, "--delete", *(m["receipt"] for m in held))
+    _assert_error(res, 3, "lease expired")
+    assert res.stdout == ""
+    assert q_ids(conn, orders) == ids
+
+
+def test_ack_delete_and_partly_stale_batch(cli: Cli, orders: str, conn: Conn) -> None:
+    ids = _ids(cli.ok("send", orders, stdin='"a"\n"b"\n'))
+    held = _messages(cli.ok("read", orders, "--qty", "2"))
+    cli.ok("ack", orders, held[0]["receipt"], "--delete")
+
+    res = cli("ack", orders, held[0]["receipt"], held[1]["receipt"], "--delete")
+    _assert_error(res, 3, f"stale receipt for message {ids[0]}")
+    assert _ids(res.stdout) == [ids[1]]
+    assert q_ids(conn, orders) == []
+    assert a_ids(conn, orders) == []
+
+
+def test_malformed_receipt_exits_2(cli: Cli, orders: str) -> None:
+    _assert_error(cli("ack", orders, "not-a-receipt"), 2, "malformed receipt")
+
+
+def test_read_wait_and_empty_read(cli: Cli, orders: str) -> None:
+    res = cli("read", orders, "--wait", "0.2")
+    assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
+
+
+def test_pop_removes_without_receipt(cli: Cli, orders: str, conn: Conn) -> None:
+    ids = _ids(cli.ok("send", orders, stdin="1\n2\n3\n"))
+    popped = _messages(cli.ok("pop", orders, "--qty", "2"))
+    assert [m["msg_id"] for m in popped] == ids[:2]
+    assert [m["receipt"] for m in popped] == [None, None]
+    assert q_ids(conn, orders) == ids[2:]
+    assert a_ids(conn, orders) == []
+
+
+def test_archive_and_delete_report_missing_ids(cli: Cli, orders: str, conn: Conn) -> None:
+    ids = _ids(cli.ok("send", orders, stdin="1\n2\n3\n"))
+
+    assert _ids(cli.ok("archive", orders, str(ids[0]))) == [ids[0]]
+    res = cli("archive", orders, str(ids[1]), "999999")
+    _assert_error(res, 1, "999999")
+    assert _ids(res.stdout) == [ids[1]]
+    assert a_ids(conn, orders) == ids[:2]
+
+    res = cli("delete", orders, str(ids[2]), str(ids[0]))
+    _assert_error(res, 1, f"no message {ids[0]} ")
+    assert _ids(res.stdout) == [ids[2]]
+    assert q_ids(conn, orders) == []
+    assert cli("delete", orders, "x").returncode == 2
+
+
+def test_purge_needs_yes(cli: Cli, orders: str, conn: Conn) -> None:
+    cli.ok("send", orders, stdin="1\n2\n3\n")
+    _assert_error(cli("purge", orders), 2, "--yes")
+    assert len(q_ids(conn, orders)) == 3
+
+    assert cli.ok("purge", orders, "--yes").strip() == 'purged 3 messages from queue "orders"'
+    assert q_ids(conn, orders) == []
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def test_metrics_table_and_json(cli: Cli, orders: str) -> None:
+    cli.ok("create", "other")
+    cli.ok("send", orders, stdin="1\n2\n3\n")
+    cli.ok("read", orders)
+
+    table = cli.ok("metrics").splitlines()
+    assert table[0].split() == ["QUEUE", "LENGTH", "VISIBLE", "OLDEST", "NEWEST", "TOTAL", "SENT"]
+    assert table[1].split()[:3] == ["orders", "3", "2"]
+    assert table[1].split()[-1] == "3"
+    assert table[2].split() == ["other", "0", "0", "-", "-", "0"]
+    # Aligned: every row as wide as the header's columns.
+    assert len({line.index(line.split()[1]) + len(line.split()[1]) for line in table[1:]}) == 1
+
+    everything = json.loads(cli.ok("metrics", "--json"))
+    assert [m["queue_name"] for m in everything] == ["orders", "other"]
+    one = json.loads(cli.ok("metrics", orders, "--json"))
+    assert (one["queue_length"], one["queue_visible_length"], one["total_messages"]) == (3, 2, 3)
+    assert cli.ok("metrics", orders).splitlines()[1].split()[0] == "orders"
+
+
+# -- the embedded cluster -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def data_dir() -> Iterator[Path]:
+    """A data directory of a private cluster, stopped and removed afterwards."""
+    parent = Path(tempfile.mkdtemp(prefix="pgbroker-cli-"))
+    # As root the server runs as an unprivileged user, which must be able to enter it.
+    parent.chmod(0o711)
+    try:
+        yield parent / "pg"
+    finally:
+        try:
+            EmbeddedPostgres(parent / "pg").stop()
+        finally:
+            shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_db_start_url_status_stop(data_dir: Path) -> None:
+    d = str(data_dir)
+    status = run("db", "status", "--data-dir", d)
+    assert status.returncode == 1
+    assert "running:        no" in status.stdout
+    _assert_error(run("db", "url", "--data-dir", d), 1, "not running", "pgbroker db start")
+
+    started = run("db", "start", "--data-dir", d)
+    assert started.returncode == 0, started.stderr
+    assert "started" in started.stdout
+    assert "already running" in run("db", "start", "--data-dir", d).stdout
+
+    url = run("db", "url", "--data-dir", d)
+    assert url.returncode == 0
+    dsn = url.stdout.strip()
+    assert len(url.stdout.splitlines()) == 1
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    # The url is what DATABASE_URL takes.
+    installed = run("install", env=_env(DATABASE_URL=dsn))
+    assert installed.returncode == 0, installed.stderr
+
+    status = run("db", "--data-dir", d, "status", "--json")
+    assert status.returncode == 0
+    fields = json.loads(status.stdout)
+    assert fields["running"] is True
+    assert fields["dsn"] == dsn
+    assert fields["data_dir"] == d
+    assert fields["pid"] > 0
+
+    assert "stopped" in run("db", "stop", "--data-dir", d).stdout
+    _assert_error(run("db", "stop", "--data-dir", d), 1, "not running")
+    assert run("db", "status", "--data-dir", d).returncode == 1
+
+
+# -- the demo -------------------------------------------------------------------------------------
+
+
+def test_the_demo_ends_with_the_cli_s_real_path_and_how_to_stop_its_server(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A virtualenv's bin/ is rarely on PATH: the bare `pgbroker` a new user is told to run fails.
+    monkeypatch.setenv("PGBROKER_HOME", str(data_dir))
+    monkeypatch.chdir(data_dir.parent)  # the interpreter's bin/ is not below it: an absolute path
+    cluster = EmbeddedPostgres()
+    cluster.start()
+    try:
+        *running, stop, following = _next_steps(embedded=True)
+    finally:
+        cluster.stop()
+    cli = f"PGBROKER_HOME={data_dir} {Path(sys.executable).parent / 'pgbroker'}"
+    [still] = running
+    assert still.startswith(f"the embedded PostgreSQL is still running (data in {cluster.data_dir}, pid ")
+    assert stop == f"stop it: {cli} db stop"
+    assert following == f"next: {cli} --help"
+
+
+# The demo takes ~20 s on a quiet machine, but its Spark stage alone took 196 s at a load average
+# of 15-20 on 2 cores: the bound is for a hung demo, not a slow one.
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_demo_runs_and_balances(dsn: str) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "pgbroker.demo"],
+        capture_output=True,
+        text=True,
+        env=_env(DATABASE_URL=dsn),
+        timeout=840,
+        check=False,
+    )
+    assert res.returncode == 0, f"stdout: {res.stdout}\nstderr: {res.stderr}"
+    assert res.stderr == ""
+    out = res.stdout
+    assert "sent 5,000 orders" in out
+    assert "raised StaleReceipt" in out
+    assert "got it when the lease ran out (delivery 2) and acked it" in out
+    assert "sent 5,000 = archived 5,000 + still queued 0; duplicates 0: OK" in out
+    assert "demo_orders" in out
+    # Streams and job features: fan-out to two groups, priorities, a dedup key, MessagePack.
+    fan_out = (
+        "each group read all 2,000 once (duplicates 0) from 2,000 stored rows; lag billing 0, audit 0: OK"
+    )
+    assert fan_out in out
+    assert "the urgent one first" in out
+    dedup = re.search(
+        r"dedup key invoice-42 sent twice: msg_id (\d+), then (\d+); "
+        r"(\d+) queued before the duplicate, (\d+) after",
+        out,
+    )
+    assert dedup is not None, out
+    assert dedup[1] == dedup[2]
+    assert dedup[3] == dedup[4]
+    assert "and stored nothing; 6 read and acked, 0 left: OK" in out
+    assert "read back equal, bytes and all" in out
+    assert "FAILED" not in out

@@ -1,0 +1,133 @@
+"""Managed Postgres (RDS, Cloud SQL, Azure, Supabase, Neon): the application's role is no
+superuser. With CREATEDB and CREATEROLE, as those services give their admin role, it installs,
+upgrades, makes the database roles and runs every kind of queue; with neither (an owner of its
+database only) it installs, and `install --roles` says what it lacks.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from pgbroker import Broker
+from pgbroker._db.install import InstallResult, install, install_roles, latest_version
+from pgbroker._sql import BASELINE, DEV_MINIMUM
+from pgbroker.errors import InstallError, MissingExtension, from_postgres
+from tests.support.dev_schema import install_dev
+
+
+def _owned_database(admin_dsn: str, *privileges: str) -> Iterator[str]:
+    """A LOGIN role with only ``privileges`` (never SUPERUSER) and a database it owns."""
+    role = f"app_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER " + " ".join(privileges)).format(sql.Identifier(role))
+        )
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(role), sql.Identifier(role))
+        )
+    try:
+        yield make_conninfo(admin_dsn, dbname=role, user=role)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(role)))
+            for made in admin.execute(
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE %s", [f"{role}%"]
+            ).fetchall():
+                admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(made[0])))
+
+
+@pytest.fixture
+def app_dsn(pg_admin_dsn: str) -> Iterator[str]:
+    """A role like a managed service's admin role: CREATEDB and CREATEROLE, no superuser."""
+    yield from _owned_database(pg_admin_dsn, "CREATEDB", "CREATEROLE")
+
+
+@pytest.fixture
+def owner_dsn(pg_admin_dsn: str) -> Iterator[str]:
+    """A role that only owns its database."""
+    yield from _owned_database(pg_admin_dsn)
+
+
+def _role(dsn: str) -> str:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+    assert row is not None
+    assert not row[1], "the test's role must not be a superuser"
+    return str(row[0])
+
+
+def test_install_upgrade_and_roles_without_superuser(app_dsn: str) -> None:
+    role = _role(app_dsn)
+    with psycopg.connect(app_dsn, autocommit=True) as conn:
+        install_dev(conn)
+        assert install(conn) == InstallResult(f"{BASELINE}.dev{DEV_MINIMUM}", latest_version())
+        granted = install_roles(conn, role)
+    assert set(granted) == {f"{role}_producer", f"{role}_consumer", f"{role}_monitor"}
+    assert all(count > 0 for count in granted.values())
+    # The CLI too, as a user runs it.
+    done = subprocess.run(
+        [sys.executable, "-m", "pgbroker.cli", "--dsn", app_dsn, "install", "--roles", "--role-prefix", role],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_kind_of_queue_works_without_superuser(app_dsn: str) -> None:
+    _role(app_dsn)
+    with Broker(app_dsn) as broker:
+        broker.install()
+        jobs = broker.create_queue("jobs", notify=True)
+        broker.create_queue("scratch", unlogged=True).send({"n": 0})
+        broker.create_queue("jobs_dlq")
+        jobs.set_policy(max_deliveries=1, dead_letter_queue="jobs_dlq")
+        with broker.connection() as conn:
+            conn.execute("SELECT pgmq.create_fifo_index('jobs')")
+            conn.execute("SELECT pgmq.bind_topic('orders.*', 'jobs')")
+            assert conn.execute("SELECT pgmq.send_topic('orders.eu', '{\"n\": 1}')").fetchone() == (1,)
+        jobs.send({"n": 2})
+        first, second = jobs.read_many(2, vt=30, wait=1)
+        jobs.ack(first)
+        assert jobs.fail(second, error="boom") == "dead_lettered"
+        assert [m.message for m in jobs.dead_letters()] == [{"n": 2}]
+        assert broker.drop_queue("scratch")
+
+
+def test_partitioned_queues_without_pg_partman_say_what_to_install(app_dsn: str) -> None:
+    with Broker(app_dsn) as broker:
+        broker.install()
+        with broker.connection() as conn, pytest.raises(psycopg.Error) as caught:
+            conn.execute("SELECT pgmq.create_partitioned('events')")
+    error = from_postgres(caught.value)
+    assert isinstance(error, MissingExtension)
+    assert "pg_partman" in str(error)
+    assert "CREATE EXTENSION pg_partman" in (error.hint or "")
+
+
+def test_an_owner_without_createrole_installs_and_is_told_what_roles_need(
+    owner_dsn: str, pg_admin_dsn: str
+) -> None:
+    role = _role(owner_dsn)
+    with psycopg.connect(owner_dsn, autocommit=True) as conn:
+        assert install(conn).version == latest_version()
+        with pytest.raises(InstallError) as caught:
+            install_roles(conn, role)
+        assert "CREATEROLE" in (caught.value.hint or "")
+        # As the hint says: roles made beforehand by an admin are then granted by the owner.
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            for suffix in ("producer", "consumer", "monitor"):
+                admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(f"{role}_{suffix}")))
+        granted = install_roles(conn, role)
+    assert set(granted) == {f"{role}_producer", f"{role}_consumer", f"{role}_monitor"}

@@ -1,0 +1,455 @@
+"""The privilege model against a hostile member of every role (issue 21): LOGIN users in the
+producer, consumer and monitor roles of ``pgbroker install --roles``, and an outsider with LOGIN
+only, try what an attacker would. Every attempt is refused or harmless.
+
+- Session prepared statements under every name the engine's dynamic path uses (a conditional read,
+  a queue with max_deliveries, a limited queue, queues beyond the route limit), including the
+  engine's own text prepared under a search_path that shadows a function: the owner never runs
+  them (a marker table only the owner may write stays empty).
+- Functions, operators, types and tables shadowed in pg_temp and in a schema of the caller first
+  on its search_path.
+- Reserved x-pgbroker-* headers forged through every send.
+- Every pgbroker.* setting set in the session; limits hold.
+- Prune windows, names, and pg_monitor's access to payloads.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from pgbroker._db.install import install_roles
+from tests.support.tables import Conn
+
+KINDS = ("producer", "consumer", "monitor", "outsider")
+READ_TYPES = "integer, jsonb, timestamptz, integer, bigint"
+ACK_TYPES = "bigint[], integer[], bigint[]"
+# Every operation pgbroker._statement_name names a statement for (50_reads.sql).
+OPS = ("read", "read_c", "deliver", "deliver_c", "read_p", "read_pc", "deliver_p", "deliver_pc",
+       "pop", "pop_p", "ack_a", "ack_d")  # fmt: skip
+# A queue per dynamic path: a routed queue read with a conditional, max_deliveries, limited, and
+# two beyond the route limit (one with priorities).
+QUEUES = ("plain", "capped", "limited", "far", "far_p")
+MARKER = "SELECT count(*) FROM public.marker"
+
+
+@pytest.fixture
+def users(dsn: str, conn: Conn, pg_admin_dsn: str) -> Iterator[dict[str, str]]:
+    """A DSN per kind: a LOGIN user in that role, and an outsider in none."""
+    prefix = f"s{uuid.uuid4().hex[:10]}"
+    install_roles(conn, prefix)
+    dsns = {}
+    for kind in KINDS:
+        user = sql.Identifier(f"{prefix}_{kind}_user")
+        if kind == "outsider":
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(user))
+        else:
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(user, sql.Identifier(f"{prefix}_{kind}"))
+            )
+        # The right to make a schema of its own, to shadow the engine's names from.
+        conn.execute(
+            sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(sql.Identifier(conn.info.dbname), user)
+        )
+        dsns[kind] = make_conninfo(dsn, user=f"{prefix}_{kind}_user")
+    try:
+        yield dsns
+    finally:
+        roles = [sql.Identifier(f"{prefix}_{kind}_user") for kind in KINDS]
+        roles += [sql.Identifier(f"{prefix}_{kind}") for kind in KINDS if kind != "outsider"]
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.SQL(", ").join(roles)))
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.SQL(", ").join(roles)))
+
+
+@pytest.fixture
+def queues(conn: Conn) -> tuple[str, ...]:
+    """The queues of every dynamic path, six messages each, and the marker table (the owner's:
+    a row in it is SQL run with the owner's rights)."""
+    conn.execute("CREATE TABLE public.marker (who text)")
+    conn.execute("GRANT SELECT ON public.marker TO PUBLIC")
+    for name in QUEUES:
+        if name == "far":
+            # Only the first three queues are routed: for the database, the operator's way, and
+            # in this session, which writes the routes (the way of versions before 0025 too).
+            db = sql.Identifier(conn.info.dbname)
+            conn.execute(sql.SQL("ALTER DATABASE {} SET pgbroker.route_limit = 3").format(db))
+            conn.execute("SET pgbroker.route_limit = 3")
+        conn.execute("SELECT pgmq.create(%s)", [name])
+        conn.execute(
+            "SELECT pgmq.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', n %% 3 + 1)"
+            "                                 FROM generate_series(0, 5) n))",
+            [name],
+        )
+    conn.execute("SELECT pgbroker.set_policy('capped', max_deliveries => 3)")
+    conn.execute("SELECT pgbroker.set_policy('limited', max_in_flight => 100)")
+    conn.execute("SELECT pgbroker.set_policy('far_p', priorities => true)")
+    routed = {name: conn.execute("SELECT array_position(%s, %s) IS NOT NULL",
+                                 [_route_keys(conn), name]).fetchone() for name in QUEUES}  # fmt: skip
+    assert routed == {
+        "plain": (True,),
+        "capped": (True,),
+        "limited": (True,),
+        "far": (False,),
+        "far_p": (False,),
+    }
+    return QUEUES
+
+
+@contextmanager
+def refused(sqlstate: str) -> Iterator[pytest.ExceptionInfo[psycopg.Error]]:
+    """Expect the block to fail with pgbroker's error sqlstate."""
+    with pytest.raises(psycopg.Error) as error:
+        yield error
+    assert error.value.sqlstate == sqlstate, error.value
+
+
+def _route_keys(conn: Conn) -> list[str]:
+    """The queue names the send route holds (the routes are written together)."""
+    source = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = '_route_send'").fetchone()
+    assert source is not None
+    keys = conn.execute("SELECT (regexp_match(%s, 'array_position\\(''([^'']*)''::text\\[\\]'))[1]::text[]",
+                        [source[0]]).fetchone()  # fmt: skip
+    assert keys is not None
+    return list(keys[0])
+
+
+def _hostile(op: str) -> str:
+    """A statement shaped as op's result that writes the marker as whoever runs it."""
+    columns = "1::bigint" if op.startswith("ack") else (
+        "1::bigint, 1, now(), now(), now(), '{}'::jsonb, NULL::jsonb"
+        + (", 'x'::text" if op.startswith("deliver") else ""))  # fmt: skip
+    return f"WITH m AS (INSERT INTO public.marker VALUES (current_user) RETURNING 1) SELECT {columns} FROM m"  # noqa: S608
+
+
+def _types(op: str) -> str:
+    return ACK_TYPES if op.startswith("ack") else READ_TYPES
+
+
+def seed_hostile(c: Conn) -> None:
+    """Prepare a hostile statement under every name the engine could use for every queue."""
+    for name in QUEUES:
+        for op in OPS:
+            c.execute(f"PREPARE pgb_{op}_q_{name} ({_types(op)}) AS {_hostile(op)}".encode())
+
+
+def seed_shadowed(c: Conn) -> None:
+    """Prepare the engine's own statements under a search_path whose first schema shadows
+    clock_timestamp() with a function that writes the marker."""
+    schema = f"evil_{c.info.user}"
+    c.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    c.execute(
+        sql.SQL("""CREATE FUNCTION {}.clock_timestamp() RETURNS timestamptz LANGUAGE sql AS
+                   $$ INSERT INTO public.marker VALUES (current_user) RETURNING pg_catalog.now() $$
+                """).format(sql.Identifier(schema))
+    )
+    c.execute(sql.SQL("SET search_path = {}, pg_catalog, public").format(sql.Identifier(schema)))
+    for name in QUEUES:
+        for op in OPS:
+            text = c.execute("SELECT pgbroker._statement(%s, %s)", [f"q_{name}", op]).fetchone()
+            assert text is not None
+            c.execute(text[0].encode())
+
+
+# Every call that reaches the dynamic path, as a consumer makes it.
+CALLS = [
+    "SELECT * FROM pgmq.read('plain', 30, 1, '{\"n\": 1}')",
+    "SELECT * FROM pgbroker.read('capped', 30, 1)",
+    "SELECT * FROM pgmq.read('limited', 30, 1)",
+    "SELECT * FROM pgbroker.read('limited', 30, 1)",
+    "SELECT * FROM pgmq.read('limited', 30, 1, '{\"n\": 3}')",
+    "SELECT * FROM pgmq.pop('limited')",
+    "SELECT * FROM pgmq.read('far', 30, 1)",
+    "SELECT * FROM pgmq.read('far', 30, 1, '{\"n\": 2}')",
+    "SELECT * FROM pgmq.read('far_p', 30, 1)",
+    "SELECT * FROM pgmq.read('far_p', 30, 1, '{\"n\": 2}')",
+    "SELECT * FROM pgmq.pop('far_p')",
+    "SELECT * FROM pgmq.pop('far')",
+]
+
+
+def _settle(c: Conn, queue: str, archive: bool) -> list[Any]:
+    """Read one message with a receipt from queue, and ack it."""
+    read = c.execute("SELECT receipt FROM pgbroker.read(%s, 30, 1)", [queue]).fetchall()
+    return c.execute(
+        "SELECT * FROM pgbroker.ack(%s, %s::text[], %s)", [queue, [r[0] for r in read], archive]
+    ).fetchall()
+
+
+def assert_real_messages(c: Conn, call: str) -> None:
+    """The call returns queued messages, not the rows of a seeded statement (payload {})."""
+    rows = c.execute(call.encode()).fetchall()
+    assert rows, call
+    assert all(row[5] != {} for row in rows), call
+
+
+def attack(dsn: str, seed: Callable[[Conn], None], kind: str) -> None:
+    """Seed, then make every call that reaches the dynamic path: a consumer gets real messages,
+    any other role is refused."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        seed(c)
+        for call in CALLS:
+            if kind != "consumer":
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute(call.encode())
+                continue
+            assert_real_messages(c, call)
+        if kind == "consumer":
+            for queue, archive in (("far", True), ("far_p", False), ("capped", True), ("limited", False)):
+                assert len(_settle(c, queue, archive)) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_statements_prepared_under_the_engines_names_never_run_as_the_owner(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn, kind: str
+) -> None:
+    attack(users[kind], seed_hostile, kind)
+    assert conn.execute(MARKER).fetchone() == (0,)
+
+
+def test_the_engines_own_text_prepared_under_a_hostile_search_path_never_runs_as_the_owner(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn
+) -> None:
+    """A guard: before 0025 the server's plan cache saved this case (a prepared statement run
+    under another search_path is analysed again), which the engine no longer relies on."""
+    attack(users["consumer"], seed_shadowed, "consumer")
+    assert conn.execute(MARKER).fetchone() == (0,)
+
+
+def test_a_statement_of_the_sessions_own_is_prepared_again_with_the_engines_text(
+    queues: tuple[str, ...], dsn: str, conn: Conn
+) -> None:
+    """With the session's own rights the dynamic path uses a prepared statement, but only its own:
+    one of another text under its name is replaced (after an upgrade, or a mistake)."""
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        seed_hostile(owner)
+        for call in CALLS:
+            assert_real_messages(owner, call)
+    assert conn.execute(MARKER).fetchone() == (0,)
+
+
+def test_the_sessions_own_prepared_statement_is_kept_from_call_to_call(conn: Conn) -> None:
+    """The check of its text does not prepare it again on every call."""
+    conn.execute("SET pgbroker.route_limit = 0")
+    conn.execute("SELECT pgmq.create('dyn')")
+    conn.execute("SELECT pgmq.send('dyn', '{}')")
+    prepared = "SELECT name, prepare_time FROM pg_prepared_statements"
+    conn.execute("SELECT * FROM pgmq.read('dyn', 0, 1)")
+    first = conn.execute(prepared).fetchall()
+    conn.execute("SELECT * FROM pgmq.read('dyn', 0, 1)")
+    assert [name for name, _ in first] == ["pgb_read_q_dyn"]
+    assert conn.execute(prepared).fetchall() == first
+
+
+def test_shadowed_functions_operators_types_and_tables_are_never_reached(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn
+) -> None:
+    with psycopg.connect(users["consumer"], autocommit=True) as c:
+        c.execute(
+            """
+            CREATE SCHEMA shadow;
+            CREATE FUNCTION shadow.mark() RETURNS boolean LANGUAGE sql AS
+                $$ INSERT INTO public.marker VALUES (current_user) RETURNING true $$;
+            CREATE FUNCTION shadow.lower(text) RETURNS text LANGUAGE sql AS
+                $$ SELECT 'x' FROM shadow.mark() $$;
+            CREATE FUNCTION shadow.cardinality(anyarray) RETURNS integer LANGUAGE sql AS
+                $$ SELECT 1 FROM shadow.mark() $$;
+            CREATE FUNCTION shadow.now() RETURNS timestamptz LANGUAGE sql AS
+                $$ SELECT pg_catalog.now() FROM shadow.mark() $$;
+            CREATE FUNCTION shadow.eq(bigint, bigint) RETURNS boolean LANGUAGE sql AS
+                $$ SELECT $1 OPERATOR(pg_catalog.=) $2 FROM shadow.mark() $$;
+            CREATE OPERATOR shadow.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = shadow.eq);
+            CREATE TYPE shadow.message_record AS (x integer);
+            CREATE TABLE shadow.meta (queue_name varchar, is_partitioned boolean, is_unlogged boolean,
+                                      created_at timestamptz);
+            CREATE TABLE shadow.queue_policy (queue_name text);
+            CREATE TEMP TABLE meta (queue_name varchar, is_partitioned boolean, is_unlogged boolean,
+                                    created_at timestamptz);
+            CREATE TEMP TABLE queue_head (queue_name text);
+            CREATE FUNCTION pg_temp.lower(text) RETURNS text LANGUAGE sql AS
+                $$ SELECT 'x' FROM shadow.mark() $$;
+            CREATE FUNCTION pg_temp.lower(varchar) RETURNS text LANGUAGE sql AS
+                $$ SELECT 'x' FROM shadow.mark() $$;
+            CREATE FUNCTION pg_temp.array_position(text[], varchar) RETURNS integer LANGUAGE sql AS
+                $$ SELECT 1 FROM shadow.mark() $$;
+            CREATE FUNCTION pg_temp.starts_with(varchar, text) RETURNS boolean LANGUAGE sql AS
+                $$ SELECT true FROM shadow.mark() $$;
+            SET search_path = shadow, pg_temp, pg_catalog, pgmq, pgbroker;
+            """
+        )
+        for call in CALLS:
+            assert c.execute(call.encode()).fetchall(), call
+        assert len(_settle(c, "far", True)) == 1
+        assert len(_settle(c, "plain", False)) == 1
+    assert conn.execute(MARKER).fetchone() == (0,)
+
+
+# Every send of every door that takes headers, with {h} the headers of one message.
+SENDS = [
+    "SELECT pgmq.send('plain', '{{}}', {h})",
+    "SELECT pgmq.send('plain', '{{}}', {h}, 0)",
+    "SELECT pgmq.send('plain', '{{}}', {h}, now())",
+    "SELECT pgmq.send_batch('plain', ARRAY['{{}}']::jsonb[], ARRAY[{h}])",
+    "SELECT pgmq.send_batch('plain', ARRAY['{{}}']::jsonb[], ARRAY[{h}], 0)",
+    "SELECT pgmq.send_batch('plain', ARRAY['{{}}']::jsonb[], ARRAY[{h}], now())",
+    "SELECT pgmq.send_topic('plain', '{{}}', {h}, 0)",
+    "SELECT pgmq.send_batch_topic('plain', ARRAY['{{}}']::jsonb[], ARRAY[{h}])",
+    "SELECT pgmq.send_batch_topic('plain', ARRAY['{{}}']::jsonb[], ARRAY[{h}], 0)",
+    "SELECT pgmq.send_batch_topic('plain', ARRAY['{{}}']::jsonb[], ARRAY[{h}], now())",
+    "SELECT pgbroker.receive_many('plain', ARRAY['id-1'], ARRAY['{{}}']::jsonb[], ARRAY[{h}], '1 hour')",
+    "SELECT pgbroker.receive_many('far', ARRAY['id-2'], ARRAY['{{}}']::jsonb[], ARRAY[{h}], '1 hour')",
+    "SELECT pgmq.send('far', '{{}}', {h})",
+]
+RESERVED = ["x-pgbroker-dead-letter", "X-PGBROKER-DEAD-LETTER", "x-pgbroker-schedule", "x-pgbroker-stream",
+            "x-pgbroker-published", "x-pgbroker-anything-new"]  # fmt: skip
+
+
+@pytest.mark.parametrize("header", RESERVED)
+def test_no_send_carries_a_reserved_header(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn, header: str
+) -> None:
+    conn.execute("SELECT pgmq.bind_topic('plain', 'plain')")
+    forged = sql.Literal(f'{{"{header}": {{"queue": "capped", "msg_id": 1}}}}').as_string(conn) + "::jsonb"
+    with psycopg.connect(users["producer"], autocommit=True) as producer:
+        for send in SENDS:
+            with refused("PB007") as error:
+                producer.execute(send.format(h=forged).encode())
+            assert "reserved" in str(error.value), send
+        # The job headers are a sender's to set.
+        producer.execute("""SELECT pgmq.send('plain', '{}', '{"x-pgbroker-priority": 5}'::jsonb)""")
+    conn.execute("SELECT pgbroker.create_stream('s')")
+    with refused("PB007"):
+        conn.execute(f"SELECT pgbroker.stream_send('s', '{{}}', {forged})")
+    assert conn.execute(
+        "SELECT count(*) FROM pgmq.q_plain WHERE headers ?| ARRAY[%s]", [header]
+    ).fetchone() == (0,)
+    assert conn.execute("SELECT count(*) FROM pgbroker.dead_letters('capped')").fetchone() == (0,)
+
+
+def test_the_engines_own_headers_still_travel(conn: Conn) -> None:
+    """Dead-lettering, replay and schedules write the reserved headers themselves."""
+    conn.execute("SELECT pgmq.create('jobs')")
+    conn.execute("SELECT pgbroker.set_policy('jobs', max_deliveries => 1)")
+    conn.execute("""SELECT pgbroker.schedule_add('tick', 'jobs', '* * * * *', '{"job": 1}')""")
+    conn.execute("UPDATE pgbroker.schedules SET next_run = now() - interval '1 minute'")
+    conn.execute("SELECT pgbroker.schedule_tick()")
+    receipt = conn.execute("SELECT receipt FROM pgbroker.read('jobs', 30, 1)").fetchone()
+    assert receipt is not None
+    conn.execute("SELECT pgbroker.fail('jobs', %s, 'boom')", [receipt[0]])
+    letter = conn.execute("SELECT headers FROM pgbroker.dead_letters('jobs')").fetchone()
+    assert letter is not None
+    assert {"x-pgbroker-dead-letter", "x-pgbroker-schedule"} <= letter[0].keys()
+    conn.execute("SELECT pgbroker.replay_dead_letters('jobs')")
+    replayed = conn.execute("SELECT headers FROM pgmq.q_jobs").fetchall()
+    assert [sorted(r[0]) for r in replayed] == [["x-pgbroker-schedule"]]
+
+
+BIG = "SELECT pgmq.send('plain', jsonb_build_object('blob', repeat('x', 2000000)))"
+SMALL = "SELECT pgmq.send('plain', jsonb_build_object('blob', repeat('x', 2000)))"
+
+
+def test_a_session_cannot_lift_the_limits(users: dict[str, str], queues: tuple[str, ...], conn: Conn) -> None:
+    role = sql.Identifier(str(conninfo_to_dict(users["producer"])["user"]))
+    # A role may set its own defaults: that must not lift the limit either.
+    conn.execute(sql.SQL("ALTER ROLE {} SET pgbroker.max_message_bytes = 0").format(role))
+    with psycopg.connect(users["producer"], autocommit=True) as producer:
+        for value in ("0", "", "99999999999"):
+            producer.execute(sql.SQL("SET pgbroker.max_message_bytes = {}").format(sql.Literal(value)))
+            producer.execute("SET pgbroker.route_limit = 100000")
+            with refused("PB005"):
+                producer.execute(BIG)
+        # A session may make the limit stricter.
+        producer.execute("SET pgbroker.max_message_bytes = 1000")
+        with refused("PB005"):
+            producer.execute(SMALL)
+    # The operator's limit, for the database, holds against any session value.
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET pgbroker.max_message_bytes = 1000").format(
+            sql.Identifier(conn.info.dbname)
+        )
+    )
+    with psycopg.connect(users["producer"], autocommit=True) as producer:
+        producer.execute("SET pgbroker.max_message_bytes = 0")
+        with refused("PB005"):
+            producer.execute(SMALL)
+    assert conn.execute("SELECT count(*) FROM pgmq.q_plain WHERE message ? 'blob'").fetchone() == (0,)
+
+
+def test_prune_windows_are_validated_and_scoped(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn
+) -> None:
+    for queue in ("plain", "far"):
+        conn.execute(
+            "SELECT pgbroker.receive_many(%s, ARRAY['a'], ARRAY['{}']::jsonb[], ARRAY[NULL::jsonb], '1 day')",
+            [queue],
+        )
+    conn.execute("UPDATE pgbroker.inbound_seen SET seen_at = now() - interval '2 hours'")
+    with psycopg.connect(users["producer"], autocommit=True) as producer:
+        for window, batch in (("-1 year", 10), ("0", 10), ("59 seconds", 10), (None, 10), ("1 hour", 0),
+                              ("1 hour", 10_000_000)):  # fmt: skip
+            with refused("PB007"):
+                producer.execute("SELECT pgbroker.prune_inbound_seen(%s::interval, %s)", [window, batch])
+        assert producer.execute("SELECT pgbroker.prune_inbound_seen('1 hour', 10, 'far')").fetchone() == (1,)
+    assert conn.execute("SELECT queue_name FROM pgbroker.inbound_seen").fetchall() == [("plain",)]
+    with refused("PB007"):
+        conn.execute("SELECT pgbroker.prune_stream_inbound_seen('-1 year')")
+
+
+@pytest.mark.parametrize("name", ["a b", "tab\there", "nbsp\u00a0x", "trailing ", "line\nbreak"])
+def test_names_with_whitespace_are_refused(conn: Conn, name: str) -> None:
+    for create in ("SELECT pgmq.create(%s)", "SELECT pgbroker.create_stream(%s)"):
+        with refused("PB001"):
+            conn.execute(create, [name])
+
+
+def test_an_existing_odd_name_does_not_break_the_route_writer(conn: Conn) -> None:
+    """A queue named before names were checked for whitespace keeps working, and so do creates,
+    drops and policies of others."""
+    conn.execute("SELECT pgmq.create('odd')")
+    conn.execute('ALTER TABLE pgmq.q_odd RENAME TO "q_o d"')
+    conn.execute('ALTER TABLE pgmq.a_odd RENAME TO "a_o d"')
+    conn.execute("UPDATE pgmq.meta SET queue_name = 'o d' WHERE queue_name = 'odd'")  # rewrites the routes
+    conn.execute("SELECT pgmq.create('next')")
+    conn.execute("SELECT pgbroker.set_policy('next', max_deliveries => 2)")
+    conn.execute("SELECT pgmq.send('o d', '{\"n\": 1}')")
+    read = conn.execute("SELECT message, receipt FROM pgbroker.read('o d', 30, 1)").fetchall()
+    assert [r[0] for r in read] == [{"n": 1}]
+    assert conn.execute("SELECT * FROM pgbroker.ack('o d', %s::text[], true)", [[read[0][1]]]).fetchall()
+    conn.execute("SELECT pgmq.drop_queue('next')")
+
+
+def test_pg_monitor_reads_no_payload_unless_the_operator_allows_it(
+    conn: Conn, dsn: str, pg_admin_dsn: str
+) -> None:
+    user = f"mon_{uuid.uuid4().hex[:10]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE pg_monitor").format(sql.Identifier(user)))
+    try:
+        conn.execute("SELECT pgmq.create('jobs')")
+        conn.execute("""SELECT pgmq.send('jobs', '{"secret": 1}')""")
+        monitor_dsn = make_conninfo(dsn, user=user)
+
+        def can_read_payloads() -> bool:
+            with psycopg.connect(monitor_dsn, autocommit=True) as monitor:
+                assert monitor.execute("SELECT queue_name FROM pgmq.meta").fetchall() == [("jobs",)]
+                try:
+                    monitor.execute("SELECT message FROM pgmq.q_jobs")
+                except psycopg.errors.InsufficientPrivilege:
+                    return False
+                return True
+
+        assert not can_read_payloads()
+        conn.execute("SELECT pgbroker.grant_pg_monitor_payloads(true)")
+        assert can_read_payloads()
+        conn.execute("SELECT pgbroker.grant_pg_monitor_payloads(false)")
+        assert not can_read_payloads()
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(user)))
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(user)))

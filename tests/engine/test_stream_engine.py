@@ -1,0 +1,328 @@
+"""The stream engine's SQL (sql/functions/92_streams.sql), one session or a few interleaved: sends
+only insert, groups read every committed message once in order per key, a late commit is never
+skipped, acks are fenced by the partition's epoch, failures go to the retry queue under its
+policy, retention truncates child tables and leaves no dead tuple."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.support.streams import ack, drain, read, send
+
+Conn = psycopg.Connection[Any]
+
+
+def make_stream(conn: Conn, name: str = "clicks", partitions: int = 4, **settings: Any) -> None:
+    args = ", ".join(f"{k} => %({k})s" for k in settings)
+    conn.execute(
+        f"SELECT pgbroker.create_stream(%(name)s, %(partitions)s{', ' + args if args else ''})",
+        {"name": name, "partitions": partitions, **settings},
+    )
+
+
+def make_group(conn: Conn, group: str, start: str = "start", stream: str = "clicks") -> None:
+    conn.execute("SELECT pgbroker.create_stream_group(%s, %s, %s)", (stream, group, start))
+
+
+def test_a_group_reads_every_message_once_in_order_per_key(conn: Conn) -> None:
+    make_stream(conn)
+    make_group(conn, "g")
+    keys = [f"k{i % 7}" for i in range(300)]
+    ids = send(conn, "clicks", [{"n": i, "k": k} for i, k in enumerate(keys)], keys)
+    seen = drain(conn, "clicks", "g", "c1", qty=50)
+    assert sorted(seen) == ids
+    rows = conn.execute("SELECT id, key, partition FROM pgbroker.s_clicks").fetchall()
+    by_id = {r[0]: r for r in rows}
+    for key in set(keys):  # one partition per key, read in send order
+        order = [i for i in seen if by_id[i][1] == key]
+        assert order == sorted(order)
+        assert len({by_id[i][2] for i in order}) == 1
+    assert read(conn, "clicks", "g", "c1").rows == []
+
+
+def test_sends_carry_headers_and_keys(conn: Conn) -> None:
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    conn.execute(
+        "SELECT pgbroker.stream_send('clicks', %s, %s, 'user-1')", (Jsonb({"a": 1}), Jsonb({"h": "v"}))
+    )
+    (row,) = read(conn, "clicks", "g", "c").rows
+    assert (row[3], row[5], row[6]) == ("user-1", {"h": "v"}, {"a": 1})
+
+
+def test_groups_start_at_the_start_the_end_or_a_time(conn: Conn) -> None:
+    make_stream(conn)
+    send(conn, "clicks", [{"n": 1}, {"n": 2}])
+    conn.execute("SELECT pg_sleep(0.05)")
+    middle = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+    conn.execute("SELECT pg_sleep(0.05)")
+    send(conn, "clicks", [{"n": 3}])
+    make_group(conn, "from_start", "start")
+    make_group(conn, "from_end", "end")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'from_time', 'time', %s)", (middle,))
+    send(conn, "clicks", [{"n": 4}])
+
+    def numbers(group: str) -> list[int]:
+        msgs = [r[6]["n"] for r in read(conn, "clicks", group, "c").rows]
+        return sorted(msgs)
+
+    assert numbers("from_start") == [1, 2, 3, 4]
+    assert numbers("from_end") == [4]
+    assert numbers("from_time") == [3, 4]
+
+
+def test_a_late_commit_is_never_skipped(dsn: str, conn: Conn) -> None:
+    """A send that took a low id and commits after a higher id was committed and could be read:
+    reads stop below it until it commits, then deliver it."""
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    with psycopg.connect(dsn) as slow, psycopg.connect(dsn, autocommit=True) as fast:
+        (late,) = send(slow, "clicks", [{"n": "late"}])  # open transaction
+        (early,) = send(fast, "clicks", [{"n": "early"}])
+        assert late < early
+        for _ in range(3):
+            assert read(conn, "clicks", "g", "c").rows == []
+        slow.commit()
+    batch = read(conn, "clicks", "g", "c")
+    assert batch.ids == [late, early]
+    ack(conn, "clicks", "g", "c", batch)
+    assert conn.execute("SELECT acked_id FROM pgbroker.stream_cursor").fetchone() == (early,)
+
+
+def test_a_rolled_back_send_does_not_hold_the_stream(dsn: str, conn: Conn) -> None:
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    with psycopg.connect(dsn) as other:
+        send(other, "clicks", [{"n": "gone"}])
+        ids = send(conn, "clicks", [{"n": "kept"}])
+        other.rollback()
+    assert drain(conn, "clicks", "g", "c") == ids
+
+
+def test_a_long_transaction_elsewhere_does_not_hold_the_stream(dsn: str, conn: Conn) -> None:
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    conn.execute("CREATE TABLE other (x int)")
+    with psycopg.connect(dsn) as other:
+        other.execute("INSERT INTO other VALUES (1)")  # holds an xid, writes no stream
+        ids = send(conn, "clicks", [{"n": 1}])
+        assert drain(conn, "clicks", "g", "c") == ids
+
+
+def test_reads_outside_read_committed_are_refused(dsn: str, conn: Conn) -> None:
+    make_stream(conn)
+    make_group(conn, "g")
+    with psycopg.connect(dsn) as rr:
+        rr.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        with pytest.raises(psycopg.Error, match="READ COMMITTED") as err:
+            read(rr, "clicks", "g", "c")
+        assert err.value.sqlstate == "PB007"
+
+
+def test_reading_again_before_acking_hands_out_the_next_messages(conn: Conn) -> None:
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(10)])
+    first = read(conn, "clicks", "g", "c", qty=4)
+    second = read(conn, "clicks", "g", "c", qty=4)
+    assert first.ids + second.ids == ids[:8]
+    ack(conn, "clicks", "g", "c", second)  # acks everything up to its last id
+    assert conn.execute("SELECT acked_id FROM pgbroker.stream_cursor").fetchone() == (ids[7],)
+
+
+def test_consumers_share_partitions_and_a_dead_ones_batch_is_delivered_again(conn: Conn) -> None:
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(40)])
+    a = read(conn, "clicks", "g", "a", qty=100, lease=1)  # a alone: takes all four
+    assert sorted(a.ids) == ids
+    conn.execute("SELECT pg_sleep(1.2)")  # a's lease runs out, unacked
+    b = read(conn, "clicks", "g", "b", qty=100, lease=30)
+    assert sorted(b.ids) == ids  # b took the partitions over and got a's batch again
+    assert set(ack(conn, "clicks", "g", "a", a).values()) == {False}  # a's ack is fenced off
+    assert set(ack(conn, "clicks", "g", "b", b).values()) == {True}
+    # A second live consumer: b gives up what is beyond its share at its next renewal.
+    c = read(conn, "clicks", "g", "c", lease=30)
+    assert c.rows == []
+    conn.execute("UPDATE pgbroker.stream_consumer SET renewed_at = renewed_at - interval '1 minute'")
+    read(conn, "clicks", "g", "b", lease=30)
+    read(conn, "clicks", "g", "c", lease=30)
+    owners = conn.execute(
+        "SELECT owner, count(*) FROM pgbroker.stream_cursor GROUP BY owner ORDER BY 1"
+    ).fetchall()
+    assert owners == [("b", 2), ("c", 2)]
+
+
+def test_release_frees_the_partitions_at_once(conn: Conn) -> None:
+    make_stream(conn, partitions=2)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(4)])
+    read(conn, "clicks", "g", "a")
+    assert conn.execute("SELECT pgbroker.stream_release('clicks', 'g', 'a')").fetchone() == (2,)
+    assert sorted(read(conn, "clicks", "g", "b").ids) == ids
+
+
+def test_failed_messages_go_to_the_retry_queue_with_their_error(conn: Conn) -> None:
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    conn.execute(
+        "SELECT pgbroker.set_policy('clicks_g_retry', backoff => 'fixed', backoff_base_seconds => 0)"
+    )
+    ids = send(conn, "clicks", [{"n": i} for i in range(5)])
+    batch = read(conn, "clicks", "g", "c")
+    ack(conn, "clicks", "g", "c", batch, failed=[ids[1], ids[3]], errors=["one", "three"])
+    rows = conn.execute("SELECT message, headers FROM pgmq.q_clicks_g_retry ORDER BY msg_id").fetchall()
+    assert [r[0] for r in rows] == [{"n": 1}, {"n": 3}]
+    assert [r[1]["x-pgbroker-stream"]["error"] for r in rows] == ["one", "three"]
+    assert [r[1]["x-pgbroker-stream"]["id"] for r in rows] == [ids[1], ids[3]]
+    assert read(conn, "clicks", "g", "c").rows == []  # the batch is settled
+
+
+def test_a_retry_queue_with_max_deliveries_1_dead_letters_at_once(conn: Conn) -> None:
+    make_stream(conn, partitions=1)
+    conn.execute("SELECT pgmq.create('clicks_dlq')")
+    make_group(conn, "g")
+    conn.execute(
+        "SELECT pgbroker.set_policy('clicks_g_retry', max_deliveries => 1, dead_letter_queue => 'clicks_dlq')"
+    )
+    ids = send(conn, "clicks", [{"n": 1}])
+    ack(conn, "clicks", "g", "c", read(conn, "clicks", "g", "c"), failed=ids, errors=["poison"])
+    assert conn.execute("SELECT count(*) FROM pgmq.q_clicks_g_retry").fetchone() == (0,)
+    (headers,) = conn.execute("SELECT headers FROM pgmq.q_clicks_dlq").fetchone()  # type: ignore[misc]
+    assert headers["x-pgbroker-dead-letter"]["error"] == "poison"
+    assert headers["x-pgbroker-stream"]["id"] == ids[0]
+
+
+def test_a_stale_ack_sends_no_failure_to_the_retry_queue(conn: Conn) -> None:
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": 1}])
+    stale = read(conn, "clicks", "g", "a", lease=1)
+    conn.execute("SELECT pg_sleep(1.2)")
+    read(conn, "clicks", "g", "b")
+    assert ack(conn, "clicks", "g", "a", stale, failed=ids, errors=["x"]) == {0: False}
+    assert conn.execute("SELECT count(*) FROM pgmq.q_clicks_g_retry").fetchone() == (0,)
+
+
+def test_lag_per_group(conn: Conn) -> None:
+    make_stream(conn, partitions=2)
+    make_group(conn, "fast")
+    make_group(conn, "slow")
+    send(conn, "clicks", [{"n": i} for i in range(10)])
+    drain(conn, "clicks", "fast", "c")
+    lags = {r[0]: r[1] for r in conn.execute("SELECT * FROM pgbroker.stream_groups('clicks')")}
+    assert lags == {"fast": 0, "slow": 10}
+
+
+def sizes_and_dead(conn: Conn, stream: str = "clicks") -> tuple[int, int]:
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    row = conn.execute(
+        "SELECT coalesce(sum(n_dead_tup), 0), count(*) FROM pg_stat_user_tables "
+        "WHERE schemaname = 'pgbroker' AND relname LIKE %s",
+        (f"s\\_{stream}\\_%",),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_retention_truncates_what_every_group_passed_and_leaves_no_dead_tuples(conn: Conn) -> None:
+    make_stream(conn, partitions=2, segment_rows=1000, segments=4)
+    make_group(conn, "a")
+    make_group(conn, "b")
+    for _ in range(30):  # 30,000 messages: seven and a half laps of the ring
+        send(conn, "clicks", [{"n": i} for i in range(1000)])
+        drain(conn, "clicks", "a", "c", qty=500)
+        drain(conn, "clicks", "b", "c", qty=500)
+        conn.execute("SELECT pgbroker.maintain_stream('clicks')")
+    kept = conn.execute("SELECT count(*) FROM pgbroker.s_clicks").fetchone()[0]  # type: ignore[index]
+    assert kept <= 2000  # the current segment and at most one more
+    dead, tables = sizes_and_dead(conn)
+    assert tables == 4
+    assert dead == 0
+    small = conn.execute(
+        "SELECT max(pg_total_relation_size(c)) FROM unnest(ARRAY['pgbroker.stream_cursor', "
+        "'pgbroker.stream_consumer', 'pgbroker.stream_watermark', 'pgbroker.stream_group']::regclass[]) c"
+    ).fetchone()[0]  # type: ignore[index]
+    assert small < 1024 * 1024
+
+
+def test_retention_keeps_what_a_group_has_not_read(conn: Conn) -> None:
+    make_stream(conn, partitions=1, segment_rows=100, segments=3)
+    make_group(conn, "reader")
+    make_group(conn, "laggard")
+    ids = send(conn, "clicks", [{"n": i} for i in range(1000)])
+    drain(conn, "clicks", "reader", "c")
+    assert conn.execute("SELECT pgbroker.maintain_stream('clicks')").fetchone() == (0,)
+    assert drain(conn, "clicks", "laggard", "c", qty=1000) == ids
+
+
+def test_retention_by_time_and_by_size(conn: Conn) -> None:
+    make_stream(conn, "old", partitions=1, segment_rows=100, segments=3, retention_seconds=1)
+    send(conn, "old", [{"n": i} for i in range(150)])
+    conn.execute("SELECT pg_sleep(1.1)")
+    assert conn.execute("SELECT pgbroker.maintain_stream('old')").fetchone() == (2,)
+    assert conn.execute("SELECT count(*) FROM pgbroker.s_old").fetchone() == (0,)
+
+    make_stream(conn, "big", partitions=1, segment_rows=1000, segments=4, retention_bytes=1)
+    send(conn, "big", [{"n": i} for i in range(2500)])
+    conn.execute("SELECT pgbroker.maintain_stream('big')")
+    # Everything but the current segment goes, oldest first; what stays is the newest.
+    left = [r[0] for r in conn.execute("SELECT id FROM pgbroker.s_big ORDER BY id")]
+    assert left == list(range(2000, 2501))
+
+
+def test_bad_input_names_the_problem(conn: Conn) -> None:
+    with pytest.raises(psycopg.Error, match='stream "nope" does not exist') as err:
+        conn.execute("SELECT pgbroker.stream_send('nope', '{}')")
+    assert err.value.sqlstate == "PB020"
+    make_stream(conn)
+    with pytest.raises(psycopg.Error, match='no consumer group "g"') as err:
+        read(conn, "clicks", "g", "c")
+    assert err.value.sqlstate == "PB021"
+    for call, text in [
+        ("SELECT pgbroker.create_stream('Bad/Name!')", "stream name"),  # whitespace: PB001, test_security
+        ("SELECT pgbroker.create_stream('x', 0)", "partitions"),
+        ("SELECT pgbroker.create_stream('clicks', 8)", "exists with partitions 4"),
+        ("SELECT pgbroker.create_stream_group('clicks', 'g', 'middle')", "start_from"),
+        (
+            "SELECT pgbroker.stream_send_many('clicks', ARRAY['{}']::jsonb[], NULL, ARRAY['a', 'b'])",
+            "one entry",
+        ),
+    ]:
+        with pytest.raises(psycopg.Error, match=text) as err:
+            conn.execute(call)
+        assert err.value.sqlstate == "PB007", call
+    assert conn.execute("SELECT count(*) FROM pgbroker.stream").fetchone() == (1,)
+
+
+def test_drop_stream_removes_its_tables(conn: Conn) -> None:
+    make_stream(conn)
+    make_group(conn, "g")
+    assert conn.execute("SELECT pgbroker.drop_stream('clicks')").fetchone() == (True,)
+    assert conn.execute("SELECT to_regclass('pgbroker.s_clicks')").fetchone() == (None,)
+    assert conn.execute("SELECT count(*) FROM pgbroker.stream_cursor").fetchone() == (0,)
+    assert conn.execute("SELECT pgbroker.drop_stream('clicks')").fetchone() == (False,)
+
+
+def test_enqueued_at_is_the_send_time(conn: Conn) -> None:
+    make_stream(conn)
+    before = dt.datetime.now(dt.UTC)
+    send(conn, "clicks", [{}])
+    (at,) = conn.execute("SELECT enqueued_at FROM pgbroker.s_clicks").fetchone()  # type: ignore[misc]
+    assert abs((at - before).total_seconds()) < 5
+
+
+def test_rewind_hands_out_the_unacknowledged_again(conn: Conn) -> None:
+    """For a consumer whose read committed but whose connection broke before the rows arrived."""
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(6)])
+    ack(conn, "clicks", "g", "c", read(conn, "clicks", "g", "c", qty=2))
+    assert read(conn, "clicks", "g", "c", qty=2).ids == ids[2:4]  # "lost"
+    assert conn.execute("SELECT pgbroker.stream_rewind('clicks', 'g', 'c')").fetchone() == (1,)
+    assert read(conn, "clicks", "g", "c", qty=10).ids == ids[2:]

@@ -1,0 +1,494 @@
+"""The worker runtime in process: handlers, concurrency, outcomes by policy, leases and heartbeats,
+graceful stop, wake-ups, and what an idle worker costs the server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+
+from pgbroker import App, Broker, InvalidArgument, Message, QueueNotFound, Worker
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._app import serve
+from tests.support.tables import Conn, a_rows, q_rows
+from tests.support.worker import run_until
+
+DEAD = "x-pgbroker-dead-letter"
+
+
+def test_sync_and_async_handlers_consume_every_message(broker: Broker, dsn: str, conn: Conn) -> None:
+    sync_queue, async_queue = broker.create_queue("sync_jobs"), broker.create_queue("async_jobs")
+    sent = sync_queue.send_many(list(range(50)))
+    async_queue.send_many(list(range(50)))
+    seen: dict[str, list[int]] = {"sync": [], "async": []}
+    threads: set[str] = set()
+
+    def handle_sync(message: Message) -> None:
+        threads.add(threading.current_thread().name)
+        seen["sync"].append(message.message)
+
+    async def handle_async(message: Message) -> None:
+        await asyncio.sleep(0)
+        seen["async"].append(message.message)
+
+    workers = [
+        Worker("sync_jobs", handle_sync, concurrency=4),
+        Worker("async_jobs", handle_async, concurrency=4),
+    ]
+    asyncio.run(run_until(dsn, workers, lambda: all(w.stats.completed == 50 for w in workers)))
+    assert sorted(seen["sync"]) == sorted(seen["async"]) == list(range(50))
+    assert all(name.startswith("pgbroker-sync_jobs") for name in threads)  # sync handlers ran on threads
+    assert [r[0] for r in a_rows(conn, "sync_jobs")] == sent
+    assert q_rows(conn, "sync_jobs") == q_rows(conn, "async_jobs") == []
+
+
+def test_concurrency_is_the_number_of_messages_in_flight(broker: Broker, dsn: str) -> None:
+    broker.create_queue("jobs").send_many(list(range(40)))
+    running = peak = 0
+
+    async def handle(message: Message) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+
+    worker = Worker("jobs", handle, concurrency=5)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 40))
+    assert peak == 5
+    assert worker.stats.reads < 40  # reads are shared by several messages
+
+
+def test_an_always_failing_handler_dead_letters_after_exactly_max_deliveries(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    queue = broker.create_queue("jobs")
+    broker.create_queue("jobs_dlq")
+    queue.set_policy(max_deliveries=3, backoff="fixed", backoff_base_seconds=0, dead_letter_queue="jobs_dlq")
+    sent = queue.send({"order": 1})
+    deliveries: list[int] = []
+
+    def handle(message: Message) -> None:
+        deliveries.append(message.read_ct)
+        raise ValueError(f"cannot ship order {message.message['order']}")
+
+    worker = Worker("jobs", handle)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.dead_lettered == 1))
+    assert deliveries == [1, 2, 3]
+    assert (worker.stats.retried, worker.stats.dead_lettered, worker.stats.completed) == (2, 1, 0)
+    assert q_rows(conn, "jobs") == []
+    [letter] = queue.dead_letters()
+    assert letter.headers is not None
+    why = letter.headers[DEAD]
+    assert (why["msg_id"], why["deliveries"]) == (sent, 3)
+    assert why["error"] == "ValueError: cannot ship order 1"
+
+
+def test_a_handler_s_failure_is_logged_at_warning_with_its_traceback(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # WARNING is what the CLI shows without -v: a buggy handler must not look like an idle worker.
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    queue.set_policy(max_deliveries=1)
+    sent = queue.send({"order": 1})
+
+    def handle(message: Message) -> None:
+        raise ValueError("cannot ship")
+
+    worker = Worker("jobs", handle)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.dead_lettered == 1))
+    [failed] = [r for r in caplog.records if r.getMessage().startswith("worker.handler_failed")]
+    assert failed.levelno == logging.WARNING
+    assert f"msg_id={sent}" in failed.getMessage()
+    assert 'error="ValueError: cannot ship"' in failed.getMessage()
+    assert failed.exc_info is not None
+    assert failed.exc_info[0] is ValueError
+
+
+def test_a_handler_slower_than_its_lease_cannot_ack_and_the_consumer_that_took_over_acks(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    queue = broker.create_queue("jobs")
+    sent = queue.send("slow")
+    handled: list[tuple[str, int]] = []
+    slow_started = threading.Event()
+
+    def slow(message: Message) -> None:
+        handled.append(("slow", message.read_ct))
+        slow_started.set()
+        time.sleep(2.5)  # the lease is 1 s, and nothing extends it
+
+    def fast(message: Message) -> None:
+        handled.append(("fast", message.read_ct))
+
+    slow_worker = Worker("jobs", slow, vt=1, heartbeat=False)
+    fast_worker = Worker("jobs", fast, vt=30, poll_max=0.2)
+
+    def both_done() -> bool:
+        return slow_worker.stats.stale == 1 and fast_worker.stats.completed == 1
+
+    async def scenario() -> None:
+        async def start_fast_after_slow() -> None:
+            while not slow_started.is_set():
+                await asyncio.sleep(0.01)
+            await run_until(dsn, [fast_worker], both_done)
+
+        second = asyncio.create_task(start_fast_after_slow())
+        await run_until(dsn, [slow_worker], both_done)
+        await second
+
+    asyncio.run(scenario())
+    assert handled == [("slow", 1), ("fast", 2)]
+    assert (slow_worker.stats.completed, slow_worker.stats.stale) == (0, 1)
+    assert (fast_worker.stats.completed, fast_worker.stats.stale) == (1, 0)
+    [(msg_id, read_ct, _, _)] = a_rows(conn, "jobs")
+    assert (msg_id, read_ct) == (sent, 2)
+
+
+def test_the_heartbeat_keeps_the_lease_of_a_slow_handler(broker: Broker, dsn: str, conn: Conn) -> None:
+    queue = broker.create_queue("jobs")
+    queue.send("slow")
+    deliveries: list[int] = []
+
+    async def slow(message: Message) -> None:
+        deliveries.append(message.read_ct)
+        await asyncio.sleep(3)
+
+    worker = Worker("jobs", slow, vt=2, concurrency=2, poll_max=0.1)  # free to take a redelivery
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 1))
+    assert deliveries == [1]
+    assert worker.stats.stale == 0
+    assert [r[1] for r in a_rows(conn, "jobs")] == [1]
+
+
+def test_success_follows_the_queues_ack_mode(broker: Broker, dsn: str, conn: Conn) -> None:
+    queue = broker.create_queue("jobs")
+    queue.set_policy(ack_mode="delete")
+    queue.send_many([1, 2, 3])
+    worker = Worker("jobs", lambda message: None, concurrency=3)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 3))
+    assert q_rows(conn, "jobs") == a_rows(conn, "jobs") == []
+
+
+def test_stop_lets_handlers_in_flight_finish_within_the_grace_period(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    broker.create_queue("jobs").send_many([1, 2])
+    started = 0
+
+    async def handle(message: Message) -> None:
+        nonlocal started
+        started += 1
+        await asyncio.sleep(0.5)
+
+    worker = Worker("jobs", handle, concurrency=2, grace_period=10)
+    asyncio.run(run_until(dsn, [worker], lambda: started == 2))  # stops as soon as both started
+    assert (worker.stats.completed, worker.stats.released) == (2, 0)
+    assert q_rows(conn, "jobs") == []
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_stop_gives_back_what_cannot_finish_within_the_grace_period(
+    broker: Broker, dsn: str, conn: Conn, kind: str
+) -> None:
+    queue = broker.create_queue("jobs")
+    sent = queue.send("stuck")
+    started = threading.Event()
+    unblock = threading.Event()
+
+    async def stuck_async(message: Message) -> None:
+        started.set()
+        await asyncio.sleep(60)
+
+    def stuck_sync(message: Message) -> None:
+        started.set()
+        unblock.wait(60)
+
+    worker = Worker("jobs", stuck_async if kind == "async" else stuck_sync, vt=300, grace_period=0.3)
+    began = time.monotonic()
+    asyncio.run(run_until(dsn, [worker], started.is_set))
+    unblock.set()
+    assert time.monotonic() - began < 10
+    assert (worker.stats.completed, worker.stats.released) == (0, 1)
+    [(msg_id, read_ct, _, _, _)] = q_rows(conn, "jobs")
+    assert (msg_id, read_ct) == (sent, 1)
+    assert queue.read() is not None  # visible again at once, not after its 300 s lease
+
+
+def _ack_across_killed_connections(dsn: str, conn: Conn, pg_admin_dsn: str) -> Worker:
+    """A handler runs while every other session of the database is terminated; returns the
+    worker once it has acked the message."""
+    handling = threading.Event()
+    connections_killed = threading.Event()
+
+    def handle(message: Message) -> None:
+        handling.set()
+        assert connections_killed.wait(10)
+
+    def kill_connections() -> None:
+        handling.wait(10)
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(
+                # With a timeout it waits until they are gone (PostgreSQL 14+): the sockets then
+                # hold the server's goodbye when the handler returns.
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> %s",
+                [conn.info.dbname, conn.info.backend_pid],
+            )
+        connections_killed.set()
+
+    killer = threading.Thread(target=kill_connections)
+    killer.start()
+    worker = Worker("jobs", handle)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 1))
+    killer.join()
+    return worker
+
+
+def test_acks_are_retried_when_the_connection_is_lost(
+    broker: Broker,
+    dsn: str,
+    conn: Conn,
+    pg_admin_dsn: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgbroker.worker")
+    broker.create_queue("jobs").send("survives")
+    # A connection cut without a word (a network partition) looks alive to the check the pool
+    # makes (pgbroker._db.liveness): the ack meets it dead.
+    monkeypatch.setattr("pgbroker.queues._client_async.server_has_written", lambda conn: False)
+    worker = _ack_across_killed_connections(dsn, conn, pg_admin_dsn)
+    assert (worker.stats.completed, worker.stats.stale) == (1, 0)
+    # The ack met a dead connection, and was tried again.
+    assert any(r.getMessage().startswith("worker.retrying") for r in caplog.records)
+    with psycopg.connect(dsn) as fresh:
+        assert [r[1] for r in a_rows(fresh, "jobs")] == [1]  # acked on its first delivery
+
+
+def test_acks_pass_over_connections_the_server_closed(
+    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgbroker.worker")
+    broker.create_queue("jobs").send("survives")
+    worker = _ack_across_killed_connections(dsn, conn, pg_admin_dsn)
+    assert (worker.stats.completed, worker.stats.stale) == (1, 0)
+    # The terminated sessions said so before the ack: it took a new connection, no retry needed.
+    assert not any(r.getMessage().startswith("worker.retrying") for r in caplog.records)
+    with psycopg.connect(dsn) as fresh:
+        assert [r[1] for r in a_rows(fresh, "jobs")] == [1]  # acked on its first delivery
+
+
+def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
+    queue = broker.create_queue("jobs")
+    handled_at: list[float] = []
+    worker = Worker("jobs", lambda message: handled_at.append(time.monotonic()), poll_min=10, poll_max=10)
+
+    async def scenario() -> float:
+        async def send_when_asleep() -> float:
+            await asyncio.sleep(1.0)  # the worker read, found nothing, and sleeps for 10 s
+            sent_at = time.monotonic()
+            await asyncio.to_thread(queue.send, "wake up")
+            return sent_at
+
+        sender = asyncio.create_task(send_when_asleep())
+        await run_until(dsn, [worker], lambda: bool(handled_at), timeout=8)
+        return await sender
+
+    sent_at = asyncio.run(scenario())
+    assert handled_at[0] - sent_at < 1.0  # a notification, not the 10 s poll
+
+
+class CountingConnection(psycopg.AsyncConnection[Any]):
+    """Counts every statement sent through the pool's connections (the executor's only door)."""
+
+    sent: list[str] = []
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        CountingConnection.sent.append(str(query).split("(")[0])
+        return await super().execute(query, params, **kwargs)
+
+
+READ = "SELECT * FROM pgbroker.read"
+
+
+def test_an_idle_worker_sends_nothing_but_rare_polls(
+    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str
+) -> None:
+    """Counted at the client: every statement through the worker's pool (its LISTEN connection
+    only LISTENs). Checked at the server: pg_stat_user_functions counts the calls of
+    pgbroker.read in the test's database, which must be exactly the reads the client counted,
+    so the client-side count missed nothing. (Transaction counts would include autovacuum's.)
+    """
+    broker.create_queue("jobs")
+    dbname = str(psycopg.conninfo.conninfo_to_dict(dsn)["dbname"])
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(sql.Identifier(dbname)))
+    poll_max, window = 1.5, 6.0
+    worker = Worker("jobs", lambda message: None, poll_min=0.05, poll_max=poll_max)
+    idle: list[str] = []
+
+    async def measure() -> None:
+        await asyncio.sleep(3.0)  # started, LISTENing, and down to one poll every poll_max
+        start = len(CountingConnection.sent)
+        await asyncio.sleep(window)
+        idle.extend(CountingConnection.sent[start:])
+
+    async def scenario() -> None:
+        pool = AsyncConnectionPool(
+            dsn,
+            connection_class=CountingConnection,
+            kwargs={"autocommit": True, "application_name": "idle-worker"},
+            min_size=2,
+            open=False,
+        )
+        await pool.open(wait=True)
+        try:
+            async with AsyncBroker(pool=pool) as async_broker:
+                measurer = asyncio.create_task(measure())
+                await run_until(dsn, [worker], measurer.done, broker=async_broker)
+                await measurer
+        finally:
+            await pool.close()
+
+    CountingConnection.sent = []
+    asyncio.run(scenario())
+    assert set(idle) == {READ}
+    assert len(idle) <= window / (0.8 * poll_max) + 1  # jitter shortens a pause by up to a fifth
+    # A backend reports its counts when it ends, at the latest.
+    deadline = time.monotonic() + 10
+    while conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'idle-worker'"
+    ).fetchone() != (0,):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    row = conn.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions"
+        " WHERE schemaname = 'pgbroker' AND funcname = 'read'"
+    ).fetchone()
+    assert row == (CountingConnection.sent.count(READ),)
+    assert row == (worker.stats.reads,)
+
+
+def test_workers_run_an_apps_handlers_together(broker: Broker, dsn: str) -> None:
+    app = App()
+    handled: list[str] = []
+
+    @app.handler("orders", concurrency=2)
+    def ship(message: Message) -> None:
+        handled.append(f"orders:{message.message}")
+
+    @app.handler("emails")
+    async def send_email(message: Message) -> None:
+        handled.append(f"emails:{message.message}")
+
+    assert app.queues == ["orders", "emails"]
+    broker.create_queue("orders").send_many([1, 2])
+    broker.create_queue("emails").send(3)
+    workers = app.workers(vt=60)
+    assert [(w.queue, w.concurrency, w.vt) for w in workers] == [("orders", 2, 60), ("emails", 1, 60)]
+    asyncio.run(run_until(dsn, workers, lambda: len(handled) == 3))
+    assert sorted(handled) == ["emails:3", "orders:1", "orders:2"]
+
+
+def test_handler_registration_and_options_are_checked() -> None:
+    app = App()
+    app.handler("orders")(print)
+    with pytest.raises(InvalidArgument, match="already has a handler"):
+        app.handler("orders")(print)
+    with pytest.raises(InvalidArgument, match="no handler for queue 'emails'"):
+        app.workers(["emails"])
+    with pytest.raises(InvalidArgument, match="concurrency"):
+        Worker("orders", print, concurrency=0)
+    with pytest.raises(InvalidArgument, match="poll_max"):
+        Worker("orders", print, poll_max=float("nan"))
+    with pytest.raises(InvalidArgument, match="callable"):
+        Worker("orders", "print")  # type: ignore[arg-type]
+
+
+def test_serve_stops_with_queue_not_found(dsn: str) -> None:
+    with pytest.raises(QueueNotFound):
+        asyncio.run(serve([Worker("missing", print)], dsn=dsn, handle_signals=False))
+
+
+def test_a_worker_can_apply_the_archive_retention(broker: Broker, dsn: str, conn: Conn) -> None:
+    queue = broker.create_queue("jobs")
+    queue.set_policy(archive_max_rows=2)
+    queue.send_many(list(range(5)))
+    # Slower than the read-ahead's 50 ms: one message at a time, so each ack is a statement of its
+    # own (rows archived by one statement tie, and ties with the cutoff are kept).
+    worker = Worker("jobs", lambda message: time.sleep(0.06), maintain_every=0.1)
+    asyncio.run(
+        run_until(dsn, [worker], lambda: len(a_rows(conn, "jobs")) == 2 and worker.stats.completed == 5)
+    )
+
+
+def test_a_worker_whose_listen_set_up_times_out_reads_again(broker: Broker, dsn: str) -> None:
+    """A maintenance transaction locks pgmq.meta while a worker on a role with a short
+    statement_timeout starts: its LISTEN set-up times out (a transient error), and it must wait
+    a while and try again, not stop reading for good."""
+    broker.create_queue("jobs").send_many(list(range(200)))
+    impatient = make_conninfo(dsn, options="-c statement_timeout=200")
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), notify=False)
+    locked, release = threading.Event(), threading.Event()
+
+    def maintain() -> None:
+        with psycopg.connect(dsn) as maintenance:
+            maintenance.execute("LOCK TABLE pgmq.meta IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(3)
+
+    locker = threading.Thread(target=maintain)
+    locker.start()
+    assert locked.wait(30)
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient, max_connections=4) as abroker:
+            await run_until(impatient, [worker], lambda: len(handled) == 200, timeout=60, broker=abroker)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        locker.join()
+    assert sorted(handled) == list(range(200))
+    assert worker.stats.connection_errors >= 1  # the lock was met
+
+
+def test_a_worker_on_a_server_gone_read_only_waits_for_one_that_takes_writes(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    """A switchover leaves the worker's sessions on a server that takes no writes (25006, as a
+    standby answers): the worker counts it as a lost connection, not a reason to stop, its pooled
+    connections are replaced, and once new sessions take writes it handles every message."""
+    broker.create_queue("jobs").send_many(list(range(50)))
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), notify=False)
+    read_only = sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = {}")
+    database = sql.Identifier(conn.info.dbname)
+    conn.execute(read_only.format(database, sql.SQL("on")))
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+
+            async def writable_again() -> None:
+                await asyncio.sleep(2)
+                await asyncio.to_thread(conn.execute, read_only.format(database, sql.SQL("off")))
+
+            writable = asyncio.create_task(writable_again())
+            await run_until(dsn, [worker], lambda: len(handled) == 50, timeout=60, broker=abroker)
+            await writable
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(50))
+    assert worker.stats.connection_errors >= 1  # the read-only server was met

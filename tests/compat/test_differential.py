@@ -972,7 +972,7 @@ def test_topic_bindings_and_routing(pair: Pair) -> None:
 
 def test_topic_hash_matches_as_in_pgmq(pair: Pair) -> None:
     """pgmq compiles 'logs.#' to '^logs\\..*$': 'logs' does not match it, nor does 'audit' match
-    '#.audit'. AMQP's "zero or more words" is pgbroker.bind_topic_amqp's (integration/test_topics.py)."""
+    '#.audit'. AMQP's "zero or more words" is pgbroker.bind_topic_amqp's (engine/test_topics.py)."""
     create(pair, "logs_all")
     create(pair, "audit")
     pair.same("SELECT pgmq.bind_topic(%s, %s)", ["logs.#", "logs_all"])

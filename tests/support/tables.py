@@ -1,4 +1,4 @@
-"""Small helpers the integration tests share: reading queue tables and catalog facts directly.
+"""Small helpers the engine's tests share: reading queue tables and catalog facts directly.
 
 They read the tables pgbroker writes, never through pgbroker's own functions, so that a test
 checks the engine's effect rather than trusting the engine to report it.

@@ -1,4 +1,8 @@
-"""The suite's own layout: a test module never imports another test module or a conftest.
+"""The suite's own layout: its folders mirror the source tree, and a test module never imports
+another test module or a conftest.
+
+A test lives beside the code it tests (tests/README.md says where a test goes): a folder per
+source package, plus the engine's tests, the tree's own rules and three cross-cutting suites.
 
 Shared fixtures are pytest plugins (tests/plugins, registered by the root conftest) and shared
 helpers plain modules (tests/support and the helper modules beside the tests): importing a test
@@ -13,6 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
+SOURCE = TESTS.parent / "src" / "pgbroker"
+
+# The folders that mirror no package of their own: the SQL engine's tests (its code is _sql/, SQL
+# rather than Python), the tree's own rules, the cross-cutting suites, and the suite's plumbing.
+NOT_A_PACKAGE = {"engine", "tree", "system", "compat", "conformance", "plugins", "support", "data"}
 
 
 def _imports(tree: ast.Module) -> Iterator[tuple[int, list[str]]]:
@@ -47,3 +56,17 @@ def test_no_test_module_imports_another_test_module_or_a_conftest() -> None:
     assert not found, (
         "move what is shared into tests/plugins (fixtures) or tests/support (helpers):\n" + "\n".join(found)
     )
+
+
+def stray_test_places(tests: Path, source: Path) -> list[str]:
+    """Test folders that mirror no source package and are no cross-cutting suite, and test
+    modules outside any folder."""
+    packages = {path.name.lstrip("_") for path in source.iterdir() if (path / "__init__.py").exists()}
+    folders = [path for path in tests.iterdir() if path.is_dir() and not path.name.startswith((".", "__"))]
+    stray = [f"{path.name}/" for path in folders if path.name not in packages | NOT_A_PACKAGE]
+    return sorted(stray + [path.name for path in tests.glob("test_*.py")])
+
+
+def test_the_test_folders_mirror_the_source_packages() -> None:
+    stray = stray_test_places(TESTS, SOURCE)
+    assert not stray, f"put each test beside the code it tests (tests/README.md): {stray}"

@@ -36,8 +36,7 @@ MAX_DELIVERIES = 3
 PROCESSES = 4
 KILLS = 6
 LEASE_SECONDS = 8  # a killed worker's messages come back after this long
-DEADLINE_SECONDS = 100
-STARTUP_SECONDS = 3  # a worker process imports, connects and reads within this long
+DEADLINE_SECONDS = 300  # a bound for a hung run: 12 s alone on a quiet machine
 WORKER_OPTIONS = ("--queue", "chaos", "--concurrency", "8", "--vt", str(LEASE_SECONDS), "--poll-max", "1")
 
 # -- the handler, run inside the worker processes -------------------------------------------------
@@ -96,12 +95,9 @@ def test_nothing_is_lost_and_nothing_is_handled_twice_without_a_killed_worker(
     env = {**os.environ, "CHAOS_DSN": dsn, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/nothing"}
     logs: list[Path] = []
     workers: dict[int, subprocess.Popen[bytes]] = {}
-
-    last_start = 0.0
+    log_of: dict[int, Path] = {}
 
     def start_worker() -> None:
-        nonlocal last_start
-        last_start = time.monotonic()
         log = tmp_path / f"worker-{len(logs)}.log"
         logs.append(log)
         with log.open("wb") as out:
@@ -122,9 +118,15 @@ def test_nothing_is_lost_and_nothing_is_handled_twice_without_a_killed_worker(
                 cwd=ROOT,
             )
         workers[process.pid] = process
+        log_of[process.pid] = log
 
     def handled_count() -> int:
         return int(_rows(dsn, "SELECT count(*) FROM handled")[0][0])
+
+    def all_workers_consuming() -> bool:
+        """Whether every live worker has handled a message, so none is still starting."""
+        pids = {r[0] for r in _rows(dsn, "SELECT DISTINCT pid FROM handled")}
+        return set(workers) <= pids
 
     killed: set[int] = set()
     handled_at_restart = 0
@@ -147,9 +149,9 @@ def test_nothing_is_lost_and_nothing_is_handled_twice_without_a_killed_worker(
                 killed.add(victim)
                 start_worker()
             # Not while a new worker is still starting: `pgbroker worker` that cannot connect at
-            # its start exits (5), and the worker is fast enough now for a kill (at 29%) and the
-            # restart (30%) to fall within a second of each other.
-            if restart_at and done >= restart_at and time.monotonic() - last_start > STARTUP_SECONDS:
+            # its start exits (5), and a loaded machine can take seconds to start one: wait until
+            # each live worker has handled a message (a timed guess failed once in CI).
+            if restart_at and done >= restart_at and all_workers_consuming():
                 restart_at = 0
                 handled_at_restart = done
                 unstarted_cluster.restart()
@@ -160,7 +162,8 @@ def test_nothing_is_lost_and_nothing_is_handled_twice_without_a_killed_worker(
         for process in workers.values():
             process.send_signal(signal.SIGTERM)
         for pid, process in workers.items():
-            assert process.wait(30) == 0, f"worker {pid} failed:\n" + "\n".join(p.read_text() for p in logs)
+            code = process.wait(30)
+            assert code == 0, f"worker {pid} exited {code}:\n{log_of[pid].read_text()[-4000:]}"
     finally:
         for process in workers.values():
             if process.poll() is None:

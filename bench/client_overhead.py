@@ -16,6 +16,7 @@ from typing import Any
 from bench.harness import PGBROKER, Bench, Conn, Row, ScenarioResult, connect, json_payload
 from pgbroker import Broker
 from pgbroker.queues import _queries as q
+from pgbroker.queues._query import Query
 
 TITLE = "Client overhead: pgbroker's Python client against raw SQL"
 RAW = "raw SQL"
@@ -39,7 +40,7 @@ def _loop(seconds: float, op: Callable[[], int]) -> tuple[float, float]:
     return messages / elapsed, elapsed * 1000 / max(calls, 1)
 
 
-def _run_query(conn: Conn, query: q.Query[Any]) -> Any:
+def _run_query(conn: Conn, query: Query[Any]) -> Any:
     cur = conn.execute(query.sql, query.params)
     return query.decode(cur.fetchall() if cur.description else [])
 

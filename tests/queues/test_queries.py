@@ -12,19 +12,21 @@ import pytest
 
 from pgbroker import InvalidArgument, InvalidMessage, Message, Receipt
 from pgbroker import _sql as sql
+from pgbroker.queues import _arguments as arg
 from pgbroker.queues import _queries as q
+from pgbroker.queues._query import Query
 from tests.support.dev_schema import dev_migrations
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
-def placeholders(query: q.Query[Any]) -> set[str]:
+def placeholders(query: Query[Any]) -> set[str]:
     return set(PLACEHOLDER.findall(query.sql))
 
 
 def test_encode_json_is_compact_and_keeps_unicode_meaning() -> None:
-    text = q.encode_json({"a": [1, 2.5, None, True], "b": "\u00e9"})
+    text = arg.encode_json({"a": [1, 2.5, None, True], "b": "\u00e9"})
     assert text == '{"a":[1,2.5,null,true],"b":"\\u00e9"}'
     assert json.loads(text) == {"a": [1, 2.5, None, True], "b": "\u00e9"}
 
@@ -32,7 +34,7 @@ def test_encode_json_is_compact_and_keeps_unicode_meaning() -> None:
 @pytest.mark.parametrize("value", [{1}, math.nan, math.inf, -math.inf, object(), b"x", {(1,): 2}])
 def test_encode_json_refuses_what_json_cannot_carry(value: Any) -> None:
     with pytest.raises(InvalidMessage, match="not JSON-serialisable") as info:
-        q.encode_json(value)
+        arg.encode_json(value)
     assert info.value.hint
 
 
@@ -40,12 +42,12 @@ def test_circular_payload_is_an_invalid_message() -> None:
     loop: list[Any] = []
     loop.append(loop)
     with pytest.raises(InvalidMessage):
-        q.encode_json(loop)
+        arg.encode_json(loop)
 
 
 def test_every_query_builder_supplies_exactly_the_parameters_its_sql_names() -> None:
     receipt = "1:1:1"
-    built: list[q.Query[Any]] = [
+    built: list[Query[Any]] = [
         q.queue_create("x"),
         q.queue_create("x", unlogged=True),
         q.queue_drop("x"),
@@ -158,7 +160,7 @@ def test_read_rounds_vt_up_and_encodes_the_conditional() -> None:
 @pytest.mark.parametrize("value", [-1, -0.001, timedelta(seconds=-1), math.nan, math.inf, True, "1", None])
 def test_bad_duration_is_an_invalid_argument_naming_it(value: Any) -> None:
     with pytest.raises(InvalidArgument, match="wait"):
-        q.duration(value, "wait")
+        arg.duration(value, "wait")
 
 
 @pytest.mark.parametrize("qty", [-1, True, 1.0, "1"])
@@ -181,21 +183,21 @@ def _message(receipt: Receipt | None) -> Message:
 
 def test_receipt_of_accepts_a_receipt_its_text_or_a_read_message() -> None:
     receipt = Receipt(7, 1, 123)
-    assert q.receipt_of(receipt) is receipt
-    assert q.receipt_of("7:1:123") == receipt
-    assert q.receipt_of(_message(receipt)) is receipt
+    assert arg.receipt_of(receipt) is receipt
+    assert arg.receipt_of("7:1:123") == receipt
+    assert arg.receipt_of(_message(receipt)) is receipt
 
 
 def test_receipt_of_a_message_without_receipt_is_an_invalid_argument() -> None:
     with pytest.raises(InvalidArgument, match="carries no receipt") as info:
-        q.receipt_of(_message(None))
+        arg.receipt_of(_message(None))
     assert info.value.hint
 
 
 @pytest.mark.parametrize("item", [7, None, b"7:1:123", 7.0])
 def test_receipt_of_anything_else_is_an_invalid_argument(item: Any) -> None:
     with pytest.raises(InvalidArgument):
-        q.receipt_of(item)
+        arg.receipt_of(item)
 
 
 def test_ack_sends_the_receipt_text() -> None:

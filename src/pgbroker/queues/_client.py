@@ -33,9 +33,11 @@ from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of, li
 from pgbroker.codecs import Codec, CodecLike
 from pgbroker.codecs.queue_defaults import DefaultCodecs
 from pgbroker.errors import DatabaseError, QueueFull, from_postgres
+from pgbroker.queues import _arguments as arg
 from pgbroker.queues import _queries as q
+from pgbroker.queues._arguments import Delay, Receivable
 from pgbroker.queues._job_headers import with_job_headers
-from pgbroker.queues._queries import Delay, Query, Receivable
+from pgbroker.queues._query import Query
 from pgbroker.queues._records import (
     Message,
     Metrics,
@@ -196,7 +198,7 @@ class Queue:
         """
         chosen = self._codec(codec)
         query = q.message_send_many(self.name, messages, headers=headers, delay=delay, codec=chosen)
-        retry = Patience(*SEND_RETRY, within=q.duration(wait, "wait"))
+        retry = Patience(*SEND_RETRY, within=arg.duration(wait, "wait"))
         run = self._executor.run_in_savepoint if wait else self._executor.run
         while True:
             try:
@@ -248,7 +250,7 @@ class Queue:
         still names it): what a bridge forwards unread.
         """
         query = q.message_read_many(self.name, qty, vt=vt, conditional=conditional, decode=decode)
-        waiting = Waiting(q.duration(wait, "wait"), self._listener.poll_interval)
+        waiting = Waiting(arg.duration(wait, "wait"), self._listener.poll_interval)
         found = self._executor.run(query)
         if waiting.done(found):
             return found
@@ -264,7 +266,7 @@ class Queue:
         (see pgbroker._db.listen): read after it, and read now and then without one.
         """
         channel_of = q.notify_channel(self.name)
-        wait = q.duration(timeout, "timeout")
+        wait = arg.duration(timeout, "timeout")
         return self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), wait)
 
     def peek(
@@ -560,7 +562,7 @@ class Broker:
 
         notify=True also enables notify with the default throttle (Queue.enable_notify).
         """
-        with_notify = q.flag(notify, "notify")  # judged before anything is made
+        with_notify = arg.flag(notify, "notify")  # judged before anything is made
         self._executor.run(q.queue_create(name, unlogged=unlogged))
         queue = self.queue(name)
         if with_notify:

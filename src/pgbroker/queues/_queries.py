@@ -1,25 +1,26 @@
 """The query layer shared by the sync and asyncio clients.
 
-Each function here turns one client operation into a Query: the SQL text
-(from _sql/queries/queues.sql), its parameters, and how to decode the rows. It does
-no I/O, so a sync and an async executor can run the same Query objects and
+Each function here turns one client operation into a Query (_query.py): the SQL text (from
+_sql/queries/queues.sql), its parameters, checked by _arguments.py, and how to decode the rows
+(_decoders.py). It does no I/O, so a sync and an async executor can run the same Query objects and
 no operation is written twice.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
+from typing import Any, LiteralString
 
 from pgbroker import _sql as sql
 from pgbroker import codecs
-from pgbroker._db.names import check_dropped_queue_name, check_queue_name, check_stream_name
-from pgbroker.codecs import Codec, CodecError
-from pgbroker.errors import InvalidArgument, InvalidMessage, StaleReceipt
+from pgbroker._db.names import check_dropped_queue_name, check_queue_name
+from pgbroker.codecs import Codec
+from pgbroker.errors import InvalidArgument, StaleReceipt
+from pgbroker.queues import _arguments as arg
+from pgbroker.queues import _decoders as decoded
+from pgbroker.queues._arguments import Delay, Receivable
+from pgbroker.queues._query import Query, Row
 from pgbroker.queues._records import (
     Message,
     Metrics,
@@ -32,220 +33,45 @@ from pgbroker.queues._records import (
     ScheduleTick,
 )
 
-T = TypeVar("T")
-Row: TypeAlias = tuple[Any, ...]
-Delay: TypeAlias = int | timedelta | datetime
-Receivable: TypeAlias = Receipt | Message | str
-
-
-@dataclass(frozen=True, slots=True)
-class Query(Generic[T]):
-    sql: LiteralString
-    params: Mapping[str, Any]
-    decode: Callable[[list[Row]], T]
-    check_queue: Callable[[object], object] = check_queue_name
-
-    def __post_init__(self) -> None:
-        # Every name is judged before any query, by the engine's rule (a NUL, which libpq cannot
-        # even send, included).
-        if "queue" in self.params:
-            self.check_queue(self.params["queue"])
-        if "stream" in self.params:
-            check_stream_name(self.params["stream"])
-
 
 def _named(name: str) -> LiteralString:
     return sql.queries("queues")[name]
-
-
-# -- encoding -----------------------------------------------------------------
-
-
-def encode_json(value: Any, what: str = "message") -> str:
-    """JSON text for a payload or headers object, or InvalidMessage naming the problem."""
-    try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidMessage(
-            f"{what} is not JSON-serialisable: {exc}",
-            hint="Send dicts, lists, strings, numbers, booleans or None (no NaN or Infinity).",
-        ) from None
-    except RecursionError:
-        # The encoder meets the depth as it goes: nothing walks a message twice to measure it.
-        raise InvalidMessage(
-            f"{what} is nested too deeply to encode", hint="Flatten it: jsonb is no place for deep trees."
-        ) from None
-
-
-def _headers_object(headers: Mapping[str, Any] | None) -> str | None:
-    if headers is None:
-        return None
-    if not isinstance(headers, Mapping):
-        raise InvalidMessage(f"headers must be a mapping, got {type(headers).__name__}")
-    return encode_json(dict(headers), "headers")
-
-
-def _mapping(value: Any, what: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise InvalidArgument(f"{what} must be a mapping, got {type(value).__name__} {value!r}")
-    return value
-
-
-def flag(value: Any, what: str) -> bool:
-    """``value`` if it is True or False, else InvalidArgument naming ``what`` (1 and "no" are
-    not flags: a truthy string would turn a setting on by accident)."""
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{what} must be True or False, got {value!r}")
-    return value
-
-
-def batch(values: Any, what: str) -> list[Any]:
-    """The items of an iterable argument as a list, refusing a lone string, bytes or mapping
-    (iterable, but surely meant as one item) and anything not iterable."""
-    if isinstance(values, str | bytes | bytearray | Mapping) or not isinstance(values, Iterable):
-        raise InvalidArgument(
-            f"{what} must be a list (or another iterable) of items, got {type(values).__name__}",
-            hint="Pass [item] for one item; the single-item methods take one directly.",
-        )
-    return list(values)
-
-
-def duration(value: int | float | timedelta, what: str) -> float:
-    """Seconds >= 0 from a number or timedelta, or InvalidArgument naming ``what``."""
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
-        raise InvalidArgument(f"{what} must be a number of seconds, got {value!r}")
-    if seconds < 0:
-        raise InvalidArgument(f"{what} must be >= 0 seconds, got {value!r}")
-    return float(seconds)
-
-
-_INTEGER_MAX = 2**31 - 1  # SQL integer: vt, qty, delay
-_BIGINT_MAX = 2**63 - 1  # SQL bigint: msg_id
-
-
-def _seconds(value: int | float | timedelta, what: str) -> int:
-    """Whole seconds >= 0 that fit SQL's integer, rounding fractions up so a wait is never shorter."""
-    seconds = math.ceil(duration(value, what))
-    if seconds > _INTEGER_MAX:
-        raise InvalidArgument(f"{what} must be at most {_INTEGER_MAX} seconds, got {value!r}")
-    return seconds
-
-
-def _count(value: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INTEGER_MAX:
-        raise InvalidArgument(f"{what} must be an integer from 0 to {_INTEGER_MAX}, got {value!r}")
-    return value
-
-
-def receipt_of(item: Receivable) -> Receipt:
-    """The receipt carried by a message, or the receipt itself (object or text form)."""
-    if isinstance(item, Receipt):
-        return item
-    if isinstance(item, Message):
-        if item.receipt is None:
-            raise InvalidArgument(
-                f"message {item.msg_id} carries no receipt (it was popped or set with set_vt)",
-                hint="Only messages read through pgbroker can be acked, nacked or extended.",
-            )
-        return item.receipt
-    if isinstance(item, str):
-        return Receipt.parse(item)
-    raise InvalidArgument(f"expected a Receipt, Message or receipt text, got {type(item).__name__}")
-
-
-def _receipts(items: Iterable[Receivable]) -> list[str]:
-    """The text of each item's receipt, for a batch operation."""
-    return [str(receipt_of(item)) for item in batch(items, "items")]
-
-
-# -- decoding -----------------------------------------------------------------
-
-
-def _message(row: Row) -> Message:
-    stored = _stored_message(row)
-    if stored.codec == codecs.JsonCodec.name:  # not an envelope: the JSON fast path
-        return stored
-    try:
-        body = codecs.from_stored(stored.message)
-    except CodecError as exc:
-        # Not an error of the read: the message is leased all the same, and the caller decides
-        # (the worker fails it, so that it is retried and, in the end, dead-lettered).
-        return replace(stored, codec_error=exc)
-    return replace(stored, message=body.value, codec=body.codec)
-
-
-def _messages(rows: list[Row]) -> list[Message]:
-    return [_message(row) for row in rows]
-
-
-def _stored_message(row: Row) -> Message:
-    """A message with its body as stored, undecoded (a binary body stays its JSON envelope) and
-    its codec named: what a bridge forwards as it is, without the codec's schema or class."""
-    receipt = Receipt.parse(row[7]) if len(row) > 7 and row[7] is not None else None
-    msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers = row[:7]
-    codec = codecs.envelope_codec(stored) if codecs.is_envelope(stored) else codecs.JsonCodec.name
-    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, codec)
-
-
-def _stored_messages(rows: list[Row]) -> list[Message]:
-    return [_stored_message(row) for row in rows]
-
-
-def _ids(rows: list[Row]) -> list[int]:
-    return [row[0] for row in rows]
-
-
-def _scalar(rows: list[Row]) -> Any:
-    return rows[0][0]
-
-
-def _nothing(rows: list[Row]) -> None:
-    return None
-
-
-def _metrics(rows: list[Row]) -> list[Metrics]:
-    return [Metrics(*row) for row in rows]
-
-
-def _queue_infos(rows: list[Row]) -> list[QueueInfo]:
-    return [QueueInfo(*row) for row in rows]
 
 
 # -- queue management ---------------------------------------------------------
 
 
 def queue_create(queue: str, *, unlogged: bool = False) -> Query[None]:
-    name = "queue_create_unlogged" if flag(unlogged, "unlogged") else "queue_create"
-    return Query(_named(name), {"queue": queue}, _nothing)
+    name = "queue_create_unlogged" if arg.flag(unlogged, "unlogged") else "queue_create"
+    return Query(_named(name), {"queue": queue}, decoded.nothing)
 
 
 def queue_drop(queue: str) -> Query[bool]:
-    return Query(_named("queue_drop"), {"queue": queue}, _scalar, check_dropped_queue_name)
+    return Query(_named("queue_drop"), {"queue": queue}, decoded.scalar, check_dropped_queue_name)
 
 
 def queue_list() -> Query[list[QueueInfo]]:
-    return Query(_named("queue_list"), {}, _queue_infos)
+    return Query(_named("queue_list"), {}, decoded.queue_infos)
 
 
 def queue_metrics(queue: str) -> Query[Metrics]:
-    return Query(_named("queue_metrics"), {"queue": queue}, lambda rows: _metrics(rows)[0])
+    return Query(_named("queue_metrics"), {"queue": queue}, lambda rows: decoded.metrics(rows)[0])
 
 
 def queue_metrics_all() -> Query[list[Metrics]]:
-    return Query(_named("queue_metrics_all"), {}, _metrics)
+    return Query(_named("queue_metrics_all"), {}, decoded.metrics)
 
 
 def queue_purge(queue: str) -> Query[int]:
-    return Query(_named("queue_purge"), {"queue": queue}, _scalar)
+    return Query(_named("queue_purge"), {"queue": queue}, decoded.scalar)
 
 
 def queue_pause(queue: str) -> Query[bool]:
-    return Query(_named("queue_pause"), {"queue": queue}, _scalar)
+    return Query(_named("queue_pause"), {"queue": queue}, decoded.scalar)
 
 
 def queue_resume(queue: str) -> Query[bool]:
-    return Query(_named("queue_resume"), {"queue": queue}, _scalar)
+    return Query(_named("queue_resume"), {"queue": queue}, decoded.scalar)
 
 
 # As pgmq.enable_notify_insert's default.
@@ -253,21 +79,21 @@ DEFAULT_NOTIFY_THROTTLE_MS = 250
 
 
 def notify_enable(queue: str, throttle_ms: int = DEFAULT_NOTIFY_THROTTLE_MS) -> Query[None]:
-    params = {"queue": queue, "throttle_ms": _count(throttle_ms, "throttle_ms")}
-    return Query(_named("notify_enable"), params, _nothing)
+    params = {"queue": queue, "throttle_ms": arg.count(throttle_ms, "throttle_ms")}
+    return Query(_named("notify_enable"), params, decoded.nothing)
 
 
 def notify_enable_if_disabled(queue: str, throttle_ms: int = DEFAULT_NOTIFY_THROTTLE_MS) -> Query[None]:
-    params = {"queue": queue, "throttle_ms": _count(throttle_ms, "throttle_ms")}
-    return Query(_named("notify_enable_if_disabled"), params, _nothing)
+    params = {"queue": queue, "throttle_ms": arg.count(throttle_ms, "throttle_ms")}
+    return Query(_named("notify_enable_if_disabled"), params, decoded.nothing)
 
 
 def notify_disable(queue: str) -> Query[None]:
-    return Query(_named("notify_disable"), {"queue": queue}, _nothing)
+    return Query(_named("notify_disable"), {"queue": queue}, decoded.nothing)
 
 
 def notify_channel(queue: str) -> Query[str]:
-    return Query(_named("notify_channel"), {"queue": queue}, _scalar)
+    return Query(_named("notify_channel"), {"queue": queue}, decoded.scalar)
 
 
 # -- messages -----------------------------------------------------------------
@@ -283,8 +109,8 @@ def message_send_many(
 ) -> Query[list[int]]:
     """``codec`` None: JSON, as pgmq stores it; another codec stores each body in an envelope."""
     encoded = [
-        encode_json(m) if codec is None else codecs.to_stored_text(m, codec)
-        for m in batch(messages, "messages")
+        arg.encode_json(m) if codec is None else codecs.to_stored_text(m, codec)
+        for m in arg.batch(messages, "messages")
     ]
     if not encoded:
         raise InvalidArgument("messages must not be empty", hint="Pass at least one message.")
@@ -295,7 +121,7 @@ def message_send_many(
                 "headers of send_many is one mapping (or None) per message, got a single mapping",
                 hint="Pass headers=[{...}, ...] with one entry per message, or use send() for one message.",
             )
-        encoded_headers = [_headers_object(h) for h in batch(headers, "headers")]
+        encoded_headers = [arg.headers_object(h) for h in arg.batch(headers, "headers")]
         if len(encoded_headers) != len(encoded):
             raise InvalidArgument(
                 f"headers has {len(encoded_headers)} entries for {len(encoded)} messages",
@@ -303,13 +129,13 @@ def message_send_many(
             )
     params: dict[str, Any] = {"queue": queue, "messages": encoded, "headers": encoded_headers}
     if delay is None:
-        return Query(_named("message_send_many"), params, _ids)
+        return Query(_named("message_send_many"), params, decoded.ids)
     if isinstance(delay, datetime):
         if delay.tzinfo is None:
             raise InvalidArgument("delay must be a timezone-aware datetime (naive datetimes are ambiguous)")
-        return Query(_named("message_send_many_delay_until"), {**params, "delay": delay}, _ids)
-    seconds = _seconds(delay, "delay")
-    return Query(_named("message_send_many_delay_seconds"), {**params, "delay": seconds}, _ids)
+        return Query(_named("message_send_many_delay_until"), {**params, "delay": delay}, decoded.ids)
+    seconds = arg.whole_seconds(delay, "delay")
+    return Query(_named("message_send_many_delay_seconds"), {**params, "delay": seconds}, decoded.ids)
 
 
 def message_read_many(
@@ -321,16 +147,15 @@ def message_read_many(
     decode: bool = True,
 ) -> Query[list[Message]]:
     """One read, never waiting: a waiting read repeats it (see pgbroker._db.wakeups.Waiting).
-    ``decode=False`` leaves each body as stored (see _stored_message)."""
+    ``decode=False`` leaves each body as stored (see decoded.stored_message)."""
     params: dict[str, Any] = {
         "queue": queue,
-        "vt": _seconds(vt, "vt"),
-        "qty": _count(qty, "qty"),
-        "conditional": encode_json(dict(_mapping(conditional or {}, "conditional")), "conditional"),
+        "vt": arg.whole_seconds(vt, "vt"),
+        "qty": arg.count(qty, "qty"),
+        "conditional": arg.encode_json(dict(arg.mapping(conditional or {}, "conditional")), "conditional"),
     }
-    return Query(
-        _named("message_read_many"), params, _messages if flag(decode, "decode") else _stored_messages
-    )
+    decode_rows = decoded.messages if arg.flag(decode, "decode") else decoded.stored_messages
+    return Query(_named("message_read_many"), params, decode_rows)
 
 
 def message_complete_and_read(
@@ -339,21 +164,21 @@ def message_complete_and_read(
     """Ack by the queue's policy, then read, in one statement: (msg_ids acked, messages read)."""
     params: dict[str, Any] = {
         "queue": queue,
-        "receipts": _receipts(items),
-        "vt": _seconds(vt, "vt"),
-        "qty": _count(qty, "qty"),
+        "receipts": arg.receipt_texts(items),
+        "vt": arg.whole_seconds(vt, "vt"),
+        "qty": arg.count(qty, "qty"),
         "conditional": "{}",
     }
 
     def decode(rows: list[Row]) -> tuple[list[int], list[Message]]:
         acked = list(rows[0][0]) if rows and rows[0][0] is not None else []
-        return acked, [_message(row[1:]) for row in rows if row[1] is not None]
+        return acked, [decoded.message(row[1:]) for row in rows if row[1] is not None]
 
     return Query(_named("message_complete_and_read"), params, decode)
 
 
 def message_pop_many(queue: str, qty: int) -> Query[list[Message]]:
-    return Query(_named("message_pop_many"), {"queue": queue, "qty": _count(qty, "qty")}, _messages)
+    return Query(_named("message_pop_many"), {"queue": queue, "qty": arg.count(qty, "qty")}, decoded.messages)
 
 
 def _held(queue: str, receipt: Receipt) -> Callable[[list[Row]], Any]:
@@ -372,19 +197,19 @@ def _held(queue: str, receipt: Receipt) -> Callable[[list[Row]], Any]:
 
 
 def message_ack(queue: str, item: Receivable, *, archive: bool = True) -> Query[None]:
-    receipt = receipt_of(item)
-    params = {"queue": queue, "receipt": str(receipt), "archive": flag(archive, "archive")}
+    receipt = arg.receipt_of(item)
+    params = {"queue": queue, "receipt": str(receipt), "archive": arg.flag(archive, "archive")}
     return Query(_named("message_ack"), params, _held(queue, receipt))
 
 
 def message_ack_many(queue: str, items: Iterable[Receivable], *, archive: bool = True) -> Query[list[int]]:
-    params = {"queue": queue, "receipts": _receipts(items), "archive": flag(archive, "archive")}
-    return Query(_named("message_ack_many"), params, _ids)
+    params = {"queue": queue, "receipts": arg.receipt_texts(items), "archive": arg.flag(archive, "archive")}
+    return Query(_named("message_ack_many"), params, decoded.ids)
 
 
 def message_nack(queue: str, item: Receivable, *, delay: int | timedelta = 0) -> Query[None]:
-    receipt = receipt_of(item)
-    params = {"queue": queue, "receipt": str(receipt), "delay": _seconds(delay, "delay")}
+    receipt = arg.receipt_of(item)
+    params = {"queue": queue, "receipt": str(receipt), "delay": arg.whole_seconds(delay, "delay")}
     return Query(_named("message_nack"), params, _held(queue, receipt))
 
 
@@ -393,15 +218,15 @@ def message_nack_many(
 ) -> Query[list[int]]:
     params = {
         "queue": queue,
-        "receipts": _receipts(items),
-        "delay": _seconds(delay, "delay"),
+        "receipts": arg.receipt_texts(items),
+        "delay": arg.whole_seconds(delay, "delay"),
     }
-    return Query(_named("message_nack_many"), params, _ids)
+    return Query(_named("message_nack_many"), params, decoded.ids)
 
 
 def message_extend(queue: str, item: Receivable, *, vt: int | timedelta) -> Query[Receipt]:
-    receipt = receipt_of(item)
-    params = {"queue": queue, "receipt": str(receipt), "vt": _seconds(vt, "vt")}
+    receipt = arg.receipt_of(item)
+    params = {"queue": queue, "receipt": str(receipt), "vt": arg.whole_seconds(vt, "vt")}
     held = _held(queue, receipt)
     return Query(_named("message_extend"), params, lambda rows: Receipt.parse(held(rows)))
 
@@ -409,7 +234,7 @@ def message_extend(queue: str, item: Receivable, *, vt: int | timedelta) -> Quer
 def message_extend_many(
     queue: str, items: Iterable[Receivable], *, vt: int | timedelta
 ) -> Query[dict[int, Receipt]]:
-    params = {"queue": queue, "receipts": _receipts(items), "vt": _seconds(vt, "vt")}
+    params = {"queue": queue, "receipts": arg.receipt_texts(items), "vt": arg.whole_seconds(vt, "vt")}
     return Query(
         _named("message_extend_many"),
         params,
@@ -418,19 +243,19 @@ def message_extend_many(
 
 
 def _msg_ids(msg_ids: Iterable[int]) -> list[int]:
-    ids = batch(msg_ids, "msg_ids")
+    ids = arg.batch(msg_ids, "msg_ids")
     for msg_id in ids:
-        if isinstance(msg_id, bool) or not isinstance(msg_id, int) or not 0 <= msg_id <= _BIGINT_MAX:
-            raise InvalidArgument(f"msg_id must be an integer from 0 to {_BIGINT_MAX}, got {msg_id!r}")
+        if isinstance(msg_id, bool) or not isinstance(msg_id, int) or not 0 <= msg_id <= arg.BIGINT_MAX:
+            raise InvalidArgument(f"msg_id must be an integer from 0 to {arg.BIGINT_MAX}, got {msg_id!r}")
     return ids
 
 
 def message_archive_many(queue: str, msg_ids: Iterable[int]) -> Query[list[int]]:
-    return Query(_named("message_archive_many"), {"queue": queue, "msg_ids": _msg_ids(msg_ids)}, _ids)
+    return Query(_named("message_archive_many"), {"queue": queue, "msg_ids": _msg_ids(msg_ids)}, decoded.ids)
 
 
 def message_delete_many(queue: str, msg_ids: Iterable[int]) -> Query[list[int]]:
-    return Query(_named("message_delete_many"), {"queue": queue, "msg_ids": _msg_ids(msg_ids)}, _ids)
+    return Query(_named("message_delete_many"), {"queue": queue, "msg_ids": _msg_ids(msg_ids)}, decoded.ids)
 
 
 def message_set_vt_many(
@@ -440,8 +265,9 @@ def message_set_vt_many(
     if isinstance(vt, datetime):
         if vt.tzinfo is None:
             raise InvalidArgument("vt must be a timezone-aware datetime (naive datetimes are ambiguous)")
-        return Query(_named("message_set_vt_until"), {**params, "vt": vt}, _messages)
-    return Query(_named("message_set_vt_seconds"), {**params, "vt": _seconds(vt, "vt")}, _messages)
+        return Query(_named("message_set_vt_until"), {**params, "vt": vt}, decoded.messages)
+    seconds = arg.whole_seconds(vt, "vt")
+    return Query(_named("message_set_vt_seconds"), {**params, "vt": seconds}, decoded.messages)
 
 
 PEEK_STATES = ("waiting", "delayed", "in_flight", "dead")
@@ -472,7 +298,7 @@ def message_peek_many(
             raise InvalidArgument(f"{name} must be a timezone-aware datetime, got {moment!r}")
     params = {
         "queue": queue,
-        "qty": _count(qty, "qty"),
+        "qty": arg.count(qty, "qty"),
         "after": _msg_ids([after])[0],
         "state": state,
         "before": None if before is None else _msg_ids([before])[0],
@@ -489,7 +315,7 @@ def _peeked(rows: list[Row]) -> list[PeekedMessage]:
     stays None: a peek takes no lease."""
     peeked = []
     for row in rows:
-        m = _message(row[:7])
+        m = decoded.message(row[:7])
         peeked.append(
             PeekedMessage(
                 m.msg_id,
@@ -513,13 +339,13 @@ def _peeked(rows: list[Row]) -> list[PeekedMessage]:
 
 def message_complete_many(queue: str, items: Iterable[Receivable]) -> Query[list[int]]:
     """Ack with the queue's policy (archive or delete); returns the msg_ids whose receipts held."""
-    params = {"queue": queue, "receipts": _receipts(items)}
-    return Query(_named("message_complete_many"), params, _ids)
+    params = {"queue": queue, "receipts": arg.receipt_texts(items)}
+    return Query(_named("message_complete_many"), params, decoded.ids)
 
 
 def message_fail(queue: str, item: Receivable, *, error: str | None = None) -> Query[str]:
     """Retry later with the policy's back-off, or dead-letter: 'retry' or 'dead_lettered'."""
-    receipt = receipt_of(item)
+    receipt = arg.receipt_of(item)
     params = {"queue": queue, "receipt": str(receipt), "error": _error_text(error)}
     return Query(_named("message_fail"), params, _held(queue, receipt))
 
@@ -535,7 +361,7 @@ def message_fail_many(
     queue: str, items: Iterable[Receivable], *, error: str | None = None
 ) -> Query[dict[int, str]]:
     """message_fail for many receipts with one error: {msg_id: outcome} for those that held."""
-    params = {"queue": queue, "receipts": _receipts(items), "error": _error_text(error)}
+    params = {"queue": queue, "receipts": arg.receipt_texts(items), "error": _error_text(error)}
     return Query(_named("message_fail_many"), params, lambda rows: dict(rows))
 
 
@@ -552,15 +378,15 @@ def policy_list() -> Query[list[Policy]]:
 
 
 _POLICY_LIMITS = {
-    "max_deliveries": _INTEGER_MAX,
-    "backoff_base_seconds": _INTEGER_MAX,
-    "backoff_max_seconds": _INTEGER_MAX,
-    "max_depth": _BIGINT_MAX,
-    "archive_retention_seconds": _BIGINT_MAX,
-    "archive_max_rows": _BIGINT_MAX,
-    "dedup_window_seconds": _INTEGER_MAX,
-    "max_in_flight": _INTEGER_MAX,
-    "max_in_flight_per_key": _INTEGER_MAX,
+    "max_deliveries": arg.INTEGER_MAX,
+    "backoff_base_seconds": arg.INTEGER_MAX,
+    "backoff_max_seconds": arg.INTEGER_MAX,
+    "max_depth": arg.BIGINT_MAX,
+    "archive_retention_seconds": arg.BIGINT_MAX,
+    "archive_max_rows": arg.BIGINT_MAX,
+    "dedup_window_seconds": arg.INTEGER_MAX,
+    "max_in_flight": arg.INTEGER_MAX,
+    "max_in_flight_per_key": arg.INTEGER_MAX,
 }
 _POLICY_TEXTS = ("backoff", "dead_letter_queue", "ack_mode", "codec", "dedup_mode")
 _POLICY_FLAGS = ("backoff_jitter", "priorities")
@@ -594,7 +420,7 @@ def policy_set(queue: str, changes: PolicyChanges) -> Query[Policy]:
 
 def queue_codec(queue: str) -> Query[str]:
     """The codec name a queue's sends use by default (its policy's; 'json' without one)."""
-    return Query(_named("queue_codec"), {"queue": queue}, _scalar)
+    return Query(_named("queue_codec"), {"queue": queue}, decoded.scalar)
 
 
 def _optional_ids(msg_ids: Iterable[int] | None) -> list[int] | None:
@@ -603,8 +429,8 @@ def _optional_ids(msg_ids: Iterable[int] | None) -> list[int] | None:
 
 def dead_letter_list(queue: str, qty: int, *, after: int = 0) -> Query[list[Message]]:
     """The queue's dead letters (in its dead-letter queue, or its archive), oldest first."""
-    params = {"queue": queue, "qty": _count(qty, "qty"), "after": _msg_ids([after])[0]}
-    return Query(_named("dead_letter_list"), params, _messages)
+    params = {"queue": queue, "qty": arg.count(qty, "qty"), "after": _msg_ids([after])[0]}
+    return Query(_named("dead_letter_list"), params, decoded.messages)
 
 
 def dead_letter_replay_many(queue: str, msg_ids: Iterable[int] | None = None) -> Query[dict[int, int]]:
@@ -616,7 +442,7 @@ def dead_letter_replay_many(queue: str, msg_ids: Iterable[int] | None = None) ->
 def dead_letter_purge_many(queue: str, msg_ids: Iterable[int] | None = None) -> Query[int]:
     """Delete dead letters (None: all of the queue's); returns how many."""
     params = {"queue": queue, "msg_ids": _optional_ids(msg_ids)}
-    return Query(_named("dead_letter_purge_many"), params, _scalar)
+    return Query(_named("dead_letter_purge_many"), params, decoded.scalar)
 
 
 # Rows deleted per statement by archive retention: short transactions, few round trips.
@@ -624,15 +450,15 @@ DEFAULT_TRIM_BATCH = 10_000
 
 
 def archive_trim(queue: str, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
-    """One batch of archive retention; returns the rows deleted (repeat until 0)."""
-    params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
-    return Query(_named("archive_trim"), params, _scalar)
+    """One arg.batch of archive retention; returns the rows deleted (repeat until 0)."""
+    params = {"queue": queue, "batch_size": arg.count(batch_size, "batch_size")}
+    return Query(_named("archive_trim"), params, decoded.scalar)
 
 
 def dedup_keys_trim(queue: str | None, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
-    """One batch of expired dedup keys removed; returns how many (repeat until 0)."""
-    params = {"queue": queue, "batch_size": _count(batch_size, "batch_size")}
-    return Query(_named("dedup_keys_trim"), params, _scalar, _queue_or_every_queue)
+    """One arg.batch of expired dedup keys removed; returns how many (repeat until 0)."""
+    params = {"queue": queue, "batch_size": arg.count(batch_size, "batch_size")}
+    return Query(_named("dedup_keys_trim"), params, decoded.scalar, _queue_or_every_queue)
 
 
 def _queue_or_every_queue(name: object) -> object:
@@ -650,10 +476,10 @@ def message_ack_published_many(
         raise InvalidArgument(f"{len(published)} publish records for {len(items)} receipts")
     params = {
         "queue": queue,
-        "receipts": _receipts(items),
-        "published": [encode_json(dict(p), "publish record") for p in published],
+        "receipts": arg.receipt_texts(items),
+        "published": [arg.encode_json(dict(p), "publish record") for p in published],
     }
-    return Query(_named("message_ack_published_many"), params, _ids)
+    return Query(_named("message_ack_published_many"), params, decoded.ids)
 
 
 def message_receive_many(
@@ -674,20 +500,20 @@ def message_receive_many(
     params = {
         "queue": queue,
         "message_ids": list(message_ids),
-        "messages": [encode_json(m) for m in messages],
-        "headers": [_headers_object(h) for h in headers],
-        "seen_within": duration(seen_within, "seen_within"),
+        "messages": [arg.encode_json(m) for m in messages],
+        "headers": [arg.headers_object(h) for h in headers],
+        "seen_within": arg.duration(seen_within, "seen_within"),
     }
     return Query(_named("message_receive_many"), params, lambda rows: [(r[0], r[1]) for r in rows])
 
 
 def inbound_seen_prune(seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
-    """One batch of forgetting inbound message ids older than ``seen_within`` seconds (repeat until 0)."""
+    """One arg.batch of forgetting inbound message ids older than ``seen_within`` seconds (repeat until 0)."""
     params = {
-        "seen_within": duration(seen_within, "seen_within"),
-        "batch_size": _count(batch_size, "batch_size"),
+        "seen_within": arg.duration(seen_within, "seen_within"),
+        "batch_size": arg.count(batch_size, "batch_size"),
     }
-    return Query(_named("inbound_seen_prune"), params, _scalar)
+    return Query(_named("inbound_seen_prune"), params, decoded.scalar)
 
 
 # -- schedules (sql/functions/78_schedules.sql) ------------------------------------------
@@ -718,8 +544,8 @@ def schedule_add(
         "name": _text(name, "schedule name"),
         "queue": _text(queue, "queue"),
         "cron": _text(cron, "cron"),
-        "message": encode_json(message),
-        "headers": _headers_object(headers),
+        "message": arg.encode_json(message),
+        "headers": arg.headers_object(headers),
         "timezone": _text(timezone, "timezone"),
         "replace": bool(replace),
     }
@@ -731,7 +557,7 @@ def schedule_list() -> Query[list[Schedule]]:
 
 
 def schedule_remove(name: str) -> Query[bool]:
-    return Query(_named("schedule_remove"), {"name": _text(name, "schedule name")}, _scalar)
+    return Query(_named("schedule_remove"), {"name": _text(name, "schedule name")}, decoded.scalar)
 
 
 def schedule_pause(name: str) -> Query[Schedule]:
@@ -753,8 +579,8 @@ def schedule_tick(as_of: datetime | None = None) -> Query[list[ScheduleTick]]:
 
 def schedule_next_wake() -> Query[float | None]:
     """Seconds until the next tick of any running schedule (0: one is due), None without one."""
-    return Query(_named("schedule_next_wake"), {}, _scalar)
+    return Query(_named("schedule_next_wake"), {}, decoded.scalar)
 
 
 def schedules_channel() -> Query[str]:
-    return Query(_named("schedules_channel"), {}, _scalar)
+    return Query(_named("schedules_channel"), {}, decoded.scalar)

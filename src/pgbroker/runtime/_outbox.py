@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pgbroker.queues import _queries as q
-from pgbroker.queues._queries import Query
+from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message, Receipt
 
 __all__ = ["Outbox", "Outcome"]

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from pgbroker.errors import from_postgres
-from pgbroker.queues._queries import Query
+from pgbroker.queues._query import Query
 
 __all__ = ["run_together"]
 

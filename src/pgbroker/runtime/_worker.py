@@ -55,7 +55,7 @@ from pgbroker._db.liveness import is_transient
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
-from pgbroker.queues._queries import Query
+from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
 from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased

@@ -28,8 +28,8 @@ from typing import Any
 
 from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
 from pgbroker._db.wakeups import Waiting
+from pgbroker.queues._arguments import duration
 from pgbroker.queues._client_async import AsyncExecutor  # sync: from pgbroker.queues._client import Executor
-from pgbroker.queues._queries import duration
 from pgbroker.streams import _queries as sq
 from pgbroker.streams._records import PartitionLag, StreamBatch, StreamGroupInfo, StreamInfo
 

@@ -10,7 +10,9 @@ from typing import Any, LiteralString
 
 from pgbroker import _sql as sql
 from pgbroker.errors import InvalidArgument
-from pgbroker.queues._queries import DEFAULT_TRIM_BATCH, Query, Row, duration, encode_json
+from pgbroker.queues._arguments import duration, encode_json
+from pgbroker.queues._queries import DEFAULT_TRIM_BATCH
+from pgbroker.queues._query import Query, Row
 from pgbroker.streams._records import (
     PartitionLag,
     StreamBatch,

@@ -27,8 +27,8 @@ from pgbroker.http.models import (
     SendOne,
 )
 from pgbroker.http.operations import Call, Router
+from pgbroker.queues._arguments import receipt_of
 from pgbroker.queues._job_headers import with_job_headers
-from pgbroker.queues._queries import receipt_of
 
 router = Router()
 _SEND_ERRORS = {

@@ -34,7 +34,7 @@ from pgbroker.errors import (
     StreamGroupNotFound,
     StreamNotFound,
 )
-from pgbroker.http.models import SchemaWriter
+from pgbroker.http.validation import SchemaWriter
 
 
 class ApiError(Exception):

@@ -19,17 +19,11 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from pgbroker.http.errors import Error
-from pgbroker.http.models import (
-    DOCUMENT_MARK,
-    JSON_SCHEMAS,
-    LIMIT_MARK,
-    QueueName,
-    ScheduleName,
-    SchemaWriter,
-)
+from pgbroker.http.models import ScheduleName
 from pgbroker.http.operations import Operation
 from pgbroker.http.settings import Settings
 from pgbroker.http.stream_models import GROUP_NAME_PATTERN, STREAM_NAME_PATTERN
+from pgbroker.http.validation import DOCUMENT_MARK, JSON_SCHEMAS, LIMIT_MARK, QueueName, SchemaWriter
 
 _REF = "#/components/schemas/{model}"
 

@@ -49,8 +49,8 @@ from pgbroker._db.names import check_queue_name
 from pgbroker.http.access import authenticate, require
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.errors import ApiError
-from pgbroker.http.models import FORMS, REFUSALS, RequestContext
 from pgbroker.http.settings import Settings
+from pgbroker.http.validation import FORMS, REFUSALS, RequestContext
 from pgbroker.queues._client_async import AsyncBroker
 
 #: Who may call: ``key`` any valid key (and the scope, when one is named), ``public`` anybody,

@@ -1,5 +1,5 @@
 """The server's settings: limits and knobs of ``pgbroker serve``. The request models read the
-limits from them when they validate (pgbroker.http.models.Limit), and the OpenAPI spec is written
+limits from them when they validate (pgbroker.http.validation.Limit), and the OpenAPI spec is written
 with the same values, so a client sees the bounds the server enforces."""
 
 from __future__ import annotations

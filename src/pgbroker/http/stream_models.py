@@ -10,8 +10,9 @@ from pydantic import BeforeValidator, Field, StringConstraints
 
 from pgbroker.http import stream_metrics
 
-# _integral: a JSON number with no fraction (64.0) is an integer, as JSON Schema says.
-from pgbroker.http.models import BIGINT_MAX, Answer, BatchOf, Body, JsonObject, JsonValue, Limit, _integral
+# integral: a JSON number with no fraction (64.0) is an integer, as JSON Schema says.
+from pgbroker.http.models import Answer, Body
+from pgbroker.http.validation import BIGINT_MAX, BatchOf, JsonObject, JsonValue, Limit, integral
 from pgbroker.streams import _records as core
 
 STREAM_NAME_PATTERN = "^[a-z0-9_][a-z0-9_-]{0,39}$"
@@ -25,12 +26,12 @@ ConsumerName = Annotated[
     StringConstraints(pattern=CONSUMER_PATTERN),
     Field(description="unique among the group's consumers; it owns partitions while it reads once a lease"),
 ]
-Id = Annotated[int, Field(ge=0, le=BIGINT_MAX), BeforeValidator(_integral)]
-Partitions = Annotated[int, Field(ge=1, le=256), BeforeValidator(_integral)]
-Partition = Annotated[int, Field(ge=0, le=255), BeforeValidator(_integral)]
-Positive = Annotated[int, Field(ge=1, le=BIGINT_MAX), BeforeValidator(_integral)]
-RetentionSeconds = Annotated[int, Field(ge=1, le=3_153_600_000), BeforeValidator(_integral)]  # 100 years
-LeaseSeconds = Annotated[int, Field(ge=1, le=86400), BeforeValidator(_integral)]
+Id = Annotated[int, Field(ge=0, le=BIGINT_MAX), BeforeValidator(integral)]
+Partitions = Annotated[int, Field(ge=1, le=256), BeforeValidator(integral)]
+Partition = Annotated[int, Field(ge=0, le=255), BeforeValidator(integral)]
+Positive = Annotated[int, Field(ge=1, le=BIGINT_MAX), BeforeValidator(integral)]
+RetentionSeconds = Annotated[int, Field(ge=1, le=3_153_600_000), BeforeValidator(integral)]  # 100 years
+LeaseSeconds = Annotated[int, Field(ge=1, le=86400), BeforeValidator(integral)]
 
 
 class CreateStream(Body):

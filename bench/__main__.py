@@ -120,7 +120,7 @@ def build_config(args: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     from bench import report
     from bench.harness import Bench, Progress, ScenarioResult, Server, machine, run_scenario
-    from pgbroker._db.install import latest_version
+    from pgbroker._db.install_rules import latest_version
 
     args = parse_args(argv)
     config = build_config(args)

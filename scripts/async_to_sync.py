@@ -53,6 +53,7 @@ TARGETS = (
     Target("src/pgbroker/queues/_client_async.py", "src/pgbroker/queues/_client.py"),
     Target("src/pgbroker/streams/_client_async.py", "src/pgbroker/streams/_client.py"),
     Target("src/pgbroker/_db/listen_async.py", "src/pgbroker/_db/listen.py"),
+    Target("src/pgbroker/_db/install_async.py", "src/pgbroker/_db/install.py"),
 )
 
 COMMAND = "python scripts/async_to_sync.py (or: make generate)"

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from pgbroker import __version__
-from pgbroker._db.install import latest_version
+from pgbroker._db.install_rules import latest_version
 from pgbroker.demo.tour import _next_steps
 from pgbroker.embedded import EmbeddedPostgres
 from tests.support.cli import UNREACHABLE, Cli, _assert_error, _env, _ids, _messages, run

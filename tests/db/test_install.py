@@ -10,7 +10,8 @@ import pytest
 from psycopg import sql
 
 from pgbroker import Broker, NotInstalled
-from pgbroker._db.install import InstallResult, install, installed_version, latest_version
+from pgbroker._db.install import install, installed_version
+from pgbroker._db.install_rules import InstallResult, latest_version
 from pgbroker._sql import BASELINE, DEV_MINIMUM, baseline_checksum, upgrades
 from pgbroker.errors import InstallError
 from tests.support.dev_schema import install_dev

@@ -17,7 +17,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker
-from pgbroker._db.install import InstallResult, install, install_roles, latest_version
+from pgbroker._db.install import install, install_roles
+from pgbroker._db.install_rules import InstallResult, latest_version
 from pgbroker._sql import BASELINE, DEV_MINIMUM
 from pgbroker.errors import InstallError, MissingExtension, from_postgres
 from tests.support.dev_schema import install_dev

@@ -27,7 +27,9 @@ import pytest
 from psycopg import sql
 
 from pgbroker import _sql as engine
-from pgbroker._db.install import InstallResult, install, install_async, install_roles, latest_version
+from pgbroker._db.install import install, install_roles
+from pgbroker._db.install_async import install_async
+from pgbroker._db.install_rules import InstallResult, latest_version
 from pgbroker._sql import BASELINE, DEV_MINIMUM, SqlFile
 from tests.support.dev_schema import dev_migrations, install_dev
 from tests.support.postgres import fresh_database

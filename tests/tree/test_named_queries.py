@@ -25,7 +25,7 @@ _STATEMENT = re.compile(
 
 # The installer's bootstrap stays inline: it creates the bookkeeping table the installer reads
 # before anything else, in a statement that must run on a database pgbroker has never touched.
-ALLOWED = {("_db/install.py", "_BOOTSTRAP")}
+ALLOWED = {("_db/install_rules.py", "BOOTSTRAP")}
 
 
 def _docstrings(tree: ast.Module) -> set[int]:
@@ -85,8 +85,8 @@ def test_the_check_sees_statements_not_prose() -> None:
         "'SELECT 1'",
         "'LISTEN'",
     ]
-    bootstrap = '_BOOTSTRAP = "CREATE TABLE t (x int)"\nOTHER = "CREATE TABLE u (x int)"\n'
-    assert len(inline_statements(bootstrap, "_db/install.py")) == 1
+    bootstrap = 'BOOTSTRAP = "CREATE TABLE t (x int)"\nOTHER = "CREATE TABLE u (x int)"\n'
+    assert len(inline_statements(bootstrap, "_db/install_rules.py")) == 1
 
 
 def _defined_names() -> Counter[str]:

@@ -25,7 +25,8 @@ from psycopg_pool import ConnectionPool
 from pgbroker import codecs
 from pgbroker._db.backoff import SEND_RETRY, Patience
 from pgbroker._db.dsn import listen_dsn, resolve_dsn
-from pgbroker._db.install import InstallResult, install
+from pgbroker._db.install import install
+from pgbroker._db.install_rules import InstallResult
 from pgbroker._db.listen import Listener, Subscription
 from pgbroker._db.liveness import is_read_only_server, server_has_written
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from pgbroker._db.install import QueueGrant, grant_queue_access, list_queue_grants, revoke_queue_access
+from pgbroker._db.install import grant_queue_access, list_queue_grants, revoke_queue_access
+from pgbroker._db.install_rules import QueueGrant
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import plural, print_listing, timestamped_json
 from pgbroker.cli.support.parsers import Subcommands, add_command

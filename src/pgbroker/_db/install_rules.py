@@ -1,0 +1,166 @@
+"""What an install decides without I/O (pgbroker._db.install_async runs it): the result it
+returns, the bootstrap statement, the statements it names, and the checks that refuse a database
+it must not touch (newer than this package, installed by another build, beside pgmq's extension).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import LiteralString
+
+from pgbroker import _sql as sql
+from pgbroker.errors import InstallError
+
+# Any constant will do; it only has to be the same for every installer.
+INSTALL_LOCK = 0x70676272_6F6B6572 & 0x7FFFFFFFFFFFFFFF
+
+BOOTSTRAP = """
+CREATE SCHEMA IF NOT EXISTS pgbroker;
+CREATE TABLE IF NOT EXISTS pgbroker.schema_version (
+    version text PRIMARY KEY,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS pgbroker.schema_functions (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    checksum text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+# The bootstrap is the one statement not in _sql/queries/install.sql: it creates the tables the
+# named statements read, before anything else.
+
+
+def named(name: str) -> LiteralString:
+    """The statement of that name in _sql/queries/install.sql."""
+    return sql.queries("install")[name]
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    previous_version: str | None  # None: pgbroker was not installed; "0.1.0.devN": a development one
+    version: str
+
+    @property
+    def changed(self) -> bool:
+        return self.version != self.previous_version
+
+
+def latest_version() -> str:
+    return sql.current_version()
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What the database records: release versions, or a development history, or neither."""
+
+    releases: tuple[tuple[str, str, str], ...] = ()  # (version, name, checksum)
+    dev: tuple[tuple[int, str, str], ...] = ()  # (version, name, checksum) of schema_migrations
+
+    @property
+    def version(self) -> str | None:
+        if self.releases:
+            return max((v for v, _, _ in self.releases), key=sql.version_key)
+        if self.dev:
+            return f"{sql.BASELINE}.dev{max(v for v, _, _ in self.dev)}"
+        return None
+
+
+def version_rows(versions: tuple[str, ...]) -> tuple[list[str], list[str], list[str]]:
+    """The schema_version rows of these versions: what this package says each one is."""
+    expected = _expected_versions()
+    return (list(versions), [expected[v][0] for v in versions], [expected[v][1] for v in versions])
+
+
+def _expected_versions() -> dict[str, tuple[str, str]]:
+    """Each known version's (name, checksum): the baseline's structure, or the upgrade's file."""
+    known = {sql.BASELINE: ("baseline", sql.baseline_checksum())}
+    known.update({u.to_version: (u.name, u.file.checksum) for u in sql.upgrades()})
+    return known
+
+
+def _refuse_newer(version: str) -> None:
+    raise InstallError(
+        f"the database has pgbroker schema version {version}, newer than this "
+        f"package's {sql.current_version()}; refusing to downgrade",
+        hint="Upgrade the pgbroker package instead.",
+    )
+
+
+_ANOTHER_BUILD_HINT = (
+    "Install into a new database, or drop schemas pgmq and pgbroker (losing their "
+    "queues) and install again; for the embedded cluster: pgbroker db stop, then remove "
+    "its data directory."
+)
+
+
+def refuse_release_history(recorded: tuple[tuple[str, str, str], ...]) -> None:
+    """Refuse a database newer than this package, or whose recorded versions are not this
+    package's: upgrading it would run the next upgrades on a schema they were not written for (a
+    build from another branch, or an unreleased one)."""
+    expected = _expected_versions()
+    newest = max((v for v, _, _ in recorded), key=sql.version_key)
+    if sql.version_key(newest) > sql.version_key(sql.current_version()):
+        _refuse_newer(newest)
+    for version, name, checksum in sorted(recorded, key=lambda r: sql.version_key(r[0])):
+        mine = expected.get(version)
+        if mine != (name, checksum):
+            mine_text = f"{mine[0]!r} (checksum {mine[1][:12]})" if mine else "unknown"
+            raise InstallError(
+                f"the database's schema version {version} is {name!r} (checksum {checksum[:12]}), "
+                f"but this pgbroker's version {version} is {mine_text}: the schema was installed "
+                "by another build of pgbroker",
+                hint=_ANOTHER_BUILD_HINT,
+            )
+
+
+def refuse_dev_history(applied: tuple[tuple[int, str, str], ...]) -> None:
+    """Refuse a development database that does not map onto the baseline: newer than any this
+    package knows, older than the last migration the baseline squashes, or from another build."""
+    known = {m.version: (m.name, m.checksum) for m in sql.dev_history()}
+    latest = max(v for v, _, _ in applied)
+    if latest > max(known):
+        _refuse_newer(f"{sql.BASELINE}.dev{latest}")
+    for version, name, checksum in applied:
+        mine = known.get(version)
+        if mine is not None and mine != (name, checksum):
+            raise InstallError(
+                f"the database's schema migration {version} is {name!r} (checksum {checksum[:12]}), "
+                f"but this pgbroker's migration {version} is {mine[0]!r} (checksum "
+                f"{mine[1][:12]}): the schema was installed by another build of pgbroker",
+                hint=_ANOTHER_BUILD_HINT,
+            )
+    if latest < sql.DEV_MINIMUM:
+        raise InstallError(
+            f"the database has development schema version {latest}, older than the "
+            f"{sql.DEV_MINIMUM} that the {sql.BASELINE} baseline starts from",
+            hint=f"Upgrade it to {sql.DEV_MINIMUM} with pgbroker from commit 0f64afe first, or "
+            "install into a new database.",
+        )
+
+
+@dataclass(frozen=True)
+class QueueGrant:
+    """A role's grant of one kind (producer, consumer, monitor) on the queues matching a glob."""
+
+    role_name: str
+    role_kind: str
+    pattern: str
+    granted_at: datetime
+
+
+def refuse_foreign_pgmq(has_extension: bool, has_schema: bool, has_pgbroker: bool) -> None:
+    if has_extension:
+        raise InstallError(
+            "the pgmq extension is installed in this database; pgbroker provides the same "
+            "SQL API and cannot be installed beside it",
+            hint="Use a database without the extension, or DROP EXTENSION pgmq (this drops its queues).",
+        )
+    if has_schema and not has_pgbroker:
+        raise InstallError(
+            'schema "pgmq" already exists but was not created by pgbroker (perhaps pgmq\'s own SQL)',
+            hint="Use another database, or drop schema pgmq after moving its queues.",
+        )

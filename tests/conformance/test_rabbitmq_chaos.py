@@ -296,11 +296,13 @@ def test_leases_are_extended_while_rabbitmq_holds_back_confirms(
         async with Rabbit(private_rabbit.url) as rabbit, AsyncBroker(dsn) as abroker:
             target = await rabbit.queue()
             private_rabbit.ctl("set_vm_memory_high_watermark", "absolute", "1")  # an alarm: blocked
-            settings = OutboundSettings(routing_key=target, lease=2, confirm_timeout=60)
+            # Extended every lease/3: a 4 s lease leaves a loaded machine (load 15 on 2 cores, where
+            # a 2 s one was read twice) seconds for each extension's round trip.
+            settings = OutboundSettings(routing_key=target, lease=4, confirm_timeout=60)
             bridge = OutboundBridge(abroker, "outbox", private_rabbit.url, settings)
             task = asyncio.create_task(bridge.run())
             try:
-                await asyncio.sleep(6)  # three leases
+                await asyncio.sleep(12)  # three leases
                 assert bridge.stats.published == 0
                 private_rabbit.ctl("set_vm_memory_high_watermark", "0.4")
                 got = await rabbit.drain(target, expect=50, timeout=30)

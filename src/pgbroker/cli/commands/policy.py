@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
 from pgbroker.cli.support.arguments import DURATION_UNITS, duration, positive_int, whole
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.output import plural, print_listing
+from pgbroker.cli.support.output import notices_to, plural, print_listing, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.queues._client import Broker
@@ -26,9 +25,9 @@ log = logging.getLogger("pgbroker.worker")
 
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "policy", "queue policies")
-    sub = add_command(actions, "show", "show queue policies", _show, json_output=True)
+    sub = add_command(actions, "show", "show queue policies", _show)
     sub.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
-    sub = add_command(actions, "set", "change a queue's policy (0 turns a limit off)", _set, json_output=True)
+    sub = add_command(actions, "set", "change a queue's policy (0 turns a limit off)", _set)
     sub.add_argument("queue", metavar="QUEUE", help="queue name")
     sub.add_argument(
         "--max-deliveries", type=whole, metavar="N", help="dead-letter after N failed deliveries"
@@ -187,8 +186,7 @@ def _set(args: argparse.Namespace, broker: Broker) -> int:
             code=Exit.USAGE,
             hint=f"See: pgbroker policy set --help; the policy now: pgbroker policy show {args.queue}",
         )
-    # With --json, stdout holds the record alone.
-    notices = sys.stderr if args.json else sys.stdout
+    notices = notices_to(args)
     _create_dead_letter_queue(broker, args.queue, changes.get("dead_letter_queue"), notices)
     policy = broker.queue(args.queue).set_policy(**changes)
     print(f'policy of queue "{policy.queue_name}" changed:', file=notices)
@@ -220,11 +218,12 @@ def _maintain(args: argparse.Namespace, broker: Broker) -> int:
     for name in args.queues or [None]:
         while batch := broker.trim_dedup_keys(name, args.batch_size):
             keys += batch
-    if keys:
-        print(f"forgot {plural(keys, 'expired dedup key')}")
+    lines = [f"forgot {plural(keys, 'expired dedup key')}"] if keys else []
     if not names:
-        print("no queue has an archive retention (pgbroker policy set QUEUE --archive-retention 7d sets one)")
-        return Exit.OK
+        lines.append(
+            "no queue has an archive retention (pgbroker policy set QUEUE --archive-retention 7d sets one)"
+        )
+    deleted: dict[str, int] = {}
     for name in names:
         queue = broker.queue(name)
         trimmed = 0
@@ -232,5 +231,7 @@ def _maintain(args: argparse.Namespace, broker: Broker) -> int:
         while batch := queue.trim_archive(args.batch_size):
             trimmed += batch
             log.info("maintain.batch queue=%s rows=%s", name, batch)
-        print(f'queue "{name}": deleted {plural(trimmed, "archived message")}')
-    return Exit.OK
+        deleted[name] = trimmed
+        lines.append(f'queue "{name}": deleted {plural(trimmed, "archived message")}')
+    record = {"dedup_keys_forgotten": keys, "archived_deleted": deleted}
+    return print_result(args, record, "\n".join(lines))

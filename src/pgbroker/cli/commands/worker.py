@@ -50,7 +50,7 @@ _RESTART_PAUSE = 1.0
 
 def register(subcommands: Subcommands) -> None:
     summary = "run handlers that consume queues (until SIGTERM or Ctrl-C)"
-    sub = add_command(subcommands, "worker", summary, _worker)
+    sub = add_command(subcommands, "worker", summary, _worker, json_output=False)
     sub.epilog = (
         "An option left out keeps what the App's @app.handler(...) set, else the default in "
         "parentheses. exit codes: see pgbroker --help"

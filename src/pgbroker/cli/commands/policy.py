@@ -17,6 +17,7 @@ from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Policy
+from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
 
 __all__ = ["register"]
 
@@ -105,7 +106,7 @@ def _policy_table(policies: Sequence[Policy]) -> str:
     rows = [
         [
             p.queue_name,
-            "unlimited" if p.max_deliveries is None else str(p.max_deliveries),
+            _max_deliveries(p),
             _backoff(p),
             p.dead_letter_queue or "(archive)",
             p.ack_mode,
@@ -119,6 +120,13 @@ def _policy_table(policies: Sequence[Policy]) -> str:
         for p in policies
     ]
     return table(header, rows)
+
+
+def _max_deliveries(p: Policy) -> str:
+    if p.max_deliveries is None:
+        # Unset: pgbroker.read never dead-letters, but pgbroker's worker does, at its own limit.
+        return f"unset (workers: {DEFAULT_MAX_DELIVERIES})"
+    return str(p.max_deliveries)
 
 
 def _backoff(p: Policy) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from pgbroker import Broker
 from tests.support.snippets import KNOWN_LANGUAGES, Snippet, snippets_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,17 +57,24 @@ def test_the_blocks_of_a_page_run_as_pasted(
     monkeypatch.setenv("DATABASE_URL", dsn)
     monkeypatch.chdir(tmp_path)  # a block that writes files writes them here
     namespace: dict[str, Any] = {"__name__": "__main__"}
-    for snippet in snippets_of(page):
-        if snippet.skip_reason is not None:
-            continue
-        if snippet.language == "python":
-            _run_python(snippet, namespace)
-        elif snippet.language == "sh":
-            _run_shell(snippet, tmp_path)
-        elif snippet.language == "sql":
-            _run_sql(snippet, dsn)
-        elif snippet.language == "json":
-            json.loads(snippet.code)
+    try:
+        for snippet in snippets_of(page):
+            if snippet.skip_reason is not None:
+                continue
+            if snippet.language == "python":
+                _run_python(snippet, namespace)
+            elif snippet.language == "sh":
+                _run_shell(snippet, tmp_path)
+            elif snippet.language == "sql":
+                _run_sql(snippet, dsn)
+            elif snippet.language == "json":
+                json.loads(snippet.code)
+    finally:
+        # The pools a page left open, before its database goes (a Spark session stays: the
+        # spark tests share one per process).
+        for value in namespace.values():
+            if isinstance(value, Broker):
+                value.close()
 
 
 def _run_python(snippet: Snippet, namespace: dict[str, Any]) -> None:

@@ -4805,31 +4805,9 @@ $$;
 --
 
 CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL::text) RETURNS TABLE(msg_id bigint, outcome text)
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-DECLARE
-    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
-    p pgbroker.queue_policy := pgbroker.policy(queue_name);
-    one text;
-    held record;
-BEGIN
-    FOREACH one IN ARRAY coalesce(receipts, '{}') LOOP
-        held := pgbroker._parse_receipt(one);
-        IF p.max_deliveries IS NOT NULL AND held.read_ct >= p.max_deliveries THEN
-            -- Lock the row and check the receipt first, so that a stale one moves nothing.
-            CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgbroker.extend(queue_name, ARRAY[one], 0));
-            PERFORM pgbroker._dead_letter(queue_name, ARRAY[held.msg_id],
-                                          coalesce(error, 'failed (no error given)'), 0);
-            outcome := 'dead_lettered';
-        ELSE
-            CONTINUE WHEN NOT EXISTS (
-                SELECT 1 FROM pgbroker.nack(queue_name, ARRAY[one], pgbroker.retry_delay(p, held.read_ct)));
-            outcome := 'retry';
-        END IF;
-        msg_id := held.msg_id;
-        RETURN NEXT;
-    END LOOP;
-END;
+    SELECT * FROM pgbroker.fail(queue_name, receipts, error, NULL::integer);
 $$;
 
 --
@@ -4848,6 +4826,41 @@ BEGIN
         PERFORM pgbroker._raise_stale(queue_name, receipt);
     END IF;
     RETURN result;
+END;
+$$;
+
+--
+-- Name: fail(text, text[], text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text, default_max_deliveries integer) RETURNS TABLE(msg_id bigint, outcome text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
+    p pgbroker.queue_policy := pgbroker.policy(queue_name);
+    max_deliveries constant integer := coalesce(p.max_deliveries, default_max_deliveries);
+    one text;
+    held record;
+BEGIN
+    PERFORM pgbroker._check_arg(default_max_deliveries IS NULL OR default_max_deliveries >= 1,
+        format('default_max_deliveries must be >= 1 (NULL: none), got %s', default_max_deliveries));
+    FOREACH one IN ARRAY coalesce(receipts, '{}') LOOP
+        held := pgbroker._parse_receipt(one);
+        IF max_deliveries IS NOT NULL AND held.read_ct >= max_deliveries THEN
+            -- Lock the row and check the receipt first, so that a stale one moves nothing.
+            CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgbroker.extend(queue_name, ARRAY[one], 0));
+            PERFORM pgbroker._dead_letter(queue_name, ARRAY[held.msg_id],
+                                          coalesce(error, 'failed (no error given)'), 0);
+            outcome := 'dead_lettered';
+        ELSE
+            CONTINUE WHEN NOT EXISTS (
+                SELECT 1 FROM pgbroker.nack(queue_name, ARRAY[one], pgbroker.retry_delay(p, held.read_ct)));
+            outcome := 'retry';
+        END IF;
+        msg_id := held.msg_id;
+        RETURN NEXT;
+    END LOOP;
 END;
 $$;
 

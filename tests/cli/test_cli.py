@@ -3,6 +3,7 @@ exit codes, as a shell script would see them; and `python -m pgbroker.demo` end 
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -20,6 +21,8 @@ import pytest
 
 from pgbroker import __version__
 from pgbroker._db.install_rules import latest_version
+from pgbroker.demo import tour
+from pgbroker.demo.stage import Demo
 from pgbroker.demo.tour import _next_steps
 from pgbroker.embedded import EmbeddedPostgres
 from tests.support.cli import UNREACHABLE, Cli, _assert_error, _env, _ids, _messages, run
@@ -368,6 +371,22 @@ def test_the_demo_ends_with_the_cli_s_real_path_and_how_to_stop_its_server(
     assert following == f"next: {cli} --help"
 
 
+def test_the_demo_times_each_stage(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def orders_stage(demo: Demo) -> None:
+        time.sleep(0.2)
+
+    def spark_stage(demo: Demo) -> None:
+        demo.say("spark", "skipped")
+
+    monkeypatch.setenv("DATABASE_URL", dsn)
+    monkeypatch.setattr(tour, "STAGES", [orders_stage, spark_stage])
+    out = io.StringIO()
+    assert tour.run(out)
+    timings = re.findall(r"^stage +([\w-]+) done in (\d+\.\d) s$", out.getvalue(), re.MULTILINE)
+    assert [name for name, _ in timings] == ["orders", "spark"]
+    assert float(timings[0][1]) >= 0.2
+
+
 # The demo takes ~20 s on a quiet machine, but its Spark stage alone took 196 s at a load average
 # of 15-20 on 2 cores: the bound is for a hung demo, not a slow one.
 @pytest.mark.slow
@@ -406,3 +425,8 @@ def test_demo_runs_and_balances(dsn: str) -> None:
     assert "and stored nothing; 6 read and acked, 0 left: OK" in out
     assert "read back equal, bytes and all" in out
     assert "FAILED" not in out
+    stages = re.findall(r"^stage +([\w-]+) done in \d+\.\d s$", out, re.MULTILINE)
+    assert stages == ["orders", "workers", "streams-jobs", "spark"]
+    # Spark's own log (this run's alone) has no WARN line: loopback and the demo's log level.
+    spark_log = Path(tempfile.gettempdir(), "pgbroker-demo-spark.log").read_text()
+    assert re.findall(r"^.* WARN .*$", spark_log, re.MULTILINE) == []

@@ -45,3 +45,10 @@ def test_policy_set_takes_the_job_feature_settings(cli: Cli, orders: str) -> Non
         50.0,
     )
     assert (shown["dedup_window_seconds"], shown["priorities"]) == (3600, True)
+
+
+def test_policy_show_says_what_a_worker_does_without_max_deliveries(cli: Cli, orders: str) -> None:
+    # The policy sets none, yet pgbroker's worker dead-letters at its own default: say so.
+    assert "unset (workers: 25)" in cli.ok("policy", "show", orders)
+    cli.ok("policy", "set", orders, "--max-deliveries", "3")
+    assert "unset" not in cli.ok("policy", "show", orders)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from pgbroker.cli.commands.worker import _workers
 from pgbroker.cli.main import build_parser
+from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES, Worker
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -42,3 +44,16 @@ def test_worker_help_says_an_app_s_settings_win() -> None:
     help_text = _commands(build_parser())["worker"].format_help()
     assert "(the handler's, else 1)" in help_text
     assert "An option left out keeps what the App's @app.handler(...) set" in help_text
+
+
+def test_worker_max_deliveries_reaches_the_workers_and_zero_means_none() -> None:
+    parser = build_parser()
+
+    def limit(*options: str) -> int | None:
+        [worker] = _workers(parser.parse_args(["worker", "builtins:print", "--queue", "jobs", *options]))
+        assert isinstance(worker, Worker)
+        return worker.max_deliveries
+
+    assert limit() == DEFAULT_MAX_DELIVERIES
+    assert limit("--max-deliveries", "3") == 3
+    assert limit("--max-deliveries", "0") is None

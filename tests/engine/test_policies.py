@@ -320,6 +320,45 @@ def test_fail_many_reports_each_outcome(conn: Conn, queue: Queue) -> None:
     assert sorted(rows) == [(first.msg_id, "dead_lettered"), (first.msg_id + 1, "retry")]
 
 
+def test_fail_takes_the_callers_max_deliveries_when_the_policy_sets_none(conn: Conn, queue: Queue) -> None:
+    # The worker's finite default (pgbroker.runtime): pgbroker.fail's fourth argument, used only
+    # while the queue's policy sets no max_deliveries; the three-argument form is unchanged.
+    queue.set_policy(backoff="fixed", backoff_base_seconds=0)
+    sent = queue.send({"n": 1})
+    call = "SELECT * FROM pgbroker.fail(%s, ARRAY[%s], 'e', %s)"
+    outcomes = []
+    for _ in range(2):
+        message = lease(queue)
+        outcomes += conn.execute(call, [queue.name, str(message.receipt), 2]).fetchall()
+        make_visible(conn, queue)
+    assert outcomes == [(sent, "retry"), (sent, "dead_lettered")]
+    [letter] = queue.dead_letters()  # no dead-letter queue: in the archive, with the header
+    assert letter.headers is not None
+    assert (letter.headers[DEAD]["msg_id"], letter.headers[DEAD]["deliveries"]) == (sent, 2)
+    # The policy's own limit wins over the caller's; NULL is no limit of the caller's.
+    queue.set_policy(max_deliveries=3)
+    queue.send(2)
+    for expected in ("retry", "retry", "dead_lettered"):
+        message = lease(queue)
+        [(_, outcome)] = conn.execute(call, [queue.name, str(message.receipt), 1]).fetchall()
+        assert outcome == expected
+        make_visible(conn, queue)
+    queue.set_policy(max_deliveries=0)
+    queue.send(3)
+    message = lease(queue)
+    rows = conn.execute(call, [queue.name, str(message.receipt), None]).fetchall()
+    assert rows == [(message.msg_id, "retry")]
+
+
+def test_fail_refuses_a_callers_max_deliveries_below_one(conn: Conn, queue: Queue) -> None:
+    queue.send(1)
+    message = lease(queue)
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute("SELECT * FROM pgbroker.fail(%s, ARRAY[%s], 'e', 0)", [queue.name, str(message.receipt)])
+    assert info.value.sqlstate == "PB007"
+    assert q_ids(conn, queue.name) == [message.msg_id]
+
+
 def test_a_read_dead_letters_a_message_its_consumers_never_finished(
     conn: Conn, queue: Queue, dlq: Queue
 ) -> None:

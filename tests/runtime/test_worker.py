@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgbroker import App, Broker, InvalidArgument, Message, QueueNotFound, Worker
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._app import serve
+from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until
 
@@ -90,6 +91,65 @@ def test_an_always_failing_handler_dead_letters_after_exactly_max_deliveries(
     why = letter.headers[DEAD]
     assert (why["msg_id"], why["deliveries"]) == (sent, 3)
     assert why["error"] == "ValueError: cannot ship order 1"
+
+
+def test_a_worker_dead_letters_at_its_own_limit_when_the_queue_has_no_policy(
+    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No policy at all: the worker's limit ends the retries (instead of for ever), the message
+    # goes to the queue's archive as a dead letter, and a WARNING says where to find it.
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    sent = queue.send({"order": 1})
+    deliveries: list[int] = []
+
+    def handle(message: Message) -> None:
+        deliveries.append(message.read_ct)
+        raise ValueError("cannot ship")
+
+    worker = Worker("jobs", handle, max_deliveries=2)  # the back-off of the default policy: 1 s
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.dead_lettered == 1))
+    assert deliveries == [1, 2]
+    assert q_rows(conn, "jobs") == []
+    [letter] = queue.dead_letters()
+    assert letter.msg_id == sent
+    assert letter.headers is not None
+    assert letter.headers[DEAD]["deliveries"] == 2
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("worker.dead_lettered")]
+    assert "delivery=2" in line
+    assert '"pgbroker dlq list jobs"' in line
+
+
+def test_a_queues_policy_wins_over_the_workers_limit(broker: Broker, dsn: str) -> None:
+    queue = broker.create_queue("jobs")
+    queue.set_policy(max_deliveries=2, backoff="fixed", backoff_base_seconds=0)
+    queue.send({"order": 1})
+    deliveries: list[int] = []
+
+    def handle(message: Message) -> None:
+        deliveries.append(message.read_ct)
+        raise ValueError("cannot ship")
+
+    worker = Worker("jobs", handle, max_deliveries=5)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.dead_lettered == 1))
+    assert deliveries == [1, 2]
+
+
+def test_a_workers_limit_is_finite_by_default_and_none_turns_it_off(broker: Broker, dsn: str) -> None:
+    assert Worker("jobs", print).max_deliveries == DEFAULT_MAX_DELIVERIES == 25
+    queue = broker.create_queue("jobs")
+    queue.set_policy(backoff="fixed", backoff_base_seconds=0)
+    queue.send({"order": 1})
+    deliveries: list[int] = []
+
+    def handle(message: Message) -> None:
+        deliveries.append(message.read_ct)
+        raise ValueError("cannot ship")
+
+    worker = Worker("jobs", handle, max_deliveries=None)
+    asyncio.run(run_until(dsn, [worker], lambda: len(deliveries) >= 4))
+    assert worker.stats.dead_lettered == 0
+    assert worker.stats.retried >= 3
 
 
 def test_a_handler_s_failure_is_logged_at_warning_with_its_traceback(
@@ -413,6 +473,8 @@ def test_handler_registration_and_options_are_checked() -> None:
         Worker("orders", print, poll_max=float("nan"))
     with pytest.raises(InvalidArgument, match="callable"):
         Worker("orders", "print")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="max_deliveries"):
+        Worker("orders", print, max_deliveries=0)
 
 
 def test_serve_stops_with_queue_not_found(dsn: str) -> None:

@@ -23,6 +23,27 @@ __all__ = ["spark_stage"]
 ORDERS = "demo_orders"
 TOTALS = "demo_customer_totals"
 LABEL = "spark"
+# Spark's log in the demo: errors only, from the JVM's first line on (spark.log.level takes over
+# once the SparkContext runs). Its warnings are for clusters: native Hadoop libraries, task sizes.
+LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = stderr
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
+"""
+
+
+def _quiet_conf(log_config: Path) -> dict[str, str]:
+    """The demo session's conf: no UI, and Spark's log at ERROR (the config written here)."""
+    log_config.write_text(LOG4J2)
+    return {
+        "spark.ui.enabled": "false",
+        "spark.log.level": "ERROR",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log_config}",
+    }
 
 
 def spark_stage(demo: Demo) -> None:
@@ -44,8 +65,9 @@ def spark_stage(demo: Demo) -> None:
     started = time.perf_counter()
     demo.say(LABEL, "starting a local Spark session (local[*]) with the pgbroker data source")
     log = Path(tempfile.gettempdir()) / "pgbroker-demo-spark.log"
+    conf = _quiet_conf(log.with_suffix(".log4j2.properties"))
     with _stderr_to(log):  # the JVM inherits stderr at launch and keeps it: its log goes to the file
-        spark = session.start("pgbroker demo", conf={"spark.ui.enabled": "false"}, ship=False)
+        spark = session.start("pgbroker demo", conf=conf, ship=False)
     demo.say("", f"Spark's own log: {log}")
     try:
         demo.say("", f"ready in {time.perf_counter() - started:.1f} s")
@@ -53,7 +75,6 @@ def spark_stage(demo: Demo) -> None:
         _send_totals(demo, spark, dsn)
     finally:
         spark.stop()
-    demo.say("", f"Spark stage done in {time.perf_counter() - started:.1f} s")
 
 
 @contextmanager
@@ -65,7 +86,7 @@ def _stderr_to(path: Path) -> Iterator[None]:
     """
     sys.stderr.flush()
     saved = os.dup(2)
-    with path.open("ab") as log:
+    with path.open("wb") as log:  # this run's alone
         os.dup2(log.fileno(), 2)
         try:
             yield

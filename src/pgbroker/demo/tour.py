@@ -1,5 +1,5 @@
 """The demo's running order: connect ($DATABASE_URL, else the embedded PostgreSQL), then each stage
-in STAGES with one shared Demo; the tour passes when every stage's checks balanced.
+in STAGES with one shared Demo, each timed; the tour passes when every stage's checks balanced.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ def _next_steps(embedded: bool) -> list[str]:
     return lines
 
 
+def _name(stage: Stage) -> str:
+    """A stage's name, from its function's: ``streams_jobs_stage`` is ``streams-jobs``."""
+    return stage.__name__.removesuffix("_stage").replace("_", "-")
+
+
 def run(out: TextIO = sys.stdout) -> bool:
     """Run every stage; True when every check balanced."""
     started = time.perf_counter()
@@ -72,7 +77,9 @@ def run(out: TextIO = sys.stdout) -> bool:
         demo = Demo(broker, out)
         demo.say("database", _where(dsn, embedded))
         for stage in STAGES:
+            stage_started = time.perf_counter()
             stage(demo)
+            demo.say("stage", f"{_name(stage)} done in {time.perf_counter() - stage_started:.1f} s")
     print(f"\ndone in {time.perf_counter() - started:.1f} s", file=out)
     for line in _next_steps(embedded):
         print(line, file=out)

@@ -358,10 +358,20 @@ def _error_text(error: str | None) -> str | None:
 
 
 def message_fail_many(
-    queue: str, items: Iterable[Receivable], *, error: str | None = None
+    queue: str,
+    items: Iterable[Receivable],
+    *,
+    error: str | None = None,
+    default_max_deliveries: int | None = None,
 ) -> Query[dict[int, str]]:
-    """message_fail for many receipts with one error: {msg_id: outcome} for those that held."""
-    params = {"queue": queue, "receipts": arg.receipt_texts(items), "error": _error_text(error)}
+    """message_fail for many receipts with one error: {msg_id: outcome} for those that held.
+    default_max_deliveries: dead-letter at this delivery when the queue's policy sets no limit."""
+    params = {
+        "queue": queue,
+        "receipts": arg.receipt_texts(items),
+        "error": _error_text(error),
+        "default_max_deliveries": default_max_deliveries,
+    }
     return Query(_named("message_fail_many"), params, lambda rows: dict(rows))
 
 

@@ -61,6 +61,7 @@ class WorkerOptions(TypedDict, total=False):
     poll_max: float
     grace_period: float
     maintain_every: float
+    max_deliveries: int | None
 
 
 class App:

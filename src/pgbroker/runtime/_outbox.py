@@ -83,7 +83,9 @@ class Batch:
         return acked, failed
 
 
-def batch_of(queue: str, outcomes: list[Outcome]) -> Batch:
+def batch_of(queue: str, outcomes: list[Outcome], max_deliveries: int | None = None) -> Batch:
+    """The statements for ``outcomes``; a failure is dead-lettered at ``max_deliveries`` when the
+    queue's policy sets no limit of its own."""
     successes = [outcome for outcome in outcomes if outcome.error is None]
     failures: dict[str, list[Outcome]] = {}
     for outcome in outcomes:
@@ -93,5 +95,8 @@ def batch_of(queue: str, outcomes: list[Outcome]) -> Batch:
     if successes:
         queries.append(q.message_complete_many(queue, [outcome.receipt for outcome in successes]))
     for error, failed in failures.items():
-        queries.append(q.message_fail_many(queue, [outcome.receipt for outcome in failed], error=error))
+        receipts = [outcome.receipt for outcome in failed]
+        queries.append(
+            q.message_fail_many(queue, receipts, error=error, default_max_deliveries=max_deliveries)
+        )
     return Batch(successes, failures, queries)

@@ -43,20 +43,21 @@ async def record_outcomes(
             if result is None:
                 not_recorded(queue.name, outcome, await why(queue.fail(outcome.receipt, error=error)), stats)
                 continue
+            fields = {
+                "queue": queue.name,
+                "msg_id": message.msg_id,
+                "delivery": message.read_ct,
+                "error": error,
+            }
             if result == "dead_lettered":
                 stats.dead_lettered += 1
-                level, event = logging.WARNING, "worker.dead_lettered"
+                # Where it went depends on the policy (its dead-letter queue, else the archive);
+                # the command finds it either way.
+                see = f"pgbroker dlq list {queue.name}"
+                log_event(logging.WARNING, "worker.dead_lettered", **fields, see=see)
             else:
                 stats.retried += 1
-                level, event = logging.INFO, "worker.retry"
-            log_event(
-                level,
-                event,
-                queue=queue.name,
-                msg_id=message.msg_id,
-                delivery=message.read_ct,
-                error=error,
-            )
+                log_event(logging.INFO, "worker.retry", **fields)
 
 def not_recorded(queue: str, outcome: Outcome, why: str, stats: WorkerStats) -> None:
     """Count and log an outcome the server refused: its lease had ended (a stale receipt)."""

@@ -65,11 +65,18 @@ from pgbroker.runtime._outcomes import not_recorded, record_outcomes
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
 
-__all__ = ["Handler", "Worker", "WorkerStats"]
+__all__ = ["DEFAULT_MAX_DELIVERIES", "Handler", "Worker", "WorkerStats"]
 
 # Called with each message; a coroutine function is awaited, anything else runs on a thread.
 # Returning normally is success; raising is a failure (see pgbroker.fail).
 Handler: TypeAlias = Callable[[Message], Any]
+
+# Deliveries a message gets from a worker when its queue's policy sets no max_deliveries: the
+# count River and Sidekiq retry with, so finite that a poison message (or a first handler's bug)
+# ends as a dead letter instead of coming back for ever, and, with the default policy's
+# exponential back-off (1 s doubling to 300 s, jittered), spread over 42 to 84 minutes: long
+# enough to ride out a deploy or a dependency's outage. The policy's max_deliveries wins if set.
+DEFAULT_MAX_DELIVERIES = 25
 
 # How long to wait for the LISTEN to be in place before the first read; reads do not need it.
 _LISTEN_TIMEOUT = 1.0
@@ -115,6 +122,9 @@ class Worker:
     notify: enable notify on the queue if it has none (with pgmq's default 250 ms throttle),
     so an idle worker sleeps until a send. poll_min and
     poll_max: the fallback polls of an empty queue, doubling from one to the other.
+    max_deliveries: a failed message's last delivery when the queue's policy sets none (default
+    25; None: retry for ever): it is then dead-lettered, to the policy's dead-letter queue or,
+    without one, to the queue's archive (`pgbroker dlq list QUEUE`), with a WARNING.
     grace_period: seconds a stopping worker waits for its handlers. maintain_every: apply
     the archive retention and forget expired dedup keys every so many seconds (None: leave it
     to `pgbroker maintain`).
@@ -134,6 +144,7 @@ class Worker:
         poll_max: float = 5.0,
         grace_period: float = 30.0,
         maintain_every: float | None = None,
+        max_deliveries: int | None = DEFAULT_MAX_DELIVERIES,
     ) -> None:
         if not callable(handler):
             raise InvalidArgument(f"handler must be callable, got {handler!r}")
@@ -151,6 +162,9 @@ class Worker:
         self.grace_period = _check_seconds(grace_period, "grace_period", positive=False)
         self.maintain_every = (
             None if maintain_every is None else _check_seconds(maintain_every, "maintain_every")
+        )
+        self.max_deliveries = (
+            None if max_deliveries is None else _check_count(max_deliveries, "max_deliveries")
         )
         self.stats = WorkerStats()
         call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
@@ -206,6 +220,7 @@ class Worker:
             concurrency=self.concurrency,
             vt=self.vt,
             heartbeat=self.heartbeat,
+            default_max_deliveries=self.max_deliveries,
             pid=os.getpid(),
         )
         try:
@@ -367,7 +382,7 @@ class Worker:
         The common case, successes and a read, is one statement; failures (one statement per
         error text) go with them in pipeline mode.
         """
-        batch = batch_of(self.queue, outcomes)
+        batch = batch_of(self.queue, outcomes, self.max_deliveries)
         async with broker.connection() as conn:
             if qty and batch.successes and not batch.failures:
                 [(acked, found)] = await run_together(

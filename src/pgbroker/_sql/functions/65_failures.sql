@@ -74,18 +74,27 @@ $$;
 -- policy's back-off, or dead-letter it when this was its last allowed
 -- delivery. Returns (msg_id, 'retry' | 'dead_lettered') for the receipts that
 -- still held; stale ones are skipped and change nothing.
+-- Arguments: default_max_deliveries: the caller's limit for a queue whose
+--   policy sets none (pgbroker's worker passes its own, 25 by default, so
+--   that a failing message does not come back for ever); the policy's
+--   max_deliveries wins when set; NULL (the three-argument form): none.
+-- Errors: PB007 when default_max_deliveries is below 1.
 -- Since: 0.1.0
-CREATE OR REPLACE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL)
+CREATE OR REPLACE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text,
+                                         default_max_deliveries integer)
 RETURNS TABLE (msg_id bigint, outcome text) LANGUAGE plpgsql AS $$
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
+    max_deliveries constant integer := coalesce(p.max_deliveries, default_max_deliveries);
     one text;
     held record;
 BEGIN
+    PERFORM pgbroker._check_arg(default_max_deliveries IS NULL OR default_max_deliveries >= 1,
+        format('default_max_deliveries must be >= 1 (NULL: none), got %s', default_max_deliveries));
     FOREACH one IN ARRAY coalesce(receipts, '{}') LOOP
         held := pgbroker._parse_receipt(one);
-        IF p.max_deliveries IS NOT NULL AND held.read_ct >= p.max_deliveries THEN
+        IF max_deliveries IS NOT NULL AND held.read_ct >= max_deliveries THEN
             -- Lock the row and check the receipt first, so that a stale one moves nothing.
             CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgbroker.extend(queue_name, ARRAY[one], 0));
             PERFORM pgbroker._dead_letter(queue_name, ARRAY[held.msg_id],
@@ -100,6 +109,11 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL)
+RETURNS TABLE (msg_id bigint, outcome text) LANGUAGE sql AS $$
+    SELECT * FROM pgbroker.fail(queue_name, receipts, error, NULL::integer);
 $$;
 
 CREATE OR REPLACE FUNCTION pgbroker.fail(queue_name text, receipt text, error text DEFAULT NULL)

@@ -209,8 +209,9 @@ SELECT pgbroker.trim_archive(%(queue)s, %(batch_size)s::integer)
 SELECT pgbroker.trim_dedup_keys(%(queue)s, %(batch_size)s::integer)
 
 -- name: message_fail_many
--- Fail a batch of receipts.
-SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text)
+-- Fail a batch of receipts (dead-letter at the caller's max deliveries if the policy sets none).
+SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text,
+                                          %(default_max_deliveries)s::integer)
 
 -- name: message_ack_published_many
 -- Ack the receipts of messages a bridge has published.

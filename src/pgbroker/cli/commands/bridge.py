@@ -43,7 +43,7 @@ def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "bridge", summary, metavar="DIRECTION")
 
     def command(name: str, summary: str, handler: Handler) -> argparse.ArgumentParser:
-        sub = add_command(actions, name, summary, handler)
+        sub = add_command(actions, name, summary, handler, json_output=False)
         sub.add_argument(
             "--amqp", metavar="URL", help=f"RabbitMQ, amqp://user:password@host:5672/vhost (${AMQP_ENV})"
         )

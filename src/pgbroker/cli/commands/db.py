@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 from pathlib import Path
 
 from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.output import print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.embedded import EmbeddedPostgres
 
@@ -16,7 +16,7 @@ __all__ = ["register"]
 
 def register(subcommands: Subcommands) -> None:
     summary = "the embedded PostgreSQL cluster"
-    sub = add_command(subcommands, "db", summary, _db, json_output=True, database=False)
+    sub = add_command(subcommands, "db", summary, _db, database=False)
     sub.add_argument(
         "action",
         choices=["start", "stop", "status", "url"],
@@ -32,17 +32,16 @@ def _db(args: argparse.Namespace) -> int:
         dsn = cluster.start()
         status = cluster.status()
         verb = "already running" if was_running else "started"
-        print(f"embedded PostgreSQL {status.server_version} {verb} in {status.data_dir} (pid {status.pid})")
-        print(f"dsn: {dsn}")
-        return Exit.OK
+        text = f"embedded PostgreSQL {status.server_version} {verb} in {status.data_dir} (pid {status.pid})"
+        return print_result(args, {**asdict(status), "started": not was_running}, f"{text}\ndsn: {dsn}")
     if args.action == "stop":
         if not cluster.stop():
             raise CliError(
                 f"embedded PostgreSQL in {cluster.data_dir} is not running; nothing stopped",
                 code=Exit.NOTHING_DONE,
             )
-        print(f"stopped embedded PostgreSQL in {cluster.data_dir}")
-        return Exit.OK
+        text = f"stopped embedded PostgreSQL in {cluster.data_dir}"
+        return print_result(args, {"data_dir": cluster.data_dir, "stopped": True}, text)
     if args.action == "url":
         status = cluster.status()
         if status.dsn is None:
@@ -51,20 +50,17 @@ def _db(args: argparse.Namespace) -> int:
                 code=Exit.NOTHING_DONE,
                 hint="Start it first: pgbroker db start",
             )
-        print(status.dsn)
-        return Exit.OK
+        return print_result(args, {"dsn": status.dsn}, status.dsn)
     status = cluster.status()
-    if args.json:
-        print(json.dumps(asdict(status), default=str, indent=2))
-    else:
-        fields = {
-            "running": "yes" if status.running else "no",
-            "data dir": str(status.data_dir),
-            "pid": status.pid,
-            "dsn": status.dsn,
-            "server version": status.server_version,
-            "binaries": status.bin_dir,
-        }
-        print("\n".join(f"{k + ':':<16}{'-' if v is None else v}" for k, v in fields.items()))
+    fields = {
+        "running": "yes" if status.running else "no",
+        "data dir": str(status.data_dir),
+        "pid": status.pid,
+        "dsn": status.dsn,
+        "server version": status.server_version,
+        "binaries": status.bin_dir,
+    }
+    text = "\n".join(f"{k + ':':<16}{'-' if v is None else v}" for k, v in fields.items())
+    print_result(args, asdict(status), text)
     # Like `pg_ctl status`, the exit code answers "is it running?" for scripts.
     return Exit.OK if status.running else Exit.NOTHING_DONE

@@ -12,7 +12,7 @@ from typing import Any
 from pgbroker.cli.support.arguments import msg_id, positive_int
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.output import message_json, plural
+from pgbroker.cli.support.output import message_json, plural, print_result, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.codecs.json_view import json_view
@@ -24,7 +24,7 @@ __all__ = ["register"]
 
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "dlq", "a queue's dead letters")
-    sub = add_command(actions, "list", "list dead letters, oldest first", _list, json_output=True)
+    sub = add_command(actions, "list", "list dead letters, oldest first", _list)
     sub.add_argument("queue", metavar="QUEUE", help="the queue they came from")
     sub.add_argument("--limit", type=positive_int, default=100, metavar="N", help="at most this many (100)")
     sub = add_command(actions, "replay", "send dead letters back to their queue", _replay)
@@ -41,7 +41,7 @@ def _add_queue_and_msg_ids(sub: argparse.ArgumentParser) -> None:
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:
     letters = broker.queue(args.queue).dead_letters(args.limit)
-    if args.json:
+    if wants_json(args):
         for letter in letters:
             print(message_json(letter))
     elif not letters:
@@ -74,8 +74,8 @@ def _replay(args: argparse.Namespace, broker: Broker) -> int:
     _report_missing(args, set(replayed))
     if not replayed:
         raise CliError(f'no dead letters from queue "{args.queue}"; nothing replayed', code=Exit.NOTHING_DONE)
-    print(f'replayed {plural(len(replayed), "dead letter")} to queue "{args.queue}" as new messages')
-    return Exit.OK
+    text = f'replayed {plural(len(replayed), "dead letter")} to queue "{args.queue}" as new messages'
+    return print_result(args, {"queue": args.queue, "replayed": len(replayed)}, text)
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
@@ -93,8 +93,8 @@ def _purge(args: argparse.Namespace, broker: Broker) -> int:
             f'are not dead letters from queue "{args.queue}"',
             code=Exit.NOTHING_DONE,
         )
-    print(f'purged {plural(purged, "dead letter")} from queue "{args.queue}"')
-    return Exit.OK
+    text = f'purged {plural(purged, "dead letter")} from queue "{args.queue}"'
+    return print_result(args, {"queue": args.queue, "purged": purged}, text)
 
 
 def _report_missing(args: argparse.Namespace, done: set[int]) -> None:

@@ -8,12 +8,13 @@ match a glob, and on no other (sql/functions/15_scopes.sql). It needs the roles 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from pgbroker._db.install import grant_queue_access, list_queue_grants, revoke_queue_access
 from pgbroker._db.install_rules import QueueGrant
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.output import plural, print_listing, timestamped_json
+from pgbroker.cli.support.output import plural, print_each, print_listing, print_result, timestamped_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
@@ -43,7 +44,7 @@ def register(subcommands: Subcommands) -> None:
     )
     which.add_argument("--all", action="store_true", help="every grant of that kind to the role")
 
-    add_command(subcommands, "grants", "list the queue grants of database roles", _list, json_output=True)
+    add_command(subcommands, "grants", "list the queue grants of database roles", _list)
 
 
 def _add_role_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,9 +56,14 @@ def _grant(args: argparse.Namespace, broker: Broker) -> int:
     with broker.connection() as conn:
         for pattern in args.queues:
             added = grant_queue_access(conn, args.kind, args.role, pattern)
-            state = "granted" if added else "already granted"
-            print(f"{state}: {args.role} may act as {args.kind} on queues matching {pattern!r}")
+            record = {"role": args.role, "kind": args.kind, "queues": pattern, "granted": added}
+            print_each(args, [record], _grant_text)
     return Exit.OK
+
+
+def _grant_text(record: Mapping[str, Any]) -> str:
+    state = "granted" if record["granted"] else "already granted"
+    return f"{state}: {record['role']} may act as {record['kind']} on queues matching {record['queues']!r}"
 
 
 def _revoke(args: argparse.Namespace, broker: Broker) -> int:
@@ -72,8 +78,8 @@ def _revoke(args: argparse.Namespace, broker: Broker) -> int:
             code=Exit.NOTHING_DONE,
             hint="See pgbroker grants.",
         )
-    print(f"revoked {plural(removed, args.kind + ' grant')} from {args.role}")
-    return Exit.OK
+    text = f"revoked {plural(removed, args.kind + ' grant')} from {args.role}"
+    return print_result(args, {"role": args.role, "kind": args.kind, "revoked": removed}, text)
 
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:

@@ -7,10 +7,10 @@ HTTP server, so these commands work without the ``http`` extra.
 from __future__ import annotations
 
 import argparse
-import json
 
 from pgbroker._db.api_keys import SCOPES, ApiKey, create_key, list_keys, revoke_key
 from pgbroker.cli.support.errors import CliError, Exit
+from pgbroker.cli.support.output import print_each, print_result, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
@@ -21,7 +21,7 @@ __all__ = ["register"]
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "keys", "API keys of the HTTP API")
     summary = "create a key and print its token (shown only once)"
-    sub = add_command(actions, "create", summary, _create, json_output=True)
+    sub = add_command(actions, "create", summary, _create)
     sub.add_argument("name", help="what the key is for")
     sub.add_argument(
         "--scope",
@@ -42,7 +42,7 @@ def register(subcommands: Subcommands) -> None:
         "--rate", type=float, metavar="PER_SECOND", help="its own rate limit (default: the server's)"
     )
 
-    sub = add_command(actions, "list", "list the keys (never their tokens)", _list, json_output=True)
+    sub = add_command(actions, "list", "list the keys (never their tokens)", _list)
     sub.add_argument("--all", action="store_true", help="include revoked keys")
 
     sub = add_command(actions, "revoke", "revoke a key by id", _revoke)
@@ -71,19 +71,14 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
             )
         except ValueError as exc:
             raise CliError(str(exc), code=Exit.USAGE) from None
-    if getattr(args, "json", False):
-        print(json.dumps({**_key_json(key), "token": token}))
-    else:
-        print(token)
-    return Exit.OK
+    return print_result(args, {**_key_json(key), "token": token}, token)
 
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:
     with broker.connection() as conn:
         keys = list_keys(conn, include_revoked=args.all)
-    if getattr(args, "json", False):
-        for key in keys:
-            print(json.dumps(_key_json(key)))
+    if wants_json(args):
+        print_each(args, map(_key_json, keys), str)
         return Exit.OK
     rows = [
         [
@@ -107,5 +102,4 @@ def _revoke(args: argparse.Namespace, broker: Broker) -> int:
             raise CliError(
                 f"no live key with id {args.id}", code=Exit.NOTHING_DONE, hint="See pgbroker keys list --all."
             )
-    print(f"revoked key {args.id}")
-    return Exit.OK
+    return print_result(args, {"revoked": args.id}, f"revoked key {args.id}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from pgbroker.cli.support.arguments import msg_id, positive_int, seconds, whole_seconds
@@ -14,7 +14,7 @@ from pgbroker.cli.support.codec_modules import add_codec_module_option, load_cod
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument, json_problem, loads
-from pgbroker.cli.support.output import message_json, plural
+from pgbroker.cli.support.output import message_json, plural, print_each, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.running import print_error
 from pgbroker.errors import StaleReceipt
@@ -104,8 +104,8 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
     headers = None if job is None else dict(job)
     if args.message is not None:
         message = json_argument(args.message, "the message")
-        print(queue.send(message, headers=headers, delay=args.delay, codec=args.codec))
-        return Exit.OK
+        sent = queue.send(message, headers=headers, delay=args.delay, codec=args.codec)
+        return print_result(args, {"msg_id": sent}, str(sent))
 
     def send_batch(batch: list[Any]) -> int:
         ids = queue.send_many(
@@ -114,8 +114,8 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
             delay=args.delay,
             codec=args.codec,
         )
-        # Flushed per batch so a consumer of our output sees progress on a long stream.
-        print("\n".join(map(str, ids)), flush=True)
+        # Printed per batch so a consumer of our output sees progress on a long stream.
+        print_each(args, ({"msg_id": msg_id} for msg_id in ids), _msg_id_text)
         return len(ids)
 
     if sys.stdin.isatty():
@@ -162,6 +162,10 @@ def send_lines(stream: TextIO, batch_size: int, send_batch: Callable[[list[Any]]
     return sent
 
 
+def _msg_id_text(record: Mapping[str, Any]) -> str:
+    return str(record["msg_id"])
+
+
 def _read(args: argparse.Namespace, broker: Broker) -> int:
     for message in broker.queue(args.name).read_many(args.qty, vt=args.vt, wait=args.wait):
         print(message_json(message))
@@ -178,44 +182,45 @@ def _ack(args: argparse.Namespace, broker: Broker) -> int:
     queue = broker.queue(args.name)
     archive = not args.delete
 
-    def ack_many(receipts: list[Receipt]) -> dict[int, str]:
-        return {msg_id: str(msg_id) for msg_id in queue.ack_many(receipts, archive=archive)}
+    def ack_many(receipts: list[Receipt]) -> dict[int, Receipt | None]:
+        return dict.fromkeys(queue.ack_many(receipts, archive=archive))
 
-    def ack_one(receipt: Receipt) -> str:
+    def ack_one(receipt: Receipt) -> None:
         queue.ack(receipt, archive=archive)
-        return str(receipt.msg_id)
 
-    return _settle(args.receipts, ack_many, ack_one)
+    return _settle(args, ack_many, ack_one)
 
 
 def _nack(args: argparse.Namespace, broker: Broker) -> int:
     queue = broker.queue(args.name)
 
-    def nack_many(receipts: list[Receipt]) -> dict[int, str]:
-        return {msg_id: str(msg_id) for msg_id in queue.nack_many(receipts, delay=args.delay)}
+    def nack_many(receipts: list[Receipt]) -> dict[int, Receipt | None]:
+        return dict.fromkeys(queue.nack_many(receipts, delay=args.delay))
 
-    def nack_one(receipt: Receipt) -> str:
+    def nack_one(receipt: Receipt) -> None:
         queue.nack(receipt, delay=args.delay)
-        return str(receipt.msg_id)
 
-    return _settle(args.receipts, nack_many, nack_one)
+    return _settle(args, nack_many, nack_one)
 
 
 def _extend(args: argparse.Namespace, broker: Broker) -> int:
     queue = broker.queue(args.name)
 
-    def extend_many(receipts: list[Receipt]) -> dict[int, str]:
-        return {msg_id: str(new) for msg_id, new in queue.extend_many(receipts, vt=args.vt).items()}
+    def extend_many(receipts: list[Receipt]) -> dict[int, Receipt | None]:
+        return dict(queue.extend_many(receipts, vt=args.vt))
 
-    return _settle(args.receipts, extend_many, lambda receipt: str(queue.extend(receipt, vt=args.vt)))
+    return _settle(args, extend_many, lambda receipt: queue.extend(receipt, vt=args.vt))
 
 
 def _settle(
-    tokens: list[str], many: Callable[[list[Receipt]], dict[int, str]], one: Callable[[Receipt], str]
+    args: argparse.Namespace,
+    many: Callable[[list[Receipt]], dict[int, Receipt | None]],
+    one: Callable[[Receipt], Receipt | None],
 ) -> int:
     """Settle messages by receipt in one call (``many``), printing a line for each that held (its
-    msg_id, or its new receipt); then each stale one alone (``one``), which says why it is stale."""
-    receipts = [Receipt.parse(token) for token in tokens]
+    msg_id, or its new receipt when there is one); then each stale one alone (``one``), which says
+    why it is stale."""
+    receipts = [Receipt.parse(token) for token in args.receipts]
     done = many(receipts)
     stale: list[StaleReceipt] = []
     for receipt in receipts:
@@ -225,13 +230,18 @@ def _settle(
             done[receipt.msg_id] = one(receipt)
         except StaleReceipt as exc:
             stale.append(exc)
-    for line in dict.fromkeys(done[r.msg_id] for r in receipts if r.msg_id in done):
-        print(line)
+    settled = dict.fromkeys(r.msg_id for r in receipts if r.msg_id in done)
+    records = [_settled(msg_id, done[msg_id]) for msg_id in settled]
+    print_each(args, records, lambda record: str(record.get("receipt", record["msg_id"])))
     if not stale:
         return Exit.OK
     for error in stale[:-1]:
         print_error(error.message, None)
     raise CliError(stale[-1].message, code=Exit.STALE_RECEIPT, hint=stale[-1].hint)
+
+
+def _settled(msg_id: int, new_receipt: Receipt | None) -> dict[str, Any]:
+    return {"msg_id": msg_id} if new_receipt is None else {"msg_id": msg_id, "receipt": str(new_receipt)}
 
 
 def _archive(args: argparse.Namespace, broker: Broker) -> int:
@@ -245,9 +255,7 @@ def _delete(args: argparse.Namespace, broker: Broker) -> int:
 def _by_msg_id(args: argparse.Namespace, operation: Callable[[list[int]], list[int]]) -> int:
     wanted = list(dict.fromkeys(args.msg_ids))
     done = set(operation(wanted))
-    for wanted_id in wanted:
-        if wanted_id in done:
-            print(wanted_id)
+    print_each(args, ({"msg_id": wanted_id} for wanted_id in wanted if wanted_id in done), _msg_id_text)
     missing = [str(wanted_id) for wanted_id in wanted if wanted_id not in done]
     if missing:
         raise CliError(
@@ -265,5 +273,5 @@ def _purge(args: argparse.Namespace, broker: Broker) -> int:
         hint=f"Confirm with: pgbroker purge {args.name} --yes",
     )
     purged = broker.queue(args.name).purge()
-    print(f'purged {plural(purged, "message")} from queue "{args.name}"')
-    return Exit.OK
+    text = f'purged {plural(purged, "message")} from queue "{args.name}"'
+    return print_result(args, {"queue": args.name, "purged": purged}, text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pgbroker.cli.support.errors import Exit
+from pgbroker.cli.support.output import print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.queues._client import Broker
 
@@ -19,16 +19,15 @@ def register(subcommands: Subcommands) -> None:
 
 
 def _pause(args: argparse.Namespace, broker: Broker) -> int:
-    if broker.queue(args.name).pause():
-        print(f'paused queue "{args.name}": reads return nothing until: pgbroker resume {args.name}')
+    changed = broker.queue(args.name).pause()
+    if changed:
+        text = f'paused queue "{args.name}": reads return nothing until: pgbroker resume {args.name}'
     else:
-        print(f'queue "{args.name}" was paused already')
-    return Exit.OK
+        text = f'queue "{args.name}" was paused already'
+    return print_result(args, {"queue": args.name, "paused": True, "changed": changed}, text)
 
 
 def _resume(args: argparse.Namespace, broker: Broker) -> int:
-    if broker.queue(args.name).resume():
-        print(f'resumed queue "{args.name}"')
-    else:
-        print(f'queue "{args.name}" was not paused')
-    return Exit.OK
+    changed = broker.queue(args.name).resume()
+    text = f'resumed queue "{args.name}"' if changed else f'queue "{args.name}" was not paused'
+    return print_result(args, {"queue": args.name, "paused": False, "changed": changed}, text)

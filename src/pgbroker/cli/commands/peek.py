@@ -11,7 +11,7 @@ from datetime import datetime
 
 from pgbroker.cli.support.arguments import msg_id, positive_int
 from pgbroker.cli.support.errors import Exit
-from pgbroker.cli.support.output import message_json
+from pgbroker.cli.support.output import message_json, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
@@ -23,7 +23,7 @@ __all__ = ["register"]
 
 def register(subcommands: Subcommands) -> None:
     summary = "look at messages without taking them (no lease, no read count)"
-    sub = add_command(subcommands, "peek", summary, _peek, json_output=True)
+    sub = add_command(subcommands, "peek", summary, _peek)
     sub.add_argument("queue", metavar="QUEUE", help="queue name")
     sub.add_argument("--state", choices=PEEK_STATES, help="only these (default: all but dead)")
     sub.add_argument("--limit", type=positive_int, default=20, metavar="N", help="at most this many (20)")
@@ -56,7 +56,7 @@ def _peek(args: argparse.Namespace, broker: Broker) -> int:
         enqueued_after=args.since,
         enqueued_before=args.until,
     )
-    if args.json:
+    if wants_json(args):
         for message in found:
             line = json.loads(message_json(message))
             print(json.dumps({**line, "state": message.state}, ensure_ascii=False))

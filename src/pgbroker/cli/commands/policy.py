@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
 from pgbroker.cli.support.arguments import DURATION_UNITS, duration, positive_int, whole
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.output import plural, print_listing
+from pgbroker.cli.support.output import notices_to, plural, print_listing, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Policy
+from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
 
 __all__ = ["register"]
 
@@ -26,9 +26,9 @@ log = logging.getLogger("pgbroker.worker")
 
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "policy", "queue policies")
-    sub = add_command(actions, "show", "show queue policies", _show, json_output=True)
+    sub = add_command(actions, "show", "show queue policies", _show)
     sub.add_argument("queue", nargs="?", metavar="QUEUE", help="one queue (default: all)")
-    sub = add_command(actions, "set", "change a queue's policy (0 turns a limit off)", _set, json_output=True)
+    sub = add_command(actions, "set", "change a queue's policy (0 turns a limit off)", _set)
     sub.add_argument("queue", metavar="QUEUE", help="queue name")
     sub.add_argument(
         "--max-deliveries", type=whole, metavar="N", help="dead-letter after N failed deliveries"
@@ -106,7 +106,7 @@ def _policy_table(policies: Sequence[Policy]) -> str:
     rows = [
         [
             p.queue_name,
-            "unlimited" if p.max_deliveries is None else str(p.max_deliveries),
+            _max_deliveries(p),
             _backoff(p),
             p.dead_letter_queue or "(archive)",
             p.ack_mode,
@@ -120,6 +120,13 @@ def _policy_table(policies: Sequence[Policy]) -> str:
         for p in policies
     ]
     return table(header, rows)
+
+
+def _max_deliveries(p: Policy) -> str:
+    if p.max_deliveries is None:
+        # Unset: pgbroker.read never dead-letters, but pgbroker's worker does, at its own limit.
+        return f"unset (workers: {DEFAULT_MAX_DELIVERIES})"
+    return str(p.max_deliveries)
 
 
 def _backoff(p: Policy) -> str:
@@ -187,8 +194,7 @@ def _set(args: argparse.Namespace, broker: Broker) -> int:
             code=Exit.USAGE,
             hint=f"See: pgbroker policy set --help; the policy now: pgbroker policy show {args.queue}",
         )
-    # With --json, stdout holds the record alone.
-    notices = sys.stderr if args.json else sys.stdout
+    notices = notices_to(args)
     _create_dead_letter_queue(broker, args.queue, changes.get("dead_letter_queue"), notices)
     policy = broker.queue(args.queue).set_policy(**changes)
     print(f'policy of queue "{policy.queue_name}" changed:', file=notices)
@@ -220,11 +226,12 @@ def _maintain(args: argparse.Namespace, broker: Broker) -> int:
     for name in args.queues or [None]:
         while batch := broker.trim_dedup_keys(name, args.batch_size):
             keys += batch
-    if keys:
-        print(f"forgot {plural(keys, 'expired dedup key')}")
+    lines = [f"forgot {plural(keys, 'expired dedup key')}"] if keys else []
     if not names:
-        print("no queue has an archive retention (pgbroker policy set QUEUE --archive-retention 7d sets one)")
-        return Exit.OK
+        lines.append(
+            "no queue has an archive retention (pgbroker policy set QUEUE --archive-retention 7d sets one)"
+        )
+    deleted: dict[str, int] = {}
     for name in names:
         queue = broker.queue(name)
         trimmed = 0
@@ -232,5 +239,7 @@ def _maintain(args: argparse.Namespace, broker: Broker) -> int:
         while batch := queue.trim_archive(args.batch_size):
             trimmed += batch
             log.info("maintain.batch queue=%s rows=%s", name, batch)
-        print(f'queue "{name}": deleted {plural(trimmed, "archived message")}')
-    return Exit.OK
+        deleted[name] = trimmed
+        lines.append(f'queue "{name}": deleted {plural(trimmed, "archived message")}')
+    record = {"dedup_keys_forgotten": keys, "archived_deleted": deleted}
+    return print_result(args, record, "\n".join(lines))

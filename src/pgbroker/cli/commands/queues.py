@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pgbroker._db.install import install_roles
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.output import print_listing, timestamped_json
+from pgbroker.cli.support.output import print_listing, print_result, timestamped_json, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, metrics_table, table
 from pgbroker.queues._client import Broker
@@ -37,38 +37,46 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("name", metavar="QUEUE", help="queue name")
     add_yes_option(sub, "drop")
 
-    add_command(subcommands, "list", "list the queues", _list, json_output=True)
+    add_command(subcommands, "list", "list the queues", _list)
 
-    sub = add_command(subcommands, "metrics", "queue lengths and ages", _metrics, json_output=True)
+    sub = add_command(subcommands, "metrics", "queue lengths and ages", _metrics)
     sub.add_argument("name", nargs="?", metavar="QUEUE", help="one queue (default: all)")
 
 
 def _install(args: argparse.Namespace, broker: Broker) -> int:
     result = broker.install()
     if not result.changed:
-        print(f"already at version {result.version}")
+        lines = [f"already at version {result.version}"]
     elif result.previous_version is None:
-        print(f"installed version {result.version} (was not installed)")
+        lines = [f"installed version {result.version} (was not installed)"]
     else:
-        print(f"installed version {result.version} (was {result.previous_version})")
+        lines = [f"installed version {result.version} (was {result.previous_version})"]
+    granted: dict[str, int] = {}
     if args.roles:
         with broker.connection() as conn:
             granted = install_roles(conn, args.role_prefix)
-        for role, functions in granted.items():
-            print(f"role {role}: execute on {functions} functions, no table privileges")
-    return Exit.OK
+        lines += [f"role {role}: execute on {n} functions, no table privileges"
+                  for role, n in granted.items()]
+    record = {
+        "version": result.version,
+        "previous_version": result.previous_version,
+        "changed": result.changed,
+        "roles": granted,  # role: the functions it may execute
+    }
+    return print_result(args, record, "\n".join(lines))
 
 
 def _create(args: argparse.Namespace, broker: Broker) -> int:
     existing = {info.queue_name: info for info in broker.list_queues()}.get(args.name)
     broker.create_queue(args.name, unlogged=args.unlogged)
     if existing is None:
-        print(f'created {"unlogged " if args.unlogged else ""}queue "{args.name}"')
+        text = f'created {"unlogged " if args.unlogged else ""}queue "{args.name}"'
     elif args.unlogged and not existing.is_unlogged:
-        print(f'queue "{args.name}" already exists as a logged queue; --unlogged changed nothing')
+        text = f'queue "{args.name}" already exists as a logged queue; --unlogged changed nothing'
     else:
-        print(f'queue "{args.name}" already exists')
-    return Exit.OK
+        text = f'queue "{args.name}" already exists'
+    unlogged = args.unlogged if existing is None else existing.is_unlogged
+    return print_result(args, {"queue": args.name, "created": existing is None, "unlogged": unlogged}, text)
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
@@ -83,8 +91,9 @@ def _drop(args: argparse.Namespace, broker: Broker) -> int:
             code=Exit.NOTHING_DONE,
             hint="See the queues with: pgbroker list",
         )
-    print(f'dropped queue "{args.name}" and its archive')
-    return Exit.OK
+    return print_result(
+        args, {"queue": args.name, "dropped": True}, f'dropped queue "{args.name}" and its archive'
+    )
 
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:
@@ -109,7 +118,7 @@ def _metrics(args: argparse.Namespace, broker: Broker) -> int:
     if args.name is None:
         return print_listing(args, broker.metrics_all(), _metrics_json, metrics_table)
     single = broker.metrics(args.name)
-    print(json.dumps(_metrics_json(single), indent=2) if args.json else metrics_table([single]))
+    print(json.dumps(_metrics_json(single), indent=2) if wants_json(args) else metrics_table([single]))
     return Exit.OK
 
 

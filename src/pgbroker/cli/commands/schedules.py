@@ -17,6 +17,7 @@ from typing import Any
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
+from pgbroker.cli.support.output import print_result, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
@@ -28,7 +29,7 @@ __all__ = ["register"]
 
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "schedule", "cron schedules that send messages to queues")
-    sub = add_command(actions, "add", "add a schedule", _add, json_output=True)
+    sub = add_command(actions, "add", "add a schedule", _add)
     sub.add_argument("name", help="the schedule's name")
     sub.add_argument("--queue", required=True, help="the queue each tick sends to")
     sub.add_argument("--cron", required=True, help="5 fields, e.g. '*/5 * * * *' or '0 9 * * mon-fri'")
@@ -36,17 +37,17 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--headers", metavar="JSON", help="its headers, a JSON object")
     sub.add_argument("--timezone", default="UTC", metavar="TZ", help="an IANA time zone (UTC)")
     sub.add_argument("--replace", action="store_true", help="redefine a schedule of that name")
-    sub = add_command(actions, "list", "list the schedules", _list, json_output=True)
+    sub = add_command(actions, "list", "list the schedules", _list)
     for action, summary, handler in (
         ("remove", "remove a schedule", _remove),
         ("pause", "stop sending a schedule's ticks", _pause),
         ("resume", "send a paused schedule's ticks again, from the next one", _resume),
     ):
-        sub = add_command(actions, action, summary, handler, json_output=True)
+        sub = add_command(actions, action, summary, handler)
         sub.add_argument("name", help="the schedule's name")
 
     summary = "send the ticks of the schedules (workers run one too)"
-    add_command(subcommands, "scheduler", summary, _scheduler)
+    add_command(subcommands, "scheduler", summary, _scheduler, json_output=False)
 
 
 def _schedule_json(schedule: Schedule) -> dict[str, Any]:
@@ -57,12 +58,9 @@ def _schedule_json(schedule: Schedule) -> dict[str, Any]:
 
 
 def _print(args: argparse.Namespace, schedule: Schedule, done: str) -> int:
-    if args.json:
-        print(json.dumps(_schedule_json(schedule), ensure_ascii=False))
-    else:
-        state = "paused" if schedule.paused else f"next tick {local_time(schedule.next_run)}"
-        print(f'{done} schedule "{schedule.name}" ({schedule.cron} {schedule.timezone}): {state}')
-    return Exit.OK
+    state = "paused" if schedule.paused else f"next tick {local_time(schedule.next_run)}"
+    text = f'{done} schedule "{schedule.name}" ({schedule.cron} {schedule.timezone}): {state}'
+    return print_result(args, _schedule_json(schedule), text)
 
 
 def _add(args: argparse.Namespace, broker: Broker) -> int:
@@ -84,7 +82,7 @@ def _add(args: argparse.Namespace, broker: Broker) -> int:
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:
     schedules = broker.schedules()
-    if args.json:
+    if wants_json(args):
         print(json.dumps([_schedule_json(s) for s in schedules], ensure_ascii=False, indent=2))
     elif not schedules:
         print("no schedules (add one with: pgbroker schedule add NAME --queue Q --cron CRON --message JSON)")
@@ -115,11 +113,7 @@ def _remove(args: argparse.Namespace, broker: Broker) -> int:
             code=Exit.NOTHING_DONE,
             hint="List them: pgbroker schedule list",
         )
-    if args.json:
-        print(json.dumps({"removed": args.name}))
-    else:
-        print(f'removed schedule "{args.name}"')
-    return Exit.OK
+    return print_result(args, {"removed": args.name}, f'removed schedule "{args.name}"')
 
 
 def _pause(args: argparse.Namespace, broker: Broker) -> int:

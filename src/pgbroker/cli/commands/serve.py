@@ -21,7 +21,8 @@ __all__ = ["register"]
 
 
 def register(subcommands: Subcommands) -> None:
-    sub = add_command(subcommands, "serve", "serve the HTTP API, /metrics and the dashboard", _serve)
+    summary = "serve the HTTP API, /metrics and the dashboard"
+    sub = add_command(subcommands, "serve", summary, _serve, json_output=False)
     sub.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     sub.add_argument("--port", type=int, default=8080, help="port (8080)")
     sub.add_argument("--max-body", type=int, default=1024 * 1024, metavar="BYTES", help="request body limit")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -17,7 +17,7 @@ from pgbroker.cli.support.arguments import duration, positive_int, seconds
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
-from pgbroker.cli.support.output import plural, print_listing
+from pgbroker.cli.support.output import plural, print_each, print_listing, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.queues._client import Broker
@@ -31,7 +31,7 @@ NO_STREAMS = "no streams (create one with: pgbroker stream create NAME)"
 
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "stream", "streams: logs read by consumer groups")
-    sub = add_command(actions, "create", "create a stream (idempotent)", _create, json_output=True)
+    sub = add_command(actions, "create", "create a stream (idempotent)", _create)
     sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("--partitions", type=positive_int, default=4, metavar="N", help="key partitions (4)")
     sub.add_argument("--retention", type=duration, metavar="DURATION", help="drop messages older than this")
@@ -49,7 +49,7 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("name", metavar="STREAM", help="stream name")
     add_yes_option(sub, "drop")
 
-    add_command(actions, "list", "list streams", _list, json_output=True)
+    add_command(actions, "list", "list streams", _list)
 
     sub = add_command(actions, "send", "send a JSON message, or JSON lines from stdin", _send)
     sub.add_argument("name", metavar="STREAM", help="stream name")
@@ -81,10 +81,10 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("group", help="group name")
 
-    sub = add_command(actions, "groups", "a stream's groups with their lag", _groups, json_output=True)
+    sub = add_command(actions, "groups", "a stream's groups with their lag", _groups)
     sub.add_argument("name", metavar="STREAM", help="stream name")
 
-    sub = add_command(actions, "lag", "lag and owner per group and partition", _lag, json_output=True)
+    sub = add_command(actions, "lag", "lag and owner per group and partition", _lag)
     sub.add_argument("name", metavar="STREAM", help="stream name")
 
     sub = add_command(actions, "maintain", "apply retention: empty the child tables that may go", _maintain)
@@ -112,8 +112,7 @@ def _drop(args: argparse.Namespace, broker: Broker) -> int:
     )
     if not Stream(broker, args.name).drop():
         raise CliError(f'stream "{args.name}" does not exist', code=Exit.QUEUE_NOT_FOUND)
-    print(f"dropped stream {args.name}")
-    return Exit.OK
+    return print_result(args, {"stream": args.name, "dropped": True}, f"dropped stream {args.name}")
 
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:
@@ -160,8 +159,8 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
                 '--headers must be a JSON object, for example \'{"source": "cli"}\'', code=Exit.USAGE
             )
     if args.message is not None:
-        print(stream.send(json_argument(args.message, "the message"), key=args.key, headers=headers))
-        return Exit.OK
+        sent = stream.send(json_argument(args.message, "the message"), key=args.key, headers=headers)
+        return print_result(args, {"id": sent}, str(sent))
 
     def send_batch(batch: list[Any]) -> int:
         ids = stream.send_many(
@@ -169,7 +168,7 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
             keys=[args.key] * len(batch),
             headers=None if headers is None else [headers] * len(batch),
         )
-        print("\n".join(map(str, ids)), flush=True)
+        print_each(args, ({"id": sent} for sent in ids), lambda record: str(record["id"]))
         return len(ids)
 
     if sys.stdin.isatty():
@@ -219,15 +218,15 @@ def _create_group(args: argparse.Namespace, broker: Broker) -> int:
     retry_queue = Stream(broker, args.name).create_group(
         args.group, start=start, retry_queue=args.retry_queue
     )
-    print(f"group {args.group} of stream {args.name} (failed messages go to queue {retry_queue})")
-    return Exit.OK
+    text = f"group {args.group} of stream {args.name} (failed messages go to queue {retry_queue})"
+    return print_result(args, {"stream": args.name, "group": args.group, "retry_queue": retry_queue}, text)
 
 
 def _drop_group(args: argparse.Namespace, broker: Broker) -> int:
     if not Stream(broker, args.name).drop_group(args.group):
         raise CliError(f'stream "{args.name}" has no group "{args.group}"', code=Exit.QUEUE_NOT_FOUND)
-    print(f"dropped group {args.group} of stream {args.name}")
-    return Exit.OK
+    record = {"stream": args.name, "group": args.group, "dropped": True}
+    return print_result(args, record, f"dropped group {args.group} of stream {args.name}")
 
 
 def _groups(args: argparse.Namespace, broker: Broker) -> int:
@@ -286,8 +285,13 @@ def _lag_table(lags: Sequence[PartitionLag]) -> str:
     return table(header, rows, right_aligned=[1, 2, 3, 4])
 
 
+def _emptied_text(record: Mapping[str, Any]) -> str:
+    return f"{record['stream']}: emptied {plural(record['emptied'], 'child table')}"
+
+
 def _maintain(args: argparse.Namespace, broker: Broker) -> int:
     names = args.names or [s.name for s in list_streams(broker)]
     for name in names:
-        print(f"{name}: emptied {plural(Stream(broker, name).maintain(), 'child table')}")
+        emptied = Stream(broker, name).maintain()
+        print_each(args, [{"stream": name, "emptied": emptied}], _emptied_text)
     return Exit.OK

@@ -28,7 +28,7 @@ from typing import Any
 
 import pgbroker
 from pgbroker._db.dsn import database_place
-from pgbroker.cli.support.arguments import positive_int, seconds
+from pgbroker.cli.support.arguments import positive_int, seconds, whole
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_progress_option
@@ -50,7 +50,7 @@ _RESTART_PAUSE = 1.0
 
 def register(subcommands: Subcommands) -> None:
     summary = "run handlers that consume queues (until SIGTERM or Ctrl-C)"
-    sub = add_command(subcommands, "worker", summary, _worker)
+    sub = add_command(subcommands, "worker", summary, _worker, json_output=False)
     sub.epilog = (
         "An option left out keeps what the App's @app.handler(...) set, else the default in "
         "parentheses. exit codes: see pgbroker --help"
@@ -87,6 +87,13 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--grace", dest="grace_period", type=seconds, metavar="SECONDS", help="drain time (30)")
     sub.add_argument(
         "--maintain-every", type=seconds, metavar="SECONDS", help="also apply archive retention this often"
+    )
+    sub.add_argument(
+        "--max-deliveries",
+        type=whole,
+        metavar="N",
+        help="a failed message's last delivery when the queue's policy sets none, then a dead "
+        "letter (25; 0: retry for ever)",
     )
     sub.add_argument("--processes", type=positive_int, default=1, metavar="N", help="worker processes (1)")
     sub.add_argument(
@@ -140,8 +147,11 @@ def _workers(args: argparse.Namespace) -> Sequence[Worker | StreamWorker]:
         "poll_max",
         "grace_period",
         "maintain_every",
+        "max_deliveries",
     )
     options: dict[str, Any] = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if options.get("max_deliveries") == 0:
+        options["max_deliveries"] = None
     if isinstance(target, App):
         streams = [] if args.queue else target.stream_workers()  # --queue names queues only
         return [*target.workers(args.queue or None, **options), *streams]

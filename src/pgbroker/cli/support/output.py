@@ -1,12 +1,14 @@
-"""What the commands print: listings as a table or JSON, messages as JSON lines."""
+"""What the commands print: listings as a table or JSON, messages as JSON lines, and any other
+result as text for people or, with --json, as JSON alone on stdout (notices go to stderr then)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from pgbroker.cli.support.errors import Exit
 from pgbroker.codecs.json_view import json_view
@@ -26,13 +28,52 @@ def print_listing(
     empty: str = NO_QUEUES,
 ) -> int:
     """Print ``items`` as a JSON array (--json), else a table, else ``empty`` when there are none."""
-    if args.json:
+    if wants_json(args):
         print(json.dumps([as_json(item) for item in items], default=str, indent=2))
     elif not items:
         print(empty)
     else:
         print(as_table(items))
     return Exit.OK
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    """Whether --json was given (absent from a parser that a command module was registered on
+    alone, as its tests do)."""
+    return bool(getattr(args, "json", False))
+
+
+def print_result(args: argparse.Namespace, record: Mapping[str, Any], text: str) -> int:
+    """A command's result: ``record`` as one JSON object (--json), else ``text`` for people."""
+    print(to_json(record) if wants_json(args) else text)
+    return Exit.OK
+
+
+def print_each(
+    args: argparse.Namespace, records: Iterable[Mapping[str, Any]], text: Callable[[Mapping[str, Any]], str]
+) -> None:
+    """Results of one kind, one a line (the msg_ids a send made, the receipts an extend renewed):
+    each record as a JSON line (--json), else its ``text``; flushed, so that a reader of a long
+    run sees its progress."""
+    lines = [to_json(record) if wants_json(args) else text(record) for record in records]
+    if lines:
+        print("\n".join(lines), flush=True)
+
+
+def notices_to(args: argparse.Namespace) -> TextIO:
+    """Where a command's remarks beside its result go: stderr under --json, so that stdout holds
+    the JSON alone."""
+    return sys.stderr if wants_json(args) else sys.stdout
+
+
+def to_json(record: Mapping[str, Any]) -> str:
+    """One JSON line; timestamps in ISO 8601."""
+    return json.dumps(record, default=_iso_or_text, ensure_ascii=False)
+
+
+def _iso_or_text(value: object) -> str:
+    isoformat = getattr(value, "isoformat", None)
+    return str(isoformat()) if callable(isoformat) else str(value)
 
 
 def timestamped_json(record: Any, field: str) -> dict[str, Any]:

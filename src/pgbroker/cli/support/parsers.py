@@ -124,11 +124,13 @@ def add_command(
     summary: str,
     handler: Handler | LocalHandler,
     *,
-    json_output: bool = False,
+    json_output: bool = True,
     database: bool = True,
 ) -> argparse.ArgumentParser:
     """Add a command. With ``database`` (the default) its handler is a Handler, called with a
-    connected Broker; without, a LocalHandler, called with the arguments alone (no --dsn)."""
+    connected Broker; without, a LocalHandler, called with the arguments alone (no --dsn).
+    ``json_output``: it takes --json (every command that prints a result; not those that run
+    until stopped, whose output is progress and logs)."""
     sub = subcommands.add_parser(
         name, help=summary, description=summary, epilog="exit codes: see pgbroker --help"
     )

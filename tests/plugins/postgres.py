@@ -138,3 +138,24 @@ def unstarted_cluster() -> Iterator[EmbeddedPostgres]:
     finally:
         pg.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
+    """A private primary with pgbroker installed and a streaming standby of it (asynchronous:
+    tests.support.replication.set_synchronous to change that); both stopped afterwards."""
+    from pgbroker._db.install import install
+    from tests.support.replication import make_standby
+
+    directory = scratch_dir("pgbroker-replicated-")
+    primary = EmbeddedPostgres(directory / "a")
+    standby = EmbeddedPostgres(directory / "b")
+    try:
+        with psycopg.connect(primary.start(), autocommit=True) as conn:
+            install(conn)
+        make_standby(primary, standby.data_dir)
+        yield primary, standby
+    finally:
+        for server in (primary, standby):
+            server.stop()
+        shutil.rmtree(directory, ignore_errors=True)

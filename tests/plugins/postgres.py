@@ -140,22 +140,12 @@ def unstarted_cluster() -> Iterator[EmbeddedPostgres]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+
 @pytest.fixture
 def replicated() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
-    """A private primary with pgbroker installed and a streaming standby of it (asynchronous:
-    tests.support.replication.set_synchronous to change that); both stopped afterwards."""
-    from pgbroker._db.install import install
-    from tests.support.replication import make_standby
+    """A private primary with pgbroker installed and an asynchronous streaming standby of it
+    (tests.support.replication); both stopped and removed afterwards."""
+    from tests.support.replication import replicated_pair
 
-    directory = scratch_dir("pgbroker-replicated-")
-    primary = EmbeddedPostgres(directory / "a")
-    standby = EmbeddedPostgres(directory / "b")
-    try:
-        with psycopg.connect(primary.start(), autocommit=True) as conn:
-            install(conn)
-        make_standby(primary, standby.data_dir)
-        yield primary, standby
-    finally:
-        for server in (primary, standby):
-            server.stop()
-        shutil.rmtree(directory, ignore_errors=True)
+    with replicated_pair() as pair:
+        yield pair

@@ -13,9 +13,12 @@ done the way an operator (or Patroni) would, with PostgreSQL's own tools and fun
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +26,11 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from pgbroker._db.install import install
 from pgbroker.embedded import EmbeddedPostgres, find_bin_dir
 from pgbroker.embedded.processes import orphans
 from pgbroker.embedded.server_user import child_env, run_as_for, usable_bin_dir
+from tests.support.postgres import scratch_dir
 
 _SERVER_WAIT = 120.0  # seconds: a bound for a hung server on a loaded machine, not a guess
 
@@ -84,6 +89,24 @@ def make_standby(primary: EmbeddedPostgres, data_dir: Path) -> EmbeddedPostgres:
     standby.start()
     wait_streaming(primary, data_dir.name)
     return standby
+
+
+@contextmanager
+def replicated_pair() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
+    """A new primary with pgbroker installed and an asynchronous streaming standby of it, in a
+    scratch directory; both stopped and the directory removed on leaving."""
+    directory = scratch_dir("pgbroker-replicated-")
+    primary = EmbeddedPostgres(directory / "a")
+    standby = EmbeddedPostgres(directory / "b")
+    try:
+        with psycopg.connect(primary.start(), autocommit=True) as conn:
+            install(conn)
+        make_standby(primary, standby.data_dir)
+        yield primary, standby
+    finally:
+        for server in (primary, standby):
+            server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def wait_streaming(primary: EmbeddedPostgres, name: str) -> None:
@@ -154,6 +177,26 @@ def demote(old_primary: EmbeddedPostgres, new_primary: EmbeddedPostgres) -> None
         conf.write(f"primary_conninfo = '{conninfo}'\n")
     old_primary.start()
     wait_streaming(new_primary, name)
+
+
+def pause_replay(standby: EmbeddedPostgres) -> None:
+    """The standby goes on receiving WAL but applies none: its reads see the past."""
+    _sql(standby, "SELECT pg_wal_replay_pause()")
+
+
+def resume_replay(standby: EmbeddedPostgres) -> None:
+    _sql(standby, "SELECT pg_wal_replay_resume()")
+
+
+def wait_caught_up(primary: EmbeddedPostgres, standby: EmbeddedPostgres) -> None:
+    """Wait until the standby has applied everything the primary wrote so far."""
+    (target,) = _sql(primary, "SELECT pg_current_wal_lsn()")[0]
+    query = "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn"
+    deadline = time.monotonic() + _SERVER_WAIT
+    while not _sql(standby, query, (str(target),))[0][0]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{standby.data_dir} has not replayed up to {target}")
+        time.sleep(0.05)
 
 
 def stall_wal_receiver(standby: EmbeddedPostgres) -> int:

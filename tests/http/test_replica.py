@@ -1,0 +1,102 @@
+"""``pgbroker serve --replica-dsn``: the reporting operations read from a streaming standby (a
+real one, tests/support/replication.py) and say how far behind it is; writes go to the primary.
+
+The standby's replay is paused while the primary takes more messages, so what each answer shows
+says which server it came from.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import psycopg
+import pytest
+
+from pgbroker import Broker
+from pgbroker._db.api_keys import create_key
+from pgbroker.embedded import EmbeddedPostgres
+from pgbroker.http.routes import all_operations
+from tests.http.live import pgbroker_serve
+from tests.support.replication import pause_replay, resume_replay, wait_caught_up
+
+pytestmark = pytest.mark.slow
+
+LAG_GAUGE = re.compile(r"^pgbroker_replica_replay_lag_seconds (\S+)$", re.MULTILINE)
+
+
+def _jobs_length(http: httpx.Client) -> int:
+    answer = http.get("/v1/stats")
+    assert answer.status_code == 200, answer.text
+    (jobs,) = [q for q in answer.json()["queues"] if q["queue_name"] == "jobs"]
+    return int(jobs["queue_length"])
+
+
+def test_serve_reports_from_the_replica_and_writes_to_the_primary(
+    replicated: tuple[EmbeddedPostgres, EmbeddedPostgres],
+) -> None:
+    primary, standby = replicated
+    with Broker(primary.dsn(), max_connections=1) as broker:
+        jobs = broker.create_queue("jobs")
+        broker.create_queue("jobs_dlq")
+        jobs.set_policy(max_deliveries=1, dead_letter_queue="jobs_dlq")
+        jobs.send_many([{"n": n} for n in range(3)])
+        leased = jobs.read(vt=30)
+        assert leased is not None
+        jobs.fail(leased, error="boom")  # the one delivery it had: a dead letter
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        _, token = create_key(conn, "reports", scopes=["send", "read"])
+    wait_caught_up(primary, standby)
+    pause_replay(standby)
+    with (
+        pgbroker_serve(primary.dsn(), "--replica-dsn", standby.dsn(), "--connections", "2") as server,
+        httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {token}"}, timeout=30) as http,
+    ):
+        sent = http.post("/v1/queues/jobs/messages", json={"messages": [{"n": n} for n in range(3, 8)]})
+        assert sent.status_code == 201, server.log()  # a write: the primary's
+        with Broker(primary.dsn(), max_connections=1) as broker:
+            assert broker.queue("jobs").metrics().queue_length == 7
+
+        # Every reporting operation answers from the paused replica: what it held before the sends.
+        stats = http.get("/v1/stats").json()
+        assert [q["queue_length"] for q in stats["queues"] if q["queue_name"] == "jobs"] == [2]
+        assert stats["replica_lag_seconds"] > 0
+        assert http.get("/v1/queues/jobs/metrics").json()["queue_length"] == 2
+        assert len(http.get("/v1/queues/jobs/peek").json()["messages"]) == 2
+        (dead,) = http.get("/v1/queues/jobs/dead-letters").json()["messages"]
+        assert dead["message"] == {"n": 0}
+        metrics = http.get("/metrics").text
+        assert 'pgbroker_queue_length{queue="jobs"} 2.0' in metrics
+        lag = LAG_GAUGE.search(metrics)
+        assert lag is not None, metrics
+        assert float(lag.group(1)) > 0
+        # None of them writes (a standby would refuse with 25006, answered 503).
+        for operation in all_operations():
+            if operation.reporting:
+                path = operation.path.replace("{queue}", "jobs")
+                answer = http.request(operation.method, path)
+                assert answer.status_code == 200, f"{operation.method} {path}: {answer.text}"
+
+        resume_replay(standby)
+        deadline = time.monotonic() + 60
+        while _jobs_length(http) != 7 or http.get("/v1/stats").json()["replica_lag_seconds"] != 0:
+            assert time.monotonic() < deadline, "the replica's figures did not catch up"
+            time.sleep(0.1)
+        assert 'pgbroker_queue_length{queue="jobs"} 7.0' in http.get("/metrics").text
+
+
+def test_without_a_replica_the_figures_are_the_primary_s_and_no_lag_is_shown(
+    replicated: tuple[EmbeddedPostgres, EmbeddedPostgres],
+) -> None:
+    primary, _ = replicated
+    with Broker(primary.dsn(), max_connections=1) as broker:
+        broker.create_queue("jobs").send({"n": 1})
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        _, token = create_key(conn, "reports", scopes=["read"])
+    with (
+        pgbroker_serve(primary.dsn(), "--connections", "2") as server,
+        httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {token}"}, timeout=30) as http,
+    ):
+        assert http.get("/v1/stats").json()["replica_lag_seconds"] is None
+        assert "pgbroker_replica_replay_lag_seconds" not in http.get("/metrics").text

@@ -39,6 +39,7 @@ from typing import Any
 import httpx
 import psycopg
 from aiormq.abc import DeliveredMessage
+from psycopg import sql
 from psycopg_pool import PoolTimeout
 
 from pgbroker import Broker, Message
@@ -81,6 +82,9 @@ class Outcome:
     resume: dict[str, float]
     acknowledged: dict[str, int]  # sends acknowledged, per queue
     lost: dict[str, int]  # acknowledged sends never delivered, per queue
+    # Acknowledged sends the primary at the end does not hold (in the queue or its archive): gone
+    # with the old primary, whether or not a consumer got them from it first.
+    missing: dict[str, int]
     duplicated: dict[str, int]  # messages delivered more than once, per queue
     acked_then_delivered: int  # http: delivered again after their ack was answered 200
     reissued_msg_ids: int  # msg_ids acknowledged for two different sends of one queue
@@ -90,7 +94,8 @@ class Outcome:
         resume = ", ".join(f"{kind} {self.resume[kind]:.2f} s" for kind in KINDS)
         return (
             f"{label}: resumed after the promotion: {resume}; sends acknowledged {self.acknowledged}, "
-            f"lost {self.lost}, duplicated {self.duplicated}, delivered again after an answered ack "
+            f"lost {self.lost}, missing on the new primary {self.missing}, duplicated "
+            f"{self.duplicated}, delivered again after an answered ack "
             f"{self.acked_then_delivered}, msg_ids issued twice {self.reissued_msg_ids}, slowest "
             f"wake-up once resumed {self.wake_latency:.2f} s"
         )
@@ -341,6 +346,16 @@ class Traffic:
         except _TRANSIENT:
             return False
 
+    def _stored(self, queue: str) -> set[int]:
+        """The numbers of the messages the primary holds in ``queue`` or its archive (where every
+        consumer here puts what it is done with)."""
+        query = sql.SQL(
+            "SELECT (message->>'n')::bigint FROM {} UNION ALL SELECT (message->>'n')::bigint FROM {}"
+        )
+        tables = (sql.Identifier("pgmq", f"{kind}_{queue}") for kind in ("q", "a"))
+        with psycopg.connect(self.dsn) as conn:
+            return {row[0] for row in conn.execute(query.format(*tables))}
+
     def _assert_never_restarted(self) -> None:
         assert self.worker is not None
         assert self.bridge is not None
@@ -385,6 +400,7 @@ class Traffic:
             resume=resume,
             acknowledged={name: len(sent.get(name, {})) for name in QUEUES},
             lost={name: len(set(sent.get(name, {})) - set(delivered.get(name, []))) for name in QUEUES},
+            missing={name: len(set(sent.get(name, {})) - self._stored(name)) for name in QUEUES},
             duplicated={
                 name: sum(1 for times in Counter(delivered.get(name, [])).values() if times > 1)
                 for name in QUEUES

@@ -37,6 +37,7 @@ WORKER_CONCURRENCY = 4  # tests.support.failover starts the worker so
 
 def _assert_nothing_lost(outcome: Outcome) -> None:
     assert outcome.lost == dict.fromkeys(outcome.lost, 0), outcome.report("lost")
+    assert outcome.missing == dict.fromkeys(outcome.missing, 0), outcome.report("missing")
     assert outcome.acked_then_delivered == 0, outcome.report("delivered again after an answered ack")
     assert outcome.reissued_msg_ids == 0, outcome.report("msg_ids issued twice")
     # At-least-once: a message in flight when the primary went may come again, no other. The

@@ -13,12 +13,15 @@ import time
 import httpx
 import psycopg
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from pgbroker import Broker
 from pgbroker._db.api_keys import create_key
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.http.routes import all_operations
 from tests.http.live import pgbroker_serve
+from tests.support.browser import row_text, use_key, wait_for
 from tests.support.replication import pause_replay, resume_replay, wait_caught_up
 
 pytestmark = pytest.mark.slow
@@ -100,3 +103,30 @@ def test_without_a_replica_the_figures_are_the_primary_s_and_no_lag_is_shown(
     ):
         assert http.get("/v1/stats").json()["replica_lag_seconds"] is None
         assert "pgbroker_replica_replay_lag_seconds" not in http.get("/metrics").text
+
+
+def test_the_dashboard_says_its_figures_come_from_a_replica_and_how_far_behind(
+    replicated: tuple[EmbeddedPostgres, EmbeddedPostgres], browser: WebDriver
+) -> None:
+    primary, standby = replicated
+    with Broker(primary.dsn(), max_connections=1) as broker:
+        broker.create_queue("jobs").send({"n": 1})
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        _, token = create_key(conn, "dashboard", scopes=["read"])
+    wait_caught_up(primary, standby)
+    pause_replay(standby)
+    with Broker(primary.dsn(), max_connections=1) as broker:
+        broker.queue("jobs").send({"n": 2})  # the replica will not show it
+    with pgbroker_serve(primary.dsn(), "--replica-dsn", standby.dsn(), "--connections", "2") as server:
+        browser.get(f"{server.url}/dashboard?refresh=400")
+        use_key(browser, token)
+        wait_for(browser, "the queue's row", lambda d: row_text(d, 'tr[data-queue="jobs"]'))
+        status = wait_for(
+            browser,
+            "the status line to name the replica",
+            lambda d: re.search(
+                r"from a replica ([0-9.]+) s behind the primary", d.find_element(By.ID, "status").text
+            ),
+        )
+        assert float(status.group(1)) > 0
+        assert row_text(browser, 'tr[data-queue="jobs"] td.length') == "1"  # the replica's past

@@ -53,10 +53,10 @@ from tests.support.rabbit import Rabbit
 HANDLED_FILE = "PGBROKER_FAILOVER_HANDLED"
 KINDS = ("client", "worker", "serve", "bridge", "listener")
 QUEUES = ("jobs", "outbox", "http", "wake")
-WORKER_VT = 10  # seconds: longer than the failover, as docs/operations.md advises
+WORKER_VT = 5  # seconds: longer than the failover here, as docs/operations.md advises
 HTTP_VT = 5
 WAKE_EVERY = 1.0  # seconds between two sends to ``wake``
-WAKE_WAIT = 30  # seconds a read of ``wake`` waits; its poll interval is 60
+WAKE_WAIT = 20  # seconds a read of ``wake`` waits; its poll interval is 60
 # Bounds for a hung run on a loaded machine, not for a slow one.
 RESUME_BOUND = 90.0
 DRAIN_BOUND = 120.0
@@ -304,6 +304,9 @@ class Traffic:
 
     def _stop_threads(self) -> None:
         self._stop.set()
+        # The waiting read would otherwise sleep out its wait; a send wakes it to see the stop.
+        with Broker(self.dsn, max_connections=1) as broker:
+            broker.queue("wake").send({"n": -1, "at": time.time()})
         for thread in self._threads:
             thread.join(timeout=WAKE_WAIT + 30)
 

@@ -369,6 +369,8 @@ class Traffic:
             ("serve", self.server.process),
         ):
             assert process.poll() is None, f"{name} exited {process.returncode}; {self._logs()}"
+        worker_log = (self.directory / "worker.log").read_text(errors="replace")
+        assert "supervisor.restarting" not in worker_log, f"a worker process was restarted; {self._logs()}"
 
     def _logs(self) -> str:
         assert self.server is not None

@@ -22,7 +22,7 @@ from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.http.routes import all_operations
 from tests.http.live import pgbroker_serve
 from tests.support.browser import row_text, use_key, wait_for
-from tests.support.replication import pause_replay, resume_replay, wait_caught_up
+from tests.support.replication import multi_host_dsn, pause_replay, resume_replay, wait_caught_up
 
 pytestmark = pytest.mark.slow
 
@@ -87,6 +87,34 @@ def test_serve_reports_from_the_replica_and_writes_to_the_primary(
             assert time.monotonic() < deadline, "the replica's figures did not catch up"
             time.sleep(0.1)
         assert 'pgbroker_queue_length{queue="jobs"} 7.0' in http.get("/metrics").text
+
+
+def test_a_replica_dsn_preferring_a_standby_falls_back_to_the_primary_when_none_is_left(
+    replicated: tuple[EmbeddedPostgres, EmbeddedPostgres],
+) -> None:
+    primary, standby = replicated
+    with Broker(primary.dsn(), max_connections=1) as broker:
+        broker.create_queue("jobs").send({"n": 1})
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        _, token = create_key(conn, "reports", scopes=["send", "read"])
+    wait_caught_up(primary, standby)
+    replica_dsn = multi_host_dsn(primary, standby, attrs="prefer-standby")
+    with (
+        pgbroker_serve(primary.dsn(), "--replica-dsn", replica_dsn, "--connections", "2") as server,
+        httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {token}"}, timeout=60) as http,
+    ):
+        assert http.get("/v1/stats").json()["replica_lag_seconds"] == 0
+        with psycopg.connect(replica_dsn) as conn:
+            assert conn.info.port == standby.port  # the standby first, though listed second
+        standby.stop()
+        assert http.post("/v1/queues/jobs/messages", json={"message": {"n": 2}}).status_code == 201
+        # The replica's pool reconnects by the same DSN and gets the primary: the figures are
+        # the latest (a request may fail while it finds its connections gone: 503).
+        deadline = time.monotonic() + 60
+        while (answer := http.get("/v1/stats")).status_code != 200 or _jobs_length(http) != 2:
+            assert time.monotonic() < deadline, f"the reports never reached the primary: {answer.text}"
+            time.sleep(0.1)
+        assert answer.json()["replica_lag_seconds"] == 0
 
 
 def test_without_a_replica_the_figures_are_the_primary_s_and_no_lag_is_shown(

@@ -213,13 +213,14 @@ def resume_wal_receiver(pid: int) -> None:
     os.kill(pid, signal.SIGCONT)
 
 
-def multi_host_dsn(*servers: EmbeddedPostgres, dbname: str = "postgres") -> str:
-    """A DSN naming every server, connecting only to the one that takes writes."""
+def multi_host_dsn(*servers: EmbeddedPostgres, dbname: str = "postgres", attrs: str = "read-write") -> str:
+    """A DSN naming every server, connecting to the one libpq's ``target_session_attrs`` picks
+    (``read-write``: only the one that takes writes)."""
     return make_conninfo(
         "",
         host=",".join(str(s.socket_dir) for s in servers),
         port=",".join(str(s.port) for s in servers),
         user="postgres",
         dbname=dbname,
-        target_session_attrs="read-write",
+        target_session_attrs=attrs,
     )

@@ -140,7 +140,6 @@ def unstarted_cluster() -> Iterator[EmbeddedPostgres]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-
 @pytest.fixture
 def replicated() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
     """A private primary with pgbroker installed and an asynchronous streaming standby of it

@@ -42,9 +42,11 @@ def _sql(pg: EmbeddedPostgres, query: str, params: tuple[Any, ...] = ()) -> list
 
 
 def _as_server_user(pg: EmbeddedPostgres, tool: str, *args: str) -> None:
+    """Run one of the server's tools (of ``pg``'s major version) as the user ``pg`` runs as."""
     run_as = run_as_for(pg.data_dir, True)
-    exe = usable_bin_dir(find_bin_dir(), run_as) / tool
-    subprocess.run(
+    major = int((pg.data_dir / "PG_VERSION").read_text())
+    exe = usable_bin_dir(find_bin_dir(major, data_dir=pg.data_dir), run_as) / tool
+    done = subprocess.run(
         [str(exe), *args],
         env=child_env(os.environ, run_as),
         cwd=pg.data_dir,
@@ -54,8 +56,10 @@ def _as_server_user(pg: EmbeddedPostgres, tool: str, *args: str) -> None:
         capture_output=True,
         text=True,
         timeout=_SERVER_WAIT,
-        check=True,
+        check=False,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"{tool} failed (exit {done.returncode}): {done.stderr}{done.stdout}")
 
 
 def _owned_like(path: Path, model: Path) -> None:
@@ -77,7 +81,7 @@ def make_standby(primary: EmbeddedPostgres, data_dir: Path) -> EmbeddedPostgres:
     _owned_like(data_dir, primary.data_dir)
     standby = EmbeddedPostgres(data_dir)
     _as_server_user(
-        standby,
+        primary,
         "pg_basebackup",
         "--pgdata", str(data_dir),
         "--dbname", replication_conninfo(primary, data_dir.name),

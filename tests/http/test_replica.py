@@ -19,7 +19,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from pgbroker import Broker
 from pgbroker._db.api_keys import create_key
 from pgbroker.embedded import EmbeddedPostgres
+from pgbroker.http import create_app
 from pgbroker.http.routes import all_operations
+from pgbroker.queues._client_async import AsyncBroker
 from tests.http.live import pgbroker_serve
 from tests.support.browser import row_text, use_key, wait_for
 from tests.support.replication import multi_host_dsn, pause_replay, resume_replay, wait_caught_up
@@ -115,6 +117,35 @@ def test_a_replica_dsn_preferring_a_standby_falls_back_to_the_primary_when_none_
             assert time.monotonic() < deadline, f"the reports never reached the primary: {answer.text}"
             time.sleep(0.1)
         assert answer.json()["replica_lag_seconds"] == 0
+
+
+@pytest.mark.anyio
+async def test_create_app_takes_an_opened_replica_broker(
+    replicated: tuple[EmbeddedPostgres, EmbeddedPostgres],
+) -> None:
+    primary, standby = replicated
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pgmq.create('jobs')")
+        _, token = create_key(conn, "reports", scopes=["send", "read"])
+    wait_caught_up(primary, standby)
+    pause_replay(standby)
+    async with (
+        AsyncBroker(primary.dsn(), max_connections=2) as on_primary,
+        AsyncBroker(standby.dsn(), max_connections=2) as on_replica,
+    ):
+        app = create_app(broker=on_primary, replica=on_replica)
+        transport = httpx.ASGITransport(app=app)
+        headers = {"authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://pgbroker.test", headers=headers
+        ) as http:
+            sent = await http.post("/v1/queues/jobs/messages", json={"message": {"n": 1}})
+            assert sent.status_code == 201, sent.text
+            stats = (await http.get("/v1/stats")).json()
+    assert [q["queue_length"] for q in stats["queues"]] == [0]  # the paused replica's
+    assert stats["replica_lag_seconds"] > 0
+    with pytest.raises(ValueError, match="at most one of replica_dsn and replica"):
+        create_app(broker=on_primary, replica=on_replica, replica_dsn=standby.dsn())
 
 
 def test_without_a_replica_the_figures_are_the_primary_s_and_no_lag_is_shown(dsn: str) -> None:

@@ -40,21 +40,25 @@ def create_app(
     settings: Settings | None = None,
     max_connections: int = 10,
     replica_dsn: str | None = None,
+    replica: AsyncBroker | None = None,
 ) -> Starlette:
     """The application, on an opened ``broker`` (the caller closes it) or on a pool it opens
     on ``dsn`` for its lifetime (uvicorn runs the lifespan).
 
-    With ``replica_dsn`` (a streaming standby of that database), the reporting operations (the
-    statistics, /metrics, exact metrics, peek, dead-letter and schedule listings, the dashboard's
-    feed) read from it, on a pool of ``max_connections`` opened for the application's lifetime,
-    and report its replay lag; every write goes to the primary."""
+    With a streaming standby of that database, as ``replica_dsn`` (a pool of ``max_connections``
+    opened for the application's lifetime) or as an opened ``replica`` broker (the caller closes
+    it), the reporting operations (the statistics, /metrics, exact metrics, peek, dead-letter and
+    schedule listings, the dashboard's feed) read from it and report its replay lag; every write
+    goes to the primary."""
     if (dsn is None) == (broker is None):
         raise ValueError("pass exactly one of dsn and broker")
+    if replica_dsn is not None and replica is not None:
+        raise ValueError("pass at most one of replica_dsn and replica")
     cfg = settings or Settings()
     pool = None if dsn is None else _server_pool(dsn, max_connections)
     the_broker = broker or AsyncBroker(pool=pool)
     replica_pool = None if replica_dsn is None else _server_pool(replica_dsn, max_connections, "replica")
-    replica = None if replica_pool is None else AsyncBroker(pool=replica_pool)
+    the_replica = replica if replica_pool is None else AsyncBroker(pool=replica_pool)
     operations = all_operations()
     state = State(
         the_broker,
@@ -64,7 +68,7 @@ def create_app(
         cfg,
         operations,
         openapi_spec(operations, cfg),
-        replica,
+        the_replica,
     )
 
     @asynccontextmanager
@@ -80,8 +84,8 @@ def create_app(
             if pool is not None:  # ours: the broker (its listener) and the pool under it
                 await the_broker.close()
                 await pool.close()
-            if replica is not None and replica_pool is not None:
-                await replica.close()
+            if the_replica is not None and replica_pool is not None:  # ours too
+                await the_replica.close()
                 await replica_pool.close()
 
     return Starlette(

@@ -53,8 +53,10 @@ from tests.support.rabbit import Rabbit
 HANDLED_FILE = "PGBROKER_FAILOVER_HANDLED"
 KINDS = ("client", "worker", "serve", "bridge", "listener")
 QUEUES = ("jobs", "outbox", "http", "wake")
-WORKER_VT = 5  # seconds: longer than the failover here, as docs/operations.md advises
-HTTP_VT = 5
+# Seconds of every lease (the worker's, serve's reads, the waiting read's): longer than the
+# failover here, as docs/operations.md advises, and short enough that a lease whose answer the
+# crash cut (the read committed, its client never told) runs out before the run ends.
+LEASE = 5
 WAKE_EVERY = 1.0  # seconds between two sends to ``wake``
 WAKE_WAIT = 20  # seconds a read of ``wake`` waits; its poll interval is 60
 # Bounds for a hung run on a loaded machine, not for a slow one.
@@ -190,7 +192,7 @@ class Traffic:
         worker = subprocess.Popen(
             [sys.executable, "-m", "pgbroker.cli", "--dsn", self.dsn, "-v", "worker",
              "tests.support.failover:record", "--queue", "jobs", "--concurrency", "4",
-             "--vt", str(WORKER_VT)],
+             "--vt", str(LEASE)],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, HANDLED_FILE: str(self.handled_file)},
         )  # fmt: skip
@@ -243,7 +245,7 @@ class Traffic:
             self._seen.success("serve", began)
 
     def _read_and_ack_over_http(self, http: httpx.Client) -> None:
-        answer = http.post("/v1/queues/http/read", json={"qty": 10, "vt": HTTP_VT})
+        answer = http.post("/v1/queues/http/read", json={"qty": 10, "vt": LEASE})
         if answer.status_code != 200 or not answer.json()["messages"]:
             return
         messages = answer.json()["messages"]
@@ -262,7 +264,7 @@ class Traffic:
             wake = broker.queue("wake")
             while not self._stop.is_set():
                 try:
-                    message = wake.read(vt=3600, wait=WAKE_WAIT)
+                    message = wake.read(vt=LEASE, wait=WAKE_WAIT)
                     if message is None:
                         continue
                     now = time.time()

@@ -78,7 +78,6 @@ class Outcome:
     """What the run saw, per path a message takes (``jobs`` to the worker, ``outbox`` to
     RabbitMQ, ``http`` through serve, ``wake`` to the waiting read)."""
 
-    promoted_at: float
     # Seconds from the promotion to a kind's first success with a message sent after it (the
     # client's and serve's: a send begun after it), so that nothing in flight before counts.
     resume: dict[str, float]
@@ -403,7 +402,6 @@ class Traffic:
             by_msg_id = Counter(sent.get(name, {}).values())
             reissued += sum(1 for times in by_msg_id.values() if times > 1)
         return Outcome(
-            promoted_at=promoted_at,
             resume=resume,
             acknowledged={name: len(sent.get(name, {})) for name in QUEUES},
             lost={name: len(set(sent.get(name, {})) - set(delivered.get(name, []))) for name in QUEUES},

@@ -187,14 +187,13 @@ class Call:
     def broker(self) -> AsyncBroker:
         """The replica's broker for a reporting operation on a server that has one, else the
         primary's."""
-        if self.reporting and self.state.replica is not None:
-            return self.state.replica
-        return self.state.broker
+        replica = self.state.replica
+        return replica if self.reporting and replica is not None else self.state.broker
 
     @property
     def from_replica(self) -> bool:
         """Whether this call reads from a replica (and so may see the past)."""
-        return self.reporting and self.state.replica is not None
+        return self.broker is not self.state.broker
 
     @property
     def settings(self) -> Settings:

@@ -138,3 +138,13 @@ def unstarted_cluster() -> Iterator[EmbeddedPostgres]:
     finally:
         pg.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
+    """A private primary with pgbroker installed and an asynchronous streaming standby of it
+    (tests.support.replication); both stopped and removed afterwards."""
+    from tests.support.replication import replicated_pair
+
+    with replicated_pair() as pair:
+        yield pair

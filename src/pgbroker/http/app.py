@@ -39,14 +39,26 @@ def create_app(
     broker: AsyncBroker | None = None,
     settings: Settings | None = None,
     max_connections: int = 10,
+    replica_dsn: str | None = None,
+    replica: AsyncBroker | None = None,
 ) -> Starlette:
     """The application, on an opened ``broker`` (the caller closes it) or on a pool it opens
-    on ``dsn`` for its lifetime (uvicorn runs the lifespan)."""
+    on ``dsn`` for its lifetime (uvicorn runs the lifespan).
+
+    With a streaming standby of that database, as ``replica_dsn`` (a pool of ``max_connections``
+    opened for the application's lifetime) or as an opened ``replica`` broker (the caller closes
+    it), the reporting operations (the statistics, /metrics, exact metrics, peek, dead-letter and
+    schedule listings, the dashboard's feed) read from it and report its replay lag; every write
+    goes to the primary."""
     if (dsn is None) == (broker is None):
         raise ValueError("pass exactly one of dsn and broker")
+    if replica_dsn is not None and replica is not None:
+        raise ValueError("pass at most one of replica_dsn and replica")
     cfg = settings or Settings()
     pool = None if dsn is None else _server_pool(dsn, max_connections)
     the_broker = broker or AsyncBroker(pool=pool)
+    replica_pool = None if replica_dsn is None else _server_pool(replica_dsn, max_connections, "replica")
+    the_replica = replica if replica_pool is None else AsyncBroker(pool=replica_pool)
     operations = all_operations()
     state = State(
         the_broker,
@@ -56,18 +68,25 @@ def create_app(
         cfg,
         operations,
         openapi_spec(operations, cfg),
+        the_replica,
     )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if pool is not None:
             await pool.open(wait=True)
+        if replica_pool is not None:
+            # Not waited for: a replica that is down fails the reports (503), never the writes.
+            await replica_pool.open()
         try:
             yield
         finally:
             if pool is not None:  # ours: the broker (its listener) and the pool under it
                 await the_broker.close()
                 await pool.close()
+            if the_replica is not None and replica_pool is not None:  # ours too
+                await the_replica.close()
+                await replica_pool.close()
 
     return Starlette(
         routes=_routes(operations, state),
@@ -107,7 +126,7 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
     return [route(path, by_method) for path, by_method in by_path.items()]
 
 
-def _server_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
+def _server_pool(dsn: str, size: int, role: str = "primary") -> AsyncConnectionPool[Any]:
     """A fixed-size pool that hands out connections without a round trip to check them:
     AsyncBroker passes over those the server has closed (pgbroker._db.liveness), so a restart of
     Postgres costs no request."""
@@ -117,7 +136,7 @@ def _server_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         max_size=size,
         kwargs=PoolTimeouts().connection_kwargs(dsn),
         open=False,
-        name="pgbroker-http",
+        name=f"pgbroker-http-{role}",
         reconnect_timeout=RECONNECT_CEILING,
     )
 

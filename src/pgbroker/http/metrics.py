@@ -1,4 +1,5 @@
-"""/metrics: queue statistics in the Prometheus text format, from pgbroker.queue_stats().
+"""/metrics: queue statistics in the Prometheus text format, from pgbroker.queue_stats(), and the
+replay lag of the replica they come from when the server reports from one.
 
 The statistics are read asynchronously per scrape and handed to a collector on a registry made
 for that scrape: prometheus_client's collectors are synchronous, and a scrape must reflect the
@@ -48,6 +49,19 @@ async def queue_stats(broker: AsyncBroker, exact_below: int = 10_000) -> list[Qu
         except psycopg.Error as exc:
             raise from_postgres(exc) from exc
     return [QueueStats(*row) for row in rows]
+
+
+async def replay_lag(broker: AsyncBroker) -> float:
+    """Seconds the server of ``broker`` is behind its primary (0 on a primary, or on a standby
+    that has replayed everything its running WAL receiver got)."""
+    async with broker.connection() as conn:
+        try:
+            cur = await conn.execute(sql.queries("http")["replica_replay_lag"])
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise from_postgres(exc) from exc
+    assert row is not None
+    return float(row[0])
 
 
 class _QueueCollector(Collector):
@@ -119,9 +133,25 @@ class _ScheduleCollector(Collector):
         yield from (next_run, last_run, paused, failed)
 
 
-def render(stats: Iterable[QueueStats], schedules: Iterable[Schedule] = ()) -> bytes:
-    """The exposition text for these statistics."""
+class _ReplicaCollector(Collector):
+    def __init__(self, lag: float) -> None:
+        self._lag = lag
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "pgbroker_replica_replay_lag_seconds",
+            "How far behind its primary the replica these figures come from is (0: caught up).",
+            value=self._lag,
+        )
+
+
+def render(
+    stats: Iterable[QueueStats], schedules: Iterable[Schedule] = (), replica_lag: float | None = None
+) -> bytes:
+    """The exposition text for these statistics (and the replica's lag, when they come from one)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_QueueCollector(list(stats)))
     registry.register(_ScheduleCollector(list(schedules)))
+    if replica_lag is not None:
+        registry.register(_ReplicaCollector(replica_lag))
     return generate_latest(registry)

@@ -339,6 +339,11 @@ class QueueList(Answer):
 
 class StatsList(Answer):
     queues: list[prom.QueueStats]
+    replica_lag_seconds: float | None = Field(
+        default=None,
+        description="how far behind its primary the replica these figures come from is "
+        "(pgbroker serve --replica-dsn); null when they come from the primary",
+    )
 
 
 class Created(Answer):

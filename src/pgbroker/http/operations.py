@@ -80,6 +80,7 @@ class Operation:
     answer_schema: Mapping[str, Any]  # the schema of a Response answer
     errors: Mapping[int, str]  # failures beyond those every such operation has
     scope_field: str | None  # the body field naming the queue of the scope (a path without one)
+    reporting: bool  # read-only: served from the replica when the server has one
 
     @property
     def operation_id(self) -> str:
@@ -101,6 +102,9 @@ class Options(TypedDict, total=False):
     answer_schema: Mapping[str, Any]  # and its schema ({"type": "string"})
     errors: Mapping[int, str]  # failures beyond those every such operation has
     scope_field: str  # the body field naming the queue of the scope, for a path without one
+    # Read-only (no statement of it writes): served from the replica when the server has one
+    # (a replica refuses a write with SQLSTATE 25006).
+    reporting: bool
 
 
 class Router:
@@ -147,6 +151,7 @@ class Router:
                     answer_schema=options.get("answer_schema", {"type": "string"}),
                     errors=options.get("errors", {}),
                     scope_field=options.get("scope_field"),
+                    reporting=options.get("reporting", False),
                 )
             )
             return handler
@@ -156,7 +161,8 @@ class Router:
 
 @dataclass
 class State:
-    """What every request of one application shares."""
+    """What every request of one application shares: ``broker`` on the primary, ``replica`` (if
+    any) on the server the reporting operations read from."""
 
     broker: AsyncBroker
     keys: KeyStore
@@ -165,6 +171,7 @@ class State:
     settings: Settings
     operations: tuple[Operation, ...] = ()
     spec: dict[str, Any] = field(default_factory=dict)
+    replica: AsyncBroker | None = None
 
 
 @dataclass(frozen=True)
@@ -174,10 +181,19 @@ class Call:
     request: Request
     state: State
     key: ApiKey | None
+    reporting: bool = False  # the operation's: it reads from the replica, if there is one
 
     @property
     def broker(self) -> AsyncBroker:
-        return self.state.broker
+        """The replica's broker for a reporting operation on a server that has one, else the
+        primary's."""
+        replica = self.state.replica
+        return replica if self.reporting and replica is not None else self.state.broker
+
+    @property
+    def from_replica(self) -> bool:
+        """Whether this call reads from a replica (and so may see the past)."""
+        return self.broker is not self.state.broker
 
     @property
     def settings(self) -> Settings:
@@ -217,7 +233,7 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
         arguments["query"] = validated(
             operation.query, query, RequestContext(state.settings), "invalid_query"
         )
-    result = await operation.handler(Call(request, state, key), **arguments)
+    result = await operation.handler(Call(request, state, key, operation.reporting), **arguments)
     if operation.answer is None:
         assert isinstance(result, Response)
         return result

@@ -24,7 +24,7 @@ Calls that fail because the connection is lost (a restart, a terminated session,
 read-only) are retried while the lease still holds; fenced receipts make a retried ack safe, so a
 restart of Postgres in place costs no duplicate handling. Every such failure, a failed LISTEN
 set-up included, leads to a bounded wait and another read. A failover to a standby is followed
-when the DSN names it (docs/operations.md); what asynchronous replication loses is not covered.
+when the DSN names it; what each replication mode can lose is in docs/operations.md.
 
 An empty queue is waited on with LISTEN/NOTIFY; polls are the fallback, less frequent the
 longer the queue stays empty (``poll_min`` doubling up to ``poll_max``). Worker.stop() (or

@@ -73,6 +73,12 @@ def register(subcommands: Subcommands) -> None:
     )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
+    sub.add_argument(
+        "--replica-dsn",
+        metavar="DSN",
+        help="a streaming standby to read the statistics, /metrics, peek and listings from (with "
+        "its replay lag); writes still go to --dsn. It gets a pool of --connections too",
+    )
     add_codec_module_option(sub)  # the codecs HTTP sends may name
 
 
@@ -96,7 +102,8 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         auth_failures_per_second=args.auth_failure_rate,
         auth_failure_burst=args.auth_failure_burst,
     )
-    app = create_app(dsn, settings=settings, max_connections=args.connections)
+    replica_dsn = None if args.replica_dsn is None else dsn_of(args.replica_dsn, args.connect_timeout)
+    app = create_app(dsn, settings=settings, max_connections=args.connections, replica_dsn=replica_dsn)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
     # found: with the default one the process would die of it (exit -15, no cleanup). SIGTERM is
     # how a server is normally stopped, so it ends here, as a success.

@@ -22,6 +22,7 @@ router = Router()
     "/v1/queues/{queue}/dead-letters",
     "the queue's dead letters, oldest first (headers say why: x-pgbroker-dead-letter)",
     scope="read",
+    reporting=True,
 )
 async def dead_letters(call: Call, query: DeadLetterQuery) -> Messages:
     found = await call.broker.queue(call.queue).dead_letters(query.limit, after=query.after)

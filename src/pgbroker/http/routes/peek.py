@@ -13,6 +13,7 @@ router = Router()
     "/v1/queues/{queue}/peek",
     "look at messages without taking them: no lease, no read count, no lock",
     scope="read",
+    reporting=True,
 )
 async def peek(call: Call, query: PeekQuery) -> PeekedMessages:
     found = await call.broker.queue(call.queue).peek(

@@ -10,7 +10,7 @@ from pgbroker.queues._records import Metrics
 router = Router()
 
 
-@router.get("/v1/queues", "list the queues the key can see")
+@router.get("/v1/queues", "list the queues the key can see", reporting=True)
 async def list_queues(call: Call) -> QueueList:
     queues = await call.broker.list_queues()
     return QueueList(queues=[q for q in queues if call.caller.sees(q.queue_name)])
@@ -36,7 +36,7 @@ async def drop_queue(call: Call) -> Dropped:
     return Dropped(dropped=call.queue)
 
 
-@router.get("/v1/queues/{queue}/metrics", "exact lengths and ages of one queue", scope="read")
+@router.get("/v1/queues/{queue}/metrics", "exact lengths and ages of one queue", scope="read", reporting=True)
 async def queue_metrics(call: Call) -> Metrics:
     return await call.broker.metrics(call.queue)
 

@@ -16,7 +16,7 @@ router = Router()
 _MISSING = {404: "schedule_not_found"}
 
 
-@router.get("/v1/schedules", "the schedules of the queues the key can see", scope="read")
+@router.get("/v1/schedules", "the schedules of the queues the key can see", scope="read", reporting=True)
 async def list_schedules(call: Call) -> ScheduleList:
     schedules = await call.broker.schedules()
     return ScheduleList(schedules=[s for s in schedules if call.caller.sees(s.queue_name)])

@@ -1,4 +1,5 @@
-"""Statistics of the queues a key can see: the dashboard's JSON feed and Prometheus' /metrics."""
+"""Statistics of the queues a key can see: the dashboard's JSON feed and Prometheus' /metrics,
+read from the replica when the server has one (with its replay lag)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,27 @@ from pgbroker.http.operations import Call, Router
 router = Router()
 
 
-@router.get("/v1/stats", "cheap statistics of the queues the key can see (the dashboard's feed)")
-async def stats(call: Call) -> StatsList:
-    found = await prom.queue_stats(call.broker, call.settings.stats_exact_below)
-    return StatsList(queues=[s for s in found if call.caller.sees(s.queue_name)])
+async def _replica_lag(call: Call) -> float | None:
+    return await prom.replay_lag(call.broker) if call.from_replica else None
 
 
 @router.get(
-    "/metrics", "queue statistics in the Prometheus text format", access="metrics", media_type="text/plain"
+    "/v1/stats", "cheap statistics of the queues the key can see (the dashboard's feed)", reporting=True
+)
+async def stats(call: Call) -> StatsList:
+    found = await prom.queue_stats(call.broker, call.settings.stats_exact_below)
+    return StatsList(
+        queues=[s for s in found if call.caller.sees(s.queue_name)],
+        replica_lag_seconds=await _replica_lag(call),
+    )
+
+
+@router.get(
+    "/metrics",
+    "queue statistics in the Prometheus text format",
+    access="metrics",
+    media_type="text/plain",
+    reporting=True,
 )
 async def metrics(call: Call) -> Response:
     found = await prom.queue_stats(call.broker, call.settings.stats_exact_below)
@@ -29,5 +43,5 @@ async def metrics(call: Call) -> Response:
         found = [s for s in found if call.key.sees(s.queue_name)]
         schedules = [s for s in schedules if call.key.sees(s.queue_name)]
         streams = [s for s in streams if call.key.sees(s.stream)]
-    text = prom.render(found, schedules) + stream_metrics.render(streams)
+    text = prom.render(found, schedules, await _replica_lag(call)) + stream_metrics.render(streams)
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

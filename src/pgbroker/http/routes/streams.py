@@ -56,7 +56,7 @@ def _group(call: Call) -> str:
     return group
 
 
-@router.get("/v1/streams/stats", "lag per stream and group, for the streams the key can see")
+@router.get("/v1/streams/stats", "lag per stream and group, for the streams the key can see", reporting=True)
 async def stream_stats(call: Call) -> StreamStatsList:
     found = await stream_metrics.stream_group_stats(call.broker)
     return StreamStatsList(groups=[s for s in found if call.caller.sees(s.stream)])

@@ -497,7 +497,7 @@ async function poll() {
       state.me = await api("/v1/key");
       $("who").textContent = `key ${state.me.name}: ${state.me.scopes.join(", ")} on ${state.me.queues.join(", ")}`;
     }
-    const { queues } = await api("/v1/stats");
+    const { queues, replica_lag_seconds: replicaLag } = await api("/v1/stats");
     const now = Date.now();
     const present = new Set(queues.map((q) => q.queue_name));
     for (const name of [...state.history.keys()]) {
@@ -512,7 +512,9 @@ async function poll() {
     await renderStreamGroups();
     if (state.deadLetterQueue !== null && present.has(state.deadLetterQueue)) await loadDeadLetters();
     await loadSchedules();
-    setStatus("updated " + new Date(now).toLocaleTimeString());
+    // Served by `pgbroker serve --replica-dsn`: the figures may be this far in the past.
+    const from = replicaLag == null ? "" : ` from a replica ${replicaLag.toFixed(1)} s behind the primary`;
+    setStatus("updated " + new Date(now).toLocaleTimeString() + from);
   } catch (e) {
     setStatus(e.message, true);
   } finally {

@@ -1,0 +1,416 @@
+"""Traffic across a failover: every kind of pgbroker process at work on a multi-host DSN while the
+primary fails, and what each saw. The failover test (tests/system/test_failover.py) asserts on it;
+the failover bench (bench/failover_bench.py) prints it per replication mode.
+
+What runs, each on the same multi-host DSN and none restarted:
+
+- the Python client (``Broker``), sending numbered messages to ``jobs``, ``outbox`` and ``wake``;
+- ``pgbroker worker`` (a CLI process) handling ``jobs``: its handler (``record``) appends each
+  delivery to a file, outside the database, so that it never fails with the database;
+- ``pgbroker serve``: an HTTP client sends to ``http`` and reads and acks its messages there;
+- ``pgbroker bridge out`` publishing ``outbox`` to a RabbitMQ queue this module consumes;
+- the listener: a waiting read of ``wake`` that only a notification wakes in time (its poll
+  interval is 60 s), one send a second.
+
+Every send carries a number used once (``n``), so that what was acknowledged can be matched with
+what was delivered even when an asynchronous failover issues the same msg_id twice. (A message
+identity unique across failovers, and retry-safe HTTP sends, are another piece of work: issue 23,
+items 2 and 4.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from aiormq.abc import DeliveredMessage
+from psycopg import sql
+from psycopg_pool import PoolTimeout
+
+from pgbroker import Broker, Message
+from pgbroker._db.api_keys import create_key
+from pgbroker.errors import PgbrokerError
+from tests.http.live import LiveServer, pgbroker_serve
+from tests.support.bridge_processes import BridgeProcess
+from tests.support.paths import ROOT
+from tests.support.rabbit import Rabbit
+
+HANDLED_FILE = "PGBROKER_FAILOVER_HANDLED"
+KINDS = ("client", "worker", "serve", "bridge", "listener")
+QUEUES = ("jobs", "outbox", "http", "wake")
+# Seconds of every lease (the worker's, serve's reads, the waiting read's): longer than the
+# failover here, as docs/operations.md advises, and short enough that a lease whose answer the
+# crash cut (the read committed, its client never told) runs out before the run ends.
+LEASE = 5
+WAKE_EVERY = 1.0  # seconds between two sends to ``wake``
+WAKE_WAIT = 20  # seconds a read of ``wake`` waits; its poll interval is 60
+# Bounds for a hung run on a loaded machine, not for a slow one.
+RESUME_BOUND = 90.0
+DRAIN_BOUND = 120.0
+_TRANSIENT = (PgbrokerError, psycopg.Error, PoolTimeout)
+
+
+def record(message: Message) -> None:
+    """The worker's handler: one line per delivery (msg_id, n, wall time of the send, and now)."""
+    body = message.message
+    line = f"{message.msg_id} {body['n']} {body['at']:.6f} {time.time():.6f}\n"
+    with open(os.environ[HANDLED_FILE], "a") as f:
+        f.write(line)
+
+
+@dataclass
+class Outcome:
+    """What the run saw, per path a message takes (``jobs`` to the worker, ``outbox`` to
+    RabbitMQ, ``http`` through serve, ``wake`` to the waiting read)."""
+
+    # Seconds from the promotion to a kind's first success with a message sent after it (the
+    # client's and serve's: a send begun after it), so that nothing in flight before counts.
+    resume: dict[str, float]
+    acknowledged: dict[str, int]  # sends acknowledged, per queue
+    lost: dict[str, int]  # acknowledged sends never delivered, per queue
+    # Acknowledged sends the primary at the end does not hold (in the queue or its archive): gone
+    # with the old primary, whether or not a consumer got them from it first.
+    missing: dict[str, int]
+    duplicated: dict[str, int]  # messages delivered more than once, per queue
+    acked_then_delivered: int  # http: delivered again after their ack was answered 200
+    reissued_msg_ids: int  # msg_ids acknowledged for two different sends of one queue
+    wake_latency: float  # the slowest wake-up of a read by a send, once resumed
+
+    def report(self, label: str) -> str:
+        resume = ", ".join(f"{kind} {self.resume[kind]:.2f} s" for kind in KINDS)
+        return (
+            f"{label}: resumed after the promotion: {resume}; sends acknowledged {self.acknowledged}, "
+            f"lost {self.lost}, missing on the new primary {self.missing}, duplicated "
+            f"{self.duplicated}, delivered again after an answered ack "
+            f"{self.acked_then_delivered}, msg_ids issued twice {self.reissued_msg_ids}, slowest "
+            f"wake-up once resumed {self.wake_latency:.2f} s"
+        )
+
+
+@dataclass
+class _Seen:
+    """What the threads of the run record, under one lock."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    successes: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    sent: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))  # queue: n -> msg_id
+    delivered: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # queue: [n]
+    wake_latencies: list[tuple[float, float]] = field(default_factory=list)  # (sent at, latency)
+    http_acked: set[int] = field(default_factory=set)
+    acked_then_delivered: int = 0
+
+    def success(self, kind: str, began: float) -> None:
+        """A kind did its work on what was sent (or a send begun) at ``began``."""
+        with self.lock:
+            self.successes[kind].append((began, time.time()))
+
+
+class Traffic:
+    """``with Traffic(dsn, directory, amqp) as traffic: outcome = traffic.across(fault)``."""
+
+    def __init__(self, dsn: str, directory: Path, amqp: str) -> None:
+        self.dsn = dsn
+        self.directory = directory
+        self.amqp = amqp
+        self.handled_file = directory / "handled.txt"
+        self._seen = _Seen()
+        self._sending = threading.Event()
+        self._stop = threading.Event()
+        self._numbers = itertools.count()
+        self._threads: list[threading.Thread] = []
+        self._stack = ExitStack()
+        self._target = ""
+        self._target_ready = threading.Event()
+        self._promoted_at = 0.0
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.bridge: BridgeProcess | None = None
+        self.server: LiveServer | None = None
+
+    def __enter__(self) -> Traffic:
+        with Broker(self.dsn, max_connections=1) as broker:
+            for name in QUEUES:
+                broker.create_queue(name, notify=True)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            _, token = create_key(conn, "failover", scopes=["send", "read"])
+        self._stack.callback(self._stop_threads)
+        self._thread(self._consume_rabbit)
+        assert self._target_ready.wait(60), "no RabbitMQ queue to bridge to"
+        self.server = self._stack.enter_context(pgbroker_serve(self.dsn, "--connections", "4"))
+        self.worker = self._start_worker()
+        self.bridge = BridgeProcess(
+            "bridge", "out", "--queue", "outbox", "--amqp", self.amqp, "--routing-key", self._target,
+            "--lease", "3", "--batch-size", "50", dsn=self.dsn, logs=self.directory, env={},
+        )  # fmt: skip
+        self._stack.callback(self._end, self.bridge.process)
+        self._sending.set()
+        self._thread(self._send_with_the_client)
+        self._thread(self._use_serve, token)
+        self._thread(self._wait_for_wake_ups)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stack.close()
+
+    def across(self, fault: Callable[[], float], *, warm_up: float = 2.0) -> Outcome:
+        """Let every kind work, run ``fault`` (which returns the wall time of the promotion), wait
+        until every kind works again, then stop sending, let everything drain and count."""
+        self._until(lambda: all(self._successes(kind, 0.0) for kind in KINDS), "every kind at work")
+        time.sleep(warm_up)
+        promoted_at = self._promoted_at = fault()
+        self._until(
+            lambda: all(self._successes(kind, promoted_at) for kind in KINDS),
+            "every kind at work after the promotion",
+            RESUME_BOUND,
+        )
+        time.sleep(warm_up)
+        self._sending.clear()
+        self._until(self._drained, "every queue drained", DRAIN_BOUND)
+        time.sleep(4)  # the bridge's lease (3 s): a publish whose ack was cut comes again within it
+        self._assert_never_restarted()
+        return self._outcome(promoted_at)
+
+    # -- what runs ---------------------------------------------------------------------------
+
+    def _start_worker(self) -> subprocess.Popen[bytes]:
+        log = self._stack.enter_context((self.directory / "worker.log").open("wb"))
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "pgbroker.cli", "--dsn", self.dsn, "-v", "worker",
+             "tests.support.failover:record", "--queue", "jobs", "--concurrency", "4",
+             "--vt", str(LEASE)],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, HANDLED_FILE: str(self.handled_file)},
+        )  # fmt: skip
+        self._stack.callback(self._end, worker)
+        return worker
+
+    def _send_with_the_client(self) -> None:
+        with Broker(self.dsn, max_connections=2) as broker:
+            last_wake = 0.0
+            while not self._stop.is_set():
+                if not self._sending.is_set():
+                    time.sleep(0.05)
+                    continue
+                queues = ["jobs", "outbox"]
+                if time.monotonic() - last_wake > WAKE_EVERY:
+                    queues.append("wake")
+                for name in queues:
+                    n, began = next(self._numbers), time.time()
+                    try:
+                        msg_id = broker.queue(name).send({"n": n, "at": began})
+                    except _TRANSIENT:
+                        time.sleep(0.05)
+                        continue
+                    with self._seen.lock:
+                        self._seen.sent[name][n] = msg_id
+                    self._seen.success("client", began)
+                    if name == "wake":
+                        last_wake = time.monotonic()
+                time.sleep(0.02)
+
+    def _use_serve(self, token: str) -> None:
+        assert self.server is not None
+        headers = {"authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=self.server.url, headers=headers, timeout=30) as http:
+            while not self._stop.is_set():
+                try:
+                    if self._sending.is_set():
+                        self._send_over_http(http)
+                    self._read_and_ack_over_http(http)
+                except httpx.HTTPError:
+                    time.sleep(0.05)
+                time.sleep(0.02)
+
+    def _send_over_http(self, http: httpx.Client) -> None:
+        n, began = next(self._numbers), time.time()
+        answer = http.post("/v1/queues/http/messages", json={"message": {"n": n}})
+        if answer.status_code == 201:
+            with self._seen.lock:
+                self._seen.sent["http"][n] = answer.json()["msg_ids"][0]
+            self._seen.success("serve", began)
+
+    def _read_and_ack_over_http(self, http: httpx.Client) -> None:
+        answer = http.post("/v1/queues/http/read", json={"qty": 10, "vt": LEASE})
+        if answer.status_code != 200 or not answer.json()["messages"]:
+            return
+        messages = answer.json()["messages"]
+        n_of = {m["msg_id"]: m["message"]["n"] for m in messages}
+        with self._seen.lock:
+            for n in n_of.values():
+                self._seen.delivered["http"].append(n)
+                self._seen.acked_then_delivered += n in self._seen.http_acked
+        acked = http.post("/v1/queues/http/ack", json={"receipts": [m["receipt"] for m in messages]})
+        if acked.status_code == 200:
+            with self._seen.lock:
+                self._seen.http_acked.update(n_of[msg_id] for msg_id in acked.json()["acked"])
+
+    def _wait_for_wake_ups(self) -> None:
+        with Broker(self.dsn, max_connections=1, poll_interval=60) as broker:
+            wake = broker.queue("wake")
+            while not self._stop.is_set():
+                try:
+                    message = wake.read(vt=LEASE, wait=WAKE_WAIT)
+                    if message is None:
+                        continue
+                    now = time.time()
+                    wake.ack(message)
+                except _TRANSIENT:
+                    time.sleep(0.05)
+                    continue
+                with self._seen.lock:
+                    self._seen.delivered["wake"].append(message.message["n"])
+                    self._seen.wake_latencies.append((message.message["at"], now - message.message["at"]))
+                self._seen.success("listener", message.message["at"])
+
+    def _consume_rabbit(self) -> None:
+        async def consume() -> None:
+            async with Rabbit(self.amqp) as rabbit:
+                self._target = await rabbit.queue()
+                self._target_ready.set()
+
+                async def on_message(message: DeliveredMessage) -> None:
+                    body = json.loads(message.body)
+                    with self._seen.lock:
+                        self._seen.delivered["outbox"].append(body["n"])
+                    self._seen.success("bridge", body["at"])
+                    assert message.delivery_tag is not None
+                    await rabbit.channel.basic_ack(message.delivery_tag)
+
+                await rabbit.channel.basic_consume(self._target, on_message)
+                while not self._stop.is_set():
+                    await asyncio.sleep(0.05)
+
+        asyncio.run(consume())
+
+    # -- bookkeeping -------------------------------------------------------------------------
+
+    def _thread(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _stop_threads(self) -> None:
+        self._stop.set()
+        # The waiting read would otherwise sleep out its wait; a send wakes it to see the stop.
+        with Broker(self.dsn, max_connections=1) as broker:
+            broker.queue("wake").send({"n": -1, "at": time.time()})
+        for thread in self._threads:
+            thread.join(timeout=WAKE_WAIT + 30)
+
+    @staticmethod
+    def _end(process: subprocess.Popen[Any]) -> None:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def _handled(self) -> Iterator[tuple[int, float, float]]:
+        """The worker's deliveries: (n, wall time of the send, of the delivery)."""
+        if self.handled_file.exists():
+            for line in self.handled_file.read_text().splitlines():
+                _, n, sent_at, at = line.split()
+                yield int(n), float(sent_at), float(at)
+
+    def _successes(self, kind: str, after: float) -> list[float]:
+        """When a kind did its work on what was sent after ``after``."""
+        if kind == "worker":
+            return [at for _, began, at in self._handled() if began > after]
+        with self._seen.lock:
+            return [at for began, at in self._seen.successes[kind] if began > after]
+
+    def _until(self, condition: Callable[[], bool], what: str, bound: float = RESUME_BOUND) -> None:
+        deadline = time.monotonic() + bound
+        while not condition():
+            self._assert_never_restarted()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: not within {bound:.0f} s; {self._logs()}")
+            time.sleep(0.05)
+
+    def _drained(self) -> bool:
+        try:
+            with Broker(self.dsn, max_connections=1) as broker:
+                return all(broker.queue(name).metrics().queue_length == 0 for name in QUEUES)
+        except _TRANSIENT:
+            return False
+
+    def _stored(self, queue: str) -> set[int]:
+        """The numbers of the messages the primary holds in ``queue`` or its archive (where every
+        consumer here puts what it is done with)."""
+        query = sql.SQL(
+            "SELECT (message->>'n')::bigint FROM {} UNION ALL SELECT (message->>'n')::bigint FROM {}"
+        )
+        tables = (sql.Identifier("pgmq", f"{kind}_{queue}") for kind in ("q", "a"))
+        with psycopg.connect(self.dsn) as conn:
+            return {row[0] for row in conn.execute(query.format(*tables))}
+
+    def _assert_never_restarted(self) -> None:
+        assert self.worker is not None
+        assert self.bridge is not None
+        assert self.server is not None
+        for name, process in (
+            ("worker", self.worker),
+            ("bridge", self.bridge.process),
+            ("serve", self.server.process),
+        ):
+            assert process.poll() is None, f"{name} exited {process.returncode}; {self._logs()}"
+        worker_log = (self.directory / "worker.log").read_text(errors="replace")
+        assert "supervisor.restarting" not in worker_log, f"a worker process was restarted; {self._logs()}"
+
+    def _logs(self) -> str:
+        assert self.server is not None
+        assert self.bridge is not None
+        worker_log = (self.directory / "worker.log").read_text(errors="replace")
+        tail = "\n".join(
+            f"--- {name}:\n" + "\n".join(text.splitlines()[-30:])
+            for name, text in (
+                ("worker", worker_log),
+                ("serve", self.server.log()),
+                ("bridge", self.bridge.log.read_text(errors="replace")),
+            )
+        )
+        idle = [kind for kind in KINDS if not self._successes(kind, self._promoted_at)]
+        return f"kinds not at work since the promotion (or the start): {idle}\n{tail}"
+
+    def _outcome(self, promoted_at: float) -> Outcome:
+        with self._seen.lock:
+            delivered = {name: list(ns) for name, ns in self._seen.delivered.items()}
+            sent = {name: dict(ns) for name, ns in self._seen.sent.items()}
+            latencies = list(self._seen.wake_latencies)
+            acked_then_delivered = self._seen.acked_then_delivered
+        delivered["jobs"] = [n for n, _, _ in self._handled()]
+        resume = {kind: min(self._successes(kind, promoted_at)) - promoted_at for kind in KINDS}
+        resumed = promoted_at + max(resume.values())
+        reissued = 0
+        for name in QUEUES:
+            by_msg_id = Counter(sent.get(name, {}).values())
+            reissued += sum(1 for times in by_msg_id.values() if times > 1)
+        return Outcome(
+            resume=resume,
+            acknowledged={name: len(sent.get(name, {})) for name in QUEUES},
+            lost={name: len(set(sent.get(name, {})) - set(delivered.get(name, []))) for name in QUEUES},
+            missing={name: len(set(sent.get(name, {})) - self._stored(name)) for name in QUEUES},
+            duplicated={
+                name: sum(1 for times in Counter(delivered.get(name, [])).values() if times > 1)
+                for name in QUEUES
+            },
+            acked_then_delivered=acked_then_delivered,
+            reissued_msg_ids=reissued,
+            wake_latency=max((lat for at, lat in latencies if at > resumed), default=0.0),
+        )

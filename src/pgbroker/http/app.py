@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.pools import RECONNECT_CEILING, PoolTimeouts
 from pgbroker.errors import PgbrokerError
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
@@ -39,14 +40,16 @@ def create_app(
     broker: AsyncBroker | None = None,
     settings: Settings | None = None,
     max_connections: int = 10,
+    pooler: PoolerMode | None = None,
 ) -> Starlette:
     """The application, on an opened ``broker`` (the caller closes it) or on a pool it opens
-    on ``dsn`` for its lifetime (uvicorn runs the lifespan)."""
+    on ``dsn`` for its lifetime (uvicorn runs the lifespan), behind ``pooler`` (as Broker's)."""
     if (dsn is None) == (broker is None):
         raise ValueError("pass exactly one of dsn and broker")
     cfg = settings or Settings()
-    pool = None if dsn is None else _server_pool(dsn, max_connections)
-    the_broker = broker or AsyncBroker(pool=pool)
+    mode = pooler_mode(pooler)
+    pool = None if dsn is None else _server_pool(dsn, max_connections, mode)
+    the_broker = broker or AsyncBroker(pool=pool, pooler=mode)
     operations = all_operations()
     state = State(
         the_broker,
@@ -107,7 +110,7 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
     return [route(path, by_method) for path, by_method in by_path.items()]
 
 
-def _server_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
+def _server_pool(dsn: str, size: int, pooler: PoolerMode) -> AsyncConnectionPool[Any]:
     """A fixed-size pool that hands out connections without a round trip to check them:
     AsyncBroker passes over those the server has closed (pgbroker._db.liveness), so a restart of
     Postgres costs no request."""
@@ -115,7 +118,7 @@ def _server_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:
         dsn,
         min_size=size,
         max_size=size,
-        kwargs=PoolTimeouts().connection_kwargs(dsn),
+        kwargs=PoolTimeouts().connection_kwargs(dsn, pooler),
         open=False,
         name="pgbroker-http",
         reconnect_timeout=RECONNECT_CEILING,

@@ -24,7 +24,7 @@ from psycopg_pool import ConnectionPool
 
 from pgbroker import codecs
 from pgbroker._db.backoff import SEND_RETRY, Patience
-from pgbroker._db.dsn import listen_dsn, resolve_dsn
+from pgbroker._db.dsn import PoolerMode, listen_dsn, pooler_mode, resolve_dsn
 from pgbroker._db.install import InstallResult, install
 from pgbroker._db.listen import Listener, Subscription
 from pgbroker._db.liveness import is_read_only_server, server_has_written
@@ -447,6 +447,13 @@ class Broker:
     With none of them the DSN comes from DATABASE_URL, else the embedded
     cluster is started (see pgbroker._db.dsn). A read that waits and finds nothing
     reads again every ``poll_interval`` seconds, or sooner when notified.
+
+    ``pooler``: what stands between the broker and Postgres, "transaction" (pgbouncer's
+    pool_mode = transaction, RDS Proxy, Supavisor), "session" or "none"; by default
+    $PGBROKER_POOLER, else "none". Behind a transaction pooler the connections the broker
+    opens run their statements unprepared, and waiting reads poll instead of listening
+    unless $PGBROKER_LISTEN_DSN names a direct connection (a pool or connection passed in
+    keeps its own settings: give it ``prepare_threshold=None``).
     """
 
     def __init__(
@@ -459,11 +466,13 @@ class Broker:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+        pooler: PoolerMode | None = None,
     ) -> None:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
         timeouts = PoolTimeouts(connect_timeout, pool_timeout)
-        self._listener = Listener(self._listen_conninfo, poll_interval)
+        mode = pooler_mode(pooler)
+        self._listener = Listener(self._listen_conninfo, poll_interval, mode)
         self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: ConnectionPool | None = None
         self._connection = connection
@@ -473,7 +482,7 @@ class Broker:
                 conninfo,
                 min_size=1,
                 max_size=max_connections,
-                kwargs=timeouts.connection_kwargs(conninfo),
+                kwargs=timeouts.connection_kwargs(conninfo, mode),
                 open=False,
                 name="pgbroker",
                 timeout=timeouts.pool,

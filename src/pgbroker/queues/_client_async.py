@@ -26,7 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import codecs
 from pgbroker._db.backoff import SEND_RETRY, Patience
-from pgbroker._db.dsn import listen_dsn, resolve_dsn
+from pgbroker._db.dsn import PoolerMode, listen_dsn, pooler_mode, resolve_dsn
 from pgbroker._db.install import InstallResult, install_async
 from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
 from pgbroker._db.liveness import is_read_only_server, server_has_written
@@ -494,6 +494,13 @@ class AsyncBroker:
     With none of them the DSN comes from DATABASE_URL, else the embedded
     cluster is started (see pgbroker._db.dsn). A read that waits and finds nothing
     reads again every ``poll_interval`` seconds, or sooner when notified.
+
+    ``pooler``: what stands between the broker and Postgres, "transaction" (pgbouncer's
+    pool_mode = transaction, RDS Proxy, Supavisor), "session" or "none"; by default
+    $PGBROKER_POOLER, else "none". Behind a transaction pooler the connections the broker
+    opens run their statements unprepared, and waiting reads poll instead of listening
+    unless $PGBROKER_LISTEN_DSN names a direct connection (a pool or connection passed in
+    keeps its own settings: give it ``prepare_threshold=None``).
     """
 
     def __init__(
@@ -506,11 +513,13 @@ class AsyncBroker:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+        pooler: PoolerMode | None = None,
     ) -> None:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
         timeouts = PoolTimeouts(connect_timeout, pool_timeout)
-        self._listener = AsyncListener(self._listen_conninfo, poll_interval)
+        mode = pooler_mode(pooler)
+        self._listener = AsyncListener(self._listen_conninfo, poll_interval, mode)
         self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: AsyncConnectionPool | None = None
         self._connection = connection
@@ -520,7 +529,7 @@ class AsyncBroker:
                 conninfo,
                 min_size=1,
                 max_size=max_connections,
-                kwargs=timeouts.connection_kwargs(conninfo),
+                kwargs=timeouts.connection_kwargs(conninfo, mode),
                 open=False,
                 name="pgbroker-async",  # sync: name="pgbroker",
                 timeout=timeouts.pool,

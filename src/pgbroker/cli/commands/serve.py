@@ -95,7 +95,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         auth_failures_per_second=args.auth_failure_rate,
         auth_failure_burst=args.auth_failure_burst,
     )
-    app = create_app(dsn, settings=settings, max_connections=args.connections)
+    app = create_app(dsn, settings=settings, max_connections=args.connections, pooler=args.pooler)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
     # found: with the default one the process would die of it (exit -15, no cleanup). SIGTERM is
     # how a server is normally stopped, so it ends here, as a success.

@@ -49,6 +49,7 @@ from contextlib import suppress
 from functools import partial
 from typing import Any, TypeAlias
 
+from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
 from pgbroker._db.liveness import is_transient
@@ -478,10 +479,11 @@ class Worker:
             # policy retries it (another process may know the codec) and, in the end, dead-letters it.
             return message.codec_error
         try:
-            if threads is None:
-                await self.handler(message)
-            else:
-                await threads.run(self.handler, message)
+            with tracing.processing(self.queue, message.headers, message.msg_id):
+                if threads is None:
+                    await self.handler(message)
+                else:
+                    await threads.run(self.handler, message)
         except Exception as exc:
             # At WARNING, traceback included: a first handler's bug must show without -v, or
             # the worker looks idle while every message fails.

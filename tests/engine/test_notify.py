@@ -383,6 +383,22 @@ def test_a_waiting_sync_reader_wakes_on_a_send_and_holds_no_connection(
             queue.ack(message)
 
 
+def test_a_waiting_reader_of_a_mixed_case_queue_wakes_on_its_channel(dsn: str, conn: Conn) -> None:
+    """pgbroker's own listener follows the channel of the name as given (pgmq 1.13.1's), whatever
+    spelling the reader uses."""
+    with Broker(dsn, max_connections=1, poll_interval=SLOW_POLL) as broker:
+        broker.create_queue("MixedJobs").enable_notify(0)
+        queue = broker.queue("mixedjobs")
+        reader = Reader(lambda: queue.read_many(5, wait=SLOW_POLL * 1.5))
+        listener_pid(conn)
+        time.sleep(0.2)
+        sent_at = time.monotonic()
+        broker.queue("MIXEDJOBS").send({"n": 1})
+        [message] = reader.join()
+        assert reader.returned_at - sent_at < WOKEN_WITHIN
+        queue.ack(message)
+
+
 def test_a_waiting_async_reader_and_consumer_wake_on_a_send(dsn: str) -> None:
     async def scenario() -> list[float]:
         async with AsyncBroker(dsn, max_connections=1, poll_interval=SLOW_POLL) as broker:

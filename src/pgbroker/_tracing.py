@@ -62,15 +62,17 @@ def span(operation: str, queue: str) -> AbstractContextManager[Span | None]:
     return _started(_tracer, operation, queue)
 
 
-def processing(queue: str, headers: Mapping[str, Any] | None, msg_id: int) -> AbstractContextManager[Any]:
-    """The span of a handler's run on one message: a child of the creation context in
-    ``headers`` (a new trace when they carry none)."""
+def processing(
+    queue: str, headers: Mapping[str, Any] | None, msg_id: int, *, group: str | None = None
+) -> AbstractContextManager[Any]:
+    """The span of a handler's run on one message of a queue (or of a stream, read by consumer
+    ``group``): a child of the creation context in ``headers`` (a new trace when they carry none)."""
     if _tracer is None:
         return _OFF
     from opentelemetry import propagate
 
     creation = propagate.extract(headers or {})
-    return _started(_tracer, "process", queue, creation, _links([creation]), msg_id)
+    return _started(_tracer, "process", queue, creation, _links([creation]), msg_id, group)
 
 
 def carry(
@@ -127,6 +129,7 @@ def _started(
     parent: Context | None = None,
     links: Sequence[Link] = (),
     msg_id: int | None = None,
+    group: str | None = None,
 ) -> Iterator[Span]:
     kind, operation_type = _OPERATIONS[operation]
     attributes: dict[str, str] = {
@@ -137,6 +140,8 @@ def _started(
     }
     if msg_id is not None:
         attributes["messaging.message.id"] = str(msg_id)
+    if group is not None:
+        attributes["messaging.consumer.group.name"] = group
     with tracer.start_as_current_span(
         f"{operation} {queue}", context=parent, kind=_kind(kind), attributes=attributes, links=links
     ) as current:

@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from pgbroker import AsyncBroker, Broker, Message, Worker, tracing
+from pgbroker import AsyncBroker, Broker, Message, Stream, StreamMessage, StreamWorker, Worker, tracing
 from tests.support.worker import run_until
 
 
@@ -188,3 +188,30 @@ def tracing_provider(exporter: InMemorySpanExporter) -> TracerProvider:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return provider
+
+
+def test_a_stream_send_and_its_stream_worker_handler_are_traced_alike(
+    broker: Broker, dsn: str, exporter: InMemorySpanExporter
+) -> None:
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=2)
+    clicks.create_group("g", start="start")
+    sent = clicks.send({"n": 1}, key="user-1")
+    seen: list[Any] = []
+
+    async def handle(message: StreamMessage) -> None:
+        seen.append(trace.get_current_span().get_span_context())
+
+    worker = StreamWorker("clicks", "g", handle)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 1))
+
+    [send] = spans(exporter, "send clicks")
+    assert send.kind is SpanKind.PRODUCER
+    assert send.attributes is not None
+    assert send.attributes["messaging.message.id"] == str(sent)
+    [process] = spans(exporter, "process clicks")
+    assert process.parent is not None
+    assert (process.parent.trace_id, process.parent.span_id) == ids(send)
+    assert process.attributes is not None
+    assert process.attributes["messaging.consumer.group.name"] == "g"
+    assert [(c.trace_id, c.span_id) for c in seen] == [ids(process)]

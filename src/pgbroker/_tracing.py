@@ -6,9 +6,10 @@ Every function here returns at once, or a shared no-op context manager, while tr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pgbroker.errors import PgbrokerError
 
@@ -16,7 +17,18 @@ if TYPE_CHECKING:
     from opentelemetry.context import Context
     from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider
 
-__all__ = ["carry", "instrument", "processing", "received", "sent", "settled", "span", "uninstrument"]
+__all__ = [
+    "carry",
+    "clock",
+    "exchanged",
+    "instrument",
+    "processing",
+    "received",
+    "sent",
+    "settled",
+    "span",
+    "uninstrument",
+]
 
 SYSTEM = "pgbroker"
 TRACEPARENT = "traceparent"
@@ -28,7 +40,18 @@ _OPERATIONS = {
     "process": ("CONSUMER", "process"),
     "ack": ("CLIENT", "settle"),
     "nack": ("CLIENT", "settle"),
+    "settle": ("CLIENT", "settle"),
 }
+
+
+class Delivered(Protocol):
+    """What a span needs of a message read: its id and headers (a queue's Message)."""
+
+    @property
+    def msg_id(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, Any] | None: ...
 
 _tracer: Tracer | None = None
 _OFF: AbstractContextManager[None] = nullcontext()
@@ -99,16 +122,41 @@ def sent(current: Span | None, msg_ids: Sequence[int]) -> None:
         current.set_attribute("messaging.message.id", str(msg_ids[0]))
 
 
-def received(current: Span | None, messages: Sequence[tuple[int, Mapping[str, Any] | None]]) -> None:
-    """What a read returned, (msg_id, headers) of each message: which, and a link to each one's
-    creation context."""
+def received(current: Span | None, messages: Sequence[Delivered]) -> None:
+    """What a read returned: which messages, and a link to each one's creation context."""
     if current is None or not current.is_recording():
         return
     from opentelemetry import propagate
 
-    settled(current, [msg_id for msg_id, _ in messages])
-    for link in _links(propagate.extract(headers or {}) for _, headers in messages):
+    settled(current, [message.msg_id for message in messages])
+    for link in _links(propagate.extract(message.headers or {}) for message in messages):
         current.add_link(link.context)
+
+
+def clock() -> int | None:
+    """The start of a worker's round trip, for exchanged(); None when tracing is off."""
+    return None if _tracer is None else time.time_ns()
+
+
+def exchanged(queue: str, started: int | None, read: Sequence[Delivered], outcomes: int) -> None:
+    """A worker's round trip since ``started``, that recorded ``outcomes`` (acks and failures)
+    and read ``read``, as a span made after the fact: ``receive <queue>`` when it read messages
+    (with messaging.pgbroker.settled_count when it also recorded outcomes), ``settle <queue>``
+    when it only recorded outcomes, and none for an empty poll (an idle worker polls often)."""
+    if _tracer is None or started is None or not (read or outcomes):
+        return
+    operation = "receive" if read else "settle"
+    kind, _ = _OPERATIONS[operation]
+    current = _tracer.start_span(
+        f"{operation} {queue}", kind=_kind(kind), attributes=_attributes(operation, queue), start_time=started
+    )
+    if read:
+        received(current, read)
+        if outcomes:
+            current.set_attribute("messaging.pgbroker.settled_count", outcomes)
+    else:
+        current.set_attribute("messaging.batch.message_count", outcomes)
+    current.end()
 
 
 def settled(current: Span | None, msg_ids: Sequence[int]) -> None:
@@ -131,13 +179,8 @@ def _started(
     msg_id: int | None = None,
     group: str | None = None,
 ) -> Iterator[Span]:
-    kind, operation_type = _OPERATIONS[operation]
-    attributes: dict[str, str] = {
-        "messaging.system": SYSTEM,
-        "messaging.operation.name": operation,
-        "messaging.operation.type": operation_type,
-        "messaging.destination.name": queue,
-    }
+    kind, _ = _OPERATIONS[operation]
+    attributes = _attributes(operation, queue)
     if msg_id is not None:
         attributes["messaging.message.id"] = str(msg_id)
     if group is not None:
@@ -150,6 +193,15 @@ def _started(
         except Exception as exc:
             current.set_attribute("error.type", type(exc).__qualname__)
             raise
+
+
+def _attributes(operation: str, queue: str) -> dict[str, str]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.operation.name": operation,
+        "messaging.operation.type": _OPERATIONS[operation][1],
+        "messaging.destination.name": queue,
+    }
 
 
 def _kind(name: str) -> SpanKind:

@@ -20,7 +20,8 @@ queue as ``messaging.destination.name``, ``messaging.operation.name`` and ``.typ
   (operation type ``settle``);
 - a worker's handler: a CONSUMER span ``process <queue>`` per message, child of (and linked to)
   the creation context its headers carry, current while the handler runs (a sync handler's
-  thread included), so that the handler's own spans continue the producer's trace;
+  thread included), so that the handler's own spans continue the producer's trace; and its round
+  trips that read messages (``receive <queue>``) or only record outcomes (``settle <queue>``);
 - a stream's ``send``/``send_many`` and a stream worker's handler: the same, on the stream.
 
 Headers travel through the bridges as the broker carries them (pgbroker.bridge). Until

@@ -137,6 +137,12 @@ def test_a_handler_runs_in_a_consumer_span_whose_parent_is_the_producers_send(
     assert process.attributes["messaging.operation.type"] == "process"
     # The handler's own spans nest under the consumer span, in a thread as on the event loop.
     assert [(c.trace_id, c.span_id) for c in seen] == [ids(process)]
+    # The worker's round trips that read it and acked it (empty polls make no span).
+    [receive] = spans(exporter, "receive jobs")
+    assert [(link.context.trace_id, link.context.span_id) for link in receive.links] == [ids(send)]
+    [settle] = spans(exporter, "settle jobs")
+    assert settle.attributes is not None
+    assert settle.attributes["messaging.batch.message_count"] == 1
 
 
 def test_a_failing_handler_leaves_an_error_on_its_span(

@@ -262,8 +262,7 @@ class AsyncQueue:
             found = await self._read_waiting(
                 q.message_read_many(self.name, qty, vt=vt, conditional=conditional, decode=decode), wait
             )
-            if span is not None:
-                tracing.received(span, [(message.msg_id, message.headers) for message in found])
+            tracing.received(span, found)
             return found
 
     async def _read_waiting(self, query: Query[list[Message]], wait: float | timedelta) -> list[Message]:

@@ -363,11 +363,16 @@ class Worker:
         return True
 
     async def _exchange(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
-        """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages.
+        """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages
+        (a span of them, when tracing: pgbroker.tracing)."""
+        started = tracing.clock()
+        read = await self._round_trip(broker, outcomes, qty)
+        tracing.exchanged(self.queue, started, read, len(outcomes))
+        return read
 
-        The common case, successes and a read, is one statement; failures (one statement per
-        error text) go with them in pipeline mode.
-        """
+    async def _round_trip(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
+        """The common case, successes and a read, is one statement; failures (one statement per
+        error text) go with them in pipeline mode."""
         batch = batch_of(self.queue, outcomes)
         async with broker.connection() as conn:
             if qty and batch.successes and not batch.failures:

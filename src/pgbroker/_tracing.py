@@ -53,6 +53,7 @@ class Delivered(Protocol):
     @property
     def headers(self) -> Mapping[str, Any] | None: ...
 
+
 _tracer: Tracer | None = None
 _OFF: AbstractContextManager[None] = nullcontext()
 

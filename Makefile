@@ -41,7 +41,7 @@ venv: $(STAMP)
 
 $(STAMP): $(ROOT)/pyproject.toml
 	@cd "$(ROOT)"
-	echo "make venv: installing pgbroker[dev,embedded,spark,bench,http,bridge,codecs] into $(VENV)"
+	echo "make venv: installing pgbroker[dev,embedded,spark,bench,http,bridge,codecs,otel] into $(VENV)"
 	# A shim (pyenv) may resolve differently inside make, or not at all for a version it lacks:
 	# ask each candidate for its real interpreter and keep the first that is >= 3.11.
 	pick_python() {
@@ -72,7 +72,7 @@ $(STAMP): $(ROOT)/pyproject.toml
 	    fi
 	  fi
 	fi
-	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http,bridge,codecs]'
+	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http,bridge,codecs,otel]'
 	touch "$@"
 
 # Partitioned queues need pg_partman on the server. As root with apt-get, install Debian's

@@ -6,6 +6,7 @@ pytest_plugins = [
     "tests.plugins.services",
     "tests.plugins.postgres",
     "tests.plugins.rabbitmq",
+    "tests.plugins.bridge_brokers",
     "tests.plugins.pgbouncer",
     "tests.plugins.browser",
 ]

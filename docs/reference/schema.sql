@@ -1299,6 +1299,16 @@ END;
 $$;
 
 --
+-- Name: _insert_channel(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._insert_channel(stored_name text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT 'pgmq.q_' || stored_name || '.INSERT';
+$$;
+
+--
 -- Name: schedules; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
@@ -1722,7 +1732,7 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    PERFORM pg_notify(TG_ARGV[1], NULL);
+    PERFORM pg_notify(pgbroker._insert_channel(TG_ARGV[0]), NULL);
     RETURN NULL;
 END;
 $$;
@@ -5082,10 +5092,13 @@ $$;
 --
 
 CREATE FUNCTION pgbroker.notify_channel(queue_name text) RETURNS text
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    SELECT pgbroker._authorize('consumer', queue_name);
-    SELECT 'pgmq.' || pgbroker._table(queue_name) || '.INSERT';
+BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    PERFORM pgbroker._table(queue_name);  -- PB002 for a queue never created
+    RETURN pgbroker._insert_channel(pgbroker._stored_name(queue_name));
+END;
 $$;
 
 --
@@ -7345,8 +7358,8 @@ BEGIN
     IF NOT pgbroker._notify_trigger_exists(qtable) THEN
         EXECUTE format(
             'CREATE TRIGGER pgbroker_notify_insert AFTER INSERT ON pgmq.%I '
-            'FOR EACH STATEMENT EXECUTE FUNCTION pgbroker._notify_insert(%L, %L)',
-            qtable, stored, pgbroker.notify_channel(stored));
+            'FOR EACH STATEMENT EXECUTE FUNCTION pgbroker._notify_insert(%L)',
+            qtable, stored);
     END IF;
 END;
 $$;

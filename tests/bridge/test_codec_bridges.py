@@ -8,63 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
-import pytest
 
 from pgbroker import Broker, codecs
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
 from pgbroker.queues._client_async import AsyncBroker
 from tests.support.codec_types import AVRO, PROTOBUF, Order, samples, stored_codec
-from tests.support.postgres import scratch_dir
-from tests.support.probes import probe, unique
 from tests.support.rabbit import Rabbit
-from tests.support.servers import KINDS, PrivateServer
-from tests.support.services import service_params
 
 CODECS = ["json", "msgpack", PROTOBUF, AVRO]
 PER_CODEC = 5
-
-# (out URL, in URL) for one broker, made by a context that also cleans up after the test.
-Urls = tuple[str, str]
-
-
-@asynccontextmanager
-async def rabbit_urls(amqp: str) -> AsyncIterator[Urls]:
-    async with Rabbit(amqp) as rabbit:
-        name = await rabbit.queue()
-        yield f"{amqp}?routing_key={name}", f"{amqp}?queue={name}"
-
-
-@pytest.fixture(params=service_params("rabbitmq", "redis", "nats", "mqtt", "sqs"))
-def broker_urls(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[[], Any]]:
-    """A factory of (out URL, in URL) contexts on one broker (a private server but RabbitMQ's)."""
-    if request.param == "rabbitmq":
-        amqp: str = request.getfixturevalue("amqp")
-        yield lambda: rabbit_urls(amqp)
-        return
-    node = PrivateServer(KINDS[request.param], scratch_dir(f"pgbroker-{request.param}-"))
-    node.start()
-    try:
-        found = probe(request.param, node.port)
-        for key, value in found.env.items():
-            monkeypatch.setenv(key, value)
-
-        @asynccontextmanager
-        async def urls() -> AsyncIterator[Urls]:
-            name = unique("codec")
-            await found.prepare_in(name)
-            yield found.url(name), found.url(name)
-
-        yield urls
-    finally:
-        node.close()
-
 
 def test_every_codec_survives_a_round_trip_through_the_broker(
     dsn: str, broker_urls: Callable[[], Any]

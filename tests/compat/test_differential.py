@@ -1144,12 +1144,13 @@ def test_notify_insert_sends_notifications(pair: Pair) -> None:
 
 
 def test_deliberate_notify_works_for_mixed_case_queue_names(pair: Pair) -> None:
-    """D10: the reference's trigger looks its throttle row up by the lower-cased table name, so a
-    queue named 'Orders' never notifies (spec/pgmq-api.md lists it as a weakness not to copy)."""
+    """D10: the reference (1.13.0) trigger looks its throttle row up by the lower-cased table name,
+    so a queue named 'Orders' never notifies; pgbroker announces it on "pgmq.q_Orders.INSERT", the
+    name as given, as pgmq 1.13.1 does (its PR #593)."""
     create(pair, "Orders")
     pair.same("SELECT pgmq.enable_notify_insert('Orders', 0)")
     pair.same("SELECT queue_name, throttle_interval_ms FROM pgmq.list_notify_insert_throttles()")
-    channel = "pgmq.q_orders.INSERT"
+    channel = "pgmq.q_Orders.INSERT"
     action = "SELECT pgmq.send('Orders', '{}')"
     assert _notifications(pair.a, channel, action) == [(channel, "")]
     assert _notifications(pair.b, channel, action) == []

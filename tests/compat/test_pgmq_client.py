@@ -486,6 +486,28 @@ def test_notification_listener_hears_a_send(sync_client: PGMQueue) -> None:
     assert heard[0] == {"event": "insert", "payload_empty": True}
 
 
+def test_notification_listener_hears_a_mixed_case_queue_by_its_name_as_given(sync_client: PGMQueue) -> None:
+    """pgmq 1.13.1 (its PR #593) announces a queue's inserts on "pgmq.q_<name as given>.INSERT", and
+    the client listens there: for MyQueue, on "pgmq.q_MyQueue.INSERT", not the lower-cased table's."""
+    client = sync_client
+    client.create_queue("MyQueue")
+    client.enable_notify("MyQueue", throttle_interval_ms=0)
+    heard: list[dict[str, Any]] = []
+    listener = SyncNotificationListener(client)
+    thread = threading.Thread(target=listener.listen, args=("MyQueue", heard.append), kwargs={"timeout": 2.0})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.2)  # LISTEN may not be up yet: send until heard
+            client.send("MyQueue", {"n": 1})
+    finally:
+        thread.join(timeout=10)
+        listener.stop()
+    assert heard
+    assert heard[0] == {"event": "insert", "payload_empty": True}
+
+
 def test_async_notification_listener_hears_a_send(async_flavour: AsyncFlavour, dsn: str) -> None:
     async def scenario() -> None:
         client = await make_async_client(dsn)

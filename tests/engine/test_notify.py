@@ -130,16 +130,34 @@ def test_throttle_allows_one_notification_per_interval(conn: Conn, jobs: str, li
     assert heard(listening, 1.0) == [(CHANNEL, "")]
 
 
-def test_mixed_case_queue_names_notify(conn: Conn, dsn: str) -> None:
+def test_a_mixed_case_queue_notifies_on_its_name_as_stored(conn: Conn, dsn: str) -> None:
+    """pgmq 1.13.1's channel: "pgmq.q_<name as in pgmq.meta>.INSERT", whatever spelling is passed."""
     conn.execute("SELECT pgmq.create('BigOrders')")
     conn.execute("SELECT pgmq.enable_notify_insert('bigorders', 0)")
     assert [row[0] for row in throttles(conn)] == ["BigOrders"]
     channel = conn.execute("SELECT pgbroker.notify_channel('BIGORDERS')").fetchone()
-    assert channel == ("pgmq.q_bigorders.INSERT",)
+    assert channel == ("pgmq.q_BigOrders.INSERT",)
     with psycopg.connect(dsn, autocommit=True) as listener:
-        listener.execute('LISTEN "pgmq.q_bigorders.INSERT"')
+        listener.execute('LISTEN "pgmq.q_BigOrders.INSERT"')
         send(conn, "BigOrders")
-        assert heard_one(listener) == ("pgmq.q_bigorders.INSERT", "")
+        assert heard_one(listener) == ("pgmq.q_BigOrders.INSERT", "")
+
+
+def test_a_trigger_made_before_the_channel_followed_the_name_notifies_on_the_new_channel(
+    conn: Conn, dsn: str
+) -> None:
+    """Triggers made by 0.1.0 carry a second argument, the lower-cased channel: it is not used."""
+    conn.execute("SELECT pgmq.create('BigOrders')")
+    conn.execute("SELECT pgmq.enable_notify_insert('BigOrders', 0)")
+    conn.execute("DROP TRIGGER pgbroker_notify_insert ON pgmq.q_bigorders")
+    conn.execute(
+        "CREATE TRIGGER pgbroker_notify_insert AFTER INSERT ON pgmq.q_bigorders FOR EACH STATEMENT"
+        " EXECUTE FUNCTION pgbroker._notify_insert('BigOrders', 'pgmq.q_bigorders.INSERT')"
+    )
+    with psycopg.connect(dsn, autocommit=True) as listener:
+        listener.execute('LISTEN "pgmq.q_BigOrders.INSERT"')
+        send(conn, "BigOrders")
+        assert heard_one(listener) == ("pgmq.q_BigOrders.INSERT", "")
 
 
 @pytest.mark.parametrize("throttle_ms", [0, HOUR_MS])
@@ -363,6 +381,22 @@ def test_a_waiting_sync_reader_wakes_on_a_send_and_holds_no_connection(
             [message] = reader.join()
             assert reader.returned_at - sent_at < WOKEN_WITHIN
             queue.ack(message)
+
+
+def test_a_waiting_reader_of_a_mixed_case_queue_wakes_on_its_channel(dsn: str, conn: Conn) -> None:
+    """pgbroker's own listener follows the channel of the name as given (pgmq 1.13.1's), whatever
+    spelling the reader uses."""
+    with Broker(dsn, max_connections=1, poll_interval=SLOW_POLL) as broker:
+        broker.create_queue("MixedJobs").enable_notify(0)
+        queue = broker.queue("mixedjobs")
+        reader = Reader(lambda: queue.read_many(5, wait=SLOW_POLL * 1.5))
+        listener_pid(conn)
+        time.sleep(0.2)
+        sent_at = time.monotonic()
+        broker.queue("MIXEDJOBS").send({"n": 1})
+        [message] = reader.join()
+        assert reader.returned_at - sent_at < WOKEN_WITHIN
+        queue.ack(message)
 
 
 def test_a_waiting_async_reader_and_consumer_wake_on_a_send(dsn: str) -> None:

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from pgbroker import Worker
+from pgbroker import StreamWorker, Worker
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._app import serve
 
 
 async def run_until(
     dsn: str,
-    workers: list[Worker],
+    workers: Sequence[Worker | StreamWorker],
     done: Callable[[], bool],
     *,
     timeout: float = 30,

@@ -1,7 +1,8 @@
 """Behind pgbouncer in transaction pooling mode (Debian's 1.18: no protocol-level prepared
-statements): with ``PGBROKER_POOLER=transaction`` the clients, the CLI and the worker runtime lose
-nothing and raise nothing; without it, psycopg's server-side prepared statements break, which
-shows the pooler really moves sessions between server connections.
+statements): with ``PGBROKER_POOLER=transaction``, or with the ``pooler="transaction"`` argument
+(the CLI's ``--pooler transaction``) and no variable, the clients, the CLI, the worker runtime and
+the HTTP server lose nothing and raise nothing; without either, psycopg's server-side prepared
+statements break, which shows the pooler really moves sessions between server connections.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -140,11 +142,14 @@ def noop(message: Message) -> None:
 def test_two_worker_processes_drain_ten_thousand_messages_through_the_pooler(
     pooled_dsn: str, dsn: str
 ) -> None:
-    total = 10_000
+    _drain_with_worker_processes(pooled_dsn, dsn, 10_000)
+
+
+def _drain_with_worker_processes(pooled_dsn: str, dsn: str, total: int, *cli_options: str) -> None:
     with Broker(dsn) as direct:
         jobs = direct.create_queue("jobs")
         for start in range(0, total, 1000):
-            jobs.send_many([{"n": n} for n in range(start, start + 1000)])
+            jobs.send_many([{"n": n} for n in range(start, min(start + 1000, total))])
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -152,6 +157,7 @@ def test_two_worker_processes_drain_ten_thousand_messages_through_the_pooler(
             "pgbroker.cli",
             "--dsn",
             pooled_dsn,
+            *cli_options,
             "worker",
             f"{__name__}:noop",
             *WORKER_ARGS,
@@ -206,3 +212,80 @@ def test_the_http_api_through_the_pooler(pooled_dsn: str, dsn: str) -> None:
             assert acked.status_code == 200, acked.text
             got += [m["message"]["i"] for m in messages]
         assert sorted(got) == list(range(100))
+
+
+# -- the pooler as an argument, with no PGBROKER_POOLER -------------------------------------------
+
+
+@pytest.fixture
+def no_pooler_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(POOLER_ENV, raising=False)  # also for the processes the tests start
+
+
+@pytest.mark.usefixtures("no_pooler_env")
+def test_the_clients_pooler_argument(pooled_dsn: str) -> None:
+    with Broker(pooled_dsn, max_connections=THREADS, pooler="transaction") as broker:
+        broker.create_queue("jobs")
+        assert _run_threads(broker, "jobs") == []
+
+    async def main() -> list[BaseException | None]:
+        async with AsyncBroker(pooled_dsn, max_connections=THREADS, pooler="transaction") as broker:
+            jobs = await broker.create_queue("jobs")
+
+            async def one(worker: int) -> None:
+                for i in range(PER_THREAD // 3):
+                    await jobs.send({"worker": worker, "i": i})
+                    await jobs.ack_many(await jobs.read_many(2, vt=30))
+
+            results = await asyncio.gather(*(one(n) for n in range(THREADS)), return_exceptions=True)
+            await jobs.read_many(1, vt=30, wait=0.3)  # a waiting read polls: no LISTEN through the pooler
+            return list(results)
+
+    assert asyncio.run(main()) == [None] * THREADS
+
+
+@pytest.mark.usefixtures("no_pooler_env")
+def test_the_cli_pooler_option(pooled_dsn: str) -> None:
+    def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pgbroker.cli", "--dsn", pooled_dsn, "--pooler", "transaction", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    assert cli("create", "jobs").returncode == 0
+    sent = cli("send", "jobs", stdin="".join(json.dumps({"i": i}) + "\n" for i in range(50)))
+    assert sent.returncode == 0, sent.stderr
+    read = cli("read", "jobs", "--qty", "50")
+    assert read.returncode == 0, read.stderr
+    receipts = [json.loads(line)["receipt"] for line in read.stdout.splitlines()]
+    assert len(receipts) == 50
+    acked = cli("ack", "jobs", *receipts)
+    assert acked.returncode == 0, acked.stderr
+
+
+@pytest.mark.usefixtures("no_pooler_env")
+def test_worker_processes_with_the_cli_pooler_option(pooled_dsn: str, dsn: str) -> None:
+    _drain_with_worker_processes(pooled_dsn, dsn, 2_000, "--pooler", "transaction")
+
+
+@pytest.mark.usefixtures("no_pooler_env")
+def test_the_http_api_with_the_serve_pooler_option(pooled_dsn: str, dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgmq.create('jobs')")
+        _, token = create_key(conn, "pooled", scopes=["send", "read"])
+    with (
+        pgbroker_serve(pooled_dsn, "--connections", "4", "--pooler", "transaction") as server,
+        httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {token}"}, timeout=10) as http,
+    ):
+        def send(i: int) -> int:
+            return http.post("/v1/queues/jobs/messages", json={"message": {"i": i}}).status_code
+
+        with ThreadPoolExecutor(THREADS) as pool:  # concurrent requests, on the server's 4 connections
+            assert set(pool.map(send, range(200))) == {201}
+        read = http.post("/v1/queues/jobs/read", json={"qty": 200, "vt": 30})
+        assert read.status_code == 200, read.text
+        assert len(read.json()["messages"]) == 200

@@ -5,26 +5,42 @@ between pgbroker and Postgres.
 A transaction pooler gives each transaction whatever server connection is free, so nothing that
 lives in a session survives between two calls: psycopg's server-side prepared statements (it
 prepares a statement run five times, and the next transaction may land where it does not exist),
-and LISTEN. ``PGBROKER_POOLER=transaction`` says pgbroker is behind one: every connection it opens
-then runs its statements unprepared, and waiting reads poll instead of listening, unless
-``PGBROKER_LISTEN_DSN`` names a direct connection for LISTEN. An environment variable, not a DSN
-option, because it must reach every process of a deployment (workers, `pgbroker serve`, the CLI)
-whatever DSN each was given, and libpq refuses options it does not know. Running unprepared costs
-about 5-10% of a call's time on a direct connection (docs/operations.md), so it is not the default.
+and LISTEN. Behind one, every connection pgbroker opens runs its statements unprepared, and
+waiting reads poll instead of listening, unless ``PGBROKER_LISTEN_DSN`` names a direct connection
+for LISTEN. pgbroker is told so by the ``pooler`` argument of Broker, AsyncBroker, App.run, serve
+and create_app (the CLI's ``--pooler``), else by ``PGBROKER_POOLER``: the variable reaches every
+process of a deployment (workers, `pgbroker serve`, Spark executors) whatever DSN each was given;
+it is not a DSN option because libpq refuses options it does not know. pooler_mode() alone
+decides. Running unprepared costs about 5-10% of a call's time on a direct connection
+(docs/operations.md), so it is not the default.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal, get_args
 
 from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker.errors import InvalidArgument
 
-__all__ = ["behind_transaction_pooler", "connection_kwargs", "database_place", "listen_dsn", "resolve_dsn"]
+__all__ = [
+    "PoolerMode",
+    "behind_transaction_pooler",
+    "connection_kwargs",
+    "database_place",
+    "listen_dsn",
+    "pooler_mode",
+    "resolve_dsn",
+]
 
 POOLER_ENV = "PGBROKER_POOLER"
+
+#: What stands between pgbroker and Postgres: a transaction pooler (pgbouncer's pool_mode =
+#: transaction, RDS Proxy, Supavisor), a session pooler, or nothing. Only "transaction" changes
+#: what pgbroker does: a session pooler keeps a client's session, as a direct connection does.
+PoolerMode = Literal["transaction", "session", "none"]
+POOLER_MODES: tuple[PoolerMode, ...] = get_args(PoolerMode)
 LISTEN_DSN_ENV = "PGBROKER_LISTEN_DSN"
 
 
@@ -53,23 +69,31 @@ def database_place(dsn: str) -> str:
     return f"{params.get('dbname', 'postgres')} at {place}"
 
 
-def behind_transaction_pooler() -> bool:
-    """Whether ``$PGBROKER_POOLER`` says a transaction pooler stands in front of Postgres."""
-    mode = os.environ.get(POOLER_ENV, "").strip().lower()
-    if mode in ("", "none"):
-        return False
-    if mode == "transaction":
-        return True
+def pooler_mode(pooler: str | None = None) -> PoolerMode:
+    """The pooler in front of Postgres: ``pooler`` when given, else ``$PGBROKER_POOLER`` (unset or
+    empty: none)."""
+    if pooler is not None:
+        mode, source = pooler, "pooler"
+    else:
+        mode, source = os.environ.get(POOLER_ENV, "").strip() or "none", POOLER_ENV
+    for known in POOLER_MODES:
+        if mode.lower() == known:
+            return known
     raise InvalidArgument(
-        f"{POOLER_ENV} must be 'transaction' or 'none', not {mode!r}",
-        hint=f"Set {POOLER_ENV}=transaction behind pgbouncer's pool_mode = transaction (or a proxy "
-        "like it); leave it unset for a direct connection or a session pooler.",
+        f"{source} must be one of {', '.join(POOLER_MODES)}, not {mode!r}",
+        hint="'transaction' behind pgbouncer's pool_mode = transaction (or a proxy like it); "
+        "'session' or 'none' for a session pooler or a direct connection.",
     )
 
 
-def connection_kwargs() -> dict[str, Any]:
+def behind_transaction_pooler(pooler: str | None = None) -> bool:
+    """Whether a transaction pooler stands in front of Postgres (see pooler_mode)."""
+    return pooler_mode(pooler) == "transaction"
+
+
+def connection_kwargs(pooler: str | None = None) -> dict[str, Any]:
     """psycopg connection arguments for every connection pgbroker opens to run statements."""
-    return {"prepare_threshold": None} if behind_transaction_pooler() else {}
+    return {"prepare_threshold": None} if behind_transaction_pooler(pooler) else {}
 
 
 def listen_dsn() -> str | None:

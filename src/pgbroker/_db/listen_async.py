@@ -182,14 +182,17 @@ class AsyncListener:
     """A client's wake-ups, started on first use: the listening loop runs as a task on the event
     loop (in the sync twin, on a daemon thread).
 
-    ``conninfo`` is called once, at start, for the dedicated connection's conninfo.
+    ``conninfo`` is called once, at start, for the dedicated connection's conninfo; ``pooler`` is
+    what stands in front of Postgres (pgbroker._db.dsn.pooler_mode).
     """
 
-    def __init__(self, conninfo: _Conninfo, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+    def __init__(
+        self, conninfo: _Conninfo, poll_interval: float = DEFAULT_POLL_INTERVAL, pooler: str | None = None
+    ) -> None:
         self.poll_interval = check_poll_interval(poll_interval)
         # Behind a transaction pooler a LISTEN ends with its transaction: without a direct
         # connection for it, waiting reads only poll (pgbroker._db.dsn).
-        self.polling_only = behind_transaction_pooler() and listen_dsn() is None
+        self.polling_only = behind_transaction_pooler(pooler) and listen_dsn() is None
         self._conninfo = conninfo
         self._channels: dict[str, str] = {}
         self._listening: _Loop | None = None

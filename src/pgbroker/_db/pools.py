@@ -48,10 +48,10 @@ class PoolTimeouts:
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise InvalidArgument(f"{name} must be a number of seconds > 0, got {value!r}")
 
-    def connection_kwargs(self, dsn: str) -> dict[str, Any]:
-        """psycopg arguments of each pooled connection of ``dsn``; the DSN's own connect_timeout
-        (or $PGCONNECT_TIMEOUT) wins."""
-        return {"autocommit": True, **connection_kwargs(), **connect_timeout_for(dsn, self.connect)}
+    def connection_kwargs(self, dsn: str, pooler: str | None = None) -> dict[str, Any]:
+        """psycopg arguments of each pooled connection of ``dsn``, behind ``pooler``
+        (pgbroker._db.dsn.pooler_mode); the DSN's own connect_timeout (or $PGCONNECT_TIMEOUT) wins."""
+        return {"autocommit": True, **connection_kwargs(pooler), **connect_timeout_for(dsn, self.connect)}
 
 
 def connect_timeout_for(dsn: str, seconds: float) -> dict[str, int]:

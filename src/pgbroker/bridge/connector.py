@@ -136,6 +136,23 @@ class Endpoint(Protocol[Connection_co]):
         ...
 
 
+# The W3C trace context (pgbroker.tracing): carried out as any other header, and taken back in
+# from among the broker's headers to the top of the message's, where a consumer looks for it.
+TRACE_CONTEXT = ("traceparent", "tracestate")
+
+
+def trace_context(broker_headers: Mapping[str, Any] | None) -> dict[str, str]:
+    """The W3C trace context among a received message's broker headers, as pgbroker headers."""
+    if not isinstance(broker_headers, Mapping):
+        return {}
+    found = {name: broker_headers.get(name) for name in TRACE_CONTEXT}
+    return {
+        name: value.decode(errors="replace") if isinstance(value, bytes) else value
+        for name, value in found.items()
+        if isinstance(value, str | bytes)
+    }
+
+
 def carried_headers(headers: Mapping[str, Any], own_prefix: str) -> dict[str, Any]:
     """The headers a connector carries to its broker: all but pgbroker's own (x-pgbroker-*, kept
     in Postgres) and those addressed to the connector itself (``own_prefix``, e.g. x-mqtt-)."""

@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.pools import RECONNECT_CEILING, PoolTimeouts
 from pgbroker.errors import PgbrokerError
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
@@ -41,9 +42,10 @@ def create_app(
     max_connections: int = 10,
     replica_dsn: str | None = None,
     replica: AsyncBroker | None = None,
+    pooler: PoolerMode | None = None,
 ) -> Starlette:
     """The application, on an opened ``broker`` (the caller closes it) or on a pool it opens
-    on ``dsn`` for its lifetime (uvicorn runs the lifespan).
+    on ``dsn`` for its lifetime (uvicorn runs the lifespan), behind ``pooler`` (as Broker's).
 
     With a streaming standby of that database, as ``replica_dsn`` (a pool of ``max_connections``
     opened for the application's lifetime) or as an opened ``replica`` broker (the caller closes
@@ -55,10 +57,13 @@ def create_app(
     if replica_dsn is not None and replica is not None:
         raise ValueError("pass at most one of replica_dsn and replica")
     cfg = settings or Settings()
-    pool = None if dsn is None else _server_pool(dsn, max_connections)
-    the_broker = broker or AsyncBroker(pool=pool)
-    replica_pool = None if replica_dsn is None else _server_pool(replica_dsn, max_connections, "replica")
-    the_replica = replica if replica_pool is None else AsyncBroker(pool=replica_pool)
+    mode = pooler_mode(pooler)
+    pool = None if dsn is None else _server_pool(dsn, max_connections, mode)
+    the_broker = broker or AsyncBroker(pool=pool, pooler=mode)
+    replica_pool = (
+        None if replica_dsn is None else _server_pool(replica_dsn, max_connections, mode, "replica")
+    )
+    the_replica = replica if replica_pool is None else AsyncBroker(pool=replica_pool, pooler=mode)
     operations = all_operations()
     state = State(
         the_broker,
@@ -126,7 +131,7 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
     return [route(path, by_method) for path, by_method in by_path.items()]
 
 
-def _server_pool(dsn: str, size: int, role: str = "primary") -> AsyncConnectionPool[Any]:
+def _server_pool(dsn: str, size: int, pooler: PoolerMode, role: str = "primary") -> AsyncConnectionPool[Any]:
     """A fixed-size pool that hands out connections without a round trip to check them:
     AsyncBroker passes over those the server has closed (pgbroker._db.liveness), so a restart of
     Postgres costs no request."""
@@ -134,7 +139,7 @@ def _server_pool(dsn: str, size: int, role: str = "primary") -> AsyncConnectionP
         dsn,
         min_size=size,
         max_size=size,
-        kwargs=PoolTimeouts().connection_kwargs(dsn),
+        kwargs=PoolTimeouts().connection_kwargs(dsn, pooler),
         open=False,
         name=f"pgbroker-http-{role}",
         reconnect_timeout=RECONNECT_CEILING,

@@ -22,9 +22,10 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import ConnectionPool
 
+from pgbroker import _tracing as tracing
 from pgbroker import codecs
 from pgbroker._db.backoff import SEND_RETRY, Patience
-from pgbroker._db.dsn import listen_dsn, resolve_dsn
+from pgbroker._db.dsn import PoolerMode, listen_dsn, pooler_mode, resolve_dsn
 from pgbroker._db.install import install
 from pgbroker._db.install_rules import InstallResult
 from pgbroker._db.listen import Listener, Subscription
@@ -198,17 +199,22 @@ class Queue:
         seconds (inside a transaction, each try in a savepoint).
         """
         chosen = self._codec(codec)
-        query = q.message_send_many(self.name, messages, headers=headers, delay=delay, codec=chosen)
-        retry = Patience(*SEND_RETRY, within=arg.duration(wait, "wait"))
-        run = self._executor.run_in_savepoint if wait else self._executor.run
-        while True:
-            try:
-                return run(query)
-            except QueueFull:
-                pause = retry.next()
-                if pause is None:
-                    raise
-                time.sleep(pause)
+        with tracing.span("send", self.name) as span:
+            messages, headers = tracing.carry(span, messages, headers)
+            query = q.message_send_many(self.name, messages, headers=headers, delay=delay, codec=chosen)
+            retry = Patience(*SEND_RETRY, within=arg.duration(wait, "wait"))
+            run = self._executor.run_in_savepoint if wait else self._executor.run
+            while True:
+                try:
+                    sent = run(query)
+                except QueueFull:
+                    pause = retry.next()
+                    if pause is None:
+                        raise
+                    time.sleep(pause)
+                else:
+                    tracing.sent(span, sent)
+                    return sent
 
     def _codec(self, codec: CodecLike | None) -> Codec | None:
         """The codec of a send: the one given, else the queue's default; None for plain JSON."""
@@ -250,7 +256,14 @@ class Queue:
         ``decode=False`` leaves bodies as stored (a binary codec's JSON envelope; ``codec``
         still names it): what a bridge forwards unread.
         """
-        query = q.message_read_many(self.name, qty, vt=vt, conditional=conditional, decode=decode)
+        with tracing.span("receive", self.name) as span:
+            found = self._read_waiting(
+                q.message_read_many(self.name, qty, vt=vt, conditional=conditional, decode=decode), wait
+            )
+            tracing.received(span, found)
+            return found
+
+    def _read_waiting(self, query: Query[list[Message]], wait: float | timedelta) -> list[Message]:
         waiting = Waiting(arg.duration(wait, "wait"), self._listener.poll_interval)
         found = self._executor.run(query)
         if waiting.done(found):
@@ -310,18 +323,32 @@ class Queue:
 
     def ack(self, item: Receivable, *, archive: bool = True) -> None:
         """Archive (or delete) a read message; StaleReceipt if its lease no longer holds."""
-        self._executor.run(q.message_ack(self.name, item, archive=archive))
+        with tracing.span("ack", self.name) as span:
+            query = q.message_ack(self.name, item, archive=archive)
+            if span is not None:
+                tracing.settled(span, [arg.receipt_of(item).msg_id])
+            self._executor.run(query)
 
     def ack_many(self, items: Iterable[Receivable], *, archive: bool = True) -> list[int]:
         """Ack every message whose receipt still holds; returns their msg_ids (stale ones are left)."""
-        return self._executor.run(q.message_ack_many(self.name, items, archive=archive))
+        with tracing.span("ack", self.name) as span:
+            acked = self._executor.run(q.message_ack_many(self.name, items, archive=archive))
+            tracing.settled(span, acked)
+            return acked
 
     def nack(self, item: Receivable, *, delay: int | timedelta = 0) -> None:
         """Give a message back: visible again after ``delay`` seconds; StaleReceipt if stale."""
-        self._executor.run(q.message_nack(self.name, item, delay=delay))
+        with tracing.span("nack", self.name) as span:
+            query = q.message_nack(self.name, item, delay=delay)
+            if span is not None:
+                tracing.settled(span, [arg.receipt_of(item).msg_id])
+            self._executor.run(query)
 
     def nack_many(self, items: Iterable[Receivable], *, delay: int | timedelta = 0) -> list[int]:
-        return self._executor.run(q.message_nack_many(self.name, items, delay=delay))
+        with tracing.span("nack", self.name) as span:
+            nacked = self._executor.run(q.message_nack_many(self.name, items, delay=delay))
+            tracing.settled(span, nacked)
+            return nacked
 
     def extend(self, item: Receivable, *, vt: int | timedelta) -> Receipt:
         """Make the lease end vt seconds from now; returns the new receipt (the old one is spent)."""
@@ -450,6 +477,13 @@ class Broker:
     With none of them the DSN comes from DATABASE_URL, else the embedded
     cluster is started (see pgbroker._db.dsn). A read that waits and finds nothing
     reads again every ``poll_interval`` seconds, or sooner when notified.
+
+    ``pooler``: what stands between the broker and Postgres, "transaction" (pgbouncer's
+    pool_mode = transaction, RDS Proxy, Supavisor), "session" or "none"; by default
+    $PGBROKER_POOLER, else "none". Behind a transaction pooler the connections the broker
+    opens run their statements unprepared, and waiting reads poll instead of listening
+    unless $PGBROKER_LISTEN_DSN names a direct connection (a pool or connection passed in
+    keeps its own settings: give it ``prepare_threshold=None``).
     """
 
     def __init__(
@@ -462,11 +496,13 @@ class Broker:
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+        pooler: PoolerMode | None = None,
     ) -> None:
         if sum(x is not None for x in (dsn, pool, connection)) > 1:
             raise ValueError("pass at most one of dsn, pool and connection")
         timeouts = PoolTimeouts(connect_timeout, pool_timeout)
-        self._listener = Listener(self._listen_conninfo, poll_interval)
+        mode = pooler_mode(pooler)
+        self._listener = Listener(self._listen_conninfo, poll_interval, mode)
         self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: ConnectionPool | None = None
         self._connection = connection
@@ -476,7 +512,7 @@ class Broker:
                 conninfo,
                 min_size=1,
                 max_size=max_connections,
-                kwargs=timeouts.connection_kwargs(conninfo),
+                kwargs=timeouts.connection_kwargs(conninfo, mode),
                 open=False,
                 name="pgbroker",
                 timeout=timeouts.pool,

@@ -31,7 +31,7 @@ from typing import Any, TextIO, TypedDict, TypeVar, Unpack
 
 from psycopg_pool import AsyncConnectionPool
 
-from pgbroker._db.dsn import resolve_dsn
+from pgbroker._db.dsn import PoolerMode, pooler_mode, resolve_dsn
 from pgbroker._db.pools import RECONNECT_CEILING, PoolTimeouts
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
@@ -120,9 +120,11 @@ class App:
         """A StreamWorker per registered stream handler."""
         return [make() for make in self._stream_workers]
 
-    def run(self, dsn: str | None = None, **overrides: Unpack[WorkerOptions]) -> None:
-        """Run every handler until SIGTERM or SIGINT (see serve)."""
-        asyncio.run(serve([*self.workers(**overrides), *self.stream_workers()], dsn=dsn))
+    def run(
+        self, dsn: str | None = None, *, pooler: PoolerMode | None = None, **overrides: Unpack[WorkerOptions]
+    ) -> None:
+        """Run every handler until SIGTERM or SIGINT (see serve, and Broker for ``pooler``)."""
+        asyncio.run(serve([*self.workers(**overrides), *self.stream_workers()], dsn=dsn, pooler=pooler))
 
 
 async def serve(
@@ -134,6 +136,7 @@ async def serve(
     progress_every: float | None = None,
     progress_out: TextIO | None = None,
     schedules: bool = True,
+    pooler: PoolerMode | None = None,
 ) -> None:
     """Run workers until they stop: by Worker.stop(), or by SIGTERM or SIGINT (see above) when
     ``handle_signals`` (it needs the main thread).
@@ -141,15 +144,17 @@ async def serve(
     With ``schedules`` (the default) a Scheduler runs beside them and sends the ticks of the
     cron schedules (pgbroker.schedules._scheduler); any number of processes may run one.
 
-    Uses ``broker`` when given, else a pool of its own on ``dsn`` (resolved like Broker's).
+    Uses ``broker`` when given, else a pool of its own on ``dsn`` (resolved like Broker's), behind
+    ``pooler`` (as Broker's).
     With ``progress_every``, prints each worker's counts and rate that often (to stderr).
     Raises the error that stopped a worker (QueueNotFound, say) after stopping the others.
     """
     if not workers:
         raise InvalidArgument("no workers to run", hint="Register a handler, or pass a Worker.")
+    mode = pooler_mode(pooler)
     async with AsyncExitStack() as stack:
         if broker is None:
-            broker = await _own_broker(stack, dsn, workers)
+            broker = await _own_broker(stack, dsn, workers, mode)
         stopping = False
         scheduler = Scheduler() if schedules else None
 
@@ -191,7 +196,7 @@ async def _stopped(scheduler: Scheduler, task: asyncio.Task[None]) -> None:
 
 
 async def _own_broker(
-    stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker | StreamWorker]
+    stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker | StreamWorker], pooler: PoolerMode
 ) -> AsyncBroker:
     # No round trip to check a connection on checkout: AsyncBroker passes over those the server
     # has closed (pgbroker._db.liveness), and a worker retries a call whose connection broke anyway.
@@ -200,14 +205,14 @@ async def _own_broker(
         conninfo,
         min_size=2 * len(workers),
         max_size=4 * len(workers) + 1,  # + the scheduler's
-        kwargs=PoolTimeouts().connection_kwargs(conninfo),
+        kwargs=PoolTimeouts().connection_kwargs(conninfo, pooler),
         open=False,
         name="pgbroker-worker",
         reconnect_timeout=RECONNECT_CEILING,
     )
     await pool.open(wait=True, timeout=_CONNECT_TIMEOUT)
     stack.push_async_callback(pool.close)
-    broker = AsyncBroker(pool=pool)
+    broker = AsyncBroker(pool=pool, pooler=pooler)
     stack.push_async_callback(broker.close)
     return broker
 
@@ -232,9 +237,11 @@ async def _report(workers: Sequence[Worker | StreamWorker], every: float, out: T
             )
 
 
-async def serve_scheduler(dsn: str | None = None, *, handle_signals: bool = True) -> None:
+async def serve_scheduler(
+    dsn: str | None = None, *, handle_signals: bool = True, pooler: PoolerMode | None = None
+) -> None:
     """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT."""
     scheduler = Scheduler()
-    async with AsyncBroker(dsn, max_connections=2) as broker:
+    async with AsyncBroker(dsn, max_connections=2, pooler=pooler) as broker:
         with on_stop_signals(lambda _: scheduler.stop(), enabled=handle_signals):
             await scheduler.run(broker)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -26,9 +27,11 @@ class HandlerThreads:
             threading.Thread(target=self._serve, name=f"{name}-{n + 1}", daemon=True).start()
 
     async def run(self, handler: Callable[[Message], object], message: Message) -> None:
+        """Run ``handler(message)`` on a thread, in a copy of the caller's context (its current
+        span, say: pgbroker.tracing)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
-        self._work.put((loop, future, handler, message))
+        self._work.put((loop, future, contextvars.copy_context(), handler, message))
         await future
 
     def close(self) -> None:
@@ -38,10 +41,10 @@ class HandlerThreads:
 
     def _serve(self) -> None:
         while (item := self._work.get()) is not None:
-            loop, future, handler, message = item
+            loop, future, context, handler, message = item
             error: BaseException | None = None
             try:
-                handler(message)
+                context.run(handler, message)
             except Exception as exc:
                 error = exc
             except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler: a failure

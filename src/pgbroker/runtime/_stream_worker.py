@@ -25,6 +25,7 @@ from contextlib import suppress
 from datetime import datetime
 from typing import Any, TypeAlias
 
+from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker._db.liveness import is_transient
@@ -259,10 +260,11 @@ class StreamWorker:
 
     async def _handle(self, threads: HandlerThreads | None, message: StreamMessage) -> Exception | None:
         try:
-            if threads is None:
-                await self.handler(message)
-            else:
-                await threads.run(self.handler, message)  # type: ignore[arg-type]
+            with tracing.processing(self.stream, message.headers, message.id, group=self.group):
+                if threads is None:
+                    await self.handler(message)
+                else:
+                    await threads.run(self.handler, message)  # type: ignore[arg-type]
         except Exception as exc:
             log_event(
                 logging.INFO, "stream_worker.handler_failed", stream=self.stream, id=message.id, error=exc

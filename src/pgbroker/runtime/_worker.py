@@ -49,6 +49,7 @@ from contextlib import suppress
 from functools import partial
 from typing import Any, TypeAlias
 
+from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
 from pgbroker._db.liveness import is_transient
@@ -377,11 +378,16 @@ class Worker:
         return True
 
     async def _exchange(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
-        """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages.
+        """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages
+        (a span of them, when tracing: pgbroker.tracing)."""
+        started = tracing.clock()
+        read = await self._round_trip(broker, outcomes, qty)
+        tracing.exchanged(self.queue, started, read, len(outcomes))
+        return read
 
-        The common case, successes and a read, is one statement; failures (one statement per
-        error text) go with them in pipeline mode.
-        """
+    async def _round_trip(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
+        """The common case, successes and a read, is one statement; failures (one statement per
+        error text) go with them in pipeline mode."""
         batch = batch_of(self.queue, outcomes, self.max_deliveries)
         async with broker.connection() as conn:
             if qty and batch.successes and not batch.failures:
@@ -493,10 +499,11 @@ class Worker:
             # policy retries it (another process may know the codec) and, in the end, dead-letters it.
             return message.codec_error
         try:
-            if threads is None:
-                await self.handler(message)
-            else:
-                await threads.run(self.handler, message)
+            with tracing.processing(self.queue, message.headers, message.msg_id):
+                if threads is None:
+                    await self.handler(message)
+                else:
+                    await threads.run(self.handler, message)
         except Exception as exc:
             # At WARNING, traceback included: a first handler's bug must show without -v, or
             # the worker looks idle while every message fails.

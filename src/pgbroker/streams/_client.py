@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from pgbroker import _tracing as tracing
 from pgbroker._db.listen import Listener, Subscription
 from pgbroker._db.wakeups import Waiting
 from pgbroker.queues._arguments import duration
@@ -101,7 +102,12 @@ class Stream:
         headers: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> list[int]:
         """Send messages in one statement; returns their ids in order."""
-        return self._executor.run(sq.stream_send_many(self.name, messages, headers=headers, keys=keys))
+        with tracing.span("send", self.name) as span:
+            messages, headers = tracing.carry(span, messages, headers)
+            query = sq.stream_send_many(self.name, messages, headers=headers, keys=keys)
+            sent = self._executor.run(query)
+            tracing.sent(span, sent)
+            return sent
 
     # groups
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from pgbroker import _tracing as tracing
 from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
 from pgbroker._db.wakeups import Waiting
 from pgbroker.queues._arguments import duration
@@ -104,7 +105,12 @@ class AsyncStream:
         headers: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> list[int]:
         """Send messages in one statement; returns their ids in order."""
-        return await self._executor.run(sq.stream_send_many(self.name, messages, headers=headers, keys=keys))
+        with tracing.span("send", self.name) as span:
+            messages, headers = tracing.carry(span, messages, headers)
+            query = sq.stream_send_many(self.name, messages, headers=headers, keys=keys)
+            sent = await self._executor.run(query)
+            tracing.sent(span, sent)
+            return sent
 
     if ASYNC:
 

@@ -1,8 +1,10 @@
 -- Notify: NOTIFY on insert, pgmq's enable_notify_insert family.
 --
 -- A queue with notify enabled gets an AFTER INSERT trigger that sends
--- NOTIFY "pgmq.q_<lower name>.INSERT" (pgmq's channel, empty payload) at most
--- once per throttle interval. Postgres delivers a NOTIFY only when the
+-- NOTIFY "pgmq.q_<name>.INSERT" (pgmq's channel, empty payload) at most once
+-- per throttle interval. <name> is the queue's name as stored in pgmq.meta,
+-- that is as given to create: MyQueue's channel is "pgmq.q_MyQueue.INSERT",
+-- as in pgmq 1.13.1 (before it, pgmq never notified for such a queue). Postgres delivers a NOTIFY only when the
 -- sending transaction commits, so a rolled-back send never wakes anyone, and
 -- it folds identical notifications of one transaction into one.
 --
@@ -21,9 +23,9 @@
 --   would copy every inserted row just to learn whether there was one), so an
 --   INSERT of zero rows may notify: a spurious wake-up costs a waiter one
 --   empty read.
--- * The trigger carries the queue's stored name and channel as arguments,
---   so mixed-case queues notify (pgmq looks the throttle up by the
---   lower-cased table name and never finds a mixed-case queue).
+-- * The trigger carries the queue's stored name as its argument (as pgmq
+--   1.13.1's does), so mixed-case queues notify; pgmq 1.13.0 looked the
+--   throttle up by the lower-cased table name and never found them.
 -- * Senders never wait for each other. pgmq updates the throttle row when the
 --   interval has passed (with throttle 0: on every insert) and holds its lock
 --   until commit, so a sender in a long transaction stalls every other sender
@@ -41,16 +43,28 @@
 -- Waiting clients must treat a notification as a hint and keep polling as a
 -- fallback; pgbroker.listen does.
 
--- The channel a queue's inserts are announced on; defined here only, so that
--- every client (and the trigger) agrees with the server's lower-casing.
--- Since: 0.1.0
-CREATE OR REPLACE FUNCTION pgbroker.notify_channel(queue_name text)
-RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT pgbroker._authorize('consumer', queue_name);
-    SELECT 'pgmq.' || pgbroker._table(queue_name) || '.INSERT';
+-- The channel of a queue's inserts, from its name as stored in pgmq.meta;
+-- defined here only, so that the trigger and every client agree.
+CREATE OR REPLACE FUNCTION pgbroker._insert_channel(stored_name text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'pgmq.q_' || stored_name || '.INSERT';
 $$;
 
--- TG_ARGV[0] = the queue's name as stored in pgmq.meta, TG_ARGV[1] = its channel.
+-- The channel a queue's inserts are announced on, for a name in any case:
+-- "pgmq.q_MyQueue.INSERT" for the queue created as MyQueue.
+-- Since: 0.1.0
+CREATE OR REPLACE FUNCTION pgbroker.notify_channel(queue_name text)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    PERFORM pgbroker._table(queue_name);  -- PB002 for a queue never created
+    RETURN pgbroker._insert_channel(pgbroker._stored_name(queue_name));
+END;
+$$;
+
+-- TG_ARGV[0] = the queue's name as stored in pgmq.meta. Triggers made by
+-- 0.1.0 also carry the lower-cased channel it used, as TG_ARGV[1]: the
+-- channel is derived here instead, so they announce on the current one.
 --
 -- Wake-ups this trades away, each bounded by the waiting client's fallback poll:
 -- * (as pgmq) a message sent within the throttle interval after a notified
@@ -87,7 +101,7 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    PERFORM pg_notify(TG_ARGV[1], NULL);
+    PERFORM pg_notify(pgbroker._insert_channel(TG_ARGV[0]), NULL);
     RETURN NULL;
 END;
 $$;
@@ -146,8 +160,8 @@ BEGIN
     IF NOT pgbroker._notify_trigger_exists(qtable) THEN
         EXECUTE format(
             'CREATE TRIGGER pgbroker_notify_insert AFTER INSERT ON pgmq.%I '
-            'FOR EACH STATEMENT EXECUTE FUNCTION pgbroker._notify_insert(%L, %L)',
-            qtable, stored, pgbroker.notify_channel(stored));
+            'FOR EACH STATEMENT EXECUTE FUNCTION pgbroker._notify_insert(%L)',
+            qtable, stored);
     END IF;
 END;
 $$;

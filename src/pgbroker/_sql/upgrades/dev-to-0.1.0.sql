@@ -108,4 +108,27 @@ BEGIN
 END;
 $$;
 
+-- Notify channel as pgmq 1.13.1 names it (functions/74_notify.sql): the
+-- notify triggers carry the queue's stored name alone, no longer also the
+-- lower-cased channel (which _notify_insert now derives from the name).
+DO $$
+DECLARE
+    queue record;
+BEGIN
+    FOR queue IN
+        SELECT c.relname AS qtable, t.queue_name AS stored
+        FROM pgmq.notify_insert_throttle t
+        JOIN pg_class c ON c.oid = to_regclass(format('pgmq.%I', lower('q_' || t.queue_name)))
+        JOIN pg_trigger tg ON tg.tgrelid = c.oid AND tg.tgname = 'pgbroker_notify_insert'
+        WHERE tg.tgnargs <> 1
+    LOOP
+        EXECUTE format('DROP TRIGGER pgbroker_notify_insert ON pgmq.%I', queue.qtable);
+        EXECUTE format(
+            'CREATE TRIGGER pgbroker_notify_insert AFTER INSERT ON pgmq.%I '
+            'FOR EACH STATEMENT EXECUTE FUNCTION pgbroker._notify_insert(%L)',
+            queue.qtable, queue.stored);
+    END LOOP;
+END;
+$$;
+
 DROP TABLE pgbroker.schema_migrations;

@@ -49,6 +49,7 @@ from pgbroker.bridge.connector import (
     Refused,
     carried_headers,
     gather_more,
+    trace_context,
 )
 from pgbroker.bridge.errors import BrokerAccessRefused, BrokerConnectionLost, BrokerUnreachable
 from pgbroker.bridge.settings import InboundSettings, OutboundSettings
@@ -328,5 +329,6 @@ def _received(message: Any) -> Received:
     }
     if user:
         headers[f"{PREFIX}properties"] = user
+        headers.update(trace_context(user))
     content_type = getattr(properties, "ContentType", None)
     return Received(message_id, message.payload, content_type, headers, message, key)

@@ -46,6 +46,7 @@ from pgbroker.bridge.connector import (
     Receiver,
     Refused,
     carried_headers,
+    trace_context,
 )
 from pgbroker.bridge.errors import (
     BrokerAccessRefused,
@@ -287,6 +288,7 @@ class _Receiver:
         }
         if headers:
             carried[f"{PREFIX}headers"] = headers
+            carried.update(trace_context(headers))
         return Received(message_id, msg.data or b"", content_type, carried, msg, key)
 
     async def ack(self, messages: Sequence[Received]) -> None:

@@ -18,7 +18,8 @@ properties may not set them.
 Inbound, the body goes to the core as it came (pgbroker.bridge.body makes it a payload, and the
 core adds x-amqp-body when it is not JSON). The AMQP properties are kept in x-amqp-properties
 (the shape above, plus message_id) and where the message came from in
-x-amqp-received {exchange, routing_key, queue, redelivered}.
+x-amqp-received {exchange, routing_key, queue, redelivered}; a traceparent and tracestate of
+the AMQP headers table are also copied to the top of the headers (pgbroker.tracing).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 import pika
 
 from pgbroker.bridge.body import JSON
-from pgbroker.bridge.connector import OutMessage, Received
+from pgbroker.bridge.connector import OutMessage, Received, trace_context
 from pgbroker.bridge.connectors.rabbitmq_pika import Delivery
 from pgbroker.bridge.errors import Unpublishable
 
@@ -202,6 +203,7 @@ def incoming(delivery: Delivery, queue: str) -> Received:
             "queue": queue,
             "redelivered": delivery.redelivered,
         },
+        **trace_context(properties.headers),
     }
     key = (properties.headers or {}).get(KEY_HEADER)
     key = jsonable(key) if isinstance(key, str | bytes) else None

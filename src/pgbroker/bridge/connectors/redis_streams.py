@@ -42,6 +42,7 @@ from pgbroker.bridge.connector import (
     Receiver,
     Refused,
     carried_headers,
+    trace_context,
 )
 from pgbroker.bridge.errors import (
     BrokerAccessRefused,
@@ -263,6 +264,7 @@ class _Receiver:
                 headers[f"{PREFIX}headers"] = json.loads(carried)
             except ValueError:
                 headers[f"{PREFIX}headers"] = _text(carried)
+            headers.update(trace_context(headers[f"{PREFIX}headers"]))
         message_id = fields.pop("message_id", None)
         content_type = fields.pop("content_type", None)
         key = fields.pop("key", None)

@@ -47,6 +47,7 @@ from pgbroker.bridge.connector import (
     Received,
     Refused,
     carried_headers,
+    trace_context,
 )
 from pgbroker.bridge.errors import (
     BrokerAccessRefused,
@@ -318,6 +319,7 @@ class _Queue:
                 headers[f"{PREFIX}headers"] = json.loads(carried)
             except ValueError:
                 headers[f"{PREFIX}headers"] = carried
+            headers.update(trace_context(headers[f"{PREFIX}headers"]))
         body = message["Body"].encode()
         if attributes.pop("body-encoding", None) == "base64":
             body = base64.b64decode(body)

@@ -230,7 +230,7 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
     dsn = dsn_of(args.dsn, args.connect_timeout)
 
     async def run() -> None:
-        async with AsyncBroker(dsn, max_connections=4) as abroker:
+        async with AsyncBroker(dsn, max_connections=4, pooler=args.pooler) as abroker:
             bridge = make(abroker)
             task = asyncio.create_task(bridge.run())
             signals = 0

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 
+from pgbroker._db.dsn import POOLER_ENV
 from pgbroker.cli.support.errors import Exit
 from pgbroker.cli.support.parsers import Subcommands
 from pgbroker.cli.support.running import missing_extra
@@ -40,6 +42,9 @@ def _pipeline(args: argparse.Namespace) -> int:
         job_args += ["--dsn", args.dsn]
     if args.verbose and job_args[0] != "--help":
         job_args.append("-v")
+    if args.pooler is not None:
+        # Spark's executors are processes of their own: the variable is what reaches them.
+        os.environ[POOLER_ENV] = args.pooler
     try:
         return pipeline_main(job_args, prog="pgbroker pipeline")
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)

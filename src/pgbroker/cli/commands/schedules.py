@@ -125,5 +125,5 @@ def _resume(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _scheduler(args: argparse.Namespace, broker: Broker) -> int:
-    asyncio.run(serve_scheduler(dsn_of(args.dsn, args.connect_timeout)))
+    asyncio.run(serve_scheduler(dsn_of(args.dsn, args.connect_timeout), pooler=args.pooler))
     return Exit.OK

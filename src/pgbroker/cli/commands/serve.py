@@ -103,7 +103,9 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         auth_failure_burst=args.auth_failure_burst,
     )
     replica_dsn = None if args.replica_dsn is None else dsn_of(args.replica_dsn, args.connect_timeout)
-    app = create_app(dsn, settings=settings, max_connections=args.connections, replica_dsn=replica_dsn)
+    app = create_app(
+        dsn, settings=settings, max_connections=args.connections, replica_dsn=replica_dsn, pooler=args.pooler
+    )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
     # found: with the default one the process would die of it (exit -15, no cleanup). SIGTERM is
     # how a server is normally stopped, so it ends here, as a success.

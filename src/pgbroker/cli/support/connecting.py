@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgbroker._db.dsn import connection_kwargs, resolve_dsn
+from pgbroker._db.dsn import PoolerMode, connection_kwargs, resolve_dsn
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, connect_timeout_for
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.queues._client import Broker
@@ -41,10 +41,12 @@ CONNECT_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
 
 
 @contextmanager
-def connected(dsn: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) -> Iterator[Broker]:
+def connected(
+    dsn: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, pooler: PoolerMode | None = None
+) -> Iterator[Broker]:
     """A Broker on one autocommit connection: a CLI call runs a few statements, then exits."""
     conninfo = dsn_of(dsn, connect_timeout)
-    extra: dict[str, Any] = connection_kwargs()
+    extra: dict[str, Any] = connection_kwargs(pooler)
     if "application_name" not in conninfo_to_dict(conninfo) and "PGAPPNAME" not in os.environ:
         extra["application_name"] = "pgbroker-cli"
     try:
@@ -55,7 +57,7 @@ def connected(dsn: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT)
             f"cannot connect to the database: {message}", code=Exit.DATABASE, hint=connect_hint(message)
         ) from exc
     with conn:
-        yield Broker(connection=conn)
+        yield Broker(connection=conn, pooler=pooler)
 
 
 def connect_hint(message: str) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
 from pgbroker import __version__
+from pgbroker._db.dsn import POOLER_MODES
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT
 from pgbroker.cli.support.arguments import positive_seconds, seconds
 from pgbroker.queues._client import Broker
@@ -101,6 +102,14 @@ def add_global_options(
             help="give up a connection attempt after this long, in this command and the pools of "
             f"a worker, server or bridge (default: {DEFAULT_CONNECT_TIMEOUT:g}; a connect_timeout "
             "in the DSN or $PGCONNECT_TIMEOUT wins)",
+        )
+        parser.add_argument(
+            "--pooler",
+            choices=POOLER_MODES,
+            default=None if top_level else argparse.SUPPRESS,
+            help="what stands in front of Postgres: 'transaction' (pgbouncer's pool_mode = transaction "
+            "or a proxy like it) runs statements unprepared and polls instead of LISTEN (default: "
+            "$PGBROKER_POOLER, else none)",
         )
     parser.add_argument(
         "-v",

@@ -46,7 +46,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         if not args.needs_database:
             local: LocalHandler = args.handler
             return local(args)
-        with connected(args.dsn, args.connect_timeout) as broker:
+        with connected(args.dsn, args.connect_timeout, args.pooler) as broker:
             handler: Handler = args.handler
             return handler(args, broker)
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ policy, retention truncates child tables and leaves no dead tuple."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 import psycopg
@@ -326,3 +327,42 @@ def test_rewind_hands_out_the_unacknowledged_again(conn: Conn) -> None:
     assert read(conn, "clicks", "g", "c", qty=2).ids == ids[2:4]  # "lost"
     assert conn.execute("SELECT pgbroker.stream_rewind('clicks', 'g', 'c')").fetchone() == (1,)
     assert read(conn, "clicks", "g", "c", qty=10).ids == ids[2:]
+
+
+def test_a_batch_is_filled_from_every_partition_in_order(conn: Conn) -> None:
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(400)])  # no key: id mod 4, 100 each
+    by_partition = {p: [i for i in ids if i % 4 == p] for p in range(4)}
+    for start in (0, 25):
+        batch = read(conn, "clicks", "g", "c", qty=100)
+        got: dict[int, list[int]] = {}
+        for partition, msg_id, *_ in batch.rows:
+            got.setdefault(partition, []).append(msg_id)
+        # A quarter of the batch from each partition, each partition's ids in order from its cursor.
+        assert got == {p: by_partition[p][start : start + 25] for p in range(4)}
+        ack(conn, "clicks", "g", "c", batch)
+    # The rest, drained in batches of 30: every message once.
+    rest = drain(conn, "clicks", "g", "c", qty=30)
+    assert sorted(rest) == sorted(set(ids) - {m for b in by_partition.values() for m in b[:50]})
+
+
+def test_a_consumer_whose_sessions_ended_loses_its_partitions_at_once(dsn: str, conn: Conn) -> None:
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(40)])
+    with psycopg.connect(dsn, autocommit=True) as elsewhere:
+        held = read(elsewhere, "clicks", "g", "a", lease=600)  # a takes all four, acks nothing
+        assert sorted(held.ids) == ids
+        # a's session is open: a is alive, its lease is long, b gets nothing.
+        assert read(conn, "clicks", "g", "b", lease=600).rows == []
+    # a's connection is gone (its process died): b takes its partitions over long before the lease.
+    started = time.monotonic()
+    while not (again := read(conn, "clicks", "g", "b", lease=600)).rows:
+        assert time.monotonic() - started < 120, "a's partitions were not freed"
+        time.sleep(0.05)
+    print(f"a's partitions moved {time.monotonic() - started:.2f} s after its session ended")
+    assert sorted(again.ids) == ids  # a's batch delivered again
+    assert set(ack(conn, "clicks", "g", "a", held).values()) == {False}  # a's acks fenced off
+    assert set(ack(conn, "clicks", "g", "b", again).values()) == {True}
+    assert conn.execute("SELECT consumer FROM pgbroker.stream_consumer").fetchall() == [("b",)]

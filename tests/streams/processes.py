@@ -97,3 +97,23 @@ def take_a_batch_and_hang(dsn: str, stream: str, group: str, consumer: str, leas
                 )
                 time.sleep(3600)
             time.sleep(0.01)
+
+
+def stream_worker(dsn: str, stream: str, group: str, consumer: str, lease: int) -> None:
+    """A StreamWorker (the runtime, not raw SQL) recording what it handles, until killed."""
+    import asyncio
+    import threading
+
+    from pgbroker.runtime._app import serve
+    from pgbroker.runtime._stream_worker import StreamWorker
+    from pgbroker.streams._records import StreamMessage
+
+    lock = threading.Lock()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+
+        def handle(message: StreamMessage) -> None:
+            with lock:
+                conn.execute("INSERT INTO handled VALUES (%s, %s, %s)", (group, message.id, consumer))
+
+        worker = StreamWorker(stream, group, handle, lease=lease, poll_max=0.2, consumer=consumer)
+        asyncio.run(serve([worker], dsn=dsn, handle_signals=False))

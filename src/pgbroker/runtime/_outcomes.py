@@ -58,6 +58,7 @@ async def record_outcomes(
                 error=error,
             )
 
+
 def not_recorded(queue: str, outcome: Outcome, why: str, stats: WorkerStats) -> None:
     """Count and log an outcome the server refused: its lease had ended (a stale receipt)."""
     stats.stale += 1

@@ -12,7 +12,8 @@ the same handler, which gets the message as a StreamMessage again (from its
 x-pgbroker-stream header), so the handler sees one kind of message either way.
 
 A worker that dies mid-batch acks nothing: the batch is delivered again to whoever takes its
-partitions over when its lease runs out (at-least-once). stop() finishes the batch in hand,
+partitions over (at-least-once): at the other consumers' next read once its connections are
+gone, at the end of its lease if it hangs connected. stop() finishes the batch in hand,
 acks it and releases the partitions, so that the others take them over at once.
 """
 
@@ -85,8 +86,8 @@ class StreamWorker:
     batch_size: most messages a read. concurrency: handlers running at once (keys side by side, the
     messages of a key one after another); make batch_size several times it, since a batch is
     acked once its last message is handled.
-    lease: seconds a consumer owns its partitions without reading (a dead one's partitions
-    move after that). poll_min/poll_max: the polls of an idle stream (sooner when the stream
+    lease: seconds a consumer owns its partitions without reading (a killed one's move as soon as
+    its connections are gone). poll_min/poll_max: the polls of an idle stream (sooner when the stream
     notifies). retries: also run the group's retry queue with the handler. grace_period:
     seconds a stopping worker waits for the batch in hand (then it is left unacked, to be
     delivered again). maintain_every: apply the stream's retention that often (seconds; None:

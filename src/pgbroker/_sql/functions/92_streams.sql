@@ -63,17 +63,31 @@
 -- Groups, consumers and leases. A group has a cursor row per partition:
 -- acked_id (acknowledged up to), delivered_id (handed out up to: a consumer
 -- may read ahead of its acks), owner and epoch. A consumer names itself
--- (any unique text) and keeps a heartbeat row; it owns a partition while
--- its heartbeat has not expired. The live consumers of a group, ordered by
--- name, share the partitions evenly (the i-th gets floor(N/n), plus one for
--- the first N mod n); each consumer, when its heartbeat is renewed (every
--- half lease) or when it owns nothing, gives up partitions beyond its share
--- (only those with nothing in flight) and takes free ones (unowned, or whose
--- owner's heartbeat expired) up to it. A taken partition's epoch goes up and
--- its delivered_id goes back to acked_id: the batch a dead consumer held is
--- delivered again, to the new owner. An ack names the epoch it read under;
--- an ack from a former owner changes nothing.
+-- (any unique text) and keeps a heartbeat row, renewed every half lease. The
+-- live consumers of a group, ordered by name, share the partitions evenly
+-- (the i-th gets floor(N/n), plus one for the first N mod n); on every read
+-- a consumer gives up partitions beyond its share (only those with nothing
+-- in flight) and takes free ones (unowned, or whose owner is not live) up to
+-- it. A taken partition's epoch goes up and its delivered_id goes back to
+-- acked_id: the batch a dead consumer held is delivered again, to the new
+-- owner. An ack names the epoch it read under; an ack from a former owner
+-- changes nothing.
 --
+-- Live: within its lease, and not known dead. Every session a consumer reads
+-- on takes its liveness lock (an advisory lock keyed by stream, group and
+-- consumer, shared, held by the session until it ends), and a read tries each
+-- other consumer's lock exclusively, at once: it is had only when no session
+-- of that consumer is left (the process was killed, or lost its
+-- connections); that consumer's row is then deleted and its partitions are
+-- free at that read, not at the end of its lease. A session that reads for
+-- several consumers holds each lock, so a consumer looks alive while any of
+-- its sessions does; a pooler that hands one server session to many clients,
+-- or a pool that resets sessions (DISCARD ALL), makes the lock say less, and
+-- the lease decides as before. Nothing rests on the lock for safety: a
+-- consumer judged dead wrongly loses its partitions' epochs (its acks are
+-- fenced off, its batch is delivered again) and takes its share back at its
+-- next read.
+
 -- Failures. An ack lists the messages of the batch that failed; each goes,
 -- with its error and its place in the stream in header x-pgbroker-stream,
 -- to the group's retry queue, an ordinary queue made with the group: the
@@ -587,49 +601,76 @@ $$;
 -- Leases: which consumer reads which partition
 ------------------------------------------------------------------------------
 
--- Renew the consumer's heartbeat (at most every half lease), and when it was
--- renewed, or the consumer owns nothing, give up partitions beyond its share
--- and take free ones up to it. Returns nothing; the caller reads what it owns.
+-- The advisory lock key that says a consumer is alive (see the header).
+CREATE OR REPLACE FUNCTION pgbroker._stream_consumer_key(stream_name text, group_name text, consumer text)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('pgbroker.stream_consumer/' || stream_name || '/' || group_name || '/' || consumer, 0);
+$$;
+
+-- Whether this session holds a consumer's liveness lock (then a try of it here succeeds
+-- whether or not the consumer's own sessions are there: a session never conflicts with itself).
+CREATE OR REPLACE FUNCTION pgbroker._stream_consumer_held_here(key bigint)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.mode = 'ShareLock'
+          AND l.objsubid = 1 AND l.classid = ((key >> 32) & 4294967295)::oid
+          AND l.objid = (key & 4294967295)::oid);
+$$;
+
+-- Mark this session as one of the consumer's (its liveness lock, shared), forget the group's
+-- consumers whose sessions are all gone, renew the consumer's heartbeat (at most every half
+-- lease), then give up partitions beyond its share and take free ones up to it. Returns
+-- nothing; the caller reads what it owns.
 CREATE OR REPLACE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    renewed boolean;
+    fresh boolean;
     live text[];
     rank integer;
     share integer;
     owned integer;
 BEGIN
+    -- Taken again on every read: a session's locks stack, and cost no shared memory more.
+    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
+    -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
+    -- its process ended or lost its connections. Only those within their lease are tried (the
+    -- others are not live anyway); the lock taken is held to the end of this transaction.
+    DELETE FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+      AND c.expires_at > now()
+      AND CASE WHEN c.consumer = _stream_balance.consumer THEN false
+               WHEN pg_try_advisory_xact_lock(pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
+               THEN NOT pgbroker._stream_consumer_held_here(
+                   pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
+               ELSE false END;
+
+    SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
+           bool_or(c.consumer = _stream_balance.consumer
+                   AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
+                   AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
+    INTO live, fresh
+    FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name;
+    IF fresh IS NOT TRUE THEN
+        -- A plain read first (above), because the upsert locks the consumer's row (a WAL
+        -- record and a dirtied page) even when its WHERE leaves the row as it is.
+        INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
+        VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
+        ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
+            SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+        IF NOT consumer = ANY (coalesce(live, '{}')) THEN
+            live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
+        END IF;
+        -- Forget consumers long gone (a lease and a minute past expiry).
+        DELETE FROM pgbroker.stream_consumer c
+        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+          AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
+    END IF;
+
     SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
     WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
       AND t.owner = _stream_balance.consumer;
-    -- The common case, a consumer that owns partitions reading again well
-    -- within its lease: nothing to renew, nothing to balance. Looked at with a
-    -- plain read first, because the upsert below locks the consumer's row (a
-    -- WAL record and a dirtied page on every read) even when its WHERE leaves
-    -- the row as it is.
-    IF owned > 0 AND EXISTS (
-        SELECT 1 FROM pgbroker.stream_consumer c
-        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-          AND c.consumer = _stream_balance.consumer
-          AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
-          AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0)) THEN
-        RETURN;
-    END IF;
-    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
-    VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
-    ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at
-        WHERE c.renewed_at < now() - make_interval(secs => lease_seconds / 2.0)
-           OR c.expires_at < now() + make_interval(secs => lease_seconds / 2.0)
-    RETURNING true INTO renewed;
-    IF renewed IS NOT TRUE AND owned > 0 THEN
-        RETURN;
-    END IF;
-
-    live := ARRAY(SELECT c.consumer FROM pgbroker.stream_consumer c
-                  WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-                    AND (c.expires_at > now() OR c.consumer = _stream_balance.consumer)
-                  ORDER BY c.consumer);
     rank := array_position(live, consumer) - 1;
     share := s.partitions / cardinality(live) + CASE WHEN rank < s.partitions % cardinality(live) THEN 1 ELSE 0 END;
 
@@ -642,7 +683,7 @@ BEGIN
               AND x.owner = _stream_balance.consumer AND x.delivered_id = x.acked_id
             ORDER BY x.partition DESC LIMIT owned - share);
     ELSIF owned < share THEN
-        -- Take free partitions: unowned, or their owner's heartbeat expired.
+        -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
         -- to acked_id, so what it held unacknowledged is delivered again.
         UPDATE pgbroker.stream_cursor t
@@ -654,10 +695,6 @@ BEGIN
             ORDER BY x.partition LIMIT share - owned
             FOR UPDATE SKIP LOCKED);
     END IF;
-    -- Forget consumers long gone (a lease and a minute past expiry).
-    DELETE FROM pgbroker.stream_consumer c
-    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
 END;
 $$;
 
@@ -704,7 +741,8 @@ $$;
 
 -- Read up to qty messages for a consumer of a group, from the partitions it
 -- owns (taking its share first, see _stream_balance): per partition in id
--- order, after what it was last handed, up to the safe id. Each row carries
+-- order, after what it was last handed, up to the safe id; a batch is filled
+-- from every partition with messages, an even share each first. Each row carries
 -- its partition and the epoch to ack it under. A consumer may read again
 -- before acking (the next messages come); an ack settles everything up to
 -- the id it names.
@@ -727,6 +765,9 @@ DECLARE
     segment bigint;
     n integer;
     reached bigint;
+    share integer;
+    wanted integer;
+    drained boolean[];
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
@@ -765,22 +806,36 @@ BEGIN
               FOR UPDATE) t;
         CONTINUE WHEN parts IS NULL;
 
-        -- Partition by partition, segment by segment: each call of the stream's
-        -- read function walks one child table (the segment's) and moves the
-        -- partition's delivered_id as it reads.
-        FOR i IN 1 .. cardinality(parts) LOOP
-            EXIT WHEN remaining <= 0;
-            after := afters[i];
-            LOOP
-                segment := (after + 1) / s.segment_rows;
-                upto := least(safe, (segment + 1) * s.segment_rows - 1);
-                RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
-                                            's_' || s.stream_name || '_read')
-                    USING (segment % s.segments)::integer, parts[i], after, upto, remaining, epochs[i], g.group_name;
-                GET DIAGNOSTICS n = ROW_COUNT;
-                remaining := remaining - n;
-                EXIT WHEN remaining <= 0 OR upto >= safe;
-                after := upto;  -- nothing more of this partition in that segment
+        -- Across the partitions: first an even share of what is left for each, then what
+        -- some could not give, from the others in turn. Segment by segment: each call of the
+        -- stream's read function walks one child table (the segment's) and moves the
+        -- partition's delivered_id as it reads, so a partition's second turn goes on from there.
+        share := ceil(remaining::numeric / cardinality(parts));
+        drained := array_fill(false, ARRAY[cardinality(parts)]);
+        FOR turn IN 1 .. 2 LOOP
+            FOR i IN 1 .. cardinality(parts) LOOP
+                EXIT WHEN remaining <= 0;
+                CONTINUE WHEN drained[i];
+                wanted := CASE WHEN turn = 1 THEN least(share, remaining) ELSE remaining END;
+                IF turn = 2 THEN
+                    SELECT c.delivered_id INTO after FROM pgbroker.stream_cursor c
+                    WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.partition = parts[i];
+                ELSE
+                    after := afters[i];
+                END IF;
+                LOOP
+                    segment := (after + 1) / s.segment_rows;
+                    upto := least(safe, (segment + 1) * s.segment_rows - 1);
+                    RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
+                                                's_' || s.stream_name || '_read')
+                        USING (segment % s.segments)::integer, parts[i], after, upto, wanted, epochs[i], g.group_name;
+                    GET DIAGNOSTICS n = ROW_COUNT;
+                    remaining := remaining - n;
+                    wanted := wanted - n;
+                    drained[i] := upto >= safe AND wanted > 0;  -- nothing more up to the safe id
+                    EXIT WHEN wanted <= 0 OR upto >= safe;
+                    after := upto;  -- nothing more of this partition in that segment
+                END LOOP;
             END LOOP;
         END LOOP;
     END LOOP;

@@ -7,6 +7,9 @@
   StreamWorker with concurrency=W (batch_size max(100, 4 W), docs/streams.md "Sizing") whose
   handler does 1 ms of work (``asyncio.sleep(0.001)``; with --blocking ``time.sleep(0.001)`` on
   the worker's threads). msg/s handled over --seconds after one second of warm-up.
+- pinned xmin: a REPEATABLE READ transaction holds a snapshot open in another session while the
+  worker (W=16) drains the backlog for --seconds; then pgstattuple counts the dead tuples of
+  the group and cursor tables (every row version written meanwhile: none can be pruned).
 - reassignment: two StreamWorker processes share a group (lease --lease seconds); one is
   SIGKILLed; the time from the kill until the other owns every partition, --kills times.
 With no --dsn a private cluster is made in a temporary directory on disk and removed at the end.
@@ -46,7 +49,10 @@ def _fill(dsn: str, stream: str, backlog: int) -> None:
             )
 
 
-async def _throughput(dsn: str, stream: str, workers: int, seconds: float, blocking: bool) -> float:
+async def _throughput(
+    dsn: str, stream: str, workers: int, seconds: float, blocking: bool
+) -> tuple[float, int]:
+    """msg/s over ``seconds`` after a warm-up, and the messages handled in all."""
     handled = 0
 
     async def work(message: StreamMessage) -> None:
@@ -68,7 +74,26 @@ async def _throughput(dsn: str, stream: str, workers: int, seconds: float, block
     rate = (handled - start) / (time.perf_counter() - t0)
     worker.stop(grace_period=5)
     await asyncio.wait_for(task, 60)
-    return rate
+    return rate, handled
+
+
+STATE_TABLES = ("stream_cursor", "stream_consumer", "stream_watermark")
+
+
+def _pinned(dsn: str, stream: str, seconds: float) -> tuple[int, dict[str, int]]:
+    """Messages handled by W=16 while a snapshot is held open, and each state table's dead tuples."""
+    with connect(dsn) as conn, connect(dsn) as pin:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        conn.execute("VACUUM pgbroker.stream_cursor, pgbroker.stream_consumer, pgbroker.stream_watermark")
+        pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pin.execute("SELECT 1")  # the snapshot: xmin is held from here
+        _, handled = asyncio.run(_throughput(dsn, stream, 16, seconds, False))
+        dead = {
+            t: conn.execute("SELECT dead_tuple_count FROM pgstattuple(%s)", (f"pgbroker.{t}",)).fetchone()[0]  # type: ignore[index]
+            for t in STATE_TABLES
+        }
+        pin.execute("ROLLBACK")
+    return handled, dead
 
 
 def _member(dsn: str, stream: str, name: str, lease: int) -> None:
@@ -130,8 +155,11 @@ def main() -> None:
         rates = {}
         for w in args.workers:
             _fill(dsn, f"t{w}", args.backlog)
-            rates[w] = asyncio.run(_throughput(dsn, f"t{w}", w, args.seconds, args.blocking))
+            rates[w], _ = asyncio.run(_throughput(dsn, f"t{w}", w, args.seconds, args.blocking))
             print(f"W={w}: {rates[w]:,.0f} msg/s", flush=True)
+        _fill(dsn, "pinned", args.backlog)
+        handled, dead = _pinned(dsn, "pinned", args.seconds)
+        print(f"pinned xmin, W=16: {handled:,} messages; dead tuples {dead}", flush=True)
         kills = []
         for k in range(args.kills):
             with connect(dsn) as conn:
@@ -149,6 +177,8 @@ def main() -> None:
     print(f"\n| W handlers ({handler}) | msg/s |\n|---|---|")
     for w, rate in rates.items():
         print(f"| {w} | {rate:,.0f} |")
+    per_thousand = sum(dead.values()) * 1000 / max(handled, 1)
+    print(f"\npinned xmin: dead tuples {dead} after {handled:,} messages ({per_thousand:.1f} per 1,000)")
     if kills:
         print(
             f"\nreassignment after SIGKILL: median {statistics.median(kills):.2f} s, max {max(kills):.2f} s"

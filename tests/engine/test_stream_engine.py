@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.streams import ack, drain, read, send
+from tests.support.streams import Batch, ack, drain, read, send
 
 Conn = psycopg.Connection[Any]
 
@@ -366,3 +366,35 @@ def test_a_consumer_whose_sessions_ended_loses_its_partitions_at_once(dsn: str, 
     assert set(ack(conn, "clicks", "g", "a", held).values()) == {False}  # a's acks fenced off
     assert set(ack(conn, "clicks", "g", "b", again).values()) == {True}
     assert conn.execute("SELECT consumer FROM pgbroker.stream_consumer").fetchall() == [("b",)]
+
+
+def cursor_row_writes(conn: Conn) -> int:
+    """Row versions this transaction wrote to the cursor table so far (updates, HOT or not)."""
+    row = conn.execute(
+        "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'pgbroker.stream_cursor'::regclass"
+    ).fetchone()
+    return row[0] if row else 0
+
+
+def test_an_ack_and_read_in_one_call_writes_each_cursor_row_once(conn: Conn) -> None:
+    # One row version a partition a batch, not one for the ack and one for the read: what a
+    # transaction holding back the xmin horizon leaves behind, since it keeps every version.
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    send(conn, "clicks", [{"n": i} for i in range(400)])
+    batch = read(conn, "clicks", "g", "c", qty=40)
+    for _ in range(5):
+        parts, epochs, last = batch.ack_args()
+        assert parts == [0, 1, 2, 3]
+        with conn.transaction():
+            before = cursor_row_writes(conn)
+            batch = Batch(
+                conn.execute(
+                    "SELECT * FROM pgbroker.stream_consume('clicks', 'g', 'c', 40, 30, %s, %s, %s)",
+                    (parts, epochs, last),
+                ).fetchall()
+            )
+            assert cursor_row_writes(conn) - before == 4
+    acked = [r[0] for r in conn.execute("SELECT acked_id FROM pgbroker.stream_cursor ORDER BY partition")]
+    assert acked == last
+    assert len(batch.rows) == 40

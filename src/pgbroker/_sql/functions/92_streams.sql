@@ -99,7 +99,9 @@
 -- The tables groups and consumers use stay small (rows per group and
 -- partition, and per live consumer) and are updated in place: no indexed
 -- column changes, fillfactor leaves room, so the updates are HOT and the
--- pages prune themselves.
+-- pages prune themselves. While a transaction holds back the xmin horizon
+-- no version can be pruned, so writes are kept few: a read writes each
+-- cursor row it moves once, with the ack that came with it (stream_consume).
 
 ------------------------------------------------------------------------------
 -- Tables
@@ -239,8 +241,9 @@ SELECT pgbroker._stream_send_router_refresh();
 
 -- A stream's read of one partition in one segment, likewise its own function:
 -- a branch per child table, each with its static statement (an index walk of
--- (partition, id) from after, planned once per session), which also moves the
--- partition's delivered_id to the last id it returns.
+-- (partition, id) from after, planned once per session). It leaves the last
+-- id it returned in the transaction's setting pgbroker.stream_read_last, and
+-- writes nothing: the caller moves the cursor once for the whole read.
 CREATE OR REPLACE FUNCTION pgbroker._stream_read_function(s pgbroker.stream)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
@@ -264,13 +267,12 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
                     FROM pgbroker.%3$I l
                     WHERE l.partition = p_partition AND l.id > p_after AND l.id <= p_upto
                     ORDER BY l.id LIMIT p_qty
-                ), moved AS (
-                    UPDATE pgbroker.stream_cursor t SET delivered_id = (SELECT max(r.id) FROM r)
-                    WHERE t.stream_name = %4$L AND t.group_name = p_group AND t.partition = p_partition
-                      AND EXISTS (SELECT 1 FROM r)
                 )
-                SELECT * FROM r;
-            $R$, CASE WHEN c = 0 THEN 'IF' ELSE 'ELSIF' END, c, 's_' || s.stream_name || '_' || c, s.stream_name),
+                -- (a one-time filter, run before the rows are returned, in order, from r)
+                SELECT * FROM r
+                WHERE (SELECT set_config('pgbroker.stream_read_last', coalesce(max(x.id), 0)::text, true)
+                       FROM r x) IS NOT NULL;
+            $R$, CASE WHEN c = 0 THEN 'IF' ELSE 'ELSIF' END, c, 's_' || s.stream_name || '_' || c),
             '' ORDER BY c))
     FROM generate_series(0, s.segments - 1) c;
 $$;
@@ -739,16 +741,14 @@ $$;
 -- Reads and acks
 ------------------------------------------------------------------------------
 
--- Read up to qty messages for a consumer of a group, from the partitions it
--- owns (taking its share first, see _stream_balance): per partition in id
--- order, after what it was last handed, up to the safe id; a batch is filled
--- from every partition with messages, an even share each first. Each row carries
--- its partition and the epoch to ack it under. A consumer may read again
--- before acking (the next messages come); an ack settles everything up to
--- the id it names.
--- Since: 0.1.0
-CREATE OR REPLACE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
-                                     lease_seconds integer DEFAULT 30)
+-- stream_read, and with it the acks (partition, epoch, last id) of stream_ack
+-- but without its failures: each cursor row the read moves or an ack names
+-- is written once, at the end, with both. Every write of a row leaves a
+-- version that a transaction holding back the xmin horizon keeps; an ack and
+-- a read in two writes left two a partition a batch.
+CREATE OR REPLACE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer,
+                                      lease_seconds integer, ack_partitions integer[], ack_epochs bigint[],
+                                      ack_last_ids bigint[])
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE plpgsql AS $$
@@ -756,9 +756,16 @@ DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
     s pgbroker.stream := pgbroker._stream_row(g.stream_name);
     safe bigint;
-    parts integer[];
-    afters bigint[];
-    epochs bigint[];
+    -- The rows read this call, locked, by position: partition, epoch, next position, moved.
+    parts integer[] := '{}';
+    epochs bigint[] := '{}';
+    positions bigint[] := '{}';
+    moved boolean[] := '{}';
+    more_parts integer[];
+    more_epochs bigint[];
+    more_positions bigint[];
+    todo integer[];
+    drained boolean[];
     remaining integer := qty;
     after bigint;
     upto bigint;
@@ -767,7 +774,7 @@ DECLARE
     reached bigint;
     share integer;
     wanted integer;
-    drained boolean[];
+    i integer;
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
@@ -793,36 +800,36 @@ BEGIN
             safe := pgbroker._stream_safe_id(s.stream_name);
             EXIT WHEN safe <= reached;
         END IF;
-        -- Lock the consumer's cursor rows (not the log's): a partition cannot
-        -- change hands between this read and the update of delivered_id. The
-        -- partition furthest behind (lowest id) is served first, so that none starves.
-        SELECT array_agg(t.partition ORDER BY t.delivered_id, t.partition),
-               array_agg(t.delivered_id ORDER BY t.delivered_id, t.partition),
-               array_agg(t.epoch ORDER BY t.delivered_id, t.partition)
-        INTO parts, afters, epochs
-        FROM (SELECT c.partition, c.delivered_id, c.epoch FROM pgbroker.stream_cursor c
+        -- Lock the consumer's cursor rows with messages to read (not the log's): a
+        -- partition cannot change hands between this read and the write of its row.
+        SELECT array_agg(t.partition), array_agg(t.epoch), array_agg(t.delivered_id)
+        INTO more_parts, more_epochs, more_positions
+        FROM (SELECT c.partition, c.epoch, c.delivered_id FROM pgbroker.stream_cursor c
               WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-                AND c.delivered_id < safe
+                AND c.delivered_id < safe AND NOT c.partition = ANY (parts)
               FOR UPDATE) t;
-        CONTINUE WHEN parts IS NULL;
+        IF more_parts IS NOT NULL THEN
+            parts := parts || more_parts;
+            epochs := epochs || more_epochs;
+            positions := positions || more_positions;
+            moved := moved || array_fill(false, ARRAY[cardinality(more_parts)]);
+        END IF;
+        -- The partition furthest behind (lowest position) first, so that none starves.
+        todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x WHERE positions[x] < safe
+                      ORDER BY positions[x], parts[x]);
+        CONTINUE WHEN cardinality(todo) = 0;
 
         -- Across the partitions: first an even share of what is left for each, then what
         -- some could not give, from the others in turn. Segment by segment: each call of the
-        -- stream's read function walks one child table (the segment's) and moves the
-        -- partition's delivered_id as it reads, so a partition's second turn goes on from there.
-        share := ceil(remaining::numeric / cardinality(parts));
+        -- stream's read function walks one child table (the segment's).
+        share := ceil(remaining::numeric / cardinality(todo));
         drained := array_fill(false, ARRAY[cardinality(parts)]);
         FOR turn IN 1 .. 2 LOOP
-            FOR i IN 1 .. cardinality(parts) LOOP
+            FOREACH i IN ARRAY todo LOOP
                 EXIT WHEN remaining <= 0;
                 CONTINUE WHEN drained[i];
                 wanted := CASE WHEN turn = 1 THEN least(share, remaining) ELSE remaining END;
-                IF turn = 2 THEN
-                    SELECT c.delivered_id INTO after FROM pgbroker.stream_cursor c
-                    WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.partition = parts[i];
-                ELSE
-                    after := afters[i];
-                END IF;
+                after := positions[i];
                 LOOP
                     segment := (after + 1) / s.segment_rows;
                     upto := least(safe, (segment + 1) * s.segment_rows - 1);
@@ -830,6 +837,10 @@ BEGIN
                                                 's_' || s.stream_name || '_read')
                         USING (segment % s.segments)::integer, parts[i], after, upto, wanted, epochs[i], g.group_name;
                     GET DIAGNOSTICS n = ROW_COUNT;
+                    IF n > 0 THEN
+                        positions[i] := current_setting('pgbroker.stream_read_last')::bigint;
+                        moved[i] := true;
+                    END IF;
                     remaining := remaining - n;
                     wanted := wanted - n;
                     drained[i] := upto >= safe AND wanted > 0;  -- nothing more up to the safe id
@@ -839,7 +850,38 @@ BEGIN
             END LOOP;
         END LOOP;
     END LOOP;
+
+    -- One write a row: the read's new position and the ack (as stream_ack's: not
+    -- past what was delivered before this read, and only under the epoch it names).
+    UPDATE pgbroker.stream_cursor t
+    SET delivered_id = coalesce(w.position, t.delivered_id),
+        acked_id = CASE WHEN w.ack_epoch = t.epoch THEN greatest(t.acked_id, least(w.last_id, t.delivered_id))
+                        ELSE t.acked_id END,
+        acked_at = CASE WHEN w.ack_epoch = t.epoch THEN now() ELSE t.acked_at END
+    FROM (SELECT coalesce(m.partition, a.partition) AS partition, m.position, a.epoch AS ack_epoch, a.last_id
+          FROM (SELECT u.partition, u.position FROM unnest(parts, positions, moved) AS u(partition, position, moved)
+                WHERE u.moved) m
+          FULL JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
+            ON a.partition = m.partition) w
+    WHERE t.stream_name = s.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
+      AND t.owner = consumer AND (w.position IS NOT NULL OR w.ack_epoch = t.epoch);
 END;
+$$;
+
+-- Read up to qty messages for a consumer of a group, from the partitions it
+-- owns (taking its share first, see _stream_balance): per partition in id
+-- order, after what it was last handed, up to the safe id; a batch is filled
+-- from every partition with messages, an even share each first. Each row carries
+-- its partition and the epoch to ack it under. A consumer may read again
+-- before acking (the next messages come); an ack settles everything up to
+-- the id it names.
+-- Since: 0.1.0
+CREATE OR REPLACE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
+                                     lease_seconds integer DEFAULT 30)
+RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
+               headers jsonb, message jsonb)
+LANGUAGE sql AS $$
+    SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL);
 $$;
 
 -- Acknowledge batches: for each (partition, epoch, last id) the consumer
@@ -855,9 +897,6 @@ CREATE OR REPLACE FUNCTION pgbroker.stream_ack(stream_name text, group_name text
 RETURNS TABLE (partition integer, acked boolean) LANGUAGE plpgsql AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
-    acked_ranges record;
-    p pgbroker.queue_policy;
-    retried bigint[];
 BEGIN
     PERFORM pgbroker._check_arg(
         cardinality(partitions) = cardinality(epochs) AND cardinality(partitions) = cardinality(last_ids),
@@ -879,11 +918,24 @@ BEGIN
     SELECT w.partition, EXISTS (SELECT 1 FROM done d WHERE d.partition = w.partition)
     FROM wanted w ORDER BY w.partition;
 
+    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
+END;
+$$;
+
+-- The failed messages of acknowledged ranges, copied to the group's retry
+-- queue with their place in the stream and the error (see the header); only
+-- those of partitions the consumer owns.
+CREATE OR REPLACE FUNCTION pgbroker._stream_retry_failed(g pgbroker.stream_group, consumer text, partitions integer[],
+                                              last_ids bigint[], failed_ids bigint[], errors text[])
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    acked_ranges record;
+    p pgbroker.queue_policy;
+    retried bigint[];
+BEGIN
     IF coalesce(cardinality(failed_ids), 0) = 0 THEN
         RETURN;
     END IF;
-    -- The failed messages of the ranges acknowledged just now, copied to the
-    -- retry queue with their place in the stream and the error.
     p := pgbroker.policy(g.retry_queue);
     EXECUTE format(
         $Q$
@@ -917,7 +969,10 @@ END;
 $$;
 
 -- Acknowledge the last batch and read the next in one call (one transaction,
--- one commit, one round trip a batch): what a worker loop calls.
+-- one commit, one round trip a batch): what a worker loop calls. Each cursor
+-- row is written once, with the ack and the read together (_stream_read),
+-- unless the consumer may own more than its share: it gives partitions back
+-- only when they have nothing in flight, so then the ack goes first.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
                                         lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL,
@@ -926,12 +981,37 @@ CREATE OR REPLACE FUNCTION pgbroker.stream_consume(stream_name text, group_name 
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE plpgsql AS $$
+DECLARE
+    g pgbroker.stream_group;
+    owned integer;
+    live integer;
 BEGIN
-    IF coalesce(cardinality(partitions), 0) > 0 THEN
+    IF coalesce(cardinality(partitions), 0) = 0 THEN
+        RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                        NULL, NULL, NULL);
+        RETURN;
+    END IF;
+    g := pgbroker._stream_group_row(stream_name, group_name);
+    PERFORM pgbroker._check_arg(
+        cardinality(partitions) = cardinality(epochs) AND cardinality(partitions) = cardinality(last_ids),
+        'partitions, epochs and last_ids must have one entry per acknowledged partition');
+    PERFORM pgbroker._check_arg(errors IS NULL OR cardinality(errors) IN (1, cardinality(failed_ids)),
+        'errors must have one entry per failed id, or a single one for all');
+    SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
+    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = consumer;
+    SELECT count(*) INTO live FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name
+      AND (c.expires_at > now() OR c.consumer = stream_consume.consumer);
+    IF owned > (pgbroker._stream_row(g.stream_name)).partitions / greatest(live, 1) THEN
         PERFORM pgbroker.stream_ack(stream_name, group_name, consumer, partitions, epochs, last_ids,
                                     failed_ids, errors);
+        RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                        NULL, NULL, NULL);
+        RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM pgbroker.stream_read(stream_name, group_name, consumer, qty, lease_seconds);
+    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
+    RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                    partitions, epochs, last_ids);
 END;
 $$;
 

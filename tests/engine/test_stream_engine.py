@@ -332,19 +332,25 @@ def test_rewind_hands_out_the_unacknowledged_again(conn: Conn) -> None:
 def test_a_batch_is_filled_from_every_partition_in_order(conn: Conn) -> None:
     make_stream(conn, partitions=4)
     make_group(conn, "g")
-    ids = send(conn, "clicks", [{"n": i} for i in range(400)])  # no key: id mod 4, 100 each
+    ids = send(conn, "clicks", [{"n": i} for i in range(800)])  # no key: id mod 4, 200 each
     by_partition = {p: [i for i in ids if i % 4 == p] for p in range(4)}
-    for start in (0, 25):
-        batch = read(conn, "clicks", "g", "c", qty=100)
+
+    def read_by_partition(qty: int) -> dict[int, list[int]]:
+        batch = read(conn, "clicks", "g", "c", qty=qty)
+        ack(conn, "clicks", "g", "c", batch)
         got: dict[int, list[int]] = {}
         for partition, msg_id, *_ in batch.rows:
             got.setdefault(partition, []).append(msg_id)
-        # A quarter of the batch from each partition, each partition's ids in order from its cursor.
-        assert got == {p: by_partition[p][start : start + 25] for p in range(4)}
-        ack(conn, "clicks", "g", "c", batch)
-    # The rest, drained in batches of 30: every message once.
-    rest = drain(conn, "clicks", "g", "c", qty=30)
-    assert sorted(rest) == sorted(set(ids) - {m for b in by_partition.values() for m in b[:50]})
+        return got
+
+    # An even share of the batch from each partition, each partition's ids in order from its cursor.
+    assert read_by_partition(200) == {p: by_partition[p][:50] for p in range(4)}
+    assert read_by_partition(400) == {p: by_partition[p][50:150] for p in range(4)}
+    # At least 50 from a partition: a batch of 100 comes from the two furthest behind (partitions
+    # 1 and 2: their cursors are at ids 597 and 598, 3 at 599, 0 at 600), the next from the others.
+    assert read_by_partition(100) == {p: by_partition[p][150:200] for p in (1, 2)}
+    assert read_by_partition(100) == {p: by_partition[p][150:200] for p in (3, 0)}
+    assert read(conn, "clicks", "g", "c").rows == []
 
 
 def test_a_consumer_whose_sessions_ended_loses_its_partitions_at_once(dsn: str, conn: Conn) -> None:
@@ -381,8 +387,8 @@ def test_an_ack_and_read_in_one_call_writes_each_cursor_row_once(conn: Conn) -> 
     # transaction holding back the xmin horizon leaves behind, since it keeps every version.
     make_stream(conn, partitions=4)
     make_group(conn, "g")
-    send(conn, "clicks", [{"n": i} for i in range(400)])
-    batch = read(conn, "clicks", "g", "c", qty=40)
+    send(conn, "clicks", [{"n": i} for i in range(2000)])
+    batch = read(conn, "clicks", "g", "c", qty=200)
     for _ in range(5):
         parts, epochs, last = batch.ack_args()
         assert parts == [0, 1, 2, 3]
@@ -390,11 +396,11 @@ def test_an_ack_and_read_in_one_call_writes_each_cursor_row_once(conn: Conn) -> 
             before = cursor_row_writes(conn)
             batch = Batch(
                 conn.execute(
-                    "SELECT * FROM pgbroker.stream_consume('clicks', 'g', 'c', 40, 30, %s, %s, %s)",
+                    "SELECT * FROM pgbroker.stream_consume('clicks', 'g', 'c', 200, 30, %s, %s, %s)",
                     (parts, epochs, last),
                 ).fetchall()
             )
             assert cursor_row_writes(conn) - before == 4
     acked = [r[0] for r in conn.execute("SELECT acked_id FROM pgbroker.stream_cursor ORDER BY partition")]
     assert acked == last
-    assert len(batch.rows) == 40
+    assert len(batch.rows) == 200

@@ -3433,10 +3433,12 @@ BEGIN
     PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
     -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
     -- its process ended or lost its connections. Only those within their lease are tried (the
-    -- others are not live anyway); the lock taken is held to the end of this transaction.
+    -- others are not live anyway), and only those that renewed since the server started (a
+    -- restart ends every session, the live consumers' too; each renews at its first read
+    -- after it). The lock taken is held to the end of this transaction.
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at > now()
+      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
       AND CASE WHEN c.consumer = _stream_balance.consumer THEN false
                WHEN pg_try_advisory_xact_lock(pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
                THEN NOT pgbroker._stream_consumer_held_here(
@@ -3444,7 +3446,7 @@ BEGIN
                ELSE false END;
 
     SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
-           bool_or(c.consumer = _stream_balance.consumer
+           bool_or(c.consumer = _stream_balance.consumer AND c.renewed_at > pg_postmaster_start_time()
                    AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
                    AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
     INTO live, fresh

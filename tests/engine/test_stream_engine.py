@@ -404,3 +404,18 @@ def test_an_ack_and_read_in_one_call_writes_each_cursor_row_once(conn: Conn) -> 
     acked = [r[0] for r in conn.execute("SELECT acked_id FROM pgbroker.stream_cursor ORDER BY partition")]
     assert acked == last
     assert len(batch.rows) == 200
+
+
+def test_a_consumer_not_seen_since_the_server_started_keeps_its_lease(dsn: str, conn: Conn) -> None:
+    # A restart ends every session: a live consumer's lock is gone until it reads again.
+    make_stream(conn, partitions=2)
+    make_group(conn, "g")
+    send(conn, "clicks", [{"n": i} for i in range(4)])
+    with psycopg.connect(dsn, autocommit=True) as elsewhere:
+        read(elsewhere, "clicks", "g", "a", lease=600)
+    conn.execute(
+        "UPDATE pgbroker.stream_consumer SET renewed_at = pg_postmaster_start_time() - interval '1 second'"
+    )
+    assert read(conn, "clicks", "g", "b", lease=600).rows == []
+    owners = conn.execute("SELECT DISTINCT owner FROM pgbroker.stream_cursor").fetchall()
+    assert owners == [("a",)]

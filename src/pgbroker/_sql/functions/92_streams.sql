@@ -81,7 +81,10 @@
 -- connections); that consumer's row is then deleted and its partitions are
 -- free at that read, not at the end of its lease. A session that reads for
 -- several consumers holds each lock, so a consumer looks alive while any of
--- its sessions does; a pooler that hands one server session to many clients,
+-- its sessions does. A restart of the server ends every session, the live
+-- consumers' too: a consumer is judged by its lock only once it has renewed
+-- its heartbeat since the server started, which each does at its first read
+-- after it. A pooler that hands one server session to many clients,
 -- or a pool that resets sessions (DISCARD ALL), makes the lock say less, and
 -- the lease decides as before. Nothing rests on the lock for safety: a
 -- consumer judged dead wrongly loses its partitions' epochs (its acks are
@@ -637,10 +640,12 @@ BEGIN
     PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
     -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
     -- its process ended or lost its connections. Only those within their lease are tried (the
-    -- others are not live anyway); the lock taken is held to the end of this transaction.
+    -- others are not live anyway), and only those that renewed since the server started (a
+    -- restart ends every session, the live consumers' too; each renews at its first read
+    -- after it). The lock taken is held to the end of this transaction.
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at > now()
+      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
       AND CASE WHEN c.consumer = _stream_balance.consumer THEN false
                WHEN pg_try_advisory_xact_lock(pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
                THEN NOT pgbroker._stream_consumer_held_here(
@@ -648,7 +653,7 @@ BEGIN
                ELSE false END;
 
     SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
-           bool_or(c.consumer = _stream_balance.consumer
+           bool_or(c.consumer = _stream_balance.consumer AND c.renewed_at > pg_postmaster_start_time()
                    AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
                    AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
     INTO live, fresh

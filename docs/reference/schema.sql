@@ -3708,13 +3708,14 @@ BEGIN
                       ORDER BY positions[x], parts[x]);
         CONTINUE WHEN cardinality(todo) = 0;
 
-        -- Across the partitions: first an even share of what is left for each, but at
-        -- least 50 (a partition read is a cursor row written: a batch of 100 from four
-        -- partitions wrote twice the rows per message of one from one), then what some could
-        -- not give, from the others in turn. Those left out are the furthest ahead, first
-        -- the next time. Segment by segment: each call of the stream's read function walks
-        -- one child table (the segment's).
-        share := greatest(ceil(remaining::numeric / cardinality(todo)), 50);
+        -- Across the partitions: first an even share of what is left for each, then what
+        -- some could not give, from the others in turn. (Each partition read is its cursor
+        -- row written, once with its ack: the same partitions batch after batch, a write
+        -- each. A floor on the share, fewer partitions a batch, did not write fewer: the
+        -- partitions read then take turns, and a batch writes those it acks and those it
+        -- reads.) Segment by segment: each call of the stream's read function walks one
+        -- child table (the segment's).
+        share := ceil(remaining::numeric / cardinality(todo));
         drained := array_fill(false, ARRAY[cardinality(parts)]);
         FOR turn IN 1 .. 2 LOOP
             FOREACH i IN ARRAY todo LOOP

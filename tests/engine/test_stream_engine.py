@@ -346,10 +346,14 @@ def test_a_batch_is_filled_from_every_partition_in_order(conn: Conn) -> None:
     # An even share of the batch from each partition, each partition's ids in order from its cursor.
     assert read_by_partition(200) == {p: by_partition[p][:50] for p in range(4)}
     assert read_by_partition(400) == {p: by_partition[p][50:150] for p in range(4)}
-    # At least 50 from a partition: a batch of 100 comes from the two furthest behind (partitions
-    # 1 and 2: their cursors are at ids 597 and 598, 3 at 599, 0 at 600), the next from the others.
-    assert read_by_partition(100) == {p: by_partition[p][150:200] for p in (1, 2)}
-    assert read_by_partition(100) == {p: by_partition[p][150:200] for p in (3, 0)}
+    assert read_by_partition(100) == {p: by_partition[p][150:175] for p in range(4)}
+    # What some partitions cannot give, the others fill: 25 left in each, 30 more in one.
+    keyed = send(conn, "clicks", [{"n": i} for i in range(30)], keys=["k"] * 30)
+    row = conn.execute("SELECT partition FROM pgbroker.s_clicks WHERE key = 'k' LIMIT 1").fetchone()
+    assert row is not None
+    fuller = row[0]
+    rest = read_by_partition(130)
+    assert rest == {p: by_partition[p][175:] + (keyed if p == fuller else []) for p in range(4)}
     assert read(conn, "clicks", "g", "c").rows == []
 
 

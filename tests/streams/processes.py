@@ -7,13 +7,18 @@ say exactly what was committed and what was acknowledged, whatever gets killed.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
 import time
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
+from pgbroker.runtime._app import serve
+from pgbroker.runtime._stream_worker import StreamWorker
+from pgbroker.streams._records import StreamMessage
 from tests.support.streams import Batch
 
 TABLES = """
@@ -101,13 +106,6 @@ def take_a_batch_and_hang(dsn: str, stream: str, group: str, consumer: str, leas
 
 def stream_worker(dsn: str, stream: str, group: str, consumer: str, lease: int) -> None:
     """A StreamWorker (the runtime, not raw SQL) recording what it handles, until killed."""
-    import asyncio
-    import threading
-
-    from pgbroker.runtime._app import serve
-    from pgbroker.runtime._stream_worker import StreamWorker
-    from pgbroker.streams._records import StreamMessage
-
     lock = threading.Lock()
     with psycopg.connect(dsn, autocommit=True) as conn:
 

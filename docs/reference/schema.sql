@@ -3433,43 +3433,54 @@ CREATE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, con
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    renewed boolean;
+    fresh boolean;
     live text[];
     rank integer;
     share integer;
     owned integer;
 BEGIN
+    -- Taken again on every read: a session's locks stack, and cost no shared memory more.
+    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
+    -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
+    -- its process ended or lost its connections. Only those within their lease are tried (the
+    -- others are not live anyway), and only those that renewed since the server started (a
+    -- restart ends every session, the live consumers' too; each renews at its first read
+    -- after it). The lock taken is held to the end of this transaction.
+    DELETE FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
+      AND CASE WHEN c.consumer = _stream_balance.consumer THEN false
+               WHEN pg_try_advisory_xact_lock(pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
+               THEN NOT pgbroker._stream_consumer_held_here(
+                   pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
+               ELSE false END;
+
+    SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
+           bool_or(c.consumer = _stream_balance.consumer AND c.renewed_at > pg_postmaster_start_time()
+                   AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
+                   AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
+    INTO live, fresh
+    FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name;
+    IF fresh IS NOT TRUE THEN
+        -- A plain read first (above), because the upsert locks the consumer's row (a WAL
+        -- record and a dirtied page) even when its WHERE leaves the row as it is.
+        INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
+        VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
+        ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
+            SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+        IF NOT consumer = ANY (coalesce(live, '{}')) THEN
+            live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
+        END IF;
+        -- Forget consumers long gone (a lease and a minute past expiry).
+        DELETE FROM pgbroker.stream_consumer c
+        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+          AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
+    END IF;
+
     SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
     WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
       AND t.owner = _stream_balance.consumer;
-    -- The common case, a consumer that owns partitions reading again well
-    -- within its lease: nothing to renew, nothing to balance. Looked at with a
-    -- plain read first, because the upsert below locks the consumer's row (a
-    -- WAL record and a dirtied page on every read) even when its WHERE leaves
-    -- the row as it is.
-    IF owned > 0 AND EXISTS (
-        SELECT 1 FROM pgbroker.stream_consumer c
-        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-          AND c.consumer = _stream_balance.consumer
-          AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
-          AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0)) THEN
-        RETURN;
-    END IF;
-    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
-    VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
-    ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at
-        WHERE c.renewed_at < now() - make_interval(secs => lease_seconds / 2.0)
-           OR c.expires_at < now() + make_interval(secs => lease_seconds / 2.0)
-    RETURNING true INTO renewed;
-    IF renewed IS NOT TRUE AND owned > 0 THEN
-        RETURN;
-    END IF;
-
-    live := ARRAY(SELECT c.consumer FROM pgbroker.stream_consumer c
-                  WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-                    AND (c.expires_at > now() OR c.consumer = _stream_balance.consumer)
-                  ORDER BY c.consumer);
     rank := array_position(live, consumer) - 1;
     share := s.partitions / cardinality(live) + CASE WHEN rank < s.partitions % cardinality(live) THEN 1 ELSE 0 END;
 
@@ -3482,7 +3493,7 @@ BEGIN
               AND x.owner = _stream_balance.consumer AND x.delivered_id = x.acked_id
             ORDER BY x.partition DESC LIMIT owned - share);
     ELSIF owned < share THEN
-        -- Take free partitions: unowned, or their owner's heartbeat expired.
+        -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
         -- to acked_id, so what it held unacknowledged is delivered again.
         UPDATE pgbroker.stream_cursor t
@@ -3494,10 +3505,6 @@ BEGIN
             ORDER BY x.partition LIMIT share - owned
             FOR UPDATE SKIP LOCKED);
     END IF;
-    -- Forget consumers long gone (a lease and a minute past expiry).
-    DELETE FROM pgbroker.stream_consumer c
-    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
 END;
 $$;
 
@@ -3573,6 +3580,30 @@ END;
 $$;
 
 --
+-- Name: _stream_consumer_held_here(bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_consumer_held_here(key bigint) RETURNS boolean
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.mode = 'ShareLock'
+          AND l.objsubid = 1 AND l.classid = ((key >> 32) & 4294967295)::oid
+          AND l.objid = (key & 4294967295)::oid);
+$$;
+
+--
+-- Name: _stream_consumer_key(text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_consumer_key(stream_name text, group_name text, consumer text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT hashtextextended('pgbroker.stream_consumer/' || stream_name || '/' || group_name || '/' || consumer, 0);
+$$;
+
+--
 -- Name: _stream_functions_refresh(); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3614,6 +3645,133 @@ END;
 $$;
 
 --
+-- Name: _stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer, lease_seconds integer, ack_partitions integer[], ack_epochs bigint[], ack_last_ids bigint[]) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
+    s pgbroker.stream := pgbroker._stream_row(g.stream_name);
+    safe bigint;
+    -- The rows read this call, locked, by position: partition, epoch, next position, moved.
+    parts integer[] := '{}';
+    epochs bigint[] := '{}';
+    positions bigint[] := '{}';
+    moved boolean[] := '{}';
+    more_parts integer[];
+    more_epochs bigint[];
+    more_positions bigint[];
+    todo integer[];
+    drained boolean[];
+    remaining integer := qty;
+    after bigint;
+    upto bigint;
+    segment bigint;
+    n integer;
+    reached bigint;
+    share integer;
+    wanted integer;
+    i integer;
+BEGIN
+    PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
+        format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
+    PERFORM pgbroker._check_arg(lease_seconds BETWEEN 1 AND 86400,
+        format('lease_seconds must be between 1 and 86400, got %s', coalesce(lease_seconds::text, 'NULL')),
+        'A consumer that does not read again within its lease loses its partitions to the others.');
+    PERFORM pgbroker._check_arg(consumer IS NOT NULL AND consumer <> '', 'consumer must name the consumer',
+        'Any text unique among the group''s consumers, e.g. host:pid:random.');
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM pgbroker._check_arg(false,
+            format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
+            'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
+    END IF;
+    PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
+    -- First up to the safe id as it stands; only when that does not fill the
+    -- batch, advance it (which looks at pg_locks) and read on up to the new one.
+    -- A consumer catching up on a backlog so pays for the advance once, not per batch.
+    SELECT t.safe_id INTO safe FROM pgbroker.stream_watermark t WHERE t.stream_name = s.stream_name;
+    FOR pass IN 1 .. 2 LOOP
+        IF pass = 2 THEN
+            EXIT WHEN remaining <= 0;
+            reached := safe;
+            safe := pgbroker._stream_safe_id(s.stream_name);
+            EXIT WHEN safe <= reached;
+        END IF;
+        -- Lock the consumer's cursor rows with messages to read (not the log's): a
+        -- partition cannot change hands between this read and the write of its row.
+        SELECT array_agg(t.partition), array_agg(t.epoch), array_agg(t.delivered_id)
+        INTO more_parts, more_epochs, more_positions
+        FROM (SELECT c.partition, c.epoch, c.delivered_id FROM pgbroker.stream_cursor c
+              WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                AND c.delivered_id < safe AND NOT c.partition = ANY (parts)
+              FOR UPDATE) t;
+        IF more_parts IS NOT NULL THEN
+            parts := parts || more_parts;
+            epochs := epochs || more_epochs;
+            positions := positions || more_positions;
+            moved := moved || array_fill(false, ARRAY[cardinality(more_parts)]);
+        END IF;
+        -- The partition furthest behind (lowest position) first, so that none starves.
+        todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x WHERE positions[x] < safe
+                      ORDER BY positions[x], parts[x]);
+        CONTINUE WHEN cardinality(todo) = 0;
+
+        -- Across the partitions: first an even share of what is left for each, then what
+        -- some could not give, from the others in turn. (Each partition read is its cursor
+        -- row written, once with its ack: the same partitions batch after batch, a write
+        -- each. A floor on the share, fewer partitions a batch, did not write fewer: the
+        -- partitions read then take turns, and a batch writes those it acks and those it
+        -- reads.) Segment by segment: each call of the stream's read function walks one
+        -- child table (the segment's).
+        share := ceil(remaining::numeric / cardinality(todo));
+        drained := array_fill(false, ARRAY[cardinality(parts)]);
+        FOR turn IN 1 .. 2 LOOP
+            FOREACH i IN ARRAY todo LOOP
+                EXIT WHEN remaining <= 0;
+                CONTINUE WHEN drained[i];
+                wanted := CASE WHEN turn = 1 THEN least(share, remaining) ELSE remaining END;
+                after := positions[i];
+                LOOP
+                    segment := (after + 1) / s.segment_rows;
+                    upto := least(safe, (segment + 1) * s.segment_rows - 1);
+                    RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
+                                                's_' || s.stream_name || '_read')
+                        USING (segment % s.segments)::integer, parts[i], after, upto, wanted, epochs[i], g.group_name;
+                    GET DIAGNOSTICS n = ROW_COUNT;
+                    IF n > 0 THEN
+                        positions[i] := current_setting('pgbroker.stream_read_last')::bigint;
+                        moved[i] := true;
+                    END IF;
+                    remaining := remaining - n;
+                    wanted := wanted - n;
+                    drained[i] := upto >= safe AND wanted > 0;  -- nothing more up to the safe id
+                    EXIT WHEN wanted <= 0 OR upto >= safe;
+                    after := upto;  -- nothing more of this partition in that segment
+                END LOOP;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+
+    -- One write a row: the read's new position and the ack (as stream_ack's: not
+    -- past what was delivered before this read, and only under the epoch it names).
+    UPDATE pgbroker.stream_cursor t
+    SET delivered_id = coalesce(w.position, t.delivered_id),
+        acked_id = CASE WHEN w.ack_epoch = t.epoch THEN greatest(t.acked_id, least(w.last_id, t.delivered_id))
+                        ELSE t.acked_id END,
+        acked_at = CASE WHEN w.ack_epoch = t.epoch THEN now() ELSE t.acked_at END
+    FROM (SELECT coalesce(m.partition, a.partition) AS partition, m.position, a.epoch AS ack_epoch, a.last_id
+          FROM (SELECT u.partition, u.position FROM unnest(parts, positions, moved) AS u(partition, position, moved)
+                WHERE u.moved) m
+          FULL JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
+            ON a.partition = m.partition) w
+    WHERE t.stream_name = s.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
+      AND t.owner = consumer AND (w.position IS NOT NULL OR w.ack_epoch = t.epoch);
+END;
+$_$;
+
+--
 -- Name: _stream_read_function(pgbroker.stream); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3641,15 +3799,61 @@ CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream) RETURNS text
                     FROM pgbroker.%3$I l
                     WHERE l.partition = p_partition AND l.id > p_after AND l.id <= p_upto
                     ORDER BY l.id LIMIT p_qty
-                ), moved AS (
-                    UPDATE pgbroker.stream_cursor t SET delivered_id = (SELECT max(r.id) FROM r)
-                    WHERE t.stream_name = %4$L AND t.group_name = p_group AND t.partition = p_partition
-                      AND EXISTS (SELECT 1 FROM r)
                 )
-                SELECT * FROM r;
-            $R$, CASE WHEN c = 0 THEN 'IF' ELSE 'ELSIF' END, c, 's_' || s.stream_name || '_' || c, s.stream_name),
+                -- (a one-time filter, run before the rows are returned, in order, from r)
+                SELECT * FROM r
+                WHERE (SELECT set_config('pgbroker.stream_read_last', coalesce(max(x.id), 0)::text, true)
+                       FROM r x) IS NOT NULL;
+            $R$, CASE WHEN c = 0 THEN 'IF' ELSE 'ELSIF' END, c, 's_' || s.stream_name || '_' || c),
             '' ORDER BY c))
     FROM generate_series(0, s.segments - 1) c;
+$_$;
+
+--
+-- Name: _stream_retry_failed(pgbroker.stream_group, text, integer[], bigint[], bigint[], text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_retry_failed(g pgbroker.stream_group, consumer text, partitions integer[], last_ids bigint[], failed_ids bigint[], errors text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    acked_ranges record;
+    p pgbroker.queue_policy;
+    retried bigint[];
+BEGIN
+    IF coalesce(cardinality(failed_ids), 0) = 0 THEN
+        RETURN;
+    END IF;
+    p := pgbroker.policy(g.retry_queue);
+    EXECUTE format(
+        $Q$
+        SELECT array_agg(l.message ORDER BY l.id) AS msgs,
+               array_agg(coalesce(l.headers, '{}'::jsonb) || jsonb_build_object('x-pgbroker-stream',
+                   jsonb_build_object('stream', $5::text, 'group', $6::text, 'partition', l.partition,
+                                      'id', l.id, 'key', l.key, 'enqueued_at', l.enqueued_at,
+                                      'error', left(coalesce(f.error, 'failed (no error given)'), 2000)))
+                         ORDER BY l.id) AS hdrs
+        FROM unnest($1::bigint[], CASE WHEN cardinality($2::text[]) = 1
+                                       THEN array_fill(($2::text[])[1], ARRAY[cardinality($1::bigint[])])
+                                       ELSE $2::text[] END) AS f(id, error)
+        JOIN pgbroker.%I l ON l.id = f.id
+        JOIN unnest($3::integer[], $4::bigint[]) AS a(partition, last_id)
+          ON a.partition = l.partition AND l.id <= a.last_id
+        WHERE EXISTS (SELECT 1 FROM pgbroker.stream_cursor t
+                      WHERE t.stream_name = $5 AND t.group_name = $6 AND t.partition = l.partition
+                        AND t.owner = $7)
+        $Q$, 's_' || g.stream_name)
+        INTO acked_ranges USING failed_ids, errors, partitions, last_ids, g.stream_name, g.group_name, consumer;
+    IF acked_ranges.msgs IS NULL THEN
+        RETURN;
+    END IF;
+    retried := ARRAY(SELECT pgbroker._send_many(g.retry_queue, acked_ranges.msgs, acked_ranges.hdrs,
+                                                 now() + make_interval(secs => pgbroker.retry_delay(p, 1)), true));
+    IF p.max_deliveries IS NOT NULL AND p.max_deliveries <= 1 THEN
+        PERFORM pgbroker._dead_letter(g.retry_queue, retried,
+                                      coalesce(errors[1], 'failed (no error given)'), 1);
+    END IF;
+END;
 $_$;
 
 --
@@ -6374,12 +6578,9 @@ $_$;
 
 CREATE FUNCTION pgbroker.stream_ack(stream_name text, group_name text, consumer text, partitions integer[], epochs bigint[], last_ids bigint[], failed_ids bigint[] DEFAULT NULL::bigint[], errors text[] DEFAULT NULL::text[]) RETURNS TABLE(partition integer, acked boolean)
     LANGUAGE plpgsql
-    AS $_$
+    AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
-    acked_ranges record;
-    p pgbroker.queue_policy;
-    retried bigint[];
 BEGIN
     PERFORM pgbroker._check_arg(
         cardinality(partitions) = cardinality(epochs) AND cardinality(partitions) = cardinality(last_ids),
@@ -6401,42 +6602,9 @@ BEGIN
     SELECT w.partition, EXISTS (SELECT 1 FROM done d WHERE d.partition = w.partition)
     FROM wanted w ORDER BY w.partition;
 
-    IF coalesce(cardinality(failed_ids), 0) = 0 THEN
-        RETURN;
-    END IF;
-    -- The failed messages of the ranges acknowledged just now, copied to the
-    -- retry queue with their place in the stream and the error.
-    p := pgbroker.policy(g.retry_queue);
-    EXECUTE format(
-        $Q$
-        SELECT array_agg(l.message ORDER BY l.id) AS msgs,
-               array_agg(coalesce(l.headers, '{}'::jsonb) || jsonb_build_object('x-pgbroker-stream',
-                   jsonb_build_object('stream', $5::text, 'group', $6::text, 'partition', l.partition,
-                                      'id', l.id, 'key', l.key, 'enqueued_at', l.enqueued_at,
-                                      'error', left(coalesce(f.error, 'failed (no error given)'), 2000)))
-                         ORDER BY l.id) AS hdrs
-        FROM unnest($1::bigint[], CASE WHEN cardinality($2::text[]) = 1
-                                       THEN array_fill(($2::text[])[1], ARRAY[cardinality($1::bigint[])])
-                                       ELSE $2::text[] END) AS f(id, error)
-        JOIN pgbroker.%I l ON l.id = f.id
-        JOIN unnest($3::integer[], $4::bigint[]) AS a(partition, last_id)
-          ON a.partition = l.partition AND l.id <= a.last_id
-        WHERE EXISTS (SELECT 1 FROM pgbroker.stream_cursor t
-                      WHERE t.stream_name = $5 AND t.group_name = $6 AND t.partition = l.partition
-                        AND t.owner = $7)
-        $Q$, 's_' || g.stream_name)
-        INTO acked_ranges USING failed_ids, errors, partitions, last_ids, g.stream_name, g.group_name, consumer;
-    IF acked_ranges.msgs IS NULL THEN
-        RETURN;
-    END IF;
-    retried := ARRAY(SELECT pgbroker._send_many(g.retry_queue, acked_ranges.msgs, acked_ranges.hdrs,
-                                                 now() + make_interval(secs => pgbroker.retry_delay(p, 1)), true));
-    IF p.max_deliveries IS NOT NULL AND p.max_deliveries <= 1 THEN
-        PERFORM pgbroker._dead_letter(g.retry_queue, retried,
-                                      coalesce(errors[1], 'failed (no error given)'), 1);
-    END IF;
+    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
 END;
-$_$;
+$$;
 
 --
 -- Name: stream_consume(text, text, text, integer, integer, integer[], bigint[], bigint[], bigint[], text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -6445,12 +6613,37 @@ $_$;
 CREATE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL::integer[], epochs bigint[] DEFAULT NULL::bigint[], last_ids bigint[] DEFAULT NULL::bigint[], failed_ids bigint[] DEFAULT NULL::bigint[], errors text[] DEFAULT NULL::text[]) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    g pgbroker.stream_group;
+    owned integer;
+    live integer;
 BEGIN
-    IF coalesce(cardinality(partitions), 0) > 0 THEN
+    IF coalesce(cardinality(partitions), 0) = 0 THEN
+        RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                        NULL, NULL, NULL);
+        RETURN;
+    END IF;
+    g := pgbroker._stream_group_row(stream_name, group_name);
+    PERFORM pgbroker._check_arg(
+        cardinality(partitions) = cardinality(epochs) AND cardinality(partitions) = cardinality(last_ids),
+        'partitions, epochs and last_ids must have one entry per acknowledged partition');
+    PERFORM pgbroker._check_arg(errors IS NULL OR cardinality(errors) IN (1, cardinality(failed_ids)),
+        'errors must have one entry per failed id, or a single one for all');
+    SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
+    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = consumer;
+    SELECT count(*) INTO live FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name
+      AND (c.expires_at > now() OR c.consumer = stream_consume.consumer);
+    IF owned > (pgbroker._stream_row(g.stream_name)).partitions / greatest(live, 1) THEN
         PERFORM pgbroker.stream_ack(stream_name, group_name, consumer, partitions, epochs, last_ids,
                                     failed_ids, errors);
+        RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                        NULL, NULL, NULL);
+        RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM pgbroker.stream_read(stream_name, group_name, consumer, qty, lease_seconds);
+    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
+    RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                    partitions, epochs, last_ids);
 END;
 $$;
 
@@ -6513,80 +6706,10 @@ $$;
 --
 
 CREATE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
-    LANGUAGE plpgsql
-    AS $_$
-DECLARE
-    g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
-    s pgbroker.stream := pgbroker._stream_row(g.stream_name);
-    safe bigint;
-    parts integer[];
-    afters bigint[];
-    epochs bigint[];
-    remaining integer := qty;
-    after bigint;
-    upto bigint;
-    segment bigint;
-    n integer;
-    reached bigint;
-BEGIN
-    PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
-        format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
-    PERFORM pgbroker._check_arg(lease_seconds BETWEEN 1 AND 86400,
-        format('lease_seconds must be between 1 and 86400, got %s', coalesce(lease_seconds::text, 'NULL')),
-        'A consumer that does not read again within its lease loses its partitions to the others.');
-    PERFORM pgbroker._check_arg(consumer IS NOT NULL AND consumer <> '', 'consumer must name the consumer',
-        'Any text unique among the group''s consumers, e.g. host:pid:random.');
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        PERFORM pgbroker._check_arg(false,
-            format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
-            'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
-    END IF;
-    PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
-    -- First up to the safe id as it stands; only when that does not fill the
-    -- batch, advance it (which looks at pg_locks) and read on up to the new one.
-    -- A consumer catching up on a backlog so pays for the advance once, not per batch.
-    SELECT t.safe_id INTO safe FROM pgbroker.stream_watermark t WHERE t.stream_name = s.stream_name;
-    FOR pass IN 1 .. 2 LOOP
-        IF pass = 2 THEN
-            EXIT WHEN remaining <= 0;
-            reached := safe;
-            safe := pgbroker._stream_safe_id(s.stream_name);
-            EXIT WHEN safe <= reached;
-        END IF;
-        -- Lock the consumer's cursor rows (not the log's): a partition cannot
-        -- change hands between this read and the update of delivered_id. The
-        -- partition furthest behind (lowest id) is served first, so that none starves.
-        SELECT array_agg(t.partition ORDER BY t.delivered_id, t.partition),
-               array_agg(t.delivered_id ORDER BY t.delivered_id, t.partition),
-               array_agg(t.epoch ORDER BY t.delivered_id, t.partition)
-        INTO parts, afters, epochs
-        FROM (SELECT c.partition, c.delivered_id, c.epoch FROM pgbroker.stream_cursor c
-              WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-                AND c.delivered_id < safe
-              FOR UPDATE) t;
-        CONTINUE WHEN parts IS NULL;
-
-        -- Partition by partition, segment by segment: each call of the stream's
-        -- read function walks one child table (the segment's) and moves the
-        -- partition's delivered_id as it reads.
-        FOR i IN 1 .. cardinality(parts) LOOP
-            EXIT WHEN remaining <= 0;
-            after := afters[i];
-            LOOP
-                segment := (after + 1) / s.segment_rows;
-                upto := least(safe, (segment + 1) * s.segment_rows - 1);
-                RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
-                                            's_' || s.stream_name || '_read')
-                    USING (segment % s.segments)::integer, parts[i], after, upto, remaining, epochs[i], g.group_name;
-                GET DIAGNOSTICS n = ROW_COUNT;
-                remaining := remaining - n;
-                EXIT WHEN remaining <= 0 OR upto >= safe;
-                after := upto;  -- nothing more of this partition in that segment
-            END LOOP;
-        END LOOP;
-    END LOOP;
-END;
-$_$;
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL);
+$$;
 
 --
 -- Name: stream_receive_many(text, text[], jsonb[], jsonb[], text[], interval); Type: FUNCTION; Schema: pgbroker; Owner: -

@@ -6,13 +6,14 @@ policy, retention truncates child tables and leaves no dead tuple."""
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.support.streams import ack, drain, read, send
+from tests.support.streams import Batch, ack, drain, read, send
 
 Conn = psycopg.Connection[Any]
 
@@ -326,3 +327,99 @@ def test_rewind_hands_out_the_unacknowledged_again(conn: Conn) -> None:
     assert read(conn, "clicks", "g", "c", qty=2).ids == ids[2:4]  # "lost"
     assert conn.execute("SELECT pgbroker.stream_rewind('clicks', 'g', 'c')").fetchone() == (1,)
     assert read(conn, "clicks", "g", "c", qty=10).ids == ids[2:]
+
+
+def test_a_batch_is_filled_from_every_partition_in_order(conn: Conn) -> None:
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(800)])  # no key: id mod 4, 200 each
+    by_partition = {p: [i for i in ids if i % 4 == p] for p in range(4)}
+
+    def read_by_partition(qty: int) -> dict[int, list[int]]:
+        batch = read(conn, "clicks", "g", "c", qty=qty)
+        ack(conn, "clicks", "g", "c", batch)
+        got: dict[int, list[int]] = {}
+        for partition, msg_id, *_ in batch.rows:
+            got.setdefault(partition, []).append(msg_id)
+        return got
+
+    # An even share of the batch from each partition, each partition's ids in order from its cursor.
+    assert read_by_partition(200) == {p: by_partition[p][:50] for p in range(4)}
+    assert read_by_partition(400) == {p: by_partition[p][50:150] for p in range(4)}
+    assert read_by_partition(100) == {p: by_partition[p][150:175] for p in range(4)}
+    # What some partitions cannot give, the others fill: 25 left in each, 30 more in one.
+    keyed = send(conn, "clicks", [{"n": i} for i in range(30)], keys=["k"] * 30)
+    row = conn.execute("SELECT partition FROM pgbroker.s_clicks WHERE key = 'k' LIMIT 1").fetchone()
+    assert row is not None
+    fuller = row[0]
+    rest = read_by_partition(130)
+    assert rest == {p: by_partition[p][175:] + (keyed if p == fuller else []) for p in range(4)}
+    assert read(conn, "clicks", "g", "c").rows == []
+
+
+def test_a_consumer_whose_sessions_ended_loses_its_partitions_at_once(dsn: str, conn: Conn) -> None:
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(40)])
+    with psycopg.connect(dsn, autocommit=True) as elsewhere:
+        held = read(elsewhere, "clicks", "g", "a", lease=600)  # a takes all four, acks nothing
+        assert sorted(held.ids) == ids
+        # a's session is open: a is alive, its lease is long, b gets nothing.
+        assert read(conn, "clicks", "g", "b", lease=600).rows == []
+    # a's connection is gone (its process died): b takes its partitions over long before the lease.
+    started = time.monotonic()
+    while not (again := read(conn, "clicks", "g", "b", lease=600)).rows:
+        assert time.monotonic() - started < 120, "a's partitions were not freed"
+        time.sleep(0.05)
+    print(f"a's partitions moved {time.monotonic() - started:.2f} s after its session ended")
+    assert sorted(again.ids) == ids  # a's batch delivered again
+    assert set(ack(conn, "clicks", "g", "a", held).values()) == {False}  # a's acks fenced off
+    assert set(ack(conn, "clicks", "g", "b", again).values()) == {True}
+    assert conn.execute("SELECT consumer FROM pgbroker.stream_consumer").fetchall() == [("b",)]
+
+
+def cursor_row_writes(conn: Conn) -> int:
+    """Row versions this transaction wrote to the cursor table so far (updates, HOT or not)."""
+    row = conn.execute(
+        "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'pgbroker.stream_cursor'::regclass"
+    ).fetchone()
+    return row[0] if row else 0
+
+
+def test_an_ack_and_read_in_one_call_writes_each_cursor_row_once(conn: Conn) -> None:
+    # One row version a partition a batch, not one for the ack and one for the read: what a
+    # transaction holding back the xmin horizon leaves behind, since it keeps every version.
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    send(conn, "clicks", [{"n": i} for i in range(2000)])
+    batch = read(conn, "clicks", "g", "c", qty=200)
+    for _ in range(5):
+        parts, epochs, last = batch.ack_args()
+        assert parts == [0, 1, 2, 3]
+        with conn.transaction():
+            before = cursor_row_writes(conn)
+            batch = Batch(
+                conn.execute(
+                    "SELECT * FROM pgbroker.stream_consume('clicks', 'g', 'c', 200, 30, %s, %s, %s)",
+                    (parts, epochs, last),
+                ).fetchall()
+            )
+            assert cursor_row_writes(conn) - before == 4
+    acked = [r[0] for r in conn.execute("SELECT acked_id FROM pgbroker.stream_cursor ORDER BY partition")]
+    assert acked == last
+    assert len(batch.rows) == 200
+
+
+def test_a_consumer_not_seen_since_the_server_started_keeps_its_lease(dsn: str, conn: Conn) -> None:
+    # A restart ends every session: a live consumer's lock is gone until it reads again.
+    make_stream(conn, partitions=2)
+    make_group(conn, "g")
+    send(conn, "clicks", [{"n": i} for i in range(4)])
+    with psycopg.connect(dsn, autocommit=True) as elsewhere:
+        read(elsewhere, "clicks", "g", "a", lease=600)
+    conn.execute(
+        "UPDATE pgbroker.stream_consumer SET renewed_at = pg_postmaster_start_time() - interval '1 second'"
+    )
+    assert read(conn, "clicks", "g", "b", lease=600).rows == []
+    owners = conn.execute("SELECT DISTINCT owner FROM pgbroker.stream_cursor").fetchall()
+    assert owners == [("a",)]

@@ -5,6 +5,7 @@ queue with the same handler, order per key, a graceful stop that acks what it ha
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections import Counter, defaultdict
@@ -110,3 +111,71 @@ def test_the_worker_applies_retention(dsn: str, broker: Broker) -> None:
     # Every child table but the one the current segment (ids 1000..1099) is written to was emptied:
     # all sent at once, that one also holds the older laps mapped to it (ids 100-199, 400-499, ...).
     assert tables == [("pgbroker.s_clicks_1",)]
+
+
+def test_the_keys_of_one_partition_are_handled_side_by_side(dsn: str, broker: Broker) -> None:
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    ids = clicks.send_many([{"n": i} for i in range(40)], keys=[f"user-{i % 4}" for i in range(40)])
+    running, most = 0, 0
+    seen: dict[str, list[int]] = defaultdict(list)
+    done = threading.Event()
+
+    async def handle(message: StreamMessage) -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        assert message.key is not None
+        seen[message.key].append(message.id)
+        if sum(map(len, seen.values())) == len(ids):
+            done.set()
+
+    run_until(dsn, [StreamWorker("clicks", "g", handle, concurrency=4)], done, 60)
+    assert sorted(i for key in seen.values() for i in key) == ids
+    assert all(key == sorted(key) for key in seen.values())
+    assert most == 4  # one partition, four keys: four handlers at once
+
+
+def test_each_keys_messages_are_handled_once_in_order_under_concurrency(dsn: str, broker: Broker) -> None:
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=3)
+    clicks.create_group("g", start="start")
+    sent: dict[str | None, list[int]] = defaultdict(list)
+    lock = threading.Lock()
+
+    def produce(producer: int) -> None:
+        rng = random.Random(producer)
+        for _ in range(20):
+            keys = [rng.choice([None, *(f"user-{k}" for k in range(30))]) for _ in range(10)]
+            ids = clicks.send_many([{"p": producer} for _ in keys], keys=keys)
+            with lock:
+                for key, msg_id in zip(keys, ids, strict=True):
+                    sent[key].append(msg_id)
+
+    producers = [threading.Thread(target=produce, args=(n,)) for n in range(4)]
+    for p in producers:
+        p.start()
+    handled: dict[str | None, list[int]] = defaultdict(list)
+    done = threading.Event()
+    total = 4 * 20 * 10
+
+    def handle(message: StreamMessage) -> None:
+        time.sleep(random.uniform(0, 0.003))
+        with lock:
+            handled[message.key].append(message.id)
+            if sum(map(len, handled.values())) == total:
+                done.set()
+
+    worker = StreamWorker("clicks", "g", handle, batch_size=50, concurrency=8)
+    run_until(dsn, [worker], done, 120)
+    for p in producers:
+        p.join()
+    assert {k: sorted(v) for k, v in handled.items()} == {k: sorted(v) for k, v in sent.items()}
+    for key, ids in handled.items():
+        if key is not None:
+            # A key's messages in the log's order: send order for one producer (concurrent
+            # producers' sends are ordered by their ids).
+            assert ids == sorted(sent[key]), key

@@ -7,13 +7,18 @@ say exactly what was committed and what was acknowledged, whatever gets killed.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
 import time
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
+from pgbroker.runtime._app import serve
+from pgbroker.runtime._stream_worker import StreamWorker
+from pgbroker.streams._records import StreamMessage
 from tests.support.streams import Batch
 
 TABLES = """
@@ -97,3 +102,16 @@ def take_a_batch_and_hang(dsn: str, stream: str, group: str, consumer: str, leas
                 )
                 time.sleep(3600)
             time.sleep(0.01)
+
+
+def stream_worker(dsn: str, stream: str, group: str, consumer: str, lease: int) -> None:
+    """A StreamWorker (the runtime, not raw SQL) recording what it handles, until killed."""
+    lock = threading.Lock()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+
+        def handle(message: StreamMessage) -> None:
+            with lock:
+                conn.execute("INSERT INTO handled VALUES (%s, %s, %s)", (group, message.id, consumer))
+
+        worker = StreamWorker(stream, group, handle, lease=lease, poll_max=0.2, consumer=consumer)
+        asyncio.run(serve([worker], dsn=dsn, handle_signals=False))

@@ -123,3 +123,38 @@ def test_fan_out_each_group_sees_every_message_once(dsn: str, conn: Conn) -> Non
         assert max(got.values()) == 1, g
     # Fan-out without copies: one row per message in the log.
     assert conn.execute("SELECT count(*) FROM pgbroker.s_events").fetchone() == (expected,)
+
+
+def test_a_killed_workers_partitions_are_served_by_the_other_long_before_its_lease(
+    dsn: str, conn: Conn
+) -> None:
+    setup(conn, 4, ["g"])
+    lease = 300  # reassignment by the lease would fail the bound below
+    workers = {name: start(processes.stream_worker, dsn, "events", "g", name, lease) for name in ("a", "b")}
+    owners: list[Any] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        consumers = conn.execute("SELECT count(*) FROM pgbroker.stream_consumer").fetchone()
+        owners = conn.execute("SELECT owner FROM pgbroker.stream_cursor ORDER BY partition").fetchall()
+        if consumers == (2,) and None not in {o for (o,) in owners}:
+            break
+        time.sleep(0.05)
+    assert consumers == (2,), "the two workers did not start"
+    assert None not in {o for (o,) in owners}, "the two workers did not start"
+    victim_name = owners[0][0]
+    survivor_name = "b" if victim_name == "a" else "a"
+    victim = workers[victim_name]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join()
+    killed_at = time.monotonic()
+    sends = conn.execute("SELECT pgbroker.stream_send_many('events', array_fill('{}'::jsonb, ARRAY[40]))")
+    ids = [r[0] for r in sends]
+    while set(handled(conn, "g")) != set(ids):
+        assert time.monotonic() - killed_at < 120, "the killed worker's partitions were not served again"
+        time.sleep(0.05)
+    took = time.monotonic() - killed_at
+    print(f"all partitions served again {took:.2f} s after the SIGKILL (lease {lease} s)")
+    by_survivor = conn.execute("SELECT id FROM handled WHERE consumer = %s", (survivor_name,))
+    assert {r[0] for r in by_survivor} >= set(ids)
+    workers[survivor_name].kill()
+    workers[survivor_name].join()

@@ -59,6 +59,7 @@ async def record_outcomes(
                 stats.retried += 1
                 log_event(logging.INFO, "worker.retry", **fields)
 
+
 def not_recorded(queue: str, outcome: Outcome, why: str, stats: WorkerStats) -> None:
     """Count and log an outcome the server refused: its lease had ended (a stale receipt)."""
     stats.stale += 1

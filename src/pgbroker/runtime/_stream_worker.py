@@ -1,9 +1,10 @@
 """The worker runtime for streams: a handler on a stream and a consumer group.
 
 A StreamWorker is one consumer of the group. It reads a batch from the partitions it owns, runs
-the handler on every message (the partitions of the batch side by side, up to ``concurrency``,
-and the messages of one partition one after another, so that a key's messages are handled in
-order), and acks the batch as a whole in the same call that reads the next one: one statement
+the handler on every message (up to ``concurrency`` at once: the messages of one key one after
+another, in the log's order, and different keys side by side, even in one partition, as in
+Confluent's parallel consumer; a message without a key has no order to keep and runs beside any
+other), and acks the batch as a whole in the same call that reads the next one: one statement
 and one commit a batch. A message whose handler raised is marked failed in the batch; the ack
 sends it to the group's retry queue, where the queue's policy applies (back-off, max
 deliveries, dead-letter queue). The worker also runs a queue Worker on that retry queue with
@@ -11,7 +12,8 @@ the same handler, which gets the message as a StreamMessage again (from its
 x-pgbroker-stream header), so the handler sees one kind of message either way.
 
 A worker that dies mid-batch acks nothing: the batch is delivered again to whoever takes its
-partitions over when its lease runs out (at-least-once). stop() finishes the batch in hand,
+partitions over (at-least-once): at the other consumers' next read once its connections are
+gone, at the end of its lease if it hangs connected. stop() finishes the batch in hand,
 acks it and releases the partitions, so that the others take them over at once.
 """
 
@@ -50,6 +52,15 @@ _RECONNECT = (0.05, 2.0)
 _LISTEN_TIMEOUT = 1.0
 
 
+def key_chains(batch: StreamBatch) -> list[list[StreamMessage]]:
+    """The batch's messages as chains to handle one after another: one per key (a key lives in
+    one partition, in id order there); a message without a key is a chain of its own."""
+    chains: dict[str | int, list[StreamMessage]] = {}
+    for message in batch:
+        chains.setdefault(message.id if message.key is None else message.key, []).append(message)
+    return list(chains.values())
+
+
 def stream_message_of(message: Message) -> StreamMessage:
     """The stream message a retry-queue message was made from (its x-pgbroker-stream header)."""
     origin = (message.headers or {}).get("x-pgbroker-stream")
@@ -73,9 +84,11 @@ def stream_message_of(message: Message) -> StreamMessage:
 class StreamWorker:
     """One consumer of ``group`` on ``stream``, running ``handler``; ``await run(broker)``.
 
-    batch_size: most messages a read. concurrency: partitions of a batch handled at once.
-    lease: seconds a consumer owns its partitions without reading (a dead one's partitions
-    move after that). poll_min/poll_max: the polls of an idle stream (sooner when the stream
+    batch_size: most messages a read. concurrency: handlers running at once (keys side by side, the
+    messages of a key one after another); make batch_size several times it, since a batch is
+    acked once its last message is handled.
+    lease: seconds a consumer owns its partitions without reading (a killed one's move as soon as
+    its connections are gone). poll_min/poll_max: the polls of an idle stream (sooner when the stream
     notifies). retries: also run the group's retry queue with the handler. grace_period:
     seconds a stopping worker waits for the batch in hand (then it is left unacked, to be
     delivered again). maintain_every: apply the stream's retention that often (seconds; None:
@@ -244,19 +257,16 @@ class StreamWorker:
         self.stats.completed += len(batch) - len(batch.failures)
 
     async def _handle_batch(self, batch: StreamBatch, threads: HandlerThreads | None) -> None:
-        by_partition: dict[int, list[StreamMessage]] = {}
-        for message in batch:
-            by_partition.setdefault(message.partition, []).append(message)
         slots = asyncio.Semaphore(self.concurrency)
 
-        async def one_partition(messages: list[StreamMessage]) -> None:
-            async with slots:
-                for message in messages:
+        async def one_key(messages: list[StreamMessage]) -> None:
+            for message in messages:
+                async with slots:
                     error = await self._handle(threads, message)
-                    if error is not None:
-                        batch.fail(message, f"{type(error).__name__}: {error}")
+                if error is not None:
+                    batch.fail(message, f"{type(error).__name__}: {error}")
 
-        await asyncio.gather(*(one_partition(ms) for ms in by_partition.values()))
+        await asyncio.gather(*(one_key(ms) for ms in key_chains(batch)))
 
     async def _handle(self, threads: HandlerThreads | None, message: StreamMessage) -> Exception | None:
         try:

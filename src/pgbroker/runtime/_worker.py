@@ -430,9 +430,7 @@ class Worker:
             outcomes = outbox.take()
             lease_ends = max(outcome.receipt.lease for outcome in outcomes) / 1e6
             try:
-                await retry_while_leased(
-                    self.stats, lease_ends, partial(self._exchange, broker, outcomes, 0)
-                )
+                await retry_while_leased(self.stats, lease_ends, partial(self._exchange, broker, outcomes, 0))
             except Exception as exc:
                 for outcome in outcomes:
                     not_recorded(self.queue, outcome, f"the ack failed: {exc}", self.stats)

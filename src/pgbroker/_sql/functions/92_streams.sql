@@ -63,17 +63,34 @@
 -- Groups, consumers and leases. A group has a cursor row per partition:
 -- acked_id (acknowledged up to), delivered_id (handed out up to: a consumer
 -- may read ahead of its acks), owner and epoch. A consumer names itself
--- (any unique text) and keeps a heartbeat row; it owns a partition while
--- its heartbeat has not expired. The live consumers of a group, ordered by
--- name, share the partitions evenly (the i-th gets floor(N/n), plus one for
--- the first N mod n); each consumer, when its heartbeat is renewed (every
--- half lease) or when it owns nothing, gives up partitions beyond its share
--- (only those with nothing in flight) and takes free ones (unowned, or whose
--- owner's heartbeat expired) up to it. A taken partition's epoch goes up and
--- its delivered_id goes back to acked_id: the batch a dead consumer held is
--- delivered again, to the new owner. An ack names the epoch it read under;
--- an ack from a former owner changes nothing.
+-- (any unique text) and keeps a heartbeat row, renewed every half lease. The
+-- live consumers of a group, ordered by name, share the partitions evenly
+-- (the i-th gets floor(N/n), plus one for the first N mod n); on every read
+-- a consumer gives up partitions beyond its share (only those with nothing
+-- in flight) and takes free ones (unowned, or whose owner is not live) up to
+-- it. A taken partition's epoch goes up and its delivered_id goes back to
+-- acked_id: the batch a dead consumer held is delivered again, to the new
+-- owner. An ack names the epoch it read under; an ack from a former owner
+-- changes nothing.
 --
+-- Live: within its lease, and not known dead. Every session a consumer reads
+-- on takes its liveness lock (an advisory lock keyed by stream, group and
+-- consumer, shared, held by the session until it ends), and a read tries each
+-- other consumer's lock exclusively, at once: it is had only when no session
+-- of that consumer is left (the process was killed, or lost its
+-- connections); that consumer's row is then deleted and its partitions are
+-- free at that read, not at the end of its lease. A session that reads for
+-- several consumers holds each lock, so a consumer looks alive while any of
+-- its sessions does. A restart of the server ends every session, the live
+-- consumers' too: a consumer is judged by its lock only once it has renewed
+-- its heartbeat since the server started, which each does at its first read
+-- after it. A pooler that hands one server session to many clients,
+-- or a pool that resets sessions (DISCARD ALL), makes the lock say less, and
+-- the lease decides as before. Nothing rests on the lock for safety: a
+-- consumer judged dead wrongly loses its partitions' epochs (its acks are
+-- fenced off, its batch is delivered again) and takes its share back at its
+-- next read.
+
 -- Failures. An ack lists the messages of the batch that failed; each goes,
 -- with its error and its place in the stream in header x-pgbroker-stream,
 -- to the group's retry queue, an ordinary queue made with the group: the
@@ -85,7 +102,9 @@
 -- The tables groups and consumers use stay small (rows per group and
 -- partition, and per live consumer) and are updated in place: no indexed
 -- column changes, fillfactor leaves room, so the updates are HOT and the
--- pages prune themselves.
+-- pages prune themselves. While a transaction holds back the xmin horizon
+-- no version can be pruned, so writes are kept few: a read writes each
+-- cursor row it moves once, with the ack that came with it (stream_consume).
 
 ------------------------------------------------------------------------------
 -- Tables
@@ -225,8 +244,9 @@ SELECT pgbroker._stream_send_router_refresh();
 
 -- A stream's read of one partition in one segment, likewise its own function:
 -- a branch per child table, each with its static statement (an index walk of
--- (partition, id) from after, planned once per session), which also moves the
--- partition's delivered_id to the last id it returns.
+-- (partition, id) from after, planned once per session). It leaves the last
+-- id it returned in the transaction's setting pgbroker.stream_read_last, and
+-- writes nothing: the caller moves the cursor once for the whole read.
 CREATE OR REPLACE FUNCTION pgbroker._stream_read_function(s pgbroker.stream)
 RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT format(
@@ -250,13 +270,12 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
                     FROM pgbroker.%3$I l
                     WHERE l.partition = p_partition AND l.id > p_after AND l.id <= p_upto
                     ORDER BY l.id LIMIT p_qty
-                ), moved AS (
-                    UPDATE pgbroker.stream_cursor t SET delivered_id = (SELECT max(r.id) FROM r)
-                    WHERE t.stream_name = %4$L AND t.group_name = p_group AND t.partition = p_partition
-                      AND EXISTS (SELECT 1 FROM r)
                 )
-                SELECT * FROM r;
-            $R$, CASE WHEN c = 0 THEN 'IF' ELSE 'ELSIF' END, c, 's_' || s.stream_name || '_' || c, s.stream_name),
+                -- (a one-time filter, run before the rows are returned, in order, from r)
+                SELECT * FROM r
+                WHERE (SELECT set_config('pgbroker.stream_read_last', coalesce(max(x.id), 0)::text, true)
+                       FROM r x) IS NOT NULL;
+            $R$, CASE WHEN c = 0 THEN 'IF' ELSE 'ELSIF' END, c, 's_' || s.stream_name || '_' || c),
             '' ORDER BY c))
     FROM generate_series(0, s.segments - 1) c;
 $$;
@@ -587,49 +606,78 @@ $$;
 -- Leases: which consumer reads which partition
 ------------------------------------------------------------------------------
 
--- Renew the consumer's heartbeat (at most every half lease), and when it was
--- renewed, or the consumer owns nothing, give up partitions beyond its share
--- and take free ones up to it. Returns nothing; the caller reads what it owns.
+-- The advisory lock key that says a consumer is alive (see the header).
+CREATE OR REPLACE FUNCTION pgbroker._stream_consumer_key(stream_name text, group_name text, consumer text)
+RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+    SELECT hashtextextended('pgbroker.stream_consumer/' || stream_name || '/' || group_name || '/' || consumer, 0);
+$$;
+
+-- Whether this session holds a consumer's liveness lock (then a try of it here succeeds
+-- whether or not the consumer's own sessions are there: a session never conflicts with itself).
+CREATE OR REPLACE FUNCTION pgbroker._stream_consumer_held_here(key bigint)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_catalog.pg_locks l
+        WHERE l.locktype = 'advisory' AND l.pid = pg_backend_pid() AND l.mode = 'ShareLock'
+          AND l.objsubid = 1 AND l.classid = ((key >> 32) & 4294967295)::oid
+          AND l.objid = (key & 4294967295)::oid);
+$$;
+
+-- Mark this session as one of the consumer's (its liveness lock, shared), forget the group's
+-- consumers whose sessions are all gone, renew the consumer's heartbeat (at most every half
+-- lease), then give up partitions beyond its share and take free ones up to it. Returns
+-- nothing; the caller reads what it owns.
 CREATE OR REPLACE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    renewed boolean;
+    fresh boolean;
     live text[];
     rank integer;
     share integer;
     owned integer;
 BEGIN
+    -- Taken again on every read: a session's locks stack, and cost no shared memory more.
+    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
+    -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
+    -- its process ended or lost its connections. Only those within their lease are tried (the
+    -- others are not live anyway), and only those that renewed since the server started (a
+    -- restart ends every session, the live consumers' too; each renews at its first read
+    -- after it). The lock taken is held to the end of this transaction.
+    DELETE FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
+      AND CASE WHEN c.consumer = _stream_balance.consumer THEN false
+               WHEN pg_try_advisory_xact_lock(pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
+               THEN NOT pgbroker._stream_consumer_held_here(
+                   pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
+               ELSE false END;
+
+    SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
+           bool_or(c.consumer = _stream_balance.consumer AND c.renewed_at > pg_postmaster_start_time()
+                   AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
+                   AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
+    INTO live, fresh
+    FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name;
+    IF fresh IS NOT TRUE THEN
+        -- A plain read first (above), because the upsert locks the consumer's row (a WAL
+        -- record and a dirtied page) even when its WHERE leaves the row as it is.
+        INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
+        VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
+        ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
+            SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+        IF NOT consumer = ANY (coalesce(live, '{}')) THEN
+            live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
+        END IF;
+        -- Forget consumers long gone (a lease and a minute past expiry).
+        DELETE FROM pgbroker.stream_consumer c
+        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+          AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
+    END IF;
+
     SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
     WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
       AND t.owner = _stream_balance.consumer;
-    -- The common case, a consumer that owns partitions reading again well
-    -- within its lease: nothing to renew, nothing to balance. Looked at with a
-    -- plain read first, because the upsert below locks the consumer's row (a
-    -- WAL record and a dirtied page on every read) even when its WHERE leaves
-    -- the row as it is.
-    IF owned > 0 AND EXISTS (
-        SELECT 1 FROM pgbroker.stream_consumer c
-        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-          AND c.consumer = _stream_balance.consumer
-          AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
-          AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0)) THEN
-        RETURN;
-    END IF;
-    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
-    VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
-    ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at
-        WHERE c.renewed_at < now() - make_interval(secs => lease_seconds / 2.0)
-           OR c.expires_at < now() + make_interval(secs => lease_seconds / 2.0)
-    RETURNING true INTO renewed;
-    IF renewed IS NOT TRUE AND owned > 0 THEN
-        RETURN;
-    END IF;
-
-    live := ARRAY(SELECT c.consumer FROM pgbroker.stream_consumer c
-                  WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-                    AND (c.expires_at > now() OR c.consumer = _stream_balance.consumer)
-                  ORDER BY c.consumer);
     rank := array_position(live, consumer) - 1;
     share := s.partitions / cardinality(live) + CASE WHEN rank < s.partitions % cardinality(live) THEN 1 ELSE 0 END;
 
@@ -642,7 +690,7 @@ BEGIN
               AND x.owner = _stream_balance.consumer AND x.delivered_id = x.acked_id
             ORDER BY x.partition DESC LIMIT owned - share);
     ELSIF owned < share THEN
-        -- Take free partitions: unowned, or their owner's heartbeat expired.
+        -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
         -- to acked_id, so what it held unacknowledged is delivered again.
         UPDATE pgbroker.stream_cursor t
@@ -654,10 +702,6 @@ BEGIN
             ORDER BY x.partition LIMIT share - owned
             FOR UPDATE SKIP LOCKED);
     END IF;
-    -- Forget consumers long gone (a lease and a minute past expiry).
-    DELETE FROM pgbroker.stream_consumer c
-    WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
 END;
 $$;
 
@@ -702,15 +746,14 @@ $$;
 -- Reads and acks
 ------------------------------------------------------------------------------
 
--- Read up to qty messages for a consumer of a group, from the partitions it
--- owns (taking its share first, see _stream_balance): per partition in id
--- order, after what it was last handed, up to the safe id. Each row carries
--- its partition and the epoch to ack it under. A consumer may read again
--- before acking (the next messages come); an ack settles everything up to
--- the id it names.
--- Since: 0.1.0
-CREATE OR REPLACE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
-                                     lease_seconds integer DEFAULT 30)
+-- stream_read, and with it the acks (partition, epoch, last id) of stream_ack
+-- but without its failures: each cursor row the read moves or an ack names
+-- is written once, at the end, with both. Every write of a row leaves a
+-- version that a transaction holding back the xmin horizon keeps; an ack and
+-- a read in two writes left two a partition a batch.
+CREATE OR REPLACE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer,
+                                      lease_seconds integer, ack_partitions integer[], ack_epochs bigint[],
+                                      ack_last_ids bigint[])
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE plpgsql AS $$
@@ -718,15 +761,25 @@ DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
     s pgbroker.stream := pgbroker._stream_row(g.stream_name);
     safe bigint;
-    parts integer[];
-    afters bigint[];
-    epochs bigint[];
+    -- The rows read this call, locked, by position: partition, epoch, next position, moved.
+    parts integer[] := '{}';
+    epochs bigint[] := '{}';
+    positions bigint[] := '{}';
+    moved boolean[] := '{}';
+    more_parts integer[];
+    more_epochs bigint[];
+    more_positions bigint[];
+    todo integer[];
+    drained boolean[];
     remaining integer := qty;
     after bigint;
     upto bigint;
     segment bigint;
     n integer;
     reached bigint;
+    share integer;
+    wanted integer;
+    i integer;
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
@@ -752,39 +805,92 @@ BEGIN
             safe := pgbroker._stream_safe_id(s.stream_name);
             EXIT WHEN safe <= reached;
         END IF;
-        -- Lock the consumer's cursor rows (not the log's): a partition cannot
-        -- change hands between this read and the update of delivered_id. The
-        -- partition furthest behind (lowest id) is served first, so that none starves.
-        SELECT array_agg(t.partition ORDER BY t.delivered_id, t.partition),
-               array_agg(t.delivered_id ORDER BY t.delivered_id, t.partition),
-               array_agg(t.epoch ORDER BY t.delivered_id, t.partition)
-        INTO parts, afters, epochs
-        FROM (SELECT c.partition, c.delivered_id, c.epoch FROM pgbroker.stream_cursor c
+        -- Lock the consumer's cursor rows with messages to read (not the log's): a
+        -- partition cannot change hands between this read and the write of its row.
+        SELECT array_agg(t.partition), array_agg(t.epoch), array_agg(t.delivered_id)
+        INTO more_parts, more_epochs, more_positions
+        FROM (SELECT c.partition, c.epoch, c.delivered_id FROM pgbroker.stream_cursor c
               WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-                AND c.delivered_id < safe
+                AND c.delivered_id < safe AND NOT c.partition = ANY (parts)
               FOR UPDATE) t;
-        CONTINUE WHEN parts IS NULL;
+        IF more_parts IS NOT NULL THEN
+            parts := parts || more_parts;
+            epochs := epochs || more_epochs;
+            positions := positions || more_positions;
+            moved := moved || array_fill(false, ARRAY[cardinality(more_parts)]);
+        END IF;
+        -- The partition furthest behind (lowest position) first, so that none starves.
+        todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x WHERE positions[x] < safe
+                      ORDER BY positions[x], parts[x]);
+        CONTINUE WHEN cardinality(todo) = 0;
 
-        -- Partition by partition, segment by segment: each call of the stream's
-        -- read function walks one child table (the segment's) and moves the
-        -- partition's delivered_id as it reads.
-        FOR i IN 1 .. cardinality(parts) LOOP
-            EXIT WHEN remaining <= 0;
-            after := afters[i];
-            LOOP
-                segment := (after + 1) / s.segment_rows;
-                upto := least(safe, (segment + 1) * s.segment_rows - 1);
-                RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
-                                            's_' || s.stream_name || '_read')
-                    USING (segment % s.segments)::integer, parts[i], after, upto, remaining, epochs[i], g.group_name;
-                GET DIAGNOSTICS n = ROW_COUNT;
-                remaining := remaining - n;
-                EXIT WHEN remaining <= 0 OR upto >= safe;
-                after := upto;  -- nothing more of this partition in that segment
+        -- Across the partitions: first an even share of what is left for each, then what
+        -- some could not give, from the others in turn. (Each partition read is its cursor
+        -- row written, once with its ack: the same partitions batch after batch, a write
+        -- each. A floor on the share, fewer partitions a batch, did not write fewer: the
+        -- partitions read then take turns, and a batch writes those it acks and those it
+        -- reads.) Segment by segment: each call of the stream's read function walks one
+        -- child table (the segment's).
+        share := ceil(remaining::numeric / cardinality(todo));
+        drained := array_fill(false, ARRAY[cardinality(parts)]);
+        FOR turn IN 1 .. 2 LOOP
+            FOREACH i IN ARRAY todo LOOP
+                EXIT WHEN remaining <= 0;
+                CONTINUE WHEN drained[i];
+                wanted := CASE WHEN turn = 1 THEN least(share, remaining) ELSE remaining END;
+                after := positions[i];
+                LOOP
+                    segment := (after + 1) / s.segment_rows;
+                    upto := least(safe, (segment + 1) * s.segment_rows - 1);
+                    RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
+                                                's_' || s.stream_name || '_read')
+                        USING (segment % s.segments)::integer, parts[i], after, upto, wanted, epochs[i], g.group_name;
+                    GET DIAGNOSTICS n = ROW_COUNT;
+                    IF n > 0 THEN
+                        positions[i] := current_setting('pgbroker.stream_read_last')::bigint;
+                        moved[i] := true;
+                    END IF;
+                    remaining := remaining - n;
+                    wanted := wanted - n;
+                    drained[i] := upto >= safe AND wanted > 0;  -- nothing more up to the safe id
+                    EXIT WHEN wanted <= 0 OR upto >= safe;
+                    after := upto;  -- nothing more of this partition in that segment
+                END LOOP;
             END LOOP;
         END LOOP;
     END LOOP;
+
+    -- One write a row: the read's new position and the ack (as stream_ack's: not
+    -- past what was delivered before this read, and only under the epoch it names).
+    UPDATE pgbroker.stream_cursor t
+    SET delivered_id = coalesce(w.position, t.delivered_id),
+        acked_id = CASE WHEN w.ack_epoch = t.epoch THEN greatest(t.acked_id, least(w.last_id, t.delivered_id))
+                        ELSE t.acked_id END,
+        acked_at = CASE WHEN w.ack_epoch = t.epoch THEN now() ELSE t.acked_at END
+    FROM (SELECT coalesce(m.partition, a.partition) AS partition, m.position, a.epoch AS ack_epoch, a.last_id
+          FROM (SELECT u.partition, u.position FROM unnest(parts, positions, moved) AS u(partition, position, moved)
+                WHERE u.moved) m
+          FULL JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
+            ON a.partition = m.partition) w
+    WHERE t.stream_name = s.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
+      AND t.owner = consumer AND (w.position IS NOT NULL OR w.ack_epoch = t.epoch);
 END;
+$$;
+
+-- Read up to qty messages for a consumer of a group, from the partitions it
+-- owns (taking its share first, see _stream_balance): per partition in id
+-- order, after what it was last handed, up to the safe id; a batch is filled
+-- across the partitions with messages, an even share each first. Each row carries
+-- its partition and the epoch to ack it under. A consumer may read again
+-- before acking (the next messages come); an ack settles everything up to
+-- the id it names.
+-- Since: 0.1.0
+CREATE OR REPLACE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
+                                     lease_seconds integer DEFAULT 30)
+RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
+               headers jsonb, message jsonb)
+LANGUAGE sql AS $$
+    SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL);
 $$;
 
 -- Acknowledge batches: for each (partition, epoch, last id) the consumer
@@ -800,9 +906,6 @@ CREATE OR REPLACE FUNCTION pgbroker.stream_ack(stream_name text, group_name text
 RETURNS TABLE (partition integer, acked boolean) LANGUAGE plpgsql AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
-    acked_ranges record;
-    p pgbroker.queue_policy;
-    retried bigint[];
 BEGIN
     PERFORM pgbroker._check_arg(
         cardinality(partitions) = cardinality(epochs) AND cardinality(partitions) = cardinality(last_ids),
@@ -824,11 +927,24 @@ BEGIN
     SELECT w.partition, EXISTS (SELECT 1 FROM done d WHERE d.partition = w.partition)
     FROM wanted w ORDER BY w.partition;
 
+    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
+END;
+$$;
+
+-- The failed messages of acknowledged ranges, copied to the group's retry
+-- queue with their place in the stream and the error (see the header); only
+-- those of partitions the consumer owns.
+CREATE OR REPLACE FUNCTION pgbroker._stream_retry_failed(g pgbroker.stream_group, consumer text, partitions integer[],
+                                              last_ids bigint[], failed_ids bigint[], errors text[])
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    acked_ranges record;
+    p pgbroker.queue_policy;
+    retried bigint[];
+BEGIN
     IF coalesce(cardinality(failed_ids), 0) = 0 THEN
         RETURN;
     END IF;
-    -- The failed messages of the ranges acknowledged just now, copied to the
-    -- retry queue with their place in the stream and the error.
     p := pgbroker.policy(g.retry_queue);
     EXECUTE format(
         $Q$
@@ -862,7 +978,10 @@ END;
 $$;
 
 -- Acknowledge the last batch and read the next in one call (one transaction,
--- one commit, one round trip a batch): what a worker loop calls.
+-- one commit, one round trip a batch): what a worker loop calls. Each cursor
+-- row is written once, with the ack and the read together (_stream_read),
+-- unless the consumer may own more than its share: it gives partitions back
+-- only when they have nothing in flight, so then the ack goes first.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
                                         lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL,
@@ -871,12 +990,37 @@ CREATE OR REPLACE FUNCTION pgbroker.stream_consume(stream_name text, group_name 
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE plpgsql AS $$
+DECLARE
+    g pgbroker.stream_group;
+    owned integer;
+    live integer;
 BEGIN
-    IF coalesce(cardinality(partitions), 0) > 0 THEN
+    IF coalesce(cardinality(partitions), 0) = 0 THEN
+        RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                        NULL, NULL, NULL);
+        RETURN;
+    END IF;
+    g := pgbroker._stream_group_row(stream_name, group_name);
+    PERFORM pgbroker._check_arg(
+        cardinality(partitions) = cardinality(epochs) AND cardinality(partitions) = cardinality(last_ids),
+        'partitions, epochs and last_ids must have one entry per acknowledged partition');
+    PERFORM pgbroker._check_arg(errors IS NULL OR cardinality(errors) IN (1, cardinality(failed_ids)),
+        'errors must have one entry per failed id, or a single one for all');
+    SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
+    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = consumer;
+    SELECT count(*) INTO live FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name
+      AND (c.expires_at > now() OR c.consumer = stream_consume.consumer);
+    IF owned > (pgbroker._stream_row(g.stream_name)).partitions / greatest(live, 1) THEN
         PERFORM pgbroker.stream_ack(stream_name, group_name, consumer, partitions, epochs, last_ids,
                                     failed_ids, errors);
+        RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                        NULL, NULL, NULL);
+        RETURN;
     END IF;
-    RETURN QUERY SELECT * FROM pgbroker.stream_read(stream_name, group_name, consumer, qty, lease_seconds);
+    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
+    RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
+                                                    partitions, epochs, last_ids);
 END;
 $$;
 

@@ -5779,6 +5779,61 @@ CREATE FUNCTION pgbroker.schedules_channel() RETURNS text
 $$;
 
 --
+-- Name: send_idempotent(text, text, jsonb[], jsonb[], integer, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.send_idempotent(queue_name text, idempotency_key text, msgs jsonb[], headers jsonb[] DEFAULT NULL::jsonb[], delay integer DEFAULT 0, window_seconds integer DEFAULT 86400) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    stored varchar;
+    digest bytea := sha256(convert_to(jsonb_build_array(to_jsonb(msgs), to_jsonb(headers), delay)::text, 'UTF8'));
+    held pgbroker.idempotency_keys;
+    ids bigint[];
+BEGIN
+    PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
+        'idempotency_key must be 1 to 255 characters');
+    PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
+        format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
+    PERFORM pgbroker._table(queue_name);
+    stored := pgbroker._stored_name(queue_name);
+    LOOP
+        INSERT INTO pgbroker.idempotency_keys AS k
+            (queue_name, idempotency_key, request_digest, msg_ids, expires_at)
+        VALUES (stored, send_idempotent.idempotency_key, digest, '{}',
+                clock_timestamp() + make_interval(secs => window_seconds))
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            ids := ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay));
+            UPDATE pgbroker.idempotency_keys k SET msg_ids = ids
+            WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key;
+            RETURN QUERY SELECT unnest(ids);
+            RETURN;
+        END IF;
+        -- A new statement: it sees the row of a request that committed while
+        -- the insert waited.
+        SELECT * INTO held FROM pgbroker.idempotency_keys k
+        WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key
+        FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;  -- trimmed meanwhile: claim it afresh
+        IF held.expires_at <= clock_timestamp() THEN
+            DELETE FROM pgbroker.idempotency_keys k
+            WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key;
+            CONTINUE;
+        END IF;
+        IF held.request_digest <> digest THEN
+            RAISE EXCEPTION 'idempotency key % was used for another request to queue %',
+                quote_literal(idempotency_key), quote_literal(stored)
+                USING ERRCODE = 'PB009',
+                      HINT = 'Retry a request with its own key and exactly the same body; use a new key for a new request.';
+        END IF;
+        RETURN QUERY SELECT unnest(held.msg_ids);
+        RETURN;
+    END LOOP;
+END;
+$$;
+
+--
 -- Name: set_policy(text, integer, text, integer, integer, boolean, text, text, bigint, bigint, bigint, text, boolean, integer, text, integer, integer, double precision); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -6797,7 +6852,14 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         removed := removed + n;
     END LOOP;
-    RETURN removed;
+    -- Idempotency keys (below) whose time is over, in the same budget.
+    DELETE FROM pgbroker.idempotency_keys k WHERE (k.queue_name, k.idempotency_key) IN (
+        SELECT i.queue_name, i.idempotency_key FROM pgbroker.idempotency_keys i
+        WHERE (trim_dedup_keys.queue_name IS NULL OR lower(i.queue_name) = lower(trim_dedup_keys.queue_name))
+          AND i.expires_at < clock_timestamp()
+        LIMIT greatest(batch_size - removed, 0));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN removed + n;
 END;
 $_$;
 
@@ -8075,6 +8137,18 @@ CREATE TABLE pgbroker.dedup_keys (
 );
 
 --
+-- Name: idempotency_keys; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.idempotency_keys (
+    queue_name character varying NOT NULL,
+    idempotency_key text NOT NULL,
+    request_digest bytea NOT NULL,
+    msg_ids bigint[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
 -- Name: inbound_seen; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
@@ -8319,6 +8393,13 @@ ALTER TABLE ONLY pgbroker.dedup_keys
     ADD CONSTRAINT dedup_keys_pkey PRIMARY KEY (queue_name, dedup_key);
 
 --
+-- Name: idempotency_keys idempotency_keys_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.idempotency_keys
+    ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue_name, idempotency_key);
+
+--
 -- Name: inbound_seen inbound_seen_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -8559,6 +8640,13 @@ CREATE TRIGGER routes_on_queues AFTER INSERT OR DELETE OR UPDATE ON pgmq.meta FO
 
 ALTER TABLE ONLY pgbroker.dedup_keys
     ADD CONSTRAINT dedup_keys_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
+-- Name: idempotency_keys idempotency_keys_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.idempotency_keys
+    ADD CONSTRAINT idempotency_keys_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
 -- Name: inbound_seen inbound_seen_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -

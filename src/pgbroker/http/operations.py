@@ -80,6 +80,7 @@ class Operation:
     answer_schema: Mapping[str, Any]  # the schema of a Response answer
     errors: Mapping[int, str]  # failures beyond those every such operation has
     scope_field: str | None  # the body field naming the queue of the scope (a path without one)
+    headers: Mapping[str, str]  # optional request headers it reads: name -> what it does
 
     @property
     def operation_id(self) -> str:
@@ -101,6 +102,7 @@ class Options(TypedDict, total=False):
     answer_schema: Mapping[str, Any]  # and its schema ({"type": "string"})
     errors: Mapping[int, str]  # failures beyond those every such operation has
     scope_field: str  # the body field naming the queue of the scope, for a path without one
+    headers: Mapping[str, str]  # optional request headers it reads: name -> what it does
 
 
 class Router:
@@ -147,6 +149,7 @@ class Router:
                     answer_schema=options.get("answer_schema", {"type": "string"}),
                     errors=options.get("errors", {}),
                     scope_field=options.get("scope_field"),
+                    headers=options.get("headers", {}),
                 )
             )
             return handler

@@ -105,7 +105,7 @@ def stream_send_many(
         "headers": encoded_headers,
         "keys": None if keys is None else list(keys),
     }
-    return Query(_named("stream_send_many"), params, _ids)
+    return Query(_named("stream_send_many"), params, _ids, sends=True)
 
 
 def stream_receive_many(

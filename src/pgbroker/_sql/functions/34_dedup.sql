@@ -91,7 +91,8 @@ END;
 $$;
 
 -- Remove a queue's keys whose time is over (all queues' when queue_name is
--- NULL), at most batch_size rows a call; returns how many went.
+-- NULL), its idempotency keys too, at most batch_size rows a call; returns
+-- how many went.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.trim_dedup_keys(queue_name text DEFAULT NULL, batch_size integer DEFAULT 10000)
 RETURNS bigint LANGUAGE plpgsql AS $$
@@ -127,6 +128,88 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         removed := removed + n;
     END LOOP;
-    RETURN removed;
+    -- Idempotency keys (below) whose time is over, in the same budget.
+    DELETE FROM pgbroker.idempotency_keys k WHERE (k.queue_name, k.idempotency_key) IN (
+        SELECT i.queue_name, i.idempotency_key FROM pgbroker.idempotency_keys i
+        WHERE (trim_dedup_keys.queue_name IS NULL OR lower(i.queue_name) = lower(trim_dedup_keys.queue_name))
+          AND i.expires_at < clock_timestamp()
+        LIMIT greatest(batch_size - removed, 0));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN removed + n;
+END;
+$$;
+
+-- Idempotent sends: a request retried with the same idempotency key gets the
+-- first answer again, and sends nothing.
+--
+-- A client that lost the answer to a send (a connection cut while the send
+-- committed, a proxy's time-out) cannot know whether it was stored. Sent
+-- again with the same key, the batch is stored at most once: the key, a
+-- digest of the request and the msg_ids are written in the send's own
+-- transaction, so they commit or vanish with the messages. A second request
+-- with the key waits for the first one's transaction (the primary key's
+-- uncommitted entry), then returns its msg_ids; the same key with another
+-- request (other messages, headers or delay) is refused with PB009, since
+-- answering with the first one's msg_ids would hide a different send. A
+-- key is held for window_seconds (24 hours by default); after that it may be
+-- used again. Keys are per queue; pgbroker.trim_dedup_keys removes those
+-- whose time is over.
+
+-- Send msgs (headers, delay in seconds as pgmq.send_batch takes them) once
+-- for idempotency_key; the same call again returns the same msg_ids.
+-- Arguments: window_seconds: how long the key is held (1 s to 30 days).
+-- Returns: the msg_ids, in the order of msgs: the first call's, each time.
+-- Errors: PB009 when the key was used for another request within its window;
+--   PB007 for an empty key, one over 255 characters, or a window out of range.
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.send_idempotent(
+    queue_name text, idempotency_key text, msgs jsonb[], headers jsonb[] DEFAULT NULL,
+    delay integer DEFAULT 0, window_seconds integer DEFAULT 86400)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+DECLARE
+    stored varchar;
+    digest bytea := sha256(convert_to(jsonb_build_array(to_jsonb(msgs), to_jsonb(headers), delay)::text, 'UTF8'));
+    held pgbroker.idempotency_keys;
+    ids bigint[];
+BEGIN
+    PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
+        'idempotency_key must be 1 to 255 characters');
+    PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
+        format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
+    PERFORM pgbroker._table(queue_name);
+    stored := pgbroker._stored_name(queue_name);
+    LOOP
+        INSERT INTO pgbroker.idempotency_keys AS k
+            (queue_name, idempotency_key, request_digest, msg_ids, expires_at)
+        VALUES (stored, send_idempotent.idempotency_key, digest, '{}',
+                clock_timestamp() + make_interval(secs => window_seconds))
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            ids := ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay));
+            UPDATE pgbroker.idempotency_keys k SET msg_ids = ids
+            WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key;
+            RETURN QUERY SELECT unnest(ids);
+            RETURN;
+        END IF;
+        -- A new statement: it sees the row of a request that committed while
+        -- the insert waited.
+        SELECT * INTO held FROM pgbroker.idempotency_keys k
+        WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key
+        FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;  -- trimmed meanwhile: claim it afresh
+        IF held.expires_at <= clock_timestamp() THEN
+            DELETE FROM pgbroker.idempotency_keys k
+            WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key;
+            CONTINUE;
+        END IF;
+        IF held.request_digest <> digest THEN
+            RAISE EXCEPTION 'idempotency key % was used for another request to queue %',
+                quote_literal(idempotency_key), quote_literal(stored)
+                USING ERRCODE = 'PB009',
+                      HINT = 'Retry a request with its own key and exactly the same body; use a new key for a new request.';
+        END IF;
+        RETURN QUERY SELECT unnest(held.msg_ids);
+        RETURN;
+    END LOOP;
 END;
 $$;

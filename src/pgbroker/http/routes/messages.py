@@ -35,7 +35,16 @@ _SEND_ERRORS = {
     400: "invalid JSON, queue name, argument or message (invalid_message: a value the codec cannot "
     "encode), or unknown_codec (a codec the server does not know: see the hint)",
     501: "codec_not_installed (the server lacks the codec's library)",
-    503: "queue_full (max_depth reached; see Retry-After) or database error",
+    422: "idempotency_key_reused (the Idempotency-Key came before with another request)",
+    503: "queue_full (max_depth reached; see Retry-After), outcome_unknown (the connection to the "
+    "database broke while the send committed: it may be stored; retry with the same Idempotency-Key) "
+    "or database error",
+}
+IDEMPOTENCY_KEY = "Idempotency-Key"
+_SEND_HEADERS = {
+    IDEMPOTENCY_KEY: "1 to 255 characters: the same request again with this key within 24 hours "
+    "answers the first one's msg_ids and sends nothing; another request with it is refused "
+    "(422 idempotency_key_reused). Retry with it after a 503 outcome_unknown or a lost answer.",
 }
 _STALE = {409: "stale_receipt (single receipt form only)"}
 T = TypeVar("T")
@@ -47,6 +56,7 @@ T = TypeVar("T")
     scope="send",
     status=201,
     errors=_SEND_ERRORS,
+    headers=_SEND_HEADERS,
 )
 async def send(call: Call, body: SendBody) -> MsgIdList:
     headers: list[Mapping[str, Any] | None]
@@ -65,6 +75,7 @@ async def send(call: Call, body: SendBody) -> MsgIdList:
         headers=None if all(h is None for h in headers) else headers,
         delay=body.delay,
         codec=body.codec,
+        idempotency_key=call.request.headers.get(IDEMPOTENCY_KEY),
     )
     return MsgIdList(msg_ids=ids)
 

@@ -1,8 +1,8 @@
 """Watchdogs of the bridges' loops (issue 23, item 2): a transient database failure while a
-bridge runs, out of a queue or into one, leads to a bounded wait and a retry, never to a bridge
-that stops. The faults are real (tests/support/faults.py): the queue table locked by another
-session while the bridge's role has a 200 ms lock_timeout (55P03), and every session of the
-database terminated."""
+bridge runs, out of a queue or into one, or out of a stream, leads to a bounded wait and a
+retry, never to a bridge that stops. The faults are real (tests/support/faults.py): the table
+the bridge needs locked by another session while the bridge's role has a 200 ms lock_timeout
+(55P03), and every session of the database terminated."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import pytest
 
 from pgbroker import Broker
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
+from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.streams._client import Stream
 from tests.support.faults import impatient, table_locked, terminate_sessions
 from tests.support.postgres import scratch_dir
 from tests.support.probes import RedisProbe, body_of, unique
@@ -132,3 +134,44 @@ def test_the_inbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
     with Broker(dsn) as broker, broker.connection() as conn:
         rows = conn.execute("SELECT message FROM pgmq.q_inbox").fetchall()
     assert sorted(m["n"] for (m,) in rows) == list(range(100))
+
+
+def test_the_stream_outbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
+    dsn: str, redis_server: PrivateServer
+) -> None:
+    target = unique("watchdog")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        clicks = Stream(broker, "clicks")
+        clicks.create(partitions=2)
+        clicks.create_group("out", start="start")
+        clicks.send_many([{"n": n} for n in range(50)])
+
+    def send_more() -> None:
+        with Broker(dsn) as broker:
+            Stream(broker, "clicks").send_many([{"n": n} for n in range(50, 100)])
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            bridge = StreamOutboundBridge(abroker, "clicks", "out", probe.url(target))
+            task = asyncio.create_task(bridge.run())
+
+            async def published(count: int) -> Callable[[], Awaitable[bool]]:
+                async def done() -> bool:
+                    return bridge.stats.published >= count
+
+                return done
+
+            try:
+                await until(await published(50), task, "published")
+                await during_faults(dsn, "pgbroker.stream_cursor", task)
+                await asyncio.to_thread(send_more)
+                await until(await published(100), task, "published after the faults")
+            finally:
+                bridge.stop()
+                await task
+            assert bridge.stats.reconnects >= 1
+
+    asyncio.run(scenario())
+    got = asyncio.run(probe.published(target, expect=100))
+    assert sorted({json.loads(body)["n"] for _, body in got}) == list(range(100))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -20,6 +21,7 @@ from pgbroker import Broker, Queue
 from pgbroker.errors import InvalidArgument, QueueNotFound
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.schedules._scheduler import Scheduler
+from tests.support.faults import impatient, table_locked, terminate_sessions
 from tests.support.tables import Conn
 
 
@@ -370,5 +372,40 @@ def test_the_scheduler_outlives_a_pool_that_found_no_connection_in_time(dsn: str
             scheduler.stop()
             await running
             assert scheduler.stats.errors >= 1
+
+    asyncio.run(scenario())
+
+
+def test_the_scheduler_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, queue: Queue) -> None:
+    """Watchdog (issue 23, item 2): a role with a 200 ms lock_timeout while a maintenance
+    transaction locks pgbroker.schedules, then every session of the database terminated; the
+    scheduler waits, retries, and sends a tick that fell due meanwhile."""
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=2) as broker:
+            scheduler = Scheduler(max_sleep=0.5)
+            running = asyncio.create_task(scheduler.run(broker))
+
+            def faults() -> None:
+                with table_locked(dsn, "pgbroker.schedules"):
+                    time.sleep(3)  # the scheduler's calls meet the lock meanwhile
+                terminate_sessions(dsn)
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(
+                        "SELECT pgbroker.schedule_add('now', 'jobs', '* * * * *', '{}');"
+                        " UPDATE pgbroker.schedules SET next_run = now() - interval '1 second'"
+                    )
+
+            await asyncio.to_thread(faults)
+            assert not running.done(), running.exception()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            while not await broker.queue("jobs").peek():
+                assert not running.done(), running.exception()
+                assert loop.time() - started < 60
+                await asyncio.sleep(0.05)
+            scheduler.stop()
+            await running
+            assert scheduler.stats.errors >= 1  # the faults were met
 
     asyncio.run(scenario())

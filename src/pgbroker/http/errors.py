@@ -108,6 +108,8 @@ _DATABASE_CLASSES: dict[str, tuple[str, str]] = {
     "08": ("database_unavailable", "the connection to the database failed"),
     "40": ("database_unavailable", "the database rolled the request back in a conflict; retry it"),
     "53": ("database_unavailable", "the database is out of resources"),
+    # A lock or object held by another session (lock_timeout during maintenance): it passes.
+    "55": ("database_unavailable", "the database is busy with what the request needs; retry it"),
     "57": ("database_unavailable", "the database is shutting down or cancelled the request"),
 }
 _DATABASE_FAILED = ("database_error", "the database failed to run the request")

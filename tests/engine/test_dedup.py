@@ -285,3 +285,24 @@ def test_an_idempotency_key_is_free_after_its_window_and_trimmed(conn: Conn) -> 
     row = conn.execute("SELECT pgbroker.trim_dedup_keys('d')").fetchone()
     assert row == (1,)
     assert conn.execute("SELECT count(*) FROM pgbroker.idempotency_keys").fetchone() == (0,)
+
+
+def test_a_stream_send_with_an_idempotency_key_appends_once_and_its_key_is_trimmed(conn: Conn) -> None:
+    conn.execute("SELECT pgbroker.create_stream('clicks')")
+
+    def send(*messages: Any) -> list[int]:
+        rows = conn.execute(
+            "SELECT * FROM pgbroker.stream_send_idempotent('clicks', 'b-1', %s::jsonb[], NULL, NULL, 1)",
+            [[Jsonb(m) for m in messages]],
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    first = send({"n": 1}, {"n": 2})
+    assert send({"n": 1}, {"n": 2}) == first
+    with pytest.raises(psycopg.Error, match="idempotency key 'b-1' was used for another request"):
+        send({"n": 3})
+    conn.rollback()
+    conn.commit()
+    conn.execute("SELECT pg_sleep(1.1)")
+    conn.execute("SELECT pgbroker.maintain_stream('clicks')")
+    assert conn.execute("SELECT count(*) FROM pgbroker.stream_idempotency_keys").fetchone() == (0,)

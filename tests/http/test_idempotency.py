@@ -14,6 +14,7 @@ import pytest
 from pgbroker._db.api_keys import create_key
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.streams._client_async import AsyncStream
 from tests.support.commits import commits_cut_off
 from tests.support.http import auth, client_for, make_queue
 
@@ -107,3 +108,23 @@ async def send_once(dsn: str, headers: dict[str, str]) -> httpx.Response:
     """The send on a server of its own (its pool's connection is the one cut off)."""
     async with AsyncBroker(dsn, max_connections=1) as broker, client_for(broker) as client:
         return await client.post("/v1/queues/jobs/messages", json=BATCH, headers=headers)
+
+
+async def test_a_stream_send_retried_with_its_idempotency_key_appends_once(
+    client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]
+) -> None:
+    clicks = AsyncStream(broker, "clicks")
+    await clicks.create(partitions=2)
+    headers = {**auth(keys["producer"]), "Idempotency-Key": "batch-1"}
+    body = {"messages": [{"message": {"n": 1}, "key": "u1"}, {"message": {"n": 2}}]}
+    first = await client.post("/v1/streams/clicks/messages", json=body, headers=headers)
+    again = await client.post("/v1/streams/clicks/messages", json=body, headers=headers)
+    assert (first.status_code, again.status_code) == (200, 200), again.text
+    assert again.json() == first.json()
+    other = {"messages": [{"message": {"n": 1}, "key": "u2"}, {"message": {"n": 2}}]}  # another key
+    refused = await client.post("/v1/streams/clicks/messages", json=other, headers=headers)
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["error"]["code"] == "idempotency_key_reused"
+    async with broker.connection() as aconn:
+        cursor = await aconn.execute("SELECT count(*) FROM pgbroker.s_clicks")
+        assert await cursor.fetchone() == (2,)

@@ -99,9 +99,18 @@ class Stream:
         *,
         keys: Sequence[str | None] | None = None,
         headers: Sequence[Mapping[str, Any] | None] | None = None,
+        idempotency_key: str | None = None,
     ) -> list[int]:
-        """Send messages in one statement; returns their ids in order."""
-        return self._executor.run(sq.stream_send_many(self.name, messages, headers=headers, keys=keys))
+        """Send messages in one statement; returns their ids in order.
+
+        ``idempotency_key`` (1 to 255 characters): the same call again within 24 hours returns
+        the first call's ids and appends nothing; the key with other messages, keys or headers
+        raises IdempotencyKeyReused. The retry for OutcomeUnknown.
+        """
+        query = sq.stream_send_many(
+            self.name, messages, headers=headers, keys=keys, idempotency_key=idempotency_key
+        )
+        return self._executor.run(query)
 
     # groups
 

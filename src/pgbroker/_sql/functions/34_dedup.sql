@@ -155,6 +155,73 @@ $$;
 -- used again. Keys are per queue; pgbroker.trim_dedup_keys removes those
 -- whose time is over.
 
+-- Claim idempotency_key of a send to a queue (tbl pgbroker.idempotency_keys,
+-- its owner named in column owner_column) or a stream (the stream's table):
+-- NULL when the key was free or its time over (the caller sends and records
+-- its ids with _idempotency_record), else the ids of the request that holds
+-- it; PB009 when that request was another one.
+CREATE OR REPLACE FUNCTION pgbroker._idempotency_claim(
+    tbl text, owner_column text, owner text, idempotency_key text, digest bytea, window_seconds integer)
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    claimed boolean;
+    held_digest bytea;
+    held_ids bigint[];
+    held_expires timestamptz;
+BEGIN
+    PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
+        'idempotency_key must be 1 to 255 characters');
+    PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
+        format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
+    LOOP
+        EXECUTE format(
+            'INSERT INTO pgbroker.%I (%I, idempotency_key, request_digest, ids, expires_at)'
+            ' VALUES ($1, $2, $3, ''{}'', clock_timestamp() + make_interval(secs => $4))'
+            ' ON CONFLICT DO NOTHING RETURNING true', tbl, owner_column)
+            INTO claimed USING owner, idempotency_key, digest, window_seconds;
+        IF claimed THEN
+            RETURN NULL;
+        END IF;
+        -- A new statement: it sees the row of a request that committed while
+        -- the insert waited.
+        EXECUTE format(
+            'SELECT request_digest, ids, expires_at FROM pgbroker.%I'
+            ' WHERE %I = $1 AND idempotency_key = $2 FOR UPDATE', tbl, owner_column)
+            INTO held_digest, held_ids, held_expires USING owner, idempotency_key;
+        CONTINUE WHEN held_digest IS NULL;  -- trimmed meanwhile: claim it afresh
+        IF held_expires <= clock_timestamp() THEN
+            EXECUTE format('DELETE FROM pgbroker.%I WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
+                USING owner, idempotency_key;
+            CONTINUE;
+        END IF;
+        IF held_digest <> digest THEN
+            RAISE EXCEPTION 'idempotency key % was used for another request to %',
+                quote_literal(idempotency_key), quote_literal(owner)
+                USING ERRCODE = 'PB009',
+                      HINT = 'Retry a request with its own key and exactly the same body; use a new key for a new request.';
+        END IF;
+        RETURN held_ids;
+    END LOOP;
+END;
+$$;
+
+-- Record the ids a claimed key's send got (see _idempotency_claim).
+CREATE OR REPLACE FUNCTION pgbroker._idempotency_record(
+    tbl text, owner_column text, owner text, idempotency_key text, sent bigint[])
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('UPDATE pgbroker.%I SET ids = $3 WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
+        USING owner, idempotency_key, sent;
+    RETURN sent;
+END;
+$$;
+
+-- A request's digest: what makes a retry the same request.
+CREATE OR REPLACE FUNCTION pgbroker._idempotency_digest(VARIADIC parts jsonb[])
+RETURNS bytea LANGUAGE sql IMMUTABLE AS $$
+    SELECT sha256(convert_to(to_jsonb(parts)::text, 'UTF8'));
+$$;
+
 -- Send msgs (headers, delay in seconds as pgmq.send_batch takes them) once
 -- for idempotency_key; the same call again returns the same msg_ids.
 -- Arguments: window_seconds: how long the key is held (1 s to 30 days).
@@ -168,48 +235,16 @@ CREATE OR REPLACE FUNCTION pgbroker.send_idempotent(
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
     stored varchar;
-    digest bytea := sha256(convert_to(jsonb_build_array(to_jsonb(msgs), to_jsonb(headers), delay)::text, 'UTF8'));
-    held pgbroker.idempotency_keys;
-    ids bigint[];
+    held bigint[];
 BEGIN
-    PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
-        'idempotency_key must be 1 to 255 characters');
-    PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
-        format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
     PERFORM pgbroker._table(queue_name);
     stored := pgbroker._stored_name(queue_name);
-    LOOP
-        INSERT INTO pgbroker.idempotency_keys AS k
-            (queue_name, idempotency_key, request_digest, msg_ids, expires_at)
-        VALUES (stored, send_idempotent.idempotency_key, digest, '{}',
-                clock_timestamp() + make_interval(secs => window_seconds))
-        ON CONFLICT DO NOTHING;
-        IF FOUND THEN
-            ids := ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay));
-            UPDATE pgbroker.idempotency_keys k SET msg_ids = ids
-            WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key;
-            RETURN QUERY SELECT unnest(ids);
-            RETURN;
-        END IF;
-        -- A new statement: it sees the row of a request that committed while
-        -- the insert waited.
-        SELECT * INTO held FROM pgbroker.idempotency_keys k
-        WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key
-        FOR UPDATE;
-        CONTINUE WHEN NOT FOUND;  -- trimmed meanwhile: claim it afresh
-        IF held.expires_at <= clock_timestamp() THEN
-            DELETE FROM pgbroker.idempotency_keys k
-            WHERE k.queue_name = stored AND k.idempotency_key = send_idempotent.idempotency_key;
-            CONTINUE;
-        END IF;
-        IF held.request_digest <> digest THEN
-            RAISE EXCEPTION 'idempotency key % was used for another request to queue %',
-                quote_literal(idempotency_key), quote_literal(stored)
-                USING ERRCODE = 'PB009',
-                      HINT = 'Retry a request with its own key and exactly the same body; use a new key for a new request.';
-        END IF;
-        RETURN QUERY SELECT unnest(held.msg_ids);
-        RETURN;
-    END LOOP;
+    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, idempotency_key,
+        pgbroker._idempotency_digest(to_jsonb(msgs), to_jsonb(headers), to_jsonb(delay)), window_seconds);
+    IF held IS NULL THEN
+        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, idempotency_key,
+            ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
+    END IF;
+    RETURN QUERY SELECT unnest(held);
 END;
 $$;

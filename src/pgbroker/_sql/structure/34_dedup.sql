@@ -19,7 +19,7 @@ CREATE TABLE pgbroker.idempotency_keys (
         REFERENCES pgmq.meta (queue_name) ON DELETE CASCADE ON UPDATE CASCADE,
     idempotency_key text NOT NULL,
     request_digest bytea NOT NULL,
-    msg_ids bigint[] NOT NULL,
+    ids bigint[] NOT NULL,
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (queue_name, idempotency_key)
 );

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+from pgbroker.http.idempotency import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, SEND_HEADERS
 from pgbroker.http.models import (
     AckBody,
     Acked,
@@ -35,16 +36,8 @@ _SEND_ERRORS = {
     400: "invalid JSON, queue name, argument or message (invalid_message: a value the codec cannot "
     "encode), or unknown_codec (a codec the server does not know: see the hint)",
     501: "codec_not_installed (the server lacks the codec's library)",
-    422: "idempotency_key_reused (the Idempotency-Key came before with another request)",
-    503: "queue_full (max_depth reached; see Retry-After), outcome_unknown (the connection to the "
-    "database broke while the send committed: it may be stored; retry with the same Idempotency-Key) "
-    "or database error",
-}
-IDEMPOTENCY_KEY = "Idempotency-Key"
-_SEND_HEADERS = {
-    IDEMPOTENCY_KEY: "1 to 255 characters: the same request again with this key within 24 hours "
-    "answers the first one's msg_ids and sends nothing; another request with it is refused "
-    "(422 idempotency_key_reused). Retry with it after a 503 outcome_unknown or a lost answer.",
+    **IDEMPOTENCY_ERRORS,
+    503: f"queue_full (max_depth reached; see Retry-After), {IDEMPOTENCY_ERRORS[503]}",
 }
 _STALE = {409: "stale_receipt (single receipt form only)"}
 T = TypeVar("T")
@@ -56,7 +49,7 @@ T = TypeVar("T")
     scope="send",
     status=201,
     errors=_SEND_ERRORS,
-    headers=_SEND_HEADERS,
+    headers=SEND_HEADERS,
 )
 async def send(call: Call, body: SendBody) -> MsgIdList:
     headers: list[Mapping[str, Any] | None]

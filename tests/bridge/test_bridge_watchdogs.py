@@ -1,5 +1,5 @@
 """Watchdogs of the bridges' loops (issue 23, item 2): a transient database failure while a
-bridge runs, out of a queue or into one, or out of a stream, leads to a bounded wait and a
+bridge runs, out of a queue or a stream or into one, leads to a bounded wait and a
 retry, never to a bridge that stops. The faults are real (tests/support/faults.py): the table
 the bridge needs locked by another session while the bridge's role has a 200 ms lock_timeout
 (55P03), and every session of the database terminated."""
@@ -15,6 +15,7 @@ import pytest
 
 from pgbroker import Broker
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
+from pgbroker.bridge.core.inbound import StreamInboundBridge
 from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream
@@ -175,3 +176,48 @@ def test_the_stream_outbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
     asyncio.run(scenario())
     got = asyncio.run(probe.published(target, expect=100))
     assert sorted({json.loads(body)["n"] for _, body in got}) == list(range(100))
+
+
+def test_the_stream_inbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
+    dsn: str, redis_server: PrivateServer
+) -> None:
+    source = unique("watchdog")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        Stream(broker, "mirror").create(partitions=2)
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            settings = InboundSettings(declare=True, batch_size=10)
+            bridge = StreamInboundBridge(abroker, None, "mirror", probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def stored(count: int) -> Callable[[], Awaitable[bool]]:
+                async def done() -> bool:
+                    return bridge.stats.received >= count
+
+                return done
+
+            try:
+                async with asyncio.timeout(60):
+                    await bridge.receiving.wait()
+                await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50)])
+                await until(await stored(50), task, "appended")
+
+                async def publish_while_locked() -> None:
+                    await asyncio.sleep(0.5)  # the lock is held by then: the appends meet it
+                    await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50, 100)])
+
+                publishing = asyncio.create_task(publish_while_locked())
+                await during_faults(dsn, "pgbroker.s_mirror", task)
+                await publishing
+                await until(await stored(100), task, "appended after the faults")
+            finally:
+                bridge.stop()
+                await task
+            assert bridge.stats.reconnects >= 1
+
+    asyncio.run(scenario())
+    with Broker(dsn) as broker, broker.connection() as conn:
+        rows = conn.execute("SELECT message FROM pgbroker.s_mirror").fetchall()
+    assert sorted(m["n"] for (m,) in rows) == list(range(100))

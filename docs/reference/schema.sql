@@ -1299,6 +1299,90 @@ END;
 $$;
 
 --
+-- Name: _idempotency_claim(text, text, text, text, bytea, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._idempotency_claim(tbl text, owner_column text, owner text, idempotency_key text, digest bytea, window_seconds integer) RETURNS bigint[]
+    LANGUAGE plpgsql
+    AS $_$
+DECLARE
+    claimed boolean;
+    held_digest bytea;
+    held_ids bigint[];
+    held_expires timestamptz;
+BEGIN
+    PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
+        'idempotency_key must be 1 to 255 characters');
+    PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
+        format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
+    LOOP
+        EXECUTE format(
+            'INSERT INTO pgbroker.%I (%I, idempotency_key, request_digest, ids, expires_at)'
+            ' VALUES ($1, $2, $3, ''{}'', clock_timestamp() + make_interval(secs => $4))'
+            ' ON CONFLICT DO NOTHING RETURNING true', tbl, owner_column)
+            INTO claimed USING owner, idempotency_key, digest, window_seconds;
+        IF claimed THEN
+            RETURN NULL;
+        END IF;
+        -- A new statement: it sees the row of a request that committed while
+        -- the insert waited.
+        EXECUTE format(
+            'SELECT request_digest, ids, expires_at FROM pgbroker.%I'
+            ' WHERE %I = $1 AND idempotency_key = $2 FOR UPDATE', tbl, owner_column)
+            INTO held_digest, held_ids, held_expires USING owner, idempotency_key;
+        CONTINUE WHEN held_digest IS NULL;  -- trimmed meanwhile: claim it afresh
+        IF held_expires <= clock_timestamp() THEN
+            EXECUTE format('DELETE FROM pgbroker.%I WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
+                USING owner, idempotency_key;
+            CONTINUE;
+        END IF;
+        IF held_digest <> digest THEN
+            RAISE EXCEPTION 'idempotency key % was used for another request to %',
+                quote_literal(idempotency_key), quote_literal(owner)
+                USING ERRCODE = 'PB009',
+                      HINT = 'Retry a request with its own key and exactly the same body; use a new key for a new request.';
+        END IF;
+        RETURN held_ids;
+    END LOOP;
+END;
+$_$;
+
+--
+-- Name: _idempotency_digest(jsonb[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._idempotency_digest(VARIADIC parts jsonb[]) RETURNS bytea
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT sha256(convert_to(to_jsonb(parts)::text, 'UTF8'));
+$$;
+
+--
+-- Name: _idempotency_headers(jsonb[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._idempotency_headers(headers jsonb[]) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT jsonb_agg(h - ARRAY['traceparent', 'tracestate'] ORDER BY i)
+    FROM unnest(headers) WITH ORDINALITY AS u(h, i);
+$$;
+
+--
+-- Name: _idempotency_record(text, text, text, text, bigint[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._idempotency_record(tbl text, owner_column text, owner text, idempotency_key text, sent bigint[]) RETURNS bigint[]
+    LANGUAGE plpgsql
+    AS $_$
+BEGIN
+    EXECUTE format('UPDATE pgbroker.%I SET ids = $3 WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
+        USING owner, idempotency_key, sent;
+    RETURN sent;
+END;
+$_$;
+
+--
 -- Name: _insert_channel(text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -5222,6 +5306,8 @@ BEGIN
             emptied := emptied + 1;
         END IF;
     END LOOP;
+    DELETE FROM pgbroker.stream_idempotency_keys k  -- keys whose time is over
+    WHERE k.stream_name = s.stream_name AND k.expires_at < clock_timestamp();
     RETURN emptied;
 END;
 $$;
@@ -6006,6 +6092,29 @@ CREATE FUNCTION pgbroker.schedules_channel() RETURNS text
     LANGUAGE sql IMMUTABLE
     AS $$
     SELECT 'pgbroker_schedules'::text;
+$$;
+
+--
+-- Name: send_idempotent(text, text, jsonb[], jsonb[], integer, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.send_idempotent(queue_name text, idempotency_key text, msgs jsonb[], headers jsonb[] DEFAULT NULL::jsonb[], delay integer DEFAULT 0, window_seconds integer DEFAULT 86400) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    stored varchar;
+    held bigint[];
+BEGIN
+    PERFORM pgbroker._table(queue_name);
+    stored := pgbroker._stored_name(queue_name);
+    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, idempotency_key,
+        pgbroker._idempotency_digest(to_jsonb(msgs), pgbroker._idempotency_headers(headers), to_jsonb(delay)), window_seconds);
+    IF held IS NULL THEN
+        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, idempotency_key,
+            ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
+    END IF;
+    RETURN QUERY SELECT unnest(held);
+END;
 $$;
 
 --
@@ -6819,6 +6928,29 @@ END;
 $$;
 
 --
+-- Name: stream_send_idempotent(text, text, jsonb[], jsonb[], text[], integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.stream_send_idempotent(stream_name text, idempotency_key text, messages jsonb[], headers jsonb[] DEFAULT NULL::jsonb[], keys text[] DEFAULT NULL::text[], window_seconds integer DEFAULT 86400) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    s pgbroker.stream := pgbroker._stream_row(stream_name);
+    held bigint[];
+BEGIN
+    held := pgbroker._idempotency_claim('stream_idempotency_keys', 'stream_name', s.stream_name,
+        idempotency_key, pgbroker._idempotency_digest(
+            to_jsonb(messages), pgbroker._idempotency_headers(headers), to_jsonb(keys)),
+        window_seconds);
+    IF held IS NULL THEN
+        held := pgbroker._idempotency_record('stream_idempotency_keys', 'stream_name', s.stream_name,
+            idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
+    END IF;
+    RETURN QUERY SELECT unnest(held);
+END;
+$$;
+
+--
 -- Name: stream_send_many(text, jsonb[], jsonb[], text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -6946,7 +7078,14 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         removed := removed + n;
     END LOOP;
-    RETURN removed;
+    -- Idempotency keys (below) whose time is over, in the same budget.
+    DELETE FROM pgbroker.idempotency_keys k WHERE (k.queue_name, k.idempotency_key) IN (
+        SELECT i.queue_name, i.idempotency_key FROM pgbroker.idempotency_keys i
+        WHERE (trim_dedup_keys.queue_name IS NULL OR lower(i.queue_name) = lower(trim_dedup_keys.queue_name))
+          AND i.expires_at < clock_timestamp()
+        LIMIT greatest(batch_size - removed, 0));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN removed + n;
 END;
 $_$;
 
@@ -8224,6 +8363,18 @@ CREATE TABLE pgbroker.dedup_keys (
 );
 
 --
+-- Name: idempotency_keys; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.idempotency_keys (
+    queue_name character varying NOT NULL,
+    idempotency_key text NOT NULL,
+    request_digest bytea NOT NULL,
+    ids bigint[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
 -- Name: inbound_seen; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
@@ -8404,6 +8555,18 @@ CREATE TABLE pgbroker.stream_cursor (
 WITH (fillfactor='30');
 
 --
+-- Name: stream_idempotency_keys; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.stream_idempotency_keys (
+    stream_name text NOT NULL,
+    idempotency_key text NOT NULL,
+    request_digest bytea NOT NULL,
+    ids bigint[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+--
 -- Name: stream_inbound_seen; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
@@ -8466,6 +8629,13 @@ ALTER TABLE ONLY pgbroker.api_keys
 
 ALTER TABLE ONLY pgbroker.dedup_keys
     ADD CONSTRAINT dedup_keys_pkey PRIMARY KEY (queue_name, dedup_key);
+
+--
+-- Name: idempotency_keys idempotency_keys_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.idempotency_keys
+    ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue_name, idempotency_key);
 
 --
 -- Name: inbound_seen inbound_seen_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
@@ -8594,6 +8764,13 @@ ALTER TABLE ONLY pgbroker.stream_group
     ADD CONSTRAINT stream_group_pkey PRIMARY KEY (stream_name, group_name);
 
 --
+-- Name: stream_idempotency_keys stream_idempotency_keys_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.stream_idempotency_keys
+    ADD CONSTRAINT stream_idempotency_keys_pkey PRIMARY KEY (stream_name, idempotency_key);
+
+--
 -- Name: stream_inbound_seen stream_inbound_seen_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -8710,6 +8887,13 @@ ALTER TABLE ONLY pgbroker.dedup_keys
     ADD CONSTRAINT dedup_keys_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
+-- Name: idempotency_keys idempotency_keys_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.idempotency_keys
+    ADD CONSTRAINT idempotency_keys_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
 -- Name: inbound_seen inbound_seen_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -8785,6 +8969,13 @@ ALTER TABLE ONLY pgbroker.stream_cursor
 
 ALTER TABLE ONLY pgbroker.stream_group
     ADD CONSTRAINT stream_group_stream_name_fkey FOREIGN KEY (stream_name) REFERENCES pgbroker.stream(stream_name) ON DELETE CASCADE;
+
+--
+-- Name: stream_idempotency_keys stream_idempotency_keys_stream_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.stream_idempotency_keys
+    ADD CONSTRAINT stream_idempotency_keys_stream_name_fkey FOREIGN KEY (stream_name) REFERENCES pgbroker.stream(stream_name) ON DELETE CASCADE;
 
 --
 -- Name: stream_inbound_seen stream_inbound_seen_stream_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -

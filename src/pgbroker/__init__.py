@@ -7,7 +7,9 @@ underscore is private; a package's API is its __init__ (docs/adr/0001-layout.md)
 """
 
 from pgbroker.errors import (
+    ConnectionLost,
     DatabaseError,
+    IdempotencyKeyReused,
     InstallError,
     InvalidArgument,
     InvalidMessage,
@@ -15,6 +17,7 @@ from pgbroker.errors import (
     MessageTooLarge,
     MissingExtension,
     NotInstalled,
+    OutcomeUnknown,
     PgbrokerError,
     QueueFull,
     QueueNameConflict,
@@ -73,8 +76,10 @@ __all__ = [
     "AsyncStreamConsumer",
     "AsyncTransaction",
     "Broker",
+    "ConnectionLost",
     "DatabaseError",
     "Handler",
+    "IdempotencyKeyReused",
     "InstallError",
     "InvalidArgument",
     "InvalidMessage",
@@ -84,6 +89,7 @@ __all__ = [
     "Metrics",
     "MissingExtension",
     "NotInstalled",
+    "OutcomeUnknown",
     "PartitionLag",
     "PeekedMessage",
     "PgbrokerError",

@@ -109,6 +109,25 @@ class DatabaseError(PgbrokerError):
     """Any other database error, passed through with its SQLSTATE."""
 
 
+class IdempotencyKeyReused(PgbrokerError):
+    """An idempotency key came again with another request (other messages, headers or delay)
+    within its window: the first request's answer would hide a different send."""
+
+    sqlstate = "PB009"
+
+
+class ConnectionLost(DatabaseError):
+    """The connection to the server broke during a call (a restart, a failover, a terminated
+    session). A call that only reads, or one inside a transaction the caller still had open
+    (which the server rolled back), can simply be made again."""
+
+
+class OutcomeUnknown(ConnectionLost):
+    """The connection broke while a send was being committed: the messages may or may not be
+    stored, and no one can tell from here. Retrying is safe only with the same de-duplication
+    key (header x-pgbroker-dedup-key) or idempotency key as the first attempt."""
+
+
 _CODED: tuple[type[PgbrokerError], ...] = (
     InvalidQueueName,
     QueueNotFound,
@@ -120,6 +139,7 @@ _CODED: tuple[type[PgbrokerError], ...] = (
     InvalidArgument,
     StreamNotFound,
     StreamGroupNotFound,
+    IdempotencyKeyReused,
 )
 _BY_SQLSTATE: dict[str, type[PgbrokerError]] = {
     **{cls.sqlstate: cls for cls in _CODED if cls.sqlstate},
@@ -132,8 +152,40 @@ _BY_SQLSTATE: dict[str, type[PgbrokerError]] = {
 _DETAIL_CODE = re.compile(r"^pgbroker (PB[0-9A-Z]{3})\b(?:: )?(.*)", re.DOTALL)
 
 
+# A connection that broke: its SQLSTATE's class (connection exception), or the server ending the
+# session (admin shutdown, crash shutdown, cannot connect now); an error without a SQLSTATE on a
+# closed connection is one the client library raised when the socket went.
+_LOST_CLASSES = ("08",)
+_LOST_STATES = ("57P01", "57P02", "57P03")
+
+_OUTCOME_HINT = (
+    "The send may have been stored or not. Retry it with the same x-pgbroker-dedup-key header "
+    "(or HTTP Idempotency-Key) as the first attempt: a stored one is then answered, not sent again."
+)
+
+
+def connection_lost(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` says the connection broke (as opposed to the server refusing the call)."""
+    sqlstate = exc.diag.sqlstate or ""
+    if sqlstate.startswith(_LOST_CLASSES) or sqlstate in _LOST_STATES:
+        return True
+    return not sqlstate and isinstance(exc, psycopg.OperationalError)
+
+
+def outcome_unknown(exc: psycopg.Error) -> OutcomeUnknown:
+    """The error for a send whose own transaction's commit the broken connection hid."""
+    message = exc.diag.message_primary or str(exc).strip() or "the connection was lost"
+    error = OutcomeUnknown(f"connection lost during a send: {message}", hint=_OUTCOME_HINT)
+    error.sqlstate = exc.diag.sqlstate
+    return error
+
+
 def from_postgres(exc: psycopg.Error) -> PgbrokerError:
     """The pgbroker exception for a psycopg error."""
+    if connection_lost(exc):
+        lost = ConnectionLost(exc.diag.message_primary or str(exc).strip() or "the connection was lost")
+        lost.sqlstate = exc.diag.sqlstate
+        return lost
     diag = exc.diag
     sqlstate = diag.sqlstate or ""
     message = diag.message_primary or str(exc).strip()

@@ -13,7 +13,7 @@ from pgbroker.bridge.connector import OutMessage
 from pgbroker.bridge.connectors.rabbitmq_mapping import Route, jsonable, outgoing
 from pgbroker.bridge.core.outbound import out_message
 from pgbroker.bridge.errors import Unpublishable
-from pgbroker.queues._records import Message
+from pgbroker.queues._records import Message, message_identity
 
 DEFAULT = Route("events", "orders")
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -27,7 +27,7 @@ def test_defaults_route_a_message_without_routing_headers_and_the_bridge_sets_it
     o = outgoing(message({"a": 1}), DEFAULT)
     assert o.route == DEFAULT
     assert json.loads(o.body) == {"a": 1}
-    assert (o.properties.message_id, o.properties.delivery_mode) == ("7", 2)
+    assert (o.properties.message_id, o.properties.delivery_mode) == (message_identity("7", NOW), 2)
     assert o.properties.content_type == "application/json"
     assert o.properties.headers is None
 

@@ -17,6 +17,7 @@ from pgbroker import Broker, codecs
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
 from pgbroker.queues._client_async import AsyncBroker
 from tests.support.codec_types import AVRO, PROTOBUF, Order, samples, stored_codec
+from tests.support.identity import msg_id_of
 from tests.support.rabbit import Rabbit
 
 CODECS = ["json", "msgpack", PROTOBUF, AVRO]
@@ -86,7 +87,7 @@ def test_rabbitmq_carries_the_codec_content_type_in_the_amqp_property(dsn: str, 
             finally:
                 bridge.stop()
                 await task
-            by_codec = {ids[int(m.header.properties.message_id or 0)]: m for m in got}
+            by_codec = {ids[msg_id_of(m.header.properties.message_id)]: m for m in got}
             assert set(by_codec) == set(CODECS)
             for name, message in by_codec.items():
                 content_type = message.header.properties.content_type or ""

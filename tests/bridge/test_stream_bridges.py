@@ -22,8 +22,9 @@ import pytest
 from pgbroker import Broker, codecs
 from pgbroker.bridge import InboundSettings, OutboundSettings
 from pgbroker.bridge.core.inbound import StreamInboundBridge
-from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
+from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge, stream_out_message
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._records import message_identity
 from pgbroker.streams._client import Stream
 from pgbroker.streams._client_async import AsyncStream
 from tests.support.bridge_processes import BridgeProcess, wait_for
@@ -155,11 +156,12 @@ def test_a_stream_goes_out_and_comes_back_in_once_per_message_in_order_per_key(
                 # The broker holds three of them a second time (same message ids): appended once.
                 with Broker(dsn) as broker, broker.connection() as conn:
                     again = conn.execute(
-                        "SELECT id, partition, key, message FROM pgbroker.s_orders ORDER BY id LIMIT 3"
+                        "SELECT id, partition, key, message, enqueued_at FROM pgbroker.s_orders"
+                        " ORDER BY id LIMIT 3"
                     ).fetchall()
-                for msg_id, partition, key, stored in again:
+                for msg_id, partition, key, stored, enqueued_at in again:
                     data, _ = codecs.wire_body(stored)
-                    await publish(f"{SOURCE}:{partition}:{msg_id}", data, key)
+                    await publish(message_identity(f"{SOURCE}:{partition}:{msg_id}", enqueued_at), data, key)
                 async with asyncio.timeout(20):
                     while inbound.stats.duplicates < 3:
                         await asyncio.sleep(0.05)
@@ -251,7 +253,9 @@ def test_sigkilled_stream_bridges_lose_nothing_and_duplicate_only_the_killed_bat
 
     entries = asyncio.run(probe.published(name, expect=count))
     copies = Counter(message_id for message_id, _ in entries)
-    assert set(copies) == expected, "every message published, with its stream position as id"
+    positions = {str(message_id).partition("@")[0] for message_id in copies}
+    assert positions == expected, "every message published, with its stream position in its id"
+    assert len(copies) == count, "one id a message"
     duplicated = [m for m, n in copies.items() if n > 1]
     assert len(duplicated) <= batch, f"{len(duplicated)} duplicates: more than the killed batch"
     assert all(n == 2 for n in copies.values() if n > 1)
@@ -269,3 +273,32 @@ def partitions_of(dsn: str, ids: list[int]) -> list[tuple[int, int]]:
         query = "SELECT partition, id FROM pgbroker.s_orders WHERE id = ANY(%s)"
         rows = conn.execute(query, (ids,)).fetchall()
     return [(int(p), int(i)) for p, i in rows]
+
+
+def test_a_stream_id_reissued_after_a_failover_goes_out_with_a_new_message_id(dsn: str) -> None:
+    """A failover that lost the tail of the WAL loses appended messages with their ids (and the
+    group's acks of them): the new primary appends other messages under the same ids. Their
+    message ids out must differ; a message read again (rewound) keeps its own."""
+    with Broker(dsn) as broker:
+        stream = Stream(broker, "ids")
+        stream.create(partitions=1)
+        stream.create_group("out", start="start")
+        consumer = stream.consumer("out", name="bridge")
+        lost = stream.send({"n": "lost"})
+        first = consumer.read(10)
+        [lost_out] = [stream_out_message(m) for m in first]
+        consumer.ack(first)
+        with broker.connection() as conn:  # the new primary's state
+            conn.execute("DELETE FROM pgbroker.s_ids WHERE id >= %s", (lost,))
+            conn.execute("SELECT setval('pgbroker.s_ids_seq', %s, false)", (lost,))
+            conn.execute(
+                "UPDATE pgbroker.stream_cursor SET acked_id = %s - 1, delivered_id = %s - 1", (lost, lost)
+            )
+            conn.execute("UPDATE pgbroker.stream_watermark SET safe_id = %s - 1", (lost,))
+        assert stream.send({"n": "new"}) == lost
+        [new_out] = [stream_out_message(m) for m in consumer.read(10)]
+        consumer.rewind()  # as after a lost connection: the batch is handed out again
+        [again_out] = [stream_out_message(m) for m in consumer.read(10)]
+    assert lost_out.message_id != new_out.message_id
+    assert new_out.message_id == again_out.message_id
+    assert new_out.message_id.startswith(f"ids:0:{lost}@")

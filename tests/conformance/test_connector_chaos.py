@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from pgbroker import Broker
+from pgbroker.queues._records import message_identity
 from tests.support.bridge_processes import BridgeProcess, wait_for
 from tests.support.postgres import scratch_dir
 from tests.support.probes import Probe, body_of, probe, unique
@@ -137,17 +138,19 @@ def test_out_delivers_every_message_through_a_sigkill_and_a_broker_restart(
     got = asyncio.run(check.published(target, expect=total))
     with Broker(dsn) as broker, broker.connection() as conn:
         archive = {
-            m: (r, msg["n"])
-            for m, r, msg in conn.execute("SELECT msg_id, read_ct, message FROM pgmq.a_outbox")
+            message_identity(str(m), at): (r, msg["n"])
+            for m, at, r, msg in conn.execute(
+                "SELECT msg_id, enqueued_at, read_ct, message FROM pgmq.a_outbox"
+            )
         }
     seen = Counter(mid for mid, _ in got)
-    missing = {str(m) for m in archive} - set(seen)
-    assert not missing, f"every message arrives, with its msg_id: {len(missing)} of {total} missing"
-    assert set(seen) <= {str(m) for m in archive}
-    duplicates = {int(mid or 0) for mid, n in seen.items() if n > 1}
-    assert all(archive[m][0] > 1 for m in duplicates), "a duplicate only for a message read more than once"
+    missing = set(archive) - set(seen)
+    assert not missing, f"every message arrives, with its identity: {len(missing)} of {total} missing"
+    assert set(seen) <= set(archive)
+    duplicates = {mid for mid, n in seen.items() if n > 1}
+    assert all(archive[str(m)][0] > 1 for m in duplicates), "a duplicate only for one read more than once"
     for mid, body in got:
-        assert json.loads(body) == {"n": archive[int(mid or 0)][1]}
+        assert json.loads(body) == {"n": archive[str(mid)][1]}
     print(f"{kind} out: {len(got)} received, {len(seen)} distinct, {len(duplicates)} duplicated,"
           f" {sum(1 for r, _ in archive.values() if r > 1)} read more than once")  # fmt: skip
 

@@ -1,6 +1,6 @@
 """Every connector beyond RabbitMQ, in process, against real servers (private ones the tests
-start, tests/support/servers.py): out, each message published once with its msg_id as message id,
-its body the payload's JSON and a publish record in the archive; in, each message stored once,
+start, tests/support/servers.py): out, each message published once with its identity (msg_id@enqueued_at) as
+message id, its body the payload's JSON and a publish record in the archive; in, each message stored once,
 even when the broker holds it twice; and the clear errors of a broker that is not there or a
 consumer group that does not exist. The chaos tests (SIGKILL, restarts) are in
 test_connector_chaos.py."""
@@ -28,6 +28,7 @@ from pgbroker.bridge import (
 )
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
+from tests.support.identity import ids_across_a_failover, msg_id_of
 from tests.support.postgres import scratch_dir
 from tests.support.probes import Probe, body_of, probe, unique
 from tests.support.servers import CONNECTORS, KINDS, PrivateServer, free_port
@@ -92,8 +93,8 @@ def test_out_publishes_each_message_once_with_its_msg_id_and_a_publish_record(
                 await task
             assert (bridge.stats.published, bridge.stats.retried, bridge.stats.stale) == (200, 0, 0)
         got = await broker_probe.published(target, expect=200)
-        assert sorted(int(mid or 0) for mid, _ in got) == sorted(ids)
-        assert {int(mid or 0): json.loads(body) for mid, body in got} == {
+        assert sorted(msg_id_of(mid) for mid, _ in got) == sorted(ids)
+        assert {msg_id_of(mid): json.loads(body) for mid, body in got} == {
             i: {"n": n} for n, i in enumerate(ids)
         }
 
@@ -104,6 +105,20 @@ def test_out_publishes_each_message_once_with_its_msg_id_and_a_publish_record(
         ]
     assert len(records) == 200
     assert all("at" in r for r in records)
+
+
+def test_a_msg_id_reissued_after_a_failover_gets_a_new_message_id_and_a_redelivery_keeps_its_own(
+    dsn: str, broker_probe: Probe
+) -> None:
+    target = unique("failover")
+    asyncio.run(broker_probe.prepare_out(target))
+
+    async def published(expect: int) -> list[tuple[str | None, bytes]]:
+        return await broker_probe.published(target, expect=expect)
+
+    ids_across_a_failover(
+        dsn, broker_probe.url(target), published, broker_deduplicates=broker_probe.kind == "nats"
+    )
 
 
 def test_in_stores_each_message_once_even_when_the_broker_holds_it_twice(
@@ -338,6 +353,6 @@ def test_to_an_sqs_fifo_queue_the_fifo_group_is_the_message_group_and_order_hold
             ns = [n for g, n, _ in got if g == group]
             assert ns == sorted(ns), f"order within {group}"
             assert all((n % 2 == 0) == (group == "g0") for n in ns)
-        assert sorted(int(d) for _, _, d in got) == sorted(ids), "the msg_id is the deduplication id"
+        assert sorted(msg_id_of(d) for _, _, d in got) == sorted(ids), "the identity is the deduplication id"
     finally:
         node.close()

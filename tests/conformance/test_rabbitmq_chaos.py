@@ -31,6 +31,7 @@ import pytest
 from pgbroker import Broker
 from pgbroker.bridge import OutboundBridge, OutboundSettings
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._records import message_identity
 from tests.support.postgres import scratch_dir
 from tests.support.private_rabbit import PrivateRabbit, server_binary
 from tests.support.rabbit import Rabbit
@@ -164,8 +165,10 @@ def test_three_bridges_deliver_every_message_through_a_sigkill_and_a_rabbitmq_re
     received = asyncio.run(drain())
     with psycopg.connect(dsn) as conn:
         archived = {
-            str(msg_id): (read_ct, message["value"])
-            for msg_id, read_ct, message in conn.execute("SELECT msg_id, read_ct, message FROM pgmq.a_outbox")
+            message_identity(str(msg_id), enqueued_at): (read_ct, message["value"])
+            for msg_id, enqueued_at, read_ct, message in conn.execute(
+                "SELECT msg_id, enqueued_at, read_ct, message FROM pgmq.a_outbox"
+            )
         }
         published = conn.execute(
             "SELECT count(*) FROM pgmq.a_outbox WHERE headers ? 'x-pgbroker-published'"
@@ -184,7 +187,8 @@ def test_three_bridges_deliver_every_message_through_a_sigkill_and_a_rabbitmq_re
     assert not missing
     assert len(archived) == MESSAGES
     assert published == (MESSAGES,)
-    # Every message_id is one msg_id with one body: a duplicate is the same message again.
+    # Every message_id is one message (msg_id@enqueued_at) with one body: a duplicate is the
+    # same message again.
     assert set(by_id) == set(archived)
     assert all(values[message_id] == archived[message_id][1] for message_id in by_id)
     assert len({body for _, body in received}) == MESSAGES

@@ -22,7 +22,9 @@ from pgbroker.bridge import (
     OutboundSettings,
 )
 from pgbroker.queues._client_async import AsyncBroker
-from tests.support.rabbit import Rabbit
+from pgbroker.queues._records import message_identity
+from tests.support.identity import ids_across_a_failover
+from tests.support.rabbit import Rabbit, unique
 from tests.support.tables import Conn, q_rows
 
 PUBLISHED = "x-pgbroker-published"
@@ -91,7 +93,8 @@ def test_messages_are_published_with_routing_and_properties_from_headers(
             assert len(got) == 1
             props = got[0].header.properties
             assert json.loads(got[0].body) == {"order": 1}
-            assert props.message_id == str(msg_id)
+            [(enqueued_at,)] = conn.execute("SELECT enqueued_at FROM pgmq.a_outbox").fetchall()
+            assert props.message_id == message_identity(str(msg_id), enqueued_at)
             assert props.delivery_mode == 2
             assert props.content_type == "application/json"
             assert (props.correlation_id, props.message_type, props.priority) == ("c-1", "order", 5)
@@ -340,3 +343,23 @@ def test_ack_mode_delete_leaves_no_archive_row(broker: Broker, dsn: str, conn: C
     asyncio.run(scenario())
     assert archive_headers(conn, "outbox") == {}
     assert q_rows(conn, "outbox") == []
+
+
+def test_a_msg_id_reissued_after_a_failover_gets_a_new_message_id_and_a_redelivery_keeps_its_own(
+    dsn: str, amqp: str
+) -> None:
+    target = unique("q")
+
+    async def declare() -> None:  # kept until published() read it: the bridge runs in between
+        async with Rabbit(amqp) as rabbit:
+            await rabbit.channel.queue_declare(target, durable=True)
+
+    asyncio.run(declare())
+
+    async def published(expect: int) -> list[tuple[str | None, bytes]]:
+        async with Rabbit(amqp) as rabbit:
+            got = await rabbit.drain(target, expect=expect)
+            rabbit.forget_later(queue=target)
+        return [(m.header.properties.message_id, m.body) for m in got]
+
+    ids_across_a_failover(dsn, f"{amqp}?routing_key={target}", published)

@@ -222,3 +222,87 @@ def test_the_clients_and_maintain_forget_expired_keys(dsn: str, broker: Broker, 
     )
     assert "forgot 1 expired dedup key" in done.stdout
     assert conn.execute("SELECT dedup_key FROM pgbroker.dedup_keys").fetchall() == [("c",)]
+
+
+def _idempotent(conn: Conn, key: str, *messages: Any, window: int = 86400) -> list[int]:
+    rows = conn.execute(
+        "SELECT * FROM pgbroker.send_idempotent('d', %s, %s::jsonb[], NULL, 0, %s)",
+        [key, [Jsonb(m) for m in messages], window],
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def test_an_idempotent_send_answers_its_key_again_and_refuses_it_for_another_request(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('d')")
+    first = _idempotent(conn, "req-1", {"n": 1}, {"n": 2})
+    assert _idempotent(conn, "req-1", {"n": 1}, {"n": 2}) == first
+    with pytest.raises(psycopg.Error, match="idempotency key 'req-1' was used for another request") as raised:
+        _idempotent(conn, "req-1", {"n": 1})
+    assert raised.value.sqlstate == "PB009"
+    conn.rollback()
+    assert _count(conn, "d") == 2
+
+
+def test_two_idempotent_senders_racing_on_one_key_store_one_batch(dsn: str, conn: Conn) -> None:
+    """The second waits for the first's transaction, then answers its msg_ids."""
+    conn.execute("SELECT pgmq.create('d')")
+    conn.commit()
+    for round_ in range(10):
+        barrier = threading.Barrier(2)
+        results: list[list[int]] = []
+
+        def sender(
+            n: int,
+            key: str = f"race-{round_}",
+            barrier: threading.Barrier = barrier,
+            results: list[list[int]] = results,
+        ) -> None:
+            with psycopg.connect(dsn) as c:
+                barrier.wait()
+                ids = _idempotent(c, key, {"n": 1})
+                c.execute("SELECT pg_sleep(0.01 * %s)", [n])  # commit apart, either order
+                c.commit()
+                results.append(ids)
+
+        threads = [threading.Thread(target=sender, args=(n,)) for n in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(results) == 2
+        assert results[0] == results[1]
+    assert _count(conn, "d") == 10
+
+
+def test_an_idempotency_key_is_free_after_its_window_and_trimmed(conn: Conn) -> None:
+    conn.execute("SELECT pgmq.create('d')")
+    first = _idempotent(conn, "req-1", {"n": 1}, window=1)
+    conn.commit()
+    conn.execute("SELECT pg_sleep(1.1)")
+    assert _idempotent(conn, "req-1", {"n": 2}, window=1) != first  # a new request now
+    conn.commit()
+    conn.execute("SELECT pg_sleep(1.1)")
+    row = conn.execute("SELECT pgbroker.trim_dedup_keys('d')").fetchone()
+    assert row == (1,)
+    assert conn.execute("SELECT count(*) FROM pgbroker.idempotency_keys").fetchone() == (0,)
+
+
+def test_a_stream_send_with_an_idempotency_key_appends_once_and_its_key_is_trimmed(conn: Conn) -> None:
+    conn.execute("SELECT pgbroker.create_stream('clicks')")
+
+    def send(*messages: Any) -> list[int]:
+        rows = conn.execute(
+            "SELECT * FROM pgbroker.stream_send_idempotent('clicks', 'b-1', %s::jsonb[], NULL, NULL, 1)",
+            [[Jsonb(m) for m in messages]],
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    first = send({"n": 1}, {"n": 2})
+    assert send({"n": 1}, {"n": 2}) == first
+    with pytest.raises(psycopg.Error, match="idempotency key 'b-1' was used for another request"):
+        send({"n": 3})
+    conn.rollback()
+    conn.commit()
+    conn.execute("SELECT pg_sleep(1.1)")
+    conn.execute("SELECT pgbroker.maintain_stream('clicks')")
+    assert conn.execute("SELECT count(*) FROM pgbroker.stream_idempotency_keys").fetchone() == (0,)

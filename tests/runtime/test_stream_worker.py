@@ -17,6 +17,7 @@ from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
 from pgbroker.streams._client import Stream
 from pgbroker.streams._records import StreamMessage
+from tests.support.faults import impatient, table_locked, terminate_sessions
 
 
 def run_until(
@@ -179,3 +180,44 @@ def test_each_keys_messages_are_handled_once_in_order_under_concurrency(dsn: str
             # A key's messages in the log's order: send order for one producer (concurrent
             # producers' sends are ordered by their ids).
             assert ids == sorted(sent[key]), key
+
+
+def test_the_stream_worker_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, broker: Broker) -> None:
+    """Watchdog (issue 23, item 2): a role with a 200 ms lock_timeout while a maintenance
+    transaction locks the group's cursors, then every session of the database terminated; the
+    stream worker waits, retries, and handles every message sent before, during and after."""
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=2)
+    clicks.create_group("g", start="start")
+    clicks.send_many([{"n": n} for n in range(100)])
+    handled: set[int] = set()
+    worker = StreamWorker("clicks", "g", lambda m: handled.add(m.message["n"]), batch_size=20, poll_max=0.5)
+
+    async def main() -> None:
+        task = asyncio.create_task(serve([worker], dsn=impatient(dsn), handle_signals=False))
+
+        async def until(count: int) -> None:
+            deadline = time.monotonic() + 120
+            while len(handled) < count:
+                assert not task.done(), f"the stream worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline, f"{len(handled)} of {count} handled after 120 s"
+                await asyncio.sleep(0.05)
+
+        try:
+            await until(100)
+
+            def faults() -> None:
+                with table_locked(dsn, "pgbroker.stream_cursor"):
+                    time.sleep(3)
+                terminate_sessions(dsn)
+                clicks.send_many([{"n": n} for n in range(100, 200)])
+
+            await asyncio.to_thread(faults)
+            await until(200)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(main())
+    assert handled == set(range(200))
+    assert worker.stats.connection_errors >= 1  # the faults were met

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
 from pgbroker import Broker, Queue
+from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.errors import InvalidArgument, QueueNotFound
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.schedules._scheduler import Scheduler
+from tests.support.faults import impatient, table_locked, terminate_sessions
 from tests.support.tables import Conn
 
 
@@ -372,3 +375,71 @@ def test_the_scheduler_outlives_a_pool_that_found_no_connection_in_time(dsn: str
             assert scheduler.stats.errors >= 1
 
     asyncio.run(scenario())
+
+
+def test_the_scheduler_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, queue: Queue) -> None:
+    """Watchdog (issue 23, item 2): a role with a 200 ms lock_timeout while a maintenance
+    transaction locks pgbroker.schedules, then every session of the database terminated; the
+    scheduler waits, retries, and sends a tick that fell due meanwhile."""
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=2) as broker:
+            scheduler = Scheduler(max_sleep=0.5)
+            running = asyncio.create_task(scheduler.run(broker))
+
+            def faults() -> None:
+                with table_locked(dsn, "pgbroker.schedules"):
+                    time.sleep(3)  # the scheduler's calls meet the lock meanwhile
+                terminate_sessions(dsn)
+                add_a_due_schedule(dsn)
+
+            await asyncio.to_thread(faults)
+            assert not running.done(), running.exception()
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            while not await broker.queue("jobs").peek():
+                assert not running.done(), running.exception()
+                assert loop.time() - started < 60
+                await asyncio.sleep(0.05)
+            scheduler.stop()
+            await running
+            assert scheduler.stats.errors >= 1  # the faults were met
+
+    asyncio.run(scenario())
+
+
+def test_the_scheduler_rides_out_a_server_restart(cluster: EmbeddedPostgres) -> None:
+    """Watchdog (issue 23, item 2): Postgres restarts under a running scheduler (every session
+    and its LISTEN connection cut, connections refused a while); it retries, and sends a tick
+    that falls due after the restart."""
+    dsn = cluster.dsn()
+    with Broker(dsn) as broker:
+        broker.create_queue("jobs")
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=2) as broker:
+            scheduler = Scheduler(max_sleep=0.5)
+            running = asyncio.create_task(scheduler.run(broker))
+            await asyncio.sleep(1)
+            await asyncio.to_thread(cluster.restart)
+            await asyncio.sleep(1)
+            assert not running.done(), running.exception()
+            await asyncio.to_thread(add_a_due_schedule, cluster.dsn())
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            while not await broker.queue("jobs").peek():
+                assert not running.done(), running.exception()
+                assert loop.time() - started < 60
+                await asyncio.sleep(0.05)
+            scheduler.stop()
+            await running
+
+    asyncio.run(scenario())
+
+
+def add_a_due_schedule(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pgbroker.schedule_add('now', 'jobs', '* * * * *', '{}');"
+            " UPDATE pgbroker.schedules SET next_run = now() - interval '1 second'"
+        )

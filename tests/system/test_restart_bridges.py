@@ -84,7 +84,7 @@ def test_bridge_out_rides_out_a_restart(cluster: EmbeddedPostgres, amqp: str) ->
     numbers, ids = asyncio.run(scenario())
     assert set(numbers) == set(range(BEFORE + AFTER)), "messages were lost"
     twice = {n for n, times in Counter(numbers).items() if times > 1}
-    # A duplicate carries the same message_id (the msg_id) as its first publish: recognisable.
+    # A duplicate carries the same message_id (msg_id@enqueued_at) as its first publish: recognisable.
     assert len(set(ids)) == BEFORE + AFTER
     # At most the windows whose acks the restart cut (2 of 100 here), and their leases' renewals
     # under load: a bridge that published everything again would fail this.

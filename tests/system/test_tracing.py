@@ -221,3 +221,20 @@ def test_a_stream_send_and_its_stream_worker_handler_are_traced_alike(
     assert process.attributes is not None
     assert process.attributes["messaging.consumer.group.name"] == "g"
     assert [(c.trace_id, c.span_id) for c in seen] == [ids(process)]
+
+
+def test_a_traced_send_retried_with_its_idempotency_key_is_the_same_request(
+    broker: Broker, exporter: InMemorySpanExporter
+) -> None:
+    """Each try carries a new traceparent; the key still finds the first try, not another request."""
+    orders = broker.create_queue("orders")
+    first = orders.send_many([{"n": 1}, {"n": 2}], headers=[{"tenant": "a"}, None], idempotency_key="k-1")
+    again = orders.send_many([{"n": 1}, {"n": 2}], headers=[{"tenant": "a"}, None], idempotency_key="k-1")
+    assert again == first
+    assert [m.msg_id for m in orders.read_many(10, vt=30)] == first
+    first_send, second_send = spans(exporter, "send orders")
+    assert traceparent_of(first_send) != traceparent_of(second_send)
+    stream = Stream(broker, "clicks")
+    stream.create(partitions=1)
+    sent = stream.send_many([{"n": 1}], keys=["u"], idempotency_key="k-2")
+    assert stream.send_many([{"n": 1}], keys=["u"], idempotency_key="k-2") == sent

@@ -29,11 +29,11 @@ class OutMessage:
     """One message to publish.
 
     ``body`` is the payload encoded by pgbroker.bridge.body as ``content_type`` says;
-    ``message_id`` the pgbroker msg_id as text (the broker's de-duplication key, where it has
-    one); ``headers`` the message's pgbroker headers (JSON values; each connector picks what it
-    can carry); ``key`` orders messages per key where the target can (a stream's subject, a
-    FIFO queue's message group), None when the message has none.
-    """
+    ``message_id`` the message's identity, "<msg_id>@<enqueued_at>" (Message.identity: the
+    broker's de-duplication key, where it has one; unique across a failover); ``headers`` the
+    message's pgbroker headers (JSON values; each connector picks what it can carry); ``key``
+    orders messages per key where the target can (a stream's subject, a FIFO queue's message
+    group), None when the message has none."""
 
     msg_id: int
     message_id: str

@@ -20,12 +20,14 @@ from starlette.responses import Response
 
 from pgbroker.codecs import CodecNotInstalled, UnknownCodec
 from pgbroker.errors import (
+    IdempotencyKeyReused,
     InvalidArgument,
     InvalidMessage,
     InvalidQueueName,
     MessageTooLarge,
     MissingExtension,
     NotInstalled,
+    OutcomeUnknown,
     PgbrokerError,
     QueueFull,
     QueueNameConflict,
@@ -74,6 +76,7 @@ _BY_CLASS: tuple[tuple[type[PgbrokerError], int, str], ...] = (
     (QueueFull, 503, "queue_full"),
     (MissingExtension, 409, "missing_extension"),
     (NotInstalled, 503, "not_installed"),
+    (IdempotencyKeyReused, 422, "idempotency_key_reused"),
 )
 
 #: Every code the API can answer with, and its status (the OpenAPI spec lists them).
@@ -91,6 +94,7 @@ ERROR_CODES: dict[str, int] = {
     "request_timeout": 408,
     "request_too_large": 413,
     "rate_limited": 429,
+    "outcome_unknown": 503,
     "database_error": 503,
     "database_unavailable": 503,
     "server_busy": 503,
@@ -104,15 +108,32 @@ _DATABASE_CLASSES: dict[str, tuple[str, str]] = {
     "08": ("database_unavailable", "the connection to the database failed"),
     "40": ("database_unavailable", "the database rolled the request back in a conflict; retry it"),
     "53": ("database_unavailable", "the database is out of resources"),
+    # A lock or object held by another session (lock_timeout during maintenance): it passes.
+    "55": ("database_unavailable", "the database is busy with what the request needs; retry it"),
     "57": ("database_unavailable", "the database is shutting down or cancelled the request"),
 }
 _DATABASE_FAILED = ("database_error", "the database failed to run the request")
+
+
+_OUTCOME_UNKNOWN_HINT = (
+    "Send the same request again with the same Idempotency-Key header (or message dedup_key): "
+    "if the first one was stored, its msg_ids are answered and nothing is sent twice."
+)
 
 
 def api_error_of(exc: BaseException) -> ApiError:
     """The ApiError to answer for an exception raised while handling a request."""
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, OutcomeUnknown):
+        # A fixed text: the driver's words for the broken connection may name the server's host.
+        return ApiError(
+            503,
+            "outcome_unknown",
+            "the connection to the database broke while the send committed: it may or may not be stored",
+            hint=_OUTCOME_UNKNOWN_HINT,
+            headers={"Retry-After": "1"},
+        )
     if isinstance(exc, PgbrokerError):
         for cls, status, code in _BY_CLASS:
             if isinstance(exc, cls):
@@ -201,6 +222,8 @@ async def handle_exception(request: Request, exc: Exception) -> Response:
             error.code,
             exc_info=exc,
         )
-        error.hint = f"The server's log tells more under request id {request_id}."
+        told = f"The server's log tells more under request id {request_id}."
+        # What to do next stays in the answer where there is something to do.
+        error.hint = f"{_OUTCOME_UNKNOWN_HINT} {told}" if error.code == "outcome_unknown" else told
         error.headers = {**(error.headers or {}), "X-Request-Id": request_id}
     return error_response(error)

@@ -125,6 +125,11 @@ def _document(operation: Operation, schemas: dict[tuple[str, str], Any]) -> dict
             if description:
                 parameter["description"] = description
             parameters.append({**parameter, "schema": schema})
+    for name, description in operation.headers.items():
+        text = {"type": "string", "minLength": 1, "maxLength": 255}
+        parameters.append(
+            {"name": name, "in": "header", "required": False, "description": description, "schema": text}
+        )
     if parameters:
         document["parameters"] = parameters
     if operation.body is not None:

@@ -81,6 +81,7 @@ class Operation:
     errors: Mapping[int, str]  # failures beyond those every such operation has
     scope_field: str | None  # the body field naming the queue of the scope (a path without one)
     reporting: bool  # read-only: served from the replica when the server has one
+    headers: Mapping[str, str]  # optional request headers it reads: name -> what it does
 
     @property
     def operation_id(self) -> str:
@@ -105,6 +106,7 @@ class Options(TypedDict, total=False):
     # Read-only (no statement of it writes): served from the replica when the server has one
     # (a replica refuses a write with SQLSTATE 25006).
     reporting: bool
+    headers: Mapping[str, str]  # optional request headers it reads: name -> what it does
 
 
 class Router:
@@ -152,6 +154,7 @@ class Router:
                     errors=options.get("errors", {}),
                     scope_field=options.get("scope_field"),
                     reporting=options.get("reporting", False),
+                    headers=options.get("headers", {}),
                 )
             )
             return handler

@@ -36,7 +36,7 @@ from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, RE
 from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of, listen_conninfo
 from pgbroker.codecs import Codec, CodecLike
 from pgbroker.codecs.queue_defaults import DefaultCodecs
-from pgbroker.errors import DatabaseError, QueueFull, from_postgres
+from pgbroker.errors import DatabaseError, QueueFull, connection_lost, from_postgres, outcome_unknown
 from pgbroker.queues import _arguments as arg
 from pgbroker.queues import _queries as q
 from pgbroker.queues._arguments import Delay, Receivable
@@ -72,10 +72,15 @@ class AsyncExecutor(Protocol):
 
 
 async def _run_on(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
+    # In autocommit outside a transaction the statement commits itself: a send whose connection
+    # breaks may have committed. Inside the caller's transaction it certainly rolled back.
+    commits_itself = conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
     try:
         cursor = await conn.execute(query.sql, query.params)
         rows = await cursor.fetchall() if cursor.description else []
     except psycopg.Error as exc:
+        if query.sends and commits_itself and connection_lost(exc):
+            raise outcome_unknown(exc) from exc
         raise from_postgres(exc) from exc
     return query.decode(rows)
 
@@ -193,6 +198,7 @@ class AsyncQueue:
         delay: Delay | None = None,
         wait: float | timedelta = 0,
         codec: CodecLike | None = None,
+        idempotency_key: str | None = None,
     ) -> list[int]:
         """Send messages in one statement; returns their msg_ids in order.
 
@@ -202,11 +208,22 @@ class AsyncQueue:
         A queue at its policy's max_depth refuses the send with QueueFull at once; with
         ``wait`` > 0 the send is tried again, less and less often, for up to that many
         seconds (inside a transaction, each try in a savepoint).
+
+        ``idempotency_key`` (1 to 255 characters): the same call again within 24 hours returns
+        the first call's msg_ids and sends nothing; the key with other messages, headers or
+        delay raises IdempotencyKeyReused. The retry for OutcomeUnknown (``delay`` in seconds).
         """
         chosen = await self._codec(codec)
         with tracing.span("send", self.name) as span:
             messages, headers = tracing.carry(span, messages, headers)
-            query = q.message_send_many(self.name, messages, headers=headers, delay=delay, codec=chosen)
+            query = q.message_send_many(
+                self.name,
+                messages,
+                headers=headers,
+                delay=delay,
+                codec=chosen,
+                idempotency_key=idempotency_key,
+            )
             retry = Patience(*SEND_RETRY, within=arg.duration(wait, "wait"))
             run = self._executor.run_in_savepoint if wait else self._executor.run
             while True:

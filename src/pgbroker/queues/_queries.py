@@ -106,8 +106,10 @@ def message_send_many(
     headers: Sequence[Mapping[str, Any] | None] | None = None,
     delay: Delay | None = None,
     codec: Codec | None = None,
+    idempotency_key: str | None = None,
 ) -> Query[list[int]]:
-    """``codec`` None: JSON, as pgmq stores it; another codec stores each body in an envelope."""
+    """``codec`` None: JSON, as pgmq stores it; another codec stores each body in an envelope.
+    ``idempotency_key``: through pgbroker.send_idempotent (34_dedup.sql), delay in seconds only."""
     encoded = [
         arg.encode_json(m) if codec is None else codecs.to_stored_text(m, codec)
         for m in arg.batch(messages, "messages")
@@ -128,14 +130,24 @@ def message_send_many(
                 hint="Give one headers mapping (or None) per message, or no headers at all.",
             )
     params: dict[str, Any] = {"queue": queue, "messages": encoded, "headers": encoded_headers}
+    if idempotency_key is not None:
+        if isinstance(delay, datetime):
+            raise InvalidArgument(
+                "an idempotent send takes its delay in seconds, not as a time",
+                hint="Pass delay as seconds (an int or a timedelta): a retry then sends the same request.",
+            )
+        seconds = 0 if delay is None else arg.whole_seconds(delay, "delay")
+        params = {**params, "key": idempotency_key, "delay": seconds}
+        return Query(_named("message_send_idempotent"), params, decoded.ids, sends=True)
     if delay is None:
-        return Query(_named("message_send_many"), params, decoded.ids)
+        return Query(_named("message_send_many"), params, decoded.ids, sends=True)
     if isinstance(delay, datetime):
         if delay.tzinfo is None:
             raise InvalidArgument("delay must be a timezone-aware datetime (naive datetimes are ambiguous)")
-        return Query(_named("message_send_many_delay_until"), {**params, "delay": delay}, decoded.ids)
-    seconds = arg.whole_seconds(delay, "delay")
-    return Query(_named("message_send_many_delay_seconds"), {**params, "delay": seconds}, decoded.ids)
+        until = {**params, "delay": delay}
+        return Query(_named("message_send_many_delay_until"), until, decoded.ids, sends=True)
+    after = {**params, "delay": arg.whole_seconds(delay, "delay")}
+    return Query(_named("message_send_many_delay_seconds"), after, decoded.ids, sends=True)
 
 
 def message_read_many(

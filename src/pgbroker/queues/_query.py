@@ -22,6 +22,9 @@ class Query(Generic[T]):
     params: Mapping[str, Any]
     decode: Callable[[list[Row]], T]
     check_queue: Callable[[object], object] = check_queue_name
+    # It stores messages: a connection lost while it commits (run as its own transaction)
+    # leaves the outcome unknown (pgbroker.errors.OutcomeUnknown), not merely failed.
+    sends: bool = False
 
     def __post_init__(self) -> None:
         # Every name is judged before any query, by the engine's rule (a NUL, which libpq cannot

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypedDict
 
 from pgbroker.codecs.errors import CodecError
@@ -47,6 +47,21 @@ class Receipt:
         return f"{self.msg_id}:{self.read_ct}:{self.lease}"
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def message_identity(position: str, enqueued_at: datetime) -> str:
+    """``<position>@<enqueued_at>``, the time in whole microseconds since the Unix epoch.
+
+    A msg_id alone is not unique across a failover: sends acknowledged on the old primary and
+    not yet replicated are lost with their sequence values, and the new primary hands the same
+    msg_ids out again, to other messages. enqueued_at is set by the server when the message is
+    sent and kept by every redelivery, retry, archive and move, so the pair names one message
+    on every publish attempt, and a reissued msg_id (sent later) gets another identity.
+    """
+    return f"{position}@{(enqueued_at - _EPOCH) // timedelta(microseconds=1)}"
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """A message as read, popped or returned by set_vt.
@@ -69,6 +84,13 @@ class Message:
     receipt: Receipt | None = None
     codec: str = "json"
     codec_error: CodecError | None = None
+
+    @property
+    def identity(self) -> str:
+        """The message's identity for de-duplication downstream, ``<msg_id>@<enqueued_at>``
+        (message_identity): the same on every delivery of this message, and different for
+        another message that got the same msg_id after a failover lost the tail of the WAL."""
+        return message_identity(str(self.msg_id), self.enqueued_at)
 
 
 @dataclass(frozen=True, slots=True)

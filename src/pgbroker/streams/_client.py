@@ -100,11 +100,20 @@ class Stream:
         *,
         keys: Sequence[str | None] | None = None,
         headers: Sequence[Mapping[str, Any] | None] | None = None,
+        idempotency_key: str | None = None,
     ) -> list[int]:
-        """Send messages in one statement; returns their ids in order."""
+        """Send messages in one statement; returns their ids in order.
+
+        ``idempotency_key`` (1 to 255 characters): the same call again within 24 hours returns
+        the first call's ids and appends nothing; the key with other messages, keys or headers
+        raises IdempotencyKeyReused. The retry for OutcomeUnknown. The trace context headers
+        (traceparent, tracestate) are not part of what makes a retry the same call.
+        """
         with tracing.span("send", self.name) as span:
             messages, headers = tracing.carry(span, messages, headers)
-            query = sq.stream_send_many(self.name, messages, headers=headers, keys=keys)
+            query = sq.stream_send_many(
+                self.name, messages, headers=headers, keys=keys, idempotency_key=idempotency_key
+            )
             sent = self._executor.run(query)
             tracing.sent(span, sent)
             return sent

@@ -88,7 +88,9 @@ def stream_send_many(
     *,
     headers: Sequence[Mapping[str, Any] | None] | None = None,
     keys: Sequence[str | None] | None = None,
+    idempotency_key: str | None = None,
 ) -> Query[list[int]]:
+    """``idempotency_key``: through pgbroker.stream_send_idempotent (92_streams.sql)."""
     encoded = [encode_json(m) for m in messages]
     if not encoded:
         raise InvalidArgument("messages must not be empty", hint="Pass at least one message.")
@@ -107,7 +109,9 @@ def stream_send_many(
         "headers": encoded_headers,
         "keys": None if keys is None else list(keys),
     }
-    return Query(_named("stream_send_many"), params, _ids)
+    if idempotency_key is not None:
+        return Query(_named("stream_send_idempotent"), {**params, "key": idempotency_key}, _ids, sends=True)
+    return Query(_named("stream_send_many"), params, _ids, sends=True)
 
 
 def stream_receive_many(

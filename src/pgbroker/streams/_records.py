@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pgbroker.queues._records import message_identity
+
 
 @dataclass(frozen=True, slots=True)
 class StreamMessage:
@@ -21,6 +23,14 @@ class StreamMessage:
     enqueued_at: datetime
     headers: dict[str, Any] | None
     message: Any
+
+    @property
+    def identity(self) -> str:
+        """The message's identity for de-duplication downstream,
+        ``<stream>:<partition>:<id>@<enqueued_at>`` (pgbroker.queues._records.message_identity):
+        the same each time the message is read again, different for another message that got
+        the same id after a failover."""
+        return message_identity(f"{self.stream}:{self.partition}:{self.id}", self.enqueued_at)
 
 
 @dataclass(slots=True)

@@ -91,7 +91,8 @@ END;
 $$;
 
 -- Remove a queue's keys whose time is over (all queues' when queue_name is
--- NULL), at most batch_size rows a call; returns how many went.
+-- NULL), its idempotency keys too, at most batch_size rows a call; returns
+-- how many went.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.trim_dedup_keys(queue_name text DEFAULT NULL, batch_size integer DEFAULT 10000)
 RETURNS bigint LANGUAGE plpgsql AS $$
@@ -127,6 +128,132 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         removed := removed + n;
     END LOOP;
-    RETURN removed;
+    -- Idempotency keys (below) whose time is over, in the same budget.
+    DELETE FROM pgbroker.idempotency_keys k WHERE (k.queue_name, k.idempotency_key) IN (
+        SELECT i.queue_name, i.idempotency_key FROM pgbroker.idempotency_keys i
+        WHERE (trim_dedup_keys.queue_name IS NULL OR lower(i.queue_name) = lower(trim_dedup_keys.queue_name))
+          AND i.expires_at < clock_timestamp()
+        LIMIT greatest(batch_size - removed, 0));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN removed + n;
+END;
+$$;
+
+-- Idempotent sends: a request retried with the same idempotency key gets the
+-- first answer again, and sends nothing.
+--
+-- A client that lost the answer to a send (a connection cut while the send
+-- committed, a proxy's time-out) cannot know whether it was stored. Sent
+-- again with the same key, the batch is stored at most once: the key, a
+-- digest of the request and the msg_ids are written in the send's own
+-- transaction, so they commit or vanish with the messages. A second request
+-- with the key waits for the first one's transaction (the primary key's
+-- uncommitted entry), then returns its msg_ids; the same key with another
+-- request (other messages, headers or delay) is refused with PB009, since
+-- answering with the first one's msg_ids would hide a different send. A
+-- key is held for window_seconds (24 hours by default); after that it may be
+-- used again. Keys are per queue; pgbroker.trim_dedup_keys removes those
+-- whose time is over.
+
+-- Claim idempotency_key of a send to a queue (tbl pgbroker.idempotency_keys,
+-- its owner named in column owner_column) or a stream (the stream's table):
+-- NULL when the key was free or its time over (the caller sends and records
+-- its ids with _idempotency_record), else the ids of the request that holds
+-- it; PB009 when that request was another one.
+CREATE OR REPLACE FUNCTION pgbroker._idempotency_claim(
+    tbl text, owner_column text, owner text, idempotency_key text, digest bytea, window_seconds integer)
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    claimed boolean;
+    held_digest bytea;
+    held_ids bigint[];
+    held_expires timestamptz;
+BEGIN
+    PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
+        'idempotency_key must be 1 to 255 characters');
+    PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
+        format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
+    LOOP
+        EXECUTE format(
+            'INSERT INTO pgbroker.%I (%I, idempotency_key, request_digest, ids, expires_at)'
+            ' VALUES ($1, $2, $3, ''{}'', clock_timestamp() + make_interval(secs => $4))'
+            ' ON CONFLICT DO NOTHING RETURNING true', tbl, owner_column)
+            INTO claimed USING owner, idempotency_key, digest, window_seconds;
+        IF claimed THEN
+            RETURN NULL;
+        END IF;
+        -- A new statement: it sees the row of a request that committed while
+        -- the insert waited.
+        EXECUTE format(
+            'SELECT request_digest, ids, expires_at FROM pgbroker.%I'
+            ' WHERE %I = $1 AND idempotency_key = $2 FOR UPDATE', tbl, owner_column)
+            INTO held_digest, held_ids, held_expires USING owner, idempotency_key;
+        CONTINUE WHEN held_digest IS NULL;  -- trimmed meanwhile: claim it afresh
+        IF held_expires <= clock_timestamp() THEN
+            EXECUTE format('DELETE FROM pgbroker.%I WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
+                USING owner, idempotency_key;
+            CONTINUE;
+        END IF;
+        IF held_digest <> digest THEN
+            RAISE EXCEPTION 'idempotency key % was used for another request to %',
+                quote_literal(idempotency_key), quote_literal(owner)
+                USING ERRCODE = 'PB009',
+                      HINT = 'Retry a request with its own key and exactly the same body; use a new key for a new request.';
+        END IF;
+        RETURN held_ids;
+    END LOOP;
+END;
+$$;
+
+-- Record the ids a claimed key's send got (see _idempotency_claim).
+CREATE OR REPLACE FUNCTION pgbroker._idempotency_record(
+    tbl text, owner_column text, owner text, idempotency_key text, sent bigint[])
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('UPDATE pgbroker.%I SET ids = $3 WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
+        USING owner, idempotency_key, sent;
+    RETURN sent;
+END;
+$$;
+
+-- A request's digest: what makes a retry the same request.
+CREATE OR REPLACE FUNCTION pgbroker._idempotency_digest(VARIADIC parts jsonb[])
+RETURNS bytea LANGUAGE sql IMMUTABLE AS $$
+    SELECT sha256(convert_to(to_jsonb(parts)::text, 'UTF8'));
+$$;
+
+-- A request's headers as its digest takes them: without the W3C trace context
+-- (traceparent, tracestate), which a traced client writes anew on every try of
+-- the same request (pgbroker.tracing), so that a retry is still the same request.
+CREATE OR REPLACE FUNCTION pgbroker._idempotency_headers(headers jsonb[])
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_agg(h - ARRAY['traceparent', 'tracestate'] ORDER BY i)
+    FROM unnest(headers) WITH ORDINALITY AS u(h, i);
+$$;
+
+-- Send msgs (headers, delay in seconds as pgmq.send_batch takes them) once
+-- for idempotency_key; the same call again returns the same msg_ids.
+-- Arguments: window_seconds: how long the key is held (1 s to 30 days).
+-- Returns: the msg_ids, in the order of msgs: the first call's, each time.
+-- Errors: PB009 when the key was used for another request within its window;
+--   PB007 for an empty key, one over 255 characters, or a window out of range.
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.send_idempotent(
+    queue_name text, idempotency_key text, msgs jsonb[], headers jsonb[] DEFAULT NULL,
+    delay integer DEFAULT 0, window_seconds integer DEFAULT 86400)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+DECLARE
+    stored varchar;
+    held bigint[];
+BEGIN
+    PERFORM pgbroker._table(queue_name);
+    stored := pgbroker._stored_name(queue_name);
+    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, idempotency_key,
+        pgbroker._idempotency_digest(to_jsonb(msgs), pgbroker._idempotency_headers(headers), to_jsonb(delay)), window_seconds);
+    IF held IS NULL THEN
+        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, idempotency_key,
+            ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
+    END IF;
+    RETURN QUERY SELECT unnest(held);
 END;
 $$;

@@ -449,6 +449,33 @@ BEGIN
 END;
 $$;
 
+-- Send a batch once for idempotency_key (the queues' send_idempotent,
+-- 34_dedup.sql): the same call again within window_seconds returns the same
+-- ids and appends nothing.
+-- Returns: the ids, in the order of the messages: the first call's, each time.
+-- Errors: PB009 when the key was used for another request within its window;
+--   PB007 for an empty key, one over 255 characters, or a window out of range.
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.stream_send_idempotent(
+    stream_name text, idempotency_key text, messages jsonb[], headers jsonb[] DEFAULT NULL,
+    keys text[] DEFAULT NULL, window_seconds integer DEFAULT 86400)
+RETURNS SETOF bigint LANGUAGE plpgsql AS $$
+DECLARE
+    s pgbroker.stream := pgbroker._stream_row(stream_name);
+    held bigint[];
+BEGIN
+    held := pgbroker._idempotency_claim('stream_idempotency_keys', 'stream_name', s.stream_name,
+        idempotency_key, pgbroker._idempotency_digest(
+            to_jsonb(messages), pgbroker._idempotency_headers(headers), to_jsonb(keys)),
+        window_seconds);
+    IF held IS NULL THEN
+        held := pgbroker._idempotency_record('stream_idempotency_keys', 'stream_name', s.stream_name,
+            idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
+    END IF;
+    RETURN QUERY SELECT unnest(held);
+END;
+$$;
+
 -- Send one message; returns its id.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_send(stream_name text, message jsonb, headers jsonb DEFAULT NULL,
@@ -1116,6 +1143,8 @@ BEGIN
             emptied := emptied + 1;
         END IF;
     END LOOP;
+    DELETE FROM pgbroker.stream_idempotency_keys k  -- keys whose time is over
+    WHERE k.stream_name = s.stream_name AND k.expires_at < clock_timestamp();
     RETURN emptied;
 END;
 $$;

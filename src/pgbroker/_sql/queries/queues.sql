@@ -55,6 +55,10 @@ SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jso
 -- Send a batch of messages visible at a timestamp.
 SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(delay)s::timestamptz)
 
+-- name: message_send_idempotent
+-- Send a batch once per idempotency key: a retry with the key gets the first msg_ids again.
+SELECT * FROM pgbroker.send_idempotent(%(queue)s, %(key)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(delay)s::integer)
+
 -- name: message_read_many
 -- Read up to n messages with receipts, hiding them for a visibility timeout.
 SELECT * FROM pgbroker.read(%(queue)s, %(vt)s::integer, %(qty)s::integer, %(conditional)s::jsonb)

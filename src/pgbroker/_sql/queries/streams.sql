@@ -24,6 +24,10 @@ FROM pgbroker.streams()
 -- Append a batch of messages to a stream.
 SELECT pgbroker.stream_send_many(%(stream)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[])
 
+-- name: stream_send_idempotent
+-- Append a batch once per idempotency key: a retry with the key gets the first ids again.
+SELECT * FROM pgbroker.stream_send_idempotent(%(stream)s, %(key)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[])
+
 -- name: stream_notify_channel
 -- The LISTEN channel a stream's appends notify on.
 SELECT pgbroker.stream_notify_channel(%(stream)s)

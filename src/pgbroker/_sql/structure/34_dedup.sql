@@ -10,3 +10,16 @@ CREATE TABLE pgbroker.dedup_keys (
     sent_at timestamptz NOT NULL,
     PRIMARY KEY (queue_name, dedup_key)
 );
+
+-- Idempotency keys of sends (the HTTP header Idempotency-Key): a request's
+-- key, a digest of what it sent, and the msg_ids it got, kept in the send's
+-- own transaction until expires_at (functions/34_dedup.sql).
+CREATE TABLE pgbroker.idempotency_keys (
+    queue_name varchar NOT NULL
+        REFERENCES pgmq.meta (queue_name) ON DELETE CASCADE ON UPDATE CASCADE,
+    idempotency_key text NOT NULL,
+    request_digest bytea NOT NULL,
+    ids bigint[] NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (queue_name, idempotency_key)
+);

@@ -29,6 +29,9 @@ UNION ALL
 -- The default codec of a queue's sends (20_policies.sql).
 SELECT 'producer', 'pgbroker', 'queue_codec'
 UNION ALL
+-- A send that a retry with the same idempotency key answers again (34_dedup.sql).
+SELECT 'producer', 'pgbroker', 'send_idempotent'
+UNION ALL
 SELECT 'consumer', 'pgmq', f FROM unnest(ARRAY[
     'read', 'read_with_poll', 'read_grouped', 'read_grouped_with_poll', 'read_grouped_head',
     'read_grouped_head_with_poll', 'read_grouped_rr', 'read_grouped_rr_with_poll',

@@ -54,8 +54,22 @@ CREATE TABLE pgbroker.stream_consumer (
     FOREIGN KEY (stream_name, group_name) REFERENCES pgbroker.stream_group ON DELETE CASCADE
 ) WITH (fillfactor = 30);
 
+-- Idempotency keys of sends to a stream, as pgbroker.idempotency_keys for
+-- queues (structure/34_dedup.sql).
+CREATE TABLE pgbroker.stream_idempotency_keys (
+    stream_name text NOT NULL REFERENCES pgbroker.stream ON DELETE CASCADE,
+    idempotency_key text NOT NULL,
+    request_digest bytea NOT NULL,
+    ids bigint[] NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (stream_name, idempotency_key)
+);
+
 INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['stream_send', 'stream_send_many']) f
+UNION ALL
+-- A send that a retry with the same idempotency key answers again (functions/92_streams.sql).
+SELECT 'producer', 'pgbroker', 'stream_send_idempotent'
 UNION ALL
 SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY[
     'stream_read', 'stream_ack', 'stream_consume', 'stream_release', 'stream_rewind',

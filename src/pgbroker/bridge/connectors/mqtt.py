@@ -11,11 +11,12 @@ URL: ``mqtt://[user:password@]host:1883`` with options
   session_expiry  in: seconds the broker keeps the session while the bridge is away (86400).
 
 Out, every message is published at QoS 1 and its PUBACK awaited (up to 1000 in flight); the
-PUBACK is the confirm. The message id (the msg_id) travels as the user property message-id, the
-content type as MQTT 5's Content Type, the FIFO group as user property key, other headers as
-user properties (text, or JSON text). A PUBACK saying "no matching subscribers" means the broker
-dropped the message: it counts as a failure (retried, then dead-lettered), as an unroutable
-RabbitMQ publish does; create the subscribers' persistent sessions before publishing.
+PUBACK is the confirm. The message id (the message identity, msg_id@enqueued_at) travels as the
+user property message-id, the content type as MQTT 5's Content Type, the FIFO group as user
+property key, other headers as user properties (text, or JSON text). A PUBACK saying "no
+matching subscribers" means the broker dropped the message: it counts as a failure (retried,
+then dead-lettered), as an unroutable RabbitMQ publish does; create the subscribers' persistent
+sessions before publishing.
 
 In, the bridge connects with clean start off and a session expiry, so the broker keeps its
 subscription and every QoS 1 message for it while the bridge is away (Mosquitto: up to

@@ -10,11 +10,11 @@ URL: ``nats://[user:password@]host:4222`` with options
             created, ack_wait and max_ack_pending from the settings, when it does not exist).
 
 Out, every message of a window is published at once and the stream's publish acks awaited
-together; an ack is the confirm (the stream stored it). Nats-Msg-Id is the msg_id, so a
-message published again within the stream's duplicate window (2 minutes by default) is
-acknowledged as a duplicate and not stored twice: the copy a killed bridge's window makes is
-usually dropped by the stream itself. Content-Type, Pgbroker-Key (the FIFO group) and the
-message's other headers (text, or JSON text) travel as NATS headers.
+together; an ack is the confirm (the stream stored it). Nats-Msg-Id is the message identity
+(msg_id@enqueued_at), so a message published again within the stream's duplicate window (2
+minutes by default) is acknowledged as a duplicate and not stored twice: the copy a killed
+bridge's window makes is usually dropped by the stream itself. Content-Type, Pgbroker-Key (the
+FIFO group) and the message's other headers (text, or JSON text) travel as NATS headers.
 
 In, batches are fetched from the durable consumer and acked after the commit; a message not
 acked within ack_wait is delivered again (to this bridge or another bound to the same consumer).

@@ -7,14 +7,13 @@ URL: ``amqp://user:password@host:5672/vhost`` with, besides pika's own query opt
   in   ``queue``: the RabbitMQ queue to consume (default: the bridge's source, else the
        pgbroker queue's name).
 
-Out, every publish is mandatory and persistent on a confirm channel, message_id = msg_id; a
-returned (unroutable), nacked, unconfirmed or lost publish is Refused. Exchanges are checked
-(passive declare on a probe channel of their own, since a missing exchange closes the channel
-it is used on) before their first publish and every 30 s after, or declared with declare.
-In, deliveries are consumed with manual acks and a prefetch, and acked with one basic.ack
-(``multiple``) per batch; a rejected delivery is rejected without requeue (RabbitMQ
-dead-letters it if the queue has a dead-letter exchange).
-"""
+Out, every publish is mandatory and persistent on a confirm channel, message_id = the message
+identity (msg_id@enqueued_at); a returned (unroutable), nacked, unconfirmed or lost publish is
+Refused. Exchanges are checked (passive declare on a probe channel of their own, since a missing
+exchange closes the channel it is used on) before their first publish and every 30 s after, or
+declared with declare. In, deliveries are consumed with manual acks and a prefetch, and acked
+with one basic.ack (``multiple``) per batch; a rejected delivery is rejected without requeue
+(RabbitMQ dead-letters it if the queue has a dead-letter exchange)."""
 
 from __future__ import annotations
 

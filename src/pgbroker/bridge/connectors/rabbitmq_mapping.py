@@ -8,12 +8,12 @@ Outbound, a message's headers may say where and how to publish it:
                       expiration, priority, type, app_id, user_id, timestamp, headers
 
 Every other header that does not start with ``x-amqp-`` or ``x-pgbroker-`` is copied into the
-AMQP headers table (x-amqp-properties.headers wins on a clash; AMQP tables have no floating point
-type, so a float header travels as its text). The body and its content type are the core's
+AMQP headers table (x-amqp-properties.headers wins on a clash; AMQP tables have no floating
+point type, so a float header travels as its text). The body and its content type are the core's
 (pgbroker.bridge.body; x-amqp-properties.content_type may override application/json, never a
-binary codec's type, which says how to read the bytes); message_id is the
-msg_id and delivery is persistent, always: those are the bridge's guarantees, so the
-properties may not set them.
+binary codec's type, which says how to read the bytes); message_id is the message identity
+(msg_id@enqueued_at) and delivery is persistent, always: those are the bridge's guarantees, so
+the properties may not set them.
 
 Inbound, the body goes to the core as it came (pgbroker.bridge.body makes it a payload, and the
 core adds x-amqp-body when it is not JSON). The AMQP properties are kept in x-amqp-properties
@@ -90,7 +90,7 @@ def outgoing(message: OutMessage, default: Route) -> Outgoing:
     if unknown:
         raise Unpublishable(
             f"{PROPERTIES_HEADER} has properties the bridge cannot set: {', '.join(unknown)}",
-            hint="message_id (the msg_id) and delivery_mode (persistent) are set by the bridge.",
+            hint="message_id (the message identity) and delivery_mode (persistent) are set by the bridge.",
         )
     texts = {
         name: _short_text(given[name], f"{PROPERTIES_HEADER}.{name}")

@@ -11,8 +11,8 @@ URL: ``redis://[user:password@]host:6379[/db]`` with options
 Out, a window is one pipeline of XADDs; an entry id in the reply is the confirm (Redis has the
 entry in memory; it survives a Redis restart as far as its persistence settings say: appendonly
 with appendfsync always or everysec). An entry has the fields body, content_type, message_id
-(the msg_id), key (the message's FIFO group, when it has one) and headers (JSON), so consumers
-de-duplicate by message_id.
+(the message identity, msg_id@enqueued_at), key (the message's FIFO group, when it has one) and
+headers (JSON), so consumers de-duplicate by message_id.
 
 In, entries are read with XREADGROUP (first this consumer's own pending entries, left unacked by
 a bridge that was killed, then new ones) and XACKed after the commit. Entries pending longer than

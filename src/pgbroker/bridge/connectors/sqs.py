@@ -9,14 +9,14 @@ profile, an instance role); never from the URL.
 
 Out, a window is sent as SendMessageBatch calls of up to 10 messages (and 256 KiB), several at
 once; a message listed as Successful is confirmed (SQS stored it), one listed as Failed is
-refused with SQS's code and text. The message id (the msg_id) travels as the message attribute
-pgbroker-message-id, the content type as content-type, other headers as pgbroker-headers (JSON);
-a body that is not text SQS accepts is sent as base64 with body-encoding: base64. To a FIFO queue
-(a name ending in .fifo) the message id is also the MessageDeduplicationId, so SQS itself drops
-a copy sent within 5 minutes, and the message's FIFO group (x-pgmq-group) is its MessageGroupId
-(else "pgbroker"): order per key, with calls sent one after the other (and one window,
-``--windows 1``, since windows run side by side; a message that failed and is retried comes
-after those sent behind it).
+refused with SQS's code and text. The message id (the message identity, msg_id@enqueued_at)
+travels as the message attribute pgbroker-message-id, the content type as content-type, other
+headers as pgbroker-headers (JSON); a body that is not text SQS accepts is sent as base64 with
+body-encoding: base64. To a FIFO queue (a name ending in .fifo) the message id is also the
+MessageDeduplicationId, so SQS itself drops a copy sent within 5 minutes, and the message's FIFO
+group (x-pgmq-group) is its MessageGroupId (else "pgbroker"): order per key, with calls sent one
+after the other (and one window, ``--windows 1``, since windows run side by side; a message that
+failed and is retried comes after those sent behind it).
 
 In, ReceiveMessage long-polls (then more calls at once while the queue has more) with a
 visibility timeout of ack_wait; messages are deleted (DeleteMessageBatch) only after the commit.

@@ -22,6 +22,12 @@ out; the message is then read again and published a second time, with the same m
 that is the one duplicate this design allows (at-least-once; consumers de-duplicate by
 message id). Nothing is lost: a message leaves the queue only after its confirm.
 
+The message id is the message's identity, "<msg_id>@<enqueued_at in microseconds>"
+(Message.identity), not the msg_id alone: after a failover that lost the tail of the WAL, the
+new primary hands lost msg_ids out again, to other messages, which downstream de-duplication
+by msg_id would drop. enqueued_at, set by the server at the send and kept by every redelivery,
+tells them apart while a message keeps one id on every publish.
+
 Wake-ups: reads wait on the queue's NOTIFY channel (pgbroker._db.listen), so an idle bridge
 costs nothing and a new message is picked up within milliseconds; the first read on start
 catches up with everything sent while no bridge ran.
@@ -238,13 +244,14 @@ class OutboundBridge:
 
 def out_message(message: Message) -> OutMessage:
     """What a connector is given to publish for a message: its body and content type
-    (pgbroker.bridge.body), the msg_id as message id, its headers, its FIFO group as key."""
+    (pgbroker.bridge.body), its identity "<msg_id>@<enqueued_at>" as message id, its headers,
+    its FIFO group as key."""
     encoded = body.encode(message.message)  # as stored: read with decode=False
     headers = message.headers or {}
     key = headers.get(KEY_HEADER)
     return OutMessage(
         msg_id=message.msg_id,
-        message_id=str(message.msg_id),
+        message_id=message.identity,
         body=encoded.data,
         content_type=encoded.content_type,
         headers=headers,

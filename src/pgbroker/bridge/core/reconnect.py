@@ -1,12 +1,13 @@
 """Keeping a bridge connected: which failures it rides out, and the reconnect loop both
 directions share, whatever the broker.
 
-A lost broker connection, a database restart or a dropped database connection is transient: the
-bridge reconnects after a back-off (jittered, doubling up to 30 s) and carries on; messages it
-held come back on their own (pgbroker leases run out, the broker delivers unacked messages
-again). A missing queue or stream, a missing schema or an invalid setting is not: retrying cannot
-fix it, so the bridge stops and says what is wrong. The first connection is not retried either:
-a wrong URL, bad credentials or a broker that is not there is reported at once.
+A lost broker connection, a database restart, a dropped database connection, a lock or statement
+timeout (a maintenance transaction holding the queue's table) is transient: the bridge
+reconnects after a back-off (jittered, doubling up to 30 s) and carries on; messages it held
+come back on their own (pgbroker leases run out, the broker delivers unacked messages again).
+A missing queue or stream, a missing schema or an invalid setting is not: retrying cannot fix
+it, so the bridge stops and says what is wrong. The first connection is not retried either: a
+wrong URL, bad credentials or a broker that is not there is reported at once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import psycopg
 from psycopg_pool import PoolTimeout
 
 from pgbroker._db.backoff import Backoff
-from pgbroker._db.liveness import is_read_only_server
+from pgbroker._db.liveness import is_transient as database_transient
 from pgbroker.bridge.connector import Endpoint
 from pgbroker.bridge.errors import BrokerConnectionLost, BrokerNotFound
 from pgbroker.errors import DatabaseError
@@ -43,7 +44,10 @@ C = TypeVar("C", bound=_Closable)
 def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, BrokerConnectionLost | psycopg.OperationalError | PoolTimeout):
         return True
-    if is_read_only_server(exc):  # a standby after a switchover: a new connection finds the primary
+    # What the runtime's loops ride out too: a psycopg OperationalError under the client's error
+    # (a lock or statement timeout, a cut session), or a server gone read-only (a standby after a
+    # switchover: a new connection finds the primary).
+    if database_transient(exc):
         return True
     if isinstance(exc, DatabaseError):
         code = exc.sqlstate or ""

@@ -9,8 +9,10 @@ and acked (the group's cursors move past it) once every message in it was confir
 - at-least-once: a bridge killed between the confirm and the ack leaves the batch unacked; the
   consumer that takes its partitions over (this bridge restarted, after the consumer lease, or
   another bridge of the group) reads it again and publishes it a second time. Those are the only
-  duplicates, and they carry the same message id: "<stream>:<partition>:<id>", the message's
-  position in the stream, for consumers downstream to de-duplicate.
+  duplicates, and they carry the same message id: "<stream>:<partition>:<id>@<enqueued_at>",
+  the message's position in the stream and when it was appended (StreamMessage.identity: a
+  failover that lost appended ids reissues them, the time tells them apart), for consumers
+  downstream to de-duplicate.
 - a lost connection (or a database error) mid-window acks nothing: after reconnecting, the
   consumer rewinds (what it read and did not ack is handed out again) and publishes again.
 - order: one window at a time per bridge (a stream's ack moves a cursor, so a later batch must
@@ -162,15 +164,16 @@ class StreamOutboundBridge:
 
 def stream_out_message(message: StreamMessage) -> OutMessage:
     """What a connector is given for a stream message: its body and content type
-    (pgbroker.bridge.body), "<stream>:<partition>:<id>" as message id, its key (also as header
-    x-pgmq-group, for brokers that carry only headers), its headers."""
+    (pgbroker.bridge.body), its identity "<stream>:<partition>:<id>@<enqueued_at>" as message
+    id, its key (also as header x-pgmq-group, for brokers that carry only headers), its
+    headers."""
     encoded = body.encode(message.message)
     headers = dict(message.headers or {})
     if message.key is not None:
         headers[KEY_HEADER] = message.key
     return OutMessage(
         msg_id=message.id,
-        message_id=f"{message.stream}:{message.partition}:{message.id}",
+        message_id=message.identity,
         body=encoded.data,
         content_type=encoded.content_type,
         headers=headers,

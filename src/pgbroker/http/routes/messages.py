@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+from pgbroker.http.idempotency import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, SEND_HEADERS
 from pgbroker.http.models import (
     AckBody,
     Acked,
@@ -35,7 +36,8 @@ _SEND_ERRORS = {
     400: "invalid JSON, queue name, argument or message (invalid_message: a value the codec cannot "
     "encode), or unknown_codec (a codec the server does not know: see the hint)",
     501: "codec_not_installed (the server lacks the codec's library)",
-    503: "queue_full (max_depth reached; see Retry-After) or database error",
+    **IDEMPOTENCY_ERRORS,
+    503: f"queue_full (max_depth reached; see Retry-After), {IDEMPOTENCY_ERRORS[503]}",
 }
 _STALE = {409: "stale_receipt (single receipt form only)"}
 T = TypeVar("T")
@@ -47,6 +49,7 @@ T = TypeVar("T")
     scope="send",
     status=201,
     errors=_SEND_ERRORS,
+    headers=SEND_HEADERS,
 )
 async def send(call: Call, body: SendBody) -> MsgIdList:
     headers: list[Mapping[str, Any] | None]
@@ -65,6 +68,7 @@ async def send(call: Call, body: SendBody) -> MsgIdList:
         headers=None if all(h is None for h in headers) else headers,
         delay=body.delay,
         codec=body.codec,
+        idempotency_key=call.request.headers.get(IDEMPOTENCY_KEY),
     )
     return MsgIdList(msg_ids=ids)
 

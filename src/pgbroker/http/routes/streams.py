@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pgbroker._db.names import check_stream_name
 from pgbroker.http import stream_metrics
 from pgbroker.http.errors import ApiError
+from pgbroker.http.idempotency import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, SEND_HEADERS
 from pgbroker.http.operations import Call, Router
 from pgbroker.http.stream_models import (
     GROUP_NAME_PATTERN,
@@ -113,7 +114,8 @@ async def drop_stream(call: Call) -> StreamDropped:
     "/v1/streams/{stream}/messages",
     "send messages (each with an optional key)",
     scope="send",
-    errors=_NO_STREAM,
+    errors={**_NO_STREAM, **IDEMPOTENCY_ERRORS},
+    headers=SEND_HEADERS,
 )
 async def stream_send(call: Call, body: StreamSendBatch) -> StreamIds:
     stream = _stream(call, "send")
@@ -121,6 +123,7 @@ async def stream_send(call: Call, body: StreamSendBatch) -> StreamIds:
         [m.message for m in body.messages],
         keys=[m.key for m in body.messages],
         headers=[m.headers for m in body.messages],
+        idempotency_key=call.request.headers.get(IDEMPOTENCY_KEY),
     )
     return StreamIds(ids=ids)
 

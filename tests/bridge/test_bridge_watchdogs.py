@@ -1,0 +1,223 @@
+"""Watchdogs of the bridges' loops (issue 23, item 2): a transient database failure while a
+bridge runs, out of a queue or a stream or into one, leads to a bounded wait and a
+retry, never to a bridge that stops. The faults are real (tests/support/faults.py): the table
+the bridge needs locked by another session while the bridge's role has a 200 ms lock_timeout
+(55P03), and every session of the database terminated."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from pgbroker import Broker
+from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
+from pgbroker.bridge.core.inbound import StreamInboundBridge
+from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.streams._client import Stream
+from tests.support.faults import impatient, table_locked, terminate_sessions
+from tests.support.postgres import scratch_dir
+from tests.support.probes import RedisProbe, body_of, unique
+from tests.support.servers import KINDS, PrivateServer
+
+pytestmark = pytest.mark.redis
+
+FAULT_SECONDS = 3  # longer than the bridge's idle read interval, so a read meets the fault
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[PrivateServer]:
+    node = PrivateServer(KINDS["redis"], scratch_dir("pgbroker-redis-"))
+    node.start()
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+async def until(done: Callable[[], Awaitable[bool]], task: asyncio.Task[None], what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not await done():
+        if task.done():
+            task.result()  # the bridge's error
+            raise AssertionError("the bridge stopped by itself")
+        assert time.monotonic() < deadline, f"not {what} after 120 s"
+        await asyncio.sleep(0.05)
+
+
+async def during_faults(dsn: str, table: str, task: asyncio.Task[None]) -> None:
+    """A lock on ``table`` for FAULT_SECONDS, then every session cut; the bridge must live on."""
+
+    def faults() -> None:
+        with table_locked(dsn, table):
+            time.sleep(FAULT_SECONDS)
+        terminate_sessions(dsn)
+
+    await asyncio.to_thread(faults)
+    assert not task.done(), "the bridge stopped during the faults"
+
+
+def test_the_outbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
+    dsn: str, redis_server: PrivateServer
+) -> None:
+    target = unique("watchdog")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox").send_many([{"n": n} for n in range(50)])
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            bridge = OutboundBridge(abroker, "outbox", probe.url(target), OutboundSettings(idle_wait=0.5))
+            task = asyncio.create_task(bridge.run())
+
+            async def empty() -> bool:
+                return (await abroker.metrics("outbox")).queue_length == 0
+
+            try:
+                await until(empty, task, "published")
+                await during_faults(dsn, "pgmq.q_outbox", task)
+                await abroker.queue("outbox").send_many([{"n": n} for n in range(50, 100)])
+                await until(empty, task, "published after the faults")
+            finally:
+                bridge.stop()
+                await task
+            assert bridge.stats.reconnects >= 1
+
+    asyncio.run(scenario())
+    got = asyncio.run(probe.published(target, expect=100))
+    assert sorted({json.loads(body)["n"] for _, body in got}) == list(range(100))
+
+
+def test_the_inbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
+    dsn: str, redis_server: PrivateServer
+) -> None:
+    source = unique("watchdog")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("inbox")
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            settings = InboundSettings(declare=True, batch_size=10)
+            bridge = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def stored(count: int) -> Callable[[], Awaitable[bool]]:
+                async def done() -> bool:
+                    return (await abroker.metrics("inbox")).queue_length >= count
+
+                return done
+
+            try:
+                async with asyncio.timeout(60):
+                    await bridge.receiving.wait()
+                await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50)])
+                await until(await stored(50), task, "stored")
+
+                async def publish_while_locked() -> None:
+                    await asyncio.sleep(0.5)  # the lock is held by then: the writes meet it
+                    await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50, 100)])
+
+                publishing = asyncio.create_task(publish_while_locked())
+                await during_faults(dsn, "pgmq.q_inbox", task)
+                await publishing
+                await until(await stored(100), task, "stored after the faults")
+            finally:
+                bridge.stop()
+                await task
+            assert bridge.stats.reconnects >= 1
+
+    asyncio.run(scenario())
+    with Broker(dsn) as broker, broker.connection() as conn:
+        rows = conn.execute("SELECT message FROM pgmq.q_inbox").fetchall()
+    assert sorted(m["n"] for (m,) in rows) == list(range(100))
+
+
+def test_the_stream_outbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
+    dsn: str, redis_server: PrivateServer
+) -> None:
+    target = unique("watchdog")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        clicks = Stream(broker, "clicks")
+        clicks.create(partitions=2)
+        clicks.create_group("out", start="start")
+        clicks.send_many([{"n": n} for n in range(50)])
+
+    def send_more() -> None:
+        with Broker(dsn) as broker:
+            Stream(broker, "clicks").send_many([{"n": n} for n in range(50, 100)])
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            bridge = StreamOutboundBridge(abroker, "clicks", "out", probe.url(target))
+            task = asyncio.create_task(bridge.run())
+
+            async def published(count: int) -> Callable[[], Awaitable[bool]]:
+                async def done() -> bool:
+                    return bridge.stats.published >= count
+
+                return done
+
+            try:
+                await until(await published(50), task, "published")
+                await during_faults(dsn, "pgbroker.stream_cursor", task)
+                await asyncio.to_thread(send_more)
+                await until(await published(100), task, "published after the faults")
+            finally:
+                bridge.stop()
+                await task
+            assert bridge.stats.reconnects >= 1
+
+    asyncio.run(scenario())
+    got = asyncio.run(probe.published(target, expect=100))
+    assert sorted({json.loads(body)["n"] for _, body in got}) == list(range(100))
+
+
+def test_the_stream_inbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
+    dsn: str, redis_server: PrivateServer
+) -> None:
+    source = unique("watchdog")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        Stream(broker, "mirror").create(partitions=2)
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            settings = InboundSettings(declare=True, batch_size=10)
+            bridge = StreamInboundBridge(abroker, None, "mirror", probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def stored(count: int) -> Callable[[], Awaitable[bool]]:
+                async def done() -> bool:
+                    return bridge.stats.received >= count
+
+                return done
+
+            try:
+                async with asyncio.timeout(60):
+                    await bridge.receiving.wait()
+                await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50)])
+                await until(await stored(50), task, "appended")
+
+                async def publish_while_locked() -> None:
+                    await asyncio.sleep(0.5)  # the lock is held by then: the appends meet it
+                    await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50, 100)])
+
+                publishing = asyncio.create_task(publish_while_locked())
+                await during_faults(dsn, "pgbroker.s_mirror", task)
+                await publishing
+                await until(await stored(100), task, "appended after the faults")
+            finally:
+                bridge.stop()
+                await task
+            assert bridge.stats.reconnects >= 1
+
+    asyncio.run(scenario())
+    with Broker(dsn) as broker, broker.connection() as conn:
+        rows = conn.execute("SELECT message FROM pgbroker.s_mirror").fetchall()
+    assert sorted(m["n"] for (m,) in rows) == list(range(100))

@@ -1,0 +1,57 @@
+"""Watchdog of ``pgbroker serve`` (issue 23, item 2): a transient database failure while the
+server runs (its role's 200 ms lock_timeout meeting a maintenance lock on the queue table, then
+every session of its database terminated) fails the requests it meets with a 503 that says to
+retry, never leaves the server stuck: afterwards sends and a long-polling read work again."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import psycopg
+
+from pgbroker._db.api_keys import create_key
+from tests.http.live import pgbroker_serve
+from tests.support.faults import impatient, table_locked, terminate_sessions
+from tests.support.http import auth
+
+
+def test_serve_answers_503_during_faults_and_works_again_after(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    _, token = create_key(conn, "watchdog", scopes=["admin"])
+    conn.commit()
+    headers = auth(token)
+    with (
+        pgbroker_serve(impatient(dsn), "--rate", "1000", "--burst", "1000") as server,
+        httpx.Client(base_url=server.url, headers=headers, timeout=60) as client,
+    ):
+        assert client.post("/v1/queues", json={"name": "jobs"}).status_code == 201
+        assert client.post("/v1/queues/jobs/messages", json={"message": {"n": 0}}).status_code == 201
+
+        with table_locked(dsn, "pgmq.q_jobs"):
+            during = client.post("/v1/queues/jobs/messages", json={"message": {"n": 1}})
+        assert during.status_code == 503, during.text
+        assert during.headers.get("Retry-After") == "1", during.headers
+        terminate_sessions(dsn)
+
+        answers = [client.post("/v1/queues/jobs/messages", json={"message": {"n": n}}) for n in (2, 3)]
+        assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
+
+        # A long-polling read on an empty queue is woken by a send after the faults.
+        drained = client.post("/v1/queues/jobs/read", json={"qty": 10, "vt": 60})
+        assert sorted(m["message"]["n"] for m in drained.json()["messages"]) == [0, 2, 3]
+        got: list[httpx.Response] = []
+        reader = threading.Thread(
+            target=lambda: got.append(client.post("/v1/queues/jobs/read", json={"qty": 1, "wait": 20}))
+        )
+        started = time.monotonic()
+        reader.start()
+        time.sleep(0.5)
+        with httpx.Client(base_url=server.url, headers=headers, timeout=60) as sender:
+            assert sender.post("/v1/queues/jobs/messages", json={"message": {"n": 4}}).status_code == 201
+        reader.join(60)
+        assert time.monotonic() - started < 15, "the read was not woken"
+        assert [m["message"]["n"] for m in got[0].json()["messages"]] == [4]

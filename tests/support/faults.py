@@ -1,0 +1,69 @@
+"""Real transient faults for the watchdog tests of the long-running loops: a table locked by a
+maintenance transaction while the loop runs as a role with a short lock_timeout (its calls fail
+with 55P03, as under a real ALTER, VACUUM FULL or partition maintenance), and every session of
+the loop's database terminated (as a restart or a failover cuts them)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+# A lock_timeout short enough that a held lock fails the loop's calls at once.
+IMPATIENT_MS = 200
+
+
+def impatient(dsn: str) -> str:
+    """The DSN of a session that gives up on a lock after IMPATIENT_MS."""
+    return make_conninfo(dsn, options=f"-c lock_timeout={IMPATIENT_MS}")
+
+
+@contextmanager
+def table_locked(dsn: str, table: str) -> Iterator[None]:
+    """``table`` (schema-qualified) held in ACCESS EXCLUSIVE mode by another session while inside."""
+    locked, release = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def maintain() -> None:
+        try:
+            with psycopg.connect(dsn) as maintenance:
+                maintenance.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+                release.wait(300)
+        except BaseException as exc:
+            failed.append(exc)
+            locked.set()
+
+    holder = threading.Thread(target=maintain, daemon=True)
+    holder.start()
+    assert locked.wait(60), f"could not lock {table}"
+    assert not failed, failed
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(60)
+
+
+def terminate_sessions(dsn: str) -> int:
+    """Terminate every other session of the DSN's database, and wait until they are gone (a
+    terminated session ends a moment after the signal); returns how many."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pids = [
+            pid
+            for (pid,) in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            ).fetchall()
+        ]
+        conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+        deadline = time.monotonic() + 60
+        left = "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)"
+        while conn.execute(left, (pids,)).fetchone() != (0,):
+            assert time.monotonic() < deadline, "terminated sessions did not end"
+            time.sleep(0.02)
+    return len(pids)

@@ -15,10 +15,11 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from pgbroker import App, Broker, InvalidArgument, Message, QueueNotFound, Worker
+from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, QueueNotFound, Worker
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
+from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until
 
@@ -475,6 +476,17 @@ def test_handler_registration_and_options_are_checked() -> None:
         Worker("orders", "print")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="max_deliveries"):
         Worker("orders", print, max_deliveries=0)
+
+
+def test_serve_on_a_server_that_cannot_be_reached_fails_at_once_with_its_cause() -> None:
+    """Not a PoolTimeout after 30 s that hides why (App.run and serve open a pool of their own)."""
+    nobody = f"postgresql://postgres@127.0.0.1:{free_port()}/x"  # a port nothing listens on
+    with pytest.raises(DatabaseError, match="Connection refused"):
+        asyncio.run(serve([Worker("jobs", print)], dsn=nobody, handle_signals=False, connect_timeout=5))
+    app = App()
+    app.handler("jobs")(print)
+    with pytest.raises(InvalidArgument, match="pool_timeout"):
+        app.run(nobody, pool_timeout=0)
 
 
 def test_serve_stops_with_queue_not_found(dsn: str) -> None:

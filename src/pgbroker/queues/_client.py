@@ -34,7 +34,14 @@ from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, RE
 from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of, listen_conninfo
 from pgbroker.codecs import Codec, CodecLike
 from pgbroker.codecs.queue_defaults import DefaultCodecs
-from pgbroker.errors import DatabaseError, QueueFull, connection_lost, from_postgres, outcome_unknown
+from pgbroker.errors import (
+    DatabaseError,
+    InvalidArgument,
+    QueueFull,
+    connection_lost,
+    from_postgres,
+    outcome_unknown,
+)
 from pgbroker.queues import _arguments as arg
 from pgbroker.queues import _queries as q
 from pgbroker.queues._arguments import Delay, Receivable
@@ -501,6 +508,8 @@ class Broker:
     opens run their statements unprepared, and waiting reads poll instead of listening
     unless $PGBROKER_LISTEN_DSN names a direct connection (a pool or connection passed in
     keeps its own settings: give it ``prepare_threshold=None``).
+
+    A pool made from a DSN keeps ``min_connections`` open and opens up to ``max_connections``.
     """
 
     def __init__(
@@ -510,6 +519,7 @@ class Broker:
         pool: ConnectionPool[Any] | None = None,
         connection: psycopg.Connection[Any] | None = None,
         max_connections: int = 10,
+        min_connections: int = 1,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
@@ -519,6 +529,11 @@ class Broker:
             raise ValueError("pass at most one of dsn, pool and connection")
         timeouts = PoolTimeouts(connect_timeout, pool_timeout)
         mode = pooler_mode(pooler)
+        if not (isinstance(min_connections, int) and 1 <= min_connections <= max_connections):
+            raise InvalidArgument(
+                f"min_connections must be an integer from 1 to max_connections ({max_connections}), "
+                f"got {min_connections!r}"
+            )
         self._listener = Listener(self._listen_conninfo, poll_interval, mode)
         self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: ConnectionPool | None = None
@@ -527,7 +542,7 @@ class Broker:
             conninfo = resolve_dsn(dsn)
             pool = ConnectionPool(
                 conninfo,
-                min_size=1,
+                min_size=min_connections,
                 max_size=max_connections,
                 kwargs=timeouts.connection_kwargs(conninfo, mode),
                 open=False,

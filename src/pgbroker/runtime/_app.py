@@ -29,10 +29,8 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, TextIO, TypedDict, TypeVar, Unpack
 
-from psycopg_pool import AsyncConnectionPool
-
-from pgbroker._db.dsn import PoolerMode, pooler_mode, resolve_dsn
-from pgbroker._db.pools import RECONNECT_CEILING, PoolTimeouts
+from pgbroker._db.dsn import PoolerMode, pooler_mode
+from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, PoolTimeouts
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._signals import on_stop_signals
@@ -44,10 +42,6 @@ __all__ = ["App", "WorkerOptions", "serve", "serve_scheduler"]
 
 H = TypeVar("H", bound=Handler)
 SH = TypeVar("SH", bound=StreamHandler)
-
-# How long serve() waits for its first connections: a wrong DSN fails here, not at the first read.
-_CONNECT_TIMEOUT = 30.0
-
 
 class WorkerOptions(TypedDict, total=False):
     """Keyword options of Worker (see there)."""
@@ -121,10 +115,25 @@ class App:
         return [make() for make in self._stream_workers]
 
     def run(
-        self, dsn: str | None = None, *, pooler: PoolerMode | None = None, **overrides: Unpack[WorkerOptions]
+        self,
+        dsn: str | None = None,
+        *,
+        pooler: PoolerMode | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+        **overrides: Unpack[WorkerOptions],
     ) -> None:
-        """Run every handler until SIGTERM or SIGINT (see serve, and Broker for ``pooler``)."""
-        asyncio.run(serve([*self.workers(**overrides), *self.stream_workers()], dsn=dsn, pooler=pooler))
+        """Run every handler until SIGTERM or SIGINT (see serve, and Broker for ``pooler``,
+        ``connect_timeout`` and ``pool_timeout``)."""
+        asyncio.run(
+            serve(
+                [*self.workers(**overrides), *self.stream_workers()],
+                dsn=dsn,
+                pooler=pooler,
+                connect_timeout=connect_timeout,
+                pool_timeout=pool_timeout,
+            )
+        )
 
 
 async def serve(
@@ -137,6 +146,8 @@ async def serve(
     progress_out: TextIO | None = None,
     schedules: bool = True,
     pooler: PoolerMode | None = None,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    pool_timeout: float = DEFAULT_POOL_TIMEOUT,
 ) -> None:
     """Run workers until they stop: by Worker.stop(), or by SIGTERM or SIGINT (see above) when
     ``handle_signals`` (it needs the main thread).
@@ -145,7 +156,8 @@ async def serve(
     cron schedules (pgbroker.schedules._scheduler); any number of processes may run one.
 
     Uses ``broker`` when given, else a pool of its own on ``dsn`` (resolved like Broker's), behind
-    ``pooler`` (as Broker's).
+    ``pooler``, with ``connect_timeout`` and ``pool_timeout`` (as Broker's): a server that cannot
+    be reached fails at once with libpq's words.
     With ``progress_every``, prints each worker's counts and rate that often (to stderr).
     Raises the error that stopped a worker (QueueNotFound, say) after stopping the others.
     """
@@ -154,7 +166,7 @@ async def serve(
     mode = pooler_mode(pooler)
     async with AsyncExitStack() as stack:
         if broker is None:
-            broker = await _own_broker(stack, dsn, workers, mode)
+            broker = await _own_broker(stack, dsn, workers, mode, PoolTimeouts(connect_timeout, pool_timeout))
         stopping = False
         scheduler = Scheduler() if schedules else None
 
@@ -196,23 +208,24 @@ async def _stopped(scheduler: Scheduler, task: asyncio.Task[None]) -> None:
 
 
 async def _own_broker(
-    stack: AsyncExitStack, dsn: str | None, workers: Sequence[Worker | StreamWorker], pooler: PoolerMode
+    stack: AsyncExitStack,
+    dsn: str | None,
+    workers: Sequence[Worker | StreamWorker],
+    pooler: PoolerMode,
+    timeouts: PoolTimeouts,
 ) -> AsyncBroker:
-    # No round trip to check a connection on checkout: AsyncBroker passes over those the server
-    # has closed (pgbroker._db.liveness), and a worker retries a call whose connection broke anyway.
-    conninfo = resolve_dsn(dsn)
-    pool = AsyncConnectionPool(
-        conninfo,
-        min_size=2 * len(workers),
-        max_size=4 * len(workers) + 1,  # + the scheduler's
-        kwargs=PoolTimeouts().connection_kwargs(conninfo, pooler),
-        open=False,
-        name="pgbroker-worker",
-        reconnect_timeout=RECONNECT_CEILING,
+    # Two connections a worker kept open, four at most (+ the scheduler's). No round trip checks a
+    # connection on checkout: AsyncBroker passes over those the server has closed
+    # (pgbroker._db.liveness), and a worker retries a call whose connection broke anyway.
+    broker = AsyncBroker(
+        dsn,
+        min_connections=2 * len(workers),
+        max_connections=4 * len(workers) + 1,
+        connect_timeout=timeouts.connect,
+        pool_timeout=timeouts.pool,
+        pooler=pooler,
     )
-    await pool.open(wait=True, timeout=_CONNECT_TIMEOUT)
-    stack.push_async_callback(pool.close)
-    broker = AsyncBroker(pool=pool, pooler=pooler)
+    await broker.open()
     stack.push_async_callback(broker.close)
     return broker
 

@@ -12,6 +12,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker import Broker
+from pgbroker.cli.main import build_parser
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.errors import DatabaseError, InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
@@ -62,3 +63,16 @@ def test_the_cli_gives_its_processes_the_dsn_as_given_with_its_connect_timeout(
     assert params == {**conninfo_to_dict(given), "connect_timeout": "3"}
     own = conninfo_to_dict(dsn_of(f"{given} connect_timeout=7", connect_timeout=2.5))
     assert own["connect_timeout"] == "7"  # the DSN's own wins
+
+
+LONG_RUNNING = [["worker", "m:app"], ["serve"], ["scheduler"], ["bridge", "out", "--queue", "q"]]
+
+
+@pytest.mark.parametrize("command", LONG_RUNNING)
+def test_the_cli_takes_a_pool_timeout_for_its_long_running_processes(command: list[str]) -> None:
+    parser = build_parser()
+    assert parser.parse_args([*command]).pool_timeout == 30
+    assert parser.parse_args(["--pool-timeout", "2.5", *command]).pool_timeout == 2.5
+    assert parser.parse_args([*command, "--pool-timeout", "4"]).pool_timeout == 4
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--pool-timeout", "0", *command])

@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pgbroker._db.dsn import PoolerMode, pooler_mode
-from pgbroker._db.pools import RECONNECT_CEILING, PoolTimeouts
+from pgbroker._db.pools import DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts
 from pgbroker.errors import PgbrokerError
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.concurrency import ConcurrencyLimit
@@ -43,9 +43,11 @@ def create_app(
     replica_dsn: str | None = None,
     replica: AsyncBroker | None = None,
     pooler: PoolerMode | None = None,
+    pool_timeout: float = DEFAULT_POOL_TIMEOUT,
 ) -> Starlette:
     """The application, on an opened ``broker`` (the caller closes it) or on a pool it opens
-    on ``dsn`` for its lifetime (uvicorn runs the lifespan), behind ``pooler`` (as Broker's).
+    on ``dsn`` for its lifetime (uvicorn runs the lifespan), behind ``pooler`` (as Broker's); a
+    request waits up to ``pool_timeout`` seconds for a free connection, then answers 503.
 
     With a streaming standby of that database, as ``replica_dsn`` (a pool of ``max_connections``
     opened for the application's lifetime) or as an opened ``replica`` broker (the caller closes
@@ -58,10 +60,11 @@ def create_app(
         raise ValueError("pass at most one of replica_dsn and replica")
     cfg = settings or Settings()
     mode = pooler_mode(pooler)
-    pool = None if dsn is None else _server_pool(dsn, max_connections, mode)
+    timeouts = PoolTimeouts(pool=pool_timeout)
+    pool = None if dsn is None else _server_pool(dsn, max_connections, mode, timeouts)
     the_broker = broker or AsyncBroker(pool=pool, pooler=mode)
     replica_pool = (
-        None if replica_dsn is None else _server_pool(replica_dsn, max_connections, mode, "replica")
+        None if replica_dsn is None else _server_pool(replica_dsn, max_connections, mode, timeouts, "replica")
     )
     the_replica = replica if replica_pool is None else AsyncBroker(pool=replica_pool, pooler=mode)
     operations = all_operations()
@@ -131,7 +134,9 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
     return [route(path, by_method) for path, by_method in by_path.items()]
 
 
-def _server_pool(dsn: str, size: int, pooler: PoolerMode, role: str = "primary") -> AsyncConnectionPool[Any]:
+def _server_pool(
+    dsn: str, size: int, pooler: PoolerMode, timeouts: PoolTimeouts, role: str = "primary"
+) -> AsyncConnectionPool[Any]:
     """A fixed-size pool that hands out connections without a round trip to check them:
     AsyncBroker passes over those the server has closed (pgbroker._db.liveness), so a restart of
     Postgres costs no request."""
@@ -139,9 +144,10 @@ def _server_pool(dsn: str, size: int, pooler: PoolerMode, role: str = "primary")
         dsn,
         min_size=size,
         max_size=size,
-        kwargs=PoolTimeouts().connection_kwargs(dsn, pooler),
+        kwargs=timeouts.connection_kwargs(dsn, pooler),
         open=False,
         name=f"pgbroker-http-{role}",
+        timeout=timeouts.pool,
         reconnect_timeout=RECONNECT_CEILING,
     )
 

@@ -251,10 +251,14 @@ async def _report(workers: Sequence[Worker | StreamWorker], every: float, out: T
 
 
 async def serve_scheduler(
-    dsn: str | None = None, *, handle_signals: bool = True, pooler: PoolerMode | None = None
+    dsn: str | None = None,
+    *,
+    handle_signals: bool = True,
+    pooler: PoolerMode | None = None,
+    pool_timeout: float = DEFAULT_POOL_TIMEOUT,
 ) -> None:
     """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT."""
     scheduler = Scheduler()
-    async with AsyncBroker(dsn, max_connections=2, pooler=pooler) as broker:
+    async with AsyncBroker(dsn, max_connections=2, pooler=pooler, pool_timeout=pool_timeout) as broker:
         with on_stop_signals(lambda _: scheduler.stop(), enabled=handle_signals):
             await scheduler.run(broker)

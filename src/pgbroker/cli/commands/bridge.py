@@ -230,7 +230,9 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
     dsn = dsn_of(args.dsn, args.connect_timeout)
 
     async def run() -> None:
-        async with AsyncBroker(dsn, max_connections=4, pooler=args.pooler) as abroker:
+        async with AsyncBroker(
+            dsn, max_connections=4, pooler=args.pooler, pool_timeout=args.pool_timeout
+        ) as abroker:
             bridge = make(abroker)
             task = asyncio.create_task(bridge.run())
             signals = 0

@@ -125,5 +125,6 @@ def _resume(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _scheduler(args: argparse.Namespace, broker: Broker) -> int:
-    asyncio.run(serve_scheduler(dsn_of(args.dsn, args.connect_timeout), pooler=args.pooler))
+    dsn = dsn_of(args.dsn, args.connect_timeout)
+    asyncio.run(serve_scheduler(dsn, pooler=args.pooler, pool_timeout=args.pool_timeout))
     return Exit.OK

@@ -104,7 +104,12 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
     )
     replica_dsn = None if args.replica_dsn is None else dsn_of(args.replica_dsn, args.connect_timeout)
     app = create_app(
-        dsn, settings=settings, max_connections=args.connections, replica_dsn=replica_dsn, pooler=args.pooler
+        dsn,
+        settings=settings,
+        max_connections=args.connections,
+        replica_dsn=replica_dsn,
+        pooler=args.pooler,
+        pool_timeout=args.pool_timeout,
     )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
     # found: with the default one the process would die of it (exit -15, no cleanup). SIGTERM is

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pgbroker
-from pgbroker._db.dsn import PoolerMode, database_place
+from pgbroker._db.dsn import database_place
 from pgbroker.cli.support.arguments import positive_int, seconds, whole
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
@@ -113,7 +113,7 @@ def _worker(args: argparse.Namespace, broker: Broker) -> int:
     if all(worker.queue.lower() in existing for worker in workers if isinstance(worker, Worker)):
         _announce(workers, dsn, args.processes)
     if args.processes == 1:
-        return _serve(workers, dsn, args.progress, args.schedules, args.pooler)
+        return _serve(workers, dsn, args)
     return _supervise(args, dsn)
 
 
@@ -129,14 +129,17 @@ def _announce(workers: Sequence[Worker | StreamWorker], dsn: str, processes: int
     )
 
 
-def _serve(
-    workers: Sequence[Worker | StreamWorker],
-    dsn: str,
-    progress: float | None,
-    schedules: bool = True,
-    pooler: PoolerMode | None = None,
-) -> int:
-    asyncio.run(serve(workers, dsn=dsn, progress_every=progress, schedules=schedules, pooler=pooler))
+def _serve(workers: Sequence[Worker | StreamWorker], dsn: str, args: argparse.Namespace) -> int:
+    asyncio.run(
+        serve(
+            workers,
+            dsn=dsn,
+            progress_every=args.progress,
+            schedules=args.schedules,
+            pooler=args.pooler,
+            pool_timeout=args.pool_timeout,
+        )
+    )
     return Exit.OK
 
 
@@ -261,7 +264,7 @@ def _child(args: argparse.Namespace, dsn: str, level: int) -> None:
     _stop_with(os.getppid())
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
     try:
-        code = _serve(_workers(args), dsn, args.progress, args.schedules, args.pooler)
+        code = _serve(_workers(args), dsn, args)
     except Exception as exc:
         code, message, hint = classify(exc)
         print_error(message, hint)

@@ -10,7 +10,7 @@ from typing import Any, TypeAlias
 
 from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
-from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT
+from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT
 from pgbroker.cli.support.arguments import positive_seconds, seconds
 from pgbroker.queues._client import Broker
 
@@ -102,6 +102,14 @@ def add_global_options(
             help="give up a connection attempt after this long, in this command and the pools of "
             f"a worker, server or bridge (default: {DEFAULT_CONNECT_TIMEOUT:g}; a connect_timeout "
             "in the DSN or $PGCONNECT_TIMEOUT wins)",
+        )
+        parser.add_argument(
+            "--pool-timeout",
+            type=positive_seconds,
+            default=DEFAULT_POOL_TIMEOUT if top_level else argparse.SUPPRESS,
+            metavar="SECONDS",
+            help="how long a worker, server, bridge or scheduler waits for a free pooled connection "
+            f"before the call fails (default: {DEFAULT_POOL_TIMEOUT:g})",
         )
         parser.add_argument(
             "--pooler",

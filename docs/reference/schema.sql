@@ -201,6 +201,14 @@ END;
 $_$;
 
 --
+-- Name: _attempts_kept(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._attempts_kept() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 10 $$;
+
+--
 -- Name: _authorize(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -1346,6 +1354,16 @@ BEGIN
     END LOOP;
     RETURN s.next_run;
 END;
+$$;
+
+--
+-- Name: _letter_id(jsonb); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._letter_id(headers jsonb) RETURNS bigint
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT (headers -> 'x-pgbroker-dead-letter' ->> 'msg_id')::bigint;
 $$;
 
 --
@@ -2650,6 +2668,31 @@ CREATE FUNCTION pgbroker._receipt_ok(receipt text) RETURNS boolean
        AND split_part(receipt, ':', 1)::numeric <= 9223372036854775807
        AND split_part(receipt, ':', 2)::numeric <= 2147483647
        AND split_part(receipt, ':', 3)::numeric BETWEEN -9223372036854775808 AND 9223372036854775807;
+$_$;
+
+--
+-- Name: _record_attempt(text, bigint, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._record_attempt(queue_name text, msg_id bigint, error text, traceback text) RETURNS void
+    LANGUAGE plpgsql
+    AS $_$
+BEGIN
+    EXECUTE format(
+        $Q$
+        UPDATE pgmq.%I SET headers = coalesce(headers, '{}'::jsonb) || jsonb_build_object('x-pgbroker-attempts', (
+            SELECT jsonb_agg(attempt ORDER BY n)
+            FROM jsonb_array_elements(coalesce(headers -> 'x-pgbroker-attempts', '[]'::jsonb)
+                                      || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+                                             'delivery', read_ct, 'error', left($2, 2000),
+                                             'traceback', right($3, 8000), 'failed_at', clock_timestamp()))))
+                 WITH ORDINALITY AS a(attempt, n)
+            WHERE n > jsonb_array_length(coalesce(headers -> 'x-pgbroker-attempts', '[]'::jsonb)) + 1
+                      - pgbroker._attempts_kept()))
+        WHERE msg_id = $1
+        $Q$, pgbroker._table(queue_name))
+        USING msg_id, error, traceback;
+END;
 $_$;
 
 --
@@ -4694,6 +4737,16 @@ END;
 $$;
 
 --
+-- Name: dead_letter(text, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.dead_letter(queue_name text, msg_id bigint) RETURNS SETOF pgmq.message_record
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT * FROM pgbroker.dead_letters(queue_name, 1, msg_id - 1) d WHERE d.msg_id = dead_letter.msg_id;
+$$;
+
+--
 -- Name: dead_letters(text, integer, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -4706,9 +4759,10 @@ BEGIN
     PERFORM pgbroker._check_read_args(0, qty);
     RETURN QUERY EXECUTE format(
         $Q$
-        SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM pgmq.%I
-        WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND msg_id > $2
-        ORDER BY msg_id LIMIT $3
+        SELECT pgbroker._letter_id(headers), read_ct, enqueued_at, last_read_at, vt, message, headers
+        FROM pgmq.%I
+        WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND pgbroker._letter_id(headers) > $2
+        ORDER BY 1 LIMIT $3
         $Q$, pgbroker._dead_letter_table(p))
     USING p.queue_name, coalesce(after_msg_id, 0), qty;
 END;
@@ -4801,10 +4855,10 @@ END;
 $$;
 
 --
--- Name: fail(text, text[], text); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: fail(text, text[], text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL::text) RETURNS TABLE(msg_id bigint, outcome text)
+CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL::text, traceback text DEFAULT NULL::text) RETURNS TABLE(msg_id bigint, outcome text)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -4818,12 +4872,16 @@ BEGIN
         IF p.max_deliveries IS NOT NULL AND held.read_ct >= p.max_deliveries THEN
             -- Lock the row and check the receipt first, so that a stale one moves nothing.
             CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgbroker.extend(queue_name, ARRAY[one], 0));
+            PERFORM pgbroker._record_attempt(queue_name, held.msg_id, coalesce(error, 'failed (no error given)'),
+                                             traceback);
             PERFORM pgbroker._dead_letter(queue_name, ARRAY[held.msg_id],
                                           coalesce(error, 'failed (no error given)'), 0);
             outcome := 'dead_lettered';
         ELSE
             CONTINUE WHEN NOT EXISTS (
                 SELECT 1 FROM pgbroker.nack(queue_name, ARRAY[one], pgbroker.retry_delay(p, held.read_ct)));
+            PERFORM pgbroker._record_attempt(queue_name, held.msg_id, coalesce(error, 'failed (no error given)'),
+                                             traceback);
             outcome := 'retry';
         END IF;
         msg_id := held.msg_id;
@@ -4833,17 +4891,17 @@ END;
 $$;
 
 --
--- Name: fail(text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: fail(text, text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.fail(queue_name text, receipt text, error text DEFAULT NULL::text) RETURNS text
+CREATE FUNCTION pgbroker.fail(queue_name text, receipt text, error text DEFAULT NULL::text, traceback text DEFAULT NULL::text) RETURNS text
     LANGUAGE plpgsql
     AS $$
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     result text;
 BEGIN
-    SELECT f.outcome INTO result FROM pgbroker.fail(queue_name, ARRAY[receipt], error) f;
+    SELECT f.outcome INTO result FROM pgbroker.fail(queue_name, ARRAY[receipt], error, traceback) f;
     IF result IS NULL THEN
         PERFORM pgbroker._raise_stale(queue_name, receipt);
     END IF;
@@ -5097,6 +5155,7 @@ CREATE FUNCTION pgbroker.peek(queue_name text, qty integer DEFAULT 10, after_msg
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     source text;
+    id_of text := 'msg_id';
     state_of text;
     letters_of text;
 BEGIN
@@ -5109,20 +5168,22 @@ BEGIN
     IF state = 'dead' THEN
         source := pgbroker._dead_letter_table(pgbroker.policy(queue_name));
         state_of := '''dead''';
+        id_of := 'pgbroker._letter_id(headers)';
         letters_of := pgbroker._stored_name(queue_name);
     ELSE
         source := pgbroker._table(queue_name);
         state_of := 'CASE WHEN vt <= now() THEN ''waiting'' WHEN read_ct = 0 THEN ''delayed'''
                     ' ELSE ''in_flight'' END';
     END IF;
-    -- Static text but for the table and the state expression: each filter is
-    -- off when its parameter is NULL, and the scan follows the primary key.
+    -- Static text but for the table, the id and state expressions: each filter
+    -- is off when its parameter is NULL, and the scan of a queue follows the
+    -- primary key.
     RETURN QUERY EXECUTE format(
         $Q$
         SELECT * FROM (
-            SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, %s AS state
+            SELECT %s AS msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, %s AS state
             FROM pgmq.%I
-            WHERE msg_id > $1 AND ($2::bigint IS NULL OR msg_id <= $2)
+            WHERE %1$s > $1 AND ($2::bigint IS NULL OR %1$s <= $2)
               AND ($3::text IS NULL OR headers ? $3)
               AND ($4::text IS NULL OR headers ->> $3 = $4)
               AND ($5::timestamptz IS NULL OR enqueued_at >= $5)
@@ -5131,7 +5192,7 @@ BEGIN
         ) m
         WHERE $9::text IS NULL OR $9 = 'dead' OR m.state = $9
         ORDER BY msg_id LIMIT $7
-        $Q$, state_of, source)
+        $Q$, id_of, state_of, source)
     USING coalesce(after_msg_id, 0), before_msg_id, header_key, header_value, enqueued_after,
           enqueued_before, qty, letters_of, state;
 END;
@@ -5244,7 +5305,8 @@ BEGIN
     EXECUTE format(
         $Q$
         DELETE FROM pgmq.%I
-        WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND ($2::bigint[] IS NULL OR msg_id = ANY ($2))
+        WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1
+          AND ($2::bigint[] IS NULL OR pgbroker._letter_id(headers) = ANY ($2))
         $Q$, pgbroker._dead_letter_table(p))
         USING p.queue_name, msg_ids;
     GET DIAGNOSTICS purged = ROW_COUNT;
@@ -5443,9 +5505,11 @@ BEGIN
         $Q$
         WITH letters AS (
             DELETE FROM pgmq.%I
-            WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND ($2::bigint[] IS NULL OR msg_id = ANY ($2))
-            RETURNING msg_id, message,
-                      nullif(headers - 'x-pgbroker-dead-letter' - 'x-pgbroker-dedup-key', '{}'::jsonb) AS headers
+            WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1
+              AND ($2::bigint[] IS NULL OR pgbroker._letter_id(headers) = ANY ($2))
+            RETURNING pgbroker._letter_id(headers) AS msg_id, message,
+                      nullif(headers - 'x-pgbroker-dead-letter' - 'x-pgbroker-attempts' - 'x-pgbroker-dedup-key',
+                             '{}'::jsonb) AS headers
         )
         SELECT array_agg(msg_id ORDER BY msg_id), array_agg(message ORDER BY msg_id),
                array_agg(headers ORDER BY msg_id)

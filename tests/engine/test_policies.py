@@ -237,7 +237,8 @@ def test_fail_gives_the_message_back_after_the_backoff(conn: Conn, queue: Queue)
     started = datetime.now(UTC)
     assert queue.fail(message, error="boom") == "retry"
     [(msg_id, read_ct, vt, _, headers)] = q_rows(conn, queue.name)
-    assert (msg_id, read_ct, headers) == (message.msg_id, 1, None)
+    assert (msg_id, read_ct) == (message.msg_id, 1)
+    assert [(a["delivery"], a["error"]) for a in headers["x-pgbroker-attempts"]] == [(1, "boom")]
     assert timedelta(seconds=59) < vt - started < timedelta(seconds=62)
     assert queue.read() is None
 

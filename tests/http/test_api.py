@@ -190,6 +190,40 @@ async def test_dead_letters_listed_and_replayed(
     assert all("x-pgbroker-dead-letter" not in (m.headers or {}) for m in again)
 
 
+async def test_a_dead_letter_is_shown_by_its_original_msg_id_with_every_attempt(
+    client: httpx.AsyncClient, keys: dict[str, str], broker: AsyncBroker
+) -> None:
+    await make_queue(client, keys["admin"])
+    dlq = await broker.create_queue("jobs_dlq")
+    await dlq.send_many(["the dead-letter queue's own message"] * 3)  # so that the ids differ
+    queue = broker.queue("jobs")
+    await queue.set_policy(
+        max_deliveries=2, backoff="fixed", backoff_base_seconds=0, dead_letter_queue="jobs_dlq"
+    )
+    sent = await queue.send({"n": 1})
+    for delivery in (1, 2):
+        [message] = await queue.read_many(1)
+        await queue.fail(message, error=f"boom {delivery}", traceback=f"Traceback {delivery}")
+    r = await client.get(f"/v1/queues/jobs/dead-letters/{sent}", headers=auth(keys["consumer"]))
+    assert r.status_code == 200, r.text
+    letter = r.json()
+    assert letter["msg_id"] == sent
+    attempts = letter["headers"]["x-pgbroker-attempts"]
+    assert [(a["delivery"], a["error"], a["traceback"]) for a in attempts] == [
+        (1, "boom 1", "Traceback 1"),
+        (2, "boom 2", "Traceback 2"),
+    ]
+    r = await client.get(f"/v1/queues/jobs/dead-letters/{sent + 1}", headers=auth(keys["consumer"]))
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "dead_letter_not_found")
+    for bad in ("0", "x", "9" * 30):
+        r = await client.get(f"/v1/queues/jobs/dead-letters/{bad}", headers=auth(keys["consumer"]))
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_argument"), bad
+    r = await client.post(
+        "/v1/queues/jobs/dead-letters/replay", json={"msg_ids": [sent]}, headers=auth(keys["admin"])
+    )
+    assert [p["dead_letter_id"] for p in r.json()["replayed"]] == [sent]
+
+
 async def test_whoami(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
     r = await client.get("/v1/key", headers=auth(keys["other"]))
     assert r.json() == {"name": "other", "scopes": ["admin", "read", "send"], "queues": ["other-*"]}

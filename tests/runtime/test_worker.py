@@ -90,6 +90,13 @@ def test_an_always_failing_handler_dead_letters_after_exactly_max_deliveries(
     why = letter.headers[DEAD]
     assert (why["msg_id"], why["deliveries"]) == (sent, 3)
     assert why["error"] == "ValueError: cannot ship order 1"
+    # Every attempt is kept, with the handler's traceback (the worker logged the same msg_id).
+    assert letter.msg_id == sent
+    attempts = letter.headers["x-pgbroker-attempts"]
+    assert [a["delivery"] for a in attempts] == [1, 2, 3]
+    assert all(a["error"] == "ValueError: cannot ship order 1" for a in attempts)
+    assert all("in handle" in a["traceback"] for a in attempts)
+    assert all(a["traceback"].endswith("cannot ship order 1\n") for a in attempts)
 
 
 def test_a_handler_s_failure_is_logged_at_warning_with_its_traceback(

@@ -123,7 +123,7 @@ def structure_checksum() -> str:
 # The structure checksum every database at BASELINE records. None while no upgrade exists, since
 # structure/ is then the baseline itself; whoever writes the first upgrade sets it to the value
 # structure_checksum() had before (it is in every 0.1.0 database), as structure/ then moves on.
-_BASELINE_CHECKSUM: str | None = None
+_BASELINE_CHECKSUM: str | None = "c973d609950d0485bb4b8b0666cce3ee618c31f88d3364de48bf258db8f445b1"
 
 
 def baseline_checksum() -> str:

@@ -517,25 +517,37 @@ def message_complete_many(queue: str, items: Iterable[Receivable]) -> Query[list
     return Query(_named("message_complete_many"), params, _ids)
 
 
-def message_fail(queue: str, item: Receivable, *, error: str | None = None) -> Query[str]:
+def message_fail(
+    queue: str, item: Receivable, *, error: str | None = None, traceback: str | None = None
+) -> Query[str]:
     """Retry later with the policy's back-off, or dead-letter: 'retry' or 'dead_lettered'."""
     receipt = receipt_of(item)
-    params = {"queue": queue, "receipt": str(receipt), "error": _error_text(error)}
+    params = {
+        "queue": queue,
+        "receipt": str(receipt),
+        "error": _error_text(error, "error"),
+        "traceback": _error_text(traceback, "traceback"),
+    }
     return Query(_named("message_fail"), params, _held(queue, receipt))
 
 
-def _error_text(error: str | None) -> str | None:
-    if error is not None and not isinstance(error, str):
-        raise InvalidArgument(f"error must be a string or None, got {type(error).__name__}")
+def _error_text(text: str | None, name: str) -> str | None:
+    if text is not None and not isinstance(text, str):
+        raise InvalidArgument(f"{name} must be a string or None, got {type(text).__name__}")
     # libpq cannot send NUL; an exception's text may carry one.
-    return None if error is None else error.replace("\x00", "")
+    return None if text is None else text.replace("\x00", "")
 
 
 def message_fail_many(
-    queue: str, items: Iterable[Receivable], *, error: str | None = None
+    queue: str, items: Iterable[Receivable], *, error: str | None = None, traceback: str | None = None
 ) -> Query[dict[int, str]]:
     """message_fail for many receipts with one error: {msg_id: outcome} for those that held."""
-    params = {"queue": queue, "receipts": _receipts(items), "error": _error_text(error)}
+    params = {
+        "queue": queue,
+        "receipts": _receipts(items),
+        "error": _error_text(error, "error"),
+        "traceback": _error_text(traceback, "traceback"),
+    }
     return Query(_named("message_fail_many"), params, lambda rows: dict(rows))
 
 
@@ -607,8 +619,15 @@ def dead_letter_list(queue: str, qty: int, *, after: int = 0) -> Query[list[Mess
     return Query(_named("dead_letter_list"), params, _messages)
 
 
+def dead_letter_get(queue: str, msg_id: int) -> Query[Message | None]:
+    """One dead letter, by the msg_id it had in the queue; None when there is none."""
+    params = {"queue": queue, "msg_id": _msg_ids([msg_id])[0]}
+    return Query(_named("dead_letter_get"), params, lambda rows: _message(rows[0]) if rows else None)
+
+
 def dead_letter_replay_many(queue: str, msg_ids: Iterable[int] | None = None) -> Query[dict[int, int]]:
-    """Send dead letters back to their queue: {dead letter's msg_id: new msg_id}; None replays all."""
+    """Send dead letters back to their queue (by the msg_ids they had in it): {that msg_id: new
+    msg_id}; None replays all."""
     params = {"queue": queue, "msg_ids": _optional_ids(msg_ids)}
     return Query(_named("dead_letter_replay_many"), params, lambda rows: {row[0]: row[1] for row in rows})
 

@@ -469,8 +469,10 @@ class Worker:
         if lease.over:  # lost, or given back at shutdown
             return
         lease.over = True
-        text = None if error is None else f"{type(error).__name__}: {error}"
-        self._outbox.add(Outcome(message, lease.receipt, text))
+        if error is None:
+            self._outbox.add(Outcome(message, lease.receipt))
+        else:
+            self._outbox.add(Outcome.failure(message, lease.receipt, error))
 
     async def _handle(self, threads: HandlerThreads | None, message: Message) -> Exception | None:
         if message.codec_error is not None:

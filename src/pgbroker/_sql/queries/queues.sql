@@ -137,7 +137,8 @@ SELECT * FROM pgbroker.complete(%(queue)s, %(receipts)s::text[])
 -- name: message_fail
 -- Fail one receipt: retry with backoff or dead-letter it.
 SELECT done, CASE WHEN done IS NULL THEN pgbroker.stale_reason(%(queue)s, %(receipt)s) END
-FROM (SELECT (SELECT f.outcome FROM pgbroker.fail(%(queue)s, ARRAY[%(receipt)s::text], %(error)s::text) f)
+FROM (SELECT (SELECT f.outcome FROM pgbroker.fail(%(queue)s, ARRAY[%(receipt)s::text], %(error)s::text,
+                                                   %(traceback)s::text) f)
       AS done) s
 
 -- name: message_peek_many
@@ -192,6 +193,10 @@ SELECT pgbroker.resume(%(queue)s)
 -- A queue's dead letters.
 SELECT * FROM pgbroker.dead_letters(%(queue)s, %(qty)s::integer, %(after)s::bigint)
 
+-- name: dead_letter_get
+-- One dead letter, by the msg_id it had in the queue.
+SELECT * FROM pgbroker.dead_letter(%(queue)s, %(msg_id)s::bigint)
+
 -- name: dead_letter_replay_many
 -- Send dead letters back to their queue.
 SELECT dead_letter_id, msg_id FROM pgbroker.replay_dead_letters(%(queue)s, %(msg_ids)s::bigint[])
@@ -210,7 +215,7 @@ SELECT pgbroker.trim_dedup_keys(%(queue)s, %(batch_size)s::integer)
 
 -- name: message_fail_many
 -- Fail a batch of receipts.
-SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text)
+SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text, %(traceback)s::text)
 
 -- name: message_ack_published_many
 -- Ack the receipts of messages a bridge has published.

@@ -1,9 +1,13 @@
-"""A queue's dead letters: listed oldest first (their headers say why), and replayed to the queue
-as new messages."""
+"""A queue's dead letters: listed oldest first (their headers say why), shown one by one with every
+failed attempt, replayed to the queue as new messages, and purged. A letter's id is the msg_id it
+had in the queue, the one its consumers saw and logged."""
 
 from __future__ import annotations
 
+from pgbroker.errors import InvalidArgument
+from pgbroker.http.errors import ApiError
 from pgbroker.http.models import (
+    BIGINT_MAX,
     DeadLetterQuery,
     Message,
     Messages,
@@ -26,6 +30,28 @@ router = Router()
 async def dead_letters(call: Call, query: DeadLetterQuery) -> Messages:
     found = await call.broker.queue(call.queue).dead_letters(query.limit, after=query.after)
     return Messages(messages=[Message.of(m) for m in found])
+
+
+@router.get(
+    "/v1/queues/{queue}/dead-letters/{msg_id}",
+    "one dead letter, by the msg_id it had in the queue, with every failed attempt"
+    " (headers x-pgbroker-dead-letter and x-pgbroker-attempts)",
+    scope="read",
+    errors={404: "dead_letter_not_found"},
+)
+async def dead_letter(call: Call) -> Message:
+    msg_id = _path_msg_id(call)
+    found = await call.broker.queue(call.queue).dead_letter(msg_id)
+    if found is None:
+        raise ApiError(404, "dead_letter_not_found", f'no dead letter {msg_id} from queue "{call.queue}"')
+    return Message.of(found)
+
+
+def _path_msg_id(call: Call) -> int:
+    text: str = call.request.path_params["msg_id"]
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= BIGINT_MAX:
+        raise InvalidArgument(f"msg_id must be a positive 64-bit integer, got {text!r}")
+    return int(text)
 
 
 @router.post(

@@ -598,6 +598,19 @@ END;
 $$;
 
 --
+-- Name: _count_failures(text, bigint, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._count_failures(queue_name text, retried bigint, dead_lettered bigint) RETURNS void
+    LANGUAGE sql
+    AS $_$
+    INSERT INTO pgbroker.queue_failures AS f (queue_name, retried, dead_lettered)
+    SELECT m.queue_name, $2, $3 FROM pgmq.meta m WHERE m.queue_name = $1
+    ON CONFLICT ON CONSTRAINT queue_failures_pkey DO UPDATE
+        SET retried = f.retried + excluded.retried, dead_lettered = f.dead_lettered + excluded.dead_lettered;
+$_$;
+
+--
 -- Name: _create_queue(text, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -826,6 +839,7 @@ CREATE FUNCTION pgbroker._dead_letter(queue_name text, msg_ids bigint[], error t
     AS $_$
 DECLARE
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
+    letters bigint;
     moved text := format(
         $Q$
         moved AS (
@@ -847,6 +861,7 @@ BEGIN
             SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM moved
             $Q$, moved, pgbroker._dead_letter_table(p))
             USING msg_ids, p.queue_name, error, deliveries_counted;
+        GET DIAGNOSTICS letters = ROW_COUNT;
     ELSE
         -- A new message of the dead-letter queue, ready at once (vt = enqueued_at, as a send makes it).
         EXECUTE format(
@@ -856,7 +871,9 @@ BEGIN
             SELECT now(), message, headers FROM moved ORDER BY msg_id
             $Q$, moved, pgbroker._dead_letter_table(p))
             USING msg_ids, p.queue_name, error, deliveries_counted;
+        GET DIAGNOSTICS letters = ROW_COUNT;
     END IF;
+    PERFORM pgbroker._count_failures(p.queue_name, 0, letters);  -- 96_monitoring.sql
 END;
 $_$;
 
@@ -1254,6 +1271,16 @@ CREATE FUNCTION pgbroker._forget_dropped_grantees() RETURNS void
 BEGIN
     DELETE FROM pgbroker.queue_grant g WHERE NOT EXISTS (SELECT 1 FROM pg_roles r WHERE r.oid = g.grantee);
 END;
+$$;
+
+--
+-- Name: _forget_stale_workers(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._forget_stale_workers() RETURNS void
+    LANGUAGE sql
+    AS $$
+    DELETE FROM pgbroker.queue_workers w WHERE w.heartbeat_at < now() - pgbroker._worker_stale_after();
 $$;
 
 --
@@ -4131,6 +4158,14 @@ CREATE FUNCTION pgbroker._visible_sql(qtable text, conditional jsonb, prioritize
 $_$;
 
 --
+-- Name: _worker_stale_after(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._worker_stale_after() RETURNS interval
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT interval '1 minute' $$;
+
+--
 -- Name: _write_routes(); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -4866,6 +4901,7 @@ DECLARE
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
     one text;
     held record;
+    retried bigint := 0;
 BEGIN
     FOREACH one IN ARRAY coalesce(receipts, '{}') LOOP
         held := pgbroker._parse_receipt(one);
@@ -4883,10 +4919,14 @@ BEGIN
             PERFORM pgbroker._record_attempt(queue_name, held.msg_id, coalesce(error, 'failed (no error given)'),
                                              traceback);
             outcome := 'retry';
+            retried := retried + 1;
         END IF;
         msg_id := held.msg_id;
         RETURN NEXT;
     END LOOP;
+    IF retried > 0 THEN
+        PERFORM pgbroker._count_failures(p.queue_name, retried, 0);  -- 96_monitoring.sql
+    END IF;
 END;
 $$;
 
@@ -5315,6 +5355,24 @@ END;
 $_$;
 
 --
+-- Name: queue_activity(text, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.queue_activity(queue_name text, exact_below bigint DEFAULT 10000) RETURNS TABLE(in_flight bigint, retried bigint, dead_lettered bigint)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('monitor', queue_name);
+BEGIN
+    in_flight := pgbroker._bounded_count(
+        format('pgmq.%I WHERE vt > now() AND read_ct > 0', pgbroker._table(queue_name)), exact_below);
+    SELECT coalesce(max(f.retried), 0), coalesce(max(f.dead_lettered), 0) INTO retried, dead_lettered
+    FROM pgbroker.queue_failures f WHERE f.queue_name = pgbroker._stored_name(queue_activity.queue_name);
+    RETURN NEXT;
+END;
+$$;
+
+--
 -- Name: queue_codec(text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -5324,6 +5382,47 @@ CREATE FUNCTION pgbroker.queue_codec(queue_name text) RETURNS text
     SELECT pgbroker._authorize('producer', queue_name);
     SELECT coalesce((SELECT p.codec FROM pgbroker.queue_policy p
                      WHERE lower(p.queue_name) = lower(queue_codec.queue_name)), 'json');
+$$;
+
+--
+-- Name: queue_history; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_history (
+    queue_name character varying NOT NULL,
+    sampled_at timestamp with time zone NOT NULL,
+    queue_length bigint NOT NULL,
+    in_flight bigint NOT NULL,
+    oldest_msg_age_sec double precision,
+    total_sent bigint NOT NULL,
+    total_consumed bigint NOT NULL,
+    total_retried bigint NOT NULL,
+    total_dead_lettered bigint NOT NULL
+);
+
+--
+-- Name: queue_history(timestamp with time zone, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.queue_history(since timestamp with time zone, points integer DEFAULT 300) RETURNS SETOF pgbroker.queue_history
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    slice double precision;
+BEGIN
+    PERFORM pgbroker._check_arg(since IS NOT NULL, 'since must be a time', 'Pass where the history starts.');
+    PERFORM pgbroker._check_arg(points BETWEEN 1 AND 10000, 'points must be between 1 and 10000',
+                                'Pass how many points a chart draws.');
+    slice := greatest(extract(epoch FROM now() - since), 1) / points;
+    RETURN QUERY
+    SELECT (h).* FROM (
+        SELECT DISTINCT ON (h.queue_name, floor(extract(epoch FROM h.sampled_at - since) / slice)) h
+        FROM pgbroker.queue_history h
+        WHERE h.sampled_at >= since
+        ORDER BY h.queue_name, floor(extract(epoch FROM h.sampled_at - since) / slice), h.sampled_at DESC
+    ) thinned
+    ORDER BY (h).sampled_at, (h).queue_name;
+END;
 $$;
 
 --
@@ -5397,6 +5496,21 @@ BEGIN
     END LOOP;
 END;
 $_$;
+
+--
+-- Name: queue_workers(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.queue_workers() RETURNS TABLE(worker_id uuid, queue_name text, host text, pid integer, concurrency integer, started_at timestamp with time zone, heartbeat_at timestamp with time zone, heartbeat_age_sec double precision, in_flight integer, completed bigint, retried bigint, dead_lettered bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT w.worker_id, w.queue_name, w.host, w.pid, w.concurrency, w.started_at, w.heartbeat_at,
+           extract(epoch FROM now() - w.heartbeat_at)::float8, w.in_flight, w.completed, w.retried,
+           w.dead_lettered
+    FROM pgbroker.queue_workers w
+    WHERE w.heartbeat_at >= now() - pgbroker._worker_stale_after()
+    ORDER BY w.queue_name, w.host, w.pid, w.started_at;
+$$;
 
 --
 -- Name: read(text, integer, integer, jsonb); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -5670,6 +5784,38 @@ BEGIN
         END;
         COMMIT;
     END LOOP;
+END;
+$$;
+
+--
+-- Name: sample_queue_history(interval, interval, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.sample_queue_history(min_interval interval DEFAULT '00:00:10'::interval, retention interval DEFAULT '24:00:00'::interval, exact_below bigint DEFAULT 10000) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    sampled integer := 0;
+BEGIN
+    PERFORM pgbroker._check_arg(min_interval >= interval '0', 'min_interval must be >= 0',
+                                'Pass how often the history is sampled.');
+    PERFORM pgbroker._check_arg(retention > interval '0', 'retention must be > 0',
+                                'Pass how long samples are kept.');
+    -- One sampler at a time; a server that finds another sampling skips this round.
+    IF NOT pg_try_advisory_xact_lock(hashtext('pgbroker.queue_history')) THEN
+        RETURN 0;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgbroker.queue_history h WHERE h.sampled_at > now() - min_interval) THEN
+        INSERT INTO pgbroker.queue_history
+        SELECT s.queue_name, now(), s.queue_length, a.in_flight, s.oldest_msg_age_sec, s.total_sent,
+               pgbroker.messages_consumed(s.queue_name), a.retried, a.dead_lettered
+        FROM pgbroker.queue_stats(exact_below) s
+        CROSS JOIN LATERAL pgbroker.queue_activity(s.queue_name, exact_below) a;
+        GET DIAGNOSTICS sampled = ROW_COUNT;
+    END IF;
+    DELETE FROM pgbroker.queue_history h WHERE h.sampled_at < now() - retention;
+    PERFORM pgbroker._forget_stale_workers();
+    RETURN sampled;
 END;
 $$;
 
@@ -6493,6 +6639,19 @@ END;
 $$;
 
 --
+-- Name: stream_consumers(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.stream_consumers(stream_name text) RETURNS TABLE(group_name text, consumer text, renewed_at timestamp with time zone, expires_at timestamp with time zone)
+    LANGUAGE sql STABLE
+    AS $_$
+    SELECT k.group_name, k.consumer, k.renewed_at, k.expires_at
+    FROM pgbroker.stream_consumer k
+    WHERE k.stream_name = (pgbroker._stream_row($1)).stream_name AND k.expires_at > now()
+    ORDER BY k.group_name, k.consumer;
+$_$;
+
+--
 -- Name: stream_groups(text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -6863,6 +7022,36 @@ BEGIN
     END LOOP;
     RETURN removed;
 END;
+$_$;
+
+--
+-- Name: worker_heartbeat(uuid, text, text, integer, integer, integer, bigint, bigint, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.worker_heartbeat(worker_id uuid, queue_name text, host text, pid integer, concurrency integer, in_flight integer, completed bigint, retried bigint, dead_lettered bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
+BEGIN
+    INSERT INTO pgbroker.queue_workers AS w
+    VALUES (worker_id, queue_name, host, pid, concurrency, now(), now(), in_flight, completed, retried,
+            dead_lettered)
+    ON CONFLICT ON CONSTRAINT queue_workers_pkey DO UPDATE
+        SET heartbeat_at = now(), concurrency = excluded.concurrency, in_flight = excluded.in_flight,
+            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered;
+    PERFORM pgbroker._forget_stale_workers();
+END;
+$$;
+
+--
+-- Name: worker_stopped(uuid); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.worker_stopped(worker_id uuid) RETURNS void
+    LANGUAGE sql
+    AS $_$
+    DELETE FROM pgbroker.queue_workers w WHERE w.worker_id = $1;
 $_$;
 
 --
@@ -8158,6 +8347,16 @@ CREATE TABLE pgbroker.partition_retention (
 );
 
 --
+-- Name: queue_failures; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_failures (
+    queue_name character varying NOT NULL,
+    retried bigint NOT NULL,
+    dead_lettered bigint NOT NULL
+);
+
+--
 -- Name: queue_grant; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
@@ -8196,6 +8395,24 @@ CREATE TABLE pgbroker.queue_scoped_function (
     function_schema text NOT NULL,
     function_name text NOT NULL,
     CONSTRAINT queue_scoped_function_role_kind_check CHECK ((role_kind = ANY (ARRAY['producer'::text, 'consumer'::text, 'monitor'::text])))
+);
+
+--
+-- Name: queue_workers; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_workers (
+    worker_id uuid NOT NULL,
+    queue_name text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    concurrency integer NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    heartbeat_at timestamp with time zone NOT NULL,
+    in_flight integer NOT NULL,
+    completed bigint NOT NULL,
+    retried bigint NOT NULL,
+    dead_lettered bigint NOT NULL
 );
 
 --
@@ -8397,6 +8614,13 @@ ALTER TABLE ONLY pgbroker.partition_retention
     ADD CONSTRAINT partition_retention_pkey PRIMARY KEY (queue_name);
 
 --
+-- Name: queue_failures queue_failures_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_failures
+    ADD CONSTRAINT queue_failures_pkey PRIMARY KEY (queue_name);
+
+--
 -- Name: queue_grant queue_grant_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -8411,6 +8635,13 @@ ALTER TABLE ONLY pgbroker.queue_head
     ADD CONSTRAINT queue_head_pkey PRIMARY KEY (queue_name);
 
 --
+-- Name: queue_history queue_history_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_history
+    ADD CONSTRAINT queue_history_pkey PRIMARY KEY (queue_name, sampled_at);
+
+--
 -- Name: queue_policy queue_policy_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -8423,6 +8654,13 @@ ALTER TABLE ONLY pgbroker.queue_policy
 
 ALTER TABLE ONLY pgbroker.queue_scoped_function
     ADD CONSTRAINT queue_scoped_function_pkey PRIMARY KEY (role_kind, function_schema, function_name);
+
+--
+-- Name: queue_workers queue_workers_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_workers
+    ADD CONSTRAINT queue_workers_pkey PRIMARY KEY (worker_id);
 
 --
 -- Name: rate_buckets rate_buckets_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
@@ -8564,6 +8802,12 @@ ALTER TABLE ONLY pgmq.topic_bindings
 CREATE INDEX inbound_seen_seen_at ON pgbroker.inbound_seen USING btree (seen_at);
 
 --
+-- Name: queue_history_sampled_at; Type: INDEX; Schema: pgbroker; Owner: -
+--
+
+CREATE INDEX queue_history_sampled_at ON pgbroker.queue_history USING btree (sampled_at);
+
+--
 -- Name: schedules_next_run_idx; Type: INDEX; Schema: pgbroker; Owner: -
 --
 
@@ -8639,11 +8883,25 @@ ALTER TABLE ONLY pgbroker.partition_retention
     ADD CONSTRAINT partition_retention_meta_queue_name_fk FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
+-- Name: queue_failures queue_failures_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_failures
+    ADD CONSTRAINT queue_failures_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
 -- Name: queue_head queue_head_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
 ALTER TABLE ONLY pgbroker.queue_head
     ADD CONSTRAINT queue_head_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
+-- Name: queue_history queue_history_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_history
+    ADD CONSTRAINT queue_history_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
 -- Name: queue_policy queue_policy_dead_letter_queue_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -

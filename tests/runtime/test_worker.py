@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import App, Broker, InvalidArgument, Message, QueueNotFound, Worker
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime import _registration
 from pgbroker.runtime._app import serve
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until
@@ -65,6 +67,33 @@ def test_concurrency_is_the_number_of_messages_in_flight(broker: Broker, dsn: st
     asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 40))
     assert peak == 5
     assert worker.stats.reads < 40  # reads are shared by several messages
+
+
+def test_a_running_worker_has_a_row_with_what_it_holds_and_its_row_goes_when_it_stops(
+    broker: Broker, dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_registration, "BEAT_SECONDS", 0.2)
+    broker.create_queue("jobs").send_many(list(range(3)))
+    release = threading.Event()
+    seen: list[tuple[Any, ...]] = []
+
+    def handle(message: Message) -> None:
+        release.wait(120)
+
+    def done() -> bool:
+        if not release.is_set():
+            seen[:] = conn.execute(
+                "SELECT queue_name, pid, concurrency, in_flight, heartbeat_age_sec < 60"
+                " FROM pgbroker.queue_workers()"
+            ).fetchall()
+            if seen and seen[0][3] == 3:  # its heartbeat told what it holds
+                release.set()
+        return worker.stats.completed == 3
+
+    worker = Worker("jobs", handle, concurrency=4)
+    asyncio.run(run_until(dsn, [worker], done, timeout=120))
+    assert seen == [("jobs", os.getpid(), 4, 3, True)]
+    assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (0,)  # gone at stop
 
 
 def test_an_always_failing_handler_dead_letters_after_exactly_max_deliveries(

@@ -8,8 +8,10 @@ OpenAPI spec is written from those declarations once, when the application is ma
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -23,6 +25,7 @@ from starlette.routing import Route
 
 from pgbroker._db.pools import RECONNECT_CEILING, PoolTimeouts
 from pgbroker.errors import PgbrokerError
+from pgbroker.http import monitoring
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.concurrency import ConcurrencyLimit
 from pgbroker.http.errors import ApiError, handle_exception
@@ -62,9 +65,13 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if pool is not None:
             await pool.open(wait=True)
+        sampling = _start_sampling(the_broker, cfg)
         try:
             yield
         finally:
+            if sampling is not None:
+                sampling.cancel()
+                await asyncio.gather(sampling, return_exceptions=True)
             if pool is not None:  # ours: the broker (its listener) and the pool under it
                 await the_broker.close()
                 await pool.close()
@@ -105,6 +112,19 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
         return Route(path, dispatch, methods=list(by_method))
 
     return [route(path, by_method) for path, by_method in by_path.items()]
+
+
+def _start_sampling(broker: AsyncBroker, cfg: Settings) -> asyncio.Task[None] | None:
+    """The dashboard's history, sampled while the server runs (pgbroker.http.monitoring)."""
+    if cfg.history_retention_seconds <= 0:
+        return None
+    sampling = monitoring.keep_sampling(
+        broker,
+        timedelta(seconds=cfg.history_interval_seconds),
+        timedelta(seconds=cfg.history_retention_seconds),
+        cfg.stats_exact_below,
+    )
+    return asyncio.create_task(sampling, name="pgbroker-history")
 
 
 def _server_pool(dsn: str, size: int) -> AsyncConnectionPool[Any]:

@@ -41,6 +41,7 @@ from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from pgbroker.codecs.json_view import json_view
 from pgbroker.http import metrics as prom
+from pgbroker.http import monitoring
 from pgbroker.http.settings import Settings
 from pgbroker.queues import _records as core
 
@@ -550,6 +551,28 @@ class QueueList(Answer):
 
 class StatsList(Answer):
     queues: list[prom.QueueStats]
+
+
+class HistoryQuery(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    minutes: Annotated[
+        int, Field(ge=1, le=43_200, description="the last this many minutes"), BeforeValidator(_query_digits)
+    ] = 60
+    points: Annotated[
+        int, Field(ge=1, le=2000, description="at most about this many samples per queue"),
+        BeforeValidator(_query_digits),
+    ] = 300
+
+
+class History(Answer):
+    interval_seconds: float  # how often the server samples (0: it does not)
+    retention_seconds: float  # how long samples are kept
+    samples: list[monitoring.HistorySample]
+
+
+class Workers(Answer):
+    queue_workers: list[monitoring.QueueWorker]
+    stream_consumers: list[monitoring.StreamConsumer]
 
 
 class Created(Answer):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Generic, LiteralString, TypeAlias, TypeVar
+from uuid import UUID
 
 from pgbroker import _sql as sql
 from pgbroker import codecs
@@ -777,3 +778,31 @@ def schedule_next_wake() -> Query[float | None]:
 
 def schedules_channel() -> Query[str]:
     return Query(_named("schedules_channel"), {}, _scalar)
+
+
+# -- workers ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBeat:
+    """What a queue worker tells in its heartbeat (pgbroker.worker_heartbeat)."""
+
+    worker_id: UUID
+    queue: str
+    host: str
+    pid: int
+    concurrency: int
+    in_flight: int
+    completed: int
+    retried: int
+    dead_lettered: int
+
+
+def worker_heartbeat(beat: WorkerBeat) -> Query[None]:
+    """Register a queue worker, or renew its row."""
+    params = {field: getattr(beat, field) for field in WorkerBeat.__slots__}
+    return Query(_named("worker_heartbeat"), params, _nothing)
+
+
+def worker_stopped(worker_id: UUID) -> Query[None]:
+    return Query(_named("worker_stopped"), {"worker_id": worker_id}, _nothing)

@@ -62,6 +62,7 @@ from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_le
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
+from pgbroker.runtime._registration import Registration
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
 
@@ -199,6 +200,10 @@ class Worker:
             helpers.append(asyncio.create_task(self._heartbeats(queue), name=f"pgbroker-beat-{self.queue}"))
         if self.maintain_every is not None:
             helpers.append(asyncio.create_task(self._maintain(queue), name=f"pgbroker-maintain-{self.queue}"))
+        registration = Registration(self.queue, self.concurrency)
+        helpers.append(
+            asyncio.create_task(registration.keep(broker, self._beat), name=f"pgbroker-register-{self.queue}")
+        )
         log_event(
             logging.INFO,
             "worker.started",
@@ -220,9 +225,14 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await registration.end(broker)
             if threads is not None:
                 threads.close()
             log_event(logging.INFO, "worker.stopped", queue=self.queue, **self._counts())
+
+    def _beat(self) -> tuple[int, WorkerStats]:
+        """What the worker holds now (handlers running, messages read ahead), and its stats."""
+        return len(self._in_flight) + len(self._ahead), self.stats
 
     def _counts(self) -> dict[str, int]:
         s = self.stats

@@ -43,6 +43,7 @@ CREATE OR REPLACE FUNCTION pgbroker._dead_letter(queue_name text, msg_ids bigint
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
+    letters bigint;
     moved text := format(
         $Q$
         moved AS (
@@ -64,6 +65,7 @@ BEGIN
             SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM moved
             $Q$, moved, pgbroker._dead_letter_table(p))
             USING msg_ids, p.queue_name, error, deliveries_counted;
+        GET DIAGNOSTICS letters = ROW_COUNT;
     ELSE
         -- A new message of the dead-letter queue, ready at once (vt = enqueued_at, as a send makes it).
         EXECUTE format(
@@ -73,7 +75,9 @@ BEGIN
             SELECT now(), message, headers FROM moved ORDER BY msg_id
             $Q$, moved, pgbroker._dead_letter_table(p))
             USING msg_ids, p.queue_name, error, deliveries_counted;
+        GET DIAGNOSTICS letters = ROW_COUNT;
     END IF;
+    PERFORM pgbroker._count_failures(p.queue_name, 0, letters);  -- 96_monitoring.sql
 END;
 $$;
 
@@ -122,6 +126,7 @@ DECLARE
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
     one text;
     held record;
+    retried bigint := 0;
 BEGIN
     FOREACH one IN ARRAY coalesce(receipts, '{}') LOOP
         held := pgbroker._parse_receipt(one);
@@ -139,10 +144,14 @@ BEGIN
             PERFORM pgbroker._record_attempt(queue_name, held.msg_id, coalesce(error, 'failed (no error given)'),
                                              traceback);
             outcome := 'retry';
+            retried := retried + 1;
         END IF;
         msg_id := held.msg_id;
         RETURN NEXT;
     END LOOP;
+    IF retried > 0 THEN
+        PERFORM pgbroker._count_failures(p.queue_name, retried, 0);  -- 96_monitoring.sql
+    END IF;
 END;
 $$;
 

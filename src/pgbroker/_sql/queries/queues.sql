@@ -266,3 +266,14 @@ SELECT pgbroker.schedule_next_wake()
 -- name: schedules_channel
 -- The LISTEN channel schedule changes notify on.
 SELECT pgbroker.schedules_channel()
+
+-- Workers (sql/functions/96_monitoring.sql) ---------------------------------------
+
+-- name: worker_heartbeat
+-- Register a queue worker, or renew its row with what it holds and has done.
+SELECT pgbroker.worker_heartbeat(%(worker_id)s, %(queue)s, %(host)s, %(pid)s, %(concurrency)s, %(in_flight)s,
+                                 %(completed)s, %(retried)s, %(dead_lettered)s)
+
+-- name: worker_stopped
+-- A queue worker stopped: its row goes.
+SELECT pgbroker.worker_stopped(%(worker_id)s)

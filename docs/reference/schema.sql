@@ -5186,10 +5186,10 @@ END;
 $$;
 
 --
--- Name: peek(text, integer, bigint, text, bigint, text, text, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: peek(text, integer, bigint, text, bigint, text, text, timestamp with time zone, timestamp with time zone, jsonb); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.peek(queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0, state text DEFAULT NULL::text, before_msg_id bigint DEFAULT NULL::bigint, header_key text DEFAULT NULL::text, header_value text DEFAULT NULL::text, enqueued_after timestamp with time zone DEFAULT NULL::timestamp with time zone, enqueued_before timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF pgbroker.peeked_message
+CREATE FUNCTION pgbroker.peek(queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0, state text DEFAULT NULL::text, before_msg_id bigint DEFAULT NULL::bigint, header_key text DEFAULT NULL::text, header_value text DEFAULT NULL::text, enqueued_after timestamp with time zone DEFAULT NULL::timestamp with time zone, enqueued_before timestamp with time zone DEFAULT NULL::timestamp with time zone, message_contains jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgbroker.peeked_message
     LANGUAGE plpgsql STABLE
     AS $_$
 DECLARE
@@ -5229,12 +5229,13 @@ BEGIN
               AND ($5::timestamptz IS NULL OR enqueued_at >= $5)
               AND ($6::timestamptz IS NULL OR enqueued_at < $6)
               AND ($8::text IS NULL OR headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $8)
+              AND ($10::jsonb IS NULL OR message @> $10)
         ) m
         WHERE $9::text IS NULL OR $9 = 'dead' OR m.state = $9
         ORDER BY msg_id LIMIT $7
         $Q$, id_of, state_of, source)
     USING coalesce(after_msg_id, 0), before_msg_id, header_key, header_value, enqueued_after,
-          enqueued_before, qty, letters_of, state;
+          enqueued_before, qty, letters_of, state, message_contains;
 END;
 $_$;
 

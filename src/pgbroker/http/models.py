@@ -13,6 +13,7 @@ malformed receipt) is raised as a pydantic error of that name: REFUSALS maps it 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -461,6 +462,13 @@ def _query_moment(value: Any) -> Any:
 QueryMoment = Annotated[datetime | None, BeforeValidator(_query_moment)]
 
 
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 class PeekQuery(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
     state: Annotated[
@@ -484,6 +492,21 @@ class PeekQuery(BaseModel):
     header_value: Annotated[Text | None, Field(description="...whose value, as text, is this")] = None
     enqueued_after: Annotated[QueryMoment, Field(description="enqueued at or after, ISO 8601")] = None
     enqueued_before: Annotated[QueryMoment, Field(description="enqueued before, ISO 8601")] = None
+    contains: Annotated[
+        Text | None,
+        Field(description='only messages whose JSON body has these fields: a JSON object, {"sku": "A-001"}'),
+    ] = None
+
+    @model_validator(mode="after")
+    def _contains_is_an_object(self) -> PeekQuery:
+        if self.contains is not None and not isinstance(_json_or_none(self.contains), dict):
+            raise ValueError('contains must be a JSON object, such as {"sku": "A-001"}')
+        return self
+
+    @property
+    def body_fields(self) -> dict[str, Any] | None:
+        fields: dict[str, Any] | None = None if self.contains is None else json.loads(self.contains)
+        return fields
 
     @model_validator(mode="after")
     def _value_needs_header(self) -> PeekQuery:
@@ -608,6 +631,10 @@ class Archived(Answer):
 
 class Deleted(Answer):
     deleted: list[int]
+
+
+class Retried(Answer):
+    retried: Annotated[list[int], Field(description="the msg_ids made visible (absent ones left out)")]
 
 
 class Purged(Answer):

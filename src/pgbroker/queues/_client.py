@@ -278,6 +278,7 @@ class Queue:
         header_value: str | None = None,
         enqueued_after: datetime | None = None,
         enqueued_before: datetime | None = None,
+        contains: Mapping[str, Any] | None = None,
     ) -> list[PeekedMessage]:
         """Up to qty messages with msg_id > ``after`` (and <= ``before``), oldest first, without
         leasing or changing them, each with its state; filters as in
@@ -292,6 +293,7 @@ class Queue:
             header_value=header_value,
             enqueued_after=enqueued_after,
             enqueued_before=enqueued_before,
+            contains=contains,
         )
         return self._executor.run(query)
 

@@ -459,10 +459,14 @@ def message_peek_many(
     header_value: str | None = None,
     enqueued_after: datetime | None = None,
     enqueued_before: datetime | None = None,
+    contains: Mapping[str, Any] | None = None,
 ) -> Query[list[PeekedMessage]]:
     """Messages with after < msg_id <= before, oldest first, without leasing or changing them:
     in ``state`` (one of PEEK_STATES; None: every state but dead), with ``header`` (equal to
-    ``header_value`` when given), enqueued in [enqueued_after, enqueued_before)."""
+    ``header_value`` when given), enqueued in [enqueued_after, enqueued_before), whose JSON body
+    contains ``contains`` (such as {"sku": "A-001"}: those fields with those values)."""
+    if contains is not None and not isinstance(contains, Mapping):
+        raise InvalidArgument(f"contains must be a mapping of body fields, got {contains!r}")
     if state is not None and state not in PEEK_STATES:
         raise InvalidArgument(f"unknown message state {state!r}", hint=f"States: {', '.join(PEEK_STATES)}.")
     for name, value in (("header", header), ("header_value", header_value)):
@@ -479,6 +483,7 @@ def message_peek_many(
         "before": None if before is None else _msg_ids([before])[0],
         "header_key": header,
         "header_value": header_value,
+        "contains": None if contains is None else encode_json(dict(contains), "contains"),
         "enqueued_after": enqueued_after,
         "enqueued_before": enqueued_before,
     }

@@ -25,13 +25,15 @@
 -- upper bound), oldest first, in the given state (NULL: waiting, delayed and
 -- in flight), with header header_key (and, when header_value is given, that
 -- header's text equal to it), enqueued at or after enqueued_after and before
--- enqueued_before.
+-- enqueued_before, and whose body contains message_contains (jsonb @>: a
+-- search by body field, such as {"sku": "A-001"}).
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.peek(
     queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0,
     state text DEFAULT NULL, before_msg_id bigint DEFAULT NULL,
     header_key text DEFAULT NULL, header_value text DEFAULT NULL,
-    enqueued_after timestamptz DEFAULT NULL, enqueued_before timestamptz DEFAULT NULL)
+    enqueued_after timestamptz DEFAULT NULL, enqueued_before timestamptz DEFAULT NULL,
+    message_contains jsonb DEFAULT NULL)
 RETURNS SETOF pgbroker.peeked_message LANGUAGE plpgsql STABLE AS $$
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
@@ -70,11 +72,12 @@ BEGIN
               AND ($5::timestamptz IS NULL OR enqueued_at >= $5)
               AND ($6::timestamptz IS NULL OR enqueued_at < $6)
               AND ($8::text IS NULL OR headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $8)
+              AND ($10::jsonb IS NULL OR message @> $10)
         ) m
         WHERE $9::text IS NULL OR $9 = 'dead' OR m.state = $9
         ORDER BY msg_id LIMIT $7
         $Q$, id_of, state_of, source)
     USING coalesce(after_msg_id, 0), before_msg_id, header_key, header_value, enqueued_after,
-          enqueued_before, qty, letters_of, state;
+          enqueued_before, qty, letters_of, state, message_contains;
 END;
 $$;

@@ -145,7 +145,8 @@ FROM (SELECT (SELECT f.outcome FROM pgbroker.fail(%(queue)s, ARRAY[%(receipt)s::
 -- Look at messages without reading them.
 SELECT * FROM pgbroker.peek(%(queue)s, %(qty)s::integer, %(after)s::bigint, %(state)s::text,
                             %(before)s::bigint, %(header_key)s::text, %(header_value)s::text,
-                            %(enqueued_after)s::timestamptz, %(enqueued_before)s::timestamptz)
+                            %(enqueued_after)s::timestamptz, %(enqueued_before)s::timestamptz,
+                            %(contains)s::jsonb)
 
 -- name: policy_get
 -- One queue's policy.

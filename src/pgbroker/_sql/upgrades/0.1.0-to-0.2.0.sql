@@ -7,6 +7,9 @@
 DROP FUNCTION IF EXISTS pgbroker.fail(text, text[], text);
 DROP FUNCTION IF EXISTS pgbroker.fail(text, text, text);
 
+-- Search by body field (issue 24): pgbroker.peek takes message_contains (77_peek.sql).
+DROP FUNCTION IF EXISTS pgbroker.peek(text, integer, bigint, text, bigint, text, text, timestamptz, timestamptz);
+
 -- Monitoring (issue 24): failure counters, the stats history `pgbroker serve`
 -- samples, and the queue workers' heartbeat rows (structure/96_monitoring.sql).
 CREATE TABLE pgbroker.queue_failures (

@@ -23,6 +23,7 @@ from pgbroker.http.models import (
     OneReceipt,
     ReadBody,
     ReceiptBatch,
+    Retried,
     SendBody,
     SendOne,
 )
@@ -148,3 +149,15 @@ async def archive(call: Call, body: MsgIds) -> Archived:
 @router.post("/v1/queues/{queue}/delete", "delete messages by msg_id (unfenced)", scope="read")
 async def delete(call: Call, body: MsgIds) -> Deleted:
     return Deleted(deleted=await call.broker.queue(call.queue).delete_many(body.msg_ids))
+
+
+@router.post(
+    "/v1/queues/{queue}/retry",
+    "make messages visible now, by msg_id: a delayed one, one waiting out a back-off, or a leased one"
+    " (its holder's receipt then no longer holds)",
+    scope="admin",
+)
+async def retry_now(call: Call, body: MsgIds) -> Retried:
+    queue = call.broker.queue(call.queue)
+    retried = [msg_id for msg_id in dict.fromkeys(body.msg_ids) if await queue.set_vt(msg_id, 0)]
+    return Retried(retried=retried)

@@ -215,9 +215,16 @@ async def test_a_dead_letter_is_shown_by_its_original_msg_id_with_every_attempt(
     ]
     r = await client.get(f"/v1/queues/jobs/dead-letters/{sent + 1}", headers=auth(keys["consumer"]))
     assert (r.status_code, r.json()["error"]["code"]) == (404, "dead_letter_not_found")
-    for bad in ("0", "x", "9" * 30):
+    # The literal paths beside it keep their own Allow on a 405.
+    for action in ("replay", "purge"):
+        path = f"/v1/queues/jobs/dead-letters/{action}"
+        r = await client.request("OPTIONS", path, headers=auth(keys["admin"]))
+        assert (r.status_code, r.headers["allow"]) == (405, "POST"), action
+    for bad in ("0", "9" * 30):
         r = await client.get(f"/v1/queues/jobs/dead-letters/{bad}", headers=auth(keys["consumer"]))
         assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_argument"), bad
+    r = await client.get("/v1/queues/jobs/dead-letters/replay", headers=auth(keys["consumer"]))
+    assert (r.status_code, r.headers["allow"]) == (405, "POST")
     r = await client.post(
         "/v1/queues/jobs/dead-letters/replay", json={"msg_ids": [sent]}, headers=auth(keys["admin"])
     )

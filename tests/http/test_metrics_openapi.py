@@ -144,7 +144,7 @@ async def test_openapi_matches_routes(client: httpx.AsyncClient, broker: AsyncBr
     documented = {(path, method.upper()) for path, ops in spec["paths"].items() for method in ops}
     app = create_app(broker=broker)
     served = {
-        (r.path, method)
+        (r.path.replace(":int", ""), method)  # a path's convertor is the server's own business
         for r in app.routes
         if isinstance(r, Route)
         for method in (r.methods or ())
@@ -164,7 +164,7 @@ async def test_every_route_is_in_the_spec_with_the_scope_it_enforces(
     lacking = {"send": keys["consumer"], "read": keys["producer"], "admin": keys["both"]}
     app = create_app(broker=broker)
     served = [
-        (r.path, method)
+        (r.path.replace(":int", ""), method)  # a path's convertor is the server's own business
         for r in app.routes
         if isinstance(r, Route)
         for method in r.methods or ()
@@ -200,15 +200,15 @@ async def test_every_spec_operation_has_a_handler(client: httpx.AsyncClient, key
     await client.post("/v1/queues", json={"name": "jobs"}, headers=auth(keys["admin"]))
     for path, operations in spec["paths"].items():
         for method in operations:
-            r = await client.request(
-                method.upper(), path.replace("{queue}", "jobs"), headers=auth(keys["admin"])
-            )
-            # {name} is no schedule's name, {stream} no stream's
+            url = path.replace("{queue}", "jobs").replace("{msg_id}", "1")
+            r = await client.request(method.upper(), url, headers=auth(keys["admin"]))
+            # {name} is no schedule's name, {stream} no stream's, 1 no dead letter's id
             not_found = (
                 "queue_not_found",
                 "schedule_not_found",
                 "stream_not_found",
                 "stream_group_not_found",
+                "dead_letter_not_found",
             )
             assert r.status_code not in (404, 405) or r.json()["error"]["code"] in not_found, (
                 path,

@@ -109,7 +109,8 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
             method = "GET" if request.method == "HEAD" else request.method
             return await run(by_method[method], state, request)
 
-        return Route(path, dispatch, methods=list(by_method))
+        # A msg_id is digits: /dead-letters/replay is not a dead letter's path, and keeps its Allow.
+        return Route(path.replace("{msg_id}", "{msg_id:int}"), dispatch, methods=list(by_method))
 
     return [route(path, by_method) for path, by_method in by_path.items()]
 

@@ -32,28 +32,6 @@ async def dead_letters(call: Call, query: DeadLetterQuery) -> Messages:
     return Messages(messages=[Message.of(m) for m in found])
 
 
-@router.get(
-    "/v1/queues/{queue}/dead-letters/{msg_id}",
-    "one dead letter, by the msg_id it had in the queue, with every failed attempt"
-    " (headers x-pgbroker-dead-letter and x-pgbroker-attempts)",
-    scope="read",
-    errors={404: "dead_letter_not_found"},
-)
-async def dead_letter(call: Call) -> Message:
-    msg_id = _path_msg_id(call)
-    found = await call.broker.queue(call.queue).dead_letter(msg_id)
-    if found is None:
-        raise ApiError(404, "dead_letter_not_found", f'no dead letter {msg_id} from queue "{call.queue}"')
-    return Message.of(found)
-
-
-def _path_msg_id(call: Call) -> int:
-    text: str = call.request.path_params["msg_id"]
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= BIGINT_MAX:
-        raise InvalidArgument(f"msg_id must be a positive 64-bit integer, got {text!r}")
-    return int(text)
-
-
 @router.post(
     "/v1/queues/{queue}/dead-letters/replay",
     "send dead letters back to their queue as new messages: all, or those of msg_ids",
@@ -76,3 +54,25 @@ async def replay_dead_letters(call: Call, body: ReplayBody) -> Replayed:
 )
 async def purge_dead_letters(call: Call, body: MsgIds) -> Purged:
     return Purged(purged=await call.broker.queue(call.queue).purge_dead_letters(body.msg_ids))
+
+
+@router.get(
+    "/v1/queues/{queue}/dead-letters/{msg_id}",
+    "one dead letter, by the msg_id it had in the queue, with every failed attempt"
+    " (headers x-pgbroker-dead-letter and x-pgbroker-attempts)",
+    scope="read",
+    errors={404: "dead_letter_not_found"},
+)
+async def dead_letter(call: Call) -> Message:
+    msg_id = _path_msg_id(call)
+    found = await call.broker.queue(call.queue).dead_letter(msg_id)
+    if found is None:
+        raise ApiError(404, "dead_letter_not_found", f'no dead letter {msg_id} from queue "{call.queue}"')
+    return Message.of(found)
+
+
+def _path_msg_id(call: Call) -> int:
+    msg_id: int = call.request.path_params["msg_id"]  # digits only (the route's int convertor)
+    if not 1 <= msg_id <= BIGINT_MAX:
+        raise InvalidArgument(f"msg_id must be a positive 64-bit integer, got {msg_id}")
+    return msg_id

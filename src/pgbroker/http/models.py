@@ -389,6 +389,21 @@ class AckBatch(ReceiptBatch, AckOptions):
     pass
 
 
+class FailOptions(Body):
+    error: Annotated[
+        Text | None, Field(description="what went wrong, kept with the message (x-pgbroker-attempts)")
+    ] = None
+    traceback: Annotated[Text | None, Field(description="where it went wrong, kept with the error")] = None
+
+
+class FailOne(OneReceipt, FailOptions):
+    pass
+
+
+class FailBatch(ReceiptBatch, FailOptions):
+    pass
+
+
 class NackOne(OneReceipt, Delayed):
     pass
 
@@ -414,6 +429,9 @@ AckBody = Annotated[
 ]
 NackBody = Annotated[
     Annotated[NackOne, Tag("single")] | Annotated[NackBatch, Tag("batch")], _one_or_batch("receipts")
+]
+FailBody = Annotated[
+    Annotated[FailOne, Tag("single")] | Annotated[FailBatch, Tag("batch")], _one_or_batch("receipts")
 ]
 ExtendBody = Annotated[
     Annotated[ExtendOne, Tag("single")] | Annotated[ExtendBatch, Tag("batch")], _one_or_batch("receipts")
@@ -617,6 +635,14 @@ class Acked(Answer):
 
 class Nacked(Answer):
     nacked: list[int]
+    stale: list[str]
+
+
+class Failed(Answer):
+    outcomes: Annotated[
+        dict[str, str],
+        Field(description="by msg_id: retry (back after the back-off) or dead_lettered (its last delivery)"),
+    ]
     stale: list[str]
 
 

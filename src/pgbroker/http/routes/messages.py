@@ -14,6 +14,8 @@ from pgbroker.http.models import (
     Deleted,
     ExtendBody,
     Extended,
+    FailBody,
+    Failed,
     Message,
     Messages,
     MsgIdList,
@@ -114,6 +116,23 @@ async def ack(call: Call, body: AckBody) -> Acked:
         _by_msg_id(lambda rs: q.ack_many(rs, archive=body.archive)),
     )
     return Acked(acked=list(done), stale=stale)
+
+
+@router.post(
+    "/v1/queues/{queue}/fail",
+    "report failed deliveries by the queue's policy: retried after its back-off, or dead-lettered after"
+    " max_deliveries; the error and traceback are kept with each message",
+    scope="read",
+    errors=_STALE,
+)
+async def fail(call: Call, body: FailBody) -> Failed:
+    q = call.broker.queue(call.queue)
+    done, stale = await _settle(
+        body,
+        lambda r: q.fail(r, error=body.error, traceback=body.traceback),
+        lambda rs: q.fail_many(rs, error=body.error, traceback=body.traceback),
+    )
+    return Failed(outcomes={str(msg_id): outcome for msg_id, outcome in done.items()}, stale=stale)
 
 
 @router.post(

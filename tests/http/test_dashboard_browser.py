@@ -120,8 +120,11 @@ def test_dashboard_in_a_real_browser(
     dead_letters = f'tr[data-queue="{QUEUE}"] td.dead-letters'
     wait_for(browser, "the dead-letter count", lambda d: row_text(d, dead_letters) == "1")
 
-    # Admin actions: purge empties the queue, replay brings the dead letter back.
-    browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"] button[data-action=purge]').click()
+    # Admin actions: purge (in the queue's panel, not on its row) empties the queue, replay
+    # brings the dead letter back.
+    assert not browser.find_elements(By.CSS_SELECTOR, "#queues button[data-action=purge]")
+    browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"] button[data-action=browse]').click()
+    click(browser, "#br-queue-actions button[data-action=purge]")
     accept_confirm(browser)
     wait_for(browser, "the purge", line_where("chart-depth", "depth", lambda s: s["last"] == 0))
     assert conn.execute("SELECT queue_length FROM pgmq.metrics(%s)", (QUEUE,)).fetchone() == (0,)

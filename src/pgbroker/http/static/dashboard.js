@@ -284,8 +284,8 @@ function queueRow(tbody, queue) {
     // Its label follows the queue's state (renderTable): "pause" or "resume".
     const toggle = button(actions, "pause", "pause-toggle", "admin");
     toggle.onclick = () => setPaused(queue, toggle.dataset.paused !== "true");
-    // Shown only where they apply (renderTable): a queue with messages, with dead letters.
-    button(actions, "purge", "purge", "admin danger").onclick = () => purge(queue);
+    // Shown only where it applies (renderTable): a queue with dead letters. Purge and drop are
+    // in the queue's own panel (renderQueueActions), not on every row.
     button(actions, "replay dead letters", "replay", "admin").onclick = () => replay(queue);
   }
   tbody.appendChild(row);
@@ -322,12 +322,13 @@ function renderTable(queues) {
       toggle.dataset.paused = String(Boolean(q.paused));
       toggle.textContent = q.paused ? "resume" : "pause";
     }
-    const purgeButton = row.querySelector('button[data-action="purge"]');
-    if (purgeButton) purgeButton.hidden = q.queue_length === 0;
     const replayButton = row.querySelector('button[data-action="replay"]');
     if (replayButton) replayButton.hidden = q.dead_letter_length === 0;
   }
   renderSearchQueues(queues);
+  const browsed = queues.find((q) => q.queue_name === browser.queue);
+  const purgeButton = document.querySelector('#br-queue-actions button[data-action="purge"]');
+  if (browsed && purgeButton) purgeButton.hidden = browsed.queue_length === 0;
 }
 
 function queuePath(queue, rest) {
@@ -467,6 +468,9 @@ const browser = {
 function closeBrowser() {
   browser.queue = null;
   $("browser").hidden = true;
+  // Another key may see the page next: no button of this one stays, even hidden.
+  $("br-queue-actions").replaceChildren();
+  $("br-actions").replaceChildren();
   remember({ queue: null, find: null });
 }
 
@@ -485,11 +489,17 @@ async function browse(queue, filter = {}, { shown = "", after = 0 } = {}) {
   }
 }
 
-// The queue's own destructive action, here rather than on every row: typed to confirm.
+// The queue's destructive actions, here rather than on every row: purge (shown while the queue
+// has messages, renderTable) confirmed, drop confirmed by typing the queue's name.
 function renderQueueActions() {
   const actions = $("br-queue-actions");
   actions.replaceChildren();
-  if (isAdmin()) button(actions, "drop queue", "drop-queue", "admin danger").onclick = () => dropQueue(browser.queue);
+  if (!isAdmin()) return;
+  const queue = browser.queue;
+  const purgeButton = button(actions, "purge queue", "purge", "admin danger");
+  purgeButton.onclick = () => purge(queue).then(() => loadPage(0));
+  purgeButton.hidden = (state.queues.find((q) => q.queue_name === queue) || {}).queue_length === 0;
+  button(actions, "drop queue", "drop-queue", "admin danger").onclick = () => dropQueue(queue);
 }
 
 async function loadPage(after) {

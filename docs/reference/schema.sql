@@ -201,6 +201,14 @@ END;
 $_$;
 
 --
+-- Name: _attempts_kept(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._attempts_kept() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 10 $$;
+
+--
 -- Name: _authorize(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -590,6 +598,19 @@ END;
 $$;
 
 --
+-- Name: _count_failures(text, bigint, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._count_failures(queue_name text, retried bigint, dead_lettered bigint) RETURNS void
+    LANGUAGE sql
+    AS $_$
+    INSERT INTO pgbroker.queue_failures AS f (queue_name, retried, dead_lettered)
+    SELECT m.queue_name, $2, $3 FROM pgmq.meta m WHERE m.queue_name = $1
+    ON CONFLICT ON CONSTRAINT queue_failures_pkey DO UPDATE
+        SET retried = f.retried + excluded.retried, dead_lettered = f.dead_lettered + excluded.dead_lettered;
+$_$;
+
+--
 -- Name: _create_queue(text, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -818,6 +839,7 @@ CREATE FUNCTION pgbroker._dead_letter(queue_name text, msg_ids bigint[], error t
     AS $_$
 DECLARE
     p pgbroker.queue_policy := pgbroker.policy(queue_name);
+    letters bigint;
     moved text := format(
         $Q$
         moved AS (
@@ -839,6 +861,7 @@ BEGIN
             SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM moved
             $Q$, moved, pgbroker._dead_letter_table(p))
             USING msg_ids, p.queue_name, error, deliveries_counted;
+        GET DIAGNOSTICS letters = ROW_COUNT;
     ELSE
         -- A new message of the dead-letter queue, ready at once (vt = enqueued_at, as a send makes it).
         EXECUTE format(
@@ -848,7 +871,9 @@ BEGIN
             SELECT now(), message, headers FROM moved ORDER BY msg_id
             $Q$, moved, pgbroker._dead_letter_table(p))
             USING msg_ids, p.queue_name, error, deliveries_counted;
+        GET DIAGNOSTICS letters = ROW_COUNT;
     END IF;
+    PERFORM pgbroker._count_failures(p.queue_name, 0, letters);  -- 96_monitoring.sql
 END;
 $_$;
 
@@ -1249,6 +1274,16 @@ END;
 $$;
 
 --
+-- Name: _forget_stale_workers(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._forget_stale_workers() RETURNS void
+    LANGUAGE sql
+    AS $$
+    DELETE FROM pgbroker.queue_workers w WHERE w.heartbeat_at < now() - pgbroker._worker_stale_after();
+$$;
+
+--
 -- Name: _glob_like(text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -1440,6 +1475,16 @@ BEGIN
     END LOOP;
     RETURN s.next_run;
 END;
+$$;
+
+--
+-- Name: _letter_id(jsonb); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._letter_id(headers jsonb) RETURNS bigint
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT (headers -> 'x-pgbroker-dead-letter' ->> 'msg_id')::bigint;
 $$;
 
 --
@@ -2744,6 +2789,31 @@ CREATE FUNCTION pgbroker._receipt_ok(receipt text) RETURNS boolean
        AND split_part(receipt, ':', 1)::numeric <= 9223372036854775807
        AND split_part(receipt, ':', 2)::numeric <= 2147483647
        AND split_part(receipt, ':', 3)::numeric BETWEEN -9223372036854775808 AND 9223372036854775807;
+$_$;
+
+--
+-- Name: _record_attempt(text, bigint, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._record_attempt(queue_name text, msg_id bigint, error text, traceback text) RETURNS void
+    LANGUAGE plpgsql
+    AS $_$
+BEGIN
+    EXECUTE format(
+        $Q$
+        UPDATE pgmq.%I SET headers = coalesce(headers, '{}'::jsonb) || jsonb_build_object('x-pgbroker-attempts', (
+            SELECT jsonb_agg(attempt ORDER BY n)
+            FROM jsonb_array_elements(coalesce(headers -> 'x-pgbroker-attempts', '[]'::jsonb)
+                                      || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+                                             'delivery', read_ct, 'error', left($2, 2000),
+                                             'traceback', right($3, 8000), 'failed_at', clock_timestamp()))))
+                 WITH ORDINALITY AS a(attempt, n)
+            WHERE n > jsonb_array_length(coalesce(headers -> 'x-pgbroker-attempts', '[]'::jsonb)) + 1
+                      - pgbroker._attempts_kept()))
+        WHERE msg_id = $1
+        $Q$, pgbroker._table(queue_name))
+        USING msg_id, error, traceback;
+END;
 $_$;
 
 --
@@ -4386,6 +4456,14 @@ CREATE FUNCTION pgbroker._visible_sql(qtable text, conditional jsonb, prioritize
 $_$;
 
 --
+-- Name: _worker_stale_after(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._worker_stale_after() RETURNS interval
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT interval '1 minute' $$;
+
+--
 -- Name: _write_routes(); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -4992,6 +5070,16 @@ END;
 $$;
 
 --
+-- Name: dead_letter(text, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.dead_letter(queue_name text, msg_id bigint) RETURNS SETOF pgmq.message_record
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT * FROM pgbroker.dead_letters(queue_name, 1, msg_id - 1) d WHERE d.msg_id = dead_letter.msg_id;
+$$;
+
+--
 -- Name: dead_letters(text, integer, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -5004,9 +5092,10 @@ BEGIN
     PERFORM pgbroker._check_read_args(0, qty);
     RETURN QUERY EXECUTE format(
         $Q$
-        SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM pgmq.%I
-        WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND msg_id > $2
-        ORDER BY msg_id LIMIT $3
+        SELECT pgbroker._letter_id(headers), read_ct, enqueued_at, last_read_at, vt, message, headers
+        FROM pgmq.%I
+        WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND pgbroker._letter_id(headers) > $2
+        ORDER BY 1 LIMIT $3
         $Q$, pgbroker._dead_letter_table(p))
     USING p.queue_name, coalesce(after_msg_id, 0), qty;
 END;
@@ -5099,27 +5188,17 @@ END;
 $$;
 
 --
--- Name: fail(text, text[], text); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: fail(text, text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL::text) RETURNS TABLE(msg_id bigint, outcome text)
-    LANGUAGE sql
-    AS $$
-    SELECT * FROM pgbroker.fail(queue_name, receipts, error, NULL::integer);
-$$;
-
---
--- Name: fail(text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
---
-
-CREATE FUNCTION pgbroker.fail(queue_name text, receipt text, error text DEFAULT NULL::text) RETURNS text
+CREATE FUNCTION pgbroker.fail(queue_name text, receipt text, error text DEFAULT NULL::text, traceback text DEFAULT NULL::text) RETURNS text
     LANGUAGE plpgsql
     AS $$
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     result text;
 BEGIN
-    SELECT f.outcome INTO result FROM pgbroker.fail(queue_name, ARRAY[receipt], error) f;
+    SELECT f.outcome INTO result FROM pgbroker.fail(queue_name, ARRAY[receipt], error, traceback) f;
     IF result IS NULL THEN
         PERFORM pgbroker._raise_stale(queue_name, receipt);
     END IF;
@@ -5128,10 +5207,10 @@ END;
 $$;
 
 --
--- Name: fail(text, text[], text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: fail(text, text[], text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text, default_max_deliveries integer) RETURNS TABLE(msg_id bigint, outcome text)
+CREATE FUNCTION pgbroker.fail(queue_name text, receipts text[], error text DEFAULT NULL::text, traceback text DEFAULT NULL::text, default_max_deliveries integer DEFAULT NULL::integer) RETURNS TABLE(msg_id bigint, outcome text)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -5140,6 +5219,7 @@ DECLARE
     max_deliveries constant integer := coalesce(p.max_deliveries, default_max_deliveries);
     one text;
     held record;
+    retried bigint := 0;
 BEGIN
     PERFORM pgbroker._check_arg(default_max_deliveries IS NULL OR default_max_deliveries >= 1,
         format('default_max_deliveries must be >= 1 (NULL: none), got %s', default_max_deliveries));
@@ -5148,17 +5228,25 @@ BEGIN
         IF max_deliveries IS NOT NULL AND held.read_ct >= max_deliveries THEN
             -- Lock the row and check the receipt first, so that a stale one moves nothing.
             CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgbroker.extend(queue_name, ARRAY[one], 0));
+            PERFORM pgbroker._record_attempt(queue_name, held.msg_id, coalesce(error, 'failed (no error given)'),
+                                             traceback);
             PERFORM pgbroker._dead_letter(queue_name, ARRAY[held.msg_id],
                                           coalesce(error, 'failed (no error given)'), 0);
             outcome := 'dead_lettered';
         ELSE
             CONTINUE WHEN NOT EXISTS (
                 SELECT 1 FROM pgbroker.nack(queue_name, ARRAY[one], pgbroker.retry_delay(p, held.read_ct)));
+            PERFORM pgbroker._record_attempt(queue_name, held.msg_id, coalesce(error, 'failed (no error given)'),
+                                             traceback);
             outcome := 'retry';
+            retried := retried + 1;
         END IF;
         msg_id := held.msg_id;
         RETURN NEXT;
     END LOOP;
+    IF retried > 0 THEN
+        PERFORM pgbroker._count_failures(p.queue_name, retried, 0);  -- 96_monitoring.sql
+    END IF;
 END;
 $$;
 
@@ -5404,15 +5492,16 @@ END;
 $$;
 
 --
--- Name: peek(text, integer, bigint, text, bigint, text, text, timestamp with time zone, timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: peek(text, integer, bigint, text, bigint, text, text, timestamp with time zone, timestamp with time zone, jsonb); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.peek(queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0, state text DEFAULT NULL::text, before_msg_id bigint DEFAULT NULL::bigint, header_key text DEFAULT NULL::text, header_value text DEFAULT NULL::text, enqueued_after timestamp with time zone DEFAULT NULL::timestamp with time zone, enqueued_before timestamp with time zone DEFAULT NULL::timestamp with time zone) RETURNS SETOF pgbroker.peeked_message
+CREATE FUNCTION pgbroker.peek(queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0, state text DEFAULT NULL::text, before_msg_id bigint DEFAULT NULL::bigint, header_key text DEFAULT NULL::text, header_value text DEFAULT NULL::text, enqueued_after timestamp with time zone DEFAULT NULL::timestamp with time zone, enqueued_before timestamp with time zone DEFAULT NULL::timestamp with time zone, message_contains jsonb DEFAULT NULL::jsonb) RETURNS SETOF pgbroker.peeked_message
     LANGUAGE plpgsql STABLE
     AS $_$
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     source text;
+    id_of text := 'msg_id';
     state_of text;
     letters_of text;
 BEGIN
@@ -5425,31 +5514,34 @@ BEGIN
     IF state = 'dead' THEN
         source := pgbroker._dead_letter_table(pgbroker.policy(queue_name));
         state_of := '''dead''';
+        id_of := 'pgbroker._letter_id(headers)';
         letters_of := pgbroker._stored_name(queue_name);
     ELSE
         source := pgbroker._table(queue_name);
         state_of := 'CASE WHEN vt <= now() THEN ''waiting'' WHEN read_ct = 0 THEN ''delayed'''
                     ' ELSE ''in_flight'' END';
     END IF;
-    -- Static text but for the table and the state expression: each filter is
-    -- off when its parameter is NULL, and the scan follows the primary key.
+    -- Static text but for the table, the id and state expressions: each filter
+    -- is off when its parameter is NULL, and the scan of a queue follows the
+    -- primary key.
     RETURN QUERY EXECUTE format(
         $Q$
         SELECT * FROM (
-            SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, %s AS state
+            SELECT %s AS msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, %s AS state
             FROM pgmq.%I
-            WHERE msg_id > $1 AND ($2::bigint IS NULL OR msg_id <= $2)
+            WHERE %1$s > $1 AND ($2::bigint IS NULL OR %1$s <= $2)
               AND ($3::text IS NULL OR headers ? $3)
               AND ($4::text IS NULL OR headers ->> $3 = $4)
               AND ($5::timestamptz IS NULL OR enqueued_at >= $5)
               AND ($6::timestamptz IS NULL OR enqueued_at < $6)
               AND ($8::text IS NULL OR headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $8)
+              AND ($10::jsonb IS NULL OR message @> $10)
         ) m
         WHERE $9::text IS NULL OR $9 = 'dead' OR m.state = $9
         ORDER BY msg_id LIMIT $7
-        $Q$, state_of, source)
+        $Q$, id_of, state_of, source)
     USING coalesce(after_msg_id, 0), before_msg_id, header_key, header_value, enqueued_after,
-          enqueued_before, qty, letters_of, state;
+          enqueued_before, qty, letters_of, state, message_contains;
 END;
 $_$;
 
@@ -5560,13 +5652,32 @@ BEGIN
     EXECUTE format(
         $Q$
         DELETE FROM pgmq.%I
-        WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND ($2::bigint[] IS NULL OR msg_id = ANY ($2))
+        WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1
+          AND ($2::bigint[] IS NULL OR pgbroker._letter_id(headers) = ANY ($2))
         $Q$, pgbroker._dead_letter_table(p))
         USING p.queue_name, msg_ids;
     GET DIAGNOSTICS purged = ROW_COUNT;
     RETURN purged;
 END;
 $_$;
+
+--
+-- Name: queue_activity(text, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.queue_activity(queue_name text, exact_below bigint DEFAULT 10000) RETURNS TABLE(in_flight bigint, retried bigint, dead_lettered bigint)
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('monitor', queue_name);
+BEGIN
+    in_flight := pgbroker._bounded_count(
+        format('pgmq.%I WHERE vt > now() AND read_ct > 0', pgbroker._table(queue_name)), exact_below);
+    SELECT coalesce(max(f.retried), 0), coalesce(max(f.dead_lettered), 0) INTO retried, dead_lettered
+    FROM pgbroker.queue_failures f WHERE f.queue_name = pgbroker._stored_name(queue_activity.queue_name);
+    RETURN NEXT;
+END;
+$$;
 
 --
 -- Name: queue_codec(text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -5578,6 +5689,47 @@ CREATE FUNCTION pgbroker.queue_codec(queue_name text) RETURNS text
     SELECT pgbroker._authorize('producer', queue_name);
     SELECT coalesce((SELECT p.codec FROM pgbroker.queue_policy p
                      WHERE lower(p.queue_name) = lower(queue_codec.queue_name)), 'json');
+$$;
+
+--
+-- Name: queue_history; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_history (
+    queue_name character varying NOT NULL,
+    sampled_at timestamp with time zone NOT NULL,
+    queue_length bigint NOT NULL,
+    in_flight bigint NOT NULL,
+    oldest_msg_age_sec double precision,
+    total_sent bigint NOT NULL,
+    total_consumed bigint NOT NULL,
+    total_retried bigint NOT NULL,
+    total_dead_lettered bigint NOT NULL
+);
+
+--
+-- Name: queue_history(timestamp with time zone, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.queue_history(since timestamp with time zone, points integer DEFAULT 300) RETURNS SETOF pgbroker.queue_history
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    slice double precision;
+BEGIN
+    PERFORM pgbroker._check_arg(since IS NOT NULL, 'since must be a time', 'Pass where the history starts.');
+    PERFORM pgbroker._check_arg(points BETWEEN 1 AND 10000, 'points must be between 1 and 10000',
+                                'Pass how many points a chart draws.');
+    slice := greatest(extract(epoch FROM now() - since), 1) / points;
+    RETURN QUERY
+    SELECT (h).* FROM (
+        SELECT DISTINCT ON (h.queue_name, floor(extract(epoch FROM h.sampled_at - since) / slice)) h
+        FROM pgbroker.queue_history h
+        WHERE h.sampled_at >= since
+        ORDER BY h.queue_name, floor(extract(epoch FROM h.sampled_at - since) / slice), h.sampled_at DESC
+    ) thinned
+    ORDER BY (h).sampled_at, (h).queue_name;
+END;
 $$;
 
 --
@@ -5651,6 +5803,21 @@ BEGIN
     END LOOP;
 END;
 $_$;
+
+--
+-- Name: queue_workers(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.queue_workers() RETURNS TABLE(worker_id uuid, queue_name text, host text, pid integer, concurrency integer, started_at timestamp with time zone, heartbeat_at timestamp with time zone, heartbeat_age_sec double precision, in_flight integer, completed bigint, retried bigint, dead_lettered bigint)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT w.worker_id, w.queue_name, w.host, w.pid, w.concurrency, w.started_at, w.heartbeat_at,
+           extract(epoch FROM now() - w.heartbeat_at)::float8, w.in_flight, w.completed, w.retried,
+           w.dead_lettered
+    FROM pgbroker.queue_workers w
+    WHERE w.heartbeat_at >= now() - pgbroker._worker_stale_after()
+    ORDER BY w.queue_name, w.host, w.pid, w.started_at;
+$$;
 
 --
 -- Name: read(text, integer, integer, jsonb); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -5759,9 +5926,11 @@ BEGIN
         $Q$
         WITH letters AS (
             DELETE FROM pgmq.%I
-            WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1 AND ($2::bigint[] IS NULL OR msg_id = ANY ($2))
-            RETURNING msg_id, message,
-                      nullif(headers - 'x-pgbroker-dead-letter' - 'x-pgbroker-dedup-key', '{}'::jsonb) AS headers
+            WHERE headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $1
+              AND ($2::bigint[] IS NULL OR pgbroker._letter_id(headers) = ANY ($2))
+            RETURNING pgbroker._letter_id(headers) AS msg_id, message,
+                      nullif(headers - 'x-pgbroker-dead-letter' - 'x-pgbroker-attempts' - 'x-pgbroker-dedup-key',
+                             '{}'::jsonb) AS headers
         )
         SELECT array_agg(msg_id ORDER BY msg_id), array_agg(message ORDER BY msg_id),
                array_agg(headers ORDER BY msg_id)
@@ -5922,6 +6091,38 @@ BEGIN
         END;
         COMMIT;
     END LOOP;
+END;
+$$;
+
+--
+-- Name: sample_queue_history(interval, interval, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.sample_queue_history(min_interval interval DEFAULT '00:00:10'::interval, retention interval DEFAULT '24:00:00'::interval, exact_below bigint DEFAULT 10000) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    sampled integer := 0;
+BEGIN
+    PERFORM pgbroker._check_arg(min_interval >= interval '0', 'min_interval must be >= 0',
+                                'Pass how often the history is sampled.');
+    PERFORM pgbroker._check_arg(retention > interval '0', 'retention must be > 0',
+                                'Pass how long samples are kept.');
+    -- One sampler at a time; a server that finds another sampling skips this round.
+    IF NOT pg_try_advisory_xact_lock(hashtext('pgbroker.queue_history')) THEN
+        RETURN 0;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgbroker.queue_history h WHERE h.sampled_at > now() - min_interval) THEN
+        INSERT INTO pgbroker.queue_history
+        SELECT s.queue_name, now(), s.queue_length, a.in_flight, s.oldest_msg_age_sec, s.total_sent,
+               pgbroker.messages_consumed(s.queue_name), a.retried, a.dead_lettered
+        FROM pgbroker.queue_stats(exact_below) s
+        CROSS JOIN LATERAL pgbroker.queue_activity(s.queue_name, exact_below) a;
+        GET DIAGNOSTICS sampled = ROW_COUNT;
+    END IF;
+    DELETE FROM pgbroker.queue_history h WHERE h.sampled_at < now() - retention;
+    PERFORM pgbroker._forget_stale_workers();
+    RETURN sampled;
 END;
 $$;
 
@@ -6757,6 +6958,19 @@ END;
 $$;
 
 --
+-- Name: stream_consumers(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.stream_consumers(stream_name text) RETURNS TABLE(group_name text, consumer text, renewed_at timestamp with time zone, expires_at timestamp with time zone)
+    LANGUAGE sql STABLE
+    AS $_$
+    SELECT k.group_name, k.consumer, k.renewed_at, k.expires_at
+    FROM pgbroker.stream_consumer k
+    WHERE k.stream_name = (pgbroker._stream_row($1)).stream_name AND k.expires_at > now()
+    ORDER BY k.group_name, k.consumer;
+$_$;
+
+--
 -- Name: stream_groups(text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -7087,6 +7301,36 @@ BEGIN
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN removed + n;
 END;
+$_$;
+
+--
+-- Name: worker_heartbeat(uuid, text, text, integer, integer, integer, bigint, bigint, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.worker_heartbeat(worker_id uuid, queue_name text, host text, pid integer, concurrency integer, in_flight integer, completed bigint, retried bigint, dead_lettered bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
+BEGIN
+    INSERT INTO pgbroker.queue_workers AS w
+    VALUES (worker_id, queue_name, host, pid, concurrency, now(), now(), in_flight, completed, retried,
+            dead_lettered)
+    ON CONFLICT ON CONSTRAINT queue_workers_pkey DO UPDATE
+        SET heartbeat_at = now(), concurrency = excluded.concurrency, in_flight = excluded.in_flight,
+            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered;
+    PERFORM pgbroker._forget_stale_workers();
+END;
+$$;
+
+--
+-- Name: worker_stopped(uuid); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.worker_stopped(worker_id uuid) RETURNS void
+    LANGUAGE sql
+    AS $_$
+    DELETE FROM pgbroker.queue_workers w WHERE w.worker_id = $1;
 $_$;
 
 --
@@ -8394,6 +8638,16 @@ CREATE TABLE pgbroker.partition_retention (
 );
 
 --
+-- Name: queue_failures; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_failures (
+    queue_name character varying NOT NULL,
+    retried bigint NOT NULL,
+    dead_lettered bigint NOT NULL
+);
+
+--
 -- Name: queue_grant; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
@@ -8432,6 +8686,24 @@ CREATE TABLE pgbroker.queue_scoped_function (
     function_schema text NOT NULL,
     function_name text NOT NULL,
     CONSTRAINT queue_scoped_function_role_kind_check CHECK ((role_kind = ANY (ARRAY['producer'::text, 'consumer'::text, 'monitor'::text])))
+);
+
+--
+-- Name: queue_workers; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_workers (
+    worker_id uuid NOT NULL,
+    queue_name text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    concurrency integer NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    heartbeat_at timestamp with time zone NOT NULL,
+    in_flight integer NOT NULL,
+    completed bigint NOT NULL,
+    retried bigint NOT NULL,
+    dead_lettered bigint NOT NULL
 );
 
 --
@@ -8652,6 +8924,13 @@ ALTER TABLE ONLY pgbroker.partition_retention
     ADD CONSTRAINT partition_retention_pkey PRIMARY KEY (queue_name);
 
 --
+-- Name: queue_failures queue_failures_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_failures
+    ADD CONSTRAINT queue_failures_pkey PRIMARY KEY (queue_name);
+
+--
 -- Name: queue_grant queue_grant_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -8666,6 +8945,13 @@ ALTER TABLE ONLY pgbroker.queue_head
     ADD CONSTRAINT queue_head_pkey PRIMARY KEY (queue_name);
 
 --
+-- Name: queue_history queue_history_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_history
+    ADD CONSTRAINT queue_history_pkey PRIMARY KEY (queue_name, sampled_at);
+
+--
 -- Name: queue_policy queue_policy_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -8678,6 +8964,13 @@ ALTER TABLE ONLY pgbroker.queue_policy
 
 ALTER TABLE ONLY pgbroker.queue_scoped_function
     ADD CONSTRAINT queue_scoped_function_pkey PRIMARY KEY (role_kind, function_schema, function_name);
+
+--
+-- Name: queue_workers queue_workers_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_workers
+    ADD CONSTRAINT queue_workers_pkey PRIMARY KEY (worker_id);
 
 --
 -- Name: rate_buckets rate_buckets_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
@@ -8826,6 +9119,12 @@ ALTER TABLE ONLY pgmq.topic_bindings
 CREATE INDEX inbound_seen_seen_at ON pgbroker.inbound_seen USING btree (seen_at);
 
 --
+-- Name: queue_history_sampled_at; Type: INDEX; Schema: pgbroker; Owner: -
+--
+
+CREATE INDEX queue_history_sampled_at ON pgbroker.queue_history USING btree (sampled_at);
+
+--
 -- Name: schedules_next_run_idx; Type: INDEX; Schema: pgbroker; Owner: -
 --
 
@@ -8908,11 +9207,25 @@ ALTER TABLE ONLY pgbroker.partition_retention
     ADD CONSTRAINT partition_retention_meta_queue_name_fk FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
+-- Name: queue_failures queue_failures_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_failures
+    ADD CONSTRAINT queue_failures_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
 -- Name: queue_head queue_head_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
 ALTER TABLE ONLY pgbroker.queue_head
     ADD CONSTRAINT queue_head_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
+
+--
+-- Name: queue_history queue_history_queue_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.queue_history
+    ADD CONSTRAINT queue_history_queue_name_fkey FOREIGN KEY (queue_name) REFERENCES pgmq.meta(queue_name) ON UPDATE CASCADE ON DELETE CASCADE;
 
 --
 -- Name: queue_policy queue_policy_dead_letter_queue_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -

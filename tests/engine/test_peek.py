@@ -71,6 +71,18 @@ def test_peek_pages_by_msg_id_and_filters(queue: Queue) -> None:
     assert queue.peek(100, enqueued_before=now - timedelta(minutes=1)) == []
 
 
+def test_peek_finds_messages_by_body_fields(queue: Queue) -> None:
+    bodies = [{"sku": f"A-{n:03}", "qty": n % 3, "tags": ["x", str(n)]} for n in range(9)]
+    ids = queue.send_many([*bodies, "text"])
+    assert [m.msg_id for m in queue.peek(100, contains={"sku": "A-004"})] == [ids[4]]
+    assert [m.message["qty"] for m in queue.peek(100, contains={"qty": 2})] == [2, 2, 2]
+    assert [m.msg_id for m in queue.peek(100, contains={"tags": ["7"]})] == [ids[7]]
+    assert queue.peek(100, contains={"sku": "nope"}) == []
+    assert len(queue.peek(100, contains={})) == 9  # every object body
+    with pytest.raises(InvalidArgument, match="contains must be a mapping"):
+        queue.peek(contains="sku=A-001")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("dead_letter_queue", [None, "jobs_dlq"])
 def test_peek_shows_dead_letters_where_the_policy_put_them(
     broker: Broker, queue: Queue, dead_letter_queue: str | None

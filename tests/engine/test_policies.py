@@ -237,7 +237,8 @@ def test_fail_gives_the_message_back_after_the_backoff(conn: Conn, queue: Queue)
     started = datetime.now(UTC)
     assert queue.fail(message, error="boom") == "retry"
     [(msg_id, read_ct, vt, _, headers)] = q_rows(conn, queue.name)
-    assert (msg_id, read_ct, headers) == (message.msg_id, 1, None)
+    assert (msg_id, read_ct) == (message.msg_id, 1)
+    assert [(a["delivery"], a["error"]) for a in headers["x-pgbroker-attempts"]] == [(1, "boom")]
     assert timedelta(seconds=59) < vt - started < timedelta(seconds=62)
     assert queue.read() is None
 
@@ -321,11 +322,11 @@ def test_fail_many_reports_each_outcome(conn: Conn, queue: Queue) -> None:
 
 
 def test_fail_takes_the_callers_max_deliveries_when_the_policy_sets_none(conn: Conn, queue: Queue) -> None:
-    # The worker's finite default (pgbroker.runtime): pgbroker.fail's fourth argument, used only
-    # while the queue's policy sets no max_deliveries; the three-argument form is unchanged.
+    # The worker's finite default (pgbroker.runtime): pgbroker.fail's default_max_deliveries, used
+    # only while the queue's policy sets no max_deliveries; the three-argument form is unchanged.
     queue.set_policy(backoff="fixed", backoff_base_seconds=0)
     sent = queue.send({"n": 1})
-    call = "SELECT * FROM pgbroker.fail(%s, ARRAY[%s], 'e', %s)"
+    call = "SELECT * FROM pgbroker.fail(%s, ARRAY[%s], 'e', default_max_deliveries => %s)"
     outcomes = []
     for _ in range(2):
         message = lease(queue)
@@ -354,7 +355,8 @@ def test_fail_refuses_a_callers_max_deliveries_below_one(conn: Conn, queue: Queu
     queue.send(1)
     message = lease(queue)
     with pytest.raises(psycopg.Error) as info:
-        conn.execute("SELECT * FROM pgbroker.fail(%s, ARRAY[%s], 'e', 0)", [queue.name, str(message.receipt)])
+        refused = "SELECT * FROM pgbroker.fail(%s, ARRAY[%s], 'e', default_max_deliveries => 0)"
+        conn.execute(refused, [queue.name, str(message.receipt)])
     assert info.value.sqlstate == "PB007"
     assert q_ids(conn, queue.name) == [message.msg_id]
 

@@ -190,6 +190,77 @@ async def test_dead_letters_listed_and_replayed(
     assert all("x-pgbroker-dead-letter" not in (m.headers or {}) for m in again)
 
 
+async def test_a_dead_letter_is_shown_by_its_original_msg_id_with_every_attempt(
+    client: httpx.AsyncClient, keys: dict[str, str], broker: AsyncBroker
+) -> None:
+    await make_queue(client, keys["admin"])
+    dlq = await broker.create_queue("jobs_dlq")
+    await dlq.send_many(["the dead-letter queue's own message"] * 3)  # so that the ids differ
+    queue = broker.queue("jobs")
+    await queue.set_policy(
+        max_deliveries=2, backoff="fixed", backoff_base_seconds=0, dead_letter_queue="jobs_dlq"
+    )
+    sent = await queue.send({"n": 1})
+    for delivery in (1, 2):
+        [message] = await queue.read_many(1)
+        await queue.fail(message, error=f"boom {delivery}", traceback=f"Traceback {delivery}")
+    r = await client.get(f"/v1/queues/jobs/dead-letters/{sent}", headers=auth(keys["consumer"]))
+    assert r.status_code == 200, r.text
+    letter = r.json()
+    assert letter["msg_id"] == sent
+    attempts = letter["headers"]["x-pgbroker-attempts"]
+    assert [(a["delivery"], a["error"], a["traceback"]) for a in attempts] == [
+        (1, "boom 1", "Traceback 1"),
+        (2, "boom 2", "Traceback 2"),
+    ]
+    r = await client.get(f"/v1/queues/jobs/dead-letters/{sent + 1}", headers=auth(keys["consumer"]))
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "dead_letter_not_found")
+    # The literal paths beside it keep their own Allow on a 405.
+    for action in ("replay", "purge"):
+        path = f"/v1/queues/jobs/dead-letters/{action}"
+        r = await client.request("OPTIONS", path, headers=auth(keys["admin"]))
+        assert (r.status_code, r.headers["allow"]) == (405, "POST"), action
+    for bad in ("0", "9" * 30):
+        r = await client.get(f"/v1/queues/jobs/dead-letters/{bad}", headers=auth(keys["consumer"]))
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_argument"), bad
+    r = await client.get("/v1/queues/jobs/dead-letters/replay", headers=auth(keys["consumer"]))
+    assert (r.status_code, r.headers["allow"]) == (405, "POST")
+    r = await client.post(
+        "/v1/queues/jobs/dead-letters/replay", json={"msg_ids": [sent]}, headers=auth(keys["admin"])
+    )
+    assert [p["dead_letter_id"] for p in r.json()["replayed"]] == [sent]
+
+
+async def test_an_http_consumer_reports_failures_kept_with_the_message(
+    client: httpx.AsyncClient, keys: dict[str, str], broker: AsyncBroker
+) -> None:
+    await make_queue(client, keys["admin"])
+    await broker.queue("jobs").set_policy(max_deliveries=2, backoff="fixed", backoff_base_seconds=0)
+    both = auth(keys["both"])
+    await client.post("/v1/queues/jobs/messages", json={"messages": [{"n": 1}, {"n": 2}]}, headers=both)
+    read = (await client.post("/v1/queues/jobs/read", json={"qty": 2}, headers=both)).json()["messages"]
+    first, second = read
+    r = await client.post(
+        "/v1/queues/jobs/fail",
+        json={"receipt": first["receipt"], "error": "ValueError: bad n", "traceback": "File app.js, line 3"},
+        headers=both,
+    )
+    assert r.status_code == 200, r.text
+    assert r.json() == {"outcomes": {str(first["msg_id"]): "retry"}, "stale": []}
+    batch = {"receipts": [second["receipt"], first["receipt"]]}
+    r = await client.post("/v1/queues/jobs/fail", json=batch, headers=both)
+    assert r.json() == {"outcomes": {str(second["msg_id"]): "retry"}, "stale": [first["receipt"]]}
+    r = await client.post("/v1/queues/jobs/fail", json={"receipt": first["receipt"]}, headers=both)
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "stale_receipt")
+    [again] = [m for m in await broker.queue("jobs").peek(5) if m.msg_id == first["msg_id"]]
+    assert again.headers is not None
+    [attempt] = again.headers["x-pgbroker-attempts"]
+    assert (attempt["error"], attempt["traceback"]) == ("ValueError: bad n", "File app.js, line 3")
+    producer = auth(keys["producer"])
+    r = await client.post("/v1/queues/jobs/fail", json={"receipt": first["receipt"]}, headers=producer)
+    assert r.status_code == 403
+
+
 async def test_whoami(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
     r = await client.get("/v1/key", headers=auth(keys["other"]))
     assert r.json() == {"name": "other", "scopes": ["admin", "read", "send"], "queues": ["other-*"]}

@@ -5,9 +5,9 @@ It loads, lists a queue the test made, its depth chart follows sends and its thr
 follows acks, it shows dead letters, and an admin key's purge and replay buttons work (a read-only
 key gets none). The message browser pages through a queue's messages by state, shows one with
 its headers and body, deletes one and replays a dead letter; the schedules panel lists schedules
-and pauses and resumes one (admin keys only). Screenshots are saved to tests/http/artifacts/
-(dashboard.png, dashboard-browser.png; not in git; docs/ops/ holds the ones docs/operations.md
-shows).
+and pauses and resumes one (admin keys only). A screenshot is saved to tests/http/artifacts/
+(dashboard-browser.png; not in git; docs/ops/ holds the ones docs/operations.md shows, with
+those of test_dashboard_daily_browser.py).
 
 No chromium is not a skip: `make test` installs it when it can (root with apt-get); otherwise
 this test fails and says how to install it.
@@ -120,13 +120,11 @@ def test_dashboard_in_a_real_browser(
     dead_letters = f'tr[data-queue="{QUEUE}"] td.dead-letters'
     wait_for(browser, "the dead-letter count", lambda d: row_text(d, dead_letters) == "1")
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    screenshot = ARTIFACTS / "dashboard.png"
-    browser.save_screenshot(str(screenshot))
-    print(f"dashboard screenshot: {screenshot}")
-
-    # Admin actions: purge empties the queue, replay brings the dead letter back.
-    browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"] button[data-action=purge]').click()
+    # Admin actions: purge (in the queue's panel, not on its row) empties the queue, replay
+    # brings the dead letter back.
+    assert not browser.find_elements(By.CSS_SELECTOR, "#queues button[data-action=purge]")
+    browser.find_element(By.CSS_SELECTOR, f'tr[data-queue="{QUEUE}"] button[data-action=browse]').click()
+    click(browser, "#br-queue-actions button[data-action=purge]")
     accept_confirm(browser)
     wait_for(browser, "the purge", line_where("chart-depth", "depth", lambda s: s["last"] == 0))
     assert conn.execute("SELECT queue_length FROM pgmq.metrics(%s)", (QUEUE,)).fetchone() == (0,)

@@ -26,7 +26,7 @@ def auth(token: str) -> dict[str, str]:
 def attempt(path: str, method: str, queue: str, stream: str) -> tuple[str, Any]:
     """The URL and a body that would pass, so that only the key decides."""
     url = path.replace("{queue}", queue).replace("{stream}", stream).replace("{group}", "g")
-    url = url.replace("{name}", "tick")
+    url = url.replace("{name}", "tick").replace("{msg_id}", "1")
     bodies: dict[tuple[str, str], Any] = {
         ("/v1/queues", "POST"): {"name": queue},
         ("/v1/streams", "POST"): {"name": stream},
@@ -34,6 +34,8 @@ def attempt(path: str, method: str, queue: str, stream: str) -> tuple[str, Any]:
         ("/v1/queues/{queue}/messages", "POST"): {"message": 1},
         ("/v1/queues/{queue}/ack", "POST"): {"receipt": "1:1:1"},
         ("/v1/queues/{queue}/nack", "POST"): {"receipt": "1:1:1"},
+        ("/v1/queues/{queue}/fail", "POST"): {"receipt": "1:1:1"},
+        ("/v1/queues/{queue}/retry", "POST"): {"msg_ids": [1]},
         ("/v1/queues/{queue}/extend", "POST"): {"receipt": "1:1:1", "vt": 1},
         ("/v1/queues/{queue}/archive", "POST"): {"msg_ids": [1]},
         ("/v1/queues/{queue}/delete", "POST"): {"msg_ids": [1]},

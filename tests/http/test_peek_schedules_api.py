@@ -46,9 +46,36 @@ async def test_peek_pages_and_filters_without_taking_messages(
     assert (message.msg_id, message.read_ct) == (ids[1], 1)
 
 
+async def test_peek_finds_by_body_field_and_retry_makes_messages_visible_now(
+    client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]
+) -> None:
+    queue = await broker.create_queue("jobs")
+    ids = await queue.send_many([{"sku": f"A-{n}", "qty": n} for n in range(4)])
+    delayed = await queue.send({"sku": "later"}, delay=3600)
+    reader = auth(keys["consumer"])
+    r = await client.get("/v1/queues/jobs/peek", params={"contains": '{"sku": "A-2"}'}, headers=reader)
+    assert r.status_code == 200, r.text
+    assert [m["msg_id"] for m in r.json()["messages"]] == [ids[2]]
+    r = await client.get("/v1/queues/jobs/peek", params={"contains": '{"qty": 3}'}, headers=reader)
+    assert [m["msg_id"] for m in r.json()["messages"]] == [ids[3]]
+    [leased] = await queue.read_many(1, vt=300)
+    r = await client.post("/v1/queues/jobs/retry", json={"msg_ids": [leased.msg_id, delayed]}, headers=reader)
+    assert r.status_code == 403  # an admin's action
+    admin = auth(keys["admin"])
+    r = await client.post(
+        "/v1/queues/jobs/retry", json={"msg_ids": [leased.msg_id, delayed, 999_999]}, headers=admin
+    )
+    assert r.status_code == 200, r.text
+    assert r.json() == {"retried": [leased.msg_id, delayed]}
+    states = {m.msg_id: m.state for m in await queue.peek(10)}
+    assert (states[leased.msg_id], states[delayed]) == ("waiting", "waiting")
+
+
 @pytest.mark.parametrize(
     ("params", "status"),
     [
+        ({"contains": "sku=A-1"}, 422),
+        ({"contains": "[1]"}, 422),
         ({"state": "lost"}, 422),
         ({"header_value": "x"}, 422),
         ({"enqueued_after": "yesterday"}, 422),

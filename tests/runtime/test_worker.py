@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -17,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, QueueNotFound, Worker
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime import _registration
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
 from tests.support.servers import free_port
@@ -69,6 +71,33 @@ def test_concurrency_is_the_number_of_messages_in_flight(broker: Broker, dsn: st
     assert worker.stats.reads < 40  # reads are shared by several messages
 
 
+def test_a_running_worker_has_a_row_with_what_it_holds_and_its_row_goes_when_it_stops(
+    broker: Broker, dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_registration, "BEAT_SECONDS", 0.2)
+    broker.create_queue("jobs").send_many(list(range(3)))
+    release = threading.Event()
+    seen: list[tuple[Any, ...]] = []
+
+    def handle(message: Message) -> None:
+        release.wait(120)
+
+    def done() -> bool:
+        if not release.is_set():
+            seen[:] = conn.execute(
+                "SELECT queue_name, pid, concurrency, in_flight, heartbeat_age_sec < 60"
+                " FROM pgbroker.queue_workers()"
+            ).fetchall()
+            if seen and seen[0][3] == 3:  # its heartbeat told what it holds
+                release.set()
+        return worker.stats.completed == 3
+
+    worker = Worker("jobs", handle, concurrency=4)
+    asyncio.run(run_until(dsn, [worker], done, timeout=120))
+    assert seen == [("jobs", os.getpid(), 4, 3, True)]
+    assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (0,)  # gone at stop
+
+
 def test_an_always_failing_handler_dead_letters_after_exactly_max_deliveries(
     broker: Broker, dsn: str, conn: Conn
 ) -> None:
@@ -92,6 +121,13 @@ def test_an_always_failing_handler_dead_letters_after_exactly_max_deliveries(
     why = letter.headers[DEAD]
     assert (why["msg_id"], why["deliveries"]) == (sent, 3)
     assert why["error"] == "ValueError: cannot ship order 1"
+    # Every attempt is kept, with the handler's traceback (the worker logged the same msg_id).
+    assert letter.msg_id == sent
+    attempts = letter.headers["x-pgbroker-attempts"]
+    assert [a["delivery"] for a in attempts] == [1, 2, 3]
+    assert all(a["error"] == "ValueError: cannot ship order 1" for a in attempts)
+    assert all("in handle" in a["traceback"] for a in attempts)
+    assert all(a["traceback"].endswith("cannot ship order 1\n") for a in attempts)
 
 
 def test_a_worker_dead_letters_at_its_own_limit_when_the_queue_has_no_policy(

@@ -113,6 +113,11 @@ def test_peek_command(dsn: str) -> None:
     assert len(table.splitlines()) == 3  # header and two messages
     assert cli(dsn, "peek", "jobs", "--state", "dead").stdout.startswith("no messages")
     assert cli(dsn, "peek", "jobs", "--state", "lost").returncode == 2
+    # By body fields: the value read as JSON (a number here), else as text.
+    by_field = cli(dsn, "peek", "jobs", "--json", "--field", "n=3").stdout.splitlines()
+    assert [json.loads(line)["message"] for line in by_field] == [{"n": 3}]
+    assert cli(dsn, "peek", "jobs", "--field", "n=3", "--field", "m=1").stdout.startswith("no messages")
+    assert cli(dsn, "peek", "jobs", "--field", "n").returncode == 2
 
 
 @pytest.mark.slow

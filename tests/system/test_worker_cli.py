@@ -396,6 +396,32 @@ def test_dlq_list_replay_and_purge(dsn: str, jobs: Queue, conn: Conn) -> None:
     assert_error(cli(dsn, "dlq", "list", "nope"), 4)
 
 
+def test_dlq_show_and_replay_take_the_msg_id_the_worker_logged(
+    dsn: str, jobs: Queue, broker: Broker
+) -> None:
+    dlq = broker.create_queue("jobs_dlq")
+    dlq.send_many(["the dead-letter queue's own"] * 4)  # its ids run ahead of the queue's
+    jobs.set_policy(max_deliveries=2, backoff="fixed", backoff_base_seconds=0, dead_letter_queue="jobs_dlq")
+    sent = jobs.send({"order": 7})
+    for delivery in (1, 2):
+        [message] = jobs.read_many(1)
+        trace = f'File "shop.py", line {delivery}'
+        jobs.fail(message, error=f"KeyError: 'sku' ({delivery})", traceback=trace)
+    assert ok(dsn, "dlq", "list", "jobs").splitlines()[1].split()[0] == str(sent)
+    shown = ok(dsn, "dlq", "show", "jobs", str(sent))
+    assert f"dead letter {sent} of queue \"jobs\"" in shown
+    for delivery in (1, 2):
+        assert f"attempt {delivery} at " in shown
+        assert f"KeyError: 'sku' ({delivery})" in shown
+        assert f'    File "shop.py", line {delivery}' in shown
+    [letter] = [json.loads(ok(dsn, "dlq", "show", "jobs", str(sent), "--json"))]
+    assert letter["msg_id"] == sent
+    assert len(letter["headers"]["x-pgbroker-attempts"]) == 2
+    assert_error(cli(dsn, "dlq", "show", "jobs", str(sent + 100)), 1, f"no dead letter {sent + 100}")
+    assert "replayed 1 dead letter" in ok(dsn, "dlq", "replay", "jobs", str(sent))
+    assert [m.message for m in jobs.peek()] == [{"order": 7}]
+
+
 def test_maintain_applies_archive_retention_in_batches(dsn: str, jobs: Queue, broker: Broker) -> None:
     assert "no queue has an archive retention" in ok(dsn, "maintain")
     for msg_id in jobs.send_many(list(range(5))):

@@ -8,8 +8,10 @@ OpenAPI spec is written from those declarations once, when the application is ma
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -24,6 +26,7 @@ from starlette.routing import Route
 from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.pools import DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts
 from pgbroker.errors import PgbrokerError
+from pgbroker.http import monitoring
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
 from pgbroker.http.concurrency import ConcurrencyLimit
 from pgbroker.http.errors import ApiError, handle_exception
@@ -86,9 +89,13 @@ def create_app(
         if replica_pool is not None:
             # Not waited for: a replica that is down fails the reports (503), never the writes.
             await replica_pool.open()
+        sampling = _start_sampling(the_broker, cfg)
         try:
             yield
         finally:
+            if sampling is not None:
+                sampling.cancel()
+                await asyncio.gather(sampling, return_exceptions=True)
             if pool is not None:  # ours: the broker (its listener) and the pool under it
                 await the_broker.close()
                 await pool.close()
@@ -129,9 +136,23 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
             method = "GET" if request.method == "HEAD" else request.method
             return await run(by_method[method], state, request)
 
-        return Route(path, dispatch, methods=list(by_method))
+        # A msg_id is digits: /dead-letters/replay is not a dead letter's path, and keeps its Allow.
+        return Route(path.replace("{msg_id}", "{msg_id:int}"), dispatch, methods=list(by_method))
 
     return [route(path, by_method) for path, by_method in by_path.items()]
+
+
+def _start_sampling(broker: AsyncBroker, cfg: Settings) -> asyncio.Task[None] | None:
+    """The dashboard's history, sampled while the server runs (pgbroker.http.monitoring)."""
+    if cfg.history_retention_seconds <= 0:
+        return None
+    sampling = monitoring.keep_sampling(
+        broker,
+        timedelta(seconds=cfg.history_interval_seconds),
+        timedelta(seconds=cfg.history_retention_seconds),
+        cfg.stats_exact_below,
+    )
+    return asyncio.create_task(sampling, name="pgbroker-history")
 
 
 def _server_pool(

@@ -1,6 +1,7 @@
-"""The dashboard: a static page, script and stylesheet (pgbroker/http/static) served by the API's
-own application. The script polls /v1/stats with a key the user types in, and draws its charts
-as inline SVG: no CDN, no third-party code, nothing fetched but this server's own routes.
+"""The dashboard and the API reference: static pages, scripts and stylesheets (pgbroker/http/static)
+served by the API's own application. The dashboard's script polls /v1/stats with a key the user
+types in, and draws its charts as inline SVG; the reference's renders /openapi.json. No CDN, no
+third-party code, nothing fetched but this server's own routes.
 
 The strict Content-Security-Policy enforces that: scripts and styles only from this origin, no
 inline script, connections only back to this server. So even a message payload shown in the
@@ -31,11 +32,14 @@ _ASSETS = {
         ("dashboard.html", "text/html; charset=utf-8"),
         ("dashboard.js", "text/javascript; charset=utf-8"),
         ("dashboard.css", "text/css; charset=utf-8"),
+        ("docs.html", "text/html; charset=utf-8"),
+        ("docs.js", "text/javascript; charset=utf-8"),
+        ("docs.css", "text/css; charset=utf-8"),
     )
 }
 
 
 def asset(name: str) -> Response:
-    """One of the dashboard's files, with the security headers."""
+    """One of the pages' files, with the security headers."""
     body, media_type = _ASSETS[name]
     return Response(body, media_type=media_type, headers=_HEADERS)

@@ -90,6 +90,7 @@ ERROR_CODES: dict[str, int] = {
     "forbidden": 403,
     "not_found": 404,
     "schedule_not_found": 404,
+    "dead_letter_not_found": 404,
     "method_not_allowed": 405,
     "request_timeout": 408,
     "request_too_large": 413,

@@ -39,12 +39,16 @@ class QueueStats:
     scrape_time: datetime
     total_consumed: int  # pgbroker.messages_consumed(): approximate, resets with the statistics
     paused: bool  # pgbroker.pause()
+    in_flight: int  # pgbroker.queue_activity(): delivered, not visible again yet
+    total_retried: int  # failed deliveries given back with the back-off
+    total_dead_lettered: int
 
 
 async def queue_stats(broker: AsyncBroker, exact_below: int = 10_000) -> list[QueueStats]:
     async with broker.connection() as conn:
         try:
-            cur = await conn.execute(sql.queries("http")["queue_stats_for_metrics"], (exact_below,))
+            query = sql.queries("http")["queue_stats_for_metrics"]
+            cur = await conn.execute(query, {"exact_below": exact_below})
             rows = await cur.fetchall()
         except psycopg.Error as exc:
             raise from_postgres(exc) from exc
@@ -79,6 +83,15 @@ class _QueueCollector(Collector):
         newest = gauge("pgbroker_queue_newest_message_age_seconds", "Age of the newest message.")
         dead = gauge("pgbroker_queue_dead_letters", "Dead letters of the queue (absent when costly).")
         paused = gauge("pgbroker_queue_paused", "1 while the queue is paused: its reads return nothing.")
+        in_flight = gauge("pgbroker_queue_in_flight", "Messages delivered and not visible again yet.")
+        retried = CounterMetricFamily(
+            "pgbroker_queue_messages_retried",
+            "Failed deliveries given back with the back-off.",
+            labels=["queue"],
+        )
+        dead_lettered = CounterMetricFamily(
+            "pgbroker_queue_messages_dead_lettered", "Messages dead-lettered.", labels=["queue"]
+        )
         sent = CounterMetricFamily(
             "pgbroker_queue_messages_sent",
             "Messages ever sent to the queue (its msg_id sequence).",
@@ -102,9 +115,13 @@ class _QueueCollector(Collector):
             sent.add_metric(labels, s.total_sent)
             consumed.add_metric(labels, s.total_consumed)
             paused.add_metric(labels, 1.0 if s.paused else 0.0)
+            in_flight.add_metric(labels, s.in_flight)
+            retried.add_metric(labels, s.total_retried)
+            dead_lettered.add_metric(labels, s.total_dead_lettered)
             if s.dead_letter_length is not None:
                 dead.add_metric(labels, s.dead_letter_length)
-        yield from (length, visible, estimated, oldest, newest, sent, consumed, dead, paused)
+        yield from (length, visible, estimated, oldest, newest, sent, consumed, dead, paused, in_flight)
+        yield from (retried, dead_lettered)
 
 
 class _ScheduleCollector(Collector):

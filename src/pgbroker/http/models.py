@@ -7,6 +7,7 @@ pgbroker.http.validation.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -23,6 +24,7 @@ from pydantic import (
 
 from pgbroker.codecs.json_view import json_view
 from pgbroker.http import metrics as prom
+from pgbroker.http import monitoring
 from pgbroker.http.validation import (
     BIGINT_MAX,
     BatchOf,
@@ -176,6 +178,21 @@ class AckBatch(ReceiptBatch, AckOptions):
     pass
 
 
+class FailOptions(Body):
+    error: Annotated[
+        Text | None, Field(description="what went wrong, kept with the message (x-pgbroker-attempts)")
+    ] = None
+    traceback: Annotated[Text | None, Field(description="where it went wrong, kept with the error")] = None
+
+
+class FailOne(OneReceipt, FailOptions):
+    pass
+
+
+class FailBatch(ReceiptBatch, FailOptions):
+    pass
+
+
 class NackOne(OneReceipt, Delayed):
     pass
 
@@ -201,6 +218,9 @@ AckBody = Annotated[
 ]
 NackBody = Annotated[
     Annotated[NackOne, Tag("single")] | Annotated[NackBatch, Tag("batch")], _one_or_batch("receipts")
+]
+FailBody = Annotated[
+    Annotated[FailOne, Tag("single")] | Annotated[FailBatch, Tag("batch")], _one_or_batch("receipts")
 ]
 ExtendBody = Annotated[
     Annotated[ExtendOne, Tag("single")] | Annotated[ExtendBatch, Tag("batch")], _one_or_batch("receipts")
@@ -249,6 +269,13 @@ def _query_moment(value: Any) -> Any:
 QueryMoment = Annotated[datetime | None, BeforeValidator(_query_moment)]
 
 
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 class PeekQuery(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
     state: Annotated[
@@ -272,6 +299,21 @@ class PeekQuery(BaseModel):
     header_value: Annotated[Text | None, Field(description="...whose value, as text, is this")] = None
     enqueued_after: Annotated[QueryMoment, Field(description="enqueued at or after, ISO 8601")] = None
     enqueued_before: Annotated[QueryMoment, Field(description="enqueued before, ISO 8601")] = None
+    contains: Annotated[
+        Text | None,
+        Field(description='only messages whose JSON body has these fields: a JSON object, {"sku": "A-001"}'),
+    ] = None
+
+    @model_validator(mode="after")
+    def _contains_is_an_object(self) -> PeekQuery:
+        if self.contains is not None and not isinstance(_json_or_none(self.contains), dict):
+            raise ValueError('contains must be a JSON object, such as {"sku": "A-001"}')
+        return self
+
+    @property
+    def body_fields(self) -> dict[str, Any] | None:
+        fields: dict[str, Any] | None = None if self.contains is None else json.loads(self.contains)
+        return fields
 
     @model_validator(mode="after")
     def _value_needs_header(self) -> PeekQuery:
@@ -346,6 +388,28 @@ class StatsList(Answer):
     )
 
 
+class HistoryQuery(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    minutes: Annotated[
+        int, Field(ge=1, le=43_200, description="the last this many minutes"), BeforeValidator(query_digits)
+    ] = 60
+    points: Annotated[
+        int, Field(ge=1, le=2000, description="at most about this many samples per queue"),
+        BeforeValidator(query_digits),
+    ] = 300
+
+
+class History(Answer):
+    interval_seconds: float  # how often the server samples (0: it does not)
+    retention_seconds: float  # how long samples are kept
+    samples: list[monitoring.HistorySample]
+
+
+class Workers(Answer):
+    queue_workers: list[monitoring.QueueWorker]
+    stream_consumers: list[monitoring.StreamConsumer]
+
+
 class Created(Answer):
     queue_name: str
 
@@ -368,6 +432,14 @@ class Nacked(Answer):
     stale: list[str]
 
 
+class Failed(Answer):
+    outcomes: Annotated[
+        dict[str, str],
+        Field(description="by msg_id: retry (back after the back-off) or dead_lettered (its last delivery)"),
+    ]
+    stale: list[str]
+
+
 class Extended(Answer):
     receipts: Annotated[dict[str, str], Field(description="the new receipt of each msg_id renewed")]
     stale: list[str]
@@ -379,6 +451,10 @@ class Archived(Answer):
 
 class Deleted(Answer):
     deleted: list[int]
+
+
+class Retried(Answer):
+    retried: Annotated[list[int], Field(description="the msg_ids made visible (absent ones left out)")]
 
 
 class Purged(Answer):

@@ -23,7 +23,14 @@ from pgbroker.http.models import ScheduleName
 from pgbroker.http.operations import Operation
 from pgbroker.http.settings import Settings
 from pgbroker.http.stream_models import GROUP_NAME_PATTERN, STREAM_NAME_PATTERN
-from pgbroker.http.validation import DOCUMENT_MARK, JSON_SCHEMAS, LIMIT_MARK, QueueName, SchemaWriter
+from pgbroker.http.validation import (
+    BIGINT_MAX,
+    DOCUMENT_MARK,
+    JSON_SCHEMAS,
+    LIMIT_MARK,
+    QueueName,
+    SchemaWriter,
+)
 
 _REF = "#/components/schemas/{model}"
 
@@ -111,6 +118,9 @@ def _document(operation: Operation, schemas: dict[tuple[str, str], Any]) -> dict
         parameters.append(
             {"name": "name", "in": "path", "required": True, "schema": schedule_name, "example": "nightly"}
         )
+    if "{msg_id}" in operation.path:  # a dead letter's (routes/dead_letters.py)
+        msg_id = {"type": "integer", "minimum": 1, "maximum": BIGINT_MAX}
+        parameters.append({"name": "msg_id", "in": "path", "required": True, "schema": msg_id, "example": 42})
     for name, pattern, example in _STREAM_PATH_PARAMETERS:
         if "{" + name + "}" in operation.path:
             schema = {"type": "string", "pattern": pattern}

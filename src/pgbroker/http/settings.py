@@ -24,3 +24,6 @@ class Settings:
     max_concurrency: int = 256  # requests handled at once; more are answered 503 at once
     metrics_public: bool = False  # /metrics without a key (for a scraper on a private network)
     stats_exact_below: int = 10_000  # counts past this are estimated (pgbroker.queue_stats)
+    # The dashboard's history (pgbroker.http.monitoring): sampled this often, kept this long (0: off).
+    history_interval_seconds: float = 10.0
+    history_retention_seconds: float = 24 * 3600.0

@@ -318,6 +318,7 @@ class Queue:
         header_value: str | None = None,
         enqueued_after: datetime | None = None,
         enqueued_before: datetime | None = None,
+        contains: Mapping[str, Any] | None = None,
     ) -> list[PeekedMessage]:
         """Up to qty messages with msg_id > ``after`` (and <= ``before``), oldest first, without
         leasing or changing them, each with its state; filters as in
@@ -332,6 +333,7 @@ class Queue:
             header_value=header_value,
             enqueued_after=enqueued_after,
             enqueued_before=enqueued_before,
+            contains=contains,
         )
         return self._executor.run(query)
 
@@ -387,15 +389,19 @@ class Queue:
         """Ack as the queue's policy says (archive or delete); returns the msg_ids whose receipts held."""
         return self._executor.run(q.message_complete_many(self.name, items))
 
-    def fail(self, item: Receivable, *, error: str | None = None) -> str:
+    def fail(self, item: Receivable, *, error: str | None = None, traceback: str | None = None) -> str:
         """Report a failed delivery: 'retry' (visible again after the policy's back-off) or
-        'dead_lettered' (that was its last allowed delivery); StaleReceipt if stale."""
-        return self._executor.run(q.message_fail(self.name, item, error=error))
+        'dead_lettered' (that was its last allowed delivery); StaleReceipt if stale. The error
+        and traceback are kept with the message (header x-pgbroker-attempts, the latest ten)."""
+        return self._executor.run(q.message_fail(self.name, item, error=error, traceback=traceback))
 
-    def fail_many(self, items: Iterable[Receivable], *, error: str | None = None) -> dict[int, str]:
+    def fail_many(
+        self, items: Iterable[Receivable], *, error: str | None = None, traceback: str | None = None
+    ) -> dict[int, str]:
         """fail() for many receipts with one error: {msg_id: 'retry' | 'dead_lettered'} for those
         whose receipts held; stale ones are left out and change nothing."""
-        return self._executor.run(q.message_fail_many(self.name, items, error=error))
+        query = q.message_fail_many(self.name, items, error=error, traceback=traceback)
+        return self._executor.run(query)
 
     def policy(self) -> Policy:
         """The queue's policy (the defaults when none was set)."""
@@ -415,11 +421,18 @@ class Queue:
         return self._executor.run(q.queue_resume(self.name))
 
     def dead_letters(self, qty: int = 100, *, after: int = 0) -> list[Message]:
-        """This queue's dead letters, oldest first; their headers say why (x-pgbroker-dead-letter)."""
+        """This queue's dead letters, oldest first, each with the msg_id it had here; their headers
+        say why (x-pgbroker-dead-letter) and what each failed attempt raised (x-pgbroker-attempts)."""
         return self._executor.run(q.dead_letter_list(self.name, qty, after=after))
 
+    def dead_letter(self, msg_id: int) -> Message | None:
+        """One dead letter of this queue, by the msg_id it had here (the one its consumers saw),
+        with its failed attempts (header x-pgbroker-attempts); None when there is none."""
+        return self._executor.run(q.dead_letter_get(self.name, msg_id))
+
     def replay_dead_letters(self, msg_ids: Iterable[int] | None = None) -> dict[int, int]:
-        """Send dead letters back to this queue (all, or those given): {dead letter id: new msg_id}."""
+        """Send dead letters back to this queue (all, or those given by the msg_ids they had here):
+        {that msg_id: new msg_id}."""
         return self._executor.run(q.dead_letter_replay_many(self.name, msg_ids))
 
     def purge_dead_letters(self, msg_ids: Iterable[int] | None = None) -> int:

@@ -9,8 +9,10 @@ no operation is written twice.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
+from uuid import UUID
 
 from pgbroker import _sql as sql
 from pgbroker import codecs
@@ -296,10 +298,14 @@ def message_peek_many(
     header_value: str | None = None,
     enqueued_after: datetime | None = None,
     enqueued_before: datetime | None = None,
+    contains: Mapping[str, Any] | None = None,
 ) -> Query[list[PeekedMessage]]:
     """Messages with after < msg_id <= before, oldest first, without leasing or changing them:
     in ``state`` (one of PEEK_STATES; None: every state but dead), with ``header`` (equal to
-    ``header_value`` when given), enqueued in [enqueued_after, enqueued_before)."""
+    ``header_value`` when given), enqueued in [enqueued_after, enqueued_before), whose JSON body
+    contains ``contains`` (such as {"sku": "A-001"}: those fields with those values)."""
+    if contains is not None and not isinstance(contains, Mapping):
+        raise InvalidArgument(f"contains must be a mapping of body fields, got {contains!r}")
     if state is not None and state not in PEEK_STATES:
         raise InvalidArgument(f"unknown message state {state!r}", hint=f"States: {', '.join(PEEK_STATES)}.")
     for name, value in (("header", header), ("header_value", header_value)):
@@ -316,6 +322,7 @@ def message_peek_many(
         "before": None if before is None else _msg_ids([before])[0],
         "header_key": header,
         "header_value": header_value,
+        "contains": None if contains is None else arg.encode_json(dict(contains), "contains"),
         "enqueued_after": enqueued_after,
         "enqueued_before": enqueued_before,
     }
@@ -355,18 +362,25 @@ def message_complete_many(queue: str, items: Iterable[Receivable]) -> Query[list
     return Query(_named("message_complete_many"), params, decoded.ids)
 
 
-def message_fail(queue: str, item: Receivable, *, error: str | None = None) -> Query[str]:
+def message_fail(
+    queue: str, item: Receivable, *, error: str | None = None, traceback: str | None = None
+) -> Query[str]:
     """Retry later with the policy's back-off, or dead-letter: 'retry' or 'dead_lettered'."""
     receipt = arg.receipt_of(item)
-    params = {"queue": queue, "receipt": str(receipt), "error": _error_text(error)}
+    params = {
+        "queue": queue,
+        "receipt": str(receipt),
+        "error": _error_text(error, "error"),
+        "traceback": _error_text(traceback, "traceback"),
+    }
     return Query(_named("message_fail"), params, _held(queue, receipt))
 
 
-def _error_text(error: str | None) -> str | None:
-    if error is not None and not isinstance(error, str):
-        raise InvalidArgument(f"error must be a string or None, got {type(error).__name__}")
+def _error_text(text: str | None, name: str) -> str | None:
+    if text is not None and not isinstance(text, str):
+        raise InvalidArgument(f"{name} must be a string or None, got {type(text).__name__}")
     # libpq cannot send NUL; an exception's text may carry one.
-    return None if error is None else error.replace("\x00", "")
+    return None if text is None else text.replace("\x00", "")
 
 
 def message_fail_many(
@@ -374,6 +388,7 @@ def message_fail_many(
     items: Iterable[Receivable],
     *,
     error: str | None = None,
+    traceback: str | None = None,
     default_max_deliveries: int | None = None,
 ) -> Query[dict[int, str]]:
     """message_fail for many receipts with one error: {msg_id: outcome} for those that held.
@@ -381,7 +396,8 @@ def message_fail_many(
     params = {
         "queue": queue,
         "receipts": arg.receipt_texts(items),
-        "error": _error_text(error),
+        "error": _error_text(error, "error"),
+        "traceback": _error_text(traceback, "traceback"),
         "default_max_deliveries": default_max_deliveries,
     }
     return Query(_named("message_fail_many"), params, lambda rows: dict(rows))
@@ -455,8 +471,15 @@ def dead_letter_list(queue: str, qty: int, *, after: int = 0) -> Query[list[Mess
     return Query(_named("dead_letter_list"), params, decoded.messages)
 
 
+def dead_letter_get(queue: str, msg_id: int) -> Query[Message | None]:
+    """One dead letter, by the msg_id it had in the queue; None when there is none."""
+    params = {"queue": queue, "msg_id": _msg_ids([msg_id])[0]}
+    return Query(_named("dead_letter_get"), params, lambda rows: decoded.message(rows[0]) if rows else None)
+
+
 def dead_letter_replay_many(queue: str, msg_ids: Iterable[int] | None = None) -> Query[dict[int, int]]:
-    """Send dead letters back to their queue: {dead letter's msg_id: new msg_id}; None replays all."""
+    """Send dead letters back to their queue (by the msg_ids they had in it): {that msg_id: new
+    msg_id}; None replays all."""
     params = {"queue": queue, "msg_ids": _optional_ids(msg_ids)}
     return Query(_named("dead_letter_replay_many"), params, lambda rows: {row[0]: row[1] for row in rows})
 
@@ -606,3 +629,31 @@ def schedule_next_wake() -> Query[float | None]:
 
 def schedules_channel() -> Query[str]:
     return Query(_named("schedules_channel"), {}, decoded.scalar)
+
+
+# -- workers ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerBeat:
+    """What a queue worker tells in its heartbeat (pgbroker.worker_heartbeat)."""
+
+    worker_id: UUID
+    queue: str
+    host: str
+    pid: int
+    concurrency: int
+    in_flight: int
+    completed: int
+    retried: int
+    dead_lettered: int
+
+
+def worker_heartbeat(beat: WorkerBeat) -> Query[None]:
+    """Register a queue worker, or renew its row."""
+    params = {field: getattr(beat, field) for field in WorkerBeat.__slots__}
+    return Query(_named("worker_heartbeat"), params, decoded.nothing)
+
+
+def worker_stopped(worker_id: UUID) -> Query[None]:
+    return Query(_named("worker_stopped"), {"worker_id": worker_id}, decoded.nothing)

@@ -4,7 +4,7 @@ A handler that returns (or raises) leaves its outcome here and its slot is free 
 outcomes ride with the worker's next read, in the same transaction and round trip
 (pgbroker.runtime._round_trips); the ones no read comes for within ``linger`` seconds (every slot still
 busy, or the worker stopping) are sent on their own. Successes of a batch share one
-pgbroker.complete, failures one pgbroker.fail per distinct error text.
+pgbroker.complete, failures one pgbroker.fail per distinct error and traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from traceback import format_exception
 from typing import Any
 
 from pgbroker.queues import _queries as q
@@ -24,11 +25,20 @@ __all__ = ["Outbox", "Outcome"]
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """A handled message: the receipt to record it with, and the handler's error (None: success)."""
+    """A handled message: the receipt to record it with, and the handler's error (None: success)
+    with its traceback (kept with the message by pgbroker.fail)."""
 
     message: Message
     receipt: Receipt
     error: str | None = None
+    traceback: str | None = None
+
+    @classmethod
+    def failure(cls, message: Message, receipt: Receipt, exc: Exception) -> Outcome:
+        """A failed delivery: the exception's type and text, and its traceback when it was raised
+        (a body the codec cannot decode was not)."""
+        trace = "".join(format_exception(exc)) if exc.__traceback__ is not None else None
+        return cls(message, receipt, f"{type(exc).__name__}: {exc}", trace)
 
 
 class Outbox:
@@ -70,7 +80,7 @@ class Batch:
     """The statements that record a list of outcomes, and how to read their results back."""
 
     successes: list[Outcome]
-    failures: dict[str, list[Outcome]]  # by error text
+    failures: dict[tuple[str, str | None], list[Outcome]]  # by error text and traceback
     queries: list[Query[Any]]
 
     def results(self, found: Iterable[Any]) -> tuple[set[int], dict[int, str]]:
@@ -87,16 +97,18 @@ def batch_of(queue: str, outcomes: list[Outcome], max_deliveries: int | None = N
     """The statements for ``outcomes``; a failure is dead-lettered at ``max_deliveries`` when the
     queue's policy sets no limit of its own."""
     successes = [outcome for outcome in outcomes if outcome.error is None]
-    failures: dict[str, list[Outcome]] = {}
+    failures: dict[tuple[str, str | None], list[Outcome]] = {}
     for outcome in outcomes:
         if outcome.error is not None:
-            failures.setdefault(outcome.error, []).append(outcome)
+            failures.setdefault((outcome.error, outcome.traceback), []).append(outcome)
     queries: list[Query[Any]] = []
     if successes:
         queries.append(q.message_complete_many(queue, [outcome.receipt for outcome in successes]))
-    for error, failed in failures.items():
+    for (error, traceback), failed in failures.items():
         receipts = [outcome.receipt for outcome in failed]
         queries.append(
-            q.message_fail_many(queue, receipts, error=error, default_max_deliveries=max_deliveries)
+            q.message_fail_many(
+                queue, receipts, error=error, traceback=traceback, default_max_deliveries=max_deliveries
+            )
         )
     return Batch(successes, failures, queries)

@@ -36,12 +36,13 @@ async def record_outcomes(
             stats.completed += 1
         else:
             not_recorded(queue.name, outcome, await why(queue.ack(outcome.receipt)), stats)
-    for error, outcomes in batch.failures.items():
+    for (error, traceback), outcomes in batch.failures.items():
         for outcome in outcomes:
             message = outcome.message
             result = failed.get(message.msg_id)
             if result is None:
-                not_recorded(queue.name, outcome, await why(queue.fail(outcome.receipt, error=error)), stats)
+                refused = queue.fail(outcome.receipt, error=error, traceback=traceback)
+                not_recorded(queue.name, outcome, await why(refused), stats)
                 continue
             fields = {
                 "queue": queue.name,

@@ -63,6 +63,7 @@ from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_le
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
+from pgbroker.runtime._registration import Registration
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
 
@@ -214,6 +215,10 @@ class Worker:
             helpers.append(asyncio.create_task(self._heartbeats(queue), name=f"pgbroker-beat-{self.queue}"))
         if self.maintain_every is not None:
             helpers.append(asyncio.create_task(self._maintain(queue), name=f"pgbroker-maintain-{self.queue}"))
+        registration = Registration(self.queue, self.concurrency)
+        helpers.append(
+            asyncio.create_task(registration.keep(broker, self._beat), name=f"pgbroker-register-{self.queue}")
+        )
         log_event(
             logging.INFO,
             "worker.started",
@@ -236,9 +241,14 @@ class Worker:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await registration.end(broker)
             if threads is not None:
                 threads.close()
             log_event(logging.INFO, "worker.stopped", queue=self.queue, **self._counts())
+
+    def _beat(self) -> tuple[int, WorkerStats]:
+        """What the worker holds now (handlers running, messages read ahead), and its stats."""
+        return len(self._in_flight) + len(self._ahead), self.stats
 
     def _counts(self) -> dict[str, int]:
         s = self.stats
@@ -488,8 +498,10 @@ class Worker:
         if lease.over:  # lost, or given back at shutdown
             return
         lease.over = True
-        text = None if error is None else f"{type(error).__name__}: {error}"
-        self._outbox.add(Outcome(message, lease.receipt, text))
+        if error is None:
+            self._outbox.add(Outcome(message, lease.receipt))
+        else:
+            self._outbox.add(Outcome.failure(message, lease.receipt, error))
 
     async def _handle(self, threads: HandlerThreads | None, message: Message) -> Exception | None:
         if message.codec_error is not None:

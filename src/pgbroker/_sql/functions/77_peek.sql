@@ -17,25 +17,28 @@
 --   in_flight  delivered and still invisible: leased by a consumer, or
 --              nacked and waiting out its back-off;
 --   dead       a dead letter of this queue (65_failures.sql): in its policy's
---              dead-letter queue, or in its archive; msg_ids are those of the
---              table the letter is in, as pgbroker.dead_letters gives them.
+--              dead-letter queue, or in its archive; msg_ids are those the
+--              letters had in the queue, as pgbroker.dead_letters gives them.
 -- state NULL returns the queue's messages in every state but dead.
 
 -- Up to qty messages with after_msg_id < msg_id <= before_msg_id (NULL: no
 -- upper bound), oldest first, in the given state (NULL: waiting, delayed and
 -- in flight), with header header_key (and, when header_value is given, that
 -- header's text equal to it), enqueued at or after enqueued_after and before
--- enqueued_before.
+-- enqueued_before, and whose body contains message_contains (jsonb @>: a
+-- search by body field, such as {"sku": "A-001"}).
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.peek(
     queue_name text, qty integer DEFAULT 10, after_msg_id bigint DEFAULT 0,
     state text DEFAULT NULL, before_msg_id bigint DEFAULT NULL,
     header_key text DEFAULT NULL, header_value text DEFAULT NULL,
-    enqueued_after timestamptz DEFAULT NULL, enqueued_before timestamptz DEFAULT NULL)
+    enqueued_after timestamptz DEFAULT NULL, enqueued_before timestamptz DEFAULT NULL,
+    message_contains jsonb DEFAULT NULL)
 RETURNS SETOF pgbroker.peeked_message LANGUAGE plpgsql STABLE AS $$
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
     source text;
+    id_of text := 'msg_id';
     state_of text;
     letters_of text;
 BEGIN
@@ -48,30 +51,33 @@ BEGIN
     IF state = 'dead' THEN
         source := pgbroker._dead_letter_table(pgbroker.policy(queue_name));
         state_of := '''dead''';
+        id_of := 'pgbroker._letter_id(headers)';
         letters_of := pgbroker._stored_name(queue_name);
     ELSE
         source := pgbroker._table(queue_name);
         state_of := 'CASE WHEN vt <= now() THEN ''waiting'' WHEN read_ct = 0 THEN ''delayed'''
                     ' ELSE ''in_flight'' END';
     END IF;
-    -- Static text but for the table and the state expression: each filter is
-    -- off when its parameter is NULL, and the scan follows the primary key.
+    -- Static text but for the table, the id and state expressions: each filter
+    -- is off when its parameter is NULL, and the scan of a queue follows the
+    -- primary key.
     RETURN QUERY EXECUTE format(
         $Q$
         SELECT * FROM (
-            SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, %s AS state
+            SELECT %s AS msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, %s AS state
             FROM pgmq.%I
-            WHERE msg_id > $1 AND ($2::bigint IS NULL OR msg_id <= $2)
+            WHERE %1$s > $1 AND ($2::bigint IS NULL OR %1$s <= $2)
               AND ($3::text IS NULL OR headers ? $3)
               AND ($4::text IS NULL OR headers ->> $3 = $4)
               AND ($5::timestamptz IS NULL OR enqueued_at >= $5)
               AND ($6::timestamptz IS NULL OR enqueued_at < $6)
               AND ($8::text IS NULL OR headers -> 'x-pgbroker-dead-letter' ->> 'queue' = $8)
+              AND ($10::jsonb IS NULL OR message @> $10)
         ) m
         WHERE $9::text IS NULL OR $9 = 'dead' OR m.state = $9
         ORDER BY msg_id LIMIT $7
-        $Q$, state_of, source)
+        $Q$, id_of, state_of, source)
     USING coalesce(after_msg_id, 0), before_msg_id, header_key, header_value, enqueued_after,
-          enqueued_before, qty, letters_of, state;
+          enqueued_before, qty, letters_of, state, message_contains;
 END;
 $$;

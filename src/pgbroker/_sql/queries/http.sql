@@ -5,9 +5,34 @@
 SELECT 1
 
 -- name: queue_stats_for_metrics
--- Every queue's stats (exact counts below a size) with its messages consumed and whether it is paused.
-SELECT s.*, pgbroker.messages_consumed(s.queue_name), pgbroker.is_paused(s.queue_name)
-FROM pgbroker.queue_stats(%s) s
+-- Every queue's stats (exact counts below a size) with its messages consumed, whether it is paused,
+-- its messages in flight and its failed deliveries.
+SELECT s.*, pgbroker.messages_consumed(s.queue_name), pgbroker.is_paused(s.queue_name),
+       a.in_flight, a.retried, a.dead_lettered
+FROM pgbroker.queue_stats(%(exact_below)s) s
+CROSS JOIN LATERAL pgbroker.queue_activity(s.queue_name, %(exact_below)s) a
+
+-- name: history_sample
+-- Sample every queue's stats into the history, unless another server just did; prune it.
+SELECT pgbroker.sample_queue_history(make_interval(secs => %(interval)s), make_interval(secs => %(retention)s),
+                                     %(exact_below)s)
+
+-- name: history_since
+-- The history's samples since a time, thinned to about so many points per queue.
+SELECT queue_name, sampled_at, queue_length, in_flight, oldest_msg_age_sec, total_sent, total_consumed,
+       total_retried, total_dead_lettered
+FROM pgbroker.queue_history(%(since)s, %(points)s)
+
+-- name: queue_workers
+-- The queue workers running, with their heartbeats and what they hold.
+SELECT * FROM pgbroker.queue_workers()
+
+-- name: stream_consumers
+-- Every stream group's consumers with their last renewal and lease end.
+SELECT s.stream_name, c.group_name, c.consumer, c.renewed_at, c.expires_at,
+       extract(epoch FROM clock_timestamp() - c.renewed_at)::float8
+FROM pgbroker.streams() s CROSS JOIN LATERAL pgbroker.stream_consumers(s.stream_name) c
+ORDER BY 1, 2, 3
 
 -- name: stream_group_stats_for_metrics
 -- Every stream's groups with their lag, oldest unacked age in seconds, consumers and retry queue.

@@ -141,14 +141,16 @@ SELECT * FROM pgbroker.complete(%(queue)s, %(receipts)s::text[])
 -- name: message_fail
 -- Fail one receipt: retry with backoff or dead-letter it.
 SELECT done, CASE WHEN done IS NULL THEN pgbroker.stale_reason(%(queue)s, %(receipt)s) END
-FROM (SELECT (SELECT f.outcome FROM pgbroker.fail(%(queue)s, ARRAY[%(receipt)s::text], %(error)s::text) f)
+FROM (SELECT (SELECT f.outcome FROM pgbroker.fail(%(queue)s, ARRAY[%(receipt)s::text], %(error)s::text,
+                                                   %(traceback)s::text) f)
       AS done) s
 
 -- name: message_peek_many
 -- Look at messages without reading them.
 SELECT * FROM pgbroker.peek(%(queue)s, %(qty)s::integer, %(after)s::bigint, %(state)s::text,
                             %(before)s::bigint, %(header_key)s::text, %(header_value)s::text,
-                            %(enqueued_after)s::timestamptz, %(enqueued_before)s::timestamptz)
+                            %(enqueued_after)s::timestamptz, %(enqueued_before)s::timestamptz,
+                            %(contains)s::jsonb)
 
 -- name: policy_get
 -- One queue's policy.
@@ -196,6 +198,10 @@ SELECT pgbroker.resume(%(queue)s)
 -- A queue's dead letters.
 SELECT * FROM pgbroker.dead_letters(%(queue)s, %(qty)s::integer, %(after)s::bigint)
 
+-- name: dead_letter_get
+-- One dead letter, by the msg_id it had in the queue.
+SELECT * FROM pgbroker.dead_letter(%(queue)s, %(msg_id)s::bigint)
+
 -- name: dead_letter_replay_many
 -- Send dead letters back to their queue.
 SELECT dead_letter_id, msg_id FROM pgbroker.replay_dead_letters(%(queue)s, %(msg_ids)s::bigint[])
@@ -213,8 +219,8 @@ SELECT pgbroker.trim_archive(%(queue)s, %(batch_size)s::integer)
 SELECT pgbroker.trim_dedup_keys(%(queue)s, %(batch_size)s::integer)
 
 -- name: message_fail_many
--- Fail a batch of receipts (dead-letter at the caller's max deliveries if the policy sets none).
-SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text,
+-- Fail a batch of receipts with the error and traceback (the caller's max deliveries if no policy).
+SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text, %(traceback)s::text,
                                           %(default_max_deliveries)s::integer)
 
 -- name: message_ack_published_many
@@ -266,3 +272,14 @@ SELECT pgbroker.schedule_next_wake()
 -- name: schedules_channel
 -- The LISTEN channel schedule changes notify on.
 SELECT pgbroker.schedules_channel()
+
+-- Workers (sql/functions/96_monitoring.sql) ---------------------------------------
+
+-- name: worker_heartbeat
+-- Register a queue worker, or renew its row with what it holds and has done.
+SELECT pgbroker.worker_heartbeat(%(worker_id)s, %(queue)s, %(host)s, %(pid)s, %(concurrency)s, %(in_flight)s,
+                                 %(completed)s, %(retried)s, %(dead_lettered)s)
+
+-- name: worker_stopped
+-- A queue worker stopped: its row goes.
+SELECT pgbroker.worker_stopped(%(worker_id)s)

@@ -25,3 +25,52 @@ CREATE TABLE pgbroker.stream_idempotency_keys (
 );
 INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 VALUES ('producer', 'pgbroker', 'send_idempotent'), ('producer', 'pgbroker', 'stream_send_idempotent');
+
+-- Attempt history (issue 24): pgbroker.fail takes the consumer's traceback,
+-- kept with the error of each failed attempt (65_failures.sql).
+DROP FUNCTION IF EXISTS pgbroker.fail(text, text[], text);
+DROP FUNCTION IF EXISTS pgbroker.fail(text, text, text);
+
+-- Search by body field (issue 24): pgbroker.peek takes message_contains (77_peek.sql).
+DROP FUNCTION IF EXISTS pgbroker.peek(text, integer, bigint, text, bigint, text, text, timestamptz, timestamptz);
+
+-- Monitoring (issue 24): failure counters, the stats history `pgbroker serve`
+-- samples, and the queue workers' heartbeat rows (structure/96_monitoring.sql).
+CREATE TABLE pgbroker.queue_failures (
+    queue_name varchar PRIMARY KEY
+        REFERENCES pgmq.meta (queue_name) ON DELETE CASCADE ON UPDATE CASCADE,
+    retried bigint NOT NULL,
+    dead_lettered bigint NOT NULL
+);
+CREATE TABLE pgbroker.queue_history (
+    queue_name varchar NOT NULL
+        REFERENCES pgmq.meta (queue_name) ON DELETE CASCADE ON UPDATE CASCADE,
+    sampled_at timestamptz NOT NULL,
+    queue_length bigint NOT NULL,
+    in_flight bigint NOT NULL,
+    oldest_msg_age_sec double precision,
+    total_sent bigint NOT NULL,
+    total_consumed bigint NOT NULL,
+    total_retried bigint NOT NULL,
+    total_dead_lettered bigint NOT NULL,
+    PRIMARY KEY (queue_name, sampled_at)
+);
+CREATE INDEX queue_history_sampled_at ON pgbroker.queue_history (sampled_at);
+CREATE TABLE pgbroker.queue_workers (
+    worker_id uuid PRIMARY KEY,
+    queue_name text NOT NULL,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    concurrency integer NOT NULL,
+    started_at timestamptz NOT NULL,
+    heartbeat_at timestamptz NOT NULL,
+    in_flight integer NOT NULL,
+    completed bigint NOT NULL,
+    retried bigint NOT NULL,
+    dead_lettered bigint NOT NULL
+);
+INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
+SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY['worker_heartbeat', 'worker_stopped']) f
+UNION ALL
+SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['queue_history', 'queue_workers', 'queue_activity',
+                                               'stream_consumers']) f;

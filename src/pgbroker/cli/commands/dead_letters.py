@@ -1,5 +1,6 @@
-"""``pgbroker dlq list|replay|purge``: the dead letters of a queue, the messages that failed
-their last allowed delivery (see ``pgbroker policy``), with the error in their headers.
+"""``pgbroker dlq list|show|replay|purge``: the dead letters of a queue, the messages that failed
+their last allowed delivery (see ``pgbroker policy``), with the error of each failed attempt in
+their headers. A letter's id is the msg_id it had in the queue: the one the worker logged.
 """
 
 from __future__ import annotations
@@ -21,12 +22,20 @@ from pgbroker.queues._records import Message
 
 __all__ = ["register"]
 
+DEAD_LETTER = "x-pgbroker-dead-letter"
+ATTEMPTS = "x-pgbroker-attempts"
+
 
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "dlq", "a queue's dead letters")
     sub = add_command(actions, "list", "list dead letters, oldest first", _list)
     sub.add_argument("queue", metavar="QUEUE", help="the queue they came from")
     sub.add_argument("--limit", type=positive_int, default=100, metavar="N", help="at most this many (100)")
+    sub = add_command(
+        actions, "show", "show a dead letter with every failed attempt", _show, json_output=True
+    )
+    sub.add_argument("queue", metavar="QUEUE", help="the queue it came from")
+    sub.add_argument("msg_id", type=msg_id, metavar="MSG_ID", help="its msg_id in that queue (as logged)")
     sub = add_command(actions, "replay", "send dead letters back to their queue", _replay)
     _add_queue_and_msg_ids(sub)
     sub = add_command(actions, "purge", "delete dead letters", _purge)
@@ -57,11 +66,52 @@ def _letter_table(letters: Sequence[Message]) -> str:
 
 
 def _letter_row(letter: Message) -> list[str]:
-    why: dict[str, Any] = (letter.headers or {}).get("x-pgbroker-dead-letter", {})
+    why: dict[str, Any] = (letter.headers or {}).get(DEAD_LETTER, {})
     error = str(why.get("error") or "-")
     payload = json.dumps(json_view(letter.message), ensure_ascii=False)
-    when = str(why.get("dead_lettered_at", ""))[:19].replace("T", " ")
+    when = _when(why.get("dead_lettered_at"))
     return [str(letter.msg_id), str(why.get("deliveries", "-")), when, _cut(error, 60), _cut(payload, 40)]
+
+
+def _show(args: argparse.Namespace, broker: Broker) -> int:
+    letter = broker.queue(args.queue).dead_letter(args.msg_id)
+    if letter is None:
+        raise CliError(
+            f'no dead letter {args.msg_id} from queue "{args.queue}"',
+            code=Exit.NOTHING_DONE,
+            hint=f"See them with: pgbroker dlq list {args.queue}",
+        )
+    if args.json:
+        print(message_json(letter))
+    else:
+        print(_letter_text(args.queue, letter))
+    return Exit.OK
+
+
+def _letter_text(queue: str, letter: Message) -> str:
+    headers = dict(letter.headers or {})
+    why: dict[str, Any] = headers.pop(DEAD_LETTER, {})
+    attempts: list[dict[str, Any]] = headers.pop(ATTEMPTS, [])
+    lines = [
+        f'dead letter {letter.msg_id} of queue "{queue}"',
+        f"  deliveries:     {why.get('deliveries', '-')}",
+        f"  enqueued:       {_when(why.get('enqueued_at'))}",
+        f"  dead-lettered:  {_when(why.get('dead_lettered_at'))}",
+        f"  last error:     {why.get('error') or '-'}",
+        f"  headers:        {json.dumps(headers, ensure_ascii=False) if headers else '-'}",
+        f"  message:        {json.dumps(json_view(letter.message), ensure_ascii=False)}",
+    ]
+    if not attempts:
+        lines.append("no failed attempt recorded (its deliveries ended without a failure report)")
+    for attempt in attempts:
+        when = _when(attempt.get("failed_at"))
+        lines.append(f"attempt {attempt.get('delivery')} at {when}: {attempt.get('error')}")
+        lines.extend("    " + line for line in str(attempt.get("traceback") or "").splitlines())
+    return "\n".join(lines)
+
+
+def _when(timestamp: object) -> str:
+    return str(timestamp or "-")[:19].replace("T", " ")
 
 
 def _cut(text: str, width: int) -> str:

@@ -8,6 +8,7 @@ import argparse
 import json
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from pgbroker.cli.support.arguments import msg_id, positive_int
 from pgbroker.cli.support.errors import Exit
@@ -30,6 +31,13 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--after", type=msg_id, default=0, metavar="ID", help="msg_ids after this one (paging)")
     sub.add_argument("--before", type=msg_id, metavar="ID", help="msg_ids up to this one")
     sub.add_argument("--header", metavar="KEY[=VALUE]", help="with this header (and value)")
+    sub.add_argument(
+        "--field",
+        type=_body_field,
+        action="append",
+        metavar="KEY=VALUE",
+        help="whose JSON body has this field with this value (JSON, else text; repeatable)",
+    )
     sub.add_argument("--since", type=_moment, metavar="TIME", help="enqueued at or after (ISO 8601)")
     sub.add_argument("--until", type=_moment, metavar="TIME", help="enqueued before (ISO 8601)")
 
@@ -44,6 +52,16 @@ def _moment(text: str) -> datetime:
     return moment if moment.tzinfo else moment.astimezone()  # a time without a zone is local
 
 
+def _body_field(text: str) -> tuple[str, Any]:
+    key, has_value, value = text.partition("=")
+    if not key or not has_value:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, such as sku=A-001 or qty=3, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value  # text, as typed
+
+
 def _peek(args: argparse.Namespace, broker: Broker) -> int:
     key, has_value, value = (args.header or "").partition("=")
     found = broker.queue(args.queue).peek(
@@ -55,6 +73,7 @@ def _peek(args: argparse.Namespace, broker: Broker) -> int:
         header_value=value if has_value else None,
         enqueued_after=args.since,
         enqueued_before=args.until,
+        contains=dict(args.field) if args.field else None,
     )
     if wants_json(args):
         for message in found:

@@ -10,6 +10,7 @@ import argparse
 import signal
 from types import FrameType
 
+from pgbroker.cli.support.arguments import duration, positive_duration
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import Exit
@@ -72,6 +73,20 @@ def register(subcommands: Subcommands) -> None:
         "--auth-failure-burst", type=float, default=20.0, metavar="N", help="burst of failed keys (20)"
     )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
+    sub.add_argument(
+        "--history-retention",
+        type=duration,
+        default=24 * 3600,
+        metavar="DURATION",
+        help="keep the dashboard's stats history this long, such as 6h or 7d; 0: no history (24h)",
+    )
+    sub.add_argument(
+        "--history-interval",
+        type=positive_duration,
+        default=10,
+        metavar="DURATION",
+        help="sample the stats history this often (10s)",
+    )
     sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
     sub.add_argument(
         "--replica-dsn",
@@ -101,6 +116,8 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         body_timeout_seconds=args.body_timeout,
         auth_failures_per_second=args.auth_failure_rate,
         auth_failure_burst=args.auth_failure_burst,
+        history_retention_seconds=args.history_retention,
+        history_interval_seconds=args.history_interval,
     )
     replica_dsn = None if args.replica_dsn is None else dsn_of(args.replica_dsn, args.connect_timeout)
     app = create_app(

@@ -66,3 +66,10 @@ def duration(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a duration such as 30s, 15m, 12h or 7d, got {text!r}")
     return int(match[1]) * DURATION_UNITS[match[2]]
 
+
+def positive_duration(text: str) -> int:
+    value = duration(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a duration > 0, got {text!r}")
+    return value
+

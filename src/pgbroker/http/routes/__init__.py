@@ -1,5 +1,6 @@
 """The API's operations, one module per resource: queues, their messages, their dead letters,
-statistics, the calling key, and the service's own pages (health, spec, dashboard)."""
+statistics and their history, workers, the calling key, and the service's own pages (health,
+spec, reference, dashboard)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pgbroker.http.routes import (
     dead_letters,
     keys,
     messages,
+    monitoring,
     pause,
     peek,
     queues,
@@ -26,6 +28,7 @@ ROUTERS = (
     schedules.router,
     streams.router,
     stats.router,
+    monitoring.router,
     keys.router,
     service.router,
 )

@@ -1,8 +1,11 @@
-"""A queue's dead letters: listed oldest first (their headers say why), and replayed to the queue
-as new messages."""
+"""A queue's dead letters: listed oldest first (their headers say why), shown one by one with every
+failed attempt, replayed to the queue as new messages, and purged. A letter's id is the msg_id it
+had in the queue, the one its consumers saw and logged."""
 
 from __future__ import annotations
 
+from pgbroker.errors import InvalidArgument
+from pgbroker.http.errors import ApiError
 from pgbroker.http.models import (
     DeadLetterQuery,
     Message,
@@ -14,6 +17,7 @@ from pgbroker.http.models import (
     ReplayedPair,
 )
 from pgbroker.http.operations import Call, Router
+from pgbroker.http.validation import BIGINT_MAX
 
 router = Router()
 
@@ -51,3 +55,25 @@ async def replay_dead_letters(call: Call, body: ReplayBody) -> Replayed:
 )
 async def purge_dead_letters(call: Call, body: MsgIds) -> Purged:
     return Purged(purged=await call.broker.queue(call.queue).purge_dead_letters(body.msg_ids))
+
+
+@router.get(
+    "/v1/queues/{queue}/dead-letters/{msg_id}",
+    "one dead letter, by the msg_id it had in the queue, with every failed attempt"
+    " (headers x-pgbroker-dead-letter and x-pgbroker-attempts)",
+    scope="read",
+    errors={404: "dead_letter_not_found"},
+)
+async def dead_letter(call: Call) -> Message:
+    msg_id = _path_msg_id(call)
+    found = await call.broker.queue(call.queue).dead_letter(msg_id)
+    if found is None:
+        raise ApiError(404, "dead_letter_not_found", f'no dead letter {msg_id} from queue "{call.queue}"')
+    return Message.of(found)
+
+
+def _path_msg_id(call: Call) -> int:
+    msg_id: int = call.request.path_params["msg_id"]  # digits only (the route's int convertor)
+    if not 1 <= msg_id <= BIGINT_MAX:
+        raise InvalidArgument(f"msg_id must be a positive 64-bit integer, got {msg_id}")
+    return msg_id

@@ -15,6 +15,8 @@ from pgbroker.http.models import (
     Deleted,
     ExtendBody,
     Extended,
+    FailBody,
+    Failed,
     Message,
     Messages,
     MsgIdList,
@@ -24,6 +26,7 @@ from pgbroker.http.models import (
     OneReceipt,
     ReadBody,
     ReceiptBatch,
+    Retried,
     SendBody,
     SendOne,
 )
@@ -120,6 +123,23 @@ async def ack(call: Call, body: AckBody) -> Acked:
 
 
 @router.post(
+    "/v1/queues/{queue}/fail",
+    "report failed deliveries by the queue's policy: retried after its back-off, or dead-lettered after"
+    " max_deliveries; the error and traceback are kept with each message",
+    scope="read",
+    errors=_STALE,
+)
+async def fail(call: Call, body: FailBody) -> Failed:
+    q = call.broker.queue(call.queue)
+    done, stale = await _settle(
+        body,
+        lambda r: q.fail(r, error=body.error, traceback=body.traceback),
+        lambda rs: q.fail_many(rs, error=body.error, traceback=body.traceback),
+    )
+    return Failed(outcomes={str(msg_id): outcome for msg_id, outcome in done.items()}, stale=stale)
+
+
+@router.post(
     "/v1/queues/{queue}/nack", "give messages back, visible after delay seconds", scope="read", errors=_STALE
 )
 async def nack(call: Call, body: NackBody) -> Nacked:
@@ -152,3 +172,15 @@ async def archive(call: Call, body: MsgIds) -> Archived:
 @router.post("/v1/queues/{queue}/delete", "delete messages by msg_id (unfenced)", scope="read")
 async def delete(call: Call, body: MsgIds) -> Deleted:
     return Deleted(deleted=await call.broker.queue(call.queue).delete_many(body.msg_ids))
+
+
+@router.post(
+    "/v1/queues/{queue}/retry",
+    "make messages visible now, by msg_id: a delayed one, one waiting out a back-off, or a leased one"
+    " (its holder's receipt then no longer holds)",
+    scope="admin",
+)
+async def retry_now(call: Call, body: MsgIds) -> Retried:
+    queue = call.broker.queue(call.queue)
+    retried = [msg_id for msg_id in dict.fromkeys(body.msg_ids) if await queue.set_vt(msg_id, 0)]
+    return Retried(retried=retried)

@@ -25,6 +25,7 @@ async def peek(call: Call, query: PeekQuery) -> PeekedMessages:
         header_value=query.header_value,
         enqueued_after=query.enqueued_after,
         enqueued_before=query.enqueued_before,
+        contains=query.body_fields,
     )
     messages = [PeekedMessage(**Message.of(m).model_dump(), state=m.state) for m in found]
     full = len(found) == query.limit

@@ -1,9 +1,9 @@
-"""The service's own pages, open to anybody: health, this API's OpenAPI spec, and the dashboard
-(which asks for a key in the browser)."""
+"""The service's own pages, open to anybody: health, this API's OpenAPI spec and its reference
+page, and the dashboard (which asks for a key in the browser); / leads to the dashboard."""
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from pgbroker import _sql as sql
 from pgbroker.http.dashboard import asset
@@ -25,6 +25,36 @@ async def healthz(call: Call) -> Health:
 @router.get("/openapi.json", "this document", access="public", answer_schema={"type": "object"})
 async def openapi(call: Call) -> Response:
     return JSONResponse(call.state.spec)
+
+
+@router.get(
+    "/",
+    "leads to the dashboard (a redirect)",
+    access="public",
+    status=307,
+    media_type="text/html",
+)
+async def root(call: Call) -> Response:
+    # A body too, for a client that does not follow redirects.
+    page = '<!doctype html><title>pgbroker</title><a href="/dashboard">dashboard</a> <a href="/docs">API</a>'
+    return HTMLResponse(page, status_code=307, headers={"Location": "/dashboard"})
+
+
+@router.get(
+    "/docs", "the API reference, rendered from /openapi.json", access="public", media_type="text/html"
+)
+async def docs(call: Call) -> Response:
+    return asset("docs.html")
+
+
+@router.get("/docs/app.js", "the API reference's script", access="public", media_type="text/javascript")
+async def docs_script(call: Call) -> Response:
+    return asset("docs.js")
+
+
+@router.get("/docs/app.css", "the API reference's stylesheet", access="public", media_type="text/css")
+async def docs_stylesheet(call: Call) -> Response:
+    return asset("docs.css")
 
 
 @router.get(

@@ -1,0 +1,184 @@
+-- Monitoring: what the dashboard shows beyond one scrape.
+--
+-- Activity: pgbroker.fail and dead-lettering count each queue's failed
+-- deliveries in pgbroker.queue_failures (retried, dead_lettered), counters
+-- like total_sent. Only failures touch that row, never sends, reads or acks.
+-- pgbroker.queue_activity reads them with the messages in flight.
+--
+-- History: pgbroker.sample_queue_history, which `pgbroker serve` calls on an
+-- interval, records every queue's stats (length, in flight, oldest age, and
+-- the sent, consumed, retried and dead-lettered counters, whose differences
+-- are the rates) in pgbroker.queue_history, and deletes samples past the
+-- retention. Several servers may sample the same database: one samples per
+-- interval, the others find the fresh sample and skip.
+--
+-- Workers: each queue worker of the runtime (pgbroker.runtime) registers a
+-- row on start, renews it with its heartbeat (what it holds, what it did),
+-- and deletes it when it stops. The row of a worker that died goes stale and
+-- is deleted by the next heartbeat or sample.
+
+------------------------------------------------------------------------------
+-- Activity
+------------------------------------------------------------------------------
+
+-- Add to a queue's failure counters (its stored name; a queue dropped
+-- meanwhile counts nothing).
+CREATE OR REPLACE FUNCTION pgbroker._count_failures(queue_name text, retried bigint, dead_lettered bigint)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO pgbroker.queue_failures AS f (queue_name, retried, dead_lettered)
+    SELECT m.queue_name, $2, $3 FROM pgmq.meta m WHERE m.queue_name = $1
+    ON CONFLICT ON CONSTRAINT queue_failures_pkey DO UPDATE
+        SET retried = f.retried + excluded.retried, dead_lettered = f.dead_lettered + excluded.dead_lettered;
+$$;
+
+-- What a queue's consumers are doing: in_flight, its messages delivered and
+-- not visible again yet (leased, or waiting out a retry's back-off), counted
+-- exactly up to exact_below; and its failed deliveries since it was made,
+-- retried (given back with the back-off) and dead_lettered (by a failure, or
+-- by a read past max_deliveries).
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.queue_activity(queue_name text, exact_below bigint DEFAULT 10000)
+RETURNS TABLE (in_flight bigint, retried bigint, dead_lettered bigint) LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('monitor', queue_name);
+BEGIN
+    in_flight := pgbroker._bounded_count(
+        format('pgmq.%I WHERE vt > now() AND read_ct > 0', pgbroker._table(queue_name)), exact_below);
+    SELECT coalesce(max(f.retried), 0), coalesce(max(f.dead_lettered), 0) INTO retried, dead_lettered
+    FROM pgbroker.queue_failures f WHERE f.queue_name = pgbroker._stored_name(queue_activity.queue_name);
+    RETURN NEXT;
+END;
+$$;
+
+------------------------------------------------------------------------------
+-- History
+------------------------------------------------------------------------------
+
+-- Record a sample of every queue's stats, unless one younger than
+-- min_interval exists (another server sampled), and delete the samples older
+-- than retention and the stale rows of workers that died. Counts past
+-- exact_below are estimates, as in pgbroker.queue_stats. Returns the rows
+-- recorded (0: skipped).
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.sample_queue_history(
+    min_interval interval DEFAULT '10 seconds', retention interval DEFAULT '24 hours',
+    exact_below bigint DEFAULT 10000)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    sampled integer := 0;
+BEGIN
+    PERFORM pgbroker._check_arg(min_interval >= interval '0', 'min_interval must be >= 0',
+                                'Pass how often the history is sampled.');
+    PERFORM pgbroker._check_arg(retention > interval '0', 'retention must be > 0',
+                                'Pass how long samples are kept.');
+    -- One sampler at a time; a server that finds another sampling skips this round.
+    IF NOT pg_try_advisory_xact_lock(hashtext('pgbroker.queue_history')) THEN
+        RETURN 0;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pgbroker.queue_history h WHERE h.sampled_at > now() - min_interval) THEN
+        INSERT INTO pgbroker.queue_history
+        SELECT s.queue_name, now(), s.queue_length, a.in_flight, s.oldest_msg_age_sec, s.total_sent,
+               pgbroker.messages_consumed(s.queue_name), a.retried, a.dead_lettered
+        FROM pgbroker.queue_stats(exact_below) s
+        CROSS JOIN LATERAL pgbroker.queue_activity(s.queue_name, exact_below) a;
+        GET DIAGNOSTICS sampled = ROW_COUNT;
+    END IF;
+    DELETE FROM pgbroker.queue_history h WHERE h.sampled_at < now() - retention;
+    PERFORM pgbroker._forget_stale_workers();
+    RETURN sampled;
+END;
+$$;
+
+-- The samples since a time, every queue's, oldest first, thinned to at most
+-- about points per queue (the latest sample of each equal slice of the time
+-- since then): a day of samples draws as a chart without sending them all.
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.queue_history(since timestamptz, points integer DEFAULT 300)
+RETURNS SETOF pgbroker.queue_history LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    slice double precision;
+BEGIN
+    PERFORM pgbroker._check_arg(since IS NOT NULL, 'since must be a time', 'Pass where the history starts.');
+    PERFORM pgbroker._check_arg(points BETWEEN 1 AND 10000, 'points must be between 1 and 10000',
+                                'Pass how many points a chart draws.');
+    slice := greatest(extract(epoch FROM now() - since), 1) / points;
+    RETURN QUERY
+    SELECT (h).* FROM (
+        SELECT DISTINCT ON (h.queue_name, floor(extract(epoch FROM h.sampled_at - since) / slice)) h
+        FROM pgbroker.queue_history h
+        WHERE h.sampled_at >= since
+        ORDER BY h.queue_name, floor(extract(epoch FROM h.sampled_at - since) / slice), h.sampled_at DESC
+    ) thinned
+    ORDER BY (h).sampled_at, (h).queue_name;
+END;
+$$;
+
+------------------------------------------------------------------------------
+-- Workers
+------------------------------------------------------------------------------
+
+-- How long a worker's row lives without a heartbeat: several of its beats.
+CREATE OR REPLACE FUNCTION pgbroker._worker_stale_after()
+RETURNS interval LANGUAGE sql IMMUTABLE AS $$ SELECT interval '1 minute' $$;
+
+CREATE OR REPLACE FUNCTION pgbroker._forget_stale_workers()
+RETURNS void LANGUAGE sql AS $$
+    DELETE FROM pgbroker.queue_workers w WHERE w.heartbeat_at < now() - pgbroker._worker_stale_after();
+$$;
+
+-- Register a queue worker, or renew its row: its process, its slots, the
+-- messages it holds now and what it has done since it started. A worker
+-- beats well within a minute; its row is deleted a minute after its last
+-- beat.
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.worker_heartbeat(
+    worker_id uuid, queue_name text, host text, pid integer, concurrency integer,
+    in_flight integer, completed bigint, retried bigint, dead_lettered bigint)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
+BEGIN
+    INSERT INTO pgbroker.queue_workers AS w
+    VALUES (worker_id, queue_name, host, pid, concurrency, now(), now(), in_flight, completed, retried,
+            dead_lettered)
+    ON CONFLICT ON CONSTRAINT queue_workers_pkey DO UPDATE
+        SET heartbeat_at = now(), concurrency = excluded.concurrency, in_flight = excluded.in_flight,
+            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered;
+    PERFORM pgbroker._forget_stale_workers();
+END;
+$$;
+
+-- A queue worker stopped: its row goes.
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.worker_stopped(worker_id uuid)
+RETURNS void LANGUAGE sql AS $$
+    DELETE FROM pgbroker.queue_workers w WHERE w.worker_id = $1;
+$$;
+
+-- The queue workers running, by queue and host, each with the seconds since
+-- its last heartbeat (a worker past a minute is gone, or stuck).
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.queue_workers()
+RETURNS TABLE (worker_id uuid, queue_name text, host text, pid integer, concurrency integer,
+               started_at timestamptz, heartbeat_at timestamptz, heartbeat_age_sec double precision,
+               in_flight integer, completed bigint, retried bigint, dead_lettered bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT w.worker_id, w.queue_name, w.host, w.pid, w.concurrency, w.started_at, w.heartbeat_at,
+           extract(epoch FROM now() - w.heartbeat_at)::float8, w.in_flight, w.completed, w.retried,
+           w.dead_lettered
+    FROM pgbroker.queue_workers w
+    WHERE w.heartbeat_at >= now() - pgbroker._worker_stale_after()
+    ORDER BY w.queue_name, w.host, w.pid, w.started_at;
+$$;
+
+-- A stream's consumers now: each group's members, with their last renewal
+-- and the time their membership lapses without another.
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.stream_consumers(stream_name text)
+RETURNS TABLE (group_name text, consumer text, renewed_at timestamptz, expires_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT k.group_name, k.consumer, k.renewed_at, k.expires_at
+    FROM pgbroker.stream_consumer k
+    WHERE k.stream_name = (pgbroker._stream_row($1)).stream_name AND k.expires_at > now()
+    ORDER BY k.group_name, k.consumer;
+$$;

@@ -15,6 +15,7 @@ router = Router()
 @router.get(
     "/v1/stats/history",
     "samples of the stats of the queues the key can see, over the last minutes (the dashboard's charts)",
+    reporting=True,
 )
 async def stats_history(call: Call, query: HistoryQuery) -> History:
     since = datetime.now(UTC) - timedelta(minutes=query.minutes)
@@ -28,7 +29,9 @@ async def stats_history(call: Call, query: HistoryQuery) -> History:
 
 
 @router.get(
-    "/v1/workers", "the queue workers and stream consumers of what the key can see, and their heartbeats"
+    "/v1/workers",
+    "the queue workers and stream consumers of what the key can see, and their heartbeats",
+    reporting=True,
 )
 async def workers(call: Call) -> Workers:
     queue_workers = await monitoring.queue_workers(call.broker)

@@ -300,13 +300,14 @@ def test_leases_are_extended_while_rabbitmq_holds_back_confirms(
         async with Rabbit(private_rabbit.url) as rabbit, AsyncBroker(dsn) as abroker:
             target = await rabbit.queue()
             private_rabbit.ctl("set_vm_memory_high_watermark", "absolute", "1")  # an alarm: blocked
-            # Extended every lease/3: a 4 s lease leaves a loaded machine (load 15 on 2 cores, where
-            # a 2 s one was read twice) seconds for each extension's round trip.
-            settings = OutboundSettings(routing_key=target, lease=4, confirm_timeout=60)
+            # Extended every lease/3: an 8 s lease leaves a loaded machine seconds for each
+            # extension's round trip (at load 15 on 2 cores, 2 s and 4 s leases ran out once, and the
+            # bridge's second window read the 50 messages again).
+            settings = OutboundSettings(routing_key=target, lease=8, confirm_timeout=90)
             bridge = OutboundBridge(abroker, "outbox", private_rabbit.url, settings)
             task = asyncio.create_task(bridge.run())
             try:
-                await asyncio.sleep(12)  # three leases
+                await asyncio.sleep(24)  # three leases
                 assert bridge.stats.published == 0
                 private_rabbit.ctl("set_vm_memory_high_watermark", "0.4")
                 got = await rabbit.drain(target, expect=50, timeout=30)

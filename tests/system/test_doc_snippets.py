@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from pgbroker import Broker
+from pgbroker import Broker, tracing
 from tests.support.snippets import KNOWN_LANGUAGES, Snippet, snippets_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +75,9 @@ def test_the_blocks_of_a_page_run_as_pasted(
         for value in namespace.values():
             if isinstance(value, Broker):
                 value.close()
+        # What a page switches on for the whole process stays in this test: tracing
+        # (docs/observability.md) would add a traceparent to every later test's sends.
+        tracing.uninstrument()
 
 
 def _run_python(snippet: Snippet, namespace: dict[str, Any]) -> None:

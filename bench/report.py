@@ -116,6 +116,11 @@ TARGETS = (
         "PgQueuer",
         "pgbroker streams",
     ),
+    # Issue 25: the worker against a bare pgmq loop, 1 ms of work a job, W handlers.
+    *(
+        Target(f"job queue, W={w} (against the pgmq loop)", "g", f"depth-w{w}", "msg/s", "ratio", 1.5)
+        for w in (1, 4, 16, 64)
+    ),
 )
 
 

@@ -162,9 +162,8 @@ async def _ready(conn: psycopg.AsyncConnection[Any], queue: str) -> int:
     return int(row[0]) if row else 0
 
 
-async def keep_depth(peer: Peer, dsn: str, queue: str, depth: int, seconds: float) -> int:
-    """Top the queue up to ``depth`` ready jobs (100 a call) for ``seconds``; jobs sent."""
-    sent = 0
+async def keep_depth(peer: Peer, dsn: str, queue: str, depth: int, seconds: float) -> None:
+    """Top the queue up to ``depth`` ready jobs (100 a call) for ``seconds``."""
     deadline = time.monotonic() + seconds
     async with (
         peer.sender(dsn, queue) as send,
@@ -176,13 +175,11 @@ async def keep_depth(peer: Peer, dsn: str, queue: str, depth: int, seconds: floa
                 batch = min(100, missing)
                 await send([{"t": time.time()} for _ in range(batch)])
                 missing -= batch
-                sent += batch
             await asyncio.sleep(_POLL)
-    return sent
 
 
-async def at_rate(peer: Peer, dsn: str, queue: str, rate: float, seconds: float, batch: int = 10) -> int:
-    """Send ``rate`` jobs a second, ``batch`` a call, for ``seconds``; jobs sent."""
+async def at_rate(peer: Peer, dsn: str, queue: str, rate: float, seconds: float, batch: int = 10) -> None:
+    """Send ``rate`` jobs a second, ``batch`` a call, for ``seconds``."""
     began = time.monotonic()
     calls = int(seconds * rate / batch)
     async with peer.sender(dsn, queue) as send:
@@ -191,7 +188,6 @@ async def at_rate(peer: Peer, dsn: str, queue: str, rate: float, seconds: float,
             if pause > 0:
                 await asyncio.sleep(pause)
             await send([{"t": time.time()} for _ in range(batch)])
-    return calls * batch
 
 
 @contextlib.contextmanager
@@ -271,10 +267,8 @@ def phase_series(peer: Peer, dsn: str, queue: str, *, rate: float, seconds: floa
     """The fixed-rate phases on one queue, two worker processes of PHASE_WORKERS / 2 handlers."""
     asyncio.run(peer.create(dsn, queue, False))
     found: dict[str, tuple[float, float, float]] = {}
-    sent = 0
     with Pool(peer, dsn, queue, processes=2, workers=PHASE_WORKERS // 2) as pool:
         _warm_up(peer, dsn, queue, pool)
-        warm = pool.handled()
         for name, pressure, factor in (
             ("baseline", contextlib.nullcontext(), 1.0),
             ("idle-in-transaction", idle_in_transaction(dsn, queue), 1.0),
@@ -283,21 +277,23 @@ def phase_series(peer: Peer, dsn: str, queue: str, *, rate: float, seconds: floa
         ):
             with pressure:
                 began, count = time.time(), pool.handled()
-                sent += asyncio.run(at_rate(peer, dsn, queue, rate * factor, seconds))
+                asyncio.run(at_rate(peer, dsn, queue, rate * factor, seconds))
                 found[name] = (began, time.time(), (pool.handled() - count) / (time.time() - began))
         began, count = time.time(), pool.handled()
 
-        async def chaos() -> int:
+        async def chaos() -> None:
             producing = asyncio.create_task(at_rate(peer, dsn, queue, rate, seconds))
             await asyncio.sleep(seconds / 2)
             await asyncio.to_thread(pool.kill_one)
-            return await producing
+            await producing
 
-        sent += asyncio.run(chaos())
+        asyncio.run(chaos())
         found["chaos"] = (began, time.time(), (pool.handled() - count) / (time.time() - began))
-        # Every job sent is done once the killed worker's leases have run out: wait that long.
-        pool.wait_for(warm + sent, VT * 4 + 30)
-        left = asyncio.run(peer.remaining(dsn, queue))
+        # Every job sent is done (handled and acknowledged) once the killed worker's leases have run
+        # out and its jobs were handled again: wait that long at most.
+        deadline = time.monotonic() + VT * 4 + 30
+        while (left := asyncio.run(peer.remaining(dsn, queue))) and time.monotonic() < deadline:
+            time.sleep(0.2)
     measured = {
         name: Measured(rate, _window(pool.samples, began, ended))
         for name, (began, ended, rate) in found.items()

@@ -24,7 +24,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _scenarios() -> dict[str, ModuleType]:
-    from bench import backlog, bloat, client_overhead, peer_table, pgbench_article, producer_consumer
+    from bench import (
+        backlog,
+        bloat,
+        client_overhead,
+        job_queue,
+        peer_table,
+        pgbench_article,
+        producer_consumer,
+    )
 
     return {
         "a": pgbench_article,
@@ -33,6 +41,7 @@ def _scenarios() -> dict[str, ModuleType]:
         "d": bloat,
         "e": client_overhead,
         "f": peer_table,
+        "g": job_queue,
     }
 
 
@@ -52,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--only",
         help="scenarios to run, e.g. 'a,c' (a pgbench, b producer/consumer, "
-        "c backlog, d bloat, e client overhead, f worker runtimes against PgQueuer, Procrastinate, pgmq)",
+        "c backlog, d bloat, e client overhead, f worker runtimes against PgQueuer, Procrastinate, pgmq, "
+        "g a job queue under load: W handlers, claim latency, pressure and chaos, against a pgmq loop)",
     )
     p.add_argument(
         "--peers",
@@ -93,6 +103,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--peer-steady-rate", type=int, help="(f) jobs a second of the steady producer")
     g.add_argument("--peer-steady-seconds", type=float)
     g.add_argument("--peer-latency-samples", type=int)
+    g.add_argument("--job-workers", type=_ints, help="(g) handlers W of the depth steps, e.g. 1,4,16,64")
+    g.add_argument("--job-depth", type=int, help="(g) ready jobs the depth producer keeps")
+    g.add_argument("--job-rate", type=int, help="(g) jobs a second of the fixed-rate phases")
+    g.add_argument("--job-seconds", type=float, help="(g) seconds of each step and phase")
     return p.parse_args(argv)
 
 
@@ -110,7 +124,7 @@ def build_config(args: argparse.Namespace) -> Any:
         wanted = tuple(s.strip() for s in only.split(",") if s.strip())
         unknown = set(wanted) - set(_scenarios())
         if unknown:
-            raise SystemExit(f"unknown scenario(s) {sorted(unknown)}: choose from a, b, c, d, e, f")
+            raise SystemExit(f"unknown scenario(s) {sorted(unknown)}: choose from {', '.join(_scenarios())}")
         overrides["scenarios"] = wanted
     if args.archive:
         overrides["ack_archive"] = True

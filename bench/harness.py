@@ -120,12 +120,21 @@ class Config:
     peer_steady_rate: int = 1_000
     peer_steady_seconds: float = 5.0
     peer_latency_samples: int = 15
+    # (g) the job queue under load (bench.job_queue)
+    #: handlers (W) of the depth steps
+    job_workers: tuple[int, ...] = (1, 4, 16, 64)
+    #: ready jobs the depth producer keeps
+    job_depth: int = 2_000
+    #: jobs a second of the fixed-rate phases (1.5x in the overload phase)
+    job_rate: int = 1_000
+    #: seconds of each depth step and each phase
+    job_seconds: float = 10.0
 
     @staticmethod
     def full() -> Config:
         return Config(
             mode="full",
-            scenarios=("a", "b", "c", "d", "e", "f"),
+            scenarios=("a", "b", "c", "d", "e", "f", "g"),
             pgbench_clients=15,
             pgbench_threads=2,
             pgbench_seconds=10.0,
@@ -172,6 +181,9 @@ class Config:
             peer_enqueue_messages=2_000,
             peer_steady_seconds=2.0,
             peer_latency_samples=5,
+            job_workers=(1, 16, 64),
+            job_seconds=3.0,
+            job_rate=500,
         )
 
 

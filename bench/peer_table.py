@@ -44,7 +44,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
     result.more_ratios = [
         ("pgbroker", key) for key in systems if key not in ("pgbroker", "PgQueuer") and "pgbroker" not in key
     ] + [(key, "PgQueuer") for key in systems if key.startswith("pgbroker ")]
-    dsns = _databases(bench, systems)
+    dsns = databases(bench, systems)
     result.extra["settings"] = {
         key: {"defaults": peer.describe(False), "tuned": peer.describe(True)} for key, peer in systems.items()
     }
@@ -60,7 +60,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
     result.description = _description(result)
 
 
-def _databases(bench: Bench, systems: dict[str, Peer]) -> dict[str, str]:
+def databases(bench: Bench, systems: dict[str, Peer]) -> dict[str, str]:
     dsns = {}
     for key, peer in systems.items():
         with bench.progress.step(f"(f) setup: database {peer.database} ({key})"):

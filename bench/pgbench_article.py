@@ -92,10 +92,11 @@ def _pop(queue: str) -> Script:
     return Script(f"SELECT * FROM pgmq.pop('{queue}', 1);\n", 1)  # noqa: S608
 
 
-def _read_ack(system: str, queue: str, qty: int, archive: bool) -> Script:
+def _read_ack(system: str, queue: str, qty: int, archive: bool, *, pgmq_api: bool = False) -> Script:
     # \gset carries the read's ids (or receipts) to the ack; array_agg keeps it one row even
-    # when a read finds nothing, and the array forms take any number of them.
-    if system == PGMQ:
+    # when a read finds nothing, and the array forms take any number of them. ``pgmq_api``: pgbroker
+    # too through pgmq.read and pgmq.delete (its pgmq-compatible API), as a pgmq client calls it.
+    if system == PGMQ or pgmq_api:
         ack = "archive" if archive else "delete"
         read = f"SELECT coalesce(array_agg(msg_id), '{{}}') AS ids FROM pgmq.read('{queue}', 30, {qty})"  # noqa: S608
         ack_ids = f"SELECT * FROM pgmq.{ack}('{queue}', :ids::bigint[]);"  # noqa: S608
@@ -127,6 +128,8 @@ STEPS = (
     Step("dequeue-1", "dequeue, 1 msg/tx (DELETE / pop)", "dequeue", (NAIVE, PGMQ, PGBROKER)),
     Step("read-1", "read 1 + delete / consume 1", "dequeue", (PGMQ, PGBROKER)),
     Step("read-10", "read 10 + delete / consume 10", "dequeue", (PGMQ, PGBROKER)),
+    Step("read-1-api", "read 1 + delete, pgmq API on both", "dequeue", (PGMQ, PGBROKER)),
+    Step("read-10-api", "read 10 + delete[], pgmq API on both", "dequeue", (PGMQ, PGBROKER)),
     Step("concurrent", "concurrent enqueue 1 + dequeue 1", "concurrent", (NAIVE, PGMQ, PGBROKER)),
 )
 
@@ -147,6 +150,9 @@ def _scripts(step: Step, system: str, queue: str, archive: bool) -> dict[str, Sc
         return {"dequeue": _read_ack(system, queue, 1, archive)}
     if step.key == "read-10":
         return {"dequeue": _read_ack(system, queue, 10, archive)}
+    if step.key in ("read-1-api", "read-10-api"):
+        qty = 1 if step.key == "read-1-api" else 10
+        return {"dequeue": _read_ack(system, queue, qty, archive, pgmq_api=True)}
     return {"enqueue": enqueue, "dequeue": dequeue}
 
 

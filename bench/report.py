@@ -81,6 +81,9 @@ TARGETS = (
     Target("consume, read 1 + ack (pgbench)", "a", "read-1", "msg/s", "ratio", 3.0),
     Target("consume, read 1 + ack (driver, 22 B)", "b", "consume-22-1", "msg/s", "ratio", 3.0),
     Target("pop (pgbench)", "a", "dequeue-1", "msg/s", "ratio", 2.0),
+    # Issue 25: pgmq's own API on pgbroker's engine, called as a pgmq client calls it.
+    Target("read 1 + delete, pgmq API (pgbench)", "a", "read-1-api", "msg/s", "ratio", 1.5),
+    Target("read 10 + delete[], pgmq API (pgbench)", "a", "read-10-api", "msg/s", "ratio", 2.0),
     Target("send x1 (pgbench)", "a", "enqueue-1", "msg/s", "ratio", 1.2),
     Target("send x1 (driver, 22 B)", "b", "send-22-1", "msg/s", "ratio", 1.2),
     Target("send_batch x10 (pgbench)", "a", "enqueue-10", "msg/s", "ratio", 1.2),
@@ -115,6 +118,11 @@ TARGETS = (
         4.0,
         "PgQueuer",
         "pgbroker streams",
+    ),
+    # Issue 25: the worker against a bare pgmq loop, 1 ms of work a job, W handlers.
+    *(
+        Target(f"job queue, W={w} (against the pgmq loop)", "g", f"depth-w{w}", "msg/s", "ratio", 1.5)
+        for w in (1, 4, 16, 64)
     ),
 )
 
@@ -406,7 +414,7 @@ def _bars(result: ScenarioResult, path: Path) -> None:
             ys = [r.values.get(column) or 0.0 for r in rows]
             ax.bar(xs, ys, width, label=column, color=COLORS.get(column))
         ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([r.step.replace(" + ", "\n+ ") for r in rows], fontsize=6)
+        ax.set_xticklabels([r.step.replace(" + ", "\n+ ").replace(", ", "\n") for r in rows], fontsize=6)
         ax.set_yscale("log")
         _plain_log_ticks(ax.yaxis)
         ax.set_title(metric, fontsize=9)
@@ -521,7 +529,7 @@ How pgbroker compares with the reference pgmq SQL, measured side by side on one 
 def write_docs(doc: Path, generated: str, plots: list[Path]) -> None:
     perf = doc.parent / "perf"
     perf.mkdir(parents=True, exist_ok=True)
-    for old in perf.glob("[a-f]_*.png"):
+    for old in perf.glob("[a-g]_*.png"):
         old.unlink()
     for p in plots:
         shutil.copy2(p, perf / p.name)

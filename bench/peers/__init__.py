@@ -20,6 +20,8 @@ from typing import Any
 
 #: Called with each job's payload (a dict) by a worker's handler; a no-op besides counting.
 Handle = Callable[[dict[str, Any]], None]
+#: Awaited with each job's payload by the job-queue scenario's handlers (its synthetic work).
+AsyncHandle = Callable[[dict[str, Any]], Awaitable[None]]
 #: Enqueues its payloads in one call (one job each; a list of one: the single-job form).
 Send = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
@@ -41,8 +43,7 @@ class Peer(ABC):
         ...
 
     @abstractmethod
-    async def install(self, dsn: str) -> None:
-        ...
+    async def install(self, dsn: str) -> None: ...
 
     @abstractmethod
     async def create(self, dsn: str, queue: str, tuned: bool) -> None:
@@ -67,6 +68,14 @@ class Peer(ABC):
     async def work(self, dsn: str, queue: str, handle: Handle, stop: asyncio.Event, tuned: bool) -> None:
         """Run one worker on ``queue`` until ``stop`` is set, then stop it gracefully."""
         ...
+
+    async def work_jobs(
+        self, dsn: str, queue: str, handle: AsyncHandle, stop: asyncio.Event, workers: int, vt: int
+    ) -> None:
+        """Run ``workers`` handlers at once on ``queue`` (leases of ``vt`` seconds) until ``stop`` is
+        set: the job-queue scenario (g). A system without this shape raises NotImplementedError and
+        gets no column there."""
+        raise NotImplementedError
 
     @abstractmethod
     async def remaining(self, dsn: str, queue: str) -> int:

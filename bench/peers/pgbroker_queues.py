@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from bench.peers import Handle, Peer, Send
+from bench.peers import AsyncHandle, Handle, Peer, Send
 from pgbroker import Message, Worker
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._app import serve
@@ -54,15 +54,30 @@ class PgbrokerQueues(Peer):
             handle(message.message)
 
         worker = Worker(queue, handler, concurrency=TUNED_CONCURRENCY) if tuned else Worker(queue, handler)
+        await _serve(dsn, worker, stop)
 
-        async def stop_when_told() -> None:
-            await stop.wait()
-            worker.stop()
+    async def work_jobs(
+        self, dsn: str, queue: str, handle: AsyncHandle, stop: asyncio.Event, workers: int, vt: int
+    ) -> None:
+        """The queue's defaults (acks archive, as the pgmq loop's), ``workers`` handlers at once."""
 
-        stopper = asyncio.create_task(stop_when_told())
-        await serve([worker], dsn=dsn, handle_signals=False, schedules=False)
-        await stopper
+        async def handler(message: Message) -> None:
+            await handle(message.message)
+
+        await _serve(dsn, Worker(queue, handler, concurrency=workers, vt=vt), stop)
 
     async def remaining(self, dsn: str, queue: str) -> int:
         async with AsyncBroker(dsn, max_connections=1) as broker:
             return (await broker.metrics(queue)).queue_length
+
+
+async def _serve(dsn: str, worker: Worker, stop: asyncio.Event) -> None:
+    """Run ``worker`` until ``stop`` is set, then stop it gracefully."""
+
+    async def stop_when_told() -> None:
+        await stop.wait()
+        worker.stop()
+
+    stopper = asyncio.create_task(stop_when_told())
+    await serve([worker], dsn=dsn, handle_signals=False, schedules=False)
+    await stopper

@@ -11,10 +11,13 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from bench.peers import Handle, Peer, Send
+from bench.peers import AsyncHandle, Handle, Peer, Send
 
 TUNED_BATCH = 100
 VT = 30
+#: the job-queue scenario's loop (g): each of the W loops reads up to this many, handles them one
+#: after the other, and archives the batch in one call
+JOBS_BATCH = 64
 IDLE_POLL = 0.1  # seconds between reads of an empty queue (pgmq.read_with_poll's default interval)
 
 
@@ -63,6 +66,25 @@ class PgmqLoop(Peer):
                 for _, message in rows:
                     handle(message)
                 await conn.execute("SELECT pgmq.delete(%s, %s::bigint[])", [queue, [r[0] for r in rows]])
+
+    async def work_jobs(
+        self, dsn: str, queue: str, handle: AsyncHandle, stop: asyncio.Event, workers: int, vt: int
+    ) -> None:
+        async def loop() -> None:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                while not stop.is_set():
+                    cursor = await conn.execute(
+                        "SELECT msg_id, message FROM pgmq.read(%s, %s, %s)", [queue, vt, JOBS_BATCH]
+                    )
+                    rows = await cursor.fetchall()
+                    if not rows:
+                        await asyncio.sleep(IDLE_POLL)
+                        continue
+                    for _, message in rows:
+                        await handle(message)
+                    await conn.execute("SELECT pgmq.archive(%s, %s::bigint[])", [queue, [r[0] for r in rows]])
+
+        await asyncio.gather(*(loop() for _ in range(workers)))
 
     async def remaining(self, dsn: str, queue: str) -> int:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:

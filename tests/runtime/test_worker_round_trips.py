@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -177,3 +179,67 @@ def test_a_worker_on_one_shared_connection_records_failures_without_a_pipeline(
     asyncio.run(scenario())
     assert (worker.stats.completed, worker.stats.retried, worker.stats.stale) == (30, 1, 0)
     assert len(a_rows(conn, "jobs")) == 30
+
+
+def test_one_slot_going_through_its_read_ahead_applies_each_message_s_own_outcome(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    """One slot handles the read-ahead messages one after the other: each outcome, a failure among
+    successes included, goes with that message's own lease."""
+    queue = broker.create_queue("jobs")
+    queue.set_policy(max_deliveries=3, backoff="fixed", backoff_base_seconds=0)
+    sent = queue.send_many([{"n": n} for n in range(90)])
+    failing = set(sent[5::3])
+    deliveries: dict[int, list[int]] = {}
+
+    async def handle(message: Message) -> None:
+        deliveries.setdefault(message.msg_id, []).append(message.read_ct)
+        if message.msg_id in failing and message.read_ct == 1:
+            raise RuntimeError("the first try fails")
+
+    worker = Worker("jobs", handle)
+    asyncio.run(_run_logged(dsn, worker, lambda: worker.stats.completed == 90))
+
+    assert (worker.stats.completed, worker.stats.retried, worker.stats.stale) == (90, len(failing), 0)
+    assert deliveries == {msg_id: [1, 2] if msg_id in failing else [1] for msg_id in sent}
+    assert q_rows(conn, "jobs") == []
+    archived = {msg_id: read_ct for msg_id, read_ct, _, _ in a_rows(conn, "jobs")}
+    assert archived == {msg_id: 2 if msg_id in failing else 1 for msg_id in sent}
+
+
+def test_a_read_ahead_message_whose_lease_ran_out_is_not_acked(broker: Broker, dsn: str, conn: Conn) -> None:
+    """A slot stuck on a slow message while the leases of what it read ahead run out (no heartbeat):
+    another consumer takes some of those over, and the worker's late outcomes for them are refused.
+    (More messages than a worker may hold: it cannot read those leases back itself meanwhile.)"""
+    queue = broker.create_queue("jobs")
+    sent = queue.send_many([{"n": n} for n in range(1000)])
+    slow_started, taken_over = threading.Event(), threading.Event()
+
+    async def handle(message: Message) -> None:
+        if message.message["n"] == 5:
+            slow_started.set()
+            while not taken_over.is_set():
+                await asyncio.sleep(0.01)
+
+    def take_over() -> set[int]:
+        slow_started.wait(60)
+        time.sleep(1.5)  # the 1 s leases of the read-ahead have run out
+        taken = {m.msg_id for m in queue.read_many(50, vt=300)}  # the oldest: read ahead
+        taken_over.set()
+        return taken
+
+    worker = Worker("jobs", handle, vt=1, heartbeat=False)
+    with ThreadPoolExecutor(1) as pool:
+        taker = pool.submit(take_over)
+
+        def done() -> bool:
+            return taker.done() and len(a_rows(conn, "jobs")) == 1000 - len(taker.result())
+
+        asyncio.run(run_until(dsn, [worker], done))
+        taken = taker.result()
+
+    assert taken, "nothing read ahead behind the slow message was left to take over"
+    assert worker.stats.stale >= len(taken)
+    # The messages taken over are the other consumer's: still in the queue, never acked by the worker.
+    assert {msg_id for msg_id, *_ in q_rows(conn, "jobs")} == taken
+    assert {msg_id for msg_id, *_ in a_rows(conn, "jobs")} == set(sent) - taken

@@ -135,14 +135,17 @@ def test_nothing_is_lost_and_nothing_is_handled_twice_without_a_killed_worker(
         for _ in range(PROCESSES):
             start_worker()
         # The chaos follows progress, so that it strikes mid-stream on a slow machine or a fast one:
-        # a kill at 5%, 13%, 21%, ... of the messages handled, the restart at 30%.
+        # the restart at 10% of the messages handled, then a kill at 15%, 22%, 29%, ... The restart
+        # comes first: it waits for every live worker to be consuming, and a worker started after a
+        # kill may find the queue drained before it is up (fast workers read ahead).
         rng = random.Random(4)
-        kills_at = [MESSAGES * (0.05 + 0.08 * k) for k in range(KILLS)]
-        restart_at = MESSAGES * 0.3
+        kills_at = [MESSAGES * (0.15 + 0.07 * k) for k in range(KILLS)]
+        restart_at = MESSAGES * 0.1
         while kills_at or restart_at:
             assert time.monotonic() - started < DEADLINE_SECONDS, f"{handled_count()} handled so far"
             done = handled_count()
-            if kills_at and done >= kills_at[0]:
+            restart_due = bool(restart_at) and done >= restart_at
+            if kills_at and done >= kills_at[0] and not restart_due:
                 kills_at.pop(0)
                 victim = rng.choice(sorted(workers))
                 workers.pop(victim).send_signal(signal.SIGKILL)
@@ -151,7 +154,7 @@ def test_nothing_is_lost_and_nothing_is_handled_twice_without_a_killed_worker(
             # Not while a new worker is still starting: `pgbroker worker` that cannot connect at
             # its start exits (5), and a loaded machine can take seconds to start one: wait until
             # each live worker has handled a message (a timed guess failed once in CI).
-            if restart_at and done >= restart_at and all_workers_consuming():
+            if restart_due and all_workers_consuming():
                 restart_at = 0
                 handled_at_restart = done
                 unstarted_cluster.restart()

@@ -7,7 +7,7 @@ pgbroker.fail (back in the queue after the back-off, or dead-lettered after max_
 
 Round trips are few: a handler's outcome waits in the outbox (pgbroker.runtime._outbox) for the next
 read, and the outcomes of a batch and that read go in one transaction and one round trip
-(pgbroker.runtime._round_trips); outcomes that no read takes along within a few milliseconds (every slot
+(pgbroker.runtime._round_trips); outcomes that no read takes along within 50 ms (every slot
 busy with slow handlers, or the queue empty) are sent on their own. On the common success path
 a message costs no round trip of its own.
 
@@ -83,15 +83,21 @@ DEFAULT_MAX_DELIVERIES = 25
 # How long to wait for the LISTEN to be in place before the first read; reads do not need it.
 _LISTEN_TIMEOUT = 1.0
 # Seconds an outcome waits for the next read to carry it before it is sent on its own.
-_ACK_LINGER = 0.01
+_ACK_LINGER = 0.05
 # Read-ahead: messages read beyond the free slots, held (leased) until a slot frees. As many as
 # the handlers get through in _AHEAD_SECONDS at their measured pace, at most _MOST_AHEAD; none
-# until a handler has finished, and none for handlers that take longer than that.
+# until a handler has finished, and none for handlers that take longer than that. Handlers
+# faster than that get as many as they go through in _READS_AHEAD reads' measured round trips,
+# if that is longer: a read's round trip on a loaded server (a commit's flush, say) must not
+# leave the slots waiting for it.
 _AHEAD_SECONDS = 0.05
-_MOST_AHEAD = 100
+_MOST_AHEAD = 500
+_READS_AHEAD = 3
 # Reads in flight at once, each on its own connection: the server serves one while the handlers
 # go through what the last one brought.
 _READS_AT_ONCE = 2
+# Messages a slot handles one after the other before it lets the event loop run others.
+_SLOT_TURN = 32
 
 
 def _check_seconds(value: float, what: str, *, positive: bool = True) -> float:
@@ -116,9 +122,10 @@ class Worker:
     """Consumes one queue with one handler; ``await worker.run(broker)`` until stop().
 
     concurrency: messages in flight at once. Fast handlers also get a read-ahead: as many more
-    messages as they handle in about 50 ms (at most 100, none for slow handlers), held leased
-    until a slot frees, so that even one slot shares its reads and acks among many messages.
-    batch_size: most messages per read (default: the larger of concurrency and 100); a read is
+    messages as they handle in about 50 ms, or in three reads' round trips if longer (at most
+    500, none for slow handlers), held leased until a slot frees, so that even one slot shares
+    its reads and acks among many messages and never waits for a slow read.
+    batch_size: most messages per read (default: the larger of concurrency and 500); a read is
     made once half of what may be held is free, so that reads are shared. vt: lease seconds.
     heartbeat: extend leases of slow handlers (and of read-ahead messages) every vt/3 seconds.
     notify: enable notify on the queue if it has none (with pgmq's default 250 ms throttle),
@@ -175,6 +182,7 @@ class Worker:
         # Read ahead, not started yet: started as slots free, given back at stop.
         self._ahead: deque[tuple[Message, Lease]] = deque()
         self._handler_seconds: float | None = None  # moving average of the handlers' time
+        self._read_seconds = 0.0  # moving average of a read's round trip
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
         self._unavailable = False  # the last call lost its connection
@@ -182,7 +190,7 @@ class Worker:
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
         self._outbox = Outbox(queue)
-        self._closing = False  # the outbox's sender sends what is left, then ends
+        self._closing = asyncio.Event()  # the outbox's sender sends what is left, then ends
 
     def __repr__(self) -> str:
         return f"Worker({self.queue!r}, {getattr(self.handler, '__qualname__', self.handler)!r})"
@@ -235,7 +243,7 @@ class Worker:
             self._stopping.set()
             await self._drain(queue)
             # The outcomes still waiting are sent now, then the sender ends.
-            self._closing = True
+            self._closing.set()
             self._outbox.changed.set()
             await asyncio.gather(flusher, return_exceptions=True)
             for task in helpers:
@@ -324,7 +332,7 @@ class Worker:
                 outcomes = self._outbox.take()
                 self._asked += qty
                 self.stats.reads += 1
-                task = asyncio.create_task(self._exchange(broker, outcomes, qty))
+                task = asyncio.create_task(self._read(broker, outcomes, qty))
                 task.add_done_callback(lambda _: self._changed.set())
                 reads[task] = (qty, outcomes)
         finally:
@@ -346,6 +354,9 @@ class Worker:
         """Room for a read: half of what may be held is free (so that reads are shared)."""
         if len(reads) >= _READS_AT_ONCE:
             return False
+        return self._room_for_read()
+
+    def _room_for_read(self) -> bool:
         return self._room() - self._asked >= min(self.batch_size, max(1, self._capacity() // 2))
 
     def _read_back(self, task: asyncio.Task[list[Message]], outcomes: list[Outcome]) -> list[Message] | None:
@@ -387,6 +398,14 @@ class Worker:
         self._unavailable = True
         return True
 
+    async def _read(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
+        """An exchange that reads, its round trip timed (the read-ahead covers a few)."""
+        started = time.perf_counter()
+        found = await self._exchange(broker, outcomes, qty)
+        took = time.perf_counter() - started
+        self._read_seconds = 0.9 * self._read_seconds + 0.1 * took if self._read_seconds else took
+        return found
+
     async def _exchange(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
         """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages
         (a span of them, when tracing: pgbroker.tracing)."""
@@ -426,16 +445,17 @@ class Worker:
         outbox = self._outbox
         while True:
             if not outbox:
-                if self._closing:
+                if self._closing.is_set():
                     return
                 outbox.changed.clear()
                 await outbox.changed.wait()
                 continue
             wait = _ACK_LINGER - outbox.waited()
-            if wait > 0 and not self._closing:
+            if wait > 0 and not self._closing.is_set():
+                # Not woken by each outcome added meanwhile: one wake-up a linger at most.
                 with suppress(TimeoutError):
                     async with asyncio.timeout(wait):
-                        await self._closed_or_never()
+                        await self._closing.wait()
                 continue
             outcomes = outbox.take()
             lease_ends = max(outcome.receipt.lease for outcome in outcomes) / 1e6
@@ -444,11 +464,6 @@ class Worker:
             except Exception as exc:
                 for outcome in outcomes:
                     not_recorded(self.queue, outcome, f"the ack failed: {exc}", self.stats)
-
-    async def _closed_or_never(self) -> None:
-        while not self._closing:
-            self._outbox.changed.clear()
-            await self._outbox.changed.wait()
 
     async def _until(self, ready: Callable[[], bool]) -> None:
         while not (ready() or self._stopping.is_set()):
@@ -466,19 +481,51 @@ class Worker:
         pace = self._handler_seconds
         if pace is None:
             return self.concurrency
-        ahead = _MOST_AHEAD if pace <= 0 else min(_MOST_AHEAD, int(_AHEAD_SECONDS * self.concurrency / pace))
+        if pace <= 0:
+            return self.concurrency + _MOST_AHEAD
+        horizon = (
+            _AHEAD_SECONDS
+            if pace > _AHEAD_SECONDS
+            else max(_AHEAD_SECONDS, _READS_AHEAD * self._read_seconds)
+        )
+        ahead = min(_MOST_AHEAD, int(horizon * self.concurrency / pace))
         return self.concurrency + ahead
 
     def _room(self) -> int:
         return self._capacity() - self.in_flight - len(self._ahead)
 
     def _start_ahead(self) -> None:
-        """Start read-ahead messages while slots are free."""
+        """Start a slot for read-ahead messages while slots are free."""
         while self._ahead and self.in_flight < self.concurrency and not self._hurry:
             message, lease = self._ahead.popleft()
-            task = asyncio.create_task(self._process(self._threads, message, lease))
+            task = asyncio.create_task(self._slot(message, lease))
             self._in_flight[task] = lease
             task.add_done_callback(self._finished)
+
+    async def _slot(self, message: Message, lease: Lease) -> None:
+        """One slot: handle ``message``, then the next read-ahead one while there is one.
+
+        A slot lives as long as there is work for it, rather than a task per message: each
+        task costs its creation and two turns of the event loop, a fair share of a fast
+        handler's time. It yields every _SLOT_TURN messages, so that a handler that never
+        suspends does not starve the reads and the heartbeat.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        handled = 0
+        while True:
+            await self._process(self._threads, message, lease)
+            if self._room_for_read():  # the reader waits for that alone: not woken for less
+                self._changed.set()
+            if not self._ahead or self._hurry:
+                return
+            handled += 1
+            if handled % _SLOT_TURN == 0:
+                await asyncio.sleep(0)
+                if not self._ahead or self._hurry:
+                    return
+            message, lease = self._ahead.popleft()
+            self._in_flight[task] = lease
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(task, None)

@@ -354,8 +354,8 @@ def test_fail_takes_the_callers_max_deliveries_when_the_policy_sets_none(conn: C
 def test_fail_refuses_a_callers_max_deliveries_below_one(conn: Conn, queue: Queue) -> None:
     queue.send(1)
     message = lease(queue)
+    refused = "SELECT * FROM pgbroker.fail(%s, ARRAY[%s], 'e', default_max_deliveries => 0)"
     with pytest.raises(psycopg.Error) as info:
-        refused = "SELECT * FROM pgbroker.fail(%s, ARRAY[%s], 'e', default_max_deliveries => 0)"
         conn.execute(refused, [queue.name, str(message.receipt)])
     assert info.value.sqlstate == "PB007"
     assert q_ids(conn, queue.name) == [message.msg_id]

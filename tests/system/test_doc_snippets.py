@@ -13,9 +13,6 @@ not snippets, and are left out.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +20,10 @@ from typing import Any
 
 import pytest
 
-from pgbroker import Broker, tracing
-from tests.support.snippets import KNOWN_LANGUAGES, Snippet, snippets_of
+from tests.support.snippets import BLOCK_TIMEOUT, KNOWN_LANGUAGES, needs_spark, run_page, snippets_of
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
-# A block that runs longer is hung, not slow (a Spark job on a loaded machine takes minutes).
-BLOCK_TIMEOUT = 600
 
 
 def _page_param(page: Path) -> Any:
@@ -54,64 +48,19 @@ def test_every_block_has_a_language_and_every_skip_a_reason() -> None:
 def test_the_blocks_of_a_page_run_as_pasted(
     page: Path, dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if needs_spark(page):
+        # In a fresh process: a Spark session is the process's, started once with the
+        # environment and folder of its start (the spark tests share one from the repository).
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.support.snippets", str(page), dsn],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT * 3,
+            check=False,
+        )
+        assert done.returncode == 0, f"{page}:\n{done.stderr[-6000:]}"
+        return
     monkeypatch.setenv("DATABASE_URL", dsn)
     monkeypatch.chdir(tmp_path)  # a block that writes files writes them here
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    try:
-        for snippet in snippets_of(page):
-            if snippet.skip_reason is not None:
-                continue
-            if snippet.language == "python":
-                _run_python(snippet, namespace)
-            elif snippet.language == "sh":
-                _run_shell(snippet, tmp_path)
-            elif snippet.language == "sql":
-                _run_sql(snippet, dsn)
-            elif snippet.language == "json":
-                json.loads(snippet.code)
-    finally:
-        # The pools a page left open, before its database goes (a Spark session stays: the
-        # spark tests share one per process).
-        for value in namespace.values():
-            if isinstance(value, Broker):
-                value.close()
-        # What a page switches on for the whole process stays in this test: tracing
-        # (docs/observability.md) would add a traceparent to every later test's sends.
-        tracing.uninstrument()
-
-
-def _run_python(snippet: Snippet, namespace: dict[str, Any]) -> None:
-    try:
-        exec(compile(snippet.code, snippet.where, "exec"), namespace)  # the docs' own code
-    except Exception as exc:
-        raise AssertionError(f"{snippet.where} fails: {type(exc).__name__}: {exc}\n{snippet.code}") from exc
-
-
-def _run_shell(snippet: Snippet, cwd: Path) -> None:
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    done = subprocess.run(
-        ["bash", "-eu", "-o", "pipefail", "-c", snippet.code],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**os.environ, "PATH": path},
-        timeout=BLOCK_TIMEOUT,
-        check=False,
-    )
-    output = f"stdout: {done.stdout}\nstderr: {done.stderr}"
-    assert done.returncode == 0, f"{snippet.where} exits {done.returncode}\n{snippet.code}\n{output}"
-
-
-def _run_sql(snippet: Snippet, dsn: str) -> None:
-    """In psql, where a reader pastes SQL: each statement on its own, stopping at an error."""
-    psql = shutil.which("psql") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/psql"))), None)
-    assert psql is not None, "psql is missing: apt-get install postgresql-client"
-    done = subprocess.run(
-        [str(psql), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", "-"],
-        input=snippet.code,
-        capture_output=True,
-        text=True,
-        timeout=BLOCK_TIMEOUT,
-        check=False,
-    )
-    assert done.returncode == 0, f"{snippet.where} fails: {done.stderr}\n{snippet.code}"
+    run_page(page, dsn)

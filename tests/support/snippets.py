@@ -17,7 +17,15 @@ from typing import Any
 
 from pgbroker import Broker, tracing
 
-__all__ = ["BLOCK_TIMEOUT", "KNOWN_LANGUAGES", "RUN_LANGUAGES", "Snippet", "needs_spark", "run_page", "snippets_of"]
+__all__ = [
+    "BLOCK_TIMEOUT",
+    "KNOWN_LANGUAGES",
+    "RUN_LANGUAGES",
+    "Snippet",
+    "needs_spark",
+    "run_page",
+    "snippets_of",
+]
 
 # A block that runs longer is hung, not slow (a Spark job on a loaded machine takes minutes).
 BLOCK_TIMEOUT = 600

@@ -73,8 +73,8 @@ class Peer(ABC):
         self, dsn: str, queue: str, handle: AsyncHandle, stop: asyncio.Event, workers: int, vt: int
     ) -> None:
         """Run ``workers`` handlers at once on ``queue`` (leases of ``vt`` seconds) until ``stop`` is
-        set: the job-queue scenario (g). A system without this shape raises NotImplementedError and
-        gets no column there."""
+        set: the job-queue scenario (g), which runs the systems of bench.job_queue.COLUMNS only;
+        the others do not implement it."""
         raise NotImplementedError
 
     @abstractmethod

@@ -7304,10 +7304,10 @@ END;
 $_$;
 
 --
--- Name: worker_heartbeat(uuid, text, text, integer, integer, integer, bigint, bigint, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: worker_heartbeat(text, uuid, text, integer, integer, integer, bigint, bigint, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.worker_heartbeat(worker_id uuid, queue_name text, host text, pid integer, concurrency integer, in_flight integer, completed bigint, retried bigint, dead_lettered bigint) RETURNS void
+CREATE FUNCTION pgbroker.worker_heartbeat(queue_name text, worker_id uuid, host text, pid integer, concurrency integer, in_flight integer, completed bigint, retried bigint, dead_lettered bigint) RETURNS void
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -7318,20 +7318,28 @@ BEGIN
             dead_lettered)
     ON CONFLICT ON CONSTRAINT queue_workers_pkey DO UPDATE
         SET heartbeat_at = now(), concurrency = excluded.concurrency, in_flight = excluded.in_flight,
-            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered;
+            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered
+        -- Only a row of the queue this call was authorized for: a worker of another queue is
+        -- not the caller's to renew, whatever id it gives.
+        WHERE w.queue_name = excluded.queue_name;
     PERFORM pgbroker._forget_stale_workers();
 END;
 $$;
 
 --
--- Name: worker_stopped(uuid); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: worker_stopped(text, uuid); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.worker_stopped(worker_id uuid) RETURNS void
-    LANGUAGE sql
-    AS $_$
-    DELETE FROM pgbroker.queue_workers w WHERE w.worker_id = $1;
-$_$;
+CREATE FUNCTION pgbroker.worker_stopped(queue_name text, worker_id uuid) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
+BEGIN
+    DELETE FROM pgbroker.queue_workers w
+    WHERE w.worker_id = worker_stopped.worker_id AND w.queue_name = worker_stopped.queue_name;
+END;
+$$;
 
 --
 -- Name: archive(text, bigint[]); Type: FUNCTION; Schema: pgmq; Owner: -

@@ -124,9 +124,9 @@ def test_a_worker_registers_beats_and_goes_and_a_dead_one_is_forgotten(conn: Con
     conn.execute("DELETE FROM pgbroker.queue_workers")
     alive, dead = uuid.uuid4(), uuid.uuid4()
     beat = "SELECT pgbroker.worker_heartbeat(%s, %s, 'host-a', 42, 8, %s, %s, 1, 0)"
-    conn.execute(beat, (alive, queue.name, 3, 10))
-    conn.execute(beat, (dead, queue.name, 1, 0))
-    conn.execute(beat, (alive, queue.name, 5, 20))  # renewed
+    conn.execute(beat, (queue.name, alive, 3, 10))
+    conn.execute(beat, (queue.name, dead, 1, 0))
+    conn.execute(beat, (queue.name, alive, 5, 20))  # renewed
     rows = conn.execute(
         "SELECT worker_id, host, pid, concurrency, in_flight, completed, heartbeat_age_sec < 60"
         " FROM pgbroker.queue_workers() WHERE queue_name = %s ORDER BY in_flight",
@@ -139,7 +139,7 @@ def test_a_worker_registers_beats_and_goes_and_a_dead_one_is_forgotten(conn: Con
     )
     listed = conn.execute("SELECT worker_id FROM pgbroker.queue_workers()").fetchall()
     assert listed == [(alive,)]  # stale: not listed
-    conn.execute(beat, (alive, queue.name, 0, 21))  # any beat forgets the stale rows
+    conn.execute(beat, (queue.name, alive, 0, 21))  # any beat forgets the stale rows
     assert conn.execute("SELECT worker_id FROM pgbroker.queue_workers").fetchall() == [(alive,)]
-    conn.execute("SELECT pgbroker.worker_stopped(%s)", (alive,))
+    conn.execute("SELECT pgbroker.worker_stopped(%s, %s)", (queue.name, alive))
     assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (0,)

@@ -451,3 +451,23 @@ def test_cli_grant_list_revoke(
     assert refusal(login(dsn, user), "SELECT * FROM pgmq.read('orders-eu', 30, 1)") == "42501"
     assert cli_main(["--dsn", dsn, "revoke", "consumer", user, "--queue", "orders*"]) == 1
     assert cli_main(["--dsn", dsn, "grant", "consumer", "no_such_role_anywhere", "--queue", "x"]) == 2
+
+
+def test_a_scoped_consumer_can_neither_overwrite_nor_remove_another_queues_worker(
+    dsn: str, conn: Conn, scoped: dict[str, str]
+) -> None:
+    """The workers panel's rows (pgbroker.worker_heartbeat, worker_stopped): a consumer of orders*
+    that learns the id of a billing worker changes nothing of its row."""
+    other = uuid.uuid4()
+    beat = "SELECT pgbroker.worker_heartbeat(%s, %s, 'h', 1, 4, %s, 0, 0, 0)"
+    conn.execute(beat, ("billing", other, 3))
+    row = "SELECT queue_name, in_flight FROM pgbroker.queue_workers WHERE worker_id = %s"
+    consumer = login(dsn, scoped["consumer"])
+    assert refusal(consumer, beat, ("orders-eu", other, 99)) is None  # its own queue: allowed, no effect
+    assert refusal(consumer, "SELECT pgbroker.worker_stopped(%s, %s)", ("billing", other)) == "42501"
+    assert refusal(consumer, "SELECT pgbroker.worker_stopped(%s, %s)", ("orders-eu", other)) is None
+    assert conn.execute(row, (other,)).fetchone() == ("billing", 3)
+    own = uuid.uuid4()
+    assert refusal(consumer, beat, ("orders-eu", own, 2)) is None
+    assert refusal(consumer, "SELECT pgbroker.worker_stopped(%s, %s)", ("orders-eu", own)) is None
+    assert conn.execute(row, (own,)).fetchone() is None

@@ -117,7 +117,7 @@ def test_a_dashboard_to_keep_open(browser: WebDriver, dsn: str, conn: psycopg.Co
     )
     leased = orders.read_many(4, vt=600)  # in flight
     conn.execute(
-        "SELECT pgbroker.worker_heartbeat(%s, 'orders', 'worker-1', 4242, 8, 4, 1280, 12, 1)", (uuid.uuid4(),)
+        "SELECT pgbroker.worker_heartbeat('orders', %s, 'worker-1', 4242, 8, 4, 1280, 12, 1)", (uuid.uuid4(),)
     )
 
     with pgbroker_serve(dsn, "--rate", "1000", "--burst", "1000", "--history-interval", "1s") as server:

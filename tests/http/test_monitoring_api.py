@@ -55,7 +55,7 @@ async def test_workers_lists_queue_workers_and_stream_consumers_the_key_sees(
         for queue in ("jobs", "other-x"):
             await conn.execute(
                 "SELECT pgbroker.worker_heartbeat(%s, %s, 'web-1', 4242, 4, 2, 17, 3, 1)",
-                (worker if queue == "jobs" else uuid.uuid4(), queue),
+                (queue, worker if queue == "jobs" else uuid.uuid4()),
             )
     stream = AsyncStream(broker, "clicks")
     await stream.create()

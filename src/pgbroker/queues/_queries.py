@@ -655,5 +655,5 @@ def worker_heartbeat(beat: WorkerBeat) -> Query[None]:
     return Query(_named("worker_heartbeat"), params, decoded.nothing)
 
 
-def worker_stopped(worker_id: UUID) -> Query[None]:
-    return Query(_named("worker_stopped"), {"worker_id": worker_id}, decoded.nothing)
+def worker_stopped(worker_id: UUID, queue: str) -> Query[None]:
+    return Query(_named("worker_stopped"), {"worker_id": worker_id, "queue": queue}, decoded.nothing)

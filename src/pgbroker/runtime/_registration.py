@@ -56,7 +56,7 @@ class Registration:
             await asyncio.sleep(BEAT_SECONDS)
 
     async def end(self, broker: AsyncBroker) -> None:
-        await self._run(broker, q.worker_stopped(self.worker_id))
+        await self._run(broker, q.worker_stopped(self.worker_id, self.queue))
 
     async def _run(self, broker: AsyncBroker, query: Query[None]) -> None:
         try:

@@ -132,7 +132,7 @@ $$;
 -- beat.
 -- Since: 0.2.0
 CREATE OR REPLACE FUNCTION pgbroker.worker_heartbeat(
-    worker_id uuid, queue_name text, host text, pid integer, concurrency integer,
+    queue_name text, worker_id uuid, host text, pid integer, concurrency integer,
     in_flight integer, completed bigint, retried bigint, dead_lettered bigint)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -143,16 +143,24 @@ BEGIN
             dead_lettered)
     ON CONFLICT ON CONSTRAINT queue_workers_pkey DO UPDATE
         SET heartbeat_at = now(), concurrency = excluded.concurrency, in_flight = excluded.in_flight,
-            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered;
+            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered
+        -- Only a row of the queue this call was authorized for: a worker of another queue is
+        -- not the caller's to renew, whatever id it gives.
+        WHERE w.queue_name = excluded.queue_name;
     PERFORM pgbroker._forget_stale_workers();
 END;
 $$;
 
--- A queue worker stopped: its row goes.
+-- A queue worker of queue_name stopped: its row goes.
 -- Since: 0.2.0
-CREATE OR REPLACE FUNCTION pgbroker.worker_stopped(worker_id uuid)
-RETURNS void LANGUAGE sql AS $$
-    DELETE FROM pgbroker.queue_workers w WHERE w.worker_id = $1;
+CREATE OR REPLACE FUNCTION pgbroker.worker_stopped(queue_name text, worker_id uuid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
+BEGIN
+    DELETE FROM pgbroker.queue_workers w
+    WHERE w.worker_id = worker_stopped.worker_id AND w.queue_name = worker_stopped.queue_name;
+END;
 $$;
 
 -- The queue workers running, by queue and host, each with the seconds since

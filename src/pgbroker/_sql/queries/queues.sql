@@ -277,9 +277,9 @@ SELECT pgbroker.schedules_channel()
 
 -- name: worker_heartbeat
 -- Register a queue worker, or renew its row with what it holds and has done.
-SELECT pgbroker.worker_heartbeat(%(worker_id)s, %(queue)s, %(host)s, %(pid)s, %(concurrency)s, %(in_flight)s,
+SELECT pgbroker.worker_heartbeat(%(queue)s, %(worker_id)s, %(host)s, %(pid)s, %(concurrency)s, %(in_flight)s,
                                  %(completed)s, %(retried)s, %(dead_lettered)s)
 
 -- name: worker_stopped
 -- A queue worker stopped: its row goes.
-SELECT pgbroker.worker_stopped(%(worker_id)s)
+SELECT pgbroker.worker_stopped(%(queue)s, %(worker_id)s)

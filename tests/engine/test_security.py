@@ -306,6 +306,7 @@ SENDS = [
     "SELECT pgbroker.receive_many('plain', ARRAY['id-1'], ARRAY['{{}}']::jsonb[], ARRAY[{h}], '1 hour')",
     "SELECT pgbroker.receive_many('far', ARRAY['id-2'], ARRAY['{{}}']::jsonb[], ARRAY[{h}], '1 hour')",
     "SELECT pgmq.send('far', '{{}}', {h})",
+    "SELECT pgbroker.send_idempotent('plain', 'k', ARRAY['{{}}']::jsonb[], ARRAY[{h}])",
 ]
 RESERVED = ["x-pgbroker-dead-letter", "X-PGBROKER-DEAD-LETTER", "x-pgbroker-schedule", "x-pgbroker-stream",
             "x-pgbroker-published", "x-pgbroker-anything-new"]  # fmt: skip
@@ -327,6 +328,9 @@ def test_no_send_carries_a_reserved_header(
     conn.execute("SELECT pgbroker.create_stream('s')")
     with refused("PB007"):
         conn.execute(f"SELECT pgbroker.stream_send('s', '{{}}', {forged})")
+    idempotent = f"SELECT pgbroker.stream_send_idempotent('s', 'k', ARRAY['{{}}'::jsonb], ARRAY[{forged}])"
+    with refused("PB007"):
+        conn.execute(idempotent)
     assert conn.execute(
         "SELECT count(*) FROM pgmq.q_plain WHERE headers ?| ARRAY[%s]", [header]
     ).fetchone() == (0,)

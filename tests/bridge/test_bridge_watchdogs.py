@@ -10,8 +10,10 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import pytest
+from psycopg import sql
 
 from pgbroker import Broker
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
@@ -95,46 +97,16 @@ def test_the_outbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
 def test_the_inbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
     dsn: str, redis_server: PrivateServer
 ) -> None:
-    source = unique("watchdog")
-    probe = RedisProbe(redis_server.port)
     with Broker(dsn) as broker:
         broker.create_queue("inbox")
 
-    async def scenario() -> None:
-        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
-            settings = InboundSettings(declare=True, batch_size=10)
-            bridge = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
-            task = asyncio.create_task(bridge.run())
+    def make(abroker: AsyncBroker, url: str, settings: InboundSettings) -> InboundBridge:
+        return InboundBridge(abroker, None, "inbox", url, settings)
 
-            async def stored(count: int) -> Callable[[], Awaitable[bool]]:
-                async def done() -> bool:
-                    return (await abroker.metrics("inbox")).queue_length >= count
+    async def stored(abroker: AsyncBroker, bridge: InboundBridge) -> int:
+        return (await abroker.metrics("inbox")).queue_length
 
-                return done
-
-            try:
-                async with asyncio.timeout(60):
-                    await bridge.receiving.wait()
-                await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50)])
-                await until(await stored(50), task, "stored")
-
-                async def publish_while_locked() -> None:
-                    await asyncio.sleep(0.5)  # the lock is held by then: the writes meet it
-                    await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50, 100)])
-
-                publishing = asyncio.create_task(publish_while_locked())
-                await during_faults(dsn, "pgmq.q_inbox", task)
-                await publishing
-                await until(await stored(100), task, "stored after the faults")
-            finally:
-                bridge.stop()
-                await task
-            assert bridge.stats.reconnects >= 1
-
-    asyncio.run(scenario())
-    with Broker(dsn) as broker, broker.connection() as conn:
-        rows = conn.execute("SELECT message FROM pgmq.q_inbox").fetchall()
-    assert sorted(m["n"] for (m,) in rows) == list(range(100))
+    _inbound_rides_out_the_faults(dsn, redis_server, make, stored, "pgmq.q_inbox")
 
 
 def test_the_stream_outbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
@@ -181,20 +153,38 @@ def test_the_stream_outbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
 def test_the_stream_inbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
     dsn: str, redis_server: PrivateServer
 ) -> None:
-    source = unique("watchdog")
-    probe = RedisProbe(redis_server.port)
     with Broker(dsn) as broker:
         Stream(broker, "mirror").create(partitions=2)
 
+    def make(abroker: AsyncBroker, url: str, settings: InboundSettings) -> StreamInboundBridge:
+        return StreamInboundBridge(abroker, None, "mirror", url, settings)
+
+    async def appended(abroker: AsyncBroker, bridge: StreamInboundBridge) -> int:
+        return bridge.stats.received
+
+    _inbound_rides_out_the_faults(dsn, redis_server, make, appended, "pgbroker.s_mirror")
+
+
+def _inbound_rides_out_the_faults(
+    dsn: str,
+    redis_server: PrivateServer,
+    make: Callable[[AsyncBroker, str, InboundSettings], Any],
+    stored: Callable[[AsyncBroker, Any], Awaitable[int]],
+    table: str,
+) -> None:
+    """50 messages in, the faults on ``table`` while 50 more are published, then all 100 in
+    ``table``: the bridge ``make`` returns, counting what it stored with ``stored``."""
+    source = unique("watchdog")
+    probe = RedisProbe(redis_server.port)
+
     async def scenario() -> None:
         async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
-            settings = InboundSettings(declare=True, batch_size=10)
-            bridge = StreamInboundBridge(abroker, None, "mirror", probe.url(source), settings)
+            bridge = make(abroker, probe.url(source), InboundSettings(declare=True, batch_size=10))
             task = asyncio.create_task(bridge.run())
 
-            async def stored(count: int) -> Callable[[], Awaitable[bool]]:
+            def at_least(count: int) -> Callable[[], Awaitable[bool]]:
                 async def done() -> bool:
-                    return bridge.stats.received >= count
+                    return await stored(abroker, bridge) >= count
 
                 return done
 
@@ -202,16 +192,16 @@ def test_the_stream_inbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
                 async with asyncio.timeout(60):
                     await bridge.receiving.wait()
                 await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50)])
-                await until(await stored(50), task, "appended")
+                await until(at_least(50), task, "stored")
 
                 async def publish_while_locked() -> None:
-                    await asyncio.sleep(0.5)  # the lock is held by then: the appends meet it
+                    await asyncio.sleep(0.5)  # the lock is held by then: the writes meet it
                     await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(50, 100)])
 
                 publishing = asyncio.create_task(publish_while_locked())
-                await during_faults(dsn, "pgbroker.s_mirror", task)
+                await during_faults(dsn, table, task)
                 await publishing
-                await until(await stored(100), task, "appended after the faults")
+                await until(at_least(100), task, "stored after the faults")
             finally:
                 bridge.stop()
                 await task
@@ -219,5 +209,6 @@ def test_the_stream_inbound_bridge_rides_out_a_lock_timeout_and_cut_sessions(
 
     asyncio.run(scenario())
     with Broker(dsn) as broker, broker.connection() as conn:
-        rows = conn.execute("SELECT message FROM pgbroker.s_mirror").fetchall()
+        query = sql.SQL("SELECT message FROM {}").format(sql.Identifier(*table.split(".")))
+        rows = conn.execute(query).fetchall()
     assert sorted(m["n"] for (m,) in rows) == list(range(100))

@@ -9,7 +9,9 @@ synthetic work (an asyncio sleep) and notes its claim latency: from the producer
 handler's start (the payload carries the send time).
 
 Steps: (1) a producer keeping ``job_depth`` jobs ready (topping the queue up as workers take
-them), W = 1, 4, 16, 64 handlers: handled jobs a second and claim latency; (2) a producer at a
+them), W = 1, 4, 16, 64 handlers: handled jobs a second, claim latency, and the CPU a job costs
+the worker process and the server (bench.cpu_clock: a cost that holds on a loaded machine, where
+rates do not); beside them the ceiling, W handlers of the same work with no queue at all; (2) a producer at a
 fixed rate with W = 16 in two worker processes, in phases: baseline; an idle-in-transaction session
 holding back xmin for the whole phase; two active REPEATABLE READ readers (long snapshots, one
 after another); 1.5x the rate; and chaos: one of the two worker processes SIGKILLed halfway,
@@ -36,6 +38,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.cpu_clock import postmaster_pid, server_cpu_seconds
 from bench.harness import (
     Bench,
     Histogram,
@@ -50,6 +53,8 @@ from bench.peers import Peer, peers
 TITLE = "Job queue under load: W handlers, 1 ms of work a job, claim latency, pressure and chaos"
 COLUMNS = ["pgmq", "pgbroker"]
 RATIO = ("pgbroker", "pgmq")
+#: the column of the depth steps' ceiling: W handlers of WORK each with no queue at all
+CEILING = "ceiling"
 
 #: seconds of synthetic work per job
 WORK = 0.001
@@ -69,9 +74,15 @@ def _child(key: str, dsn: str, queue: str, workers: int, slot: int, counts: Any,
     would block a large list until the parent reads, and the parent joins first)."""
     peer = peers()[key]
     samples: list[tuple[float, float]] = []
+    cpu: list[float] = []  # the process's CPU seconds at its first job, then the jobs since
+    handled = 0
 
     async def handle(payload: dict[str, Any]) -> None:
+        nonlocal handled
         now = time.time()
+        if not cpu:
+            cpu.append(time.process_time())
+        handled += 1
         counts[slot] += 1
         sent = payload.get("t") if isinstance(payload, dict) else None
         if sent is not None:
@@ -92,6 +103,38 @@ def _child(key: str, dsn: str, queue: str, workers: int, slot: int, counts: Any,
 
     asyncio.run(main())
     Path(out).write_text("".join(f"{at} {latency}\n" for at, latency in samples))
+    if cpu:  # the first job's own cost is not counted: it is the clock's start
+        Path(f"{out}.cpu").write_text(f"{time.process_time() - cpu[0]} {handled - 1}\n")
+
+
+def _ceiling_child(workers: int, seconds: float, rate: Any) -> None:
+    """The ceiling of W handlers without a queue: each awaits WORK, then the next, as fast as the
+    event loop lets it; jobs a second into ``rate``."""
+    done = 0
+
+    async def loop(until: float) -> None:
+        nonlocal done
+        while time.monotonic() < until:
+            done += 1
+            await asyncio.sleep(WORK)
+
+    async def main() -> None:
+        until = time.monotonic() + seconds
+        await asyncio.gather(*(loop(until) for _ in range(workers)))
+
+    asyncio.run(main())
+    rate.value = done / seconds
+
+
+def ceiling(workers: int, seconds: float) -> float:
+    """Jobs a second W handlers of WORK get through with no queue at all, in a process of their
+    own as the workers are: what no system can exceed at that W."""
+    context = multiprocessing.get_context("spawn")
+    rate = context.Value("d", 0.0)
+    proc = context.Process(target=_ceiling_child, args=(workers, seconds, rate))
+    proc.start()
+    proc.join()
+    return float(rate.value)
 
 
 class Pool:
@@ -105,6 +148,9 @@ class Pool:
         self._out = Path(tempfile.mkdtemp(prefix="pgbroker-bench-jobs-"))
         self._procs = [self._spawn(n) for n in range(processes)]
         self.samples: list[tuple[float, float]] = []
+        #: CPU seconds the worker processes used from their first job on, and the jobs since
+        self.cpu_seconds = 0.0
+        self.cpu_jobs = 0
 
     def _spawn(self, slot: int) -> Any:
         return self._context.Process(
@@ -145,6 +191,11 @@ class Pool:
                 proc.kill()
                 proc.join()
         for path in self._out.iterdir():
+            if path.suffix == ".cpu":
+                seconds, jobs = path.read_text().split()
+                self.cpu_seconds += float(seconds)
+                self.cpu_jobs += int(jobs)
+                continue
             for line in path.read_text().splitlines():
                 at, latency = line.split()
                 self.samples.append((float(at), float(latency)))
@@ -239,6 +290,9 @@ class Measured:
     rate: float = 0.0
     latencies: list[float] = field(default_factory=list)
     left: int | None = None
+    #: CPU microseconds a job: the worker processes' and the server's (None: not measured)
+    worker_cpu: float | None = None
+    server_cpu: float | None = None
 
 
 def _window(samples: list[tuple[float, float]], began: float, ended: float) -> list[float]:
@@ -254,14 +308,22 @@ def _warm_up(peer: Peer, dsn: str, queue: str, pool: Pool) -> None:
 
 def depth_step(peer: Peer, dsn: str, queue: str, *, workers: int, depth: int, seconds: float) -> Measured:
     asyncio.run(peer.create(dsn, queue, False))
+    postmaster = postmaster_pid(dsn)
     with Pool(peer, dsn, queue, processes=1, workers=workers) as pool:
         _warm_up(peer, dsn, queue, pool)
         asyncio.run(keep_depth(peer, dsn, queue, depth, 0.5))  # the queue at its depth first
-        start_count, began = pool.handled(), time.time()
+        start_count, began, server_began = pool.handled(), time.time(), server_cpu_seconds(postmaster)
         asyncio.run(keep_depth(peer, dsn, queue, depth, seconds))
-        rate = (pool.handled() - start_count) / (time.time() - began)
-        ended = time.time()
-    return Measured(rate, _window(pool.samples, began, ended))
+        jobs = pool.handled() - start_count
+        rate = jobs / (time.time() - began)
+        ended, server_ended = time.time(), server_cpu_seconds(postmaster)
+    measured = Measured(rate, _window(pool.samples, began, ended))
+    if pool.cpu_jobs:
+        measured.worker_cpu = pool.cpu_seconds / pool.cpu_jobs * 1e6
+    if server_began is not None and server_ended is not None and jobs:
+        # The producer's sends count too: the same number of jobs sent the same way for every system.
+        measured.server_cpu = (server_ended - server_began) / jobs * 1e6
+    return measured
 
 
 def phase_series(peer: Peer, dsn: str, queue: str, *, rate: float, seconds: float) -> dict[str, Measured]:
@@ -310,7 +372,8 @@ def run(bench: Bench, result: ScenarioResult) -> None:
     from bench.peer_table import databases
 
     systems = {key: peer for key, peer in peers().items() if key in COLUMNS}
-    result.columns = list(systems)
+    result.columns = [*systems, CEILING]
+    result.more_ratios = [("pgbroker", CEILING)]
     config = bench.config
     dsns = databases(bench, systems)
     try:
@@ -327,7 +390,10 @@ def run(bench: Bench, result: ScenarioResult) -> None:
         f"{config.job_seconds:g} s; phases send {config.job_rate:,} jobs a second (10 a call) for "
         f"{config.job_seconds:g} s each with {PHASE_WORKERS} handlers in two processes; vt {VT} s. "
         "pgmq: W loops, each reading up to 64 and archiving the batch in one call; pgbroker: "
-        "Worker(concurrency=W), the queue's defaults (acks archive)."
+        "Worker(concurrency=W), the queue's defaults (acks archive). The ceiling: W handlers of the "
+        "same work in a process of their own with no queue, what no system can exceed at that W. "
+        "CPU per job: the worker process's from its first job on, and the whole server's (all its "
+        "processes, the producer's sends included) over the step."
     )
 
 
@@ -358,11 +424,16 @@ def _depth_sweep(
                 out.append(
                     f"{measured[key].rate:,.0f} msg/s, claim p50 {_ms(measured[key].latencies, 50)} ms"
                 )
+        with bench.progress.step(f"(g) W={workers}: the ceiling, no queue") as out:
+            limit = ceiling(workers, config.job_seconds)
+            out.append(f"{limit:,.0f} jobs/s")
         step = f"depth {config.job_depth:,}, W={workers}"
-        result.rows.append(
-            Row(step, "msg/s", {k: m.rate for k, m in measured.items()}, key=f"depth-w{workers}")
-        )
+        rates: dict[str, float | None] = {k: m.rate for k, m in measured.items()}
+        result.rows.append(Row(step, "msg/s", {**rates, CEILING: limit}, key=f"depth-w{workers}"))
         result.rows.extend(_latency_rows(step, f"depth-w{workers}", measured))
+        for metric, cost in (("worker CPU us/job", "worker_cpu"), ("server CPU us/job", "server_cpu")):
+            values = {k: getattr(m, cost) for k, m in measured.items()}
+            result.rows.append(Row(step, metric, values, key=f"depth-w{workers}-{cost}"))
         result.histograms.extend(
             Histogram(f"claim latency, W={workers}", k, [x * 1000 for x in m.latencies])
             for k, m in measured.items()

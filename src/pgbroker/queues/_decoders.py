@@ -32,7 +32,7 @@ def messages(rows: list[Row]) -> list[Message]:
 def stored_message(row: Row) -> Message:
     """A message with its body as stored, undecoded (a binary body stays its JSON envelope) and
     its codec named: what a bridge forwards as it is, without the codec's schema or class."""
-    receipt = Receipt.parse(row[7]) if len(row) > 7 and row[7] is not None else None
+    receipt = Receipt.issued(row[7]) if len(row) > 7 and row[7] is not None else None
     msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers = row[:7]
     codec = codecs.envelope_codec(stored) if codecs.is_envelope(stored) else codecs.JsonCodec.name
     return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, codec)

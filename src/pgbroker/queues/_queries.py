@@ -242,7 +242,7 @@ def message_extend(queue: str, item: Receivable, *, vt: int | timedelta) -> Quer
     receipt = arg.receipt_of(item)
     params = {"queue": queue, "receipt": str(receipt), "vt": arg.whole_seconds(vt, "vt")}
     held = _held(queue, receipt)
-    return Query(_named("message_extend"), params, lambda rows: Receipt.parse(held(rows)))
+    return Query(_named("message_extend"), params, lambda rows: Receipt.issued(held(rows)))
 
 
 def message_extend_many(
@@ -252,7 +252,7 @@ def message_extend_many(
     return Query(
         _named("message_extend_many"),
         params,
-        lambda rows: {msg_id: Receipt.parse(token) for msg_id, token in rows},
+        lambda rows: {msg_id: Receipt.issued(token) for msg_id, token in rows},
     )
 
 

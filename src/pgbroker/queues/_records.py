@@ -43,6 +43,14 @@ class Receipt:
             )
         return cls(int(match[1]), int(match[2]), int(match[3]))
 
+    @classmethod
+    def issued(cls, token: str) -> Receipt:
+        """A receipt as the server just issued it (pgbroker.receipt(), in a read's or an extend's
+        row): split, not checked, which is a third of a worker's cost of decoding a message. A
+        receipt from anywhere else (a caller, a command line) goes through parse()."""
+        msg_id, read_ct, lease = token.split(":")
+        return cls(int(msg_id), int(read_ct), int(lease))
+
     def __str__(self) -> str:
         return f"{self.msg_id}:{self.read_ct}:{self.lease}"
 

@@ -3069,6 +3069,27 @@ END;
 $$;
 
 --
+-- Name: _route_remove(text, bigint[], boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._route_remove(p_queue_name text, p_msg_ids bigint[], p_archive boolean) RETURNS SETOF bigint
+    LANGUAGE plpgsql
+    SET plan_cache_mode TO 'force_generic_plan'
+    AS $$
+DECLARE
+    r integer := array_position('{}'::text[], lower(p_queue_name));
+BEGIN
+    IF r IS NULL THEN
+        RETURN QUERY EXECUTE pgbroker._statement_query(pgbroker._pgmq_table(p_queue_name),
+                                                       CASE WHEN p_archive THEN 'remove_a' ELSE 'remove_d' END)
+            USING p_msg_ids;
+        RETURN;
+    END IF;
+
+END;
+$$;
+
+--
 -- Name: _route_send(text, jsonb[], jsonb[], timestamp with time zone, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3531,6 +3552,20 @@ BEGIN
                 INSERT INTO pgmq.%I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
                 SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM removed
             )$A$, atable) ELSE '' END);
+    ELSIF op IN ('remove_a', 'remove_d') THEN
+        -- pgmq.archive and pgmq.delete: by msg_id, whoever holds the message (unfenced).
+        RETURN CASE WHEN op = 'remove_d' THEN format(
+            'DELETE FROM pgmq.%I WHERE msg_id = ANY($1) RETURNING msg_id', qtable)
+        ELSE format(
+            $Q$
+            WITH moved AS (
+                DELETE FROM pgmq.%1$I WHERE msg_id = ANY($1)
+                RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
+            )
+            INSERT INTO pgmq.%2$I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
+            SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM moved
+            RETURNING msg_id
+            $Q$, qtable, atable) END;
     END IF;
     RAISE EXCEPTION 'pgbroker._statement_query: unknown operation %', quote_literal(op) USING ERRCODE = 'PB007';
 END;
@@ -4486,6 +4521,7 @@ DECLARE
     deliver_bodies text[] := '{}';
     pop_bodies text[] := '{}';
     ack_bodies text[] := '{}';
+    remove_bodies text[] := '{}';
     read_params constant text[] := ARRAY['p_qty', 'NULL::jsonb', 'r_clock', 'p_vt', 'r_from'];
     pop_params constant text[] := ARRAY['p_qty', 'NULL::jsonb', 'r_clock', 'NULL::integer', 'r_from'];
     ack_params constant text[] := ARRAY['r_held.msg_ids', 'r_held.read_cts', 'r_held.leases'];
@@ -4520,6 +4556,9 @@ BEGIN
         ack_bodies := ack_bodies || format(E'IF r_archive THEN\nRETURN QUERY %s;\nELSE\nRETURN QUERY %s;\nEND IF;',
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'ack_a'), ack_params),
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'ack_d'), ack_params));
+        remove_bodies := remove_bodies || format(E'IF p_archive THEN\nRETURN QUERY %s;\nELSE\nRETURN QUERY %s;\nEND IF;',
+            pgbroker._route_statement(pgbroker._statement_query(qtable, 'remove_a'), ARRAY['p_msg_ids']),
+            pgbroker._route_statement(pgbroker._statement_query(qtable, 'remove_d'), ARRAY['p_msg_ids']));
     END LOOP;
 
     -- Sends: as 0012's _send_sql and _send_many (checks in the same order).
@@ -4732,6 +4771,25 @@ BEGIN
 END;
 $F$
 $R$, keys, names, archives, pgbroker._route_tree(ack_bodies, 1, cardinality(ack_bodies)));
+
+    -- pgmq.delete and pgmq.archive: by msg_id, unfenced. Unrouted, pgmq's
+    -- failure for a missing queue (pgbroker._pgmq_table).
+    EXECUTE format($R$
+CREATE OR REPLACE FUNCTION pgbroker._route_remove(p_queue_name text, p_msg_ids bigint[], p_archive boolean)
+RETURNS SETOF bigint LANGUAGE plpgsql
+DECLARE
+    r integer := array_position(%1$L::text[], lower(p_queue_name));
+BEGIN
+    IF r IS NULL THEN
+        RETURN QUERY EXECUTE pgbroker._statement_query(pgbroker._pgmq_table(p_queue_name),
+                                                       CASE WHEN p_archive THEN 'remove_a' ELSE 'remove_d' END)
+            USING p_msg_ids;
+        RETURN;
+    END IF;
+%2$s
+END;
+$F$
+$R$, keys, pgbroker._route_tree(remove_bodies, 1, cardinality(remove_bodies)));
 END;
 $_$;
 
@@ -7347,34 +7405,24 @@ $$;
 
 CREATE FUNCTION pgmq.archive(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
     LANGUAGE plpgsql
-    AS $_$
-DECLARE
-    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
-    qtable text := pgbroker._pgmq_table(queue_name);
+    AS $$
 BEGIN
-    RETURN QUERY EXECUTE format(
-        $Q$
-        WITH moved AS (
-            DELETE FROM pgmq.%1$I WHERE msg_id = ANY($1)
-            RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
-        )
-        INSERT INTO pgmq.%2$I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
-        SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM moved
-        RETURNING msg_id
-        $Q$, qtable, 'a' || substr(qtable, 2))
-    USING msg_ids;
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    RETURN QUERY SELECT * FROM pgbroker._route_remove(queue_name, msg_ids, true);
 END;
-$_$;
+$$;
 
 --
 -- Name: archive(text, bigint); Type: FUNCTION; Schema: pgmq; Owner: -
 --
 
 CREATE FUNCTION pgmq.archive(queue_name text, msg_id bigint) RETURNS boolean
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT pgbroker._authorize('consumer', queue_name);
-    SELECT EXISTS (SELECT 1 FROM pgmq.archive(queue_name, ARRAY[msg_id]));
+BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    RETURN EXISTS (SELECT 1 FROM pgbroker._route_remove(queue_name, ARRAY[msg_id], true));
+END;
 $$;
 
 --
@@ -7727,26 +7775,24 @@ $$;
 
 CREATE FUNCTION pgmq.delete(queue_name text, msg_ids bigint[]) RETURNS SETOF bigint
     LANGUAGE plpgsql
-    AS $_$
-DECLARE
-    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
-    qtable text := pgbroker._pgmq_table(queue_name);
+    AS $$
 BEGIN
-    RETURN QUERY EXECUTE format(
-        'DELETE FROM pgmq.%I WHERE msg_id = ANY($1) RETURNING msg_id', qtable)
-    USING msg_ids;
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    RETURN QUERY SELECT * FROM pgbroker._route_remove(queue_name, msg_ids, false);
 END;
-$_$;
+$$;
 
 --
 -- Name: delete(text, bigint); Type: FUNCTION; Schema: pgmq; Owner: -
 --
 
 CREATE FUNCTION pgmq.delete(queue_name text, msg_id bigint) RETURNS boolean
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT pgbroker._authorize('consumer', queue_name);
-    SELECT EXISTS (SELECT 1 FROM pgmq.delete(queue_name, ARRAY[msg_id]));
+BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    RETURN EXISTS (SELECT 1 FROM pgbroker._route_remove(queue_name, ARRAY[msg_id], false));
+END;
 $$;
 
 --

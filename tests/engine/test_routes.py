@@ -102,6 +102,19 @@ def _scenario(conn: Conn, q: str) -> list[Outcome]:
     call("SELECT * FROM pgbroker.consume(%s, -1, 2, %s::text[])", [q, ["bad"]])
     call("SELECT * FROM pgbroker.consume(%s, 30, 2, %s::text[])", [q, ["bad"]])
 
+    # pgmq's unfenced removals by msg_id (_route_remove): archive and delete, the single forms and
+    # the batch ones, a msg_id that is gone, a missing queue.
+    removable = call("SELECT * FROM pgmq.send_batch(%s, %s::jsonb[])", [q, batch[:5]])
+    removable = [r[0] for r in removable]
+    call("SELECT pgmq.archive(%s, %s::bigint)", [q, removable[0]], lambda r: r)
+    call("SELECT * FROM pgmq.archive(%s, %s::bigint[])", [q, removable[1:3]])
+    call("SELECT pgmq.delete(%s, %s::bigint)", [q, removable[3]], lambda r: r)
+    call("SELECT * FROM pgmq.delete(%s, %s::bigint[])", [q, [removable[4], removable[0]]])
+    call("SELECT pgmq.delete(%s, %s::bigint)", [q, removable[0]], lambda r: r)
+    call("SELECT pgmq.archive(%s, %s::bigint)", [q.upper(), removable[3]], lambda r: r)
+    call("SELECT pgmq.delete(%s, 1::bigint)", ["no_such_queue"])
+    call("SELECT * FROM pgmq.archive(%s, ARRAY[1]::bigint[])", ["no_such_queue"])
+
     call("SELECT * FROM pgmq.pop(%s, 2)", [q], _message)
     call("SELECT * FROM pgmq.pop(%s, -1)", [q])
     call("SELECT * FROM pgmq.pop(%s)", ["no_such_queue"])

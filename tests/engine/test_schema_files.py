@@ -22,7 +22,7 @@ from tests.support.tables import Conn
 
 # What the route writer generates (see 90_routes.sql): created at install and rewritten whenever
 # queues or policies change, so they have no definition of their own.
-GENERATED = {("pgbroker", f"_route_{op}") for op in ("ack", "deliver", "pop", "read", "send")} | {
+GENERATED = {("pgbroker", f"_route_{op}") for op in ("ack", "deliver", "pop", "read", "remove", "send")} | {
     ("pgbroker", "_stream_send_to")  # written by _stream_send_router_refresh (92_streams.sql)
 }
 

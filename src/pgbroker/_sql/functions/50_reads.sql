@@ -281,6 +281,20 @@ BEGIN
                 INSERT INTO pgmq.%I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
                 SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM removed
             )$A$, atable) ELSE '' END);
+    ELSIF op IN ('remove_a', 'remove_d') THEN
+        -- pgmq.archive and pgmq.delete: by msg_id, whoever holds the message (unfenced).
+        RETURN CASE WHEN op = 'remove_d' THEN format(
+            'DELETE FROM pgmq.%I WHERE msg_id = ANY($1) RETURNING msg_id', qtable)
+        ELSE format(
+            $Q$
+            WITH moved AS (
+                DELETE FROM pgmq.%1$I WHERE msg_id = ANY($1)
+                RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
+            )
+            INSERT INTO pgmq.%2$I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
+            SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM moved
+            RETURNING msg_id
+            $Q$, qtable, atable) END;
     END IF;
     RAISE EXCEPTION 'pgbroker._statement_query: unknown operation %', quote_literal(op) USING ERRCODE = 'PB007';
 END;

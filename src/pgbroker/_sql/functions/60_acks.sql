@@ -16,48 +16,36 @@
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.delete(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
-DECLARE
-    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
-    qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
-    RETURN QUERY EXECUTE format(
-        'DELETE FROM pgmq.%I WHERE msg_id = ANY($1) RETURNING msg_id', qtable)
-    USING msg_ids;
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    RETURN QUERY SELECT * FROM pgbroker._route_remove(queue_name, msg_ids, false);
 END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.delete(queue_name TEXT, msg_id BIGINT)
-RETURNS BOOLEAN LANGUAGE sql AS $$
-    SELECT pgbroker._authorize('consumer', queue_name);
-    SELECT EXISTS (SELECT 1 FROM pgmq.delete(queue_name, ARRAY[msg_id]));
+RETURNS BOOLEAN LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    RETURN EXISTS (SELECT 1 FROM pgbroker._route_remove(queue_name, ARRAY[msg_id], false));
+END;
 $$;
 
 -- Move messages into the queue's archive, keeping their msg_ids.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgmq.archive(queue_name TEXT, msg_ids BIGINT[])
 RETURNS SETOF BIGINT LANGUAGE plpgsql AS $$
-DECLARE
-    authorized constant boolean := pgbroker._authorize('consumer', queue_name);
-    qtable text := pgbroker._pgmq_table(queue_name);
 BEGIN
-    RETURN QUERY EXECUTE format(
-        $Q$
-        WITH moved AS (
-            DELETE FROM pgmq.%1$I WHERE msg_id = ANY($1)
-            RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
-        )
-        INSERT INTO pgmq.%2$I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
-        SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM moved
-        RETURNING msg_id
-        $Q$, qtable, 'a' || substr(qtable, 2))
-    USING msg_ids;
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    RETURN QUERY SELECT * FROM pgbroker._route_remove(queue_name, msg_ids, true);
 END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgmq.archive(queue_name TEXT, msg_id BIGINT)
-RETURNS BOOLEAN LANGUAGE sql AS $$
-    SELECT pgbroker._authorize('consumer', queue_name);
-    SELECT EXISTS (SELECT 1 FROM pgmq.archive(queue_name, ARRAY[msg_id]));
+RETURNS BOOLEAN LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgbroker._authorize('consumer', queue_name);
+    RETURN EXISTS (SELECT 1 FROM pgbroker._route_remove(queue_name, ARRAY[msg_id], true));
+END;
 $$;
 
 -- Set the messages' visibility time, whatever it was; returns them. As the

@@ -10,7 +10,7 @@
 --
 -- A route is a generated PL/pgSQL function per operation
 -- (pgbroker._route_send, _route_read, _route_deliver, _route_pop,
--- _route_ack) holding, for every queue, that operation's statement with the
+-- _route_ack, _route_remove) holding, for every queue, that operation's statement with the
 -- table name written in: static SQL, planned once per session. The queue's
 -- names and the policy settings the hot path needs are written in as array
 -- constants, so a routed call makes no probe at all:
@@ -109,6 +109,7 @@ DECLARE
     deliver_bodies text[] := '{}';
     pop_bodies text[] := '{}';
     ack_bodies text[] := '{}';
+    remove_bodies text[] := '{}';
     read_params constant text[] := ARRAY['p_qty', 'NULL::jsonb', 'r_clock', 'p_vt', 'r_from'];
     pop_params constant text[] := ARRAY['p_qty', 'NULL::jsonb', 'r_clock', 'NULL::integer', 'r_from'];
     ack_params constant text[] := ARRAY['r_held.msg_ids', 'r_held.read_cts', 'r_held.leases'];
@@ -143,6 +144,9 @@ BEGIN
         ack_bodies := ack_bodies || format(E'IF r_archive THEN\nRETURN QUERY %s;\nELSE\nRETURN QUERY %s;\nEND IF;',
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'ack_a'), ack_params),
             pgbroker._route_statement(pgbroker._statement_query(qtable, 'ack_d'), ack_params));
+        remove_bodies := remove_bodies || format(E'IF p_archive THEN\nRETURN QUERY %s;\nELSE\nRETURN QUERY %s;\nEND IF;',
+            pgbroker._route_statement(pgbroker._statement_query(qtable, 'remove_a'), ARRAY['p_msg_ids']),
+            pgbroker._route_statement(pgbroker._statement_query(qtable, 'remove_d'), ARRAY['p_msg_ids']));
     END LOOP;
 
     -- Sends: as 0012's _send_sql and _send_many (checks in the same order).
@@ -358,6 +362,26 @@ BEGIN
 END;
 $F$
 $R$, keys, names, archives, pgbroker._route_tree(ack_bodies, 1, cardinality(ack_bodies)));
+
+    -- pgmq.delete and pgmq.archive: by msg_id, unfenced. Unrouted, pgmq's
+    -- failure for a missing queue (pgbroker._pgmq_table).
+    EXECUTE format($R$
+CREATE OR REPLACE FUNCTION pgbroker._route_remove(p_queue_name text, p_msg_ids bigint[], p_archive boolean)
+RETURNS SETOF bigint LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $F$
+DECLARE
+    r integer := array_position(%1$L::text[], lower(p_queue_name));
+BEGIN
+    IF r IS NULL THEN
+        RETURN QUERY EXECUTE pgbroker._statement_query(pgbroker._pgmq_table(p_queue_name),
+                                                       CASE WHEN p_archive THEN 'remove_a' ELSE 'remove_d' END)
+            USING p_msg_ids;
+        RETURN;
+    END IF;
+%2$s
+END;
+$F$
+$R$, keys, pgbroker._route_tree(remove_bodies, 1, cardinality(remove_bodies)));
 END;
 $W$;
 

@@ -3,7 +3,8 @@ Postgres queues; also ``python -m bench.job_queue [--quick] [--dsn DSN] ...`` (t
 ``python -m bench``, this scenario only).
 
 Every system in bench.peers with the job shape (``Peer.work_jobs``: pgmq's consumer loop, W loops
-each reading up to 64 and archiving the batch in one call; pgbroker's Worker with W handlers) runs
+each reading up to 64 and archiving the batch in one call; pgbroker's Worker with W handlers; and,
+when installed, PgQueuer's QueueManager and Procrastinate's worker, see their modules) runs
 in its own database, its workers in a process of their own. Each job's handler does 1 ms of
 synthetic work (an asyncio sleep) and notes its claim latency: from the producer's send to the
 handler's start (the payload carries the send time).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import multiprocessing
 import shutil
 import sys
@@ -48,8 +50,17 @@ from bench.harness import (
 from bench.peers import Peer, peers
 
 TITLE = "Job queue under load: W handlers, 1 ms of work a job, claim latency, pressure and chaos"
-COLUMNS = ["pgmq", "pgbroker"]
+#: the peers with a job runtime, when their libraries are installed (the bench extra)
+_LIBRARIES = {"PgQueuer": "pgqueuer", "Procrastinate": "procrastinate"}
+COLUMNS = ["pgmq", "pgbroker", *(key for key, lib in _LIBRARIES.items() if importlib.util.find_spec(lib))]
 RATIO = ("pgbroker", "pgmq")
+MORE_RATIOS = [("pgbroker", key) for key in COLUMNS if key in _LIBRARIES]
+_PEER_SETTINGS = {
+    "PgQueuer": " PgQueuer: QueueManager.run(max_concurrent_tasks=W, batch_size=W/2; W=1: the entrypoint's "
+    "concurrency_limit=1), heartbeat_timeout and dequeue_timeout the vt.",
+    "Procrastinate": " Procrastinate: run_worker_async(concurrency=W), heartbeats every vt/5, and a sweep "
+    "each second retrying the jobs of workers silent for the vt (get_stalled_jobs, retry_job).",
+}
 
 #: seconds of synthetic work per job
 WORK = 0.001
@@ -154,10 +165,8 @@ class Pool:
 # -- producers and pressure ------------------------------------------------------------------------
 
 
-async def _ready(conn: psycopg.AsyncConnection[Any], queue: str) -> int:
-    table = sql.Identifier("pgmq", f"q_{queue.lower()}")
-    query = sql.SQL("SELECT count(*) FROM {} WHERE vt <= now()").format(table)
-    cursor = await conn.execute(query)
+async def _ready(conn: psycopg.AsyncConnection[Any], peer: Peer, queue: str) -> int:
+    cursor = await conn.execute(peer.ready_jobs(queue))
     row = await cursor.fetchone()
     return int(row[0]) if row else 0
 
@@ -171,7 +180,7 @@ async def keep_depth(peer: Peer, dsn: str, queue: str, depth: int, seconds: floa
         await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
     ):
         while time.monotonic() < deadline:
-            missing = depth - await _ready(conn, queue)
+            missing = depth - await _ready(conn, peer, queue)
             while missing > 0:
                 batch = min(500, missing)
                 await send([{"t": time.time()} for _ in range(batch)])
@@ -192,11 +201,12 @@ async def at_rate(peer: Peer, dsn: str, queue: str, rate: float, seconds: float,
 
 
 @contextlib.contextmanager
-def idle_in_transaction(dsn: str, queue: str) -> Iterator[None]:
-    """A session that opened a transaction, took a snapshot and went idle: xmin held back."""
+def idle_in_transaction(dsn: str, table: sql.Composable) -> Iterator[None]:
+    """A session that opened a transaction, took a snapshot (reading the jobs' ``table``) and went
+    idle: xmin held back."""
     with psycopg.connect(dsn) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("pgmq", f"q_{queue.lower()}")))
+        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
         try:
             yield
         finally:
@@ -204,11 +214,12 @@ def idle_in_transaction(dsn: str, queue: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def repeatable_read_readers(dsn: str, queue: str, readers: int = 2, span: float = 1.0) -> Iterator[None]:
+def repeatable_read_readers(
+    dsn: str, table: sql.Composable, readers: int = 2, span: float = 1.0
+) -> Iterator[None]:
     """``readers`` sessions in REPEATABLE READ transactions of ``span`` seconds, one after another,
-    each reading the queue table over and over."""
+    each reading the jobs' ``table`` over and over."""
     done = threading.Event()
-    table = sql.Identifier("pgmq", f"q_{queue.lower()}")
 
     def read() -> None:
         with psycopg.connect(dsn) as conn:
@@ -272,8 +283,8 @@ def phase_series(peer: Peer, dsn: str, queue: str, *, rate: float, seconds: floa
         _warm_up(peer, dsn, queue, pool)
         for name, pressure, factor in (
             ("baseline", contextlib.nullcontext(), 1.0),
-            ("idle-in-transaction", idle_in_transaction(dsn, queue), 1.0),
-            ("repeatable-read-readers", repeatable_read_readers(dsn, queue), 1.0),
+            ("idle-in-transaction", idle_in_transaction(dsn, peer.job_table(queue)), 1.0),
+            ("repeatable-read-readers", repeatable_read_readers(dsn, peer.job_table(queue)), 1.0),
             ("load-1.5x", contextlib.nullcontext(), 1.5),
         ):
             with pressure:
@@ -328,6 +339,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
         f"{config.job_seconds:g} s each with {PHASE_WORKERS} handlers in two processes; vt {VT} s. "
         "pgmq: W loops, each reading up to 64 and archiving the batch in one call; pgbroker: "
         "Worker(concurrency=W), the queue's defaults (acks archive)."
+        + "".join(_PEER_SETTINGS[key] for key in systems if key in _PEER_SETTINGS)
     )
 
 

@@ -3,7 +3,8 @@ Postgres queues; also ``python -m bench.job_queue [--quick] [--dsn DSN] ...`` (t
 ``python -m bench``, this scenario only).
 
 Every system in bench.peers with the job shape (``Peer.work_jobs``: pgmq's consumer loop, W loops
-each reading up to 64 and archiving the batch in one call; pgbroker's Worker with W handlers) runs
+each reading up to 64 and archiving the batch in one call; pgbroker's Worker with W handlers; and,
+when installed, PgQueuer's QueueManager and Procrastinate's worker, see their modules) runs
 in its own database, its workers in a process of their own. Each job's handler does 1 ms of
 synthetic work (an asyncio sleep) and notes its claim latency: from the producer's send to the
 handler's start (the payload carries the send time).
@@ -16,14 +17,16 @@ fixed rate with W = 16 in two worker processes, in phases: baseline; an idle-in-
 holding back xmin for the whole phase; two active REPEATABLE READ readers (long snapshots, one
 after another); 1.5x the rate; and chaos: one of the two worker processes SIGKILLed halfway,
 another started in its place (its leased jobs come back after the vt). After the chaos phase the
-step waits for every job sent to be done and reports those still left. Systems alternate order
-from one W (or phase series) to the next.
+step waits for every job sent to be done (while the count falls: a backlog is worked through) and
+reports the seconds that took, or the jobs still left. Systems alternate order from one W (or
+phase series) to the next.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import multiprocessing
 import shutil
 import sys
@@ -51,10 +54,19 @@ from bench.harness import (
 from bench.peers import Peer, peers
 
 TITLE = "Job queue under load: W handlers, 1 ms of work a job, claim latency, pressure and chaos"
-COLUMNS = ["pgmq", "pgbroker"]
+#: the peers with a job runtime, when their libraries are installed (the bench extra)
+_LIBRARIES = {"PgQueuer": "pgqueuer", "Procrastinate": "procrastinate"}
+COLUMNS = ["pgmq", "pgbroker", *(key for key, lib in _LIBRARIES.items() if importlib.util.find_spec(lib))]
 RATIO = ("pgbroker", "pgmq")
 #: the column of the depth steps' ceiling: W handlers of WORK each with no queue at all
 CEILING = "ceiling"
+MORE_RATIOS = [("pgbroker", key) for key in COLUMNS if key in _LIBRARIES]
+_PEER_SETTINGS = {
+    "PgQueuer": " PgQueuer: QueueManager.run(max_concurrent_tasks=W, batch_size=W/2; W=1: the entrypoint's "
+    "concurrency_limit=1), heartbeat_timeout and dequeue_timeout the vt.",
+    "Procrastinate": " Procrastinate: run_worker_async(concurrency=W), heartbeats every vt/5, and a sweep "
+    "each second retrying the jobs of workers silent for the vt (get_stalled_jobs, retry_job).",
+}
 
 #: seconds of synthetic work per job
 WORK = 0.001
@@ -63,6 +75,10 @@ VT = 5
 #: handlers in the pressure phases (two processes of half as many)
 PHASE_WORKERS = 16
 _POLL = 0.005
+#: after the chaos phase: seconds without progress after which the jobs left are reported, and
+#: seconds of waiting at most (a system with a backlog works through it meanwhile)
+STUCK = VT * 4 + 30
+DRAIN_LIMIT = 180
 
 
 # -- worker processes ------------------------------------------------------------------------------
@@ -205,10 +221,8 @@ class Pool:
 # -- producers and pressure ------------------------------------------------------------------------
 
 
-async def _ready(conn: psycopg.AsyncConnection[Any], queue: str) -> int:
-    table = sql.Identifier("pgmq", f"q_{queue.lower()}")
-    query = sql.SQL("SELECT count(*) FROM {} WHERE vt <= now()").format(table)
-    cursor = await conn.execute(query)
+async def _ready(conn: psycopg.AsyncConnection[Any], peer: Peer, queue: str) -> int:
+    cursor = await conn.execute(peer.ready_jobs(queue))
     row = await cursor.fetchone()
     return int(row[0]) if row else 0
 
@@ -222,7 +236,7 @@ async def keep_depth(peer: Peer, dsn: str, queue: str, depth: int, seconds: floa
         await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
     ):
         while time.monotonic() < deadline:
-            missing = depth - await _ready(conn, queue)
+            missing = depth - await _ready(conn, peer, queue)
             while missing > 0:
                 batch = min(500, missing)
                 await send([{"t": time.time()} for _ in range(batch)])
@@ -243,11 +257,12 @@ async def at_rate(peer: Peer, dsn: str, queue: str, rate: float, seconds: float,
 
 
 @contextlib.contextmanager
-def idle_in_transaction(dsn: str, queue: str) -> Iterator[None]:
-    """A session that opened a transaction, took a snapshot and went idle: xmin held back."""
+def idle_in_transaction(dsn: str, table: sql.Composable) -> Iterator[None]:
+    """A session that opened a transaction, took a snapshot (reading the jobs' ``table``) and went
+    idle: xmin held back."""
     with psycopg.connect(dsn) as conn:
         conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier("pgmq", f"q_{queue.lower()}")))
+        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
         try:
             yield
         finally:
@@ -255,11 +270,12 @@ def idle_in_transaction(dsn: str, queue: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def repeatable_read_readers(dsn: str, queue: str, readers: int = 2, span: float = 1.0) -> Iterator[None]:
+def repeatable_read_readers(
+    dsn: str, table: sql.Composable, readers: int = 2, span: float = 1.0
+) -> Iterator[None]:
     """``readers`` sessions in REPEATABLE READ transactions of ``span`` seconds, one after another,
-    each reading the queue table over and over."""
+    each reading the jobs' ``table`` over and over."""
     done = threading.Event()
-    table = sql.Identifier("pgmq", f"q_{queue.lower()}")
 
     def read() -> None:
         with psycopg.connect(dsn) as conn:
@@ -293,6 +309,8 @@ class Measured:
     #: CPU microseconds a job: the worker processes' and the server's (None: not measured)
     worker_cpu: float | None = None
     server_cpu: float | None = None
+    #: seconds from the end of the chaos phase until no job was left (None: not done)
+    drained: float | None = None
 
 
 def _window(samples: list[tuple[float, float]], began: float, ended: float) -> list[float]:
@@ -334,8 +352,8 @@ def phase_series(peer: Peer, dsn: str, queue: str, *, rate: float, seconds: floa
         _warm_up(peer, dsn, queue, pool)
         for name, pressure, factor in (
             ("baseline", contextlib.nullcontext(), 1.0),
-            ("idle-in-transaction", idle_in_transaction(dsn, queue), 1.0),
-            ("repeatable-read-readers", repeatable_read_readers(dsn, queue), 1.0),
+            ("idle-in-transaction", idle_in_transaction(dsn, peer.job_table(queue)), 1.0),
+            ("repeatable-read-readers", repeatable_read_readers(dsn, peer.job_table(queue)), 1.0),
             ("load-1.5x", contextlib.nullcontext(), 1.5),
         ):
             with pressure:
@@ -352,17 +370,30 @@ def phase_series(peer: Peer, dsn: str, queue: str, *, rate: float, seconds: floa
 
         asyncio.run(chaos())
         found["chaos"] = (began, time.time(), (pool.handled() - count) / (time.time() - began))
-        # Every job sent is done (handled and acknowledged) once the killed worker's leases have run
-        # out and its jobs were handled again: wait that long at most.
-        deadline = time.monotonic() + VT * 4 + 30
-        while (left := asyncio.run(peer.remaining(dsn, queue))) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        left, drained = _wait_until_done(peer, dsn, queue)
     measured = {
         name: Measured(rate, _window(pool.samples, began, ended))
         for name, (began, ended, rate) in found.items()
     }
     measured["chaos"].left = left
+    measured["chaos"].drained = drained
     return measured
+
+
+def _wait_until_done(peer: Peer, dsn: str, queue: str) -> tuple[int, float | None]:
+    """Wait for every job sent to be done (handled and acknowledged; the killed worker's come back
+    after their lease). A system still working through a backlog is waited for while its count
+    falls, DRAIN_LIMIT seconds at most; one whose count stays put for STUCK seconds keeps jobs it
+    will not give back by itself. Jobs left, and the seconds it took (None: not done)."""
+    began = last_progress = time.monotonic()
+    left = asyncio.run(peer.remaining(dsn, queue))
+    while left and time.monotonic() - last_progress < STUCK and time.monotonic() - began < DRAIN_LIMIT:
+        time.sleep(0.2)
+        now_left = asyncio.run(peer.remaining(dsn, queue))
+        if now_left < left:
+            last_progress = time.monotonic()
+        left = now_left
+    return left, None if left else time.monotonic() - began
 
 
 # -- the scenario ----------------------------------------------------------------------------------
@@ -373,7 +404,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
 
     systems = {key: peer for key, peer in peers().items() if key in COLUMNS}
     result.columns = [*systems, CEILING]
-    result.more_ratios = [("pgbroker", CEILING)]
+    result.more_ratios = [*result.more_ratios, ("pgbroker", CEILING)]
     config = bench.config
     dsns = databases(bench, systems)
     try:
@@ -394,6 +425,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
         "same work in a process of their own with no queue, what no system can exceed at that W. "
         "CPU per job: the worker process's from its first job on, and the whole server's (all its "
         "processes, the producer's sends included) over the step."
+        + "".join(_PEER_SETTINGS[key] for key in systems if key in _PEER_SETTINGS)
     )
 
 
@@ -461,14 +493,11 @@ def _phases(bench: Bench, result: ScenarioResult, systems: dict[str, Peer], dsns
         result.rows.append(Row(step, "msg/s", {k: m.rate for k, m in measured.items()}, key=f"phase-{name}"))
         result.rows.extend(_latency_rows(step, f"phase-{name}", measured))
     left = {key: found["chaos"].left for key, found in series.items()}
-    result.rows.append(
-        Row(
-            f"after chaos (+{VT * 4 + 30} s at most)",
-            "jobs not done",
-            {k: None if v is None else float(v) for k, v in left.items()},
-            key="chaos-left",
-        )
-    )
+    step = f"after chaos (until done, {DRAIN_LIMIT} s at most, {STUCK} s without progress)"
+    not_done = {k: None if v is None else float(v) for k, v in left.items()}
+    result.rows.append(Row(step, "jobs not done", not_done, key="chaos-left"))
+    drained = {k: found["chaos"].drained for k, found in series.items()}
+    result.rows.append(Row(step, "s until done", drained, key="chaos-drain"))
     if any(left.values()):
         result.warnings.append(f"jobs not done after the chaos phase: {left}")
 

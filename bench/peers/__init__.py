@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from psycopg import sql
+
 #: Called with each job's payload (a dict) by a worker's handler; a no-op besides counting.
 Handle = Callable[[dict[str, Any]], None]
 #: Awaited with each job's payload by the job-queue scenario's handlers (its synthetic work).
@@ -76,6 +78,15 @@ class Peer(ABC):
         set: the job-queue scenario (g), which runs the systems of bench.job_queue.COLUMNS only;
         the others do not implement it."""
         raise NotImplementedError
+
+    def job_table(self, queue: str) -> sql.Composable:
+        """The table holding ``queue``'s jobs, read by scenario (g)'s pressure sessions: pgmq's
+        ``pgmq.q_<queue>`` (pgmq, and pgbroker's pgmq-compatible queues) unless a peer says."""
+        return sql.Identifier("pgmq", f"q_{queue.lower()}")
+
+    def ready_jobs(self, queue: str) -> sql.Composed:
+        """A query counting ``queue``'s jobs ready to be claimed (scenario (g)'s depth producer)."""
+        return sql.SQL("SELECT count(*) FROM {} WHERE vt <= now()").format(self.job_table(queue))
 
     @abstractmethod
     async def remaining(self, dsn: str, queue: str) -> int:

@@ -3,6 +3,14 @@
 A queue here is an entrypoint of PgQueuer's one job table. Its worker (QueueManager.run) reads
 ``batch_size`` jobs a query (default 10) and buffers their completion; its docs point to larger
 batches for throughput, so the tuned setting is a batch of 100 (as measured in issue 16).
+
+In the job-queue scenario (g) a worker of W handlers is ``run(max_concurrent_tasks=W)``, the
+per-process cap on picked jobs, with the largest batch the library allows under it (half the cap;
+its performance guide: larger batches for short jobs). W = 1 is below that rule's minimum of 2, so
+one handler is the entrypoint's ``concurrency_limit=1`` instead (a cap across all workers: the
+one-handler step runs one process). A killed worker's picked jobs stop getting heartbeats and are
+picked again after ``heartbeat_timeout``, set to the scenario's vt; no notification tells an idle
+worker so, only its next poll (``dequeue_timeout``, 30 s by default: here the vt too).
 """
 
 from __future__ import annotations
@@ -11,11 +19,13 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
+from psycopg import sql
 
-from bench.peers import Handle, Peer, Send
+from bench.peers import AsyncHandle, Handle, Peer, Send
 
 TUNED_BATCH = 100
 
@@ -90,6 +100,42 @@ class PgQueuerPeer(Peer):
             await stopper
         finally:
             await conn.close()
+
+    async def work_jobs(
+        self, dsn: str, queue: str, handle: AsyncHandle, stop: asyncio.Event, workers: int, vt: int
+    ) -> None:
+        from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
+
+        conn = await self._connect(dsn)
+        try:
+            manager = QueueManager(Queries(AsyncpgDriver(conn)))
+
+            @manager.entrypoint(queue, concurrency_limit=1 if workers == 1 else 0)
+            async def handler(job: Job) -> None:
+                await handle(json.loads(job.payload or b"{}"))
+
+            async def stop_when_told() -> None:
+                await stop.wait()
+                manager.shutdown.set()
+
+            stopper = asyncio.create_task(stop_when_told())
+            await manager.run(
+                batch_size=max(1, workers // 2),
+                max_concurrent_tasks=workers if workers > 1 else None,
+                heartbeat_timeout=timedelta(seconds=vt),
+                dequeue_timeout=timedelta(seconds=vt),
+            )
+            await stopper
+        finally:
+            await conn.close()
+
+    def job_table(self, queue: str) -> sql.Composable:
+        return sql.Identifier("pgqueuer")
+
+    def ready_jobs(self, queue: str) -> sql.Composed:
+        return sql.SQL("SELECT count(*) FROM pgqueuer WHERE entrypoint = {} AND status = 'queued'").format(
+            sql.Literal(queue)
+        )
 
     async def remaining(self, dsn: str, queue: str) -> int:
         conn = await self._connect(dsn)

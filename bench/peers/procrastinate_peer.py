@@ -3,6 +3,13 @@
 A queue is a Procrastinate queue with one task. Its worker runs ``concurrency`` jobs at once
 (default 1; its docs: raise it for async, I/O-bound tasks) and is woken by LISTEN/NOTIFY
 (``listen_notify``, on by default) with polling as the fallback. The tuned setting runs 100 at once.
+
+In the job-queue scenario (g) a worker of W handlers is ``run_worker_async(concurrency=W)``. A
+killed worker's jobs stay ``doing`` for good: Procrastinate only notices that their worker stopped
+sending heartbeats, and its docs have the application retry such "stalled" jobs itself (a periodic
+task calling ``get_stalled_jobs`` and ``retry_job``). Here each worker process runs that sweep
+every second beside its worker, with heartbeats every vt / 5 and a worker stalled after the
+scenario's vt, so the killed worker's jobs come back after about the vt as in the other systems.
 """
 
 from __future__ import annotations
@@ -14,14 +21,17 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
-from bench.peers import Handle, Peer, Send
+from bench.peers import AsyncHandle, Handle, Peer, Send
 
 TUNED_CONCURRENCY = 100
 TASK = "bench_noop"
+#: seconds between two sweeps for stalled jobs in the job-queue scenario (g)
+STALLED_SWEEP = 1.0
 
 
-def _app(dsn: str, handle: Handle | None = None) -> Any:
+def _app(dsn: str, handle: Handle | None = None, async_handle: AsyncHandle | None = None) -> Any:
     import procrastinate
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
@@ -30,8 +40,24 @@ def _app(dsn: str, handle: Handle | None = None) -> Any:
     async def noop(**payload: Any) -> None:
         if handle is not None:
             handle(payload)
+        if async_handle is not None:
+            await async_handle(payload)
 
     return app
+
+
+async def _retry_stalled(app: Any, queue: str, vt: int, stop: asyncio.Event) -> None:
+    """Put the jobs of workers silent for ``vt`` seconds back to ``todo`` until ``stop``: the
+    retry of stalled jobs Procrastinate's docs leave to the application."""
+    from procrastinate.exceptions import ConnectorException
+
+    while not stop.is_set():
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), STALLED_SWEEP)
+        for job in await app.job_manager.get_stalled_jobs(queue=queue, seconds_since_heartbeat=vt):
+            # the other worker process may have retried it first
+            with contextlib.suppress(ConnectorException):
+                await app.job_manager.retry_job(job)
 
 
 class ProcrastinatePeer(Peer):
@@ -80,6 +106,36 @@ class ProcrastinatePeer(Peer):
             worker.cancel()  # a cancelled worker stops gracefully: running jobs finish first
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
+
+    async def work_jobs(
+        self, dsn: str, queue: str, handle: AsyncHandle, stop: asyncio.Event, workers: int, vt: int
+    ) -> None:
+        app = _app(dsn, async_handle=handle)
+        async with app.open_async():
+            worker = asyncio.create_task(
+                app.run_worker_async(
+                    queues=[queue],
+                    concurrency=workers,
+                    listen_notify=True,
+                    install_signal_handlers=False,
+                    update_heartbeat_interval=vt / 5,
+                    stalled_worker_timeout=vt,
+                )
+            )
+            sweeper = asyncio.create_task(_retry_stalled(app, queue, vt, stop))
+            await stop.wait()
+            worker.cancel()  # running jobs finish first
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+            await sweeper
+
+    def job_table(self, queue: str) -> sql.Composable:
+        return sql.Identifier("procrastinate_jobs")
+
+    def ready_jobs(self, queue: str) -> sql.Composed:
+        return sql.SQL(
+            "SELECT count(*) FROM procrastinate_jobs WHERE queue_name = {} AND status = 'todo'"
+        ).format(sql.Literal(queue))
 
     async def remaining(self, dsn: str, queue: str) -> int:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:

@@ -159,7 +159,6 @@ def test_three_worker_processes_never_run_more_than_two_of_one_key(
     conn.execute("CREATE TABLE running (msg_id bigint, key text, pid integer)")
     conn.execute("CREATE TABLE observed (msg_id bigint, key text, running bigint, pid integer)")
     keys = [f"tenant-{i % 3}" for i in range(60)]
-    _send_keys(conn, "tenants", keys)
     (tmp_path / "limits_app.py").write_text(textwrap.dedent(_APP))
     env = {
         **os.environ,
@@ -182,7 +181,16 @@ def test_three_worker_processes_never_run_more_than_two_of_one_key(
         for _ in range(3)
     ]
     try:
+        # The messages go out once every process is up: on a loaded machine the first one to start
+        # would otherwise handle all 60 before the others are running, and no limit across
+        # processes would be tried.
         deadline = time.monotonic() + 90
+        started = "SELECT count(DISTINCT pid) FROM pgbroker.queue_workers WHERE queue_name = 'tenants'"
+        while conn.execute(started).fetchone() != (3,) and time.monotonic() < deadline:
+            for w in workers:
+                assert w.poll() is None, w.stderr.read().decode() if w.stderr else ""
+            time.sleep(0.1)
+        _send_keys(conn, "tenants", keys)
         while time.monotonic() < deadline:
             done = conn.execute("SELECT count(DISTINCT msg_id) FROM observed").fetchone()
             if done and done[0] >= 60:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from psycopg import sql
 
+from bench.cpu_clock import postmaster_pid, server_cpu_seconds
 from bench.harness import (
     NAIVE,
     PGBROKER,
@@ -324,6 +325,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
             throughput: dict[str, dict[str, float | None]] = {"enqueue": {}, "dequeue": {}}
             p50: dict[str, float | None] = {}
             p99: dict[str, float | None] = {}
+            cpu: dict[str, float | None] = {}
             runs: dict[str, list[_Measured]] = {key: [] for key in step.systems}
             for n, key in alternating_rounds(step.systems, rounds):
                 system = bench.systems[key]
@@ -334,6 +336,8 @@ def run(bench: Bench, result: ScenarioResult) -> None:
                 for role in measured[0].rates:
                     throughput[role][key] = mean_rate([m.rates[role] for m in measured])
                 latencies = [ms for m in measured for ms in m.latencies]
+                costs = [m.server_cpu for m in measured if m.server_cpu is not None]
+                cpu[key] = sum(costs) / len(costs) if costs else None
                 p50[key] = percentile(latencies, 50)
                 p99[key] = percentile(latencies, 99)
                 if latencies:
@@ -346,6 +350,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
                 result.rows.append(Row(label, "msg/s", throughput[role], key=key))
             result.rows.append(Row(step.label, "p50 ms/tx", p50, key=step.key))
             result.rows.append(Row(step.label, "p99 ms/tx", p99, key=step.key))
+            result.rows.append(Row(step.label, "server CPU us/msg", cpu, key=f"{step.key}:cpu"))
     finally:
         shutil.rmtree(workroot, ignore_errors=True)
         for key, name in dequeue_queues.items():
@@ -357,6 +362,9 @@ class _Measured:
     rates: dict[str, float | None]
     #: sampled transaction latencies of every process of the run, ms
     latencies: list[float]
+    #: the server's CPU (all its processes) per message sent or consumed, microseconds: a cost that
+    #: holds on a loaded machine, where rates swing (bench.cpu_clock); None off this machine
+    server_cpu: float | None = None
 
 
 def _run_step(
@@ -390,10 +398,13 @@ def _run_step(
         before = _length(bench, system, queue)
         workdir = workroot / f"{system.key}_{step.key}_{time.monotonic_ns()}"
         workdir.mkdir()
+        postmaster = postmaster_pid(system.dsn)
+        cpu_before = server_cpu_seconds(postmaster)
         t0 = time.monotonic()
         processes = {role: _Process(bench, system.dsn, s, workdir, role) for role, s in scripts.items()}
         runs = {role: p.finish() for role, p in processes.items()}
         wall = time.monotonic() - t0
+        cpu_after = server_cpu_seconds(postmaster)
         after = _length(bench, system, queue)
         if fresh:
             bench.drop_queue(system, queue)
@@ -407,6 +418,10 @@ def _run_step(
         if "dequeue" in runs:
             rates["dequeue"] = dequeued / seconds
         latencies = [ms for r in runs.values() for ms in r.latencies]
+        moved = enqueued + (dequeued if "dequeue" in runs else 0)
+        cpu = None
+        if cpu_before is not None and cpu_after is not None and moved > 0:
+            cpu = (cpu_after - cpu_before) / moved * 1e6
         for role, r in runs.items():
             batch = scripts[role].batch
             name = f"{step.label}: {role}" if len(runs) > 1 else step.label
@@ -434,4 +449,4 @@ def _run_step(
                 "rates": rates,
             }
         )
-        return _Measured(rates, latencies)
+        return _Measured(rates, latencies, cpu)

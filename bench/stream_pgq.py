@@ -12,7 +12,9 @@ claim latency (send to handler start), checks the key's order and awaits 1 ms.
 
 A step is one W (1, 4, 16, 64 by default): ``stream_rounds`` rounds of ``stream_seconds`` each
 (after a warm-up), the systems in alternating order from round to round and from one W to the
-next; msg/s is the mean over the rounds, latencies are pooled. Then a fixed-rate step:
+next; msg/s is the mean over the rounds, latencies are pooled; beside them the ceiling, W handlers
+doing their 1 ms alone (no database) in this process; and the consumer process's CPU time per
+message (from /proc). Then a fixed-rate step:
 ``stream_rate`` messages a second (10 a call) to W = 16, where the claim latency is the systems'
 own delivery time rather than the wait behind ``stream_depth`` messages. Order violations: a message of a
 key whose handler started while another of that key was running, or that was not the key's next
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import shutil
 import sys
 import tempfile
@@ -49,7 +52,9 @@ from bench.harness import (
 from bench.peers.keyed import KeyedPeer, keyed_peers
 
 TITLE = "A stream group against PgQ: W handlers, 1 ms of work a message, order per key"
-COLUMNS = ["PgQ", "pgbroker"]
+#: W handlers doing their 1 ms and nothing else, no database: what no consumer can beat
+CEILING = "ceiling"
+COLUMNS = ["PgQ", "pgbroker", CEILING]
 RATIO = ("pgbroker", "PgQ")
 
 #: seconds of synthetic work per message
@@ -124,6 +129,14 @@ class Consumer:
     def violations(self) -> int:
         return int(self.shared[1])
 
+    def cpu_seconds(self) -> float | None:
+        """The process's CPU time so far (user + system; None where /proc does not say)."""
+        try:
+            fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def __enter__(self) -> Consumer:
         self._proc.start()
         return self
@@ -196,6 +209,8 @@ class Measured:
     rate: float = 0.0
     latencies: list[float] = field(default_factory=list)
     violations: int = 0
+    #: the consumer process's CPU time per message handled (µs)
+    cpu_us: float | None = None
 
 
 def one_round(
@@ -215,18 +230,36 @@ def one_round(
                 time.sleep(_POLL)
             if rate is None:
                 asyncio.run(producer.keep_depth(consumer, depth, 0.5))  # in flight at the depth first
-            start_count, began = consumer.handled(), time.time()
+            start_count, began, cpu = consumer.handled(), time.time(), consumer.cpu_seconds()
             if rate is None:
                 asyncio.run(producer.keep_depth(consumer, depth, seconds))
             else:
                 asyncio.run(producer.at_rate(rate, seconds))
-            ended = time.time()
-            rate = (consumer.handled() - start_count) / (ended - began)
+            ended, cpu_end = time.time(), consumer.cpu_seconds()
+            handled = consumer.handled() - start_count
+            rate = handled / (ended - began)
+            cpu_us = None if cpu is None or cpu_end is None else (cpu_end - cpu) * 1e6 / max(handled, 1)
         latencies = [latency for at, latency in consumer.samples if began <= at <= ended]
-        return Measured(rate, latencies, consumer.violations())
+        return Measured(rate, latencies, consumer.violations(), cpu_us)
     finally:
         with contextlib.suppress(psycopg.Error):
             asyncio.run(peer.drop(dsn, queue))
+
+
+async def ceiling(workers: int, seconds: float) -> float:
+    """Messages a second that ``workers`` handlers of WORK seconds each reach alone (no database)."""
+    done = 0
+    deadline = time.monotonic() + seconds
+
+    async def lane() -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            await asyncio.sleep(WORK)
+            done += 1
+
+    began = time.monotonic()
+    await asyncio.gather(*(lane() for _ in range(workers)))
+    return done / (time.monotonic() - began)
 
 
 # -- the scenario ----------------------------------------------------------------------------------
@@ -237,7 +270,7 @@ def run(bench: Bench, result: ScenarioResult) -> None:
 
     config = bench.config
     systems = keyed_peers()
-    result.columns = list(systems)
+    result.columns = [*systems, CEILING]
     skipped = unavailable(bench.server.admin_dsn)
     if skipped:
         del systems[PgQPeer.key]
@@ -304,24 +337,21 @@ def _step(
                 rounds[key].append(found)
                 out.append(
                     f"{found.rate:,.0f} msg/s, claim p50 {_ms(found.latencies, 50)} ms, "
-                    f"{found.violations} order violations"
+                    f"consumer CPU {found.cpu_us or 0:.0f} µs/msg, {found.violations} order violations"
                 )
     measured = {
         key: Measured(
             sum(m.rate for m in ms) / len(ms),
             [x for m in ms for x in m.latencies],
             sum(m.violations for m in ms),
+            _mean([m.cpu_us for m in ms]),
         )
         for key, ms in rounds.items()
     }
-    result.rows.append(
-        Row(
-            step,
-            "msg/s",
-            {k: m.rate for k, m in measured.items()},
-            key=f"depth-w{workers}" if rate is None else key_stem,
-        )
-    )
+    rates: dict[str, float | None] = {k: m.rate for k, m in measured.items()}
+    if rate is None:
+        rates[CEILING] = asyncio.run(ceiling(workers, min(config.stream_seconds, 2.0)))
+    result.rows.append(Row(step, "msg/s", rates, key=f"depth-w{workers}" if rate is None else key_stem))
     result.rows.extend(
         Row(
             step,
@@ -330,6 +360,9 @@ def _step(
             key=f"{key_stem}-p{q}",
         )
         for q in (50, 95, 99)
+    )
+    result.rows.append(
+        Row(step, "consumer CPU µs/msg", {k: m.cpu_us for k, m in measured.items()}, key=f"{key_stem}-cpu")
     )
     result.rows.append(
         Row(
@@ -346,6 +379,12 @@ def _step(
         result.errors.append(
             f"order violations at {step}: { ({k: m.violations for k, m in measured.items()}) }"
         )
+
+
+def _mean(values: list[float | None]) -> float | None:
+    return (
+        None if not values or any(v is None for v in values) else sum(v or 0.0 for v in values) / len(values)
+    )
 
 
 def _ms(samples: list[float], q: float) -> float | None:

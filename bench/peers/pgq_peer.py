@@ -16,10 +16,11 @@ batches holding one key's events could run at the same time. Splitting one batch
 PgQ's own order guarantee (event id order) for every key and lets W handlers run.
 
 Ticks: ``pgqd`` with ``ticker_period`` ``TICK_PERIOD`` against the bench's cluster (a config in a
-temporary directory), or, when the ``pgqd`` binary is missing, a loop in this process calling
-``pgq.ticker()`` as often; ``Ticker.how`` says which ran. The queue ticks as soon as it holds an
-event and the ticker passes (``ticker_max_lag`` = the tick period; PgQ's default is 3 s, tuned
-for batches, not latency); ``ticker_max_count`` keeps PgQ's default (500).
+temporary directory), or a loop in this process calling ``pgq.ticker()`` as often when the
+``pgqd`` binary is missing or exits at once (unable to connect); ``Ticker.how`` says which ran.
+The queue ticks as soon as it holds an event and the ticker passes (``ticker_max_lag`` = the tick
+period; PgQ's default is 3 s, tuned for batches, not latency); ``ticker_max_count`` keeps PgQ's
+default (500).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -79,15 +81,23 @@ class Ticker:
 
     def __enter__(self) -> Ticker:
         binary = shutil.which("pgqd")
-        if binary:
-            self._start_pgqd(binary)
-        else:
-            for database in self._databases:
-                thread = threading.Thread(target=self._loop, args=(database,), daemon=True)
-                thread.start()
-                self._threads.append(thread)
-            self.how = f"a loop calling pgq.ticker() every {TICK_PERIOD:g} s (pgqd not found)"
+        if binary is None:
+            self._start_loops("pgqd not found")
+            return self
+        self._start_pgqd(binary)
+        time.sleep(1.0)  # pgqd exits at once when it cannot connect
+        if self._process is not None and self._process.poll() is not None:
+            last = (self.log().strip().splitlines() or ["no log"])[-1]
+            self._process = None
+            self._start_loops(f"pgqd exited: {last}")
         return self
+
+    def _start_loops(self, why: str) -> None:
+        for database in self._databases:
+            thread = threading.Thread(target=self._loop, args=(database,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self.how = f"a loop calling pgq.ticker() every {TICK_PERIOD:g} s ({why})"
 
     def _start_pgqd(self, binary: str) -> None:
         params = {k: v for k, v in conninfo_to_dict(self._admin_dsn).items() if k != "dbname"}

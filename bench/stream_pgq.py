@@ -12,13 +12,14 @@ claim latency (send to handler start), checks the key's order and awaits 1 ms.
 
 A step is one W (1, 4, 16, 64 by default): ``stream_rounds`` rounds of ``stream_seconds`` each
 (after a warm-up), the systems in alternating order from round to round and from one W to the
-next; msg/s is the mean over the rounds, latencies are pooled; beside them the ceiling, W handlers
-doing their 1 ms alone (no database) in this process; and the consumer process's CPU time per
-message (from /proc). Then a fixed-rate step:
-``stream_rate`` messages a second (10 a call) to W = 16, where the claim latency is the systems'
-own delivery time rather than the wait behind ``stream_depth`` messages. Order violations: a message of a
-key whose handler started while another of that key was running, or that was not the key's next
-(a later one came first, or one came twice); the only right count is 0.
+next; msg/s is the mean over the rounds, latencies are pooled. Beside them: the ceiling, W
+handlers doing their 1 ms alone (no database) in this process; and CPU time per message (from
+/proc) of the consumer process and of the server (all the cluster's processes; not with
+``--dsn``). Then a fixed-rate step: ``stream_rate`` messages a second (10 a call) to W = 16,
+where the claim latency is the systems' own delivery time rather than the wait behind
+``stream_depth`` messages. Order violations: a message of a key whose handler started while
+another of that key was running, or that was not the key's next (a later one came first, or one
+came twice); the only right count is 0.
 
 PgQ needs its extension on the server (Debian's ``postgresql-15-pgq3``: ``make pgq``); without it
 (another PostgreSQL major, or not installed) the PgQ column stays empty and the result says why.
@@ -132,10 +133,9 @@ class Consumer:
     def cpu_seconds(self) -> float | None:
         """The process's CPU time so far (user + system; None where /proc does not say)."""
         try:
-            fields = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            return _proc_cpu(self._proc.pid or 0)[1]
+        except (OSError, ValueError, IndexError):
             return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def __enter__(self) -> Consumer:
         self._proc.start()
@@ -211,10 +211,54 @@ class Measured:
     violations: int = 0
     #: the consumer process's CPU time per message handled (µs)
     cpu_us: float | None = None
+    #: the server's (every process of the cluster) CPU time per message handled (µs)
+    server_cpu_us: float | None = None
+
+
+def _per_message(before: float | None, after: float | None, messages: int) -> float | None:
+    return None if before is None or after is None else (after - before) * 1e6 / max(messages, 1)
+
+
+def _proc_cpu(pid: int | str, *, children: bool = False) -> tuple[int, float]:
+    """(parent pid, CPU seconds) of a process from /proc; with ``children``, also those of its
+    children that have exited (the kernel adds them once the process has waited for them)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return int(fields[1]), ticks / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_seconds(data_dir: Path | None) -> float | None:
+    """CPU seconds used so far by the cluster in ``data_dir``: its postmaster, its live processes
+    and those that exited (None for a server given by DSN, or where /proc does not say)."""
+    if data_dir is None:
+        return None
+    try:
+        postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
+        total = _proc_cpu(postmaster, children=True)[1]
+    except (OSError, ValueError, IndexError):
+        return None
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent, seconds = _proc_cpu(stat.parent.name)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile (its CPU is in the postmaster's children's count)
+        if parent == postmaster:
+            total += seconds
+    return total
 
 
 def one_round(
-    peer: KeyedPeer, dsn: str, queue: str, *, workers: int, depth: int, rate: float | None, seconds: float
+    peer: KeyedPeer,
+    dsn: str,
+    queue: str,
+    *,
+    workers: int,
+    depth: int,
+    rate: float | None,
+    seconds: float,
+    server_dir: Path | None,
 ) -> Measured:
     """One system, one stream: ``depth`` messages kept in flight, or ``rate`` a second when given."""
     asyncio.run(peer.create(dsn, queue))
@@ -230,17 +274,24 @@ def one_round(
                 time.sleep(_POLL)
             if rate is None:
                 asyncio.run(producer.keep_depth(consumer, depth, 0.5))  # in flight at the depth first
-            start_count, began, cpu = consumer.handled(), time.time(), consumer.cpu_seconds()
+            start_count, began = consumer.handled(), time.time()
+            cpu, server_cpu = consumer.cpu_seconds(), server_cpu_seconds(server_dir)
             if rate is None:
                 asyncio.run(producer.keep_depth(consumer, depth, seconds))
             else:
                 asyncio.run(producer.at_rate(rate, seconds))
-            ended, cpu_end = time.time(), consumer.cpu_seconds()
-            handled = consumer.handled() - start_count
-            rate = handled / (ended - began)
-            cpu_us = None if cpu is None or cpu_end is None else (cpu_end - cpu) * 1e6 / max(handled, 1)
-        latencies = [latency for at, latency in consumer.samples if began <= at <= ended]
-        return Measured(rate, latencies, consumer.violations(), cpu_us)
+            ended, cpu_end, count = time.time(), consumer.cpu_seconds(), consumer.handled()
+            # The producer's backend has exited: its CPU shows once the postmaster has reaped it.
+            time.sleep(0.2)
+            server_end, server_count = server_cpu_seconds(server_dir), consumer.handled()
+        handled = count - start_count
+        return Measured(
+            handled / (ended - began),
+            [latency for at, latency in consumer.samples if began <= at <= ended],
+            consumer.violations(),
+            _per_message(cpu, cpu_end, handled),
+            _per_message(server_cpu, server_end, server_count - start_count),
+        )
     finally:
         with contextlib.suppress(psycopg.Error):
             asyncio.run(peer.drop(dsn, queue))
@@ -333,11 +384,13 @@ def _step(
                     depth=config.stream_depth,
                     rate=rate,
                     seconds=config.stream_seconds,
+                    server_dir=bench.server.data_dir,
                 )
                 rounds[key].append(found)
                 out.append(
                     f"{found.rate:,.0f} msg/s, claim p50 {_ms(found.latencies, 50)} ms, "
-                    f"consumer CPU {found.cpu_us or 0:.0f} µs/msg, {found.violations} order violations"
+                    f"CPU µs/msg: consumer {found.cpu_us or 0:.0f}, server {found.server_cpu_us or 0:.0f}; "
+                    f"{found.violations} order violations"
                 )
     measured = {
         key: Measured(
@@ -345,6 +398,7 @@ def _step(
             [x for m in ms for x in m.latencies],
             sum(m.violations for m in ms),
             _mean([m.cpu_us for m in ms]),
+            _mean([m.server_cpu_us for m in ms]),
         )
         for key, ms in rounds.items()
     }
@@ -363,6 +417,14 @@ def _step(
     )
     result.rows.append(
         Row(step, "consumer CPU µs/msg", {k: m.cpu_us for k, m in measured.items()}, key=f"{key_stem}-cpu")
+    )
+    result.rows.append(
+        Row(
+            step,
+            "server CPU µs/msg",
+            {k: m.server_cpu_us for k, m in measured.items()},
+            key=f"{key_stem}-server-cpu",
+        )
     )
     result.rows.append(
         Row(

@@ -4,11 +4,12 @@ this scenario only).
 
 Both systems (bench.peers.keyed) run in their own database on the bench's server, their consumer
 in a spawned process of its own: pgbroker's StreamWorker on a stream of 4 partitions, one group,
-``concurrency=W``; PgQ's consumer loop with W handlers over each batch's keys, ticked by ``pgqd``
-(bench.peers.pgq_peer says how and why). A producer in this process keeps ``stream_depth``
-messages in flight (sent, not yet handled), up to 500 a call, round robin over 1,000 keys; each
-payload carries its key, its number within the key and its send time. Each handler notes its
-claim latency (send to handler start), checks the key's order and awaits 1 ms.
+``concurrency=W``, batches of up to 1,000; PgQ's consumer loop with W handlers over each batch's
+keys, ticked by ``pgqd`` (bench.peers.pgq_peer and .pgbroker_streams say how and why). A
+producer in this process keeps ``stream_depth`` messages in flight (sent, not yet handled), up
+to 500 a call, round robin over 1,000 keys; each payload carries its key, its number within the
+key and its send time. Each handler notes its claim latency (send to handler start), checks the
+key's order and awaits 1 ms.
 
 A step is one W (1, 4, 16, 64 by default): ``stream_rounds`` rounds of ``stream_seconds`` each
 (after a warm-up), the systems in alternating order from round to round and from one W to the

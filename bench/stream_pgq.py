@@ -7,9 +7,9 @@ in a spawned process of its own: pgbroker's StreamWorker on a stream of 4 partit
 ``concurrency=W``, batches of up to 1,000; PgQ's consumer loop with W handlers over each batch's
 keys, ticked by ``pgqd`` (bench.peers.pgq_peer and .pgbroker_streams say how and why). A
 producer in this process keeps ``stream_depth`` messages in flight (sent, not yet handled), up
-to 500 a call, round robin over 1,000 keys; each payload carries its key, its number within the
-key and its send time. Each handler notes its claim latency (send to handler start), checks the
-key's order and awaits 1 ms.
+to 500 a call, in runs of 4 messages a key, the keys round robin over 1,000; each payload carries
+its key, its number within the key and its send time. Each handler notes its claim latency (send
+to handler start), checks the key's order and awaits 1 ms.
 
 A step is one W (1, 4, 16, 64 by default): ``stream_rounds`` rounds of ``stream_seconds`` each
 (after a warm-up), the systems in alternating order from round to round and from one W to the
@@ -62,6 +62,9 @@ RATIO = ("pgbroker", "PgQ")
 #: seconds of synthetic work per message
 WORK = 0.001
 KEYS = 1_000
+#: messages of one key sent one after the other before the next key's (so that a runtime that
+#: ran them side by side, or out of order, would show in the order check)
+RUN = 4
 #: most messages a producer's call sends
 SEND_BATCH = 500
 #: handlers of the fixed-rate step
@@ -160,7 +163,8 @@ class Consumer:
 
 
 class Producer:
-    """Keyed messages, round robin over KEYS keys, each numbered within its key."""
+    """Keyed messages, runs of RUN per key, the keys round robin over KEYS, each message numbered
+    within its key."""
 
     def __init__(self, peer: KeyedPeer, dsn: str, queue: str) -> None:
         self._peer, self._dsn, self._queue = peer, dsn, queue
@@ -170,8 +174,9 @@ class Producer:
         now = time.time()
         events = []
         for n in range(self.sent, self.sent + count):
-            key = f"k{n % KEYS}"
-            events.append((key, {"k": key, "s": n // KEYS, "t": now}))
+            run, within = divmod(n, RUN)
+            key = f"k{run % KEYS}"
+            events.append((key, {"k": key, "s": run // KEYS * RUN + within, "t": now}))
         self.sent += count
         return events
 
@@ -352,9 +357,10 @@ def run(bench: Bench, result: ScenarioResult) -> None:
     result.description = (
         f"Handlers do {WORK * 1000:g} ms of work a message (an asyncio sleep); claim latency is from the "
         f"send to the handler's start. A producer keeps {config.stream_depth:,} messages in flight "
-        f"(up to {SEND_BATCH} a call, {KEYS:,} keys round robin) for {config.stream_rounds} round(s) of "
-        f"{config.stream_seconds:g} s per W, the systems in alternating order; then {config.stream_rate:,} "
-        f"messages a second (10 a call) to W={RATE_WORKERS}, as many rounds. "
+        f"(up to {SEND_BATCH} a call, runs of {RUN} a key, {KEYS:,} keys round robin) for "
+        f"{config.stream_rounds} round(s) of {config.stream_seconds:g} s per W, the systems in "
+        f"alternating order; then {config.stream_rate:,} messages a second (10 a call) to "
+        f"W={RATE_WORKERS}, as many rounds. "
         + "; ".join(f"{key}: {peer.describe()}" for key, peer in systems.items())
         + f"{ticks}. Order violations must be 0."
     )

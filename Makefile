@@ -1,5 +1,6 @@
 # Developer and CI entry points for pgbroker: help (the default), venv, test, test-quick, lint,
-# schema-dump, reference, demo, bench, bench-peers, clean, pg-partman, chromium, rabbitmq, brokers, pgbouncer.
+# schema-dump, reference, demo, bench, bench-peers, clean, pg-partman, chromium, rabbitmq, brokers, pgbouncer,
+# pgq.
 # Works from a fresh clone on Debian with Python >= 3.11, also as `make -f path/to/Makefile`
 # from another directory; `make test` is what .ci/run runs.
 
@@ -16,7 +17,7 @@ SHELL := /bin/bash
 # A bare `make` only says what there is: the full suite takes long and installs services.
 .DEFAULT_GOAL := help
 
-.PHONY: help venv test test-quick lint generate schema-dump reference demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer
+.PHONY: help venv test test-quick lint generate schema-dump reference demo bench bench-peers clean pg-partman chromium rabbitmq brokers pgbouncer pgq
 
 help:
 	@echo "usage: make TARGET"
@@ -30,6 +31,7 @@ help:
 	echo "  schema-dump refresh docs/reference/schema.sql and route-example.sql"
 	echo "  reference   refresh docs/reference/sql.md, python.md and cli.md"
 	echo "  bench       the benchmarks; bench-peers: beside PgQueuer, Procrastinate and pgmq"
+	echo "  pgq         PgQ and pgqd for the bench's scenario (h) (as root with apt; bench installs it)"
 	echo "  clean       remove .venv and the caches"
 
 # mypy fails on a directory without Python files (bench/ until it is written): name only those
@@ -135,6 +137,29 @@ pgbouncer:
 	    "the pooler tests will fail" >&2
 	fi
 
+# Benchmark scenario (h) runs a stream group beside PgQ: Debian's postgresql-<major>-pgq3 (the
+# extension, for each server under /usr/lib/postgresql that lacks it; Debian packages it for 15) and
+# pgqd (its ticker). As root with apt-get, install what is missing; otherwise say so: the bench then
+# leaves PgQ's column empty and says why (as it does on a server of another major).
+pgq:
+	@missing=()
+	for bin in /usr/lib/postgresql/*/bin/postgres; do
+	  [ -x "$$bin" ] || continue
+	  major=$$(basename "$$(dirname "$$(dirname "$$bin")")")
+	  [ -e "/usr/share/postgresql/$$major/extension/pgq.control" ] || missing+=("postgresql-$$major-pgq3")
+	done
+	command -v pgqd >/dev/null 2>&1 || missing+=(pgqd)
+	[ $${#missing[@]} -gt 0 ] || exit 0
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+	  echo "make pgq: installing $${missing[*]}"
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$${missing[@]}"; } \
+	    || echo "make pgq: could not install $${missing[*]} (Debian packages PgQ for PostgreSQL 15);" \
+	      "the bench will run without PgQ where it is missing" >&2
+	else
+	  echo "make pgq: $${missing[*]} missing (installing needs root and apt-get);" \
+	    "the bench will run without PgQ where it is missing" >&2
+	fi
+
 test: venv pg-partman chromium rabbitmq brokers pgbouncer
 	cd "$(ROOT)"
 	.venv/bin/python scripts/async_to_sync.py --check
@@ -189,12 +214,13 @@ demo: venv
 	if [ "$$(id -u)" = 0 ] && [ -z "$${PGBROKER_HOME:-}" ]; then export PGBROKER_HOME="$(ROOT)/.pgbroker"; fi
 	.venv/bin/python -m pgbroker.demo
 
-bench: venv
+bench: venv pgq
 	cd "$(ROOT)"
 	.venv/bin/python -m bench
 
 # Only the worker runtimes side by side (PgQueuer, Procrastinate, pgmq, pgbroker): scenario (f).
-bench-peers: venv
+# (PgQ, for scenario (h), is installed too: bench-peers is the target that sets up the peers.)
+bench-peers: venv pgq
 	cd "$(ROOT)"
 	.venv/bin/python -m bench --peers
 

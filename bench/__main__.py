@@ -32,6 +32,7 @@ def _scenarios() -> dict[str, ModuleType]:
         peer_table,
         pgbench_article,
         producer_consumer,
+        stream_pgq,
     )
 
     return {
@@ -42,6 +43,7 @@ def _scenarios() -> dict[str, ModuleType]:
         "e": client_overhead,
         "f": peer_table,
         "g": job_queue,
+        "h": stream_pgq,
     }
 
 
@@ -62,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--only",
         help="scenarios to run, e.g. 'a,c' (a pgbench, b producer/consumer, "
         "c backlog, d bloat, e client overhead, f worker runtimes against PgQueuer, Procrastinate, pgmq, "
-        "g a job queue under load: W handlers, claim latency, pressure and chaos, against a pgmq loop)",
+        "g a job queue under load: W handlers, claim latency, pressure and chaos, against a pgmq loop, "
+        "h a stream group against PgQ: W handlers, order per key)",
     )
     p.add_argument(
         "--peers",
@@ -107,6 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--job-depth", type=int, help="(g) ready jobs the depth producer keeps")
     g.add_argument("--job-rate", type=int, help="(g) jobs a second of the fixed-rate phases")
     g.add_argument("--job-seconds", type=float, help="(g) seconds of each step and phase")
+    g.add_argument("--stream-workers", type=_ints, help="(h) handlers W of its steps, e.g. 1,4,16,64")
+    g.add_argument("--stream-depth", type=int, help="(h) messages the producer keeps in flight")
+    g.add_argument("--stream-seconds", type=float, help="(h) seconds of a round")
+    g.add_argument("--stream-rounds", type=int, help="(h) rounds per W, systems in alternating order")
+    g.add_argument("--stream-rate", type=int, help="(h) messages a second of the fixed-rate step (0: none)")
     return p.parse_args(argv)
 
 

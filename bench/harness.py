@@ -129,12 +129,22 @@ class Config:
     job_rate: int = 1_000
     #: seconds of each depth step and each phase
     job_seconds: float = 10.0
+    # (h) a stream group against PgQ (bench.stream_pgq)
+    #: handlers (W) of its steps
+    stream_workers: tuple[int, ...] = (1, 4, 16, 64)
+    #: messages the producer keeps in flight (sent, not yet handled)
+    stream_depth: int = 2_000
+    #: seconds of a round; rounds per W, the systems in alternating order
+    stream_seconds: float = 8.0
+    stream_rounds: int = 2
+    #: messages a second of its fixed-rate step (0: none)
+    stream_rate: int = 1_000
 
     @staticmethod
     def full() -> Config:
         return Config(
             mode="full",
-            scenarios=("a", "b", "c", "d", "e", "f", "g"),
+            scenarios=("a", "b", "c", "d", "e", "f", "g", "h"),
             pgbench_clients=15,
             pgbench_threads=2,
             pgbench_seconds=10.0,
@@ -184,6 +194,8 @@ class Config:
             job_workers=(1, 16, 64),
             job_seconds=3.0,
             job_rate=500,
+            stream_seconds=3.0,
+            stream_rounds=1,
         )
 
 

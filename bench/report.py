@@ -29,6 +29,8 @@ COLORS = {
     "client": "tab:blue",
     "PgQueuer": "tab:green",  # the peers of scenarios (f) and (g)
     "Procrastinate": "tab:purple",
+    "PgQ": "tab:brown",
+    "ceiling": "lightgray",
 }
 
 
@@ -130,6 +132,11 @@ TARGETS = (
     *(
         Target(f"job queue, W={w} (against the pgmq loop)", "g", f"depth-w{w}", "msg/s", "ratio", 1.5)
         for w in (1, 4, 16, 64)
+    ),
+    # Issue 25: one stream group against PgQ, keys in order, 1 ms of work a message, W handlers.
+    *(
+        Target(f"stream group, W={w} (against PgQ)", "h", f"depth-w{w}", "msg/s", "ratio", 2.0, "PgQ")
+        for w in (4, 16, 64)
     ),
 )
 
@@ -536,7 +543,7 @@ How pgbroker compares with the reference pgmq SQL, measured side by side on one 
 def write_docs(doc: Path, generated: str, plots: list[Path]) -> None:
     perf = doc.parent / "perf"
     perf.mkdir(parents=True, exist_ok=True)
-    for old in perf.glob("[a-g]_*.png"):
+    for old in perf.glob("[a-h]_*.png"):
         old.unlink()
     for p in plots:
         shutil.copy2(p, perf / p.name)

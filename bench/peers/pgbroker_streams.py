@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from bench.peers import Handle, Peer, Send
+from bench.peers.keyed import KeyedHandle, KeyedSend
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._stream_worker import StreamWorker
@@ -75,3 +76,57 @@ class PgbrokerStreams(Peer):
     async def remaining(self, dsn: str, queue: str) -> int:
         async with AsyncBroker(dsn, max_connections=1) as broker:
             return sum(partition.lag for partition in await AsyncStream(broker, queue).lag())
+
+
+class PgbrokerStreamGroup:
+    """The keyed stream shape of scenario (h) (bench.stream_pgq): one group, one StreamWorker with
+    ``concurrency=W`` and batches of TUNED_BATCH over a stream of PARTITIONS partitions, each
+    message sent with its key. The batch is the top of docs/streams.md's range ("Sizing": larger
+    batches go faster), as PgQ's batches are a tick's worth (hundreds to a thousand and more
+    events at these rates); ``max(100, 4 W)`` (bench.stream_workers_bench) gave the stream group
+    0.5-0.75x PgQ at W = 16 and 0.6-0.85x at W = 64 here, against 0.9x and 1.0x with 1,000."""
+
+    key = "pgbroker"
+    database = "pgbroker_bench_peer_stream_group"
+
+    def describe(self) -> str:
+        return f"StreamWorker(concurrency=W, batch_size={TUNED_BATCH}), {PARTITIONS} partitions"
+
+    async def install(self, dsn: str) -> None:
+        await PgbrokerStreams().install(dsn)
+
+    async def create(self, dsn: str, queue: str) -> None:
+        await PgbrokerStreams().create(dsn, queue, True)
+
+    async def drop(self, dsn: str, queue: str) -> None:
+        async with AsyncBroker(dsn, max_connections=1) as broker:
+            await AsyncStream(broker, queue).drop()
+
+    @asynccontextmanager
+    async def sender(self, dsn: str, queue: str) -> AsyncIterator[KeyedSend]:
+        async with AsyncBroker(dsn, max_connections=1) as broker:
+            stream = AsyncStream(broker, queue)
+
+            async def send(events: list[tuple[str, dict[str, Any]]]) -> None:
+                await stream.send_many([payload for _, payload in events], keys=[key for key, _ in events])
+
+            yield send
+
+    async def work(
+        self, dsn: str, queue: str, handle: KeyedHandle, stop: asyncio.Event, workers: int
+    ) -> None:
+        async def handler(message: StreamMessage) -> None:
+            await handle(message.message)
+
+        worker = StreamWorker(queue, GROUP, handler, concurrency=workers, batch_size=TUNED_BATCH)
+
+        async def stop_when_told() -> None:
+            await stop.wait()
+            worker.stop()
+
+        stopper = asyncio.create_task(stop_when_told())
+        await serve([worker], dsn=dsn, handle_signals=False, schedules=False)
+        await stopper
+
+    async def remaining(self, dsn: str, queue: str) -> int:
+        return await PgbrokerStreams().remaining(dsn, queue)

@@ -3907,12 +3907,10 @@ BEGIN
     IF has_rows THEN
         BEGIN
             PERFORM set_config('lock_timeout', '100ms', true);
-            PERFORM 1 FROM pgbroker.stream_cursor c
-            ORDER BY c.stream_name, c.group_name, c.partition FOR UPDATE;
             EXECUTE format('LOCK TABLE pgbroker.%I IN ACCESS EXCLUSIVE MODE', other);
             PERFORM set_config('lock_timeout', was_timeout, true);
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            RETURN false;  -- the subtransaction's locks and setting are undone with it
+            RETURN false;  -- the subtransaction's lock request and setting are undone with it
         END;
         INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id,
                                               delivered_id, acked_at)
@@ -3980,6 +3978,7 @@ BEGIN
             format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
             'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
     END IF;
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
     PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
     -- First up to the safe id as it stands; only when that does not fill the
     -- batch, advance it (which looks at pg_locks) and read on up to the new one.
@@ -6994,7 +6993,9 @@ BEGIN
     PERFORM pgbroker._check_arg(cardinality(partitions) = cardinality(ids),
         'partitions and ids must have one entry per partition');
     PERFORM pgbroker._spark_stream_alone(g);
-    -- The cursor rows locked, then the positions read and appended (92_streams.sql, "Positions").
+    -- The ring, then the cursor rows locked, then the positions read and appended
+    -- (92_streams.sql, "Positions").
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;
     SELECT array_agg(x.partition) INTO held
     FROM (SELECT t.partition FROM pgbroker.stream_cursor t
           WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.partition = ANY (partitions)
@@ -7080,9 +7081,10 @@ BEGIN
     PERFORM pgbroker._check_arg(errors IS NULL OR cardinality(errors) IN (1, cardinality(failed_ids)),
         'errors must have one entry per failed id, or a single one for all');
 
-    -- The partitions still the consumer's under the epochs named, locked; then
-    -- their positions, read after the lock (see "Positions"), and those the ack
-    -- moves appended.
+    -- The partitions still the consumer's under the epochs named, locked (the ring
+    -- first); then their positions, read after the lock (see "Positions"), and
+    -- those the ack moves appended.
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;
     SELECT array_agg(x.partition) INTO held
     FROM (SELECT t.partition FROM pgbroker.stream_cursor t
           JOIN unnest(partitions, epochs) AS w(partition, epoch) ON w.partition = t.partition AND w.epoch = t.epoch
@@ -7314,6 +7316,7 @@ DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
     owned integer[];
 BEGIN
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
     SELECT array_agg(x.partition) INTO owned
     FROM (SELECT t.partition FROM pgbroker.stream_cursor t
           WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer

@@ -578,16 +578,23 @@ $$;
 -- The ring. slot = (seq >> 32) % 2 names the child table a row goes to; the
 -- current slot is that of the sequence's last value. Rotation
 -- (_stream_positions_rotate, run by maintain_stream) empties the other child:
--- it locks every cursor row (waiting for the writers at work, whose next
--- reads then see what it wrote), then the child (ACCESS EXCLUSIVE), copies
--- into the current child each partition's newest row that lies in it (seq
--- kept: a row a writer appends meanwhile has a higher one), and TRUNCATEs it.
--- Once the current child has grown past min_bytes it moves the sequence to
--- the next 2^32 (setval), which makes the emptied child the current one; a
--- writer that drew its seq before lands in the former one, which the next
--- rotation empties (its lock waits for that writer). Waits are bounded by a
--- lock_timeout of 100 ms: a rotation that cannot have its locks gives up until
--- the next maintenance, and the ring only grows meanwhile. A reader that
+-- it locks it (ACCESS EXCLUSIVE), copies into the current child each
+-- partition's newest row that lies in it (seq kept: a row appended meanwhile
+-- has a higher one), and TRUNCATEs it. Once the current child has grown past
+-- min_bytes it moves the sequence to the next 2^32 (setval), which makes the
+-- emptied child the current one; a writer that drew its seq before lands in
+-- the former one, which the next rotation empties. Every transaction that
+-- writes positions first takes ACCESS SHARE on the whole ring (before any
+-- cursor row lock): the rotation so waits for the writers at work, and the
+-- writers that come after wait for the rotation, before their first
+-- statement that reads positions, whose snapshot then sees what it wrote
+-- (TRUNCATE is not MVCC-safe: an older snapshot would see the child empty
+-- and the copies not yet there). One lock order, ring then rows, and no
+-- deadlock. The rotation's wait is bounded by a lock_timeout of 100 ms (the
+-- writers queued behind it wait no longer): a rotation that cannot have the
+-- lock gives up until the next maintenance, and the ring only grows
+-- meanwhile. Monitoring reads (stream_lag) take no lock first: one that
+-- meets a rotation may miss a partition's row for that read. A reader that
 -- finds no position for a partition (none should) leaves it alone: it reads
 -- nothing from it and acks nothing on it.
 
@@ -620,7 +627,7 @@ $$;
 -- Empty the ring's other child table, carrying the positions it holds into
 -- the current one, and move the sequence on once the current one has grown
 -- past min_bytes (see above). Returns false when it could not have its
--- locks (another rotation, or a writer holding on past the lock_timeout).
+-- locks (another rotation, or a transaction holding the ring past the lock_timeout).
 CREATE OR REPLACE FUNCTION pgbroker._stream_positions_rotate(min_bytes bigint DEFAULT 1048576)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
@@ -640,12 +647,10 @@ BEGIN
     IF has_rows THEN
         BEGIN
             PERFORM set_config('lock_timeout', '100ms', true);
-            PERFORM 1 FROM pgbroker.stream_cursor c
-            ORDER BY c.stream_name, c.group_name, c.partition FOR UPDATE;
             EXECUTE format('LOCK TABLE pgbroker.%I IN ACCESS EXCLUSIVE MODE', other);
             PERFORM set_config('lock_timeout', was_timeout, true);
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            RETURN false;  -- the subtransaction's locks and setting are undone with it
+            RETURN false;  -- the subtransaction's lock request and setting are undone with it
         END;
         INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id,
                                               delivered_id, acked_at)
@@ -880,6 +885,7 @@ DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
     owned integer[];
 BEGIN
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
     SELECT array_agg(x.partition) INTO owned
     FROM (SELECT t.partition FROM pgbroker.stream_cursor t
           WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
@@ -971,6 +977,7 @@ BEGIN
             format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
             'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
     END IF;
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
     PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
     -- First up to the safe id as it stands; only when that does not fill the
     -- batch, advance it (which looks at pg_locks) and read on up to the new one.
@@ -1115,9 +1122,10 @@ BEGIN
     PERFORM pgbroker._check_arg(errors IS NULL OR cardinality(errors) IN (1, cardinality(failed_ids)),
         'errors must have one entry per failed id, or a single one for all');
 
-    -- The partitions still the consumer's under the epochs named, locked; then
-    -- their positions, read after the lock (see "Positions"), and those the ack
-    -- moves appended.
+    -- The partitions still the consumer's under the epochs named, locked (the ring
+    -- first); then their positions, read after the lock (see "Positions"), and
+    -- those the ack moves appended.
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;
     SELECT array_agg(x.partition) INTO held
     FROM (SELECT t.partition FROM pgbroker.stream_cursor t
           JOIN unnest(partitions, epochs) AS w(partition, epoch) ON w.partition = t.partition AND w.epoch = t.epoch

@@ -75,7 +75,9 @@ BEGIN
     PERFORM pgbroker._check_arg(cardinality(partitions) = cardinality(ids),
         'partitions and ids must have one entry per partition');
     PERFORM pgbroker._spark_stream_alone(g);
-    -- The cursor rows locked, then the positions read and appended (92_streams.sql, "Positions").
+    -- The ring, then the cursor rows locked, then the positions read and appended
+    -- (92_streams.sql, "Positions").
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;
     SELECT array_agg(x.partition) INTO held
     FROM (SELECT t.partition FROM pgbroker.stream_cursor t
           WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.partition = ANY (partitions)

@@ -78,7 +78,7 @@ def stream_acked(dsn: str, stream: str, group: str) -> int:
     with connect(dsn) as conn:
         row = conn.execute(
             f"SELECT count(*) FROM pgbroker.s_{stream} l"  # noqa: S608
-            " JOIN pgbroker._stream_position(%s, %s, l.partition) c ON l.id <= c.acked_id",
+            " JOIN pgbroker._stream_positions(%s, %s, ARRAY[l.partition]) c ON l.id <= c.acked_id",
             (stream, group),
         ).fetchone()
     return int(row[0]) if row else 0

@@ -3644,7 +3644,7 @@ BEGIN
         UPDATE pgbroker.stream_cursor t SET owner = NULL
         WHERE (t.stream_name, t.group_name, t.partition) IN (
             SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
-            CROSS JOIN LATERAL pgbroker._stream_position(x.stream_name, x.group_name, x.partition) p
+            CROSS JOIN LATERAL pgbroker._stream_positions(x.stream_name, x.group_name, ARRAY[x.partition]) p
             WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
               AND x.owner = _stream_balance.consumer AND p.delivered_id = p.acked_id
             ORDER BY x.partition DESC LIMIT owned - share);
@@ -3693,7 +3693,7 @@ BEGIN
     IF s.truncate_consumed AND newest_segment < current_segment THEN
         -- (A partition whose position is not found counts as at 0: nothing goes.)
         SELECT min(coalesce(p.acked_id, 0)) INTO min_acked FROM pgbroker.stream_cursor t
-        LEFT JOIN LATERAL pgbroker._stream_position(t.stream_name, t.group_name, t.partition) p ON true
+        LEFT JOIN LATERAL pgbroker._stream_positions(t.stream_name, t.group_name, ARRAY[t.partition]) p ON true
         WHERE t.stream_name = s.stream_name;
         IF min_acked >= (newest_segment + 1) * s.segment_rows - 1 THEN
             RETURN true;
@@ -3826,16 +3826,24 @@ CREATE TABLE pgbroker.stream_position (
 PARTITION BY LIST (slot);
 
 --
--- Name: _stream_position(text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _stream_positions(text, text, integer[]); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._stream_position(stream_name text, group_name text, partition integer) RETURNS SETOF pgbroker.stream_position
-    LANGUAGE sql STABLE ROWS 1
-    AS $_$
-    SELECT * FROM pgbroker.stream_position p
-    WHERE p.stream_name = $1 AND p.group_name = $2 AND p.partition = $3
-    ORDER BY p.seq DESC LIMIT 1;
-$_$;
+CREATE FUNCTION pgbroker._stream_positions(stream_name text, group_name text, partitions integer[]) RETURNS SETOF pgbroker.stream_position
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_sort TO 'off'
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT p.* FROM unnest(partitions) AS u(partition)
+    CROSS JOIN LATERAL (
+        SELECT * FROM pgbroker.stream_position q
+        WHERE q.stream_name = _stream_positions.stream_name AND q.group_name = _stream_positions.group_name
+          AND q.partition = u.partition
+        ORDER BY q.seq DESC LIMIT 1) p;
+END;
+$$;
 
 --
 -- Name: _stream_positions_append(text, text, integer[], bigint[], bigint[], timestamp with time zone[]); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -3871,9 +3879,7 @@ BEGIN
     SELECT array_agg(p.partition ORDER BY p.partition), array_agg(p.acked_id ORDER BY p.partition),
            array_agg(p.acked_at ORDER BY p.partition)
     INTO moved, acked, acked_ats
-    FROM unnest(partitions) AS u(partition)
-    CROSS JOIN LATERAL pgbroker._stream_position(_stream_positions_rewound.stream_name,
-                                                 _stream_positions_rewound.group_name, u.partition) p
+    FROM pgbroker._stream_positions(stream_name, group_name, partitions) p
     WHERE p.delivered_id <> p.acked_id;
     IF moved IS NULL THEN  -- (partitions NULL too: none owned)
         RETURN 0;
@@ -3916,8 +3922,9 @@ BEGIN
                                               delivered_id, acked_at)
         SELECT p.stream_name, p.group_name, p.partition, p.seq, current_slot, p.acked_id, p.delivered_id,
                p.acked_at
-        FROM pgbroker.stream_cursor c
-        CROSS JOIN LATERAL pgbroker._stream_position(c.stream_name, c.group_name, c.partition) p
+        FROM (SELECT t.stream_name, t.group_name, array_agg(t.partition) AS partitions
+              FROM pgbroker.stream_cursor t GROUP BY t.stream_name, t.group_name) c
+        CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, c.partitions) p
         WHERE p.slot <> current_slot;
         EXECUTE format('TRUNCATE pgbroker.%I', other);
     END IF;
@@ -3997,7 +4004,10 @@ BEGIN
         -- "Positions": the last writer's is seen).
         SELECT array_agg(t.partition) INTO more_parts
         FROM (SELECT c.partition FROM pgbroker.stream_cursor c
-              LEFT JOIN LATERAL pgbroker._stream_position(c.stream_name, c.group_name, c.partition) p ON true
+              LEFT JOIN pgbroker._stream_positions(s.stream_name, g.group_name, ARRAY(
+                  SELECT o.partition FROM pgbroker.stream_cursor o
+                  WHERE o.stream_name = s.stream_name AND o.group_name = g.group_name AND o.owner = consumer)) p
+                ON p.partition = c.partition
               WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
                 AND (p.delivered_id < safe OR c.partition = ANY (ack_partitions))
                 AND NOT c.partition = ANY (parts)
@@ -4009,7 +4019,7 @@ BEGIN
                    array_agg(p.acked_at ORDER BY c.partition)
             INTO more_parts, more_epochs, more_acked, more_delivered, more_acked_ats
             FROM pgbroker.stream_cursor c
-            CROSS JOIN LATERAL pgbroker._stream_position(c.stream_name, c.group_name, c.partition) p
+            JOIN pgbroker._stream_positions(s.stream_name, g.group_name, more_parts) p ON p.partition = c.partition
             WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
               AND c.partition = ANY (more_parts);
         END IF;
@@ -7004,8 +7014,8 @@ BEGIN
            array_agg(greatest(p.delivered_id, w.id) ORDER BY w.partition)
     INTO moved, acked, delivered
     FROM unnest(partitions, ids) AS w(partition, id)
-    CROSS JOIN LATERAL pgbroker._stream_position(g.stream_name, g.group_name, w.partition) p
-    WHERE w.partition = ANY (held) AND p.acked_id < w.id;
+    JOIN pgbroker._stream_positions(g.stream_name, g.group_name, held) p ON p.partition = w.partition
+    WHERE p.acked_id < w.id;
     IF moved IS NULL THEN
         RETURN 0;
     END IF;
@@ -7027,7 +7037,7 @@ DECLARE
 BEGIN
     PERFORM pgbroker._spark_stream_alone(g);
     RETURN QUERY SELECT c.partition, p.acked_id FROM pgbroker.stream_cursor c
-    CROSS JOIN LATERAL pgbroker._stream_position(c.stream_name, c.group_name, c.partition) p
+    CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
     WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name ORDER BY c.partition;
 END;
 $$;
@@ -7096,8 +7106,7 @@ BEGIN
     FROM (SELECT w.partition, q.delivered_id, greatest(q.acked_id, least(w.last_id, q.delivered_id)) AS acked_id,
                  q.acked_id AS was_acked
           FROM unnest(partitions, last_ids) AS w(partition, last_id)
-          CROSS JOIN LATERAL pgbroker._stream_position(g.stream_name, g.group_name, w.partition) q
-          WHERE w.partition = ANY (held)) m
+          JOIN pgbroker._stream_positions(g.stream_name, g.group_name, held) q ON q.partition = w.partition) m
     WHERE m.acked_id <> m.was_acked;
     IF moved IS NOT NULL THEN
         PERFORM pgbroker._stream_positions_append(g.stream_name, g.group_name, moved, new_acked, delivered,
@@ -7205,7 +7214,7 @@ BEGIN
                        WHERE k.stream_name = c.stream_name AND k.group_name = c.group_name
                          AND k.consumer = c.owner AND k.expires_at > now())
         FROM pgbroker.stream_cursor c
-        CROSS JOIN LATERAL pgbroker._stream_position(c.stream_name, c.group_name, c.partition) p
+        CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
         WHERE c.stream_name = $1
         ORDER BY c.group_name, c.partition
         $Q$, 's_' || s.stream_name) USING s.stream_name;

@@ -5,6 +5,7 @@ positions, kept insert-only in a ring of two child tables, survive its rotation.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import psycopg
@@ -173,41 +174,45 @@ def test_an_upgrade_keeps_every_group_position(empty_dsn: str) -> None:
 
 
 def test_rotations_among_busy_consumers_lose_no_position(dsn: str, conn: Conn) -> None:
-    # Four consumers read and ack as fast as they can while the ring rotates over and over: every
-    # message is handled once (a position lost or gone back would hand a batch out again), and the
-    # rotations get their lock (the consumers' transactions are short).
-    total = 60_000
+    # Four groups, a consumer each, read and ack as fast as they can while the ring rotates over
+    # and over: each group handles every message once (a position lost or gone back would hand a
+    # batch out again), and the rotations get their lock (the consumers' transactions are short).
+    # (A group each: consumers joining one group at once may be handed a batch twice, rotation or
+    # not; that is another matter.)
+    total = 15_000
     conn.execute("SELECT pgbroker.create_stream('clicks', 4)")
-    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
+    for i in range(4):
+        conn.execute("SELECT pgbroker.create_stream_group('clicks', %s, 'start')", (f"g{i}",))
     ids = send(conn, "clicks", [{"n": i} for i in range(total)], [f"k{i % 100}" for i in range(total)])
-    handled: list[int] = []
-    lock = threading.Lock()
-    finished = threading.Event()
+    handled: dict[str, list[int]] = {f"g{i}": [] for i in range(4)}
+    done = threading.Barrier(5)
+    deadline = time.monotonic() + 120  # a partition whose position were lost would never be read again
 
-    def consumer(name: str) -> None:
+    def consumer(group: str) -> None:
         with psycopg.connect(dsn, autocommit=True) as c:
             batch: Batch | None = None
-            while not finished.is_set():
+            while len(handled[group]) < total and time.monotonic() < deadline:
                 parts, epochs, last = batch.ack_args() if batch and batch.rows else (None, None, None)
                 batch = Batch(
                     c.execute(
-                        "SELECT * FROM pgbroker.stream_consume('clicks', 'g', %s, 50, 30, %s, %s, %s)",
-                        (name, parts, epochs, last),
+                        "SELECT * FROM pgbroker.stream_consume('clicks', %s, 'c', 50, 30, %s, %s, %s)",
+                        (group, parts, epochs, last),
                     ).fetchall()
                 )
-                with lock:
-                    handled.extend(batch.ids)
-                    if len(handled) >= total:
-                        finished.set()
+                handled[group].extend(batch.ids)
+        done.wait()
 
-    threads = [threading.Thread(target=consumer, args=(f"c{i}",)) for i in range(4)]
+    threads = [threading.Thread(target=consumer, args=(group,)) for group in handled]
     for t in threads:
         t.start()
     rotations = []
-    while not finished.wait(0.005):
+    while done.n_waiting < 4:
         rotations.append(conn.execute("SELECT pgbroker._stream_positions_rotate(0)").fetchone() == (True,))
+        time.sleep(0.005)
+    done.wait()
     for t in threads:
-        t.join(60)
+        t.join()
     print(f"{sum(rotations)} of {len(rotations)} rotations had their lock")
-    assert sorted(handled) == ids  # each once
+    for group, seen in handled.items():
+        assert sorted(seen) == ids, group  # each once
     assert sum(rotations) >= len(rotations) // 2

@@ -53,7 +53,7 @@ def acked_but_not_copied(conn: Conn) -> int:
     Spark committed the batch (one statement: one snapshot of both)."""
     row = conn.execute(
         "SELECT count(*) FROM pgbroker.s_events e"
-        " JOIN pgbroker._stream_position('events', 'spark', e.partition) c ON true"
+        " JOIN pgbroker._stream_positions('events', 'spark', ARRAY[e.partition]) c ON true"
         " WHERE e.id <= c.acked_id AND NOT EXISTS"
         " (SELECT 1 FROM pgbroker.s_copied k WHERE k.message->'n' = e.message->'n')"
     ).fetchone()

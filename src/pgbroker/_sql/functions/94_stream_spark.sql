@@ -38,7 +38,7 @@ DECLARE
 BEGIN
     PERFORM pgbroker._spark_stream_alone(g);
     RETURN QUERY SELECT c.partition, p.acked_id FROM pgbroker.stream_cursor c
-    CROSS JOIN LATERAL pgbroker._stream_position(c.stream_name, c.group_name, c.partition) p
+    CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
     WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name ORDER BY c.partition;
 END;
 $$;
@@ -86,8 +86,8 @@ BEGIN
            array_agg(greatest(p.delivered_id, w.id) ORDER BY w.partition)
     INTO moved, acked, delivered
     FROM unnest(partitions, ids) AS w(partition, id)
-    CROSS JOIN LATERAL pgbroker._stream_position(g.stream_name, g.group_name, w.partition) p
-    WHERE w.partition = ANY (held) AND p.acked_id < w.id;
+    JOIN pgbroker._stream_positions(g.stream_name, g.group_name, held) p ON p.partition = w.partition
+    WHERE p.acked_id < w.id;
     IF moved IS NULL THEN
         RETURN 0;
     END IF;

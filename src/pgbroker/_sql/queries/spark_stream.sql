@@ -46,7 +46,7 @@ SELECT pgbroker._stream_group_row(%s, %s)
 -- name: spark_stream_group_cursors
 -- A group's cursors, by partition.
 SELECT p.acked_id FROM pgbroker.stream_cursor c
-CROSS JOIN LATERAL pgbroker._stream_position(c.stream_name, c.group_name, c.partition) p
+CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
 WHERE c.stream_name = %s AND c.group_name = %s ORDER BY c.partition
 
 -- name: spark_stream_partitions

@@ -60,9 +60,10 @@
 -- Reads in REPEATABLE READ or SERIALIZABLE are refused (their snapshot is
 -- older than the safe id they would see).
 --
--- Groups, consumers and leases. A group has a cursor row per partition:
--- acked_id (acknowledged up to), delivered_id (handed out up to: a consumer
--- may read ahead of its acks), owner and epoch. A consumer names itself
+-- Groups, consumers and leases. A group has a cursor row per partition
+-- (owner and epoch) and a position per partition: acked_id (acknowledged up
+-- to) and delivered_id (handed out up to: a consumer may read ahead of its
+-- acks), appended, never updated (see "Positions"). A consumer names itself
 -- (any unique text) and keeps a heartbeat row, renewed every half lease. The
 -- live consumers of a group, ordered by name, share the partitions evenly
 -- (the i-th gets floor(N/n), plus one for the first N mod n); on every read
@@ -99,12 +100,19 @@
 -- dead-letter queue (65_failures.sql). A retry queue whose max_deliveries is
 -- 1 dead-letters a failed message at once.
 --
--- The tables groups and consumers use stay small (rows per group and
--- partition, and per live consumer) and are updated in place: no indexed
--- column changes, fillfactor leaves room, so the updates are HOT and the
--- pages prune themselves. While a transaction holds back the xmin horizon
--- no version can be pruned, so writes are kept few: a read writes each
--- cursor row it moves once, with the ack that came with it (stream_consume).
+-- While a transaction holds back the xmin horizon no row version an UPDATE
+-- or DELETE leaves can be pruned or vacuumed. So what changes with every
+-- batch is appended: a read appends a position for each partition it moves,
+-- once, with the ack that came with it (stream_consume), and old positions
+-- go by TRUNCATE ("Positions"). Still updated in place: the cursor row when a
+-- partition changes hands and the consumer's heartbeat row every half lease
+-- (events and time, not messages), and the watermark when the safe id moves:
+-- at most once a read, and only by a read that reaches the safe id, so once
+-- a backlog read but about once a batch for consumers that keep up with
+-- producers sending all the time. Those tables stay small (rows per group and
+-- partition, per live consumer, per stream), no indexed column changes and
+-- fillfactor leaves room: the updates are HOT and the pages prune themselves
+-- once the horizon moves on.
 
 ------------------------------------------------------------------------------
 -- Tables

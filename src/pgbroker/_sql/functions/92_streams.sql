@@ -970,8 +970,6 @@ DECLARE
     more_acked bigint[];
     more_delivered bigint[];
     more_acked_ats timestamptz[];
-    new_acked bigint[];
-    new_delivered bigint[];
     todo integer[];
     drained boolean[];
     remaining integer := qty;
@@ -1012,18 +1010,29 @@ BEGIN
         -- Lock the consumer's cursor rows with messages to read, or acked by this call
         -- (not the log's): a partition cannot change hands between this read and the
         -- write of its position. Then their positions, read after the lock (see
-        -- "Positions": the last writer's is seen).
-        SELECT array_agg(t.partition) INTO more_parts
-        FROM (SELECT c.partition FROM pgbroker.stream_cursor c
-              LEFT JOIN pgbroker._stream_positions(s.stream_name, g.group_name, ARRAY(
-                  SELECT o.partition FROM pgbroker.stream_cursor o
-                  WHERE o.stream_name = s.stream_name AND o.group_name = g.group_name AND o.owner = consumer)) p
-                ON p.partition = c.partition
-              WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-                AND (p.delivered_id < safe OR c.partition = ANY (ack_partitions))
-                AND NOT c.partition = ANY (parts)
-              ORDER BY c.partition
-              FOR UPDATE OF c) t;
+        -- "Positions": the last writer's is seen). A call that acks is a consumer at
+        -- work: all its rows, without looking at the positions first (one lookup
+        -- fewer); a read alone, only those behind the safe id (an idle poll locks
+        -- nothing).
+        IF pass = 1 AND cardinality(ack_partitions) > 0 THEN
+            SELECT array_agg(t.partition) INTO more_parts
+            FROM (SELECT c.partition FROM pgbroker.stream_cursor c
+                  WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                  ORDER BY c.partition
+                  FOR UPDATE) t;
+        ELSE
+            SELECT array_agg(t.partition) INTO more_parts
+            FROM (SELECT c.partition FROM pgbroker.stream_cursor c
+                  LEFT JOIN pgbroker._stream_positions(s.stream_name, g.group_name, ARRAY(
+                      SELECT o.partition FROM pgbroker.stream_cursor o
+                      WHERE o.stream_name = s.stream_name AND o.group_name = g.group_name AND o.owner = consumer)) p
+                    ON p.partition = c.partition
+                  WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                    AND (p.delivered_id < safe OR c.partition = ANY (ack_partitions))
+                    AND NOT c.partition = ANY (parts)
+                  ORDER BY c.partition
+                  FOR UPDATE OF c) t;
+        END IF;
         IF more_parts IS NOT NULL THEN
             SELECT array_agg(c.partition ORDER BY c.partition), array_agg(c.epoch ORDER BY c.partition),
                    array_agg(p.acked_id ORDER BY c.partition), array_agg(p.delivered_id ORDER BY c.partition),
@@ -1085,22 +1094,23 @@ BEGIN
     -- One position a partition that moved: the read's new position and the ack (as
     -- stream_ack's: not past what was delivered before this read, and only under
     -- the epoch it names).
-    SELECT array_agg(w.partition ORDER BY w.partition), array_agg(w.acked_id ORDER BY w.partition),
-           array_agg(w.delivered_id ORDER BY w.partition), array_agg(w.acked_at ORDER BY w.partition)
-    INTO parts, new_acked, new_delivered, acked_ats
-    FROM (SELECT u.partition, u.acked AS was_acked, u.delivered AS was_delivered, u.position AS delivered_id,
-                 CASE WHEN a.epoch = u.epoch THEN greatest(u.acked, least(a.last_id, u.delivered))
-                      ELSE u.acked END AS acked_id,
-                 CASE WHEN a.epoch = u.epoch THEN now() ELSE u.acked_at END AS acked_at
-          FROM unnest(parts, epochs, acked, delivered, acked_ats, positions)
-               AS u(partition, epoch, acked, delivered, acked_at, position)
-          LEFT JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
-            ON a.partition = u.partition) w
-    WHERE w.acked_id <> w.was_acked OR w.delivered_id <> w.was_delivered;
-    IF parts IS NOT NULL THEN
-        PERFORM pgbroker._stream_positions_append(s.stream_name, g.group_name, parts, new_acked, new_delivered,
-                                                  acked_ats);
-    END IF;
+    -- (_stream_positions_append's INSERT, written here: one statement, not two.)
+    INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
+                                          acked_at)
+    SELECT s.stream_name, g.group_name, x.partition, x.seq, ((x.seq >> 32) % 2)::integer, x.acked_id,
+           x.delivered_id, x.acked_at
+    FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, w.partition, w.acked_id, w.delivered_id,
+                 w.acked_at
+          FROM (SELECT u.partition, u.acked AS was_acked, u.delivered AS was_delivered,
+                       u.position AS delivered_id,
+                       CASE WHEN a.epoch = u.epoch THEN greatest(u.acked, least(a.last_id, u.delivered))
+                            ELSE u.acked END AS acked_id,
+                       CASE WHEN a.epoch = u.epoch THEN now() ELSE u.acked_at END AS acked_at
+                FROM unnest(parts, epochs, acked, delivered, acked_ats, positions)
+                     AS u(partition, epoch, acked, delivered, acked_at, position)
+                LEFT JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
+                  ON a.partition = u.partition) w
+          WHERE w.acked_id <> w.was_acked OR w.delivered_id <> w.was_delivered) x;
 END;
 $$;
 

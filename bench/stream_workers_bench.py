@@ -9,7 +9,8 @@
   the worker's threads). msg/s handled over --seconds after one second of warm-up.
 - pinned xmin: a REPEATABLE READ transaction holds a snapshot open in another session while the
   worker (W=16) drains the backlog for --seconds; then pgstattuple counts the dead tuples of
-  the group and cursor tables (every row version written meanwhile: none can be pruned).
+  the group, cursor and position tables (every row version replaced meanwhile: none can be
+  pruned).
 - reassignment: two StreamWorker processes share a group (lease --lease seconds); one is
   SIGKILLed; the time from the kill until the other owns every partition, --kills times.
 With no --dsn a private cluster is made in a temporary directory on disk and removed at the end.
@@ -77,20 +78,34 @@ async def _throughput(
     return rate, handled
 
 
-STATE_TABLES = ("stream_cursor", "stream_consumer", "stream_watermark")
+# The group state tables; stream_position_0/1 (the insert-only positions) exist from issue 25 on,
+# and a run on an older tree leaves them out.
+STATE_TABLES = (
+    "stream_cursor",
+    "stream_position_0",
+    "stream_position_1",
+    "stream_consumer",
+    "stream_watermark",
+    "stream_group",
+)
 
 
 def _pinned(dsn: str, stream: str, seconds: float) -> tuple[int, dict[str, int]]:
     """Messages handled by W=16 while a snapshot is held open, and each state table's dead tuples."""
     with connect(dsn) as conn, connect(dsn) as pin:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
-        conn.execute("VACUUM pgbroker.stream_cursor, pgbroker.stream_consumer, pgbroker.stream_watermark")
+        tables = [
+            t
+            for t in STATE_TABLES
+            if conn.execute("SELECT to_regclass(%s)", (f"pgbroker.{t}",)).fetchone() != (None,)
+        ]
+        conn.execute("VACUUM " + ", ".join(f"pgbroker.{t}" for t in tables))
         pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         pin.execute("SELECT 1")  # the snapshot: xmin is held from here
         _, handled = asyncio.run(_throughput(dsn, stream, 16, seconds, False))
         dead = {
             t: conn.execute("SELECT dead_tuple_count FROM pgstattuple(%s)", (f"pgbroker.{t}",)).fetchone()[0]  # type: ignore[index]
-            for t in STATE_TABLES
+            for t in tables
         }
         pin.execute("ROLLBACK")
     return handled, dead

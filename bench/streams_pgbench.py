@@ -77,9 +77,8 @@ def stream_acked(dsn: str, stream: str, group: str) -> int:
     """Messages a group has acknowledged: the log's rows at or below its cursors."""
     with connect(dsn) as conn:
         row = conn.execute(
-            f"SELECT count(*) FROM pgbroker.s_{stream} l JOIN pgbroker.stream_cursor c"  # noqa: S608
-            " ON c.stream_name = %s AND c.group_name = %s"
-            " AND c.partition = l.partition AND l.id <= c.acked_id",
+            f"SELECT count(*) FROM pgbroker.s_{stream} l"  # noqa: S608
+            " JOIN pgbroker._stream_positions(%s, %s, ARRAY[l.partition]) c ON l.id <= c.acked_id",
             (stream, group),
         ).fetchone()
     return int(row[0]) if row else 0

@@ -3627,6 +3627,7 @@ DECLARE
     rank integer;
     share integer;
     owned integer;
+    taken integer[];
 BEGIN
     -- Taken again on every read: a session's locks stack, and cost no shared memory more.
     PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
@@ -3678,21 +3679,28 @@ BEGIN
         UPDATE pgbroker.stream_cursor t SET owner = NULL
         WHERE (t.stream_name, t.group_name, t.partition) IN (
             SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
+            CROSS JOIN LATERAL pgbroker._stream_positions(x.stream_name, x.group_name, ARRAY[x.partition]) p
             WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
-              AND x.owner = _stream_balance.consumer AND x.delivered_id = x.acked_id
+              AND x.owner = _stream_balance.consumer AND p.delivered_id = p.acked_id
             ORDER BY x.partition DESC LIMIT owned - share);
     ELSIF owned < share THEN
         -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
         -- to acked_id, so what it held unacknowledged is delivered again.
-        UPDATE pgbroker.stream_cursor t
-        SET owner = _stream_balance.consumer, epoch = t.epoch + 1, delivered_id = t.acked_id
-        WHERE (t.stream_name, t.group_name, t.partition) IN (
-            SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
-            WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
-              AND (x.owner IS NULL OR NOT x.owner = ANY (live))
-            ORDER BY x.partition LIMIT share - owned
-            FOR UPDATE SKIP LOCKED);
+        WITH t AS (
+            UPDATE pgbroker.stream_cursor t
+            SET owner = _stream_balance.consumer, epoch = t.epoch + 1
+            WHERE (t.stream_name, t.group_name, t.partition) IN (
+                SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
+                WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
+                  AND (x.owner IS NULL OR NOT x.owner = ANY (live))
+                ORDER BY x.partition LIMIT share - owned
+                FOR UPDATE SKIP LOCKED)
+            RETURNING t.partition)
+        SELECT array_agg(t.partition ORDER BY t.partition) INTO taken FROM t;
+        IF taken IS NOT NULL THEN  -- (their rows locked by the UPDATE, read after it)
+            PERFORM pgbroker._stream_positions_rewound(s.stream_name, _stream_balance.group_name, taken);
+        END IF;
     END IF;
 END;
 $$;
@@ -3718,7 +3726,10 @@ BEGIN
         RETURN false;
     END IF;
     IF s.truncate_consumed AND newest_segment < current_segment THEN
-        SELECT min(t.acked_id) INTO min_acked FROM pgbroker.stream_cursor t WHERE t.stream_name = s.stream_name;
+        -- (A partition whose position is not found counts as at 0: nothing goes.)
+        SELECT min(coalesce(p.acked_id, 0)) INTO min_acked FROM pgbroker.stream_cursor t
+        LEFT JOIN LATERAL pgbroker._stream_positions(t.stream_name, t.group_name, ARRAY[t.partition]) p ON true
+        WHERE t.stream_name = s.stream_name;
         IF min_acked >= (newest_segment + 1) * s.segment_rows - 1 THEN
             RETURN true;
         END IF;
@@ -3834,6 +3845,132 @@ END;
 $$;
 
 --
+-- Name: stream_position; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.stream_position (
+    stream_name text NOT NULL,
+    group_name text NOT NULL,
+    partition integer NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
+    acked_id bigint NOT NULL,
+    delivered_id bigint NOT NULL,
+    acked_at timestamp with time zone
+)
+PARTITION BY LIST (slot);
+
+--
+-- Name: _stream_positions(text, text, integer[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_positions(stream_name text, group_name text, partitions integer[]) RETURNS SETOF pgbroker.stream_position
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_sort TO 'off'
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT p.* FROM unnest(partitions) AS u(partition)
+    CROSS JOIN LATERAL (
+        SELECT * FROM pgbroker.stream_position q
+        WHERE q.stream_name = _stream_positions.stream_name AND q.group_name = _stream_positions.group_name
+          AND q.partition = u.partition
+        ORDER BY q.seq DESC LIMIT 1) p;
+END;
+$$;
+
+--
+-- Name: _stream_positions_append(text, text, integer[], bigint[], bigint[], timestamp with time zone[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_positions_append(stream_name text, group_name text, partitions integer[], acked_ids bigint[], delivered_ids bigint[], acked_ats timestamp with time zone[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
+                                          acked_at)
+    SELECT _stream_positions_append.stream_name, _stream_positions_append.group_name, x.partition, x.seq,
+           ((x.seq >> 32) % 2)::integer, x.acked_id, x.delivered_id, x.acked_at
+    FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, u.partition, u.acked_id, u.delivered_id, u.acked_at
+          FROM unnest(partitions, acked_ids, delivered_ids, acked_ats) WITH ORDINALITY
+               AS u(partition, acked_id, delivered_id, acked_at, n)
+          ORDER BY u.n) x;
+END;
+$$;
+
+--
+-- Name: _stream_positions_rewound(text, text, integer[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_positions_rewound(stream_name text, group_name text, partitions integer[]) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    moved integer[];
+    acked bigint[];
+    acked_ats timestamptz[];
+BEGIN
+    SELECT array_agg(p.partition ORDER BY p.partition), array_agg(p.acked_id ORDER BY p.partition),
+           array_agg(p.acked_at ORDER BY p.partition)
+    INTO moved, acked, acked_ats
+    FROM pgbroker._stream_positions(stream_name, group_name, partitions) p
+    WHERE p.delivered_id <> p.acked_id;
+    IF moved IS NULL THEN  -- (partitions NULL too: none owned)
+        RETURN 0;
+    END IF;
+    PERFORM pgbroker._stream_positions_append(stream_name, group_name, moved, acked, acked, acked_ats);
+    RETURN cardinality(moved);
+END;
+$$;
+
+--
+-- Name: _stream_positions_rotate(bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_positions_rotate(min_bytes bigint DEFAULT 1048576) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    last_seq bigint;
+    current_slot integer;
+    other text;
+    was_timeout text := current_setting('lock_timeout');
+    has_rows boolean;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('pgbroker.stream_positions_rotate')) THEN
+        RETURN false;
+    END IF;
+    last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
+    current_slot := ((last_seq >> 32) % 2)::integer;
+    other := 'stream_position_' || (1 - current_slot);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I)', other) INTO has_rows;
+    IF has_rows THEN
+        BEGIN
+            PERFORM set_config('lock_timeout', '100ms', true);
+            EXECUTE format('LOCK TABLE pgbroker.%I IN ACCESS EXCLUSIVE MODE', other);
+            PERFORM set_config('lock_timeout', was_timeout, true);
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            RETURN false;  -- the subtransaction's lock request and setting are undone with it
+        END;
+        INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id,
+                                              delivered_id, acked_at)
+        SELECT p.stream_name, p.group_name, p.partition, p.seq, current_slot, p.acked_id, p.delivered_id,
+               p.acked_at
+        FROM (SELECT t.stream_name, t.group_name, array_agg(t.partition) AS partitions
+              FROM pgbroker.stream_cursor t GROUP BY t.stream_name, t.group_name) c
+        CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, c.partitions) p
+        WHERE p.slot <> current_slot;
+        EXECUTE format('TRUNCATE pgbroker.%I', other);
+    END IF;
+    IF pg_relation_size(format('pgbroker.%I', 'stream_position_' || current_slot)::regclass) >= min_bytes THEN
+        PERFORM setval('pgbroker.stream_position_seq', ((last_seq >> 32) + 1) << 32);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+--
 -- Name: _stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[]); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3844,14 +3981,19 @@ DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
     s pgbroker.stream := pgbroker._stream_row(g.stream_name);
     safe bigint;
-    -- The rows read this call, locked, by position: partition, epoch, next position, moved.
+    -- The partitions this call locked, by position: partition, epoch, the position
+    -- found (acked_id, delivered_id, acked_at), and where the read has reached.
     parts integer[] := '{}';
     epochs bigint[] := '{}';
+    acked bigint[] := '{}';
+    delivered bigint[] := '{}';
+    acked_ats timestamptz[] := '{}';
     positions bigint[] := '{}';
-    moved boolean[] := '{}';
     more_parts integer[];
     more_epochs bigint[];
-    more_positions bigint[];
+    more_acked bigint[];
+    more_delivered bigint[];
+    more_acked_ats timestamptz[];
     todo integer[];
     drained boolean[];
     remaining integer := qty;
@@ -3876,6 +4018,7 @@ BEGIN
             format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
             'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
     END IF;
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
     PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
     -- First up to the safe id as it stands; only when that does not fill the
     -- batch, advance it (which looks at pg_locks) and read on up to the new one.
@@ -3888,19 +4031,49 @@ BEGIN
             safe := pgbroker._stream_safe_id(s.stream_name);
             EXIT WHEN safe <= reached;
         END IF;
-        -- Lock the consumer's cursor rows with messages to read (not the log's): a
-        -- partition cannot change hands between this read and the write of its row.
-        SELECT array_agg(t.partition), array_agg(t.epoch), array_agg(t.delivered_id)
-        INTO more_parts, more_epochs, more_positions
-        FROM (SELECT c.partition, c.epoch, c.delivered_id FROM pgbroker.stream_cursor c
-              WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-                AND c.delivered_id < safe AND NOT c.partition = ANY (parts)
-              FOR UPDATE) t;
+        -- Lock the consumer's cursor rows with messages to read, or acked by this call
+        -- (not the log's): a partition cannot change hands between this read and the
+        -- write of its position. Then their positions, read after the lock (see
+        -- "Positions": the last writer's is seen). A call that acks is a consumer at
+        -- work: all its rows, without looking at the positions first (one lookup
+        -- fewer); a read alone, only those behind the safe id (an idle poll locks
+        -- nothing).
+        IF pass = 1 AND cardinality(ack_partitions) > 0 THEN
+            SELECT array_agg(t.partition) INTO more_parts
+            FROM (SELECT c.partition FROM pgbroker.stream_cursor c
+                  WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                  ORDER BY c.partition
+                  FOR UPDATE) t;
+        ELSE
+            SELECT array_agg(t.partition) INTO more_parts
+            FROM (SELECT c.partition FROM pgbroker.stream_cursor c
+                  LEFT JOIN pgbroker._stream_positions(s.stream_name, g.group_name, ARRAY(
+                      SELECT o.partition FROM pgbroker.stream_cursor o
+                      WHERE o.stream_name = s.stream_name AND o.group_name = g.group_name AND o.owner = consumer)) p
+                    ON p.partition = c.partition
+                  WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                    AND (p.delivered_id < safe OR c.partition = ANY (ack_partitions))
+                    AND NOT c.partition = ANY (parts)
+                  ORDER BY c.partition
+                  FOR UPDATE OF c) t;
+        END IF;
+        IF more_parts IS NOT NULL THEN
+            SELECT array_agg(c.partition ORDER BY c.partition), array_agg(c.epoch ORDER BY c.partition),
+                   array_agg(p.acked_id ORDER BY c.partition), array_agg(p.delivered_id ORDER BY c.partition),
+                   array_agg(p.acked_at ORDER BY c.partition)
+            INTO more_parts, more_epochs, more_acked, more_delivered, more_acked_ats
+            FROM pgbroker.stream_cursor c
+            JOIN pgbroker._stream_positions(s.stream_name, g.group_name, more_parts) p ON p.partition = c.partition
+            WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+              AND c.partition = ANY (more_parts);
+        END IF;
         IF more_parts IS NOT NULL THEN
             parts := parts || more_parts;
             epochs := epochs || more_epochs;
-            positions := positions || more_positions;
-            moved := moved || array_fill(false, ARRAY[cardinality(more_parts)]);
+            acked := acked || more_acked;
+            delivered := delivered || more_delivered;
+            acked_ats := acked_ats || more_acked_ats;
+            positions := positions || more_delivered;
         END IF;
         -- The partition furthest behind (lowest position) first, so that none starves.
         todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x WHERE positions[x] < safe
@@ -3931,7 +4104,6 @@ BEGIN
                     GET DIAGNOSTICS n = ROW_COUNT;
                     IF n > 0 THEN
                         positions[i] := current_setting('pgbroker.stream_read_last')::bigint;
-                        moved[i] := true;
                     END IF;
                     remaining := remaining - n;
                     wanted := wanted - n;
@@ -3943,20 +4115,26 @@ BEGIN
         END LOOP;
     END LOOP;
 
-    -- One write a row: the read's new position and the ack (as stream_ack's: not
-    -- past what was delivered before this read, and only under the epoch it names).
-    UPDATE pgbroker.stream_cursor t
-    SET delivered_id = coalesce(w.position, t.delivered_id),
-        acked_id = CASE WHEN w.ack_epoch = t.epoch THEN greatest(t.acked_id, least(w.last_id, t.delivered_id))
-                        ELSE t.acked_id END,
-        acked_at = CASE WHEN w.ack_epoch = t.epoch THEN now() ELSE t.acked_at END
-    FROM (SELECT coalesce(m.partition, a.partition) AS partition, m.position, a.epoch AS ack_epoch, a.last_id
-          FROM (SELECT u.partition, u.position FROM unnest(parts, positions, moved) AS u(partition, position, moved)
-                WHERE u.moved) m
-          FULL JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
-            ON a.partition = m.partition) w
-    WHERE t.stream_name = s.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
-      AND t.owner = consumer AND (w.position IS NOT NULL OR w.ack_epoch = t.epoch);
+    -- One position a partition that moved: the read's new position and the ack (as
+    -- stream_ack's: not past what was delivered before this read, and only under
+    -- the epoch it names).
+    -- (_stream_positions_append's INSERT, written here: one statement, not two.)
+    INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
+                                          acked_at)
+    SELECT s.stream_name, g.group_name, x.partition, x.seq, ((x.seq >> 32) % 2)::integer, x.acked_id,
+           x.delivered_id, x.acked_at
+    FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, w.partition, w.acked_id, w.delivered_id,
+                 w.acked_at
+          FROM (SELECT u.partition, u.acked AS was_acked, u.delivered AS was_delivered,
+                       u.position AS delivered_id,
+                       CASE WHEN a.epoch = u.epoch THEN greatest(u.acked, least(a.last_id, u.delivered))
+                            ELSE u.acked END AS acked_id,
+                       CASE WHEN a.epoch = u.epoch THEN now() ELSE u.acked_at END AS acked_at
+                FROM unnest(parts, epochs, acked, delivered, acked_ats, positions)
+                     AS u(partition, epoch, acked, delivered, acked_at, position)
+                LEFT JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
+                  ON a.partition = u.partition) w
+          WHERE w.acked_id <> w.was_acked OR w.delivered_id <> w.was_delivered) x;
 END;
 $_$;
 
@@ -5038,8 +5216,12 @@ BEGIN
     INSERT INTO pgbroker.stream_group (stream_name, group_name, retry_queue)
     VALUES (s.stream_name, group_name, pgbroker._stored_name(retry_queue))
     RETURNING * INTO g;
-    INSERT INTO pgbroker.stream_cursor (stream_name, group_name, partition, acked_id, delivered_id)
-    SELECT s.stream_name, group_name, p, start_id, start_id FROM generate_series(0, s.partitions - 1) p;
+    INSERT INTO pgbroker.stream_cursor (stream_name, group_name, partition)
+    SELECT s.stream_name, group_name, p FROM generate_series(0, s.partitions - 1) p;
+    -- The cursor rows are new, not yet seen by any other transaction: no lock to take.
+    PERFORM pgbroker._stream_positions_append(s.stream_name, group_name,
+        ARRAY(SELECT generate_series(0, s.partitions - 1)), array_fill(start_id, ARRAY[s.partitions]),
+        array_fill(start_id, ARRAY[s.partitions]), array_fill(NULL::timestamptz, ARRAY[s.partitions]));
     RETURN g;
 END;
 $_$;
@@ -5435,6 +5617,7 @@ DECLARE
     child integer;
     order_by_age integer[];
 BEGIN
+    PERFORM pgbroker._stream_positions_rotate();
     -- Oldest first, so that the size rule frees the oldest segment first.
     order_by_age := ARRAY(SELECT c FROM generate_series(0, s.segments - 1) c
                           ORDER BY pgbroker._stream_child_segment(s, c));
@@ -6880,18 +7063,33 @@ CREATE FUNCTION pgbroker.spark_stream_commit(stream_name text, group_name text, 
     AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
-    moved integer;
+    held integer[];
+    moved integer[];
+    acked bigint[];
+    delivered bigint[];
 BEGIN
     PERFORM pgbroker._check_arg(cardinality(partitions) = cardinality(ids),
         'partitions and ids must have one entry per partition');
     PERFORM pgbroker._spark_stream_alone(g);
-    UPDATE pgbroker.stream_cursor t
-    SET acked_id = w.id, delivered_id = greatest(t.delivered_id, w.id), acked_at = now()
+    -- The ring, then the cursor rows locked, then the positions read and appended
+    -- (92_streams.sql, "Positions").
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;
+    SELECT array_agg(x.partition) INTO held
+    FROM (SELECT t.partition FROM pgbroker.stream_cursor t
+          WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.partition = ANY (partitions)
+          ORDER BY t.partition FOR UPDATE) x;
+    SELECT array_agg(w.partition ORDER BY w.partition), array_agg(w.id ORDER BY w.partition),
+           array_agg(greatest(p.delivered_id, w.id) ORDER BY w.partition)
+    INTO moved, acked, delivered
     FROM unnest(partitions, ids) AS w(partition, id)
-    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
-      AND t.acked_id < w.id;
-    GET DIAGNOSTICS moved = ROW_COUNT;
-    RETURN moved;
+    JOIN pgbroker._stream_positions(g.stream_name, g.group_name, held) p ON p.partition = w.partition
+    WHERE p.acked_id < w.id;
+    IF moved IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM pgbroker._stream_positions_append(g.stream_name, g.group_name, moved, acked, delivered,
+                                              array_fill(now(), ARRAY[cardinality(moved)]));
+    RETURN cardinality(moved);
 END;
 $$;
 
@@ -6906,7 +7104,8 @@ DECLARE
     g pgbroker.stream_group := pgbroker.create_stream_group(stream_name, group_name, start_from);
 BEGIN
     PERFORM pgbroker._spark_stream_alone(g);
-    RETURN QUERY SELECT c.partition, c.acked_id FROM pgbroker.stream_cursor c
+    RETURN QUERY SELECT c.partition, p.acked_id FROM pgbroker.stream_cursor c
+    CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
     WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name ORDER BY c.partition;
 END;
 $$;
@@ -6949,6 +7148,10 @@ CREATE FUNCTION pgbroker.stream_ack(stream_name text, group_name text, consumer 
     AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
+    held integer[];
+    moved integer[];
+    new_acked bigint[];
+    delivered bigint[];
 BEGIN
     PERFORM pgbroker._check_arg(
         cardinality(partitions) = cardinality(epochs) AND cardinality(partitions) = cardinality(last_ids),
@@ -6956,19 +7159,31 @@ BEGIN
     PERFORM pgbroker._check_arg(errors IS NULL OR cardinality(errors) IN (1, cardinality(failed_ids)),
         'errors must have one entry per failed id, or a single one for all');
 
+    -- The partitions still the consumer's under the epochs named, locked (the ring
+    -- first); then their positions, read after the lock (see "Positions"), and
+    -- those the ack moves appended.
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;
+    SELECT array_agg(x.partition) INTO held
+    FROM (SELECT t.partition FROM pgbroker.stream_cursor t
+          JOIN unnest(partitions, epochs) AS w(partition, epoch) ON w.partition = t.partition AND w.epoch = t.epoch
+          WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_ack.consumer
+          ORDER BY t.partition FOR UPDATE OF t) x;
+    SELECT array_agg(m.partition ORDER BY m.partition), array_agg(m.acked_id ORDER BY m.partition),
+           array_agg(m.delivered_id ORDER BY m.partition)
+    INTO moved, new_acked, delivered
+    FROM (SELECT w.partition, q.delivered_id, greatest(q.acked_id, least(w.last_id, q.delivered_id)) AS acked_id,
+                 q.acked_id AS was_acked
+          FROM unnest(partitions, last_ids) AS w(partition, last_id)
+          JOIN pgbroker._stream_positions(g.stream_name, g.group_name, held) q ON q.partition = w.partition) m
+    WHERE m.acked_id <> m.was_acked;
+    IF moved IS NOT NULL THEN
+        PERFORM pgbroker._stream_positions_append(g.stream_name, g.group_name, moved, new_acked, delivered,
+                                                  array_fill(now(), ARRAY[cardinality(moved)]));
+    END IF;
+
     RETURN QUERY
-    WITH wanted AS (
-        SELECT w.partition, w.epoch, w.last_id FROM unnest(partitions, epochs, last_ids) AS w(partition, epoch, last_id)
-    ), done AS (
-        UPDATE pgbroker.stream_cursor t
-        SET acked_id = greatest(t.acked_id, least(w.last_id, t.delivered_id)), acked_at = now()
-        FROM wanted w
-        WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
-          AND t.epoch = w.epoch AND t.owner = stream_ack.consumer
-        RETURNING t.partition
-    )
-    SELECT w.partition, EXISTS (SELECT 1 FROM done d WHERE d.partition = w.partition)
-    FROM wanted w ORDER BY w.partition;
+    SELECT w.partition, coalesce(w.partition = ANY (held), false)
+    FROM unnest(partitions) AS w(partition) ORDER BY w.partition;
 
     PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
 END;
@@ -7058,15 +7273,17 @@ DECLARE
 BEGIN
     RETURN QUERY EXECUTE format(
         $Q$
-        SELECT c.group_name, c.partition, c.acked_id, c.delivered_id,
-               (SELECT count(*) FROM pgbroker.%1$I l WHERE l.partition = c.partition AND l.id > c.acked_id),
-               (SELECT l.enqueued_at FROM pgbroker.%1$I l WHERE l.partition = c.partition AND l.id > c.acked_id
+        SELECT c.group_name, c.partition, p.acked_id, p.delivered_id,
+               (SELECT count(*) FROM pgbroker.%1$I l WHERE l.partition = c.partition AND l.id > p.acked_id),
+               (SELECT l.enqueued_at FROM pgbroker.%1$I l WHERE l.partition = c.partition AND l.id > p.acked_id
                 ORDER BY l.id LIMIT 1),
                c.owner,
                EXISTS (SELECT 1 FROM pgbroker.stream_consumer k
                        WHERE k.stream_name = c.stream_name AND k.group_name = c.group_name
                          AND k.consumer = c.owner AND k.expires_at > now())
-        FROM pgbroker.stream_cursor c WHERE c.stream_name = $1
+        FROM pgbroker.stream_cursor c
+        CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
+        WHERE c.stream_name = $1
         ORDER BY c.group_name, c.partition
         $Q$, 's_' || s.stream_name) USING s.stream_name;
 END;
@@ -7174,13 +7391,14 @@ CREATE FUNCTION pgbroker.stream_rewind(stream_name text, group_name text, consum
     AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
-    rewound integer;
+    owned integer[];
 BEGIN
-    UPDATE pgbroker.stream_cursor t SET delivered_id = t.acked_id
-    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
-      AND t.delivered_id <> t.acked_id;
-    GET DIAGNOSTICS rewound = ROW_COUNT;
-    RETURN rewound;
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
+    SELECT array_agg(x.partition) INTO owned
+    FROM (SELECT t.partition FROM pgbroker.stream_cursor t
+          WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
+          ORDER BY t.partition FOR UPDATE) x;
+    RETURN pgbroker._stream_positions_rewound(g.stream_name, g.group_name, owned);
 END;
 $$;
 
@@ -8872,11 +9090,8 @@ CREATE TABLE pgbroker.stream_cursor (
     stream_name text NOT NULL,
     group_name text NOT NULL,
     partition integer NOT NULL,
-    acked_id bigint NOT NULL,
-    delivered_id bigint NOT NULL,
     owner text,
-    epoch bigint DEFAULT 0 NOT NULL,
-    acked_at timestamp with time zone
+    epoch bigint DEFAULT 0 NOT NULL
 )
 WITH (fillfactor='30');
 
@@ -8901,6 +9116,47 @@ CREATE TABLE pgbroker.stream_inbound_seen (
     message_id text NOT NULL,
     seen_at timestamp with time zone DEFAULT now() NOT NULL
 );
+
+--
+-- Name: stream_position_0; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.stream_position_0 (
+    stream_name text NOT NULL,
+    group_name text NOT NULL,
+    partition integer NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
+    acked_id bigint NOT NULL,
+    delivered_id bigint NOT NULL,
+    acked_at timestamp with time zone
+);
+
+--
+-- Name: stream_position_1; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.stream_position_1 (
+    stream_name text NOT NULL,
+    group_name text NOT NULL,
+    partition integer NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
+    acked_id bigint NOT NULL,
+    delivered_id bigint NOT NULL,
+    acked_at timestamp with time zone
+);
+
+--
+-- Name: stream_position_seq; Type: SEQUENCE; Schema: pgbroker; Owner: -
+--
+
+CREATE SEQUENCE pgbroker.stream_position_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
 
 --
 -- Name: stream_watermark; Type: TABLE; Schema: pgbroker; Owner: -
@@ -8934,6 +9190,18 @@ CREATE TABLE pgmq.notify_insert_throttle (
     throttle_interval_ms integer DEFAULT 0 NOT NULL,
     last_notified_at timestamp with time zone DEFAULT to_timestamp((0)::double precision) NOT NULL
 );
+
+--
+-- Name: stream_position_0; Type: TABLE ATTACH; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.stream_position ATTACH PARTITION pgbroker.stream_position_0 FOR VALUES IN (0);
+
+--
+-- Name: stream_position_1; Type: TABLE ATTACH; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.stream_position ATTACH PARTITION pgbroker.stream_position_1 FOR VALUES IN (1);
 
 --
 -- Name: api_keys api_keys_hash_key; Type: CONSTRAINT; Schema: pgbroker; Owner: -
@@ -9191,6 +9459,24 @@ CREATE INDEX schedules_next_run_idx ON pgbroker.schedules USING btree (next_run)
 CREATE INDEX stream_inbound_seen_seen_at ON pgbroker.stream_inbound_seen USING btree (seen_at);
 
 --
+-- Name: stream_position_newest; Type: INDEX; Schema: pgbroker; Owner: -
+--
+
+CREATE INDEX stream_position_newest ON ONLY pgbroker.stream_position USING btree (stream_name, group_name, partition, seq);
+
+--
+-- Name: stream_position_0_stream_name_group_name_partition_seq_idx; Type: INDEX; Schema: pgbroker; Owner: -
+--
+
+CREATE INDEX stream_position_0_stream_name_group_name_partition_seq_idx ON pgbroker.stream_position_0 USING btree (stream_name, group_name, partition, seq);
+
+--
+-- Name: stream_position_1_stream_name_group_name_partition_seq_idx; Type: INDEX; Schema: pgbroker; Owner: -
+--
+
+CREATE INDEX stream_position_1_stream_name_group_name_partition_seq_idx ON pgbroker.stream_position_1 USING btree (stream_name, group_name, partition, seq);
+
+--
 -- Name: meta_queue_name_lower_key; Type: INDEX; Schema: pgmq; Owner: -
 --
 
@@ -9201,6 +9487,18 @@ CREATE UNIQUE INDEX meta_queue_name_lower_key ON pgmq.meta USING btree (lower((q
 --
 
 CREATE INDEX topic_bindings_queue_name_idx ON pgmq.topic_bindings USING btree (queue_name);
+
+--
+-- Name: stream_position_0_stream_name_group_name_partition_seq_idx; Type: INDEX ATTACH; Schema: pgbroker; Owner: -
+--
+
+ALTER INDEX pgbroker.stream_position_newest ATTACH PARTITION pgbroker.stream_position_0_stream_name_group_name_partition_seq_idx;
+
+--
+-- Name: stream_position_1_stream_name_group_name_partition_seq_idx; Type: INDEX ATTACH; Schema: pgbroker; Owner: -
+--
+
+ALTER INDEX pgbroker.stream_position_newest ATTACH PARTITION pgbroker.stream_position_1_stream_name_group_name_partition_seq_idx;
 
 --
 -- Name: queue_policy routes_on_policies; Type: TRIGGER; Schema: pgbroker; Owner: -

@@ -292,7 +292,11 @@ def test_a_stream_id_reissued_after_a_failover_goes_out_with_a_new_message_id(ds
             conn.execute("DELETE FROM pgbroker.s_ids WHERE id >= %s", (lost,))
             conn.execute("SELECT setval('pgbroker.s_ids_seq', %s, false)", (lost,))
             conn.execute(
-                "UPDATE pgbroker.stream_cursor SET acked_id = %s - 1, delivered_id = %s - 1", (lost, lost)
+                "SELECT pgbroker._stream_positions_append(stream_name, group_name, array_agg(partition),"
+                " array_fill(%s - 1, ARRAY[count(*)::int]), array_fill(%s - 1, ARRAY[count(*)::int]),"
+                " array_fill(NULL::timestamptz, ARRAY[count(*)::int]))"
+                " FROM pgbroker.stream_cursor GROUP BY stream_name, group_name",
+                (lost, lost),
             )
             conn.execute("UPDATE pgbroker.stream_watermark SET safe_id = %s - 1", (lost,))
         assert stream.send({"n": "new"}) == lost

@@ -92,7 +92,7 @@ def test_a_late_commit_is_never_skipped(dsn: str, conn: Conn) -> None:
     batch = read(conn, "clicks", "g", "c")
     assert batch.ids == [late, early]
     ack(conn, "clicks", "g", "c", batch)
-    assert conn.execute("SELECT acked_id FROM pgbroker.stream_cursor").fetchone() == (early,)
+    assert conn.execute("SELECT acked_id FROM pgbroker.stream_lag('clicks')").fetchone() == (early,)
 
 
 def test_a_rolled_back_send_does_not_hold_the_stream(dsn: str, conn: Conn) -> None:
@@ -133,7 +133,7 @@ def test_reading_again_before_acking_hands_out_the_next_messages(conn: Conn) -> 
     second = read(conn, "clicks", "g", "c", qty=4)
     assert first.ids + second.ids == ids[:8]
     ack(conn, "clicks", "g", "c", second)  # acks everything up to its last id
-    assert conn.execute("SELECT acked_id FROM pgbroker.stream_cursor").fetchone() == (ids[7],)
+    assert conn.execute("SELECT acked_id FROM pgbroker.stream_lag('clicks')").fetchone() == (ids[7],)
 
 
 def test_consumers_share_partitions_and_a_dead_ones_batch_is_delivered_again(conn: Conn) -> None:
@@ -378,17 +378,21 @@ def test_a_consumer_whose_sessions_ended_loses_its_partitions_at_once(dsn: str, 
     assert conn.execute("SELECT consumer FROM pgbroker.stream_consumer").fetchall() == [("b",)]
 
 
-def cursor_row_writes(conn: Conn) -> int:
-    """Row versions this transaction wrote to the cursor table so far (updates, HOT or not)."""
+def position_writes(conn: Conn) -> tuple[int, int]:
+    """This transaction's writes so far: positions appended, and cursor rows updated (HOT or not)."""
     row = conn.execute(
-        "SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relid = 'pgbroker.stream_cursor'::regclass"
+        "SELECT coalesce(sum(n_tup_ins) FILTER (WHERE relname LIKE 'stream\\_position\\_%%'), 0),"
+        " coalesce(sum(n_tup_upd) FILTER (WHERE relname = 'stream_cursor'), 0)"
+        " FROM pg_stat_xact_user_tables WHERE schemaname = 'pgbroker'"
     ).fetchone()
-    return row[0] if row else 0
+    assert row is not None
+    return int(row[0]), int(row[1])
 
 
-def test_an_ack_and_read_in_one_call_writes_each_cursor_row_once(conn: Conn) -> None:
-    # One row version a partition a batch, not one for the ack and one for the read: what a
-    # transaction holding back the xmin horizon leaves behind, since it keeps every version.
+def test_an_ack_and_read_in_one_call_appends_one_position_a_partition(conn: Conn) -> None:
+    # One position a partition a batch, not one for the ack and one for the read, and no update
+    # of the cursor rows: an update leaves a version that a transaction holding back the xmin
+    # horizon keeps; an appended position leaves none (test_stream_positions.py).
     make_stream(conn, partitions=4)
     make_group(conn, "g")
     send(conn, "clicks", [{"n": i} for i in range(2000)])
@@ -397,15 +401,18 @@ def test_an_ack_and_read_in_one_call_writes_each_cursor_row_once(conn: Conn) -> 
         parts, epochs, last = batch.ack_args()
         assert parts == [0, 1, 2, 3]
         with conn.transaction():
-            before = cursor_row_writes(conn)
+            before = position_writes(conn)
             batch = Batch(
                 conn.execute(
                     "SELECT * FROM pgbroker.stream_consume('clicks', 'g', 'c', 200, 30, %s, %s, %s)",
                     (parts, epochs, last),
                 ).fetchall()
             )
-            assert cursor_row_writes(conn) - before == 4
-    acked = [r[0] for r in conn.execute("SELECT acked_id FROM pgbroker.stream_cursor ORDER BY partition")]
+            after = position_writes(conn)
+            assert (after[0] - before[0], after[1] - before[1]) == (4, 0)
+    acked = [
+        r[0] for r in conn.execute("SELECT acked_id FROM pgbroker.stream_lag('clicks') ORDER BY partition")
+    ]
     assert acked == last
     assert len(batch.rows) == 200
 

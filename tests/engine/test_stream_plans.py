@@ -32,7 +32,11 @@ def _read_buffers(conn: Conn, stream: str, backlog: int) -> tuple[int, set[str],
     assert capture.enable(), "auto_explain needs a superuser session"
     # Well into the backlog, as a consumer catching up would be.
     conn.execute(
-        "UPDATE pgbroker.stream_cursor SET acked_id = %s, delivered_id = %s", (backlog // 2, backlog // 2)
+        "SELECT pgbroker._stream_positions_append(stream_name, group_name, array_agg(partition),"
+        " array_fill(%s::bigint, ARRAY[count(*)::int]), array_fill(%s::bigint, ARRAY[count(*)::int]),"
+        " array_fill(NULL::timestamptz, ARRAY[count(*)::int]))"
+        " FROM pgbroker.stream_cursor GROUP BY stream_name, group_name",
+        (backlog // 2, backlog // 2),
     )
     buffers, indexes, nodes = [], set(), set()
     for _ in range(6):

@@ -52,8 +52,8 @@ def acked_but_not_copied(conn: Conn) -> int:
     """Messages the group's cursor has passed that are not in the sink: the cursor moved before
     Spark committed the batch (one statement: one snapshot of both)."""
     row = conn.execute(
-        "SELECT count(*) FROM pgbroker.s_events e JOIN pgbroker.stream_cursor c"
-        " ON c.stream_name = 'events' AND c.group_name = 'spark' AND c.partition = e.partition"
+        "SELECT count(*) FROM pgbroker.s_events e"
+        " JOIN pgbroker._stream_positions('events', 'spark', ARRAY[e.partition]) c ON true"
         " WHERE e.id <= c.acked_id AND NOT EXISTS"
         " (SELECT 1 FROM pgbroker.s_copied k WHERE k.message->'n' = e.message->'n')"
     ).fetchone()

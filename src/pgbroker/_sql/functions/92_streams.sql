@@ -60,9 +60,10 @@
 -- Reads in REPEATABLE READ or SERIALIZABLE are refused (their snapshot is
 -- older than the safe id they would see).
 --
--- Groups, consumers and leases. A group has a cursor row per partition:
--- acked_id (acknowledged up to), delivered_id (handed out up to: a consumer
--- may read ahead of its acks), owner and epoch. A consumer names itself
+-- Groups, consumers and leases. A group has a cursor row per partition
+-- (owner and epoch) and a position per partition: acked_id (acknowledged up
+-- to) and delivered_id (handed out up to: a consumer may read ahead of its
+-- acks), appended, never updated (see "Positions"). A consumer names itself
 -- (any unique text) and keeps a heartbeat row, renewed every half lease. The
 -- live consumers of a group, ordered by name, share the partitions evenly
 -- (the i-th gets floor(N/n), plus one for the first N mod n); on every read
@@ -99,12 +100,19 @@
 -- dead-letter queue (65_failures.sql). A retry queue whose max_deliveries is
 -- 1 dead-letters a failed message at once.
 --
--- The tables groups and consumers use stay small (rows per group and
--- partition, and per live consumer) and are updated in place: no indexed
--- column changes, fillfactor leaves room, so the updates are HOT and the
--- pages prune themselves. While a transaction holds back the xmin horizon
--- no version can be pruned, so writes are kept few: a read writes each
--- cursor row it moves once, with the ack that came with it (stream_consume).
+-- While a transaction holds back the xmin horizon no row version an UPDATE
+-- or DELETE leaves can be pruned or vacuumed. So what changes with every
+-- batch is appended: a read appends a position for each partition it moves,
+-- once, with the ack that came with it (stream_consume), and old positions
+-- go by TRUNCATE ("Positions"). Still updated in place: the cursor row when a
+-- partition changes hands and the consumer's heartbeat row every half lease
+-- (events and time, not messages), and the watermark when the safe id moves:
+-- at most once a read, and only by a read that reaches the safe id, so once
+-- a backlog read but about once a batch for consumers that keep up with
+-- producers sending all the time. Those tables stay small (rows per group and
+-- partition, per live consumer, per stream), no indexed column changes and
+-- fillfactor leaves room: the updates are HOT and the pages prune themselves
+-- once the horizon moves on.
 
 ------------------------------------------------------------------------------
 -- Tables
@@ -557,6 +565,131 @@ END;
 $$;
 
 ------------------------------------------------------------------------------
+-- Positions: insert-only, in a ring of two child tables
+------------------------------------------------------------------------------
+
+-- A partition's position (acked_id, delivered_id, acked_at) is never
+-- updated: a move appends a row to pgbroker.stream_position, and the
+-- position is the partition's row with the highest seq (an index walk of one
+-- entry in each child table). While a transaction holds back the xmin
+-- horizon an UPDATE leaves a dead version behind at every move (a row a
+-- partition a batch); an INSERT leaves none, and old rows go by TRUNCATE,
+-- which leaves none either. The cursor row (owner, epoch) is written only
+-- when the partition changes hands.
+--
+-- Order. Every writer of a partition's position holds its cursor row's lock
+-- (FOR UPDATE, or the UPDATE that hands it over) from before it draws its seq
+-- until it commits, and reads the position after taking the lock (a later
+-- statement, a newer snapshot): the writers of a partition take turns, and
+-- their seqs rise in the order they commit.
+--
+-- The ring. slot = (seq >> 32) % 2 names the child table a row goes to; the
+-- current slot is that of the sequence's last value. Rotation
+-- (_stream_positions_rotate, run by maintain_stream) empties the other child:
+-- it locks it (ACCESS EXCLUSIVE), copies into the current child each
+-- partition's newest row that lies in it (seq kept: a row appended meanwhile
+-- has a higher one), and TRUNCATEs it. Once the current child has grown past
+-- min_bytes it moves the sequence to the next 2^32 (setval), which makes the
+-- emptied child the current one; a writer that drew its seq before lands in
+-- the former one, which the next rotation empties. Every transaction that
+-- writes positions first takes ACCESS SHARE on the whole ring (before any
+-- cursor row lock): the rotation so waits for the writers at work, and the
+-- writers that come after wait for the rotation, before their first
+-- statement that reads positions, whose snapshot then sees what it wrote
+-- (TRUNCATE is not MVCC-safe: an older snapshot would see the child empty
+-- and the copies not yet there). One lock order, ring then rows, and no
+-- deadlock. The rotation's wait is bounded by a lock_timeout of 100 ms (the
+-- writers queued behind it wait no longer): a rotation that cannot have the
+-- lock gives up until the next maintenance, and the ring only grows
+-- meanwhile. Monitoring reads (stream_lag) take no lock first: one that
+-- meets a rotation may miss a partition's row for that read. A reader that
+-- finds no position for a partition (none should) leaves it alone: it reads
+-- nothing from it and acks nothing on it.
+
+-- The positions of a group's partitions: each one's newest row (no row: see
+-- above), read by an index walk backwards in each child, merged, one entry.
+-- The planner is told so (no seq scan, no sort): from statistics taken when
+-- the ring held a row a partition it would pick a scan of the child and a sort
+-- of all the partition's rows, and keep that plan (cached for the session) as
+-- the child grows to thousands of rows.
+CREATE OR REPLACE FUNCTION pgbroker._stream_positions(stream_name text, group_name text, partitions integer[])
+RETURNS SETOF pgbroker.stream_position LANGUAGE plpgsql STABLE
+SET enable_seqscan = off SET enable_sort = off AS $$
+BEGIN
+    RETURN QUERY
+    SELECT p.* FROM unnest(partitions) AS u(partition)
+    CROSS JOIN LATERAL (
+        SELECT * FROM pgbroker.stream_position q
+        WHERE q.stream_name = _stream_positions.stream_name AND q.group_name = _stream_positions.group_name
+          AND q.partition = u.partition
+        ORDER BY q.seq DESC LIMIT 1) p;
+END;
+$$;
+
+-- Append positions of a group's partitions, one row each, in the current slot.
+-- The caller holds the partitions' cursor rows locked (see above).
+CREATE OR REPLACE FUNCTION pgbroker._stream_positions_append(stream_name text, group_name text, partitions integer[],
+                                                  acked_ids bigint[], delivered_ids bigint[],
+                                                  acked_ats timestamptz[])
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
+                                          acked_at)
+    SELECT _stream_positions_append.stream_name, _stream_positions_append.group_name, x.partition, x.seq,
+           ((x.seq >> 32) % 2)::integer, x.acked_id, x.delivered_id, x.acked_at
+    FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, u.partition, u.acked_id, u.delivered_id, u.acked_at
+          FROM unnest(partitions, acked_ids, delivered_ids, acked_ats) WITH ORDINALITY
+               AS u(partition, acked_id, delivered_id, acked_at, n)
+          ORDER BY u.n) x;
+END;
+$$;
+
+-- Empty the ring's other child table, carrying the positions it holds into
+-- the current one, and move the sequence on once the current one has grown
+-- past min_bytes (see above). Returns false when it could not have its
+-- locks (another rotation, or a transaction holding the ring past the lock_timeout).
+CREATE OR REPLACE FUNCTION pgbroker._stream_positions_rotate(min_bytes bigint DEFAULT 1048576)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    last_seq bigint;
+    current_slot integer;
+    other text;
+    was_timeout text := current_setting('lock_timeout');
+    has_rows boolean;
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtext('pgbroker.stream_positions_rotate')) THEN
+        RETURN false;
+    END IF;
+    last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
+    current_slot := ((last_seq >> 32) % 2)::integer;
+    other := 'stream_position_' || (1 - current_slot);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I)', other) INTO has_rows;
+    IF has_rows THEN
+        BEGIN
+            PERFORM set_config('lock_timeout', '100ms', true);
+            EXECUTE format('LOCK TABLE pgbroker.%I IN ACCESS EXCLUSIVE MODE', other);
+            PERFORM set_config('lock_timeout', was_timeout, true);
+        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+            RETURN false;  -- the subtransaction's lock request and setting are undone with it
+        END;
+        INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id,
+                                              delivered_id, acked_at)
+        SELECT p.stream_name, p.group_name, p.partition, p.seq, current_slot, p.acked_id, p.delivered_id,
+               p.acked_at
+        FROM (SELECT t.stream_name, t.group_name, array_agg(t.partition) AS partitions
+              FROM pgbroker.stream_cursor t GROUP BY t.stream_name, t.group_name) c
+        CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, c.partitions) p
+        WHERE p.slot <> current_slot;
+        EXECUTE format('TRUNCATE pgbroker.%I', other);
+    END IF;
+    IF pg_relation_size(format('pgbroker.%I', 'stream_position_' || current_slot)::regclass) >= min_bytes THEN
+        PERFORM setval('pgbroker.stream_position_seq', ((last_seq >> 32) + 1) << 32);
+    END IF;
+    RETURN true;
+END;
+$$;
+
+------------------------------------------------------------------------------
 -- Consumer groups
 ------------------------------------------------------------------------------
 
@@ -611,8 +744,12 @@ BEGIN
     INSERT INTO pgbroker.stream_group (stream_name, group_name, retry_queue)
     VALUES (s.stream_name, group_name, pgbroker._stored_name(retry_queue))
     RETURNING * INTO g;
-    INSERT INTO pgbroker.stream_cursor (stream_name, group_name, partition, acked_id, delivered_id)
-    SELECT s.stream_name, group_name, p, start_id, start_id FROM generate_series(0, s.partitions - 1) p;
+    INSERT INTO pgbroker.stream_cursor (stream_name, group_name, partition)
+    SELECT s.stream_name, group_name, p FROM generate_series(0, s.partitions - 1) p;
+    -- The cursor rows are new, not yet seen by any other transaction: no lock to take.
+    PERFORM pgbroker._stream_positions_append(s.stream_name, group_name,
+        ARRAY(SELECT generate_series(0, s.partitions - 1)), array_fill(start_id, ARRAY[s.partitions]),
+        array_fill(start_id, ARRAY[s.partitions]), array_fill(NULL::timestamptz, ARRAY[s.partitions]));
     RETURN g;
 END;
 $$;
@@ -662,6 +799,7 @@ DECLARE
     rank integer;
     share integer;
     owned integer;
+    taken integer[];
 BEGIN
     -- Taken again on every read: a session's locks stack, and cost no shared memory more.
     PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
@@ -713,21 +851,28 @@ BEGIN
         UPDATE pgbroker.stream_cursor t SET owner = NULL
         WHERE (t.stream_name, t.group_name, t.partition) IN (
             SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
+            CROSS JOIN LATERAL pgbroker._stream_positions(x.stream_name, x.group_name, ARRAY[x.partition]) p
             WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
-              AND x.owner = _stream_balance.consumer AND x.delivered_id = x.acked_id
+              AND x.owner = _stream_balance.consumer AND p.delivered_id = p.acked_id
             ORDER BY x.partition DESC LIMIT owned - share);
     ELSIF owned < share THEN
         -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
         -- to acked_id, so what it held unacknowledged is delivered again.
-        UPDATE pgbroker.stream_cursor t
-        SET owner = _stream_balance.consumer, epoch = t.epoch + 1, delivered_id = t.acked_id
-        WHERE (t.stream_name, t.group_name, t.partition) IN (
-            SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
-            WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
-              AND (x.owner IS NULL OR NOT x.owner = ANY (live))
-            ORDER BY x.partition LIMIT share - owned
-            FOR UPDATE SKIP LOCKED);
+        WITH t AS (
+            UPDATE pgbroker.stream_cursor t
+            SET owner = _stream_balance.consumer, epoch = t.epoch + 1
+            WHERE (t.stream_name, t.group_name, t.partition) IN (
+                SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
+                WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
+                  AND (x.owner IS NULL OR NOT x.owner = ANY (live))
+                ORDER BY x.partition LIMIT share - owned
+                FOR UPDATE SKIP LOCKED)
+            RETURNING t.partition)
+        SELECT array_agg(t.partition ORDER BY t.partition) INTO taken FROM t;
+        IF taken IS NOT NULL THEN  -- (their rows locked by the UPDATE, read after it)
+            PERFORM pgbroker._stream_positions_rewound(s.stream_name, _stream_balance.group_name, taken);
+        END IF;
     END IF;
 END;
 $$;
@@ -759,13 +904,37 @@ CREATE OR REPLACE FUNCTION pgbroker.stream_rewind(stream_name text, group_name t
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
-    rewound integer;
+    owned integer[];
 BEGIN
-    UPDATE pgbroker.stream_cursor t SET delivered_id = t.acked_id
-    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
-      AND t.delivered_id <> t.acked_id;
-    GET DIAGNOSTICS rewound = ROW_COUNT;
-    RETURN rewound;
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
+    SELECT array_agg(x.partition) INTO owned
+    FROM (SELECT t.partition FROM pgbroker.stream_cursor t
+          WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
+          ORDER BY t.partition FOR UPDATE) x;
+    RETURN pgbroker._stream_positions_rewound(g.stream_name, g.group_name, owned);
+END;
+$$;
+
+-- Move the positions of partitions whose cursor rows the caller holds locked
+-- back to what was acknowledged (delivered_id := acked_id), those that were
+-- not there; returns how many moved.
+CREATE OR REPLACE FUNCTION pgbroker._stream_positions_rewound(stream_name text, group_name text, partitions integer[])
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    moved integer[];
+    acked bigint[];
+    acked_ats timestamptz[];
+BEGIN
+    SELECT array_agg(p.partition ORDER BY p.partition), array_agg(p.acked_id ORDER BY p.partition),
+           array_agg(p.acked_at ORDER BY p.partition)
+    INTO moved, acked, acked_ats
+    FROM pgbroker._stream_positions(stream_name, group_name, partitions) p
+    WHERE p.delivered_id <> p.acked_id;
+    IF moved IS NULL THEN  -- (partitions NULL too: none owned)
+        RETURN 0;
+    END IF;
+    PERFORM pgbroker._stream_positions_append(stream_name, group_name, moved, acked, acked, acked_ats);
+    RETURN cardinality(moved);
 END;
 $$;
 
@@ -788,14 +957,19 @@ DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
     s pgbroker.stream := pgbroker._stream_row(g.stream_name);
     safe bigint;
-    -- The rows read this call, locked, by position: partition, epoch, next position, moved.
+    -- The partitions this call locked, by position: partition, epoch, the position
+    -- found (acked_id, delivered_id, acked_at), and where the read has reached.
     parts integer[] := '{}';
     epochs bigint[] := '{}';
+    acked bigint[] := '{}';
+    delivered bigint[] := '{}';
+    acked_ats timestamptz[] := '{}';
     positions bigint[] := '{}';
-    moved boolean[] := '{}';
     more_parts integer[];
     more_epochs bigint[];
-    more_positions bigint[];
+    more_acked bigint[];
+    more_delivered bigint[];
+    more_acked_ats timestamptz[];
     todo integer[];
     drained boolean[];
     remaining integer := qty;
@@ -820,6 +994,7 @@ BEGIN
             format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
             'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
     END IF;
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
     PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
     -- First up to the safe id as it stands; only when that does not fill the
     -- batch, advance it (which looks at pg_locks) and read on up to the new one.
@@ -832,19 +1007,49 @@ BEGIN
             safe := pgbroker._stream_safe_id(s.stream_name);
             EXIT WHEN safe <= reached;
         END IF;
-        -- Lock the consumer's cursor rows with messages to read (not the log's): a
-        -- partition cannot change hands between this read and the write of its row.
-        SELECT array_agg(t.partition), array_agg(t.epoch), array_agg(t.delivered_id)
-        INTO more_parts, more_epochs, more_positions
-        FROM (SELECT c.partition, c.epoch, c.delivered_id FROM pgbroker.stream_cursor c
-              WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-                AND c.delivered_id < safe AND NOT c.partition = ANY (parts)
-              FOR UPDATE) t;
+        -- Lock the consumer's cursor rows with messages to read, or acked by this call
+        -- (not the log's): a partition cannot change hands between this read and the
+        -- write of its position. Then their positions, read after the lock (see
+        -- "Positions": the last writer's is seen). A call that acks is a consumer at
+        -- work: all its rows, without looking at the positions first (one lookup
+        -- fewer); a read alone, only those behind the safe id (an idle poll locks
+        -- nothing).
+        IF pass = 1 AND cardinality(ack_partitions) > 0 THEN
+            SELECT array_agg(t.partition) INTO more_parts
+            FROM (SELECT c.partition FROM pgbroker.stream_cursor c
+                  WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                  ORDER BY c.partition
+                  FOR UPDATE) t;
+        ELSE
+            SELECT array_agg(t.partition) INTO more_parts
+            FROM (SELECT c.partition FROM pgbroker.stream_cursor c
+                  LEFT JOIN pgbroker._stream_positions(s.stream_name, g.group_name, ARRAY(
+                      SELECT o.partition FROM pgbroker.stream_cursor o
+                      WHERE o.stream_name = s.stream_name AND o.group_name = g.group_name AND o.owner = consumer)) p
+                    ON p.partition = c.partition
+                  WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                    AND (p.delivered_id < safe OR c.partition = ANY (ack_partitions))
+                    AND NOT c.partition = ANY (parts)
+                  ORDER BY c.partition
+                  FOR UPDATE OF c) t;
+        END IF;
+        IF more_parts IS NOT NULL THEN
+            SELECT array_agg(c.partition ORDER BY c.partition), array_agg(c.epoch ORDER BY c.partition),
+                   array_agg(p.acked_id ORDER BY c.partition), array_agg(p.delivered_id ORDER BY c.partition),
+                   array_agg(p.acked_at ORDER BY c.partition)
+            INTO more_parts, more_epochs, more_acked, more_delivered, more_acked_ats
+            FROM pgbroker.stream_cursor c
+            JOIN pgbroker._stream_positions(s.stream_name, g.group_name, more_parts) p ON p.partition = c.partition
+            WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+              AND c.partition = ANY (more_parts);
+        END IF;
         IF more_parts IS NOT NULL THEN
             parts := parts || more_parts;
             epochs := epochs || more_epochs;
-            positions := positions || more_positions;
-            moved := moved || array_fill(false, ARRAY[cardinality(more_parts)]);
+            acked := acked || more_acked;
+            delivered := delivered || more_delivered;
+            acked_ats := acked_ats || more_acked_ats;
+            positions := positions || more_delivered;
         END IF;
         -- The partition furthest behind (lowest position) first, so that none starves.
         todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x WHERE positions[x] < safe
@@ -875,7 +1080,6 @@ BEGIN
                     GET DIAGNOSTICS n = ROW_COUNT;
                     IF n > 0 THEN
                         positions[i] := current_setting('pgbroker.stream_read_last')::bigint;
-                        moved[i] := true;
                     END IF;
                     remaining := remaining - n;
                     wanted := wanted - n;
@@ -887,20 +1091,26 @@ BEGIN
         END LOOP;
     END LOOP;
 
-    -- One write a row: the read's new position and the ack (as stream_ack's: not
-    -- past what was delivered before this read, and only under the epoch it names).
-    UPDATE pgbroker.stream_cursor t
-    SET delivered_id = coalesce(w.position, t.delivered_id),
-        acked_id = CASE WHEN w.ack_epoch = t.epoch THEN greatest(t.acked_id, least(w.last_id, t.delivered_id))
-                        ELSE t.acked_id END,
-        acked_at = CASE WHEN w.ack_epoch = t.epoch THEN now() ELSE t.acked_at END
-    FROM (SELECT coalesce(m.partition, a.partition) AS partition, m.position, a.epoch AS ack_epoch, a.last_id
-          FROM (SELECT u.partition, u.position FROM unnest(parts, positions, moved) AS u(partition, position, moved)
-                WHERE u.moved) m
-          FULL JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
-            ON a.partition = m.partition) w
-    WHERE t.stream_name = s.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
-      AND t.owner = consumer AND (w.position IS NOT NULL OR w.ack_epoch = t.epoch);
+    -- One position a partition that moved: the read's new position and the ack (as
+    -- stream_ack's: not past what was delivered before this read, and only under
+    -- the epoch it names).
+    -- (_stream_positions_append's INSERT, written here: one statement, not two.)
+    INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
+                                          acked_at)
+    SELECT s.stream_name, g.group_name, x.partition, x.seq, ((x.seq >> 32) % 2)::integer, x.acked_id,
+           x.delivered_id, x.acked_at
+    FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, w.partition, w.acked_id, w.delivered_id,
+                 w.acked_at
+          FROM (SELECT u.partition, u.acked AS was_acked, u.delivered AS was_delivered,
+                       u.position AS delivered_id,
+                       CASE WHEN a.epoch = u.epoch THEN greatest(u.acked, least(a.last_id, u.delivered))
+                            ELSE u.acked END AS acked_id,
+                       CASE WHEN a.epoch = u.epoch THEN now() ELSE u.acked_at END AS acked_at
+                FROM unnest(parts, epochs, acked, delivered, acked_ats, positions)
+                     AS u(partition, epoch, acked, delivered, acked_at, position)
+                LEFT JOIN unnest(ack_partitions, ack_epochs, ack_last_ids) AS a(partition, epoch, last_id)
+                  ON a.partition = u.partition) w
+          WHERE w.acked_id <> w.was_acked OR w.delivered_id <> w.was_delivered) x;
 END;
 $$;
 
@@ -933,6 +1143,10 @@ CREATE OR REPLACE FUNCTION pgbroker.stream_ack(stream_name text, group_name text
 RETURNS TABLE (partition integer, acked boolean) LANGUAGE plpgsql AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
+    held integer[];
+    moved integer[];
+    new_acked bigint[];
+    delivered bigint[];
 BEGIN
     PERFORM pgbroker._check_arg(
         cardinality(partitions) = cardinality(epochs) AND cardinality(partitions) = cardinality(last_ids),
@@ -940,19 +1154,31 @@ BEGIN
     PERFORM pgbroker._check_arg(errors IS NULL OR cardinality(errors) IN (1, cardinality(failed_ids)),
         'errors must have one entry per failed id, or a single one for all');
 
+    -- The partitions still the consumer's under the epochs named, locked (the ring
+    -- first); then their positions, read after the lock (see "Positions"), and
+    -- those the ack moves appended.
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;
+    SELECT array_agg(x.partition) INTO held
+    FROM (SELECT t.partition FROM pgbroker.stream_cursor t
+          JOIN unnest(partitions, epochs) AS w(partition, epoch) ON w.partition = t.partition AND w.epoch = t.epoch
+          WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_ack.consumer
+          ORDER BY t.partition FOR UPDATE OF t) x;
+    SELECT array_agg(m.partition ORDER BY m.partition), array_agg(m.acked_id ORDER BY m.partition),
+           array_agg(m.delivered_id ORDER BY m.partition)
+    INTO moved, new_acked, delivered
+    FROM (SELECT w.partition, q.delivered_id, greatest(q.acked_id, least(w.last_id, q.delivered_id)) AS acked_id,
+                 q.acked_id AS was_acked
+          FROM unnest(partitions, last_ids) AS w(partition, last_id)
+          JOIN pgbroker._stream_positions(g.stream_name, g.group_name, held) q ON q.partition = w.partition) m
+    WHERE m.acked_id <> m.was_acked;
+    IF moved IS NOT NULL THEN
+        PERFORM pgbroker._stream_positions_append(g.stream_name, g.group_name, moved, new_acked, delivered,
+                                                  array_fill(now(), ARRAY[cardinality(moved)]));
+    END IF;
+
     RETURN QUERY
-    WITH wanted AS (
-        SELECT w.partition, w.epoch, w.last_id FROM unnest(partitions, epochs, last_ids) AS w(partition, epoch, last_id)
-    ), done AS (
-        UPDATE pgbroker.stream_cursor t
-        SET acked_id = greatest(t.acked_id, least(w.last_id, t.delivered_id)), acked_at = now()
-        FROM wanted w
-        WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
-          AND t.epoch = w.epoch AND t.owner = stream_ack.consumer
-        RETURNING t.partition
-    )
-    SELECT w.partition, EXISTS (SELECT 1 FROM done d WHERE d.partition = w.partition)
-    FROM wanted w ORDER BY w.partition;
+    SELECT w.partition, coalesce(w.partition = ANY (held), false)
+    FROM unnest(partitions) AS w(partition) ORDER BY w.partition;
 
     PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
 END;
@@ -1068,15 +1294,17 @@ DECLARE
 BEGIN
     RETURN QUERY EXECUTE format(
         $Q$
-        SELECT c.group_name, c.partition, c.acked_id, c.delivered_id,
-               (SELECT count(*) FROM pgbroker.%1$I l WHERE l.partition = c.partition AND l.id > c.acked_id),
-               (SELECT l.enqueued_at FROM pgbroker.%1$I l WHERE l.partition = c.partition AND l.id > c.acked_id
+        SELECT c.group_name, c.partition, p.acked_id, p.delivered_id,
+               (SELECT count(*) FROM pgbroker.%1$I l WHERE l.partition = c.partition AND l.id > p.acked_id),
+               (SELECT l.enqueued_at FROM pgbroker.%1$I l WHERE l.partition = c.partition AND l.id > p.acked_id
                 ORDER BY l.id LIMIT 1),
                c.owner,
                EXISTS (SELECT 1 FROM pgbroker.stream_consumer k
                        WHERE k.stream_name = c.stream_name AND k.group_name = c.group_name
                          AND k.consumer = c.owner AND k.expires_at > now())
-        FROM pgbroker.stream_cursor c WHERE c.stream_name = $1
+        FROM pgbroker.stream_cursor c
+        CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
+        WHERE c.stream_name = $1
         ORDER BY c.group_name, c.partition
         $Q$, 's_' || s.stream_name) USING s.stream_name;
 END;
@@ -1116,7 +1344,9 @@ $$;
 -- writer holding it means "next time") and the rules checked again under
 -- the lock, because a producer may have moved into it in the meantime.
 -- A producer that drew an id of the child's next lap and waits for the lock
--- inserts after the TRUNCATE: its row is kept. pgbroker maintain calls this.
+-- inserts after the TRUNCATE: its row is kept. It rotates the groups' positions
+-- first (_stream_positions_rotate: every stream's, when it can have the locks).
+-- pgbroker maintain calls this.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.maintain_stream(stream_name text)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -1126,6 +1356,7 @@ DECLARE
     child integer;
     order_by_age integer[];
 BEGIN
+    PERFORM pgbroker._stream_positions_rotate();
     -- Oldest first, so that the size rule frees the oldest segment first.
     order_by_age := ARRAY(SELECT c FROM generate_series(0, s.segments - 1) c
                           ORDER BY pgbroker._stream_child_segment(s, c));
@@ -1181,7 +1412,10 @@ BEGIN
         RETURN false;
     END IF;
     IF s.truncate_consumed AND newest_segment < current_segment THEN
-        SELECT min(t.acked_id) INTO min_acked FROM pgbroker.stream_cursor t WHERE t.stream_name = s.stream_name;
+        -- (A partition whose position is not found counts as at 0: nothing goes.)
+        SELECT min(coalesce(p.acked_id, 0)) INTO min_acked FROM pgbroker.stream_cursor t
+        LEFT JOIN LATERAL pgbroker._stream_positions(t.stream_name, t.group_name, ARRAY[t.partition]) p ON true
+        WHERE t.stream_name = s.stream_name;
         IF min_acked >= (newest_segment + 1) * s.segment_rows - 1 THEN
             RETURN true;
         END IF;

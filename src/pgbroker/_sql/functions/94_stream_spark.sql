@@ -37,7 +37,8 @@ DECLARE
     g pgbroker.stream_group := pgbroker.create_stream_group(stream_name, group_name, start_from);
 BEGIN
     PERFORM pgbroker._spark_stream_alone(g);
-    RETURN QUERY SELECT c.partition, c.acked_id FROM pgbroker.stream_cursor c
+    RETURN QUERY SELECT c.partition, p.acked_id FROM pgbroker.stream_cursor c
+    CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
     WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name ORDER BY c.partition;
 END;
 $$;
@@ -66,17 +67,32 @@ CREATE OR REPLACE FUNCTION pgbroker.spark_stream_commit(stream_name text, group_
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
-    moved integer;
+    held integer[];
+    moved integer[];
+    acked bigint[];
+    delivered bigint[];
 BEGIN
     PERFORM pgbroker._check_arg(cardinality(partitions) = cardinality(ids),
         'partitions and ids must have one entry per partition');
     PERFORM pgbroker._spark_stream_alone(g);
-    UPDATE pgbroker.stream_cursor t
-    SET acked_id = w.id, delivered_id = greatest(t.delivered_id, w.id), acked_at = now()
+    -- The ring, then the cursor rows locked, then the positions read and appended
+    -- (92_streams.sql, "Positions").
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;
+    SELECT array_agg(x.partition) INTO held
+    FROM (SELECT t.partition FROM pgbroker.stream_cursor t
+          WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.partition = ANY (partitions)
+          ORDER BY t.partition FOR UPDATE) x;
+    SELECT array_agg(w.partition ORDER BY w.partition), array_agg(w.id ORDER BY w.partition),
+           array_agg(greatest(p.delivered_id, w.id) ORDER BY w.partition)
+    INTO moved, acked, delivered
     FROM unnest(partitions, ids) AS w(partition, id)
-    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.partition = w.partition
-      AND t.acked_id < w.id;
-    GET DIAGNOSTICS moved = ROW_COUNT;
-    RETURN moved;
+    JOIN pgbroker._stream_positions(g.stream_name, g.group_name, held) p ON p.partition = w.partition
+    WHERE p.acked_id < w.id;
+    IF moved IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM pgbroker._stream_positions_append(g.stream_name, g.group_name, moved, acked, delivered,
+                                              array_fill(now(), ARRAY[cardinality(moved)]));
+    RETURN cardinality(moved);
 END;
 $$;

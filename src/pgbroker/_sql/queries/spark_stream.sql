@@ -45,7 +45,9 @@ SELECT pgbroker._stream_group_row(%s, %s)
 
 -- name: spark_stream_group_cursors
 -- A group's cursors, by partition.
-SELECT acked_id FROM pgbroker.stream_cursor WHERE stream_name = %s AND group_name = %s ORDER BY partition
+SELECT p.acked_id FROM pgbroker.stream_cursor c
+CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, ARRAY[c.partition]) p
+WHERE c.stream_name = %s AND c.group_name = %s ORDER BY c.partition
 
 -- name: spark_stream_partitions
 -- How many partitions a stream has (StreamNotFound when there is no such stream).

@@ -31,18 +31,38 @@ CREATE TABLE pgbroker.stream_group (
     PRIMARY KEY (stream_name, group_name)
 );
 
+-- A group's partition: who reads it and under which epoch. Written only when
+-- the partition changes hands; its position is in stream_position.
 CREATE TABLE pgbroker.stream_cursor (
     stream_name text NOT NULL,
     group_name text NOT NULL,
     partition integer NOT NULL,
-    acked_id bigint NOT NULL,
-    delivered_id bigint NOT NULL,
     owner text,
     epoch bigint NOT NULL DEFAULT 0,
-    acked_at timestamptz,
     PRIMARY KEY (stream_name, group_name, partition),
     FOREIGN KEY (stream_name, group_name) REFERENCES pgbroker.stream_group ON DELETE CASCADE
 ) WITH (fillfactor = 30);
+
+-- The positions of every group's partitions, insert-only: a move appends a
+-- row, and a partition's position is its row with the highest seq. Two child
+-- tables by slot, a ring that maintenance empties with TRUNCATE (see
+-- functions/92_streams.sql, "Positions"). No foreign key: its check would
+-- lock the group's row at every insert; a dropped group's rows are never
+-- read again and go with their child table.
+CREATE SEQUENCE pgbroker.stream_position_seq AS bigint;
+CREATE TABLE pgbroker.stream_position (
+    stream_name text NOT NULL,
+    group_name text NOT NULL,
+    partition integer NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
+    acked_id bigint NOT NULL,
+    delivered_id bigint NOT NULL,
+    acked_at timestamptz
+) PARTITION BY LIST (slot);
+CREATE TABLE pgbroker.stream_position_0 PARTITION OF pgbroker.stream_position FOR VALUES IN (0);
+CREATE TABLE pgbroker.stream_position_1 PARTITION OF pgbroker.stream_position FOR VALUES IN (1);
+CREATE INDEX stream_position_newest ON pgbroker.stream_position (stream_name, group_name, partition, seq);
 
 CREATE TABLE pgbroker.stream_consumer (
     stream_name text NOT NULL,

@@ -79,3 +79,46 @@ INSERT INTO pgbroker.queue_scoped_function (role_kind, function_schema, function
 SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY['worker_heartbeat', 'worker_stopped']) f
 UNION ALL
 SELECT 'monitor', 'pgbroker', 'queue_activity';
+
+-- Insert-only stream positions (issue 25): a group's position per partition
+-- leaves stream_cursor (whose every move was an UPDATE, a dead tuple a
+-- partition a batch while a transaction held back the xmin horizon) for
+-- stream_position, appended to and emptied by TRUNCATE (structure/92_streams.sql,
+-- functions/92_streams.sql "Positions"). The cursor rows keep owner and epoch.
+CREATE SEQUENCE pgbroker.stream_position_seq AS bigint;
+CREATE TABLE pgbroker.stream_position (
+    stream_name text NOT NULL,
+    group_name text NOT NULL,
+    partition integer NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
+    acked_id bigint NOT NULL,
+    delivered_id bigint NOT NULL,
+    acked_at timestamptz
+) PARTITION BY LIST (slot);
+CREATE TABLE pgbroker.stream_position_0 PARTITION OF pgbroker.stream_position FOR VALUES IN (0);
+CREATE TABLE pgbroker.stream_position_1 PARTITION OF pgbroker.stream_position FOR VALUES IN (1);
+CREATE INDEX stream_position_newest ON pgbroker.stream_position (stream_name, group_name, partition, seq);
+-- The cursor table made again without the position's columns (a DROP COLUMN
+-- would leave its columns numbered unlike a new install's).
+LOCK TABLE pgbroker.stream_cursor IN EXCLUSIVE MODE;  -- no move between the copy and the drop
+INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
+                                      acked_at)
+SELECT c.stream_name, c.group_name, c.partition, nextval('pgbroker.stream_position_seq'), 0, c.acked_id,
+       c.delivered_id, c.acked_at
+FROM pgbroker.stream_cursor c ORDER BY c.stream_name, c.group_name, c.partition;
+ALTER TABLE pgbroker.stream_cursor RENAME TO stream_cursor_0_1;
+ALTER INDEX pgbroker.stream_cursor_pkey RENAME TO stream_cursor_0_1_pkey;
+ALTER TABLE pgbroker.stream_cursor_0_1 DROP CONSTRAINT stream_cursor_stream_name_group_name_fkey;
+CREATE TABLE pgbroker.stream_cursor (
+    stream_name text NOT NULL,
+    group_name text NOT NULL,
+    partition integer NOT NULL,
+    owner text,
+    epoch bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (stream_name, group_name, partition),
+    FOREIGN KEY (stream_name, group_name) REFERENCES pgbroker.stream_group ON DELETE CASCADE
+) WITH (fillfactor = 30);
+INSERT INTO pgbroker.stream_cursor (stream_name, group_name, partition, owner, epoch)
+SELECT c.stream_name, c.group_name, c.partition, c.owner, c.epoch FROM pgbroker.stream_cursor_0_1 c;
+DROP TABLE pgbroker.stream_cursor_0_1;

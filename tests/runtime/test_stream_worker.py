@@ -11,12 +11,16 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
+import psycopg
+import pytest
+
 from pgbroker import App, Broker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
 from pgbroker.streams._client import Stream
-from pgbroker.streams._records import StreamMessage
+from pgbroker.streams._client_async import AsyncStreamConsumer
+from pgbroker.streams._records import StreamBatch, StreamMessage
 from tests.support.faults import impatient, table_locked, terminate_sessions
 
 
@@ -221,3 +225,49 @@ def test_the_stream_worker_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, b
     asyncio.run(main())
     assert handled == set(range(200))
     assert worker.stats.connection_errors >= 1  # the faults were met
+
+
+def test_a_read_whose_answer_is_lost_is_handed_out_again_though_the_first_rewinds_fail(
+    dsn: str, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that commits but whose answer never arrives (the connection cut after the commit, as
+    at the start of a failover) has moved the group past its rows: the worker must rewind before it
+    reads again, even when the database is still away for its first tries. Before, a failed rewind
+    was not tried again and the next read skipped those rows for good."""
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    clicks.send_many([{"n": n} for n in range(60)])
+    real_read, real_rewind = AsyncStreamConsumer.ack_and_read, AsyncStreamConsumer.rewind
+    faults = {"answers lost": 1, "rewinds refused": 3}
+
+    async def answer_lost(
+        self: AsyncStreamConsumer, acked: StreamBatch | None, qty: int = 100
+    ) -> StreamBatch:
+        found = await real_read(self, acked, qty)
+        if found.messages and faults["answers lost"]:
+            faults["answers lost"] -= 1
+            raise psycopg.OperationalError("the connection was lost after the commit (test)")
+        return found
+
+    async def away(self: AsyncStreamConsumer) -> int:
+        if faults["rewinds refused"]:
+            faults["rewinds refused"] -= 1
+            raise psycopg.OperationalError("the server is still away (test)")
+        return await real_rewind(self)
+
+    monkeypatch.setattr(AsyncStreamConsumer, "ack_and_read", answer_lost)
+    monkeypatch.setattr(AsyncStreamConsumer, "rewind", away)
+    handled: set[int] = set()
+    done = threading.Event()
+
+    def handle(message: StreamMessage) -> None:
+        handled.add(message.message["n"])
+        if len(handled) == 60:
+            done.set()
+
+    worker = StreamWorker("clicks", "g", handle, batch_size=20, poll_max=0.2, retries=False)
+    run_until(dsn, [worker], done, 30)
+    assert sorted(set(range(60)) - handled) == []  # none skipped
+    assert faults == {"answers lost": 0, "rewinds refused": 0}  # the faults were met
+    assert worker.stats.connection_errors >= 4

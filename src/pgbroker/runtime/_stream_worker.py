@@ -204,6 +204,10 @@ class StreamWorker:
         trouble = Backoff(*_RECONNECT)
         subscription: AsyncSubscription | None = None
         handled: StreamBatch | None = None  # acked with the next read
+        # A read failed in flight: it may have committed without its answer arriving, moving the
+        # group past rows never handled. No read may run until a rewind has settled that, however
+        # many calls fail in between (a failover can take several).
+        unsettled = False
         while True:
             stopping = self._stopping.is_set()
             try:
@@ -212,6 +216,15 @@ class StreamWorker:
                         await consumer.ack(handled)
                         self._count(handled)
                     return
+                if unsettled:
+                    # The handled batch is acked on its own first (an ack again is harmless): the
+                    # rewind then hands out again only what was read after it.
+                    if handled is not None:
+                        await consumer.ack(handled)
+                        self._count(handled)
+                        handled = None
+                    await consumer.rewind()
+                    unsettled = False
                 if subscription is None:
                     subscription = await stream.listen(_LISTEN_TIMEOUT)
                 self.stats.reads += 1
@@ -219,23 +232,12 @@ class StreamWorker:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                # The ack and the read were one transaction, and it may have committed without
-                # its answer arriving. Settle the handled batch on its own (an ack again is
-                # harmless), then rewind: a read that committed unseen must not skip its rows.
                 self.stats.connection_errors += 1
                 log_event(
                     logging.WARNING, "stream_worker.database_unavailable", stream=self.stream, error=exc
                 )
+                unsettled = True
                 await self._nap(None, trouble.next())
-                try:
-                    if handled is not None:
-                        await consumer.ack(handled)
-                        self._count(handled)
-                        handled = None
-                    await consumer.rewind()
-                except Exception as again:
-                    if not is_transient(again):
-                        raise
                 continue
             trouble.reset()
             if handled is not None:

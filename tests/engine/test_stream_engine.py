@@ -6,6 +6,7 @@ policy, retention truncates child tables and leaves no dead tuple."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from typing import Any
 
@@ -430,3 +431,45 @@ def test_a_consumer_not_seen_since_the_server_started_keeps_its_lease(dsn: str, 
     assert read(conn, "clicks", "g", "b", lease=600).rows == []
     owners = conn.execute("SELECT DISTINCT owner FROM pgbroker.stream_cursor").fetchall()
     assert owners == [("a",)]
+
+
+def _read_at_once(
+    session: Conn, consumer: str, group: str, start: threading.Barrier, got: dict[str, list[int]]
+) -> None:
+    start.wait(30)
+    got[consumer] = read(session, "clicks", group, consumer, qty=25).ids
+
+
+def test_consumers_joining_at_once_never_take_each_others_partitions(dsn: str, conn: Conn) -> None:
+    """Four consumers read a new group at the same moment, each on its own session. A consumer
+    registers and takes its share in its read's transaction, so one that decided who is live before
+    another's read committed would see the other's partitions as ownerless-but-owned by a stranger
+    and take them, handing out again a batch the other is handling: duplicates without any consumer
+    dying, which the guarantees rule out. Every round, no message may reach two consumers."""
+    make_stream(conn)
+    send(conn, "clicks", [{"n": i} for i in range(400)], [f"k{i}" for i in range(400)])
+    consumers = [f"c{i}" for i in range(4)]
+    sessions = [psycopg.connect(dsn, autocommit=True) for _ in consumers]
+    try:
+        for round_ in range(12):
+            group = f"g{round_}"
+            make_group(conn, group)
+            start = threading.Barrier(len(consumers))
+            got: dict[str, list[int]] = {}
+            threads = [
+                threading.Thread(target=_read_at_once, args=(session, consumer, group, start, got))
+                for session, consumer in zip(sessions, consumers, strict=True)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            # A second read each, one after another: a consumer that lost a partition to a
+            # wrongful take would have its batch handed out again here.
+            for session, consumer in zip(sessions, consumers, strict=True):
+                got[consumer] += read(session, "clicks", group, consumer, qty=25).ids
+            seen = [i for ids in got.values() for i in ids]
+            assert len(seen) == len(set(seen)), f"round {round_}: a message went to two consumers: {got}"
+    finally:
+        for session in sessions:
+            session.close()

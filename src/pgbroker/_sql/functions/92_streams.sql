@@ -856,6 +856,22 @@ BEGIN
               AND x.owner = _stream_balance.consumer AND p.delivered_id = p.acked_id
             ORDER BY x.partition DESC LIMIT owned - share);
     ELSIF owned < share THEN
+        -- Takers of a group take turns, and each looks again at who is live
+        -- once it has its turn. A consumer registers and takes its share in
+        -- its read's transaction: 'live' above may predate another consumer's
+        -- commit, whose partitions would then look owned by a stranger and be
+        -- taken from it while it handles what it read (duplicates without a
+        -- death). After the lock, a new statement sees every taker before us.
+        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream_take:' || s.stream_name || '/' || group_name));
+        SELECT array_agg(c.consumer ORDER BY c.consumer) INTO live
+        FROM pgbroker.stream_consumer c
+        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
+          AND (c.expires_at > now() OR c.consumer = _stream_balance.consumer);
+        IF NOT consumer = ANY (coalesce(live, '{}')) THEN
+            live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
+        END IF;
+        rank := array_position(live, consumer) - 1;
+        share := s.partitions / cardinality(live) + CASE WHEN rank < s.partitions % cardinality(live) THEN 1 ELSE 0 END;
         -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
         -- to acked_id, so what it held unacknowledged is delivered again.
@@ -866,7 +882,7 @@ BEGIN
                 SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
                 WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
                   AND (x.owner IS NULL OR NOT x.owner = ANY (live))
-                ORDER BY x.partition LIMIT share - owned
+                ORDER BY x.partition LIMIT greatest(share - owned, 0)  -- (share may have fallen)
                 FOR UPDATE SKIP LOCKED)
             RETURNING t.partition)
         SELECT array_agg(t.partition ORDER BY t.partition) INTO taken FROM t;

@@ -264,6 +264,12 @@ def percentile(samples: Sequence[float], q: float) -> float | None:
     return ordered[min(rank, len(ordered)) - 1]
 
 
+def percentile_ms(samples: Sequence[float], q: float) -> float | None:
+    """The q-th percentile of samples in seconds, in milliseconds to 0.01 ms; None without samples."""
+    found = percentile(samples, q)
+    return None if found is None else round(found * 1000, 2)
+
+
 def alternating_rounds(systems: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
     """(round, system) for a step run in rounds: A B, then B A, then A B ...
 

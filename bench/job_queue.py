@@ -49,7 +49,7 @@ from bench.harness import (
     ScenarioResult,
     _drop_database,
     alternating_rounds,
-    percentile,
+    percentile_ms,
 )
 from bench.peers import Peer, peers
 
@@ -431,7 +431,12 @@ def run(bench: Bench, result: ScenarioResult) -> None:
 
 def _latency_rows(step: str, key: str, measured: dict[str, Measured]) -> list[Row]:
     return [
-        Row(step, f"claim p{q} ms", {k: _ms(m.latencies, q) for k, m in measured.items()}, key=f"{key}-p{q}")
+        Row(
+            step,
+            f"claim p{q} ms",
+            {k: percentile_ms(m.latencies, q) for k, m in measured.items()},
+            key=f"{key}-p{q}",
+        )
         for q in (50, 95, 99)
     ]
 
@@ -453,9 +458,8 @@ def _depth_sweep(
                     depth=config.job_depth,
                     seconds=config.job_seconds,
                 )
-                out.append(
-                    f"{measured[key].rate:,.0f} msg/s, claim p50 {_ms(measured[key].latencies, 50)} ms"
-                )
+                p50 = percentile_ms(measured[key].latencies, 50)
+                out.append(f"{measured[key].rate:,.0f} msg/s, claim p50 {p50} ms")
         with bench.progress.step(f"(g) W={workers}: the ceiling, no queue") as out:
             limit = ceiling(workers, config.job_seconds)
             out.append(f"{limit:,.0f} jobs/s")
@@ -500,11 +504,6 @@ def _phases(bench: Bench, result: ScenarioResult, systems: dict[str, Peer], dsns
     result.rows.append(Row(step, "s until done", drained, key="chaos-drain"))
     if any(left.values()):
         result.warnings.append(f"jobs not done after the chaos phase: {left}")
-
-
-def _ms(samples: list[float], q: float) -> float | None:
-    found = percentile(samples, q)
-    return None if found is None else round(found * 1000, 2)
 
 
 def main(argv: list[str] | None = None) -> int:

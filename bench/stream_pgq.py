@@ -49,7 +49,7 @@ from bench.harness import (
     ScenarioResult,
     _drop_database,
     _recreate_database,
-    percentile,
+    percentile_ms,
 )
 from bench.peers.keyed import KeyedPeer, keyed_peers
 
@@ -395,7 +395,7 @@ def _step(
                 )
                 rounds[key].append(found)
                 out.append(
-                    f"{found.rate:,.0f} msg/s, claim p50 {_ms(found.latencies, 50)} ms, "
+                    f"{found.rate:,.0f} msg/s, claim p50 {percentile_ms(found.latencies, 50)} ms, "
                     f"CPU µs/msg: consumer {found.cpu_us or 0:.0f}, server {found.server_cpu_us or 0:.0f}; "
                     f"{found.violations} order violations"
                 )
@@ -417,7 +417,7 @@ def _step(
         Row(
             step,
             f"claim p{q} ms",
-            {k: _ms(m.latencies, q) for k, m in measured.items()},
+            {k: percentile_ms(m.latencies, q) for k, m in measured.items()},
             key=f"{key_stem}-p{q}",
         )
         for q in (50, 95, 99)
@@ -454,11 +454,6 @@ def _mean(values: list[float | None]) -> float | None:
     return (
         None if not values or any(v is None for v in values) else sum(v or 0.0 for v in values) / len(values)
     )
-
-
-def _ms(samples: list[float], q: float) -> float | None:
-    found = percentile(samples, q)
-    return None if found is None else round(found * 1000, 2)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from bench.peers import AsyncHandle, Handle, Peer, Send
 from pgbroker import Message, Worker
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._app import serve
+from pgbroker.runtime._stream_worker import StreamWorker
 
 #: docs/performance.md ("worker and peers"): many messages in flight let a batch's acks ride with
 #: the next read; the default (1) suits slow handlers and strict one-at-a-time work.
@@ -54,7 +55,7 @@ class PgbrokerQueues(Peer):
             handle(message.message)
 
         worker = Worker(queue, handler, concurrency=TUNED_CONCURRENCY) if tuned else Worker(queue, handler)
-        await _serve(dsn, worker, stop)
+        await serve_until(dsn, worker, stop)
 
     async def work_jobs(
         self, dsn: str, queue: str, handle: AsyncHandle, stop: asyncio.Event, workers: int, vt: int
@@ -64,15 +65,15 @@ class PgbrokerQueues(Peer):
         async def handler(message: Message) -> None:
             await handle(message.message)
 
-        await _serve(dsn, Worker(queue, handler, concurrency=workers, vt=vt), stop)
+        await serve_until(dsn, Worker(queue, handler, concurrency=workers, vt=vt), stop)
 
     async def remaining(self, dsn: str, queue: str) -> int:
         async with AsyncBroker(dsn, max_connections=1) as broker:
             return (await broker.metrics(queue)).queue_length
 
 
-async def _serve(dsn: str, worker: Worker, stop: asyncio.Event) -> None:
-    """Run ``worker`` until ``stop`` is set, then stop it gracefully."""
+async def serve_until(dsn: str, worker: Worker | StreamWorker, stop: asyncio.Event) -> None:
+    """Run ``worker`` (a queue's or a stream group's) until ``stop`` is set, then stop it gracefully."""
 
     async def stop_when_told() -> None:
         await stop.wait()

@@ -16,8 +16,8 @@ from typing import Any
 
 from bench.peers import Handle, Peer, Send
 from bench.peers.keyed import KeyedHandle, KeyedSend
+from bench.peers.pgbroker_queues import serve_until
 from pgbroker.queues._client_async import AsyncBroker
-from pgbroker.runtime._app import serve
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.streams._client_async import AsyncStream
 from pgbroker.streams._records import StreamMessage
@@ -64,14 +64,7 @@ class PgbrokerStreams(Peer):
 
         options: dict[str, Any] = {"batch_size": TUNED_BATCH, "concurrency": PARTITIONS} if tuned else {}
         worker = StreamWorker(queue, GROUP, handler, **options)
-
-        async def stop_when_told() -> None:
-            await stop.wait()
-            worker.stop()
-
-        stopper = asyncio.create_task(stop_when_told())
-        await serve([worker], dsn=dsn, handle_signals=False, schedules=False)
-        await stopper
+        await serve_until(dsn, worker, stop)
 
     async def remaining(self, dsn: str, queue: str) -> int:
         async with AsyncBroker(dsn, max_connections=1) as broker:
@@ -119,14 +112,7 @@ class PgbrokerStreamGroup:
             await handle(message.message)
 
         worker = StreamWorker(queue, GROUP, handler, concurrency=workers, batch_size=TUNED_BATCH)
-
-        async def stop_when_told() -> None:
-            await stop.wait()
-            worker.stop()
-
-        stopper = asyncio.create_task(stop_when_told())
-        await serve([worker], dsn=dsn, handle_signals=False, schedules=False)
-        await stopper
+        await serve_until(dsn, worker, stop)
 
     async def remaining(self, dsn: str, queue: str) -> int:
         return await PgbrokerStreams().remaining(dsn, queue)

@@ -183,6 +183,21 @@ def _settle(c: Conn, queue: str, archive: bool) -> list[Any]:
     ).fetchall()
 
 
+# pgmq's unfenced removals by msg_id, on a routed queue and on one past the routes (their dynamic path).
+REMOVALS = [
+    "SELECT pgmq.archive('plain', (SELECT min(msg_id) FROM pgmq.read('plain', 30, 1)))",
+    "SELECT pgmq.delete('plain', (SELECT min(msg_id) FROM pgmq.read('plain', 30, 1)))",
+    "SELECT pgmq.archive('far', (SELECT min(msg_id) FROM pgmq.read('far', 30, 1)))",
+    "SELECT pgmq.delete('far', (SELECT min(msg_id) FROM pgmq.read('far', 30, 1)))",
+]
+
+
+def assert_removed(c: Conn) -> None:
+    """Each removal found its message and removed it."""
+    for call in REMOVALS:
+        assert c.execute(call.encode()).fetchone() == (True,), call
+
+
 def assert_real_messages(c: Conn, call: str) -> None:
     """The call returns queued messages, not the rows of a seeded statement (payload {})."""
     rows = c.execute(call.encode()).fetchall()
@@ -191,19 +206,20 @@ def assert_real_messages(c: Conn, call: str) -> None:
 
 
 def attack(dsn: str, seed: Callable[[Conn], None], kind: str) -> None:
-    """Seed, then make every call that reaches the dynamic path: a consumer gets real messages,
-    any other role is refused."""
+    """Seed, then make every call that reaches the dynamic path: a consumer gets real messages
+    (and removes some by msg_id), any other role is refused."""
     with psycopg.connect(dsn, autocommit=True) as c:
         seed(c)
-        for call in CALLS:
-            if kind != "consumer":
+        if kind != "consumer":
+            for call in CALLS + REMOVALS:
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     c.execute(call.encode())
-                continue
+            return
+        for call in CALLS:
             assert_real_messages(c, call)
-        if kind == "consumer":
-            for queue, archive in (("far", True), ("far_p", False), ("capped", True), ("limited", False)):
-                assert len(_settle(c, queue, archive)) == 1
+        for queue, archive in (("far", True), ("far_p", False), ("capped", True), ("limited", False)):
+            assert len(_settle(c, queue, archive)) == 1
+        assert_removed(c)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -288,6 +304,7 @@ def test_shadowed_functions_operators_types_and_tables_are_never_reached(
             assert c.execute(call.encode()).fetchall(), call
         assert len(_settle(c, "far", True)) == 1
         assert len(_settle(c, "plain", False)) == 1
+        assert_removed(c)
     assert conn.execute(MARKER).fetchone() == (0,)
 
 

@@ -31,6 +31,12 @@ def _ticks(fields: list[str], *, reaped: bool) -> int:
     return own + (int(fields[13]) + int(fields[14]) if reaped else 0)
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds a process has used so far (user and system; None: gone, or no /proc)."""
+    fields = _stat(pid)
+    return None if fields is None else _ticks(fields, reaped=False) / _TICKS
+
+
 def postmaster_pid(dsn: str) -> int | None:
     """The server's postmaster, as the parent of a backend of ours (None: not on this machine)."""
     with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, autocommit=True) as conn:

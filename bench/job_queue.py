@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from bench.ceiling import ceiling
 from bench.cpu_clock import postmaster_pid, server_cpu_seconds
 from bench.harness import (
     Bench,
@@ -52,6 +53,7 @@ from bench.harness import (
     percentile_ms,
 )
 from bench.peers import Peer, peers
+from bench.peers.runner import run_until, stop_processes
 
 TITLE = "Job queue under load: W handlers, 1 ms of work a job, claim latency, pressure and chaos"
 #: the peers with a job runtime, when their libraries are installed (the bench extra)
@@ -105,52 +107,13 @@ def _child(key: str, dsn: str, queue: str, workers: int, slot: int, counts: Any,
             samples.append((now, now - sent))
         await asyncio.sleep(WORK)
 
-    async def main() -> None:
-        stop = asyncio.Event()
+    def work(stop: asyncio.Event) -> Awaitable[None]:
+        return peer.work_jobs(dsn, queue, handle, stop, workers, VT)
 
-        async def watch() -> None:
-            while not halt.value:
-                await asyncio.sleep(_POLL)
-            stop.set()
-
-        watcher = asyncio.create_task(watch())
-        await peer.work_jobs(dsn, queue, handle, stop, workers, VT)
-        await watcher
-
-    asyncio.run(main())
+    asyncio.run(run_until(lambda: bool(halt.value), work))
     Path(out).write_text("".join(f"{at} {latency}\n" for at, latency in samples))
     if cpu:  # the first job's own cost is not counted: it is the clock's start
         Path(f"{out}.cpu").write_text(f"{time.process_time() - cpu[0]} {handled - 1}\n")
-
-
-def _ceiling_child(workers: int, seconds: float, rate: Any) -> None:
-    """The ceiling of W handlers without a queue: each awaits WORK, then the next, as fast as the
-    event loop lets it; jobs a second into ``rate``."""
-    done = 0
-
-    async def loop(until: float) -> None:
-        nonlocal done
-        while time.monotonic() < until:
-            done += 1
-            await asyncio.sleep(WORK)
-
-    async def main() -> None:
-        until = time.monotonic() + seconds
-        await asyncio.gather(*(loop(until) for _ in range(workers)))
-
-    asyncio.run(main())
-    rate.value = done / seconds
-
-
-def ceiling(workers: int, seconds: float) -> float:
-    """Jobs a second W handlers of WORK get through with no queue at all, in a process of their
-    own as the workers are: what no system can exceed at that W."""
-    context = multiprocessing.get_context("spawn")
-    rate = context.Value("d", 0.0)
-    proc = context.Process(target=_ceiling_child, args=(workers, seconds, rate))
-    proc.start()
-    proc.join()
-    return float(rate.value)
 
 
 class Pool:
@@ -199,13 +162,7 @@ class Pool:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._halt.value = 1
-        for proc in self._procs:
-            proc.join(60)
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(self._procs, self._halt)
         for path in self._out.iterdir():
             if path.suffix == ".cpu":
                 seconds, jobs = path.read_text().split()
@@ -461,7 +418,7 @@ def _depth_sweep(
                 p50 = percentile_ms(measured[key].latencies, 50)
                 out.append(f"{measured[key].rate:,.0f} msg/s, claim p50 {p50} ms")
         with bench.progress.step(f"(g) W={workers}: the ceiling, no queue") as out:
-            limit = ceiling(workers, config.job_seconds)
+            limit = ceiling(workers, WORK, config.job_seconds)
             out.append(f"{limit:,.0f} jobs/s")
         step = f"depth {config.job_depth:,}, W={workers}"
         rates: dict[str, float | None] = {k: m.rate for k, m in measured.items()}

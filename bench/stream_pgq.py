@@ -14,13 +14,13 @@ to handler start), checks the key's order and awaits 1 ms.
 A step is one W (1, 4, 16, 64 by default): ``stream_rounds`` rounds of ``stream_seconds`` each
 (after a warm-up), the systems in alternating order from round to round and from one W to the
 next; msg/s is the mean over the rounds, latencies are pooled. Beside them: the ceiling, W
-handlers doing their 1 ms alone (no database) in this process; and CPU time per message (from
-/proc) of the consumer process and of the server (all the cluster's processes; not with
-``--dsn``). Then a fixed-rate step: ``stream_rate`` messages a second (10 a call) to W = 16,
-where the claim latency is the systems' own delivery time rather than the wait behind
-``stream_depth`` messages. Order violations: a message of a key whose handler started while
-another of that key was running, or that was not the key's next (a later one came first, or one
-came twice); the only right count is 0.
+handlers doing their 1 ms alone (no database) in a process of their own (bench.ceiling); and CPU
+time per message (from /proc) of the consumer process and of the server (all the cluster's
+processes, when the server runs on this machine: bench.cpu_clock). Then a fixed-rate step:
+``stream_rate`` messages a second (10 a call) to W = 16, where the claim latency is the systems'
+own delivery time rather than the wait behind ``stream_depth`` messages. Order violations: a
+message of a key whose handler started while another of that key was running, or that was not the
+key's next (a later one came first, or one came twice); the only right count is 0.
 
 PgQ needs its extension on the server (Debian's ``postgresql-15-pgq3``: ``make pgq``); without it
 (another PostgreSQL major, or not installed) the PgQ column stays empty and the result says why.
@@ -31,17 +31,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
-import os
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from bench.ceiling import ceiling
+from bench.cpu_clock import postmaster_pid, process_cpu_seconds, server_cpu_seconds
 from bench.harness import (
     Bench,
     Histogram,
@@ -52,6 +54,7 @@ from bench.harness import (
     percentile_ms,
 )
 from bench.peers.keyed import KeyedPeer, keyed_peers
+from bench.peers.runner import run_until, stop_processes
 
 TITLE = "A stream group against PgQ: W handlers, 1 ms of work a message, order per key"
 #: W handlers doing their 1 ms and nothing else, no database: what no consumer can beat
@@ -98,19 +101,10 @@ def _child(key: str, dsn: str, queue: str, workers: int, shared: Any, halt: Any,
         finally:
             running.discard(name)
 
-    async def main() -> None:
-        stop = asyncio.Event()
+    def work(stop: asyncio.Event) -> Awaitable[None]:
+        return peer.work(dsn, queue, handle, stop, workers)
 
-        async def watch() -> None:
-            while not halt.value:
-                await asyncio.sleep(_POLL)
-            stop.set()
-
-        watcher = asyncio.create_task(watch())
-        await peer.work(dsn, queue, handle, stop, workers)
-        await watcher
-
-    asyncio.run(main())
+    asyncio.run(run_until(lambda: bool(halt.value), work))
     Path(out).write_text("".join(f"{at} {latency}\n" for at, latency in samples))
 
 
@@ -136,21 +130,14 @@ class Consumer:
 
     def cpu_seconds(self) -> float | None:
         """The process's CPU time so far (user + system; None where /proc does not say)."""
-        try:
-            return _proc_cpu(self._proc.pid or 0)[1]
-        except (OSError, ValueError, IndexError):
-            return None
+        return None if self._proc.pid is None else process_cpu_seconds(self._proc.pid)
 
     def __enter__(self) -> Consumer:
         self._proc.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._halt.value = 1
-        self._proc.join(60)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
+        stop_processes([self._proc], self._halt)
         out = self._dir / "out"
         if out.exists():
             for line in out.read_text().splitlines():
@@ -225,36 +212,6 @@ def _per_message(before: float | None, after: float | None, messages: int) -> fl
     return None if before is None or after is None else (after - before) * 1e6 / max(messages, 1)
 
 
-def _proc_cpu(pid: int | str, *, children: bool = False) -> tuple[int, float]:
-    """(parent pid, CPU seconds) of a process from /proc; with ``children``, also those of its
-    children that have exited (the kernel adds them once the process has waited for them)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12])
-    if children:
-        ticks += int(fields[13]) + int(fields[14])
-    return int(fields[1]), ticks / os.sysconf("SC_CLK_TCK")
-
-
-def server_cpu_seconds(data_dir: Path | None) -> float | None:
-    """CPU seconds used so far by the cluster in ``data_dir``: its postmaster, its live processes
-    and those that exited (None for a server given by DSN, or where /proc does not say)."""
-    if data_dir is None:
-        return None
-    try:
-        postmaster = int((data_dir / "postmaster.pid").read_text().split()[0])
-        total = _proc_cpu(postmaster, children=True)[1]
-    except (OSError, ValueError, IndexError):
-        return None
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent, seconds = _proc_cpu(stat.parent.name)
-        except (OSError, ValueError, IndexError):
-            continue  # gone meanwhile (its CPU is in the postmaster's children's count)
-        if parent == postmaster:
-            total += seconds
-    return total
-
-
 def one_round(
     peer: KeyedPeer,
     dsn: str,
@@ -264,10 +221,10 @@ def one_round(
     depth: int,
     rate: float | None,
     seconds: float,
-    server_dir: Path | None,
 ) -> Measured:
     """One system, one stream: ``depth`` messages kept in flight, or ``rate`` a second when given."""
     asyncio.run(peer.create(dsn, queue))
+    postmaster = postmaster_pid(dsn)
     producer = Producer(peer, dsn, queue)
     try:
         with Consumer(peer, dsn, queue, workers) as consumer:
@@ -281,7 +238,7 @@ def one_round(
             if rate is None:
                 asyncio.run(producer.keep_depth(consumer, depth, 0.5))  # in flight at the depth first
             start_count, began = consumer.handled(), time.time()
-            cpu, server_cpu = consumer.cpu_seconds(), server_cpu_seconds(server_dir)
+            cpu, server_cpu = consumer.cpu_seconds(), server_cpu_seconds(postmaster)
             if rate is None:
                 asyncio.run(producer.keep_depth(consumer, depth, seconds))
             else:
@@ -289,7 +246,7 @@ def one_round(
             ended, cpu_end, count = time.time(), consumer.cpu_seconds(), consumer.handled()
             # The producer's backend has exited: its CPU shows once the postmaster has reaped it.
             time.sleep(0.2)
-            server_end, server_count = server_cpu_seconds(server_dir), consumer.handled()
+            server_end, server_count = server_cpu_seconds(postmaster), consumer.handled()
         handled = count - start_count
         return Measured(
             handled / (ended - began),
@@ -301,22 +258,6 @@ def one_round(
     finally:
         with contextlib.suppress(psycopg.Error):
             asyncio.run(peer.drop(dsn, queue))
-
-
-async def ceiling(workers: int, seconds: float) -> float:
-    """Messages a second that ``workers`` handlers of WORK seconds each reach alone (no database)."""
-    done = 0
-    deadline = time.monotonic() + seconds
-
-    async def lane() -> None:
-        nonlocal done
-        while time.monotonic() < deadline:
-            await asyncio.sleep(WORK)
-            done += 1
-
-    began = time.monotonic()
-    await asyncio.gather(*(lane() for _ in range(workers)))
-    return done / (time.monotonic() - began)
 
 
 # -- the scenario ----------------------------------------------------------------------------------
@@ -391,7 +332,6 @@ def _step(
                     depth=config.stream_depth,
                     rate=rate,
                     seconds=config.stream_seconds,
-                    server_dir=bench.server.data_dir,
                 )
                 rounds[key].append(found)
                 out.append(
@@ -411,7 +351,7 @@ def _step(
     }
     rates: dict[str, float | None] = {k: m.rate for k, m in measured.items()}
     if rate is None:
-        rates[CEILING] = asyncio.run(ceiling(workers, min(config.stream_seconds, 2.0)))
+        rates[CEILING] = ceiling(workers, WORK, min(config.stream_seconds, 2.0))
     result.rows.append(Row(step, "msg/s", rates, key=f"depth-w{workers}" if rate is None else key_stem))
     result.rows.extend(
         Row(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from multiprocessing.sharedctypes import Synchronized
@@ -45,6 +45,32 @@ class Flow:
     handled: int = 0
 
 
+async def run_until(done: Callable[[], bool], work: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run ``work(stop)`` in a worker process, ``stop`` set once ``done()`` holds (a flag the
+    parent sets, a count reached), looked at every few milliseconds."""
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        while not done():
+            await asyncio.sleep(_POLL)
+        stop.set()
+
+    watcher = asyncio.create_task(watch())
+    await work(stop)
+    await watcher
+
+
+def stop_processes(procs: Sequence[Any], halt: Any) -> None:
+    """Tell the worker processes to stop (``halt``), give them a minute, then kill what is left."""
+    halt.value = 1
+    for proc in procs:
+        proc.join(60)
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def _child(
     key: str,
     dsn: str,
@@ -71,19 +97,10 @@ def _child(
         if sent is not None:
             samples.append(now - sent)
 
-    async def main() -> None:
-        stop = asyncio.Event()
+    def done() -> bool:
+        return bool(halt.value) or bool(target and sum(counts) >= target)
 
-        async def watch() -> None:
-            while not halt.value and not (target and sum(counts) >= target):
-                await asyncio.sleep(_POLL)
-            stop.set()
-
-        watcher = asyncio.create_task(watch())
-        await peer.work(dsn, queue, handle, stop, tuned)
-        await watcher
-
-    asyncio.run(main())
+    asyncio.run(run_until(done, lambda stop: peer.work(dsn, queue, handle, stop, tuned)))
     out.put(samples)
 
 
@@ -123,14 +140,9 @@ class Workers:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._halt.value = 1
+        stop_processes(self._procs, self._halt)
         for proc in self._procs:
-            proc.join(60)
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-            elif proc.exitcode == 0:
+            if proc.exitcode == 0:  # not killed: it reported its latencies
                 self.latencies.extend(self._out.get())
 
 

@@ -787,6 +787,14 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
           AND l.objid = (key & 4294967295)::oid);
 $$;
 
+-- A consumer's share of a group's partitions: the live consumers, ordered by
+-- name, get floor(N/n) each, plus one for the first N mod n of them.
+CREATE OR REPLACE FUNCTION pgbroker._stream_share(partitions integer, live text[], consumer text)
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$
+    SELECT partitions / cardinality(live)
+           + CASE WHEN array_position(live, consumer) - 1 < partitions % cardinality(live) THEN 1 ELSE 0 END;
+$$;
+
 -- Mark this session as one of the consumer's (its liveness lock, shared), forget the group's
 -- consumers whose sessions are all gone, renew the consumer's heartbeat (at most every half
 -- lease), then give up partitions beyond its share and take free ones up to it. Returns
@@ -796,7 +804,6 @@ RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     fresh boolean;
     live text[];
-    rank integer;
     share integer;
     owned integer;
     taken integer[];
@@ -843,8 +850,7 @@ BEGIN
     SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
     WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
       AND t.owner = _stream_balance.consumer;
-    rank := array_position(live, consumer) - 1;
-    share := s.partitions / cardinality(live) + CASE WHEN rank < s.partitions % cardinality(live) THEN 1 ELSE 0 END;
+    share := pgbroker._stream_share(s.partitions, live, consumer);
 
     IF owned > share THEN
         -- Give back the highest partitions that have nothing in flight.
@@ -863,15 +869,12 @@ BEGIN
         -- taken from it while it handles what it read (duplicates without a
         -- death). After the lock, a new statement sees every taker before us.
         PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream_take:' || s.stream_name || '/' || group_name));
+        -- (This consumer's row is there: registered above, in this transaction.)
         SELECT array_agg(c.consumer ORDER BY c.consumer) INTO live
         FROM pgbroker.stream_consumer c
         WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
           AND (c.expires_at > now() OR c.consumer = _stream_balance.consumer);
-        IF NOT consumer = ANY (coalesce(live, '{}')) THEN
-            live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
-        END IF;
-        rank := array_position(live, consumer) - 1;
-        share := s.partitions / cardinality(live) + CASE WHEN rank < s.partitions % cardinality(live) THEN 1 ELSE 0 END;
+        share := pgbroker._stream_share(s.partitions, live, consumer);
         -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
         -- to acked_id, so what it held unacknowledged is delivered again.

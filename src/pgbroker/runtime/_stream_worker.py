@@ -211,18 +211,15 @@ class StreamWorker:
         while True:
             stopping = self._stopping.is_set()
             try:
+                if (stopping or unsettled) and handled is not None:
+                    # Acked on its own: before stopping, or before the rewind, which then hands
+                    # out again only what was read after it (an ack again is harmless).
+                    await consumer.ack(handled)
+                    self._count(handled)
+                    handled = None
                 if stopping:
-                    if handled is not None:
-                        await consumer.ack(handled)
-                        self._count(handled)
                     return
                 if unsettled:
-                    # The handled batch is acked on its own first (an ack again is harmless): the
-                    # rewind then hands out again only what was read after it.
-                    if handled is not None:
-                        await consumer.ack(handled)
-                        self._count(handled)
-                        handled = None
                     await consumer.rewind()
                     unsettled = False
                 if subscription is None:

@@ -393,7 +393,11 @@ CREATE FUNCTION pgbroker._check_message_size(size bigint) RETURNS void
     LANGUAGE plpgsql STABLE
     AS $$
 DECLARE
-    max_bytes constant bigint := pgbroker._limit('pgbroker.max_message_bytes', 1048576, true);
+    max_bytes constant bigint := CASE
+        WHEN session_user <> current_user THEN pgbroker._limit('pgbroker.max_message_bytes', 1048576, true)
+        ELSE coalesce(pgbroker._limit_number('pgbroker.max_message_bytes',
+                          nullif(current_setting('pgbroker.max_message_bytes', true), '')), 1048576)
+    END;
 BEGIN
     IF max_bytes > 0 AND size > max_bytes THEN
         RAISE EXCEPTION 'message is too large: % bytes, the limit is % bytes', size, max_bytes

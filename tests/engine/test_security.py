@@ -403,6 +403,27 @@ def test_a_session_cannot_lift_the_limits(users: dict[str, str], queues: tuple[s
     assert conn.execute("SELECT count(*) FROM pgmq.q_plain WHERE message ? 'blob'").fetchone() == (0,)
 
 
+def test_a_session_with_its_own_rights_takes_its_own_size_limit(dsn: str, conn: Conn) -> None:
+    # Its sends run as itself, who may write the queue table directly: the catalog would guard
+    # nothing, and reading it was the costly part of every send. A new session starts from the
+    # database's setting.
+    conn.execute("SELECT pgmq.create('plain')")
+    conn.execute(
+        sql.SQL("ALTER DATABASE {} SET pgbroker.max_message_bytes = 1000").format(
+            sql.Identifier(conn.info.dbname)
+        )
+    )
+    with psycopg.connect(dsn, autocommit=True) as owner:
+        with refused("PB005"):
+            owner.execute(SMALL)
+        owner.execute("SET pgbroker.max_message_bytes = 0")
+        owner.execute(SMALL)
+        owner.execute("SET pgbroker.max_message_bytes = 'lots'")
+        with refused("PB007"):
+            owner.execute(SMALL)
+    assert conn.execute("SELECT count(*) FROM pgmq.q_plain WHERE message ? 'blob'").fetchone() == (1,)
+
+
 def test_prune_windows_are_validated_and_scoped(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn
 ) -> None:

@@ -78,14 +78,17 @@ async def _throughput(
     return rate, handled
 
 
-# The group state tables; stream_position_0/1 (the insert-only positions) exist from issue 25 on,
-# and a run on an older tree leaves them out.
+# The group state tables; stream_position_0/1 (the insert-only positions) and
+# stream_watermark_0/1 (the insert-only watermark, which replaced the table stream_watermark) exist
+# from issue 25 on, and a run on a tree without them leaves them out.
 STATE_TABLES = (
     "stream_cursor",
     "stream_position_0",
     "stream_position_1",
     "stream_consumer",
     "stream_watermark",
+    "stream_watermark_0",
+    "stream_watermark_1",
     "stream_group",
 )
 
@@ -97,7 +100,11 @@ def _pinned(dsn: str, stream: str, seconds: float) -> tuple[int, dict[str, int]]
         tables = [
             t
             for t in STATE_TABLES
-            if conn.execute("SELECT to_regclass(%s)", (f"pgbroker.{t}",)).fetchone() != (None,)
+            # A plain table (not a partitioned parent: pgstattuple reads heaps).
+            if conn.execute(
+                "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", (f"pgbroker.{t}",)
+            ).fetchone()
+            == ("r",)
         ]
         conn.execute("VACUUM " + ", ".join(f"pgbroker.{t}" for t in tables))
         pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")

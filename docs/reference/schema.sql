@@ -3950,6 +3950,7 @@ DECLARE
     last_seq bigint;
     current_slot integer;
     other text;
+    other_watermark text;
     was_timeout text := current_setting('lock_timeout');
     has_rows boolean;
 BEGIN
@@ -3959,11 +3960,14 @@ BEGIN
     last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
     current_slot := ((last_seq >> 32) % 2)::integer;
     other := 'stream_position_' || (1 - current_slot);
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I)', other) INTO has_rows;
+    other_watermark := 'stream_watermark_' || (1 - current_slot);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I) OR EXISTS (SELECT 1 FROM pgbroker.%I)',
+                   other, other_watermark) INTO has_rows;
     IF has_rows THEN
         BEGIN
             PERFORM set_config('lock_timeout', '100ms', true);
-            EXECUTE format('LOCK TABLE pgbroker.%I IN ACCESS EXCLUSIVE MODE', other);
+            -- The readers' order: positions, then watermarks.
+            EXECUTE format('LOCK TABLE pgbroker.%I, pgbroker.%I IN ACCESS EXCLUSIVE MODE', other, other_watermark);
             PERFORM set_config('lock_timeout', was_timeout, true);
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
             RETURN false;  -- the subtransaction's lock request and setting are undone with it
@@ -3976,7 +3980,11 @@ BEGIN
               FROM pgbroker.stream_cursor t GROUP BY t.stream_name, t.group_name) c
         CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, c.partitions) p
         WHERE p.slot <> current_slot;
-        EXECUTE format('TRUNCATE pgbroker.%I', other);
+        INSERT INTO pgbroker.stream_watermark (stream_name, seq, slot, safe_id, candidate_id, candidate_writers)
+        SELECT w.stream_name, w.seq, current_slot, w.safe_id, w.candidate_id, w.candidate_writers
+        FROM pgbroker.stream s CROSS JOIN LATERAL pgbroker._stream_watermark(s.stream_name) w
+        WHERE w.slot <> current_slot;
+        EXECUTE format('TRUNCATE pgbroker.%I, pgbroker.%I', other, other_watermark);
     END IF;
     IF pg_relation_size(format('pgbroker.%I', 'stream_position_' || current_slot)::regclass) >= min_bytes THEN
         PERFORM setval('pgbroker.stream_position_seq', ((last_seq >> 32) + 1) << 32);
@@ -4033,12 +4041,13 @@ BEGIN
             format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
             'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
     END IF;
-    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
+    -- The ring, then rows (see "Positions").
+    LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
     PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
     -- First up to the safe id as it stands; only when that does not fill the
     -- batch, advance it (which looks at pg_locks) and read on up to the new one.
     -- A consumer catching up on a backlog so pays for the advance once, not per batch.
-    SELECT t.safe_id INTO safe FROM pgbroker.stream_watermark t WHERE t.stream_name = s.stream_name;
+    SELECT w.safe_id INTO safe FROM pgbroker._stream_watermark(s.stream_name) w;
     FOR pass IN 1 .. 2 LOOP
         IF pass = 2 THEN
             EXIT WHEN remaining <= 0;
@@ -4272,10 +4281,13 @@ DECLARE
     writers text[];
     changed boolean := false;
 BEGIN
-    SELECT * INTO w FROM pgbroker.stream_watermark t WHERE t.stream_name = _stream_safe_id.stream_name
-    FOR UPDATE SKIP LOCKED;
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR NOT pg_try_advisory_xact_lock(hashtext('pgbroker.stream_safe_id:' || stream_name)) THEN
+        RETURN (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+    END IF;
+    SELECT * INTO w FROM pgbroker._stream_watermark(stream_name);
     IF NOT FOUND THEN
-        RETURN (SELECT t.safe_id FROM pgbroker.stream_watermark t WHERE t.stream_name = _stream_safe_id.stream_name);
+        RETURN NULL;  -- no such stream
     END IF;
     -- L first, then the writers: the order the argument needs. One look at the
     -- writers serves both steps (pg_locks costs a scan of the lock table).
@@ -4302,9 +4314,7 @@ BEGIN
         changed := true;
     END IF;
     IF changed THEN
-        UPDATE pgbroker.stream_watermark t
-        SET safe_id = w.safe_id, candidate_id = w.candidate_id, candidate_writers = w.candidate_writers
-        WHERE t.stream_name = w.stream_name;
+        PERFORM pgbroker._stream_watermark_append(w.stream_name, w.safe_id, w.candidate_id, w.candidate_writers);
     END IF;
     RETURN w.safe_id;
 END;
@@ -4416,6 +4426,52 @@ CREATE FUNCTION pgbroker._stream_share(partitions integer, live text[], consumer
     AS $$
     SELECT partitions / cardinality(live)
            + CASE WHEN array_position(live, consumer) - 1 < partitions % cardinality(live) THEN 1 ELSE 0 END;
+$$;
+
+--
+-- Name: stream_watermark; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.stream_watermark (
+    stream_name text NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
+    safe_id bigint NOT NULL,
+    candidate_id bigint,
+    candidate_writers text[]
+)
+PARTITION BY LIST (slot);
+
+--
+-- Name: _stream_watermark(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_watermark(stream_name text) RETURNS SETOF pgbroker.stream_watermark
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_sort TO 'off'
+    AS $$
+BEGIN
+    RETURN QUERY
+    SELECT * FROM pgbroker.stream_watermark w WHERE w.stream_name = _stream_watermark.stream_name
+    ORDER BY w.seq DESC LIMIT 1;
+END;
+$$;
+
+--
+-- Name: _stream_watermark_append(text, bigint, bigint, text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_watermark_append(stream_name text, safe_id bigint, candidate_id bigint, candidate_writers text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO pgbroker.stream_watermark (stream_name, seq, slot, safe_id, candidate_id, candidate_writers)
+    SELECT _stream_watermark_append.stream_name, x.seq, ((x.seq >> 32) % 2)::integer,
+           _stream_watermark_append.safe_id, _stream_watermark_append.candidate_id,
+           _stream_watermark_append.candidate_writers
+    FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq) x;
+END;
 $$;
 
 --
@@ -5185,7 +5241,7 @@ BEGIN
     VALUES (stored, partitions, segments, segment_rows, retention_seconds, retention_bytes,
             truncate_consumed, notify)
     RETURNING * INTO s;
-    INSERT INTO pgbroker.stream_watermark (stream_name, safe_id) VALUES (stored, 0);
+    PERFORM pgbroker._stream_watermark_append(stored, 0, NULL, NULL);
     EXECUTE pgbroker._stream_send_function(s);
     EXECUTE pgbroker._stream_read_function(s);
     PERFORM pgbroker._stream_send_router_refresh();
@@ -7074,8 +7130,10 @@ CREATE FUNCTION pgbroker.spark_stream_bound(stream_name text) RETURNS TABLE(safe
 DECLARE
     s pgbroker.stream := pgbroker._stream_row(stream_name);
 BEGIN
+    -- The ring first, as every reader of the watermark (92_streams.sql).
+    LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
     safe_id := pgbroker._stream_safe_id(s.stream_name);
-    SELECT w.candidate_id INTO candidate_id FROM pgbroker.stream_watermark w WHERE w.stream_name = s.stream_name;
+    SELECT w.candidate_id INTO candidate_id FROM pgbroker._stream_watermark(s.stream_name) w;
     RETURN NEXT;
 END;
 $$;
@@ -9185,16 +9243,30 @@ CREATE SEQUENCE pgbroker.stream_position_seq
     CACHE 1;
 
 --
--- Name: stream_watermark; Type: TABLE; Schema: pgbroker; Owner: -
+-- Name: stream_watermark_0; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
-CREATE TABLE pgbroker.stream_watermark (
+CREATE TABLE pgbroker.stream_watermark_0 (
     stream_name text NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
     safe_id bigint NOT NULL,
     candidate_id bigint,
     candidate_writers text[]
-)
-WITH (fillfactor='20');
+);
+
+--
+-- Name: stream_watermark_1; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.stream_watermark_1 (
+    stream_name text NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
+    safe_id bigint NOT NULL,
+    candidate_id bigint,
+    candidate_writers text[]
+);
 
 --
 -- Name: meta; Type: TABLE; Schema: pgmq; Owner: -
@@ -9228,6 +9300,18 @@ ALTER TABLE ONLY pgbroker.stream_position ATTACH PARTITION pgbroker.stream_posit
 --
 
 ALTER TABLE ONLY pgbroker.stream_position ATTACH PARTITION pgbroker.stream_position_1 FOR VALUES IN (1);
+
+--
+-- Name: stream_watermark_0; Type: TABLE ATTACH; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.stream_watermark ATTACH PARTITION pgbroker.stream_watermark_0 FOR VALUES IN (0);
+
+--
+-- Name: stream_watermark_1; Type: TABLE ATTACH; Schema: pgbroker; Owner: -
+--
+
+ALTER TABLE ONLY pgbroker.stream_watermark ATTACH PARTITION pgbroker.stream_watermark_1 FOR VALUES IN (1);
 
 --
 -- Name: api_keys api_keys_hash_key; Type: CONSTRAINT; Schema: pgbroker; Owner: -
@@ -9426,13 +9510,6 @@ ALTER TABLE ONLY pgbroker.stream
     ADD CONSTRAINT stream_pkey PRIMARY KEY (stream_name);
 
 --
--- Name: stream_watermark stream_watermark_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
---
-
-ALTER TABLE ONLY pgbroker.stream_watermark
-    ADD CONSTRAINT stream_watermark_pkey PRIMARY KEY (stream_name);
-
---
 -- Name: topic_amqp_bindings topic_amqp_bindings_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
 --
 
@@ -9503,6 +9580,24 @@ CREATE INDEX stream_position_0_stream_name_group_name_partition_seq_idx ON pgbro
 CREATE INDEX stream_position_1_stream_name_group_name_partition_seq_idx ON pgbroker.stream_position_1 USING btree (stream_name, group_name, partition, seq);
 
 --
+-- Name: stream_watermark_newest; Type: INDEX; Schema: pgbroker; Owner: -
+--
+
+CREATE INDEX stream_watermark_newest ON ONLY pgbroker.stream_watermark USING btree (stream_name, seq);
+
+--
+-- Name: stream_watermark_0_stream_name_seq_idx; Type: INDEX; Schema: pgbroker; Owner: -
+--
+
+CREATE INDEX stream_watermark_0_stream_name_seq_idx ON pgbroker.stream_watermark_0 USING btree (stream_name, seq);
+
+--
+-- Name: stream_watermark_1_stream_name_seq_idx; Type: INDEX; Schema: pgbroker; Owner: -
+--
+
+CREATE INDEX stream_watermark_1_stream_name_seq_idx ON pgbroker.stream_watermark_1 USING btree (stream_name, seq);
+
+--
 -- Name: meta_queue_name_lower_key; Type: INDEX; Schema: pgmq; Owner: -
 --
 
@@ -9525,6 +9620,18 @@ ALTER INDEX pgbroker.stream_position_newest ATTACH PARTITION pgbroker.stream_pos
 --
 
 ALTER INDEX pgbroker.stream_position_newest ATTACH PARTITION pgbroker.stream_position_1_stream_name_group_name_partition_seq_idx;
+
+--
+-- Name: stream_watermark_0_stream_name_seq_idx; Type: INDEX ATTACH; Schema: pgbroker; Owner: -
+--
+
+ALTER INDEX pgbroker.stream_watermark_newest ATTACH PARTITION pgbroker.stream_watermark_0_stream_name_seq_idx;
+
+--
+-- Name: stream_watermark_1_stream_name_seq_idx; Type: INDEX ATTACH; Schema: pgbroker; Owner: -
+--
+
+ALTER INDEX pgbroker.stream_watermark_newest ATTACH PARTITION pgbroker.stream_watermark_1_stream_name_seq_idx;
 
 --
 -- Name: queue_policy routes_on_policies; Type: TRIGGER; Schema: pgbroker; Owner: -
@@ -9674,13 +9781,6 @@ ALTER TABLE ONLY pgbroker.stream_idempotency_keys
 
 ALTER TABLE ONLY pgbroker.stream_inbound_seen
     ADD CONSTRAINT stream_inbound_seen_stream_name_fkey FOREIGN KEY (stream_name) REFERENCES pgbroker.stream(stream_name) ON DELETE CASCADE;
-
---
--- Name: stream_watermark stream_watermark_stream_name_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -
---
-
-ALTER TABLE ONLY pgbroker.stream_watermark
-    ADD CONSTRAINT stream_watermark_stream_name_fkey FOREIGN KEY (stream_name) REFERENCES pgbroker.stream(stream_name) ON DELETE CASCADE;
 
 --
 -- Name: topic_amqp_bindings topic_amqp_bindings_binding_fkey; Type: FK CONSTRAINT; Schema: pgbroker; Owner: -

@@ -298,7 +298,7 @@ def test_a_stream_id_reissued_after_a_failover_goes_out_with_a_new_message_id(ds
                 " FROM pgbroker.stream_cursor GROUP BY stream_name, group_name",
                 (lost, lost),
             )
-            conn.execute("UPDATE pgbroker.stream_watermark SET safe_id = %s - 1", (lost,))
+            conn.execute("SELECT pgbroker._stream_watermark_append('ids', %s - 1, NULL, NULL)", (lost,))
         assert stream.send({"n": "new"}) == lost
         [new_out] = [stream_out_message(m) for m in consumer.read(10)]
         consumer.rewind()  # as after a lost connection: the batch is handed out again

@@ -1,6 +1,7 @@
-"""A stream group's positions under a transaction that holds back the xmin horizon (issue 25): the
-stream's own tables keep no more dead tuples after 4N messages consumed than after N, and the
-positions, kept insert-only in a ring of two child tables, survive its rotation."""
+"""A stream group's positions and the stream's watermark under a transaction that holds back the
+xmin horizon (issue 25): the stream's own tables keep no more dead tuples after 4N messages consumed
+than after N, whether a backlog is drained or the consumer keeps up with a producer, and the
+positions and watermarks, kept insert-only in a ring of two child tables, survive its rotation."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from pgbroker._db.install import install
 from tests.support.dev_schema import install_dev
@@ -71,17 +73,75 @@ def test_a_pinned_xmin_keeps_dead_tuples_flat_as_messages_are_consumed(dsn: str,
     assert after_4n <= after_n + 2, (after_n, after_4n)  # flat, not 4x
 
 
+def test_a_pinned_xmin_keeps_dead_tuples_flat_while_a_consumer_keeps_up(dsn: str, conn: Conn) -> None:
+    # Every read finds the safe id behind the newest send and moves it: the watermark moves about
+    # once a batch (it was a row updated in place: a dead version a batch).
+    rounds = 40
+    conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+    conn.execute("SELECT pgbroker.create_stream('clicks', 4)")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
+    batch = None
+
+    def keep_up(times: int) -> None:
+        nonlocal batch
+        for _ in range(times):
+            send(conn, "clicks", [{"n": i} for i in range(25)], [f"k{i}" for i in range(25)])
+            batch = consume(conn, "clicks", 25, batch)
+
+    keep_up(1)
+    conn.execute("VACUUM")
+    with psycopg.connect(dsn, autocommit=True) as pin:
+        pin.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        pin.execute("SELECT 1")
+        start = dead_tuples(conn, "clicks")
+        keep_up(rounds)
+        after_n = dead_tuples(conn, "clicks") - start
+        for _ in range(3):
+            keep_up(rounds)
+            assert conn.execute("SELECT pgbroker._stream_positions_rotate(0)").fetchone() == (True,)
+        after_4n = dead_tuples(conn, "clicks") - start
+        pin.execute("ROLLBACK")
+    print(f"dead tuples after {rounds} batches kept up with: {after_n}; after {4 * rounds}: {after_4n}")
+    assert after_4n <= after_n + 2, (after_n, after_4n)
+    # Nothing was skipped: the next read finds only what is sent after.
+    ids = send(conn, "clicks", [{"n": 0}], ["k0"])
+    last = consume(conn, "clicks", 1, batch)
+    assert last is not None
+    assert last.ids == ids
+
+
+def test_rotation_carries_each_stream_newest_watermark(conn: Conn) -> None:
+    for stream in ("clicks", "views"):
+        conn.execute("SELECT pgbroker.create_stream(%s, 2)", (stream,))
+        conn.execute("SELECT pgbroker.create_stream_group(%s, 'g', 'start')", (stream,))
+    for n in range(5):  # a watermark row a read, each read moving the safe id
+        send(conn, "clicks", [{"n": n}])
+        drain(conn, "clicks", "g", "c")
+    assert ring(conn, "stream_watermark") == (7, 0)  # one a stream made, five advances of clicks
+    safe = conn.execute("SELECT * FROM pgbroker.spark_stream_bound('clicks')").fetchone()
+    assert conn.execute("SELECT pgbroker._stream_positions_rotate(0)").fetchone() == (True,)  # moves on
+    send(conn, "views", [{"n": 0}])
+    drain(conn, "views", "g", "c")
+    assert ring(conn, "stream_watermark") == (7, 1)
+    assert conn.execute("SELECT pgbroker._stream_positions_rotate(0)").fetchone() == (True,)
+    assert ring(conn, "stream_watermark") == (0, 2)  # clicks' newest carried over, views' already there
+    assert conn.execute("SELECT * FROM pgbroker.spark_stream_bound('clicks')").fetchone() == safe
+    ids = send(conn, "clicks", [{"n": n} for n in range(3)])
+    assert sorted(drain(conn, "clicks", "g", "c")) == ids
+
+
 def positions(conn: Conn) -> list[tuple[Any, ...]]:
     return conn.execute(
         "SELECT group_name, partition, acked_id, delivered_id FROM pgbroker.stream_lag('clicks')"
     ).fetchall()
 
 
-def ring(conn: Conn) -> tuple[int, int]:
-    """Rows in each child table of the ring."""
+def ring(conn: Conn, table: str = "stream_position") -> tuple[int, int]:
+    """Rows in each child table of the ring: positions, or watermarks (stream_watermark)."""
     row = conn.execute(
-        "SELECT (SELECT count(*) FROM pgbroker.stream_position_0),"
-        " (SELECT count(*) FROM pgbroker.stream_position_1)"
+        sql.SQL("SELECT (SELECT count(*) FROM {}), (SELECT count(*) FROM {})").format(
+            sql.Identifier("pgbroker", f"{table}_0"), sql.Identifier("pgbroker", f"{table}_1")
+        )
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
@@ -188,19 +248,25 @@ def test_rotations_among_busy_consumers_lose_no_position(dsn: str, conn: Conn) -
     done = threading.Barrier(5)
     deadline = time.monotonic() + 120  # a partition whose position were lost would never be read again
 
+    errors: list[BaseException] = []
+
     def consumer(group: str) -> None:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            batch: Batch | None = None
-            while len(handled[group]) < total and time.monotonic() < deadline:
-                parts, epochs, last = batch.ack_args() if batch and batch.rows else (None, None, None)
-                batch = Batch(
-                    c.execute(
-                        "SELECT * FROM pgbroker.stream_consume('clicks', %s, 'c', 50, 30, %s, %s, %s)",
-                        (group, parts, epochs, last),
-                    ).fetchall()
-                )
-                handled[group].extend(batch.ids)
-        done.wait()
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                batch: Batch | None = None
+                while len(handled[group]) < total and time.monotonic() < deadline:
+                    parts, epochs, last = batch.ack_args() if batch and batch.rows else (None, None, None)
+                    batch = Batch(
+                        c.execute(
+                            "SELECT * FROM pgbroker.stream_consume('clicks', %s, 'c', 50, 30, %s, %s, %s)",
+                            (group, parts, epochs, last),
+                        ).fetchall()
+                    )
+                    handled[group].extend(batch.ids)
+        except BaseException as exc:  # reported by the test, after the others are done
+            errors.append(exc)
+        finally:
+            done.wait()
 
     threads = [threading.Thread(target=consumer, args=(group,)) for group in handled]
     for t in threads:
@@ -212,6 +278,7 @@ def test_rotations_among_busy_consumers_lose_no_position(dsn: str, conn: Conn) -
     done.wait()
     for t in threads:
         t.join()
+    assert not errors, errors
     print(f"{sum(rotations)} of {len(rotations)} rotations had their lock")
     for group, seen in handled.items():
         assert sorted(seen) == ids, group  # each once

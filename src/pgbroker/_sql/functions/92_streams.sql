@@ -103,16 +103,15 @@
 -- While a transaction holds back the xmin horizon no row version an UPDATE
 -- or DELETE leaves can be pruned or vacuumed. So what changes with every
 -- batch is appended: a read appends a position for each partition it moves,
--- once, with the ack that came with it (stream_consume), and old positions
--- go by TRUNCATE ("Positions"). Still updated in place: the cursor row when a
--- partition changes hands and the consumer's heartbeat row every half lease
--- (events and time, not messages), and the watermark when the safe id moves:
--- at most once a read, and only by a read that reaches the safe id, so once
--- a backlog read but about once a batch for consumers that keep up with
--- producers sending all the time. Those tables stay small (rows per group and
--- partition, per live consumer, per stream), no indexed column changes and
--- fillfactor leaves room: the updates are HOT and the pages prune themselves
--- once the horizon moves on.
+-- once, with the ack that came with it (stream_consume), and a watermark row
+-- when it moves the safe id (about once a batch for consumers that keep up
+-- with producers sending all the time); old rows go by TRUNCATE
+-- ("Positions"). Still updated in place: the cursor row when a partition
+-- changes hands and the consumer's heartbeat row every half lease (events
+-- and time, not messages). Those tables stay small (rows per group and
+-- partition, per live consumer), no indexed column changes and fillfactor
+-- leaves room: the updates are HOT and the pages prune themselves once the
+-- horizon moves on.
 
 ------------------------------------------------------------------------------
 -- Tables
@@ -384,7 +383,7 @@ BEGIN
     VALUES (stored, partitions, segments, segment_rows, retention_seconds, retention_bytes,
             truncate_consumed, notify)
     RETURNING * INTO s;
-    INSERT INTO pgbroker.stream_watermark (stream_name, safe_id) VALUES (stored, 0);
+    PERFORM pgbroker._stream_watermark_append(stored, 0, NULL, NULL);
     EXECUTE pgbroker._stream_send_function(s);
     EXECUTE pgbroker._stream_read_function(s);
     PERFORM pgbroker._stream_send_router_refresh();
@@ -515,9 +514,41 @@ RETURNS text[] LANGUAGE sql STABLE AS $$
       AND l.pid IS DISTINCT FROM pg_backend_pid();  -- not this session (NULL: a prepared transaction)
 $$;
 
+-- The watermark: the safe id and its candidate, insert-only in the ring of
+-- the positions (see "Positions" below: the same sequence, slots and
+-- rotation). An advance appends a row; a stream's watermark is its newest
+-- row, found by an index walk backwards in each child (the planner held to
+-- it, as for the positions). Whoever reads it holds the ring first: ACCESS
+-- SHARE on stream_position, then on stream_watermark.
+CREATE OR REPLACE FUNCTION pgbroker._stream_watermark(stream_name text)
+RETURNS SETOF pgbroker.stream_watermark LANGUAGE plpgsql STABLE
+SET enable_seqscan = off SET enable_sort = off AS $$
+BEGIN
+    RETURN QUERY
+    SELECT * FROM pgbroker.stream_watermark w WHERE w.stream_name = _stream_watermark.stream_name
+    ORDER BY w.seq DESC LIMIT 1;
+END;
+$$;
+
+-- Append a stream's watermark, in the current slot.
+CREATE OR REPLACE FUNCTION pgbroker._stream_watermark_append(stream_name text, safe_id bigint, candidate_id bigint,
+                                                  candidate_writers text[])
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO pgbroker.stream_watermark (stream_name, seq, slot, safe_id, candidate_id, candidate_writers)
+    SELECT _stream_watermark_append.stream_name, x.seq, ((x.seq >> 32) % 2)::integer,
+           _stream_watermark_append.safe_id, _stream_watermark_append.candidate_id,
+           _stream_watermark_append.candidate_writers
+    FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq) x;
+END;
+$$;
+
 -- Advance the stream's safe id if it can, and return it (see the header).
--- One caller at a time advances (SKIP LOCKED); the others use the committed
--- value, which is at most one call behind.
+-- One caller at a time advances: the advisory lock, held to the end of its
+-- transaction, orders the appends, so the newest row is the last advance;
+-- the others use the newest committed row, at most one call behind. Only in
+-- READ COMMITTED, whose every statement sees the last advance committed: an
+-- older snapshot could append on top of a state already replaced.
 CREATE OR REPLACE FUNCTION pgbroker._stream_safe_id(stream_name text)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -526,10 +557,13 @@ DECLARE
     writers text[];
     changed boolean := false;
 BEGIN
-    SELECT * INTO w FROM pgbroker.stream_watermark t WHERE t.stream_name = _stream_safe_id.stream_name
-    FOR UPDATE SKIP LOCKED;
+    IF current_setting('transaction_isolation') <> 'read committed'
+       OR NOT pg_try_advisory_xact_lock(hashtext('pgbroker.stream_safe_id:' || stream_name)) THEN
+        RETURN (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+    END IF;
+    SELECT * INTO w FROM pgbroker._stream_watermark(stream_name);
     IF NOT FOUND THEN
-        RETURN (SELECT t.safe_id FROM pgbroker.stream_watermark t WHERE t.stream_name = _stream_safe_id.stream_name);
+        RETURN NULL;  -- no such stream
     END IF;
     -- L first, then the writers: the order the argument needs. One look at the
     -- writers serves both steps (pg_locks costs a scan of the lock table).
@@ -556,9 +590,7 @@ BEGIN
         changed := true;
     END IF;
     IF changed THEN
-        UPDATE pgbroker.stream_watermark t
-        SET safe_id = w.safe_id, candidate_id = w.candidate_id, candidate_writers = w.candidate_writers
-        WHERE t.stream_name = w.stream_name;
+        PERFORM pgbroker._stream_watermark_append(w.stream_name, w.safe_id, w.candidate_id, w.candidate_writers);
     END IF;
     RETURN w.safe_id;
 END;
@@ -588,7 +620,9 @@ $$;
 -- (_stream_positions_rotate, run by maintain_stream) empties the other child:
 -- it locks it (ACCESS EXCLUSIVE), copies into the current child each
 -- partition's newest row that lies in it (seq kept: a row appended meanwhile
--- has a higher one), and TRUNCATEs it. Once the current child has grown past
+-- has a higher one), and TRUNCATEs it; the watermarks ("The safe id") share
+-- the sequence and the slots, and their other child goes the same way in
+-- the same rotation. Once the current child has grown past
 -- min_bytes it moves the sequence to the next 2^32 (setval), which makes the
 -- emptied child the current one; a writer that drew its seq before lands in
 -- the former one, which the next rotation empties. Every transaction that
@@ -654,6 +688,7 @@ DECLARE
     last_seq bigint;
     current_slot integer;
     other text;
+    other_watermark text;
     was_timeout text := current_setting('lock_timeout');
     has_rows boolean;
 BEGIN
@@ -663,11 +698,14 @@ BEGIN
     last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
     current_slot := ((last_seq >> 32) % 2)::integer;
     other := 'stream_position_' || (1 - current_slot);
-    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I)', other) INTO has_rows;
+    other_watermark := 'stream_watermark_' || (1 - current_slot);
+    EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I) OR EXISTS (SELECT 1 FROM pgbroker.%I)',
+                   other, other_watermark) INTO has_rows;
     IF has_rows THEN
         BEGIN
             PERFORM set_config('lock_timeout', '100ms', true);
-            EXECUTE format('LOCK TABLE pgbroker.%I IN ACCESS EXCLUSIVE MODE', other);
+            -- The readers' order: positions, then watermarks.
+            EXECUTE format('LOCK TABLE pgbroker.%I, pgbroker.%I IN ACCESS EXCLUSIVE MODE', other, other_watermark);
             PERFORM set_config('lock_timeout', was_timeout, true);
         EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
             RETURN false;  -- the subtransaction's lock request and setting are undone with it
@@ -680,7 +718,11 @@ BEGIN
               FROM pgbroker.stream_cursor t GROUP BY t.stream_name, t.group_name) c
         CROSS JOIN LATERAL pgbroker._stream_positions(c.stream_name, c.group_name, c.partitions) p
         WHERE p.slot <> current_slot;
-        EXECUTE format('TRUNCATE pgbroker.%I', other);
+        INSERT INTO pgbroker.stream_watermark (stream_name, seq, slot, safe_id, candidate_id, candidate_writers)
+        SELECT w.stream_name, w.seq, current_slot, w.safe_id, w.candidate_id, w.candidate_writers
+        FROM pgbroker.stream s CROSS JOIN LATERAL pgbroker._stream_watermark(s.stream_name) w
+        WHERE w.slot <> current_slot;
+        EXECUTE format('TRUNCATE pgbroker.%I, pgbroker.%I', other, other_watermark);
     END IF;
     IF pg_relation_size(format('pgbroker.%I', 'stream_position_' || current_slot)::regclass) >= min_bytes THEN
         PERFORM setval('pgbroker.stream_position_seq', ((last_seq >> 32) + 1) << 32);
@@ -1013,12 +1055,13 @@ BEGIN
             format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
             'A REPEATABLE READ snapshot may be older than the safe id: read in a READ COMMITTED transaction.');
     END IF;
-    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
+    -- The ring, then rows (see "Positions").
+    LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
     PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
     -- First up to the safe id as it stands; only when that does not fill the
     -- batch, advance it (which looks at pg_locks) and read on up to the new one.
     -- A consumer catching up on a backlog so pays for the advance once, not per batch.
-    SELECT t.safe_id INTO safe FROM pgbroker.stream_watermark t WHERE t.stream_name = s.stream_name;
+    SELECT w.safe_id INTO safe FROM pgbroker._stream_watermark(s.stream_name) w;
     FOR pass IN 1 .. 2 LOOP
         IF pass = 2 THEN
             EXIT WHEN remaining <= 0;

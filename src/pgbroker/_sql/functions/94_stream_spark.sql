@@ -53,8 +53,10 @@ RETURNS TABLE (safe_id bigint, candidate_id bigint) LANGUAGE plpgsql AS $$
 DECLARE
     s pgbroker.stream := pgbroker._stream_row(stream_name);
 BEGIN
+    -- The ring first, as every reader of the watermark (92_streams.sql).
+    LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
     safe_id := pgbroker._stream_safe_id(s.stream_name);
-    SELECT w.candidate_id INTO candidate_id FROM pgbroker.stream_watermark w WHERE w.stream_name = s.stream_name;
+    SELECT w.candidate_id INTO candidate_id FROM pgbroker._stream_watermark(s.stream_name) w;
     RETURN NEXT;
 END;
 $$;

@@ -14,14 +14,24 @@ CREATE TABLE pgbroker.stream (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
--- The safe id and its candidate (see above); one row a stream, updated in
--- place by readers.
+-- The safe id and its candidate (functions/92_streams.sql), insert-only: an
+-- advance appends a row, and a stream's watermark is its row with the
+-- highest seq. In the ring of the positions (stream_position below: the same
+-- sequence and slots, emptied by the same rotation), so that a transaction
+-- holding back the xmin horizon keeps no dead version of it either. No
+-- foreign key, as for the positions: a dropped stream's rows are never read
+-- again and go with their child table.
 CREATE TABLE pgbroker.stream_watermark (
-    stream_name text PRIMARY KEY REFERENCES pgbroker.stream ON DELETE CASCADE,
+    stream_name text NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
     safe_id bigint NOT NULL,
     candidate_id bigint,
     candidate_writers text[]
-) WITH (fillfactor = 20);
+) PARTITION BY LIST (slot);
+CREATE TABLE pgbroker.stream_watermark_0 PARTITION OF pgbroker.stream_watermark FOR VALUES IN (0);
+CREATE TABLE pgbroker.stream_watermark_1 PARTITION OF pgbroker.stream_watermark FOR VALUES IN (1);
+CREATE INDEX stream_watermark_newest ON pgbroker.stream_watermark (stream_name, seq);
 
 CREATE TABLE pgbroker.stream_group (
     stream_name text NOT NULL REFERENCES pgbroker.stream ON DELETE CASCADE,

@@ -122,3 +122,26 @@ CREATE TABLE pgbroker.stream_cursor (
 INSERT INTO pgbroker.stream_cursor (stream_name, group_name, partition, owner, epoch)
 SELECT c.stream_name, c.group_name, c.partition, c.owner, c.epoch FROM pgbroker.stream_cursor_0_1 c;
 DROP TABLE pgbroker.stream_cursor_0_1;
+
+-- Insert-only watermark (issue 25): a stream's safe id leaves its row, updated
+-- at about every batch of consumers that keep up (a dead tuple each while a
+-- transaction held back the xmin horizon), for rows appended to the ring of
+-- the positions (structure/92_streams.sql; functions/92_streams.sql "The safe id").
+LOCK TABLE pgbroker.stream_watermark IN EXCLUSIVE MODE;  -- no advance between the copy and the drop
+ALTER TABLE pgbroker.stream_watermark RENAME TO stream_watermark_0_1;
+ALTER INDEX pgbroker.stream_watermark_pkey RENAME TO stream_watermark_0_1_pkey;
+CREATE TABLE pgbroker.stream_watermark (
+    stream_name text NOT NULL,
+    seq bigint NOT NULL,
+    slot integer NOT NULL,
+    safe_id bigint NOT NULL,
+    candidate_id bigint,
+    candidate_writers text[]
+) PARTITION BY LIST (slot);
+CREATE TABLE pgbroker.stream_watermark_0 PARTITION OF pgbroker.stream_watermark FOR VALUES IN (0);
+CREATE TABLE pgbroker.stream_watermark_1 PARTITION OF pgbroker.stream_watermark FOR VALUES IN (1);
+CREATE INDEX stream_watermark_newest ON pgbroker.stream_watermark (stream_name, seq);
+INSERT INTO pgbroker.stream_watermark (stream_name, seq, slot, safe_id, candidate_id, candidate_writers)
+SELECT w.stream_name, w.seq, ((w.seq >> 32) % 2)::integer, w.safe_id, w.candidate_id, w.candidate_writers
+FROM (SELECT o.*, nextval('pgbroker.stream_position_seq') AS seq FROM pgbroker.stream_watermark_0_1 o) w;
+DROP TABLE pgbroker.stream_watermark_0_1;

@@ -3622,7 +3622,7 @@ CREATE TABLE pgbroker.stream (
 -- Name: _stream_balance(pgbroker.stream, text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer) RETURNS void
+CREATE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -3630,6 +3630,7 @@ DECLARE
     live text[];
     share integer;
     owned integer;
+    given integer;
     taken integer[];
 BEGIN
     -- Taken again on every read: a session's locks stack, and cost no shared memory more.
@@ -3685,6 +3686,8 @@ BEGIN
             WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
               AND x.owner = _stream_balance.consumer AND p.delivered_id = p.acked_id
             ORDER BY x.partition DESC LIMIT owned - share);
+        GET DIAGNOSTICS given = ROW_COUNT;
+        RETURN owned - share - given;
     ELSIF owned < share THEN
         -- Takers of a group take turns, and each looks again at who is live
         -- once it has its turn. A consumer registers and takes its share in
@@ -3717,6 +3720,7 @@ BEGIN
             PERFORM pgbroker._stream_positions_rewound(s.stream_name, _stream_balance.group_name, taken);
         END IF;
     END IF;
+    RETURN 0;
 END;
 $$;
 
@@ -4028,6 +4032,8 @@ DECLARE
     share integer;
     wanted integer;
     i integer;
+    leaving integer[] := '{}';  -- beyond the consumer's share, in flight: not read (see _stream_balance)
+    excess integer;
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
@@ -4043,7 +4049,12 @@ BEGIN
     END IF;
     -- The ring, then rows (see "Positions").
     LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
-    PERFORM pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
+    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
+    IF excess > 0 THEN
+        leaving := ARRAY(SELECT c.partition FROM pgbroker.stream_cursor c
+                         WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                         ORDER BY c.partition DESC LIMIT excess);
+    END IF;
     -- First up to the safe id as it stands; only when that does not fill the
     -- batch, advance it (which looks at pg_locks) and read on up to the new one.
     -- A consumer catching up on a backlog so pays for the advance once, not per batch.
@@ -4100,7 +4111,8 @@ BEGIN
             positions := positions || more_delivered;
         END IF;
         -- The partition furthest behind (lowest position) first, so that none starves.
-        todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x WHERE positions[x] < safe
+        todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x
+                      WHERE positions[x] < safe AND NOT parts[x] = ANY (leaving)
                       ORDER BY positions[x], parts[x]);
         CONTINUE WHEN cardinality(todo) = 0;
 

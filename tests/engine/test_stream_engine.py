@@ -160,6 +160,42 @@ def test_consumers_share_partitions_and_a_dead_ones_batch_is_delivered_again(con
     assert owners == [("b", 2), ("c", 2)]
 
 
+def test_a_consumer_reading_ahead_lets_the_partitions_beyond_its_share_drain(conn: Conn) -> None:
+    # A consumer that reads the next batch before acking the one in hand always has something in
+    # flight, and a partition in flight cannot change hands. Beyond its share it reads no more
+    # from them: the batch in flight is acked, and they go to the newcomer at the next read.
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(400)], [f"k{i}" for i in range(400)])
+    first = read(conn, "clicks", "g", "a", qty=40)  # a alone: all four partitions
+    ahead = read(conn, "clicks", "g", "a", qty=40)  # read ahead, first not acked yet
+    assert {r[0] for r in ahead.rows} == {0, 1, 2, 3}
+    assert read(conn, "clicks", "g", "b").rows == []  # b joins: its share is two, none free
+    conn.execute("UPDATE pgbroker.stream_consumer SET renewed_at = renewed_at - interval '1 minute'")
+    ack(conn, "clicks", "g", "a", first)
+    more = read(conn, "clicks", "g", "a", qty=40)  # in flight on all four: none given up
+    assert {r[0] for r in more.rows} == {0, 1}  # and only its share read
+    ack(conn, "clicks", "g", "a", ahead)
+    last = read(conn, "clicks", "g", "a", qty=40)  # 2 and 3 drained: given up
+    assert {r[0] for r in last.rows} == {0, 1}
+    owners = conn.execute("SELECT owner, count(*) FROM pgbroker.stream_cursor GROUP BY owner ORDER BY 1")
+    assert owners.fetchall() == [("a", 2), (None, 2)]  # b takes them at its next read
+    ack(conn, "clicks", "g", "a", more)
+    ack(conn, "clicks", "g", "a", last)
+    # b reads on from where a's acks left partitions 2 and 3: every message once.
+    seen = (
+        first.ids
+        + ahead.ids
+        + more.ids
+        + last.ids
+        + drain(conn, "clicks", "g", "b")
+        + drain(conn, "clicks", "g", "a")
+    )
+    assert sorted(seen) == ids
+    owners = conn.execute("SELECT owner, count(*) FROM pgbroker.stream_cursor GROUP BY owner ORDER BY 1")
+    assert owners.fetchall() == [("a", 2), ("b", 2)]
+
+
 def test_release_frees_the_partitions_at_once(conn: Conn) -> None:
     make_stream(conn, partitions=2)
     make_group(conn, "g")

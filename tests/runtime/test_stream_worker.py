@@ -9,7 +9,7 @@ import random
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import psycopg
 import pytest
@@ -184,6 +184,74 @@ def test_each_keys_messages_are_handled_once_in_order_under_concurrency(dsn: str
             # A key's messages in the log's order: send order for one producer (concurrent
             # producers' sends are ordered by their ids).
             assert ids == sorted(sent[key]), key
+
+
+def test_the_next_batch_is_read_while_the_handlers_go_through_one(dsn: str, broker: Broker) -> None:
+    # The handlers never wait for a round trip: the call that reads the next batch is in flight
+    # (here: done) while the batch in hand is handled, and that batch starts once the one in hand
+    # is done.
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    ids = clicks.send_many([{"n": i} for i in range(30)], keys=["k"] * 30)
+    delivered_in_first: list[int] = []
+    handled: list[int] = []
+    done = threading.Event()
+
+    def delivered() -> int:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT delivered_id FROM pgbroker.stream_lag('clicks')").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def handle(message: StreamMessage) -> None:
+        if message.id == ids[9]:  # the first batch's last: wait for the next batch's read
+            end = time.monotonic() + 30
+            while (seen := await asyncio.to_thread(delivered)) <= ids[9] and time.monotonic() < end:
+                await asyncio.sleep(0.02)
+            delivered_in_first.append(seen)
+        handled.append(message.id)
+        if len(handled) == len(ids):
+            done.set()
+
+    run_until(dsn, [StreamWorker("clicks", "g", handle, batch_size=10)], done, 120)
+    assert delivered_in_first == [ids[19]]
+    assert handled == ids  # one key: in order, each once
+
+
+def test_a_worker_joining_a_busy_one_gets_its_share_while_the_other_reads_ahead(
+    dsn: str, broker: Broker
+) -> None:
+    # The busy worker always has a batch in flight; beyond its share it stops reading the
+    # partitions it must give up, acks what it holds of them, and hands them over.
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=4)
+    clicks.create_group("g", start="start")
+    ids = clicks.send_many([{"n": i} for i in range(2000)], keys=[f"k{i % 40}" for i in range(2000)])
+    handled: dict[str, list[int]] = {"a": [], "b": []}
+    done = threading.Event()
+
+    def handler(name: str) -> Callable[[StreamMessage], Awaitable[None]]:
+        async def handle(message: StreamMessage) -> None:
+            await asyncio.sleep(0.002)
+            handled[name].append(message.id)
+            if sum(map(len, handled.values())) >= len(ids):
+                done.set()
+
+        return handle
+
+    first = threading.Thread(
+        target=run_until,
+        args=(dsn, [StreamWorker("clicks", "g", handler("a"), batch_size=20, consumer="a")], done, 120),
+    )
+    first.start()
+    end = time.monotonic() + 60
+    while len(handled["a"]) < 100 and time.monotonic() < end:
+        time.sleep(0.01)
+    run_until(dsn, [StreamWorker("clicks", "g", handler("b"), batch_size=20, consumer="b")], done, 120)
+    first.join()
+    assert sorted(handled["a"] + handled["b"]) == ids  # each once
+    assert len(handled["b"]) > 500  # its two partitions' share of what was left (~950)
 
 
 def test_the_stream_worker_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, broker: Broker) -> None:

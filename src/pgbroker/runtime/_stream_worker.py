@@ -4,8 +4,13 @@ A StreamWorker is one consumer of the group. It reads a batch from the partition
 the handler on every message (up to ``concurrency`` at once: the messages of one key one after
 another, in the log's order, and different keys side by side, even in one partition, as in
 Confluent's parallel consumer; a message without a key has no order to keep and runs beside any
-other), and acks the batch as a whole in the same call that reads the next one: one statement
-and one commit a batch. A message whose handler raised is marked failed in the batch; the ack
+other), and acks the batch as a whole in a call that reads: one statement and one commit a
+batch. The next batch is read while the handlers go through the one in hand (that call carries
+the ack of the batch before), so the handlers never wait for a round trip, and a batch starts
+once the one before is done, which keeps each key's order. Beyond its share of the partitions (a
+consumer has joined) the worker reads no more from those it must give up: what it holds of them
+is acked, and they change hands at its next read. A message whose handler raised is marked
+failed in the batch; the ack
 sends it to the group's retry queue, where the queue's policy applies (back-off, max
 deliveries, dead-letter queue). The worker also runs a queue Worker on that retry queue with
 the same handler, which gets the message as a StreamMessage again (from its
@@ -14,7 +19,8 @@ x-pgbroker-stream header), so the handler sees one kind of message either way.
 A worker that dies mid-batch acks nothing: the batch is delivered again to whoever takes its
 partitions over (at-least-once): at the other consumers' next read once its connections are
 gone, at the end of its lease if it hangs connected. stop() finishes the batch in hand,
-acks it and releases the partitions, so that the others take them over at once.
+acks it and releases the partitions, so that the others take them over at once (a batch read
+ahead and not started is delivered again to them).
 """
 
 from __future__ import annotations
@@ -200,57 +206,90 @@ class StreamWorker:
     async def _consume(
         self, stream: AsyncStream, consumer: AsyncStreamConsumer, threads: HandlerThreads | None
     ) -> None:
+        """Read a batch, and the next one while the handlers go through it: a call that acks the
+        batch handled before and reads the one after, so that the handlers never wait for a round
+        trip. A key's order holds: a batch starts once the one before is done."""
         idle = Backoff(self.poll_min, self.poll_max)
         trouble = Backoff(*_RECONNECT)
         subscription: AsyncSubscription | None = None
-        handled: StreamBatch | None = None  # acked with the next read
+        handled: StreamBatch | None = None  # done, not acked yet: acked with the next read
+        ahead: asyncio.Task[StreamBatch] | None = None  # the next batch's read, in flight
+        riding: StreamBatch | None = None  # the batch whose ack that read carries
         # A read failed in flight: it may have committed without its answer arriving, moving the
         # group past rows never handled. No read may run until a rewind has settled that, however
         # many calls fail in between (a failover can take several).
         unsettled = False
-        while True:
-            stopping = self._stopping.is_set()
-            try:
-                if (stopping or unsettled) and handled is not None:
-                    # Acked on its own: before stopping, or before the rewind, which then hands
-                    # out again only what was read after it (an ack again is harmless).
-                    await consumer.ack(handled)
-                    self._count(handled)
-                    handled = None
-                if stopping:
-                    return
-                if unsettled:
-                    await consumer.rewind()
-                    unsettled = False
-                if subscription is None:
-                    subscription = await stream.listen(_LISTEN_TIMEOUT)
-                self.stats.reads += 1
-                batch = await consumer.ack_and_read(handled, self.batch_size)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                self.stats.connection_errors += 1
-                log_event(
-                    logging.WARNING, "stream_worker.database_unavailable", stream=self.stream, error=exc
-                )
-                unsettled = True
-                await self._nap(None, trouble.next())
-                continue
-            trouble.reset()
-            if handled is not None:
-                self._count(handled)
-            handled = None
-            if not batch:
-                await self._nap(subscription, idle.next())
-                continue
-            idle.reset()
-            self.stats.received += len(batch)
-            self._in_flight = len(batch)
-            try:
-                await self._handle_batch(batch, threads)
-            finally:
-                self._in_flight = 0
-            handled = batch
+        try:
+            while True:
+                try:
+                    if ahead is None:
+                        stopping = self._stopping.is_set()
+                        if stopping or unsettled:
+                            # Acked on their own, oldest first: before stopping, or before the
+                            # rewind, which then hands out again only what was read after (an ack
+                            # again is harmless).
+                            if riding is not None:
+                                await consumer.ack(riding)
+                                self._count(riding)
+                                riding = None
+                            if handled is not None:
+                                await consumer.ack(handled)
+                                self._count(handled)
+                                handled = None
+                        if stopping:
+                            return
+                        if unsettled:
+                            await consumer.rewind()
+                            unsettled = False
+                        if subscription is None:
+                            subscription = await stream.listen(_LISTEN_TIMEOUT)
+                        ahead, riding, handled = self._read_next(consumer, handled), handled, None
+                    batch = await ahead
+                except Exception as exc:
+                    ahead = None
+                    if not is_transient(exc):
+                        raise
+                    self.stats.connection_errors += 1
+                    log_event(
+                        logging.WARNING, "stream_worker.database_unavailable", stream=self.stream, error=exc
+                    )
+                    unsettled = True
+                    await self._nap(None, trouble.next())
+                    continue
+                ahead = None
+                trouble.reset()
+                if riding is not None:
+                    self._count(riding)
+                riding = None
+                if not batch:
+                    if handled is None:  # else read again at once, with its ack
+                        await self._nap(subscription, idle.next())
+                    continue
+                idle.reset()
+                if self._stopping.is_set():
+                    # Read ahead, not started: delivered again to whoever takes the partitions
+                    # (released on the way out, or once the lease ends).
+                    continue
+                self.stats.received += len(batch)
+                ahead, riding, handled = self._read_next(consumer, handled), handled, None
+                self._in_flight = len(batch)
+                try:
+                    await self._handle_batch(batch, threads)
+                finally:
+                    self._in_flight = 0
+                handled = batch
+        finally:
+            if ahead is not None:
+                ahead.cancel()
+                with suppress(Exception, asyncio.CancelledError):
+                    await ahead
+
+    def _read_next(
+        self, consumer: AsyncStreamConsumer, acked: StreamBatch | None
+    ) -> asyncio.Task[StreamBatch]:
+        """The call that acks ``acked`` and reads the next batch, started."""
+        self.stats.reads += 1
+        return asyncio.create_task(consumer.ack_and_read(acked, self.batch_size))
 
     def _count(self, batch: StreamBatch) -> None:
         self.stats.retried += len(batch.failures)

@@ -145,3 +145,6 @@ INSERT INTO pgbroker.stream_watermark (stream_name, seq, slot, safe_id, candidat
 SELECT w.stream_name, w.seq, ((w.seq >> 32) % 2)::integer, w.safe_id, w.candidate_id, w.candidate_writers
 FROM (SELECT o.*, nextval('pgbroker.stream_position_seq') AS seq FROM pgbroker.stream_watermark_0_1 o) w;
 DROP TABLE pgbroker.stream_watermark_0_1;
+
+-- A consumer's balance returns the partitions it could not give up (92_streams.sql).
+DROP FUNCTION IF EXISTS pgbroker._stream_balance(pgbroker.stream, text, text, integer);

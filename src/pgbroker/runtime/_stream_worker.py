@@ -5,16 +5,16 @@ the handler on every message (up to ``concurrency`` at once: the messages of one
 another, in the log's order, and different keys side by side, even in one partition, as in
 Confluent's parallel consumer; a message without a key has no order to keep and runs beside any
 other), and acks the batch as a whole in a call that reads: one statement and one commit a
-batch. The next batch is read while the handlers go through the one in hand (that call carries
-the ack of the batch before), so the handlers never wait for a round trip, and a batch starts
-once the one before is done, which keeps each key's order. Beyond its share of the partitions (a
-consumer has joined) the worker reads no more from those it must give up: what it holds of them
-is acked, and they change hands at its next read. A message whose handler raised is marked
-failed in the batch; the ack
-sends it to the group's retry queue, where the queue's policy applies (back-off, max
-deliveries, dead-letter queue). The worker also runs a queue Worker on that retry queue with
-the same handler, which gets the message as a StreamMessage again (from its
-x-pgbroker-stream header), so the handler sees one kind of message either way.
+batch. After a full batch (a backlog) the next one is read while the handlers go through the
+one in hand (that call carries the ack of the batch before), so the handlers never wait for a
+round trip; a batch starts once the one before is done, which keeps each key's order. Beyond
+its share of the partitions (a consumer has joined) the worker reads no more from those it must
+give up: what it holds of them is acked, and they change hands at its next read. A message
+whose handler raised is marked failed in the batch; the ack sends it to the group's retry
+queue, where the queue's policy applies (back-off, max deliveries, dead-letter queue). The
+worker also runs a queue Worker on that retry queue with the same handler, which gets the
+message as a StreamMessage again (from its x-pgbroker-stream header), so the handler sees one
+kind of message either way.
 
 A worker that dies mid-batch acks nothing: the batch is delivered again to whoever takes its
 partitions over (at-least-once): at the other consumers' next read once its connections are
@@ -206,9 +206,10 @@ class StreamWorker:
     async def _consume(
         self, stream: AsyncStream, consumer: AsyncStreamConsumer, threads: HandlerThreads | None
     ) -> None:
-        """Read a batch, and the next one while the handlers go through it: a call that acks the
-        batch handled before and reads the one after, so that the handlers never wait for a round
-        trip. A key's order holds: a batch starts once the one before is done."""
+        """Read a batch, and, when it is full, the next one while the handlers go through it: a
+        call that acks the batch handled before and reads the one after, so that the handlers
+        never wait for a round trip. A key's order holds: a batch starts once the one before is
+        done."""
         idle = Backoff(self.poll_min, self.poll_max)
         trouble = Backoff(*_RECONNECT)
         subscription: AsyncSubscription | None = None
@@ -271,7 +272,12 @@ class StreamWorker:
                     # (released on the way out, or once the lease ends).
                     continue
                 self.stats.received += len(batch)
-                ahead, riding, handled = self._read_next(consumer, handled), handled, None
+                if len(batch) >= self.batch_size:
+                    # A full batch: more is waiting, read it now. A short one emptied what was
+                    # there to read: the next read waits for the batch's end (one call a batch,
+                    # with its ack, where a read ahead would mostly come back empty: 286 reads a
+                    # second against 191 at 1,000 messages a second, W = 16).
+                    ahead, riding, handled = self._read_next(consumer, handled), handled, None
                 self._in_flight = len(batch)
                 try:
                     await self._handle_batch(batch, threads)

@@ -3887,6 +3887,7 @@ CREATE FUNCTION pgbroker._stream_positions(stream_name text, group_name text, pa
     LANGUAGE plpgsql STABLE
     SET enable_seqscan TO 'off'
     SET enable_sort TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     RETURN QUERY
@@ -4462,6 +4463,7 @@ CREATE FUNCTION pgbroker._stream_watermark(stream_name text) RETURNS SETOF pgbro
     LANGUAGE plpgsql STABLE
     SET enable_seqscan TO 'off'
     SET enable_sort TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 BEGIN
     RETURN QUERY

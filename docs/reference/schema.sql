@@ -3695,7 +3695,11 @@ BEGIN
         -- commit, whose partitions would then look owned by a stranger and be
         -- taken from it while it handles what it read (duplicates without a
         -- death). After the lock, a new statement sees every taker before us.
-        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream_take:' || s.stream_name || '/' || group_name));
+        -- The group's row, not an advisory lock, which any session could hold
+        -- to keep every newcomer waiting (see _stream_safe_id).
+        PERFORM FROM pgbroker.stream_group t
+        WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
+        FOR NO KEY UPDATE;
         -- (This consumer's row is there: registered above, in this transaction.)
         SELECT array_agg(c.consumer ORDER BY c.consumer) INTO live
         FROM pgbroker.stream_consumer c
@@ -4294,8 +4298,11 @@ DECLARE
     writers text[];
     changed boolean := false;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed'
-       OR NOT pg_try_advisory_xact_lock(hashtext('pgbroker.stream_safe_id:' || stream_name)) THEN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id.stream_name
+        FOR NO KEY UPDATE SKIP LOCKED;
+    END IF;
+    IF NOT FOUND THEN  -- another caller advances, or not READ COMMITTED (FOUND starts false)
         RETURN (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
     END IF;
     SELECT * INTO w FROM pgbroker._stream_watermark(stream_name);

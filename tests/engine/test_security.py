@@ -26,6 +26,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker._db.install import install_roles
+from tests.support.streams import ack, read, send
 from tests.support.tables import Conn
 
 KINDS = ("producer", "consumer", "monitor", "outsider")
@@ -422,6 +423,29 @@ def test_a_session_with_its_own_rights_takes_its_own_size_limit(dsn: str, conn: 
         with refused("PB007"):
             owner.execute(SMALL)
     assert conn.execute("SELECT count(*) FROM pgmq.q_plain WHERE message ? 'blob'").fetchone() == (1,)
+
+
+def test_a_hostile_session_cannot_hold_a_stream_back(users: dict[str, str], conn: Conn) -> None:
+    # Any session of the database may take any advisory lock: the reads of a stream rest on none.
+    # Those the engine once used to order the safe id's advances and the takers of a group, held
+    # by an outsider, stopped the stream for good and kept a newcomer waiting.
+    conn.execute("SELECT pgbroker.create_stream('clicks', 2)")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
+    first = read(conn, "clicks", "g", "a", qty=10)  # a owns both partitions
+    conn.execute("SET lock_timeout = '5s'")
+    with psycopg.connect(users["outsider"], autocommit=True) as hostile:
+        for key in ("pgbroker.stream_safe_id:clicks", "pgbroker.stream_take:clicks/g"):
+            hostile.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+        ids = send(conn, "clicks", [{"n": i} for i in range(10)], [f"k{i}" for i in range(10)])
+        batch = read(conn, "clicks", "g", "a", qty=10)
+        assert sorted(batch.ids) == ids  # the safe id moved past the sends
+        ack(conn, "clicks", "g", "a", first)
+        ack(conn, "clicks", "g", "a", batch)
+        assert read(conn, "clicks", "g", "b").rows == []  # b joins: nothing free yet, no wait
+        assert read(conn, "clicks", "g", "a").rows == []  # a gives up what is beyond its share
+        assert read(conn, "clicks", "g", "b").rows == []  # b takes it
+    owners = conn.execute("SELECT owner, count(*) FROM pgbroker.stream_cursor GROUP BY owner ORDER BY 1")
+    assert owners.fetchall() == [("a", 1), ("b", 1)]
 
 
 def test_prune_windows_are_validated_and_scoped(

@@ -544,11 +544,16 @@ END;
 $$;
 
 -- Advance the stream's safe id if it can, and return it (see the header).
--- One caller at a time advances: the advisory lock, held to the end of its
--- transaction, orders the appends, so the newest row is the last advance;
--- the others use the newest committed row, at most one call behind. Only in
--- READ COMMITTED, whose every statement sees the last advance committed: an
--- older snapshot could append on top of a state already replaced.
+-- One caller at a time advances: the stream's row locked (SKIP LOCKED), held
+-- to the end of its transaction, orders the appends, so the newest row is
+-- the last advance; the others use the newest committed row, at most one
+-- call behind. A row lock, not an advisory one: any session of the database
+-- may take an advisory lock, and one that held this one would stop every
+-- read of the stream for good; locking the row needs the owner's rights.
+-- (No UPDATE touches the row; FOREIGN KEY checks' KEY SHARE does not
+-- conflict.) Only in READ COMMITTED, whose every statement sees the last
+-- advance committed: an older snapshot could append on top of a state
+-- already replaced.
 CREATE OR REPLACE FUNCTION pgbroker._stream_safe_id(stream_name text)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
@@ -557,8 +562,11 @@ DECLARE
     writers text[];
     changed boolean := false;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed'
-       OR NOT pg_try_advisory_xact_lock(hashtext('pgbroker.stream_safe_id:' || stream_name)) THEN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id.stream_name
+        FOR NO KEY UPDATE SKIP LOCKED;
+    END IF;
+    IF NOT FOUND THEN  -- another caller advances, or not READ COMMITTED (FOUND starts false)
         RETURN (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
     END IF;
     SELECT * INTO w FROM pgbroker._stream_watermark(stream_name);
@@ -918,7 +926,11 @@ BEGIN
         -- commit, whose partitions would then look owned by a stranger and be
         -- taken from it while it handles what it read (duplicates without a
         -- death). After the lock, a new statement sees every taker before us.
-        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream_take:' || s.stream_name || '/' || group_name));
+        -- The group's row, not an advisory lock, which any session could hold
+        -- to keep every newcomer waiting (see _stream_safe_id).
+        PERFORM FROM pgbroker.stream_group t
+        WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
+        FOR NO KEY UPDATE;
         -- (This consumer's row is there: registered above, in this transaction.)
         SELECT array_agg(c.consumer ORDER BY c.consumer) INTO live
         FROM pgbroker.stream_consumer c

@@ -393,11 +393,10 @@ CREATE FUNCTION pgbroker._check_message_size(size bigint) RETURNS void
     LANGUAGE plpgsql STABLE
     AS $$
 DECLARE
-    max_bytes constant bigint := CASE
-        WHEN session_user <> current_user THEN pgbroker._limit('pgbroker.max_message_bytes', 1048576, true)
-        ELSE coalesce(pgbroker._limit_number('pgbroker.max_message_bytes',
-                          nullif(current_setting('pgbroker.max_message_bytes', true), '')), 1048576)
-    END;
+    name constant text := 'pgbroker.max_message_bytes';
+    fallback constant bigint := 1048576;
+    max_bytes constant bigint := CASE WHEN session_user <> current_user THEN pgbroker._limit(name, fallback, true)
+                                      ELSE coalesce(pgbroker._session_limit(name), fallback) END;
 BEGIN
     IF max_bytes > 0 AND size > max_bytes THEN
         RAISE EXCEPTION 'message is too large: % bytes, the limit is % bytes', size, max_bytes
@@ -1500,7 +1499,6 @@ CREATE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none bool
     AS $$
 DECLARE
     database_text text;
-    session_text constant text := nullif(current_setting(name, true), '');
     database_value bigint := fallback;
     session_value bigint;
 BEGIN
@@ -1512,10 +1510,10 @@ BEGIN
     IF database_text IS NOT NULL THEN
         database_value := pgbroker._limit_number(name, database_text);
     END IF;
-    IF session_text IS NULL THEN
+    session_value := pgbroker._session_limit(name);
+    IF session_value IS NULL THEN
         RETURN database_value;
     END IF;
-    session_value := pgbroker._limit_number(name, session_text);
     IF zero_means_none AND session_value = 0 THEN
         RETURN database_value;
     ELSIF zero_means_none AND database_value = 0 THEN
@@ -3385,6 +3383,23 @@ END;
 $$;
 
 --
+-- Name: _session_limit(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._session_limit(name text) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    session_text constant text := nullif(current_setting(name, true), '');
+BEGIN
+    IF session_text IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN pgbroker._limit_number(name, session_text);
+END;
+$$;
+
+--
 -- Name: _set_paused(text, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3915,7 +3930,7 @@ BEGIN
     INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
                                           acked_at)
     SELECT _stream_positions_append.stream_name, _stream_positions_append.group_name, x.partition, x.seq,
-           ((x.seq >> 32) % 2)::integer, x.acked_id, x.delivered_id, x.acked_at
+           pgbroker._stream_ring_slot(x.seq), x.acked_id, x.delivered_id, x.acked_at
     FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, u.partition, u.acked_id, u.delivered_id, u.acked_at
           FROM unnest(partitions, acked_ids, delivered_ids, acked_ats) WITH ORDINALITY
                AS u(partition, acked_id, delivered_id, acked_at, n)
@@ -3967,7 +3982,7 @@ BEGIN
         RETURN false;
     END IF;
     last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
-    current_slot := ((last_seq >> 32) % 2)::integer;
+    current_slot := pgbroker._stream_ring_slot(last_seq);
     other := 'stream_position_' || (1 - current_slot);
     other_watermark := 'stream_watermark_' || (1 - current_slot);
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I) OR EXISTS (SELECT 1 FROM pgbroker.%I)',
@@ -4162,7 +4177,7 @@ BEGIN
     -- (_stream_positions_append's INSERT, written here: one statement, not two.)
     INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
                                           acked_at)
-    SELECT s.stream_name, g.group_name, x.partition, x.seq, ((x.seq >> 32) % 2)::integer, x.acked_id,
+    SELECT s.stream_name, g.group_name, x.partition, x.seq, pgbroker._stream_ring_slot(x.seq), x.acked_id,
            x.delivered_id, x.acked_at
     FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, w.partition, w.acked_id, w.delivered_id,
                  w.acked_at
@@ -4263,6 +4278,16 @@ BEGIN
     END IF;
 END;
 $_$;
+
+--
+-- Name: _stream_ring_slot(bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_ring_slot(seq bigint) RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT ((seq >> 32) % 2)::integer
+$$;
 
 --
 -- Name: _stream_row(text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -4488,7 +4513,7 @@ CREATE FUNCTION pgbroker._stream_watermark_append(stream_name text, safe_id bigi
     AS $$
 BEGIN
     INSERT INTO pgbroker.stream_watermark (stream_name, seq, slot, safe_id, candidate_id, candidate_writers)
-    SELECT _stream_watermark_append.stream_name, x.seq, ((x.seq >> 32) % 2)::integer,
+    SELECT _stream_watermark_append.stream_name, x.seq, pgbroker._stream_ring_slot(x.seq),
            _stream_watermark_append.safe_id, _stream_watermark_append.candidate_id,
            _stream_watermark_append.candidate_writers
     FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq) x;

@@ -33,7 +33,6 @@ $$;
 -- that is stricter. A session value alone (SET, or ALTER ROLE ... SET, which
 -- a role may do for itself) would let any caller of such an entry point
 -- choose the limit.
---
 
 -- A limit's value given as text: a whole number, or PB007 naming the setting.
 CREATE OR REPLACE FUNCTION pgbroker._limit_number(name text, value text)
@@ -47,6 +46,20 @@ BEGIN
 END;
 $$;
 
+-- A limit's value in the session (SET, ALTER ROLE/DATABASE ... SET, options
+-- at connection); NULL when it has none.
+CREATE OR REPLACE FUNCTION pgbroker._session_limit(name text)
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    session_text constant text := nullif(current_setting(name, true), '');
+BEGIN
+    IF session_text IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN pgbroker._limit_number(name, session_text);
+END;
+$$;
+
 -- A limit's value (see above): the database's setting, fallback without one,
 -- or the session's value where it is stricter: smaller, and, where 0 means
 -- no limit (zero_means_none), positive.
@@ -54,7 +67,6 @@ CREATE OR REPLACE FUNCTION pgbroker._limit(name text, fallback bigint, zero_mean
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 DECLARE
     database_text text;
-    session_text constant text := nullif(current_setting(name, true), '');
     database_value bigint := fallback;
     session_value bigint;
 BEGIN
@@ -66,10 +78,10 @@ BEGIN
     IF database_text IS NOT NULL THEN
         database_value := pgbroker._limit_number(name, database_text);
     END IF;
-    IF session_text IS NULL THEN
+    session_value := pgbroker._session_limit(name);
+    IF session_value IS NULL THEN
         RETURN database_value;
     END IF;
-    session_value := pgbroker._limit_number(name, session_text);
     IF zero_means_none AND session_value = 0 THEN
         RETURN database_value;
     ELSIF zero_means_none AND database_value = 0 THEN
@@ -91,11 +103,10 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker._check_message_size(size bigint)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    max_bytes constant bigint := CASE
-        WHEN session_user <> current_user THEN pgbroker._limit('pgbroker.max_message_bytes', 1048576, true)
-        ELSE coalesce(pgbroker._limit_number('pgbroker.max_message_bytes',
-                          nullif(current_setting('pgbroker.max_message_bytes', true), '')), 1048576)
-    END;
+    name constant text := 'pgbroker.max_message_bytes';
+    fallback constant bigint := 1048576;
+    max_bytes constant bigint := CASE WHEN session_user <> current_user THEN pgbroker._limit(name, fallback, true)
+                                      ELSE coalesce(pgbroker._session_limit(name), fallback) END;
 BEGIN
     IF max_bytes > 0 AND size > max_bytes THEN
         RAISE EXCEPTION 'message is too large: % bytes, the limit is % bytes', size, max_bytes

@@ -514,6 +514,13 @@ RETURNS text[] LANGUAGE sql STABLE AS $$
       AND l.pid IS DISTINCT FROM pg_backend_pid();  -- not this session (NULL: a prepared transaction)
 $$;
 
+-- The child table of the ring (positions and watermarks, see "Positions") a
+-- row with this seq goes to. (A SQL function, inlined where it is called.)
+CREATE OR REPLACE FUNCTION pgbroker._stream_ring_slot(seq bigint)
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$
+    SELECT ((seq >> 32) % 2)::integer
+$$;
+
 -- The watermark: the safe id and its candidate, insert-only in the ring of
 -- the positions (see "Positions" below: the same sequence, slots and
 -- rotation). An advance appends a row; a stream's watermark is its newest
@@ -536,7 +543,7 @@ CREATE OR REPLACE FUNCTION pgbroker._stream_watermark_append(stream_name text, s
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO pgbroker.stream_watermark (stream_name, seq, slot, safe_id, candidate_id, candidate_writers)
-    SELECT _stream_watermark_append.stream_name, x.seq, ((x.seq >> 32) % 2)::integer,
+    SELECT _stream_watermark_append.stream_name, x.seq, pgbroker._stream_ring_slot(x.seq),
            _stream_watermark_append.safe_id, _stream_watermark_append.candidate_id,
            _stream_watermark_append.candidate_writers
     FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq) x;
@@ -680,7 +687,7 @@ BEGIN
     INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
                                           acked_at)
     SELECT _stream_positions_append.stream_name, _stream_positions_append.group_name, x.partition, x.seq,
-           ((x.seq >> 32) % 2)::integer, x.acked_id, x.delivered_id, x.acked_at
+           pgbroker._stream_ring_slot(x.seq), x.acked_id, x.delivered_id, x.acked_at
     FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, u.partition, u.acked_id, u.delivered_id, u.acked_at
           FROM unnest(partitions, acked_ids, delivered_ids, acked_ats) WITH ORDINALITY
                AS u(partition, acked_id, delivered_id, acked_at, n)
@@ -706,7 +713,7 @@ BEGIN
         RETURN false;
     END IF;
     last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
-    current_slot := ((last_seq >> 32) % 2)::integer;
+    current_slot := pgbroker._stream_ring_slot(last_seq);
     other := 'stream_position_' || (1 - current_slot);
     other_watermark := 'stream_watermark_' || (1 - current_slot);
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I) OR EXISTS (SELECT 1 FROM pgbroker.%I)',
@@ -1188,7 +1195,7 @@ BEGIN
     -- (_stream_positions_append's INSERT, written here: one statement, not two.)
     INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id, delivered_id,
                                           acked_at)
-    SELECT s.stream_name, g.group_name, x.partition, x.seq, ((x.seq >> 32) % 2)::integer, x.acked_id,
+    SELECT s.stream_name, g.group_name, x.partition, x.seq, pgbroker._stream_ring_slot(x.seq), x.acked_id,
            x.delivered_id, x.acked_at
     FROM (SELECT nextval('pgbroker.stream_position_seq') AS seq, w.partition, w.acked_id, w.delivered_id,
                  w.acked_at

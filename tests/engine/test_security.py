@@ -448,6 +448,37 @@ def test_a_hostile_session_cannot_hold_a_stream_back(users: dict[str, str], conn
     assert owners.fetchall() == [("a", 1), ("b", 1)]
 
 
+def test_a_hostile_session_cannot_hold_a_queue_head_back(users: dict[str, str], conn: Conn) -> None:
+    # The same for a queue: the advance of where its reads start once took turns on an advisory
+    # lock, which an outsider could hold for good; ready_from then stayed behind every message
+    # consumed, and each read walked their dead entries.
+    conn.execute("SELECT pgmq.create('held')")
+    advance = "SELECT pgbroker._advance_head('held', 'q_held')"
+    sent = conn.execute("SELECT * FROM pgmq.send_batch('held', array_fill('{}'::jsonb, ARRAY[20]))")
+    ids = [r[0] for r in sent]
+    with psycopg.connect(users["outsider"], autocommit=True) as hostile:
+        hostile.execute("SELECT pg_advisory_lock(hashtext('pgbroker.head:q_held'))")
+        conn.execute("SELECT count(*) FROM pgmq.pop('held', 15)")
+        for _ in range(3):  # the head's row, then the candidates, then the bound (autocommit)
+            conn.execute(advance)
+        head = conn.execute("SELECT ready_from FROM pgbroker.queue_head WHERE queue_name = 'held'").fetchone()
+    assert head == (ids[15],)
+
+
+def test_a_hostile_session_cannot_stop_a_limited_queue(users: dict[str, str], conn: Conn) -> None:
+    # The readers of a limited queue take turns: once on an advisory lock, which an outsider held
+    # to stop every read of the queue (each waited for it for good).
+    conn.execute("SELECT pgmq.create('capped_in_flight')")
+    conn.execute("SELECT pgbroker.set_policy('capped_in_flight', max_in_flight => 5)")
+    conn.execute("SELECT pgmq.send_batch('capped_in_flight', array_fill('{}'::jsonb, ARRAY[10]))")
+    conn.execute("SET lock_timeout = '5s'")
+    with psycopg.connect(users["outsider"], autocommit=True) as hostile:
+        hostile.execute("SELECT pg_advisory_lock(hashtext('pgbroker.limits:q_capped_in_flight'))")
+        read = conn.execute("SELECT count(*) FROM pgmq.read('capped_in_flight', 30, 10)").fetchone()
+        popped = conn.execute("SELECT count(*) FROM pgmq.pop('capped_in_flight', 2)").fetchone()
+    assert (read, popped) == ((5,), (2,))
+
+
 def test_prune_windows_are_validated_and_scoped(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn
 ) -> None:

@@ -70,9 +70,9 @@
 -- Candidates carry the advancing transaction's own id, taken after reading
 -- the sequence and the clock, so only a transaction that has no id yet
 -- records them (a read advances before it leases, an ack before it deletes).
--- Only one transaction advances a queue at a time (a try-lock: the others
--- skip it), only in READ COMMITTED, and the update is conditional on the
--- bounds it read, so a concurrent lowering wins. pgmq.set_vt, which writes
+-- Only one transaction advances a queue at a time (a lock on the head's row,
+-- SKIP LOCKED: the others skip it), only in READ COMMITTED, and only while
+-- the bounds are those it read, so a concurrent lowering wins. pgmq.set_vt, which writes
 -- any vt, lowers both bounds itself: ready_from for a message it makes ready
 -- again (a delayed, never-read message given a vt at or before its
 -- enqueued_at), timed_from for one it leaves timed. Late is never lost: once
@@ -395,10 +395,10 @@ DECLARE
     seq text;
     record_ready boolean;
     record_timed boolean;
+    recording boolean;
     mine xid8;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed'
-       OR NOT pg_try_advisory_xact_lock(hashtext('pgbroker.head:' || qtable)) THEN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
     END IF;
     SELECT * INTO before FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name;
@@ -433,7 +433,8 @@ BEGIN
 
     record_ready := h.next_xmax IS NULL;
     record_timed := h.timed_next_xmax IS NULL;
-    IF (record_ready OR record_timed) AND pg_current_xact_id_if_assigned() IS NULL THEN
+    recording := (record_ready OR record_timed) AND pg_current_xact_id_if_assigned() IS NULL;
+    IF recording THEN
         seq := pg_get_serial_sequence(format('pgmq.%I', qtable), 'msg_id');
         IF record_ready AND seq IS NOT NULL THEN
             EXECUTE format('SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM %s', seq)
@@ -442,7 +443,25 @@ BEGIN
         IF record_timed THEN
             h.timed_next := clock_timestamp() - margin;
         END IF;
-        mine := pg_current_xact_id();  -- after reading them: see the header
+    END IF;
+
+    IF h IS NOT DISTINCT FROM before THEN
+        RETURN;
+    END IF;
+    -- One advancer at a time, on the head's row (the others skip it; an
+    -- advisory lock, which any session may take, let an outsider stop the
+    -- advances for good), and only while the bounds are those read: a
+    -- concurrent lowering (set_vt) wins. The row lock gives this transaction
+    -- its id, after the sequence and the clock were read: see the header.
+    PERFORM FROM pgbroker.queue_head qh
+    WHERE qh.queue_name = stored_name AND qh.ready_from = before.ready_from
+      AND qh.timed_from IS NOT DISTINCT FROM before.timed_from
+    FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF recording THEN
+        mine := pg_current_xact_id();
         IF record_ready AND seq IS NOT NULL THEN
             h.next_xmax := mine;
         END IF;
@@ -450,17 +469,11 @@ BEGIN
             h.timed_next_xmax := mine;
         END IF;
     END IF;
-
-    IF h IS NOT DISTINCT FROM before THEN
-        RETURN;
-    END IF;
-    -- Conditional on the bounds read: a concurrent lowering (set_vt) wins.
     UPDATE pgbroker.queue_head qh
     SET ready_from = h.ready_from, next_from = h.next_from, next_xmax = h.next_xmax,
         timed_from = h.timed_from, timed_next = h.timed_next, timed_next_xmax = h.timed_next_xmax,
         timed_swept_at = h.timed_swept_at
-    WHERE qh.queue_name = stored_name AND qh.ready_from = before.ready_from
-      AND qh.timed_from IS NOT DISTINCT FROM before.timed_from;
+    WHERE qh.queue_name = stored_name;
 END;
 $$;
 

@@ -23,8 +23,8 @@
 -- due again: the limits err on the safe side. The count touches the in-flight
 -- and delayed rows, never the waiting backlog.
 --
--- Why the readers of a limited queue take turns (an advisory lock held to the
--- end of the reader's transaction): a count is only right if no other reader
+-- Why the readers of a limited queue take turns (a lock on the queue's policy
+-- row held to the end of the reader's transaction): a count is only right if no other reader
 -- is between counting and committing its leases. A consumer that reads and
 -- works in one long transaction therefore holds up the queue's other readers;
 -- read in a transaction of its own (the worker runtime and pgmq clients do).
@@ -149,7 +149,10 @@ DECLARE
 BEGIN
     budget := qty;
     per_key := '{}';
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.limits:' || qtable));
+    -- The queue's policy row, which only the schema's owner can lock: any
+    -- session may take an advisory lock, and an outsider holding the one
+    -- this was stopped every read of the queue.
+    PERFORM FROM pgbroker.queue_policy qp WHERE qp.queue_name = stored_name FOR NO KEY UPDATE;
     clock := clock_timestamp();
     IF p.rate_limit_per_second IS NOT NULL THEN
         INSERT INTO pgbroker.rate_buckets AS b (queue_name, tokens, refilled_at)

@@ -479,6 +479,22 @@ def test_a_hostile_session_cannot_stop_a_limited_queue(users: dict[str, str], co
     assert (read, popped) == ((5,), (2,))
 
 
+def test_a_hostile_session_cannot_stop_maintenance(users: dict[str, str], conn: Conn) -> None:
+    # Two upkeep jobs took turns on advisory try-locks, which an outsider could hold for good: the
+    # rotation of the stream positions' ring (without it the ring grows by a row a partition a
+    # read, for ever) and the sampler of the queues' history (no samples, stale workers kept).
+    conn.execute("SELECT pgmq.create('sampled')")
+    conn.execute("SELECT pgbroker.create_stream('ringed', 2)")
+    conn.execute("SELECT pgbroker.create_stream_group('ringed', 'g', 'start')")
+    with psycopg.connect(users["outsider"], autocommit=True) as hostile:
+        for key in ("pgbroker.stream_positions_rotate", "pgbroker.queue_history"):
+            hostile.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+        rotated = [conn.execute("SELECT pgbroker._stream_positions_rotate(0)").fetchone() for _ in range(2)]
+        sampled = conn.execute("SELECT pgbroker.sample_queue_history('0 s', '1 day')").fetchone()
+    assert rotated == [(True,), (True,)]
+    assert sampled is not None and sampled[0] >= 1
+
+
 def test_prune_windows_are_validated_and_scoped(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn
 ) -> None:

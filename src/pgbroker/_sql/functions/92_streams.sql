@@ -709,9 +709,16 @@ DECLARE
     was_timeout text := current_setting('lock_timeout');
     has_rows boolean;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtext('pgbroker.stream_positions_rotate')) THEN
+    -- One rotation at a time, on a lock of the ring's parent alone that only
+    -- the schema's owner may take (any session may take an advisory lock: an
+    -- outsider holding the one used here stopped every rotation, and the ring
+    -- grew by a row a partition a read for good). SHARE UPDATE EXCLUSIVE lets
+    -- the readers' ACCESS SHARE and the writers' ROW EXCLUSIVE through.
+    BEGIN
+        LOCK TABLE ONLY pgbroker.stream_position IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
+    EXCEPTION WHEN lock_not_available THEN
         RETURN false;
-    END IF;
+    END;
     last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
     current_slot := pgbroker._stream_ring_slot(last_seq);
     other := 'stream_position_' || (1 - current_slot);

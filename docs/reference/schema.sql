@@ -645,7 +645,7 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_new_name(queue_name);
     -- Serialise creators of the same name (any case) without blocking others.
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
 
     SELECT * INTO existing FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_create_queue.queue_name);
     IF FOUND THEN
@@ -2571,6 +2571,22 @@ END;
 $$;
 
 --
+-- Name: _queue_turn(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._queue_turn(queue_name text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_queue_turn.queue_name) FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+        PERFORM FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_queue_turn.queue_name) FOR NO KEY UPDATE;
+    END IF;
+END;
+$$;
+
+--
 -- Name: _raise_stale(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3430,7 +3446,7 @@ DECLARE
     p pgbroker.queue_policy;
 BEGIN
     PERFORM pgbroker._table(queue_name);
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     p := pgbroker.policy(queue_name);
     IF p.paused = paused THEN
         RETURN false;  -- no change: the routes stay as they are
@@ -6436,8 +6452,10 @@ BEGIN
     PERFORM set_config('lock_timeout', CASE WHEN lock_timeout_ms = 0 THEN '0' ELSE lock_timeout_ms || 'ms' END,
                        true);
     FOREACH name IN ARRAY names LOOP
-        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(name)));
-        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgmq.meta m WHERE m.queue_name = name);  -- dropped meanwhile
+        -- The queue's turn (pgbroker._queue_turn) on its row alone: a queue
+        -- dropped meanwhile has none, and is skipped.
+        PERFORM FROM pgmq.meta m WHERE m.queue_name = name FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND;
         FOREACH table_name IN ARRAY ARRAY[lower('q_' || name), lower('a_' || name)] LOOP
             was := pgbroker._partition_names(format('pgmq.%I', table_name)::regclass);
             RETURN QUERY SELECT * FROM pgbroker._maintain_table(pm, name, 'pgmq.' || table_name, lock_timeout_ms);
@@ -6780,7 +6798,7 @@ BEGIN
     -- Changes of one queue's policy take turns (as its create and drop do), so
     -- that two callers changing different settings both keep theirs; the read
     -- below is a new statement, so it sees the previous caller's commit.
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     p := pgbroker.policy(queue_name);
     p.max_deliveries := CASE WHEN max_deliveries = 0 THEN NULL
                              ELSE coalesce(max_deliveries, p.max_deliveries) END;
@@ -7868,7 +7886,7 @@ BEGIN
         RAISE NOTICE 'Table %s does not exists', lower('a_' || table_name);
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(stored)));
+    PERFORM pgbroker._queue_turn(stored);
     qtable := lower('q_' || stored);
     atable := lower('a_' || stored);
     old_table := left(atable, 59) || '_old';
@@ -7981,7 +7999,7 @@ DECLARE
 BEGIN
     -- The lock create/drop take for this name: two concurrent calls would
     -- otherwise race on IF NOT EXISTS and one would fail on the catalog.
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     -- Not CONCURRENTLY: that cannot run inside a function. The build holds off
     -- sends (not reads) for its duration, so create the index early.
     -- Checked first rather than IF NOT EXISTS; a repeat gives the notice of
@@ -8061,7 +8079,7 @@ BEGIN
     spec := pgbroker._partition_spec(partition_interval, retention_interval);
     pm := pgbroker._partman();
 
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     SELECT * INTO existing FROM pgmq.meta m WHERE lower(m.queue_name) = lower(create_partitioned.queue_name);
     IF FOUND THEN
         IF existing.queue_name <> queue_name THEN
@@ -8206,7 +8224,7 @@ BEGIN
     IF queue_name IS NULL THEN
         PERFORM pgbroker._pgmq_no_queue(queue_name);
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     stored := pgbroker._stored_name(queue_name);
     IF stored IS NULL THEN
         RAISE NOTICE 'relation "pgmq.%" does not exist, skipping', lower('q_' || queue_name);
@@ -8234,7 +8252,7 @@ BEGIN
     -- pgmq checks only the characters: any other name it cannot find is a
     -- NOTICE and false.
     PERFORM pgbroker._pgmq_check_characters(queue_name);
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     SELECT m.queue_name INTO stored_name FROM pgmq.meta m
     WHERE lower(m.queue_name) = lower(drop_queue.queue_name);
     IF NOT FOUND THEN
@@ -8279,7 +8297,7 @@ BEGIN
     PERFORM pgbroker._pgmq_check(coalesce(throttle_interval_ms >= 0, true), 'throttle_interval_ms must be non-negative',
         'It is the least number of milliseconds between two notifications; 0 notifies on every send.');
     -- Serialise with create and drop of the same queue, as they do with each other.
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     stored := pgbroker._stored_name(queue_name);
     IF stored IS NULL THEN
         PERFORM pgbroker._pgmq_raise(

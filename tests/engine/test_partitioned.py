@@ -493,6 +493,18 @@ def test_maintenance_creates_partitions_ahead_from_the_msg_id_sequence(pconn: Co
     assert read_ids(conn, "m", 30, 100) == list(range(26, 56))
 
 
+def test_maintenance_is_not_held_up_by_an_advisory_lock_of_another_session(pconn: Conn, dsn: str) -> None:
+    # Any session may take any advisory lock: maintenance once took the queue's turn on one, and a
+    # session holding it made every run fail on its lock_timeout; partitions ran out, and sends
+    # piled up in the default partition. The turn is now the queue's row (test_security.py).
+    create_partitioned(pconn, "held", "10", "1000", 2)
+    send_many(pconn, "held", 25)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(hashtext('pgbroker.queue:held'))")
+        made = actions(maintain(pconn, "held"), "created")
+    assert made == {"q_held_p30", "q_held_p40", "a_held_p30", "a_held_p40"}
+
+
 def test_maintenance_creates_time_partitions_ahead(pconn: Conn) -> None:
     conn = pconn
     create_partitioned(conn, "tm", "1 hour", "1 day", 2)

@@ -492,7 +492,24 @@ def test_a_hostile_session_cannot_stop_maintenance(users: dict[str, str], conn: 
         rotated = [conn.execute("SELECT pgbroker._stream_positions_rotate(0)").fetchone() for _ in range(2)]
         sampled = conn.execute("SELECT pgbroker.sample_queue_history('0 s', '1 day')").fetchone()
     assert rotated == [(True,), (True,)]
-    assert sampled is not None and sampled[0] >= 1
+    assert sampled is not None
+    assert sampled[0] >= 1
+
+
+def test_a_hostile_session_cannot_hold_up_the_changes_of_a_queue(users: dict[str, str], conn: Conn) -> None:
+    # A queue's changes took turns on an advisory lock keyed by its name, which an outsider could
+    # hold for good: every policy change, pause, notification switch and drop of the queue (and
+    # the upkeep of its partitions) then waited for ever. They now take the queue's row.
+    conn.execute("SELECT pgmq.create('kept')")
+    conn.execute("SET lock_timeout = '5s'")
+    with psycopg.connect(users["outsider"], autocommit=True) as hostile:
+        hostile.execute("SELECT pg_advisory_lock(hashtext('pgbroker.queue:kept'))")
+        conn.execute("SELECT pgbroker.set_policy('kept', max_deliveries => 3)")
+        conn.execute("SELECT pgbroker.pause('kept')")
+        conn.execute("SELECT pgmq.enable_notify_insert('kept')")
+        conn.execute("SELECT pgmq.create_fifo_index('kept')")
+        conn.execute("SELECT pgmq.disable_notify_insert('kept')")
+        assert conn.execute("SELECT pgmq.drop_queue('kept')").fetchone() == (True,)
 
 
 def test_prune_windows_are_validated_and_scoped(

@@ -284,6 +284,25 @@ BEGIN
 END;
 $$;
 
+-- Take a queue's turn among the operations that change it (create, drop,
+-- policies, notifications, indexes, partitions), to the end of the
+-- transaction: its row of pgmq.meta, which only the schema's owner may lock.
+-- A name with no queue yet takes an advisory lock, then the row if a creator
+-- made it meanwhile: creators of one name must take turns before the row
+-- exists. Any session may take an advisory lock, so an outsider holding that
+-- one can hold up the creation of that name, and nothing else (it once held
+-- up every change of the queue and the upkeep of its partitions).
+CREATE OR REPLACE FUNCTION pgbroker._queue_turn(queue_name text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_queue_turn.queue_name) FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+        PERFORM FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_queue_turn.queue_name) FOR NO KEY UPDATE;
+    END IF;
+END;
+$$;
+
 -- Create a plain queue: the queue table with its ready and timed indexes, the
 -- archive, and the meta row (whose insert rewrites the routes, 90_routes.sql).
 -- Idempotent for the same name, with the notices pgmq's CREATE ... IF NOT
@@ -299,7 +318,7 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_new_name(queue_name);
     -- Serialise creators of the same name (any case) without blocking others.
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
 
     SELECT * INTO existing FROM pgmq.meta m WHERE lower(m.queue_name) = lower(_create_queue.queue_name);
     IF FOUND THEN
@@ -403,7 +422,7 @@ BEGIN
     -- pgmq checks only the characters: any other name it cannot find is a
     -- NOTICE and false.
     PERFORM pgbroker._pgmq_check_characters(queue_name);
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     SELECT m.queue_name INTO stored_name FROM pgmq.meta m
     WHERE lower(m.queue_name) = lower(drop_queue.queue_name);
     IF NOT FOUND THEN

@@ -170,7 +170,7 @@ BEGIN
     -- Changes of one queue's policy take turns (as its create and drop do), so
     -- that two callers changing different settings both keep theirs; the read
     -- below is a new statement, so it sees the previous caller's commit.
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     p := pgbroker.policy(queue_name);
     p.max_deliveries := CASE WHEN max_deliveries = 0 THEN NULL
                              ELSE coalesce(max_deliveries, p.max_deliveries) END;
@@ -277,7 +277,7 @@ DECLARE
     p pgbroker.queue_policy;
 BEGIN
     PERFORM pgbroker._table(queue_name);
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     p := pgbroker.policy(queue_name);
     IF p.paused = paused THEN
         RETURN false;  -- no change: the routes stay as they are

@@ -360,7 +360,7 @@ DECLARE
 BEGIN
     -- The lock create/drop take for this name: two concurrent calls would
     -- otherwise race on IF NOT EXISTS and one would fail on the catalog.
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     -- Not CONCURRENTLY: that cannot run inside a function. The build holds off
     -- sends (not reads) for its duration, so create the index early.
     -- Checked first rather than IF NOT EXISTS; a repeat gives the notice of

@@ -137,7 +137,7 @@ BEGIN
     PERFORM pgbroker._pgmq_check(coalesce(throttle_interval_ms >= 0, true), 'throttle_interval_ms must be non-negative',
         'It is the least number of milliseconds between two notifications; 0 notifies on every send.');
     -- Serialise with create and drop of the same queue, as they do with each other.
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     stored := pgbroker._stored_name(queue_name);
     IF stored IS NULL THEN
         PERFORM pgbroker._pgmq_raise(
@@ -178,7 +178,7 @@ BEGIN
     IF queue_name IS NULL THEN
         PERFORM pgbroker._pgmq_no_queue(queue_name);
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     stored := pgbroker._stored_name(queue_name);
     IF stored IS NULL THEN
         RAISE NOTICE 'relation "pgmq.%" does not exist, skipping', lower('q_' || queue_name);

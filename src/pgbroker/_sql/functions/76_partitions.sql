@@ -364,7 +364,7 @@ BEGIN
     spec := pgbroker._partition_spec(partition_interval, retention_interval);
     pm := pgbroker._partman();
 
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(queue_name)));
+    PERFORM pgbroker._queue_turn(queue_name);
     SELECT * INTO existing FROM pgmq.meta m WHERE lower(m.queue_name) = lower(create_partitioned.queue_name);
     IF FOUND THEN
         IF existing.queue_name <> queue_name THEN
@@ -485,7 +485,7 @@ BEGIN
         RAISE NOTICE 'Table %s does not exists', lower('a_' || table_name);
         RETURN;
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(stored)));
+    PERFORM pgbroker._queue_turn(stored);
     qtable := lower('q_' || stored);
     atable := lower('a_' || stored);
     old_table := left(atable, 59) || '_old';
@@ -878,8 +878,10 @@ BEGIN
     PERFORM set_config('lock_timeout', CASE WHEN lock_timeout_ms = 0 THEN '0' ELSE lock_timeout_ms || 'ms' END,
                        true);
     FOREACH name IN ARRAY names LOOP
-        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.queue:' || lower(name)));
-        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM pgmq.meta m WHERE m.queue_name = name);  -- dropped meanwhile
+        -- The queue's turn (pgbroker._queue_turn) on its row alone: a queue
+        -- dropped meanwhile has none, and is skipped.
+        PERFORM FROM pgmq.meta m WHERE m.queue_name = name FOR NO KEY UPDATE;
+        CONTINUE WHEN NOT FOUND;
         FOREACH table_name IN ARRAY ARRAY[lower('q_' || name), lower('a_' || name)] LOOP
             was := pgbroker._partition_names(format('pgmq.%I', table_name)::regclass);
             RETURN QUERY SELECT * FROM pgbroker._maintain_table(pm, name, 'pgmq.' || table_name, lock_timeout_ms);

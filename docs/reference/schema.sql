@@ -4517,6 +4517,22 @@ CREATE FUNCTION pgbroker._stream_share(partitions integer, live text[], consumer
 $$;
 
 --
+-- Name: _stream_turn(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_turn(stored_name text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM FROM pgbroker.stream t WHERE t.stream_name = stored_name FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored_name));
+        PERFORM FROM pgbroker.stream t WHERE t.stream_name = stored_name FOR NO KEY UPDATE;
+    END IF;
+END;
+$$;
+
+--
 -- Name: stream_watermark; Type: TABLE; Schema: pgbroker; Owner: -
 --
 
@@ -5293,7 +5309,7 @@ BEGIN
     PERFORM pgbroker._check_arg(truncate_consumed IS NOT NULL AND notify IS NOT NULL,
         'truncate_consumed and notify must not be NULL');
 
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored));
+    PERFORM pgbroker._stream_turn(stored);
     SELECT * INTO s FROM pgbroker.stream t WHERE t.stream_name = stored;
     IF FOUND THEN
         PERFORM pgbroker._check_arg(
@@ -5362,7 +5378,7 @@ BEGIN
         format('the retry queue''s name %L is longer than a queue name may be (47)', retry_queue),
         'Name it yourself: create_stream_group(..., retry_queue => ''short_name'').');
 
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || s.stream_name));
+    PERFORM pgbroker._stream_turn(s.stream_name);
     SELECT * INTO g FROM pgbroker.stream_group t
     WHERE t.stream_name = s.stream_name AND t.group_name = create_stream_group.group_name;
     IF FOUND THEN
@@ -5522,7 +5538,7 @@ CREATE FUNCTION pgbroker.drop_stream(stream_name text) RETURNS boolean
 DECLARE
     stored text := lower(drop_stream.stream_name);
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored));
+    PERFORM pgbroker._stream_turn(stored);
     DELETE FROM pgbroker.stream t WHERE t.stream_name = stored;
     IF NOT FOUND THEN
         RETURN false;

@@ -512,6 +512,18 @@ def test_a_hostile_session_cannot_hold_up_the_changes_of_a_queue(users: dict[str
         assert conn.execute("SELECT pgmq.drop_queue('kept')").fetchone() == (True,)
 
 
+def test_a_hostile_session_cannot_hold_up_the_changes_of_a_stream(users: dict[str, str], conn: Conn) -> None:
+    # As for queues: a stream's changes took turns on an advisory lock keyed by its name, and an
+    # outsider holding it held up every service that makes its stream and group at start.
+    conn.execute("SELECT pgbroker.create_stream('kept_stream', 2)")
+    conn.execute("SET lock_timeout = '5s'")
+    with psycopg.connect(users["outsider"], autocommit=True) as hostile:
+        hostile.execute("SELECT pg_advisory_lock(hashtext('pgbroker.stream:kept_stream'))")
+        conn.execute("SELECT pgbroker.create_stream('kept_stream', 2)")  # as a service starting
+        conn.execute("SELECT pgbroker.create_stream_group('kept_stream', 'g', 'start')")
+        assert conn.execute("SELECT pgbroker.drop_stream('kept_stream')").fetchone() == (True,)
+
+
 def test_prune_windows_are_validated_and_scoped(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn
 ) -> None:

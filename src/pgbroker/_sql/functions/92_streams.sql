@@ -306,6 +306,24 @@ $$;
 
 SELECT pgbroker._stream_functions_refresh();
 
+-- Take a stream's turn among the operations that change it (create, drop,
+-- groups), to the end of the transaction: its row, which only the schema's
+-- owner may lock; a name with no stream yet takes an advisory lock, then the
+-- row if a creator made it meanwhile (as pgbroker._queue_turn for queues: an
+-- outsider holding that advisory lock can hold up only the creation of that
+-- name). The safe id's advancers skip the row while it is held (they lock it
+-- SKIP LOCKED) and use the newest committed watermark.
+CREATE OR REPLACE FUNCTION pgbroker._stream_turn(stored_name text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM FROM pgbroker.stream t WHERE t.stream_name = stored_name FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored_name));
+        PERFORM FROM pgbroker.stream t WHERE t.stream_name = stored_name FOR NO KEY UPDATE;
+    END IF;
+END;
+$$;
+
 -- Make a stream. segment_rows ids per segment, segments child tables in the
 -- ring: retention frees a child at a time, so the log keeps at least one
 -- segment and at most about segments x segment_rows rows while every group
@@ -346,7 +364,7 @@ BEGIN
     PERFORM pgbroker._check_arg(truncate_consumed IS NOT NULL AND notify IS NOT NULL,
         'truncate_consumed and notify must not be NULL');
 
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored));
+    PERFORM pgbroker._stream_turn(stored);
     SELECT * INTO s FROM pgbroker.stream t WHERE t.stream_name = stored;
     IF FOUND THEN
         PERFORM pgbroker._check_arg(
@@ -400,7 +418,7 @@ RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     stored text := lower(drop_stream.stream_name);
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored));
+    PERFORM pgbroker._stream_turn(stored);
     DELETE FROM pgbroker.stream t WHERE t.stream_name = stored;
     IF NOT FOUND THEN
         RETURN false;
@@ -785,7 +803,7 @@ BEGIN
         format('the retry queue''s name %L is longer than a queue name may be (47)', retry_queue),
         'Name it yourself: create_stream_group(..., retry_queue => ''short_name'').');
 
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || s.stream_name));
+    PERFORM pgbroker._stream_turn(s.stream_name);
     SELECT * INTO g FROM pgbroker.stream_group t
     WHERE t.stream_name = s.stream_name AND t.group_name = create_stream_group.group_name;
     IF FOUND THEN

@@ -121,6 +121,8 @@ CREATE FUNCTION pgbroker._advance_head(stored_name text, qtable text) RETURNS vo
 DECLARE
     margin constant interval := '1 second';
     sweep_every constant interval := '10 seconds';
+    -- how long a candidate waits for the horizon before its writers decide
+    patience constant interval := '1 second';
     -- First rows by ORDER BY ... LIMIT 1, never min(): with statistics taken
     -- while the queue was empty the planner may run min() as an aggregate
     -- over the whole range (every message of a burst: 30 ms at 100,000).
@@ -137,6 +139,7 @@ DECLARE
     record_timed boolean;
     recording boolean;
     mine xid8;
+    writers text[];  -- the queue's writers now, looked up once a call at most
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
@@ -150,7 +153,18 @@ BEGIN
     h := before;
     SELECT pg_snapshot_xmin(pg_current_snapshot()) INTO oldest;
 
-    IF h.next_xmax IS NOT NULL AND oldest >= h.next_xmax THEN
+    -- A candidate held back by the horizon: its writers decide (see the header).
+    IF h.next_xmax IS NOT NULL AND oldest < h.next_xmax AND h.next_at < clock_timestamp() - patience THEN
+        writers := coalesce(writers, pgbroker._writers(ARRAY[format('pgmq.%I', qtable)::regclass::oid]));
+        h.next_writers := coalesce(h.next_writers, writers);
+    END IF;
+    IF h.timed_next_xmax IS NOT NULL AND oldest < h.timed_next_xmax
+       AND h.timed_next < clock_timestamp() - margin - patience THEN
+        writers := coalesce(writers, pgbroker._writers(ARRAY[format('pgmq.%I', qtable)::regclass::oid]));
+        h.timed_next_writers := coalesce(h.timed_next_writers, writers);
+    END IF;
+
+    IF h.next_xmax IS NOT NULL AND (oldest >= h.next_xmax OR NOT (writers && h.next_writers)) THEN
         EXECUTE format('SELECT msg_id FROM pgmq.%I'
                        ' WHERE read_ct = 0 AND vt <= enqueued_at AND msg_id >= $1 AND msg_id <= $2'
                        ' ORDER BY msg_id LIMIT 1', qtable)
@@ -158,17 +172,20 @@ BEGIN
         h.ready_from := greatest(h.ready_from, coalesce(first_ready, h.next_from + 1));
         h.next_from := NULL;
         h.next_xmax := NULL;
+        h.next_at := NULL;
+        h.next_writers := NULL;
     END IF;
     IF h.timed_from IS NOT NULL AND (h.timed_swept_at IS NULL OR h.timed_swept_at < clock_timestamp() - sweep_every) THEN
         EXECUTE due_sql INTO first_due USING '-infinity'::timestamptz, h.timed_from;
         h.timed_from := least(h.timed_from, first_due);
         h.timed_swept_at := clock_timestamp();
     END IF;
-    IF h.timed_next_xmax IS NOT NULL AND oldest >= h.timed_next_xmax THEN
+    IF h.timed_next_xmax IS NOT NULL AND (oldest >= h.timed_next_xmax OR NOT (writers && h.timed_next_writers)) THEN
         EXECUTE due_sql INTO first_due USING coalesce(h.timed_from, '-infinity'), h.timed_next;
         h.timed_from := greatest(h.timed_from, coalesce(first_due, h.timed_next));
         h.timed_next := NULL;
         h.timed_next_xmax := NULL;
+        h.timed_next_writers := NULL;
     END IF;
 
     record_ready := h.next_xmax IS NULL;
@@ -179,6 +196,7 @@ BEGIN
         IF record_ready AND seq IS NOT NULL THEN
             EXECUTE format('SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM %s', seq)
                 INTO h.next_from;
+            h.next_at := clock_timestamp();
         END IF;
         IF record_timed THEN
             h.timed_next := clock_timestamp() - margin;
@@ -210,8 +228,9 @@ BEGIN
         END IF;
     END IF;
     UPDATE pgbroker.queue_head qh
-    SET ready_from = h.ready_from, next_from = h.next_from, next_xmax = h.next_xmax,
-        timed_from = h.timed_from, timed_next = h.timed_next, timed_next_xmax = h.timed_next_xmax,
+    SET ready_from = h.ready_from, next_from = h.next_from, next_xmax = h.next_xmax, next_at = h.next_at,
+        next_writers = h.next_writers, timed_from = h.timed_from, timed_next = h.timed_next,
+        timed_next_xmax = h.timed_next_xmax, timed_next_writers = h.timed_next_writers,
         timed_swept_at = h.timed_swept_at
     WHERE qh.queue_name = stored_name;
 END;
@@ -4586,13 +4605,7 @@ $$;
 CREATE FUNCTION pgbroker._stream_writers(stream_name text) RETURNS text[]
     LANGUAGE sql STABLE
     AS $$
-    SELECT coalesce(array_agg(l.virtualtransaction), '{}')
-    FROM pg_catalog.pg_locks l
-    WHERE l.locktype = 'relation'
-      AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
-      AND l.relation = format('pgbroker.%I', 's_' || stream_name)::regclass
-      AND l.mode = 'RowExclusiveLock'
-      AND l.pid IS DISTINCT FROM pg_backend_pid();  -- not this session (NULL: a prepared transaction)
+    SELECT pgbroker._writers(ARRAY[format('pgbroker.%I', 's_' || stream_name)::regclass::oid]);
 $$;
 
 --
@@ -5157,6 +5170,24 @@ $F$
 $R$, keys, pgbroker._route_tree(remove_bodies, 1, cardinality(remove_bodies)));
 END;
 $_$;
+
+--
+-- Name: _writers(oid[], integer[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._writers(tables oid[], ignore_pids integer[] DEFAULT '{}'::integer[]) RETURNS text[]
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT coalesce(array_agg(DISTINCT l.virtualtransaction), '{}')
+    FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'relation'
+      -- Relation oids are per database: a lock in another database may carry the same one.
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+      AND l.relation = ANY (tables)
+      AND l.mode = 'RowExclusiveLock' AND l.granted
+      AND l.pid IS DISTINCT FROM pg_backend_pid()
+      AND (l.pid IS NULL OR l.pid <> ALL (coalesce(ignore_pids, '{}')));
+$$;
 
 --
 -- Name: ack(text, text[], boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -7122,8 +7153,6 @@ CREATE FUNCTION pgbroker.spark_safe_watermark(queue_name text, archive boolean D
     AS $$
 DECLARE
     qtable text := pgbroker._table(queue_name);
-    -- Relation oids are per database: a lock in another database may carry the same one.
-    this_db oid := (SELECT d.oid FROM pg_database d WHERE d.datname = current_database());
     tables oid[];
     seq regclass;
     seq_row record;
@@ -7160,13 +7189,8 @@ BEGIN
     issued := coalesce(pg_sequence_last_value(seq), 0);
 
     -- 2. Who may still commit one of those ids.
-    writers := ARRAY(
-        SELECT DISTINCT l.virtualtransaction FROM pg_locks l
-        WHERE l.locktype = 'relation' AND l.database = this_db AND l.relation = ANY (tables)
-          AND l.mode = 'RowExclusiveLock' AND l.granted
-          AND l.pid IS DISTINCT FROM pg_backend_pid()
-          -- (pid is NULL for a prepared transaction: it is waited for.)
-          AND (l.pid IS NULL OR l.pid <> ALL (coalesce(ignore_pids, '{}'))));
+    --    (A prepared transaction has no pid: it is waited for.)
+    writers := pgbroker._writers(tables, ignore_pids);
 
     -- 3. Wait for them to end. A virtual transaction id is never reused by a
     --    later transaction, so once it is gone from pg_locks, so is the writer.
@@ -7176,11 +7200,7 @@ BEGIN
             RETURN NULL;
         END IF;
         PERFORM pg_sleep(0.002);
-        writers := ARRAY(
-            SELECT DISTINCT l.virtualtransaction FROM pg_locks l
-            WHERE l.virtualtransaction = ANY (writers)
-              AND l.locktype = 'relation' AND l.database = this_db AND l.relation = ANY (tables)
-              AND l.mode = 'RowExclusiveLock');
+        writers := ARRAY(SELECT w FROM unnest(writers) w WHERE w = ANY (pgbroker._writers(tables, ignore_pids)));
     END LOOP;
 
     -- 4. The archive receives any message still in the queue, whatever its id.
@@ -9145,7 +9165,10 @@ CREATE TABLE pgbroker.queue_head (
     timed_from timestamp with time zone,
     timed_next timestamp with time zone,
     timed_next_xmax xid8,
-    timed_swept_at timestamp with time zone
+    timed_swept_at timestamp with time zone,
+    next_at timestamp with time zone,
+    next_writers text[],
+    timed_next_writers text[]
 )
 WITH (fillfactor='10');
 

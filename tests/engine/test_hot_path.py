@@ -9,12 +9,16 @@ a transaction still open while reads advance it, and not one that set_vt makes r
 from __future__ import annotations
 
 import json
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from tests.support.tables import Conn, a_ids, advance_head, q_ids
 
@@ -177,6 +181,62 @@ def test_ready_from_waits_for_an_open_send_holding_the_newest_transaction_id(con
         assert _advance(_dsn(conn), q, times=5) <= open_send
         sender.commit()
     assert [r[0] for r in _read(conn, q, 10)] == [open_send]
+
+
+@contextmanager
+def _horizon_held(dsn: str) -> Iterator[None]:
+    """A session idle in transaction with a transaction id (in the cluster's first database, not
+    the queue's: the xmin horizon is the cluster's), as an application that left one open."""
+    with psycopg.connect(make_conninfo(dsn, dbname="postgres")) as idle:
+        idle.execute("SELECT pg_current_xact_id()")
+        yield
+
+
+#: How long a candidate waits for the horizon before the queue's writers decide (50_reads.sql).
+PATIENCE = 1.0
+
+
+def test_ready_from_moves_on_while_an_idle_transaction_holds_the_horizon(conn: Conn, q: str) -> None:
+    # Before, the bound waited for every older transaction of the cluster: an application's
+    # session left idle in transaction kept it where it was, and reads walked the dead entries of
+    # everything consumed meanwhile.
+    with _horizon_held(_dsn(conn)):
+        ids = _send(conn, q, 20)
+        batch = _read(conn, q, 20)
+        conn.execute("SELECT pgbroker.ack(%s, %s::text[], false)", [q, [r[1] for r in batch]])
+        _advance(_dsn(conn), q)  # the candidate, then held back by the horizon
+        time.sleep(PATIENCE + 0.2)
+        assert _advance(_dsn(conn), q) == ids[-1] + 1
+        more = _send(conn, q, 2)
+        assert [r[0] for r in _read(conn, q, 10)] == more
+
+
+def test_ready_from_waits_for_an_open_send_while_the_horizon_is_held(conn: Conn, q: str) -> None:
+    # The queue's writers decide then, and a send still open is one of them.
+    with _horizon_held(_dsn(conn)), psycopg.connect(_dsn(conn)) as sender:
+        (open_send,) = _send(sender, q, 1)
+        later = _send(conn, q, 3)
+        batch = _read(conn, q, 3)
+        assert [r[0] for r in batch] == later
+        conn.execute("SELECT pgbroker.ack(%s, %s::text[], false)", [q, [r[1] for r in batch]])
+        _advance(_dsn(conn), q)
+        time.sleep(PATIENCE + 0.2)
+        assert _advance(_dsn(conn), q, times=5) <= open_send
+        sender.commit()
+        assert _advance(_dsn(conn), q) <= open_send
+        assert [r[0] for r in _read(conn, q, 10)] == [open_send]
+
+
+def test_timed_from_moves_on_while_an_idle_transaction_holds_the_horizon(conn: Conn, q: str) -> None:
+    with _horizon_held(_dsn(conn)):
+        _send(conn, q, 5)
+        batch = _read(conn, q, 5, vt=1)  # leases ending in a second: timed rows
+        conn.execute("SELECT pgbroker.ack(%s, %s::text[], false)", [q, [r[1] for r in batch]])
+        before = advance_head(_dsn(conn), q)["timed_from"]
+        time.sleep(PATIENCE + 1.2)  # past the candidate's margin and the patience
+        after = advance_head(_dsn(conn), q)["timed_from"]
+        assert after is not None
+        assert before is None or after > before
 
 
 def test_set_vt_making_an_old_message_ready_lowers_ready_from(conn: Conn, q: str) -> None:

@@ -56,8 +56,6 @@ CREATE OR REPLACE FUNCTION pgbroker.spark_safe_watermark(queue_name text, archiv
 RETURNS bigint LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     qtable text := pgbroker._table(queue_name);
-    -- Relation oids are per database: a lock in another database may carry the same one.
-    this_db oid := (SELECT d.oid FROM pg_database d WHERE d.datname = current_database());
     tables oid[];
     seq regclass;
     seq_row record;
@@ -94,13 +92,8 @@ BEGIN
     issued := coalesce(pg_sequence_last_value(seq), 0);
 
     -- 2. Who may still commit one of those ids.
-    writers := ARRAY(
-        SELECT DISTINCT l.virtualtransaction FROM pg_locks l
-        WHERE l.locktype = 'relation' AND l.database = this_db AND l.relation = ANY (tables)
-          AND l.mode = 'RowExclusiveLock' AND l.granted
-          AND l.pid IS DISTINCT FROM pg_backend_pid()
-          -- (pid is NULL for a prepared transaction: it is waited for.)
-          AND (l.pid IS NULL OR l.pid <> ALL (coalesce(ignore_pids, '{}'))));
+    --    (A prepared transaction has no pid: it is waited for.)
+    writers := pgbroker._writers(tables, ignore_pids);
 
     -- 3. Wait for them to end. A virtual transaction id is never reused by a
     --    later transaction, so once it is gone from pg_locks, so is the writer.
@@ -110,11 +103,7 @@ BEGIN
             RETURN NULL;
         END IF;
         PERFORM pg_sleep(0.002);
-        writers := ARRAY(
-            SELECT DISTINCT l.virtualtransaction FROM pg_locks l
-            WHERE l.virtualtransaction = ANY (writers)
-              AND l.locktype = 'relation' AND l.database = this_db AND l.relation = ANY (tables)
-              AND l.mode = 'RowExclusiveLock');
+        writers := ARRAY(SELECT w FROM unnest(writers) w WHERE w = ANY (pgbroker._writers(tables, ignore_pids)));
     END LOOP;
 
     -- 4. The archive receives any message still in the queue, whatever its id.

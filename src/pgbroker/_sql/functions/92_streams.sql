@@ -523,13 +523,7 @@ $$;
 -- until its transaction ends.
 CREATE OR REPLACE FUNCTION pgbroker._stream_writers(stream_name text)
 RETURNS text[] LANGUAGE sql STABLE AS $$
-    SELECT coalesce(array_agg(l.virtualtransaction), '{}')
-    FROM pg_catalog.pg_locks l
-    WHERE l.locktype = 'relation'
-      AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
-      AND l.relation = format('pgbroker.%I', 's_' || stream_name)::regclass
-      AND l.mode = 'RowExclusiveLock'
-      AND l.pid IS DISTINCT FROM pg_backend_pid();  -- not this session (NULL: a prepared transaction)
+    SELECT pgbroker._writers(ARRAY[format('pgbroker.%I', 's_' || stream_name)::regclass::oid]);
 $$;
 
 -- The child table of the ring (positions and watermarks, see "Positions") a

@@ -18,5 +18,10 @@ CREATE TABLE pgbroker.queue_head (
     timed_next timestamptz,
     timed_next_xmax xid8,
     -- when the last sweep below timed_from ran
-    timed_swept_at timestamptz
+    timed_swept_at timestamptz,
+    -- when the ready candidate was taken, and the queue's writers found since
+    -- for each candidate (the step that does not wait for the whole horizon)
+    next_at timestamptz,
+    next_writers text[],
+    timed_next_writers text[]
 ) WITH (fillfactor = 10);  -- pruned on almost every visit: reads never walk long update chains

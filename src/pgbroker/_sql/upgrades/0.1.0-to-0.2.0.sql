@@ -148,3 +148,9 @@ DROP TABLE pgbroker.stream_watermark_0_1;
 
 -- A consumer's balance returns the partitions it could not give up (92_streams.sql).
 DROP FUNCTION IF EXISTS pgbroker._stream_balance(pgbroker.stream, text, text, integer);
+
+-- A queue's read bounds no longer wait for every older transaction of the
+-- cluster once the horizon has held a candidate back for a second: the
+-- queue's own writers decide (functions/50_reads.sql, "Where reads start").
+ALTER TABLE pgbroker.queue_head ADD COLUMN next_at timestamptz, ADD COLUMN next_writers text[],
+    ADD COLUMN timed_next_writers text[];

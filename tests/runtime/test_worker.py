@@ -17,7 +17,8 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, QueueNotFound, Worker
-from pgbroker.queues._client_async import AsyncBroker
+from pgbroker._db.listen_async import AsyncSubscription
+from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.runtime import _registration
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
@@ -69,6 +70,40 @@ def test_concurrency_is_the_number_of_messages_in_flight(broker: Broker, dsn: st
     asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 40))
     assert peak == 5
     assert worker.stats.reads < 40  # reads are shared by several messages
+
+
+def test_room_that_goes_while_the_worker_subscribes_does_not_stop_it(
+    broker: Broker, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker subscribes to wake-ups (again after a lost connection) between seeing room for a
+    # read and sizing it. What it may hold follows the handlers' pace and so can shrink meanwhile:
+    # a read was then asked for a negative count, InvalidArgument left the loop, and the worker
+    # exited with an error (seen after a Postgres restart in tests/system/test_worker_chaos.py).
+    broker.create_queue("jobs").send_many(list(range(30)))
+    shrunk = False
+
+    class PacedWorker(Worker):
+        def _capacity(self) -> int:
+            return -5 if shrunk else super()._capacity()
+
+    real_listen = AsyncQueue.listen
+
+    async def listen(self: AsyncQueue, timeout: float = 5.0) -> AsyncSubscription:
+        nonlocal shrunk
+        subscription = await real_listen(self, timeout)
+        shrunk = True  # the handlers' pace moved while the subscription was made
+        asyncio.get_running_loop().call_later(0.2, unshrink)
+        return subscription
+
+    def unshrink() -> None:
+        nonlocal shrunk
+        shrunk = False
+        worker._changed.set()  # as a handler finishing tells the loop
+
+    monkeypatch.setattr(AsyncQueue, "listen", listen)
+    worker = PacedWorker("jobs", lambda message: None, concurrency=4)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 30))
+    assert worker.stats.completed == 30
 
 
 def test_a_running_worker_has_a_row_with_what_it_holds_and_its_row_goes_when_it_stops(

@@ -329,6 +329,8 @@ class Worker:
                         pause = trouble.next()
                         continue
                 qty = min(self.batch_size, self._room() - self._asked)
+                if qty <= 0:
+                    continue  # the room went while subscribing: the handlers' pace moves it
                 outcomes = self._outbox.take()
                 self._asked += qty
                 self.stats.reads += 1

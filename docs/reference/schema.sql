@@ -4473,7 +4473,7 @@ CREATE FUNCTION pgbroker._stream_send_router_refresh() RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream_send_router'));
+    LOCK TABLE pgbroker.stream IN SHARE UPDATE EXCLUSIVE MODE;
     EXECUTE pgbroker._stream_send_router_sql();
 END;
 $$;
@@ -4907,7 +4907,12 @@ DECLARE
     qtable text;
     op text;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.routes'));
+    -- One writer at a time (two concurrent CREATE OR REPLACE of one function
+    -- fail), on a lock of pgmq.meta only the owner may take: SHARE UPDATE
+    -- EXCLUSIVE lets its readers and writers through. An advisory lock, which
+    -- any session may take, held by an outsider stopped every create, drop
+    -- and policy change of every queue.
+    LOCK TABLE pgmq.meta IN SHARE UPDATE EXCLUSIVE MODE;
     SELECT coalesce(array_agg(lower(s.queue_name) ORDER BY s.n), '{}'),
            coalesce(array_agg(s.queue_name ORDER BY s.n), '{}'),
            coalesce(array_agg(lower('q_' || s.queue_name) ORDER BY s.n), '{}'),

@@ -499,11 +499,14 @@ def test_a_hostile_session_cannot_stop_maintenance(users: dict[str, str], conn: 
 def test_a_hostile_session_cannot_hold_up_the_changes_of_a_queue(users: dict[str, str], conn: Conn) -> None:
     # A queue's changes took turns on an advisory lock keyed by its name, which an outsider could
     # hold for good: every policy change, pause, notification switch and drop of the queue (and
-    # the upkeep of its partitions) then waited for ever. They now take the queue's row.
+    # the upkeep of its partitions) then waited for ever. They now take the queue's row. So did
+    # every rewrite of the routes (a create, a drop, a policy change: any queue's).
     conn.execute("SELECT pgmq.create('kept')")
     conn.execute("SET lock_timeout = '5s'")
     with psycopg.connect(users["outsider"], autocommit=True) as hostile:
-        hostile.execute("SELECT pg_advisory_lock(hashtext('pgbroker.queue:kept'))")
+        for key in ("pgbroker.queue:kept", "pgbroker.routes"):
+            hostile.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
+        conn.execute("SELECT pgmq.create('another')")  # a new queue rewrites the routes
         conn.execute("SELECT pgbroker.set_policy('kept', max_deliveries => 3)")
         conn.execute("SELECT pgbroker.pause('kept')")
         conn.execute("SELECT pgmq.enable_notify_insert('kept')")
@@ -518,8 +521,10 @@ def test_a_hostile_session_cannot_hold_up_the_changes_of_a_stream(users: dict[st
     conn.execute("SELECT pgbroker.create_stream('kept_stream', 2)")
     conn.execute("SET lock_timeout = '5s'")
     with psycopg.connect(users["outsider"], autocommit=True) as hostile:
-        hostile.execute("SELECT pg_advisory_lock(hashtext('pgbroker.stream:kept_stream'))")
+        for key in ("pgbroker.stream:kept_stream", "pgbroker.stream_send_router"):
+            hostile.execute("SELECT pg_advisory_lock(hashtext(%s))", (key,))
         conn.execute("SELECT pgbroker.create_stream('kept_stream', 2)")  # as a service starting
+        conn.execute("SELECT pgbroker.create_stream('another_stream', 2)")  # rewrites the send router
         conn.execute("SELECT pgbroker.create_stream_group('kept_stream', 'g', 'start')")
         assert conn.execute("SELECT pgbroker.drop_stream('kept_stream')").fetchone() == (True,)
 

@@ -28,8 +28,8 @@
 -- Routes are rewritten by pgbroker._write_routes, from statement triggers on
 -- pgmq.meta and pgbroker.queue_policy: any way a queue is created, dropped
 -- or renamed, or a policy set, rewrites them in the same transaction (a
--- rollback takes the change back). Writers are serialised by an advisory
--- lock held to the end of their transaction, so queue creation and policy
+-- rollback takes the change back). Writers are serialised by a lock on
+-- pgmq.meta held to the end of their transaction, so queue creation and policy
 -- changes in a database take turns; other sessions pick up a new route at
 -- their next call (PL/pgSQL recompiles a function whose definition changed).
 --
@@ -117,7 +117,12 @@ DECLARE
     qtable text;
     op text;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.routes'));
+    -- One writer at a time (two concurrent CREATE OR REPLACE of one function
+    -- fail), on a lock of pgmq.meta only the owner may take: SHARE UPDATE
+    -- EXCLUSIVE lets its readers and writers through. An advisory lock, which
+    -- any session may take, held by an outsider stopped every create, drop
+    -- and policy change of every queue.
+    LOCK TABLE pgmq.meta IN SHARE UPDATE EXCLUSIVE MODE;
     SELECT coalesce(array_agg(lower(s.queue_name) ORDER BY s.n), '{}'),
            coalesce(array_agg(s.queue_name ORDER BY s.n), '{}'),
            coalesce(array_agg(lower('q_' || s.queue_name) ORDER BY s.n), '{}'),

@@ -239,10 +239,13 @@ $$;
 -- Write the send router again for the streams there are now. One writer at a
 -- time (two concurrent CREATE OR REPLACE of one function fail): the lock
 -- is taken before the streams are read, so the last writer sees them all.
+-- It is a lock of pgbroker.stream only the owner may take (SHARE UPDATE
+-- EXCLUSIVE: its readers and writers pass), not an advisory one, which an
+-- outsider could hold to stop every create and drop of a stream.
 CREATE OR REPLACE FUNCTION pgbroker._stream_send_router_refresh()
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream_send_router'));
+    LOCK TABLE pgbroker.stream IN SHARE UPDATE EXCLUSIVE MODE;
     EXECUTE pgbroker._stream_send_router_sql();
 END;
 $$;

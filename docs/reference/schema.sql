@@ -139,7 +139,9 @@ DECLARE
     record_timed boolean;
     recording boolean;
     mine xid8;
-    writers text[];  -- the queue's writers now, looked up once a call at most
+    ready_held boolean;
+    timed_held boolean;
+    writers text[];  -- the queue's writers now, looked up only for a candidate held back
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
@@ -154,14 +156,16 @@ BEGIN
     SELECT pg_snapshot_xmin(pg_current_snapshot()) INTO oldest;
 
     -- A candidate held back by the horizon: its writers decide (see the header).
-    IF h.next_xmax IS NOT NULL AND oldest < h.next_xmax AND h.next_at < clock_timestamp() - patience THEN
-        writers := coalesce(writers, pgbroker._writers(ARRAY[format('pgmq.%I', qtable)::regclass::oid]));
-        h.next_writers := coalesce(h.next_writers, writers);
-    END IF;
-    IF h.timed_next_xmax IS NOT NULL AND oldest < h.timed_next_xmax
-       AND h.timed_next < clock_timestamp() - margin - patience THEN
-        writers := coalesce(writers, pgbroker._writers(ARRAY[format('pgmq.%I', qtable)::regclass::oid]));
-        h.timed_next_writers := coalesce(h.timed_next_writers, writers);
+    ready_held := oldest < h.next_xmax AND h.next_at < clock_timestamp() - patience;
+    timed_held := oldest < h.timed_next_xmax AND h.timed_next < clock_timestamp() - margin - patience;
+    IF ready_held OR timed_held THEN
+        writers := pgbroker._writers(ARRAY[format('pgmq.%I', qtable)::regclass::oid]);
+        IF ready_held THEN
+            h.next_writers := coalesce(h.next_writers, writers);
+        END IF;
+        IF timed_held THEN
+            h.timed_next_writers := coalesce(h.timed_next_writers, writers);
+        END IF;
     END IF;
 
     IF h.next_xmax IS NOT NULL AND (oldest >= h.next_xmax OR NOT (writers && h.next_writers)) THEN
@@ -1629,6 +1633,27 @@ BEGIN
     RETURN value::bigint;
 END;
 $_$;
+
+--
+-- Name: _lock_within(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._lock_within(lock_statement text, wait text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    was_timeout constant text := current_setting('lock_timeout');
+BEGIN
+    IF wait IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', wait, true);
+    END IF;
+    EXECUTE lock_statement;
+    PERFORM set_config('lock_timeout', was_timeout, true);
+    RETURN true;
+EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    RETURN false;
+END;
+$$;
 
 --
 -- Name: _lower_timed_from(text, timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -4030,7 +4055,6 @@ DECLARE
     current_slot integer;
     other text;
     other_watermark text;
-    was_timeout text := current_setting('lock_timeout');
     has_rows boolean;
 BEGIN
     -- One rotation at a time, on a lock of the ring's parent alone that only
@@ -4038,11 +4062,10 @@ BEGIN
     -- outsider holding the one used here stopped every rotation, and the ring
     -- grew by a row a partition a read for good). SHARE UPDATE EXCLUSIVE lets
     -- the readers' ACCESS SHARE and the writers' ROW EXCLUSIVE through.
-    BEGIN
-        LOCK TABLE ONLY pgbroker.stream_position IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
-    EXCEPTION WHEN lock_not_available THEN
+    IF NOT pgbroker._lock_within('LOCK TABLE ONLY pgbroker.stream_position IN SHARE UPDATE EXCLUSIVE MODE NOWAIT',
+                                 NULL) THEN
         RETURN false;
-    END;
+    END IF;
     last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
     current_slot := pgbroker._stream_ring_slot(last_seq);
     other := 'stream_position_' || (1 - current_slot);
@@ -4050,14 +4073,12 @@ BEGIN
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I) OR EXISTS (SELECT 1 FROM pgbroker.%I)',
                    other, other_watermark) INTO has_rows;
     IF has_rows THEN
-        BEGIN
-            PERFORM set_config('lock_timeout', '100ms', true);
-            -- The readers' order: positions, then watermarks.
-            EXECUTE format('LOCK TABLE pgbroker.%I, pgbroker.%I IN ACCESS EXCLUSIVE MODE', other, other_watermark);
-            PERFORM set_config('lock_timeout', was_timeout, true);
-        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            RETURN false;  -- the subtransaction's lock request and setting are undone with it
-        END;
+        -- The readers' order: positions, then watermarks.
+        IF NOT pgbroker._lock_within(
+                format('LOCK TABLE pgbroker.%I, pgbroker.%I IN ACCESS EXCLUSIVE MODE', other, other_watermark),
+                '100ms') THEN
+            RETURN false;
+        END IF;
         INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id,
                                               delivered_id, acked_at)
         SELECT p.stream_name, p.group_name, p.partition, p.seq, current_slot, p.acked_id, p.delivered_id,
@@ -6569,7 +6590,6 @@ CREATE FUNCTION pgbroker.sample_queue_history(min_interval interval DEFAULT '00:
     AS $$
 DECLARE
     sampled integer := 0;
-    was_timeout constant text := current_setting('lock_timeout');
 BEGIN
     PERFORM pgbroker._check_arg(min_interval >= interval '0', 'min_interval must be >= 0',
                                 'Pass how often the history is sampled.');
@@ -6580,13 +6600,9 @@ BEGIN
     -- history for good); a server that finds another sampling for longer
     -- than the lock_timeout skips this round. SHARE UPDATE EXCLUSIVE lets
     -- the history's readers through; autovacuum gives way to a waiter.
-    BEGIN
-        PERFORM set_config('lock_timeout', '2s', true);
-        LOCK TABLE pgbroker.queue_history IN SHARE UPDATE EXCLUSIVE MODE;
-        PERFORM set_config('lock_timeout', was_timeout, true);
-    EXCEPTION WHEN lock_not_available THEN
-        RETURN 0;  -- the subtransaction's lock request and setting are undone with it
-    END;
+    IF NOT pgbroker._lock_within('LOCK TABLE pgbroker.queue_history IN SHARE UPDATE EXCLUSIVE MODE', '2s') THEN
+        RETURN 0;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pgbroker.queue_history h WHERE h.sampled_at > now() - min_interval) THEN
         INSERT INTO pgbroker.queue_history
         SELECT s.queue_name, now(), s.queue_length, a.in_flight, s.oldest_msg_age_sec, s.total_sent,

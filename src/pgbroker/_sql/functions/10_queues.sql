@@ -284,6 +284,28 @@ BEGIN
 END;
 $$;
 
+-- Run a LOCK statement, waiting at most wait for it (NULL: as the statement
+-- says, e.g. NOWAIT); true once it holds, false when it could not be had in
+-- time (or would deadlock), with nothing left behind: the attempt runs in a
+-- subtransaction that takes back its lock request and its lock_timeout. For
+-- upkeep that may skip a round rather than wait, or hold up those queued
+-- behind it.
+CREATE OR REPLACE FUNCTION pgbroker._lock_within(lock_statement text, wait text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    was_timeout constant text := current_setting('lock_timeout');
+BEGIN
+    IF wait IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', wait, true);
+    END IF;
+    EXECUTE lock_statement;
+    PERFORM set_config('lock_timeout', was_timeout, true);
+    RETURN true;
+EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
+    RETURN false;
+END;
+$$;
+
 -- Take a queue's turn among the operations that change it (create, drop,
 -- policies, notifications, indexes, partitions), to the end of the
 -- transaction: its row of pgmq.meta, which only the schema's owner may lock.

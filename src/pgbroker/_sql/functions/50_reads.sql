@@ -430,7 +430,9 @@ DECLARE
     record_timed boolean;
     recording boolean;
     mine xid8;
-    writers text[];  -- the queue's writers now, looked up once a call at most
+    ready_held boolean;
+    timed_held boolean;
+    writers text[];  -- the queue's writers now, looked up only for a candidate held back
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
@@ -445,14 +447,16 @@ BEGIN
     SELECT pg_snapshot_xmin(pg_current_snapshot()) INTO oldest;
 
     -- A candidate held back by the horizon: its writers decide (see the header).
-    IF h.next_xmax IS NOT NULL AND oldest < h.next_xmax AND h.next_at < clock_timestamp() - patience THEN
-        writers := coalesce(writers, pgbroker._writers(ARRAY[format('pgmq.%I', qtable)::regclass::oid]));
-        h.next_writers := coalesce(h.next_writers, writers);
-    END IF;
-    IF h.timed_next_xmax IS NOT NULL AND oldest < h.timed_next_xmax
-       AND h.timed_next < clock_timestamp() - margin - patience THEN
-        writers := coalesce(writers, pgbroker._writers(ARRAY[format('pgmq.%I', qtable)::regclass::oid]));
-        h.timed_next_writers := coalesce(h.timed_next_writers, writers);
+    ready_held := oldest < h.next_xmax AND h.next_at < clock_timestamp() - patience;
+    timed_held := oldest < h.timed_next_xmax AND h.timed_next < clock_timestamp() - margin - patience;
+    IF ready_held OR timed_held THEN
+        writers := pgbroker._writers(ARRAY[format('pgmq.%I', qtable)::regclass::oid]);
+        IF ready_held THEN
+            h.next_writers := coalesce(h.next_writers, writers);
+        END IF;
+        IF timed_held THEN
+            h.timed_next_writers := coalesce(h.timed_next_writers, writers);
+        END IF;
     END IF;
 
     IF h.next_xmax IS NOT NULL AND (oldest >= h.next_xmax OR NOT (writers && h.next_writers)) THEN

@@ -721,7 +721,6 @@ DECLARE
     current_slot integer;
     other text;
     other_watermark text;
-    was_timeout text := current_setting('lock_timeout');
     has_rows boolean;
 BEGIN
     -- One rotation at a time, on a lock of the ring's parent alone that only
@@ -729,11 +728,10 @@ BEGIN
     -- outsider holding the one used here stopped every rotation, and the ring
     -- grew by a row a partition a read for good). SHARE UPDATE EXCLUSIVE lets
     -- the readers' ACCESS SHARE and the writers' ROW EXCLUSIVE through.
-    BEGIN
-        LOCK TABLE ONLY pgbroker.stream_position IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;
-    EXCEPTION WHEN lock_not_available THEN
+    IF NOT pgbroker._lock_within('LOCK TABLE ONLY pgbroker.stream_position IN SHARE UPDATE EXCLUSIVE MODE NOWAIT',
+                                 NULL) THEN
         RETURN false;
-    END;
+    END IF;
     last_seq := coalesce(pg_sequence_last_value('pgbroker.stream_position_seq'::regclass), 0);
     current_slot := pgbroker._stream_ring_slot(last_seq);
     other := 'stream_position_' || (1 - current_slot);
@@ -741,14 +739,12 @@ BEGIN
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM pgbroker.%I) OR EXISTS (SELECT 1 FROM pgbroker.%I)',
                    other, other_watermark) INTO has_rows;
     IF has_rows THEN
-        BEGIN
-            PERFORM set_config('lock_timeout', '100ms', true);
-            -- The readers' order: positions, then watermarks.
-            EXECUTE format('LOCK TABLE pgbroker.%I, pgbroker.%I IN ACCESS EXCLUSIVE MODE', other, other_watermark);
-            PERFORM set_config('lock_timeout', was_timeout, true);
-        EXCEPTION WHEN lock_not_available OR deadlock_detected THEN
-            RETURN false;  -- the subtransaction's lock request and setting are undone with it
-        END;
+        -- The readers' order: positions, then watermarks.
+        IF NOT pgbroker._lock_within(
+                format('LOCK TABLE pgbroker.%I, pgbroker.%I IN ACCESS EXCLUSIVE MODE', other, other_watermark),
+                '100ms') THEN
+            RETURN false;
+        END IF;
         INSERT INTO pgbroker.stream_position (stream_name, group_name, partition, seq, slot, acked_id,
                                               delivered_id, acked_at)
         SELECT p.stream_name, p.group_name, p.partition, p.seq, current_slot, p.acked_id, p.delivered_id,

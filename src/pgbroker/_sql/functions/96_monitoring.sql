@@ -66,7 +66,6 @@ CREATE OR REPLACE FUNCTION pgbroker.sample_queue_history(
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     sampled integer := 0;
-    was_timeout constant text := current_setting('lock_timeout');
 BEGIN
     PERFORM pgbroker._check_arg(min_interval >= interval '0', 'min_interval must be >= 0',
                                 'Pass how often the history is sampled.');
@@ -77,13 +76,9 @@ BEGIN
     -- history for good); a server that finds another sampling for longer
     -- than the lock_timeout skips this round. SHARE UPDATE EXCLUSIVE lets
     -- the history's readers through; autovacuum gives way to a waiter.
-    BEGIN
-        PERFORM set_config('lock_timeout', '2s', true);
-        LOCK TABLE pgbroker.queue_history IN SHARE UPDATE EXCLUSIVE MODE;
-        PERFORM set_config('lock_timeout', was_timeout, true);
-    EXCEPTION WHEN lock_not_available THEN
-        RETURN 0;  -- the subtransaction's lock request and setting are undone with it
-    END;
+    IF NOT pgbroker._lock_within('LOCK TABLE pgbroker.queue_history IN SHARE UPDATE EXCLUSIVE MODE', '2s') THEN
+        RETURN 0;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM pgbroker.queue_history h WHERE h.sampled_at > now() - min_interval) THEN
         INSERT INTO pgbroker.queue_history
         SELECT s.queue_name, now(), s.queue_length, a.in_flight, s.oldest_msg_age_sec, s.total_sent,

@@ -15,6 +15,7 @@ only, try what an attacker would. Every attempt is refused or harmless.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -265,47 +266,82 @@ def test_the_sessions_own_prepared_statement_is_kept_from_call_to_call(conn: Con
     assert conn.execute(prepared).fetchall() == first
 
 
+#: A caller's own schema and pg_temp shadowing what the engine calls, each shadow writing a row into
+#: public.marker as whoever runs it; then the search_path that puts them first.
+SHADOW = """
+CREATE SCHEMA shadow;
+CREATE FUNCTION shadow.mark() RETURNS boolean LANGUAGE sql AS
+    $$ INSERT INTO public.marker VALUES (current_user) RETURNING true $$;
+CREATE FUNCTION shadow.lower(text) RETURNS text LANGUAGE sql AS
+    $$ SELECT 'x' FROM shadow.mark() $$;
+CREATE FUNCTION shadow.cardinality(anyarray) RETURNS integer LANGUAGE sql AS
+    $$ SELECT 1 FROM shadow.mark() $$;
+CREATE FUNCTION shadow.now() RETURNS timestamptz LANGUAGE sql AS
+    $$ SELECT pg_catalog.now() FROM shadow.mark() $$;
+CREATE FUNCTION shadow.eq(bigint, bigint) RETURNS boolean LANGUAGE sql AS
+    $$ SELECT $1 OPERATOR(pg_catalog.=) $2 FROM shadow.mark() $$;
+CREATE OPERATOR shadow.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = shadow.eq);
+CREATE TYPE shadow.message_record AS (x integer);
+CREATE TABLE shadow.meta (queue_name varchar, is_partitioned boolean, is_unlogged boolean,
+                          created_at timestamptz);
+CREATE TABLE shadow.queue_policy (queue_name text);
+CREATE TEMP TABLE meta (queue_name varchar, is_partitioned boolean, is_unlogged boolean,
+                        created_at timestamptz);
+CREATE TEMP TABLE queue_head (queue_name text);
+CREATE FUNCTION pg_temp.lower(text) RETURNS text LANGUAGE sql AS
+    $$ SELECT 'x' FROM shadow.mark() $$;
+CREATE FUNCTION pg_temp.lower(varchar) RETURNS text LANGUAGE sql AS
+    $$ SELECT 'x' FROM shadow.mark() $$;
+CREATE FUNCTION pg_temp.array_position(text[], varchar) RETURNS integer LANGUAGE sql AS
+    $$ SELECT 1 FROM shadow.mark() $$;
+CREATE FUNCTION pg_temp.starts_with(varchar, text) RETURNS boolean LANGUAGE sql AS
+    $$ SELECT true FROM shadow.mark() $$;
+SET search_path = shadow, pg_temp, pg_catalog, pgmq, pgbroker;
+"""
+
+
 def test_shadowed_functions_operators_types_and_tables_are_never_reached(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn
 ) -> None:
     with psycopg.connect(users["consumer"], autocommit=True) as c:
-        c.execute(
-            """
-            CREATE SCHEMA shadow;
-            CREATE FUNCTION shadow.mark() RETURNS boolean LANGUAGE sql AS
-                $$ INSERT INTO public.marker VALUES (current_user) RETURNING true $$;
-            CREATE FUNCTION shadow.lower(text) RETURNS text LANGUAGE sql AS
-                $$ SELECT 'x' FROM shadow.mark() $$;
-            CREATE FUNCTION shadow.cardinality(anyarray) RETURNS integer LANGUAGE sql AS
-                $$ SELECT 1 FROM shadow.mark() $$;
-            CREATE FUNCTION shadow.now() RETURNS timestamptz LANGUAGE sql AS
-                $$ SELECT pg_catalog.now() FROM shadow.mark() $$;
-            CREATE FUNCTION shadow.eq(bigint, bigint) RETURNS boolean LANGUAGE sql AS
-                $$ SELECT $1 OPERATOR(pg_catalog.=) $2 FROM shadow.mark() $$;
-            CREATE OPERATOR shadow.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = shadow.eq);
-            CREATE TYPE shadow.message_record AS (x integer);
-            CREATE TABLE shadow.meta (queue_name varchar, is_partitioned boolean, is_unlogged boolean,
-                                      created_at timestamptz);
-            CREATE TABLE shadow.queue_policy (queue_name text);
-            CREATE TEMP TABLE meta (queue_name varchar, is_partitioned boolean, is_unlogged boolean,
-                                    created_at timestamptz);
-            CREATE TEMP TABLE queue_head (queue_name text);
-            CREATE FUNCTION pg_temp.lower(text) RETURNS text LANGUAGE sql AS
-                $$ SELECT 'x' FROM shadow.mark() $$;
-            CREATE FUNCTION pg_temp.lower(varchar) RETURNS text LANGUAGE sql AS
-                $$ SELECT 'x' FROM shadow.mark() $$;
-            CREATE FUNCTION pg_temp.array_position(text[], varchar) RETURNS integer LANGUAGE sql AS
-                $$ SELECT 1 FROM shadow.mark() $$;
-            CREATE FUNCTION pg_temp.starts_with(varchar, text) RETURNS boolean LANGUAGE sql AS
-                $$ SELECT true FROM shadow.mark() $$;
-            SET search_path = shadow, pg_temp, pg_catalog, pgmq, pgbroker;
-            """
-        )
+        c.execute(SHADOW)
         for call in CALLS:
             assert c.execute(call.encode()).fetchall(), call
         assert len(_settle(c, "far", True)) == 1
         assert len(_settle(c, "plain", False)) == 1
         assert_removed(c)
+    assert conn.execute(MARKER).fetchone() == (0,)
+
+
+def test_a_consumer_moving_the_bounds_past_a_held_horizon_reaches_no_shadow(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn
+) -> None:
+    # While a session holds the horizon, a read that advances the queue's bounds asks pg_locks for
+    # the queue's writers (50_reads.sql): as the owner, under the consumer's search_path and
+    # shadows. One read in 16 advances: 300 reads miss it with a chance of 4e-9.
+    head = "SELECT ready_from FROM pgbroker.queue_head WHERE queue_name = 'plain'"
+    with psycopg.connect(make_conninfo(conn.info.dsn, dbname="postgres")) as idle:
+        idle.execute("SELECT pg_current_xact_id()")  # the horizon held from here
+        sent = conn.execute("SELECT * FROM pgmq.send_batch('plain', array_fill('{}'::jsonb, ARRAY[20]))")
+        last = [r[0] for r in sent][-1]
+        with psycopg.connect(users["consumer"], autocommit=True) as c:
+            c.execute(SHADOW)
+            c.execute(
+                """
+                CREATE VIEW shadow.pg_locks AS SELECT * FROM pg_catalog.pg_locks WHERE shadow.mark();
+                CREATE FUNCTION shadow.pg_backend_pid() RETURNS integer LANGUAGE sql AS
+                    $$ SELECT 0 FROM shadow.mark() $$;
+                CREATE FUNCTION shadow.current_database() RETURNS name LANGUAGE sql AS
+                    $$ SELECT 'x'::name FROM shadow.mark() $$;
+                """
+            )
+            assert c.execute("SELECT count(*) FROM pgmq.pop('plain', 100)").fetchone() == (26,)
+            for _ in range(300):  # the candidate, taken while the horizon is held
+                c.execute("SELECT * FROM pgmq.read('plain', 30, 1)").fetchall()
+            time.sleep(1.2)  # the candidate's patience (50_reads.sql)
+            for _ in range(300):  # its writers looked up, then the bound moved
+                c.execute("SELECT * FROM pgmq.read('plain', 30, 1)").fetchall()
+        assert conn.execute(head).fetchone() == (last + 1,)
     assert conn.execute(MARKER).fetchone() == (0,)
 
 

@@ -171,9 +171,8 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_orders q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_orders
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h
-                               WHERE h.queue_name = (SELECT m.queue_name FROM pgmq.meta m
-                                                     WHERE lower(m.queue_name) = 'orders')), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
+                               WHERE lower(m.queue_name) = 'orders'), '-infinity') 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -213,9 +212,8 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_emails q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_emails
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h
-                               WHERE h.queue_name = (SELECT m.queue_name FROM pgmq.meta m
-                                                     WHERE lower(m.queue_name) = 'emails')), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
+                               WHERE lower(m.queue_name) = 'emails'), '-infinity') 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -308,9 +306,8 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_orders q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_orders
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h
-                               WHERE h.queue_name = (SELECT m.queue_name FROM pgmq.meta m
-                                                     WHERE lower(m.queue_name) = 'orders')), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
+                               WHERE lower(m.queue_name) = 'orders'), '-infinity') 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -350,9 +347,8 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_emails q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_emails
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h
-                               WHERE h.queue_name = (SELECT m.queue_name FROM pgmq.meta m
-                                                     WHERE lower(m.queue_name) = 'emails')), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
+                               WHERE lower(m.queue_name) = 'emails'), '-infinity') 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -430,9 +426,8 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_orders q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_orders
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h
-                               WHERE h.queue_name = (SELECT m.queue_name FROM pgmq.meta m
-                                                     WHERE lower(m.queue_name) = 'orders')), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
+                               WHERE lower(m.queue_name) = 'orders'), '-infinity') 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -468,9 +463,8 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_emails q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_emails
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h
-                               WHERE h.queue_name = (SELECT m.queue_name FROM pgmq.meta m
-                                                     WHERE lower(m.queue_name) = 'emails')), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
+                               WHERE lower(m.queue_name) = 'emails'), '-infinity') 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock

@@ -146,11 +146,14 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
     END IF;
-    SELECT * INTO before FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name;
-    IF NOT FOUND THEN
-        INSERT INTO pgbroker.queue_head (queue_name, ready_from) VALUES (stored_name, 0)
-        ON CONFLICT DO NOTHING;
-        RETURN;  -- the insert took an id: the next advance records the candidates
+    before := pgbroker._queue_bounds(stored_name);
+    IF before.seq IS NULL THEN
+        -- The first row, made once: creators take turns on the queue's row of pgmq.meta.
+        PERFORM FROM pgmq.meta m WHERE m.queue_name = stored_name FOR NO KEY UPDATE SKIP LOCKED;
+        IF FOUND AND NOT EXISTS (SELECT FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name) THEN
+            INSERT INTO pgbroker.queue_head (queue_name, ready_from) VALUES (stored_name, 0);
+        END IF;
+        RETURN;  -- the lock took an id: the next advance records the candidates
     END IF;
     h := before;
     SELECT pg_snapshot_xmin(pg_current_snapshot()) INTO oldest;
@@ -210,15 +213,13 @@ BEGIN
     IF h IS NOT DISTINCT FROM before THEN
         RETURN;
     END IF;
-    -- One advancer at a time, on the head's row (the others skip it; an
-    -- advisory lock, which any session may take, let an outsider stop the
-    -- advances for good), and only while the bounds are those read: a
-    -- concurrent lowering (set_vt) wins. The row lock gives this transaction
-    -- its id, after the sequence and the clock were read: see the header.
-    PERFORM FROM pgbroker.queue_head qh
-    WHERE qh.queue_name = stored_name AND qh.ready_from = before.ready_from
-      AND qh.timed_from IS NOT DISTINCT FROM before.timed_from
-    FOR NO KEY UPDATE SKIP LOCKED;
+    -- One advancer at a time, on the queue's row of pgmq.meta (the others
+    -- skip it, as they skip an advance while the queue changes; an advisory
+    -- lock, which any session may take, let an outsider stop the advances for
+    -- good), and only while the bounds are those read: a concurrent lowering
+    -- (set_vt) wins. The row lock gives this transaction its id, after the
+    -- sequence and the clock were read: see the header.
+    PERFORM FROM pgmq.meta m WHERE m.queue_name = stored_name FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -231,12 +232,18 @@ BEGIN
             h.timed_next_xmax := mine;
         END IF;
     END IF;
-    UPDATE pgbroker.queue_head qh
-    SET ready_from = h.ready_from, next_from = h.next_from, next_xmax = h.next_xmax, next_at = h.next_at,
-        next_writers = h.next_writers, timed_from = h.timed_from, timed_next = h.timed_next,
-        timed_next_xmax = h.timed_next_xmax, timed_next_writers = h.timed_next_writers,
-        timed_swept_at = h.timed_swept_at
-    WHERE qh.queue_name = stored_name;
+    -- Appended, while the row read is still the bounds as read (a lowering
+    -- changes them in place), and that row removed (see structure/50_reads.sql).
+    INSERT INTO pgbroker.queue_head (queue_name, ready_from, next_from, next_xmax, timed_from, timed_next,
+                                     timed_next_xmax, timed_swept_at, next_at, next_writers, timed_next_writers)
+    SELECT stored_name, h.ready_from, h.next_from, h.next_xmax, h.timed_from, h.timed_next, h.timed_next_xmax,
+           h.timed_swept_at, h.next_at, h.next_writers, h.timed_next_writers
+    FROM pgbroker.queue_head qh
+    WHERE qh.queue_name = stored_name AND qh.seq = before.seq AND qh.ready_from = before.ready_from
+      AND qh.timed_from IS NOT DISTINCT FROM before.timed_from;
+    IF FOUND THEN
+        DELETE FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name AND qh.seq = before.seq;
+    END IF;
 END;
 $_$;
 
@@ -1656,15 +1663,33 @@ END;
 $$;
 
 --
+-- Name: _lower_head(text, bigint, timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._lower_head(stored_name text, ready_from bigint, timed_from timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM FROM pgmq.meta m WHERE m.queue_name = stored_name FOR NO KEY UPDATE;
+    UPDATE pgbroker.queue_head h
+    SET ready_from = CASE WHEN h.ready_from > _lower_head.ready_from THEN _lower_head.ready_from
+                          ELSE h.ready_from END,
+        timed_from = CASE WHEN h.timed_from > _lower_head.timed_from THEN _lower_head.timed_from
+                          ELSE h.timed_from END
+    WHERE h.queue_name = stored_name AND h.seq = (pgbroker._queue_bounds(stored_name)).seq
+      AND (h.ready_from > _lower_head.ready_from OR h.timed_from > _lower_head.timed_from);
+END;
+$$;
+
+--
 -- Name: _lower_timed_from(text, timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
 CREATE FUNCTION pgbroker._lower_timed_from(stored_name text, vt timestamp with time zone) RETURNS void
     LANGUAGE sql
-    AS $_$
-    UPDATE pgbroker.queue_head h SET timed_from = $2
-    WHERE h.queue_name = $1 AND h.timed_from > $2;
-$_$;
+    AS $$
+    SELECT pgbroker._lower_head(stored_name, NULL::bigint, vt);
+$$;
 
 --
 -- Name: _maintain_table(pgbroker.partman, text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -2575,9 +2600,56 @@ CREATE FUNCTION pgbroker._queue(queue_name text, OUT stored_name text, OUT max_d
            pgbroker._read_mode(p)
     FROM pgmq.meta m
     LEFT JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
-    LEFT JOIN pgbroker.queue_head h ON h.queue_name = m.queue_name
+    LEFT JOIN LATERAL pgbroker._queue_bounds(m.queue_name) h ON true
     WHERE lower(m.queue_name) = lower($1);
 $_$;
+
+--
+-- Name: queue_head_seq; Type: SEQUENCE; Schema: pgbroker; Owner: -
+--
+
+CREATE SEQUENCE pgbroker.queue_head_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: queue_head; Type: TABLE; Schema: pgbroker; Owner: -
+--
+
+CREATE TABLE pgbroker.queue_head (
+    queue_name character varying NOT NULL,
+    ready_from bigint NOT NULL,
+    next_from bigint,
+    next_xmax xid8,
+    timed_from timestamp with time zone,
+    timed_next timestamp with time zone,
+    timed_next_xmax xid8,
+    timed_swept_at timestamp with time zone,
+    next_at timestamp with time zone,
+    next_writers text[],
+    timed_next_writers text[],
+    seq bigint DEFAULT nextval('pgbroker.queue_head_seq'::regclass) NOT NULL
+);
+
+--
+-- Name: _queue_bounds(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._queue_bounds(stored_name text) RETURNS pgbroker.queue_head
+    LANGUAGE plpgsql STABLE
+    SET enable_seqscan TO 'off'
+    SET enable_sort TO 'off'
+    AS $$
+DECLARE
+    h pgbroker.queue_head;
+BEGIN
+    SELECT * INTO h FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name ORDER BY qh.seq DESC LIMIT 1;
+    RETURN h;
+END;
+$$;
 
 --
 -- Name: _queue_grantee(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -2681,7 +2753,7 @@ CREATE FUNCTION pgbroker._read_by_key_sql(qtable text, conditional jsonb) RETURN
             SELECT msg_id, pgbroker._priority(headers) AS priority, pgbroker._concurrency_key(headers) AS k
             FROM pgmq.%1$I
             WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= $3 %2$s
-              AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h WHERE h.queue_name = $7),
+              AND vt >= coalesce((pgbroker._queue_bounds($7)).timed_from,
                                  '-infinity')
             ORDER BY vt
             LIMIT 1000
@@ -3139,14 +3211,11 @@ $$;
 CREATE FUNCTION pgbroker._route_ready_from(stored_name text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    ready_from bigint;
 BEGIN
     IF random() < 0.0625 THEN
         PERFORM pgbroker._advance_head(stored_name, lower('q_' || stored_name));
     END IF;
-    SELECT h.ready_from INTO ready_from FROM pgbroker.queue_head h WHERE h.queue_name = stored_name;
-    RETURN coalesce(ready_from, 0);
+    RETURN coalesce((pgbroker._queue_bounds(stored_name)).ready_from, 0);
 END;
 $$;
 
@@ -4835,9 +4904,8 @@ BEGIN
     END IF;
     visible := replace(visible, ready_rule, ready_rule || 'AND msg_id >= $5 ');
     RETURN replace(visible, timed_rule, timed_rule || format(
-        $B$AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h
-                               WHERE h.queue_name = (SELECT m.queue_name FROM pgmq.meta m
-                                                     WHERE lower(m.queue_name) = %L)), '-infinity') $B$,
+        $B$AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
+                               WHERE lower(m.queue_name) = %L), '-infinity') $B$,
         substr(qtable, 3)));
 END;
 $_$;
@@ -8956,8 +9024,7 @@ BEGIN
     stored := pgbroker._stored_name(set_vt.queue_name);
     SELECT min(c.msg_id) INTO lowest FROM unnest(changed) c WHERE c.read_ct = 0 AND c.vt <= c.enqueued_at;
     IF lowest IS NOT NULL THEN
-        UPDATE pgbroker.queue_head h SET ready_from = lowest
-        WHERE h.queue_name = stored AND h.ready_from > lowest;
+        PERFORM pgbroker._lower_head(stored, lowest, NULL);
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(changed) c WHERE NOT (c.read_ct = 0 AND c.vt <= c.enqueued_at)) THEN
         PERFORM pgbroker._lower_timed_from(stored, vt);
@@ -9173,25 +9240,6 @@ CREATE TABLE pgbroker.queue_grant (
     CONSTRAINT queue_grant_pattern_check CHECK ((pattern = lower(pattern))),
     CONSTRAINT queue_grant_role_kind_check CHECK ((role_kind = ANY (ARRAY['producer'::text, 'consumer'::text, 'monitor'::text])))
 );
-
---
--- Name: queue_head; Type: TABLE; Schema: pgbroker; Owner: -
---
-
-CREATE TABLE pgbroker.queue_head (
-    queue_name character varying NOT NULL,
-    ready_from bigint NOT NULL,
-    next_from bigint,
-    next_xmax xid8,
-    timed_from timestamp with time zone,
-    timed_next timestamp with time zone,
-    timed_next_xmax xid8,
-    timed_swept_at timestamp with time zone,
-    next_at timestamp with time zone,
-    next_writers text[],
-    timed_next_writers text[]
-)
-WITH (fillfactor='10');
 
 --
 -- Name: queue_scoped_function; Type: TABLE; Schema: pgbroker; Owner: -
@@ -9534,7 +9582,7 @@ ALTER TABLE ONLY pgbroker.queue_grant
 --
 
 ALTER TABLE ONLY pgbroker.queue_head
-    ADD CONSTRAINT queue_head_pkey PRIMARY KEY (queue_name);
+    ADD CONSTRAINT queue_head_pkey PRIMARY KEY (queue_name, seq);
 
 --
 -- Name: queue_history queue_history_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -

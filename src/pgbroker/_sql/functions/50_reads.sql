@@ -83,10 +83,19 @@
 -- pgbroker._writers) include every such transaction still running; once
 -- none of them holds the lock any more, step 2 holds, as for the stream's
 -- safe id (92_streams.sql) and the Spark watermark (82_spark.sql).
--- Only one transaction advances a queue at a time (a lock on the head's row,
--- SKIP LOCKED: the others skip it), only in READ COMMITTED, and only while
--- the bounds are those it read, so a concurrent lowering wins. pgmq.set_vt, which writes
--- any vt, lowers both bounds itself: ready_from for a message it makes ready
+-- Only one transaction advances a queue at a time (a lock on the queue's row
+-- of pgmq.meta, SKIP LOCKED: the others skip it), only in READ COMMITTED, and
+-- only while the bounds are those it read, so a concurrent lowering wins.
+-- The bounds are appended, never updated by an advance: each advance adds a
+-- row to pgbroker.queue_head and removes the one it replaced, and a reader
+-- takes the queue's newest row (pgbroker._queue_bounds), an index walk
+-- backwards that meets it first. An UPDATE of one row left a version behind
+-- at every advance, and while a transaction held back the xmin horizon
+-- (the fallback above moves the bounds every second or two) every look-up
+-- walked all the versions kept: 600 advances, 10 buffers a look-up; 30,000 (about
+-- nine hours held), a read and delete 0.7 -> 1.8 ms.
+-- pgmq.set_vt, which writes any vt, lowers both bounds itself (in place,
+-- after the advancers' lock: pgbroker._lower_head): ready_from for a message it makes ready
 -- again (a delayed, never-read message given a vt at or before its
 -- enqueued_at), timed_from for one it leaves timed. Late is never lost: once
 -- every 10 s per queue an advance sweeps below timed_from for a due timed
@@ -173,9 +182,8 @@ BEGIN
     END IF;
     visible := replace(visible, ready_rule, ready_rule || 'AND msg_id >= $5 ');
     RETURN replace(visible, timed_rule, timed_rule || format(
-        $B$AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h
-                               WHERE h.queue_name = (SELECT m.queue_name FROM pgmq.meta m
-                                                     WHERE lower(m.queue_name) = %L)), '-infinity') $B$,
+        $B$AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
+                               WHERE lower(m.queue_name) = %L), '-infinity') $B$,
         substr(qtable, 3)));
 END;
 $$;
@@ -366,6 +374,24 @@ BEGIN
 END;
 $$;
 
+-- A queue's bounds: its newest row of pgbroker.queue_head (NULLs when it has
+-- none yet), an index walk backwards that meets it first. (Not named
+-- _queue_head: that is the table's array type, and a call of it on a varchar
+-- would be taken for a cast.) The planner is held
+-- to that walk: from statistics taken while the table held a row a queue it
+-- would scan the table and sort, and keep that plan for the session while the
+-- rows an advance replaced pile up under a held horizon.
+CREATE OR REPLACE FUNCTION pgbroker._queue_bounds(stored_name text)
+RETURNS pgbroker.queue_head LANGUAGE plpgsql STABLE
+SET enable_seqscan = off SET enable_sort = off AS $$
+DECLARE
+    h pgbroker.queue_head;
+BEGIN
+    SELECT * INTO h FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name ORDER BY qh.seq DESC LIMIT 1;
+    RETURN h;
+END;
+$$;
+
 -- A queue's stored name and the policy settings the hot path needs, in one
 -- probe; no row when the queue does not exist. read_mode: see
 -- pgbroker._read_mode.
@@ -377,7 +403,7 @@ RETURNS SETOF record LANGUAGE sql STABLE AS $$
            pgbroker._read_mode(p)
     FROM pgmq.meta m
     LEFT JOIN pgbroker.queue_policy p ON p.queue_name = m.queue_name
-    LEFT JOIN pgbroker.queue_head h ON h.queue_name = m.queue_name
+    LEFT JOIN LATERAL pgbroker._queue_bounds(m.queue_name) h ON true
     WHERE lower(m.queue_name) = lower($1);
 $$;
 
@@ -437,11 +463,14 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         RETURN;
     END IF;
-    SELECT * INTO before FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name;
-    IF NOT FOUND THEN
-        INSERT INTO pgbroker.queue_head (queue_name, ready_from) VALUES (stored_name, 0)
-        ON CONFLICT DO NOTHING;
-        RETURN;  -- the insert took an id: the next advance records the candidates
+    before := pgbroker._queue_bounds(stored_name);
+    IF before.seq IS NULL THEN
+        -- The first row, made once: creators take turns on the queue's row of pgmq.meta.
+        PERFORM FROM pgmq.meta m WHERE m.queue_name = stored_name FOR NO KEY UPDATE SKIP LOCKED;
+        IF FOUND AND NOT EXISTS (SELECT FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name) THEN
+            INSERT INTO pgbroker.queue_head (queue_name, ready_from) VALUES (stored_name, 0);
+        END IF;
+        RETURN;  -- the lock took an id: the next advance records the candidates
     END IF;
     h := before;
     SELECT pg_snapshot_xmin(pg_current_snapshot()) INTO oldest;
@@ -501,15 +530,13 @@ BEGIN
     IF h IS NOT DISTINCT FROM before THEN
         RETURN;
     END IF;
-    -- One advancer at a time, on the head's row (the others skip it; an
-    -- advisory lock, which any session may take, let an outsider stop the
-    -- advances for good), and only while the bounds are those read: a
-    -- concurrent lowering (set_vt) wins. The row lock gives this transaction
-    -- its id, after the sequence and the clock were read: see the header.
-    PERFORM FROM pgbroker.queue_head qh
-    WHERE qh.queue_name = stored_name AND qh.ready_from = before.ready_from
-      AND qh.timed_from IS NOT DISTINCT FROM before.timed_from
-    FOR NO KEY UPDATE SKIP LOCKED;
+    -- One advancer at a time, on the queue's row of pgmq.meta (the others
+    -- skip it, as they skip an advance while the queue changes; an advisory
+    -- lock, which any session may take, let an outsider stop the advances for
+    -- good), and only while the bounds are those read: a concurrent lowering
+    -- (set_vt) wins. The row lock gives this transaction its id, after the
+    -- sequence and the clock were read: see the header.
+    PERFORM FROM pgmq.meta m WHERE m.queue_name = stored_name FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -522,20 +549,43 @@ BEGIN
             h.timed_next_xmax := mine;
         END IF;
     END IF;
-    UPDATE pgbroker.queue_head qh
-    SET ready_from = h.ready_from, next_from = h.next_from, next_xmax = h.next_xmax, next_at = h.next_at,
-        next_writers = h.next_writers, timed_from = h.timed_from, timed_next = h.timed_next,
-        timed_next_xmax = h.timed_next_xmax, timed_next_writers = h.timed_next_writers,
-        timed_swept_at = h.timed_swept_at
-    WHERE qh.queue_name = stored_name;
+    -- Appended, while the row read is still the bounds as read (a lowering
+    -- changes them in place), and that row removed (see structure/50_reads.sql).
+    INSERT INTO pgbroker.queue_head (queue_name, ready_from, next_from, next_xmax, timed_from, timed_next,
+                                     timed_next_xmax, timed_swept_at, next_at, next_writers, timed_next_writers)
+    SELECT stored_name, h.ready_from, h.next_from, h.next_xmax, h.timed_from, h.timed_next, h.timed_next_xmax,
+           h.timed_swept_at, h.next_at, h.next_writers, h.timed_next_writers
+    FROM pgbroker.queue_head qh
+    WHERE qh.queue_name = stored_name AND qh.seq = before.seq AND qh.ready_from = before.ready_from
+      AND qh.timed_from IS NOT DISTINCT FROM before.timed_from;
+    IF FOUND THEN
+        DELETE FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name AND qh.seq = before.seq;
+    END IF;
+END;
+$$;
+
+-- Lower a queue's bounds (NULL: that one stays): its newest row, in place,
+-- after the advancers' turn (the queue's row of pgmq.meta, waited for), so
+-- that an advance computed from the bounds before cannot write over it.
+-- (Rare: set_vt, and reads given a vt in the past.)
+CREATE OR REPLACE FUNCTION pgbroker._lower_head(stored_name text, ready_from bigint, timed_from timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM FROM pgmq.meta m WHERE m.queue_name = stored_name FOR NO KEY UPDATE;
+    UPDATE pgbroker.queue_head h
+    SET ready_from = CASE WHEN h.ready_from > _lower_head.ready_from THEN _lower_head.ready_from
+                          ELSE h.ready_from END,
+        timed_from = CASE WHEN h.timed_from > _lower_head.timed_from THEN _lower_head.timed_from
+                          ELSE h.timed_from END
+    WHERE h.queue_name = stored_name AND h.seq = (pgbroker._queue_bounds(stored_name)).seq
+      AND (h.ready_from > _lower_head.ready_from OR h.timed_from > _lower_head.timed_from);
 END;
 $$;
 
 -- Lower a queue's timed_from to vt (a writer that may write a vt below it).
 CREATE OR REPLACE FUNCTION pgbroker._lower_timed_from(stored_name text, vt timestamptz)
 RETURNS void LANGUAGE sql AS $$
-    UPDATE pgbroker.queue_head h SET timed_from = $2
-    WHERE h.queue_name = $1 AND h.timed_from > $2;
+    SELECT pgbroker._lower_head(stored_name, NULL::bigint, vt);
 $$;
 
 ------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
             SELECT msg_id, pgbroker._priority(headers) AS priority, pgbroker._concurrency_key(headers) AS k
             FROM pgmq.%1$I
             WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= $3 %2$s
-              AND vt >= coalesce((SELECT h.timed_from FROM pgbroker.queue_head h WHERE h.queue_name = $7),
+              AND vt >= coalesce((pgbroker._queue_bounds($7)).timed_from,
                                  '-infinity')
             ORDER BY vt
             LIMIT 1000

@@ -75,8 +75,7 @@ BEGIN
     stored := pgbroker._stored_name(set_vt.queue_name);
     SELECT min(c.msg_id) INTO lowest FROM unnest(changed) c WHERE c.read_ct = 0 AND c.vt <= c.enqueued_at;
     IF lowest IS NOT NULL THEN
-        UPDATE pgbroker.queue_head h SET ready_from = lowest
-        WHERE h.queue_name = stored AND h.ready_from > lowest;
+        PERFORM pgbroker._lower_head(stored, lowest, NULL);
     END IF;
     IF EXISTS (SELECT 1 FROM unnest(changed) c WHERE NOT (c.read_ct = 0 AND c.vt <= c.enqueued_at)) THEN
         PERFORM pgbroker._lower_timed_from(stored, vt);

@@ -417,14 +417,11 @@ $$;
 -- path's pgbroker._run_read does).
 CREATE OR REPLACE FUNCTION pgbroker._route_ready_from(stored_name text)
 RETURNS bigint LANGUAGE plpgsql AS $$
-DECLARE
-    ready_from bigint;
 BEGIN
     IF random() < 0.0625 THEN
         PERFORM pgbroker._advance_head(stored_name, lower('q_' || stored_name));
     END IF;
-    SELECT h.ready_from INTO ready_from FROM pgbroker.queue_head h WHERE h.queue_name = stored_name;
-    RETURN coalesce(ready_from, 0);
+    RETURN coalesce((pgbroker._queue_bounds(stored_name)).ready_from, 0);
 END;
 $$;
 

@@ -154,3 +154,11 @@ DROP FUNCTION IF EXISTS pgbroker._stream_balance(pgbroker.stream, text, text, in
 -- queue's own writers decide (functions/50_reads.sql, "Where reads start").
 ALTER TABLE pgbroker.queue_head ADD COLUMN next_at timestamptz, ADD COLUMN next_writers text[],
     ADD COLUMN timed_next_writers text[];
+
+-- A queue's read bounds insert-only (structure/50_reads.sql): an advance
+-- appends a row, and the bounds are the queue's row with the highest seq.
+CREATE SEQUENCE pgbroker.queue_head_seq;
+ALTER TABLE pgbroker.queue_head DROP CONSTRAINT queue_head_pkey,
+    ADD COLUMN seq bigint NOT NULL DEFAULT nextval('pgbroker.queue_head_seq'),
+    RESET (fillfactor);
+ALTER TABLE pgbroker.queue_head ADD PRIMARY KEY (queue_name, seq);

@@ -9,6 +9,7 @@ a transaction still open while reads advance it, and not one that set_vt makes r
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -252,4 +253,39 @@ def test_set_vt_making_an_old_message_ready_lowers_ready_from(conn: Conn, q: str
         ),
         [q, delayed, delayed],
     )
+    assert [r[0] for r in _read(conn, q, 10)] == [delayed]
+
+
+def test_set_vt_waiting_for_an_advance_lowers_the_bounds_it_wrote(conn: Conn, q: str) -> None:
+    # An advance appends the queue's bounds and removes the row it replaced. A set_vt that makes
+    # an old message ready while an advance is open must lower the bounds that advance writes,
+    # not the row it removes (the message would then stay below ready_from for good).
+    (delayed,) = [r[0] for r in conn.execute("SELECT * FROM pgmq.send(%s, '{}'::jsonb, 3600)", [q])]
+    for _ in range(2):
+        sent = _send(conn, q, 3)
+        batch = _read(conn, q, 3)
+        assert [r[0] for r in batch] == sent
+        conn.execute("SELECT pgbroker.ack(%s, %s::text[], false)", [q, [r[1] for r in batch]])
+        assert _advance(_dsn(conn), q) > delayed
+    seq = "SELECT (pgbroker._queue_bounds(%s)).seq"
+    ready_again = sql.SQL(
+        "SELECT pgmq.set_vt(%s, %s, (SELECT enqueued_at FROM pgmq.{} WHERE msg_id = %s))"
+    ).format(sql.Identifier(f"q_{q}"))
+    with (
+        psycopg.connect(_dsn(conn)) as advancer,  # not autocommit: the advance stays open
+        psycopg.connect(_dsn(conn), autocommit=True) as lowerer,
+    ):
+        before = conn.execute(seq, [q]).fetchone()
+        advancer.execute("SELECT pgbroker._advance_head(%s, %s)", [q, f"q_{q}"])
+        assert advancer.execute(seq, [q]).fetchone() != before, "the advance wrote no bounds"
+        lowered = threading.Thread(target=lowerer.execute, args=(ready_again, [q, delayed, delayed]))
+        lowered.start()
+        waits = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+        deadline = time.monotonic() + 30
+        while conn.execute(waits, [lowerer.info.backend_pid]).fetchone() != ("Lock",):
+            assert time.monotonic() < deadline, "the lowering did not wait for the advance"
+            time.sleep(0.01)
+        advancer.commit()
+        lowered.join(30)
+        assert not lowered.is_alive()
     assert [r[0] for r in _read(conn, q, 10)] == [delayed]

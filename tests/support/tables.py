@@ -92,12 +92,14 @@ def jsonb_array(values: list[Any]) -> list[str]:
 
 def advance_head(dsn: str, queue: str, times: int = 3) -> dict[str, Any]:
     """Advance queue's read bounds ``times`` times (pgbroker._advance_head, each call in a
-    transaction of its own, on a connection of its own); return its pgbroker.queue_head row."""
+    transaction of its own, on a connection of its own); return its bounds, the newest row of
+    pgbroker.queue_head."""
     with psycopg.connect(dsn, autocommit=True) as other:
         for _ in range(times):
             other.execute("SELECT pgbroker._advance_head(%s, %s)", [queue, f"q_{queue.lower()}"])
-        cur = other.execute("SELECT * FROM pgbroker.queue_head WHERE queue_name = %s", [queue])
+        cur = other.execute("SELECT * FROM pgbroker._queue_bounds(%s)", [queue])
         row = cur.fetchone()
-        assert row is not None, f"queue {queue!r} has no queue_head row"
+        assert row is not None
+        assert row[0] is not None, f"queue {queue!r} has no queue_head row"
         assert cur.description is not None
         return dict(zip([c.name for c in cur.description], row, strict=True))

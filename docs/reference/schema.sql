@@ -4487,10 +4487,16 @@ BEGIN
         RETURN NULL;  -- no such stream
     END IF;
     -- L first, then the writers: the order the argument needs. One look at the
-    -- writers serves both steps (pg_locks costs a scan of the lock table).
+    -- writers serves both steps (pg_locks costs a scan of the lock table), and
+    -- none when no transaction writes the log now: then every id up to L is
+    -- settled, the candidate's too (it is at most L), and L is safe at once.
     last_id := pg_sequence_last_value(format('pgbroker.%I', 's_' || stream_name || '_seq')::regclass);
-    IF w.candidate_id IS NULL AND NOT last_id > w.safe_id THEN
+    IF w.candidate_id IS NULL AND (last_id IS NULL OR last_id <= w.safe_id) THEN
         RETURN w.safe_id;  -- nothing drawn beyond it (NULL: nothing drawn at all)
+    END IF;
+    IF pgbroker._stream_unwritten(stream_name) THEN
+        PERFORM pgbroker._stream_watermark_append(w.stream_name, last_id, NULL, NULL);
+        RETURN last_id;
     END IF;
     writers := pgbroker._stream_writers(stream_name);
     -- Step 2 of the previous candidate: have its writers all ended?
@@ -4638,6 +4644,24 @@ BEGIN
         PERFORM pg_advisory_xact_lock(hashtext('pgbroker.stream:' || stored_name));
         PERFORM FROM pgbroker.stream t WHERE t.stream_name = stored_name FOR NO KEY UPDATE;
     END IF;
+END;
+$$;
+
+--
+-- Name: _stream_unwritten(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_unwritten(stream_name text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    EXECUTE format('LOCK TABLE ONLY pgbroker.%I IN SHARE MODE NOWAIT', 's_' || stream_name);
+    RAISE SQLSTATE 'PBPRB';  -- (caught below: the lock goes with the subtransaction)
+EXCEPTION
+    WHEN SQLSTATE 'PBPRB' THEN
+        RETURN true;
+    WHEN lock_not_available OR insufficient_privilege THEN
+        RETURN false;
 END;
 $$;
 

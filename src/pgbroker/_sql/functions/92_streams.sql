@@ -55,6 +55,12 @@
 -- elsewhere in the database does not hold the stream back (unlike a bound on
 -- the snapshot's xmin), and a producer held open for minutes delays the
 -- stream's readers by that long but makes them skip nothing.
+-- Before pg_locks (a scan of the whole lock table, dearer with every lock of
+-- the cluster), a probe: a SHARE lock on the log table tried without waiting
+-- and given back at once (pgbroker._stream_unwritten). Had, it says that no
+-- transaction holds ROW EXCLUSIVE on the log at that moment, after L was
+-- read: every id <= L is settled, the candidate's with them, and L is safe at
+-- once. Only when a writer is at work do the two steps above run.
 -- A read in READ COMMITTED takes a new snapshot per statement, so the rows
 -- at or below safe_id are all visible to the statement that reads them.
 -- Reads in REPEATABLE READ or SERIALIZABLE are refused (their snapshot is
@@ -529,6 +535,26 @@ RETURNS text[] LANGUAGE sql STABLE AS $$
     SELECT pgbroker._writers(ARRAY[format('pgbroker.%I', 's_' || stream_name)::regclass::oid]);
 $$;
 
+-- Whether no transaction but this one writes the stream's log now: a SHARE
+-- lock on the log table (ONLY: the partitioned parent, which every INSERT
+-- into the log holds ROW EXCLUSIVE on), tried without waiting and given back
+-- at once (the subtransaction is rolled back). Writers arriving meanwhile wait
+-- for microseconds. Cheaper than pg_locks, which scans the whole lock table:
+-- 90 idle sessions holding 30 locks each doubled a consumer's read (1.0 -> 2.1
+-- ms). False when it cannot tell (a writer, a lock queued, no right to lock).
+CREATE OR REPLACE FUNCTION pgbroker._stream_unwritten(stream_name text)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('LOCK TABLE ONLY pgbroker.%I IN SHARE MODE NOWAIT', 's_' || stream_name);
+    RAISE SQLSTATE 'PBPRB';  -- (caught below: the lock goes with the subtransaction)
+EXCEPTION
+    WHEN SQLSTATE 'PBPRB' THEN
+        RETURN true;
+    WHEN lock_not_available OR insufficient_privilege THEN
+        RETURN false;
+END;
+$$;
+
 -- The child table of the ring (positions and watermarks, see "Positions") a
 -- row with this seq goes to. (A SQL function, inlined where it is called.)
 CREATE OR REPLACE FUNCTION pgbroker._stream_ring_slot(seq bigint)
@@ -596,10 +622,16 @@ BEGIN
         RETURN NULL;  -- no such stream
     END IF;
     -- L first, then the writers: the order the argument needs. One look at the
-    -- writers serves both steps (pg_locks costs a scan of the lock table).
+    -- writers serves both steps (pg_locks costs a scan of the lock table), and
+    -- none when no transaction writes the log now: then every id up to L is
+    -- settled, the candidate's too (it is at most L), and L is safe at once.
     last_id := pg_sequence_last_value(format('pgbroker.%I', 's_' || stream_name || '_seq')::regclass);
-    IF w.candidate_id IS NULL AND NOT last_id > w.safe_id THEN
+    IF w.candidate_id IS NULL AND (last_id IS NULL OR last_id <= w.safe_id) THEN
         RETURN w.safe_id;  -- nothing drawn beyond it (NULL: nothing drawn at all)
+    END IF;
+    IF pgbroker._stream_unwritten(stream_name) THEN
+        PERFORM pgbroker._stream_watermark_append(w.stream_name, last_id, NULL, NULL);
+        RETURN last_id;
     END IF;
     writers := pgbroker._stream_writers(stream_name);
     -- Step 2 of the previous candidate: have its writers all ended?

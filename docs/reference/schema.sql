@@ -150,7 +150,7 @@ BEGIN
     IF before.seq IS NULL THEN
         -- The first row, made once: creators take turns on the queue's row of pgmq.meta.
         PERFORM FROM pgmq.meta m WHERE m.queue_name = stored_name FOR NO KEY UPDATE SKIP LOCKED;
-        IF FOUND AND NOT EXISTS (SELECT FROM pgbroker.queue_head qh WHERE qh.queue_name = stored_name) THEN
+        IF FOUND AND (pgbroker._queue_bounds(stored_name)).seq IS NULL THEN
             INSERT INTO pgbroker.queue_head (queue_name, ready_from) VALUES (stored_name, 0);
         END IF;
         RETURN;  -- the lock took an id: the next advance records the candidates

@@ -5,10 +5,7 @@
 -- A queue's read bounds, insert-only: an advance appends a row and removes
 -- the one it replaced, and the bounds are the queue's row with the highest
 -- seq, found by an index walk backwards (functions/50_reads.sql, "Where reads
--- start"). An UPDATE left a version of the one row behind at every advance,
--- which a transaction holding back the xmin horizon keeps, and every read
--- walked them all (30,000 versions, about nine hours held: 0.7 -> 1.9 ms a
--- read and delete); the walk backwards meets the newest row first.
+-- start", says why: an UPDATE left versions that a held horizon keeps).
 CREATE SEQUENCE pgbroker.queue_head_seq;
 CREATE TABLE pgbroker.queue_head (
     queue_name varchar NOT NULL

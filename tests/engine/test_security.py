@@ -345,6 +345,35 @@ def test_a_consumer_moving_the_bounds_past_a_held_horizon_reaches_no_shadow(
     assert conn.execute(MARKER).fetchone() == (0,)
 
 
+def test_a_consumer_lowering_the_bounds_reaches_no_shadow(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn
+) -> None:
+    # set_vt lowers the queue's bounds (pgbroker._lower_head: the advancers' turn on the queue's
+    # row of pgmq.meta, then its newest row of queue_head) as the owner, under the consumer's
+    # search_path and shadows, a temporary queue_head among them.
+    (delayed,) = [r[0] for r in conn.execute("SELECT * FROM pgmq.send('plain', '{}', 3600)")]
+    conn.execute("SELECT * FROM pgmq.send('plain', '{}')")
+    conn.execute("SELECT count(*) FROM pgmq.pop('plain', 100)")
+    for _ in range(3):
+        conn.execute("SELECT pgbroker._advance_head('plain', 'q_plain')")
+    head = "SELECT (pgbroker._queue_bounds('plain')).ready_from"
+    passed = conn.execute(head).fetchone()
+    assert passed is not None
+    assert passed[0] > delayed
+    with psycopg.connect(users["consumer"], autocommit=True) as c:
+        c.execute(SHADOW)
+        read = "SELECT msg_id FROM pgmq.read('plain', 30, 10)"
+        # Ready again (a vt before it was sent): ready_from goes back to it.
+        ready_again = "SELECT count(*) FROM pgmq.set_vt('plain', %s, pg_catalog.now() - interval '1 day')"
+        assert c.execute(ready_again, [delayed]).fetchone() == (1,)
+        assert c.execute(read).fetchall() == [(delayed,)]
+        # Delivered, then given back now: timed_from is lowered to its vt.
+        given_back = "SELECT count(*) FROM pgmq.set_vt('plain', %s::bigint, 0)"
+        assert c.execute(given_back, [delayed]).fetchone() == (1,)
+        assert c.execute(read).fetchall() == [(delayed,)]
+    assert conn.execute(MARKER).fetchone() == (0,)
+
+
 # Every send of every door that takes headers, with {h} the headers of one message.
 SENDS = [
     "SELECT pgmq.send('plain', '{{}}', {h})",

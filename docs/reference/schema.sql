@@ -4188,21 +4188,21 @@ DECLARE
     delivered bigint[] := '{}';
     acked_ats timestamptz[] := '{}';
     positions bigint[] := '{}';
-    more_parts integer[];
-    more_epochs bigint[];
-    more_acked bigint[];
-    more_delivered bigint[];
-    more_acked_ats timestamptz[];
+    afters bigint[] := '{}';  -- past where each partition has nothing (a read goes on from there)
     todo integer[];
-    drained boolean[];
     remaining integer := qty;
-    after bigint;
     upto bigint;
     segment bigint;
-    n integer;
-    reached bigint;
     share integer;
-    wanted integer;
+    wanted integer[];  -- (by position, as parts) what each partition may still give this turn
+    -- The partitions one call of the read function reads, as parts' positions, and theirs.
+    sel integer[];
+    sel_parts integer[];
+    sel_afters bigint[];
+    sel_wanted integer[];
+    sel_epochs bigint[];
+    got bigint[];
+    filled boolean;  -- a partition gave all it was asked for: it may have more
     i integer;
     leaving integer[] := '{}';  -- beyond the consumer's share, in flight: not read (see _stream_balance)
     excess integer;
@@ -4227,100 +4227,104 @@ BEGIN
                          WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
                          ORDER BY c.partition DESC LIMIT excess);
     END IF;
-    -- First up to the safe id as it stands; only when that does not fill the
-    -- batch, advance it (which looks at pg_locks) and read on up to the new one.
-    -- A consumer catching up on a backlog so pays for the advance once, not per batch.
-    SELECT w.safe_id INTO safe FROM pgbroker._stream_watermark(s.stream_name) w;
-    FOR pass IN 1 .. 2 LOOP
-        IF pass = 2 THEN
-            EXIT WHEN remaining <= 0;
-            reached := safe;
-            safe := pgbroker._stream_safe_id(s.stream_name);
-            EXIT WHEN safe <= reached;
-        END IF;
-        -- Lock the consumer's cursor rows with messages to read, or acked by this call
-        -- (not the log's): a partition cannot change hands between this read and the
-        -- write of its position. Then their positions, read after the lock (see
-        -- "Positions": the last writer's is seen). A call that acks is a consumer at
-        -- work: all its rows, without looking at the positions first (one lookup
-        -- fewer); a read alone, only those behind the safe id (an idle poll locks
-        -- nothing).
-        IF pass = 1 AND cardinality(ack_partitions) > 0 THEN
-            SELECT array_agg(t.partition) INTO more_parts
-            FROM (SELECT c.partition FROM pgbroker.stream_cursor c
-                  WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-                  ORDER BY c.partition
-                  FOR UPDATE) t;
-        ELSE
-            SELECT array_agg(t.partition) INTO more_parts
-            FROM (SELECT c.partition FROM pgbroker.stream_cursor c
-                  LEFT JOIN pgbroker._stream_positions(s.stream_name, g.group_name, ARRAY(
-                      SELECT o.partition FROM pgbroker.stream_cursor o
-                      WHERE o.stream_name = s.stream_name AND o.group_name = g.group_name AND o.owner = consumer)) p
-                    ON p.partition = c.partition
-                  WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-                    AND (p.delivered_id < safe OR c.partition = ANY (ack_partitions))
-                    AND NOT c.partition = ANY (parts)
-                  ORDER BY c.partition
-                  FOR UPDATE OF c) t;
-        END IF;
-        IF more_parts IS NOT NULL THEN
-            SELECT array_agg(c.partition ORDER BY c.partition), array_agg(c.epoch ORDER BY c.partition),
-                   array_agg(p.acked_id ORDER BY c.partition), array_agg(p.delivered_id ORDER BY c.partition),
-                   array_agg(p.acked_at ORDER BY c.partition)
-            INTO more_parts, more_epochs, more_acked, more_delivered, more_acked_ats
-            FROM pgbroker.stream_cursor c
-            JOIN pgbroker._stream_positions(s.stream_name, g.group_name, more_parts) p ON p.partition = c.partition
-            WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
-              AND c.partition = ANY (more_parts);
-        END IF;
-        IF more_parts IS NOT NULL THEN
-            parts := parts || more_parts;
-            epochs := epochs || more_epochs;
-            acked := acked || more_acked;
-            delivered := delivered || more_delivered;
-            acked_ats := acked_ats || more_acked_ats;
-            positions := positions || more_delivered;
-        END IF;
-        -- The partition furthest behind (lowest position) first, so that none starves.
-        todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x
-                      WHERE positions[x] < safe AND NOT parts[x] = ANY (leaving)
-                      ORDER BY positions[x], parts[x]);
-        CONTINUE WHEN cardinality(todo) = 0;
+    -- The safe id advanced first, then one read up to it. (Reads went first up to
+    -- the safe id as it stood, and advanced it only when that did not fill the
+    -- batch: then a consumer keeping up, the usual case, walked every partition
+    -- twice a call, once for nothing. The advance is a probe of the log's lock
+    -- unless a producer is at work: a consumer catching up pays it once a batch.)
+    safe := pgbroker._stream_safe_id(s.stream_name);
+    -- Lock the consumer's cursor rows with messages to read, or acked by this call
+    -- (not the log's): a partition cannot change hands between this read and the
+    -- write of its position. Then their positions, read after the lock (see
+    -- "Positions": the last writer's is seen). A call that acks is a consumer at
+    -- work: all its rows, without looking at the positions first (one lookup
+    -- fewer); a read alone, only those behind the safe id (an idle poll locks
+    -- nothing).
+    IF cardinality(ack_partitions) > 0 THEN
+        SELECT coalesce(array_agg(t.partition), '{}') INTO parts
+        FROM (SELECT c.partition FROM pgbroker.stream_cursor c
+              WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+              ORDER BY c.partition
+              FOR UPDATE) t;
+    ELSE
+        SELECT coalesce(array_agg(t.partition), '{}') INTO parts
+        FROM (SELECT c.partition FROM pgbroker.stream_cursor c
+              JOIN pgbroker._stream_positions(s.stream_name, g.group_name, ARRAY(
+                  SELECT o.partition FROM pgbroker.stream_cursor o
+                  WHERE o.stream_name = s.stream_name AND o.group_name = g.group_name AND o.owner = consumer)) p
+                ON p.partition = c.partition
+              WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+                AND p.delivered_id < safe
+              ORDER BY c.partition
+              FOR UPDATE OF c) t;
+    END IF;
+    IF cardinality(parts) > 0 THEN  -- (a partition with no position, none should, is left alone)
+        SELECT coalesce(array_agg(c.partition ORDER BY c.partition), '{}'),
+               array_agg(c.epoch ORDER BY c.partition), array_agg(p.acked_id ORDER BY c.partition),
+               array_agg(p.delivered_id ORDER BY c.partition), array_agg(p.acked_at ORDER BY c.partition)
+        INTO parts, epochs, acked, delivered, acked_ats
+        FROM pgbroker.stream_cursor c
+        JOIN pgbroker._stream_positions(s.stream_name, g.group_name, parts) p ON p.partition = c.partition
+        WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
+          AND c.partition = ANY (parts);
+    END IF;
+    positions := delivered;
+    afters := delivered;
+    -- The partition furthest behind (lowest position) first, so that none starves.
+    todo := ARRAY(SELECT x FROM generate_subscripts(parts, 1) x
+                  WHERE afters[x] < safe AND NOT parts[x] = ANY (leaving)
+                  ORDER BY positions[x], parts[x]);
 
-        -- Across the partitions: first an even share of what is left for each, then what
-        -- some could not give, from the others in turn. (Each partition read is its cursor
-        -- row written, once with its ack: the same partitions batch after batch, a write
-        -- each. A floor on the share, fewer partitions a batch, did not write fewer: the
-        -- partitions read then take turns, and a batch writes those it acks and those it
-        -- reads.) Segment by segment: each call of the stream's read function walks one
-        -- child table (the segment's).
-        share := ceil(remaining::numeric / cardinality(todo));
-        drained := array_fill(false, ARRAY[cardinality(parts)]);
-        FOR turn IN 1 .. 2 LOOP
-            FOREACH i IN ARRAY todo LOOP
-                EXIT WHEN remaining <= 0;
-                CONTINUE WHEN drained[i];
-                wanted := CASE WHEN turn = 1 THEN least(share, remaining) ELSE remaining END;
-                after := positions[i];
-                LOOP
-                    segment := (after + 1) / s.segment_rows;
-                    upto := least(safe, (segment + 1) * s.segment_rows - 1);
-                    RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
-                                                's_' || s.stream_name || '_read')
-                        USING (segment % s.segments)::integer, parts[i], after, upto, wanted, epochs[i], g.group_name;
-                    GET DIAGNOSTICS n = ROW_COUNT;
-                    IF n > 0 THEN
-                        positions[i] := current_setting('pgbroker.stream_read_last')::bigint;
-                    END IF;
-                    remaining := remaining - n;
-                    wanted := wanted - n;
-                    drained[i] := upto >= safe AND wanted > 0;  -- nothing more up to the safe id
-                    EXIT WHEN wanted <= 0 OR upto >= safe;
-                    after := upto;  -- nothing more of this partition in that segment
-                END LOOP;
+    -- Across the partitions: first an even share of what is left for each, then what
+    -- some could not give, from the others in turn. (Each partition read is its cursor
+    -- row written, once with its ack: the same partitions batch after batch, a write
+    -- each. A floor on the share, fewer partitions a batch, did not write fewer: the
+    -- partitions read then take turns, and a batch writes those it acks and those it
+    -- reads.) Each call of the stream's read function reads every partition still
+    -- wanting rows in one segment (one child table), the lowest segment first.
+    share := ceil(remaining::numeric / greatest(cardinality(todo), 1));
+    filled := false;
+    FOR turn IN 1 .. 2 LOOP
+        EXIT WHEN turn = 2 AND NOT filled;  -- every partition gave less than its share: none has more
+        wanted := array_fill(CASE WHEN turn = 1 THEN share ELSE remaining END, ARRAY[cardinality(parts)]);
+        LOOP
+            SELECT min(t.segment), array_agg(t.x ORDER BY t.o), array_agg(parts[t.x] ORDER BY t.o),
+                   array_agg(afters[t.x] ORDER BY t.o), array_agg(wanted[t.x] ORDER BY t.o),
+                   array_agg(epochs[t.x] ORDER BY t.o)
+            INTO segment, sel, sel_parts, sel_afters, sel_wanted, sel_epochs
+            FROM (SELECT u.x, u.o, (afters[u.x] + 1) / s.segment_rows AS segment,
+                         min((afters[u.x] + 1) / s.segment_rows) OVER () AS first
+                  FROM unnest(todo) WITH ORDINALITY AS u(x, o)
+                  WHERE wanted[u.x] > 0 AND afters[u.x] < safe) t
+            WHERE t.segment = t.first;
+            EXIT WHEN segment IS NULL;
+            upto := least(safe, (segment + 1) * s.segment_rows - 1);
+            RETURN QUERY EXECUTE format('SELECT * FROM pgbroker.%I($1, $2, $3, $4, $5, $6, $7)',
+                                        's_' || s.stream_name || '_read')
+                USING (segment % s.segments)::integer, sel_parts, sel_afters, upto, sel_wanted, sel_epochs,
+                      remaining;
+            got := current_setting('pgbroker.stream_read_last')::bigint[];
+            FOR j IN 1 .. coalesce(array_length(got, 1), 0) LOOP
+                i := sel[got[j][1]];
+                positions[i] := got[j][2];
+                afters[i] := got[j][2];
+                wanted[i] := wanted[i] - got[j][3];
+                remaining := remaining - got[j][3];
             END LOOP;
+            EXIT WHEN remaining <= 0;  -- (the rows of the partitions after were not looked at)
+            -- Those that gave less than they were asked have nothing more up to upto:
+            -- the next segment, or none left up to the safe id.
+            FOREACH i IN ARRAY sel LOOP
+                IF wanted[i] > 0 THEN
+                    afters[i] := upto;
+                ELSE
+                    filled := true;
+                END IF;
+            END LOOP;
+            -- The safe id's segment, the last: every partition wanting rows was in it.
+            EXIT WHEN upto >= safe;
         END LOOP;
+        EXIT WHEN remaining <= 0;
     END LOOP;
 
     -- One position a partition that moved: the read's new position and the ack (as
@@ -4355,8 +4359,8 @@ CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream) RETURNS text
     AS $_$
     SELECT format(
         $F$
-        CREATE OR REPLACE FUNCTION pgbroker.%1$I(p_child integer, p_partition integer, p_after bigint, p_upto bigint,
-                                      p_qty integer, p_epoch bigint, p_group text)
+        CREATE OR REPLACE FUNCTION pgbroker.%1$I(p_child integer, p_parts integer[], p_afters bigint[],
+                                      p_upto bigint, p_wanted integer[], p_epochs bigint[], p_qty integer)
         RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                        headers jsonb, message jsonb)
         LANGUAGE plpgsql AS $B$
@@ -4370,15 +4374,21 @@ CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream) RETURNS text
             $R$%1$s p_child = %2$s THEN
                 RETURN QUERY
                 WITH r AS (
-                    SELECT l.partition, l.id, p_epoch, l.key, l.enqueued_at, l.headers, l.message
-                    FROM pgbroker.%3$I l
-                    WHERE l.partition = p_partition AND l.id > p_after AND l.id <= p_upto
-                    ORDER BY l.id LIMIT p_qty
+                    SELECT u.n, l.partition, l.id, u.epoch, l.key, l.enqueued_at, l.headers, l.message
+                    FROM unnest(p_parts, p_afters, p_wanted, p_epochs) WITH ORDINALITY
+                         AS u(partition, after, wanted, epoch, n)
+                    CROSS JOIN LATERAL (
+                        SELECT * FROM pgbroker.%3$I x
+                        WHERE x.partition = u.partition AND x.id > u.after AND x.id <= p_upto
+                        ORDER BY x.id LIMIT u.wanted) l
+                    LIMIT p_qty
                 )
                 -- (a one-time filter, run before the rows are returned, in order, from r)
-                SELECT * FROM r
-                WHERE (SELECT set_config('pgbroker.stream_read_last', coalesce(max(x.id), 0)::text, true)
-                       FROM r x) IS NOT NULL;
+                SELECT r.partition, r.id, r.epoch, r.key, r.enqueued_at, r.headers, r.message FROM r
+                WHERE (SELECT set_config('pgbroker.stream_read_last',
+                                         coalesce(array_agg(ARRAY[x.n, x.last_id, x.rows])::text, '{}'), true)
+                       FROM (SELECT r.n, max(r.id) AS last_id, count(*) AS rows FROM r GROUP BY r.n) x)
+                      IS NOT NULL;
             $R$, CASE WHEN c = 0 THEN 'IF' ELSE 'ELSIF' END, c, 's_' || s.stream_name || '_' || c),
             '' ORDER BY c))
     FROM generate_series(0, s.segments - 1) c;

@@ -6,6 +6,8 @@ policy, retention truncates child tables and leaves no dead tuple."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import random
 import threading
 import time
 from typing import Any
@@ -392,6 +394,34 @@ def test_a_batch_is_filled_from_every_partition_in_order(conn: Conn) -> None:
     rest = read_by_partition(130)
     assert rest == {p: by_partition[p][175:] + (keyed if p == fuller else []) for p in range(4)}
     assert read(conn, "clicks", "g", "c").rows == []
+
+
+def test_batches_across_segments_are_full_and_in_order_in_every_partition(conn: Conn) -> None:
+    """A read goes on into the next segment, partition by partition. With keys sent in uneven runs
+    the partitions stand in different segments; every batch still holds what there is up to its
+    size, and each partition's ids come once, in order."""
+    make_stream(conn, partitions=3, segment_rows=100, segments=3)
+    make_group(conn, "g")
+    pick = random.Random(7)
+    keys = ["a"] * 6 + ["b"] * 2 + ["c"] + [None]
+    sizes = itertools.cycle([7, 50, 13, 100, 1, 31, 64])
+    sent: list[int] = []
+    seen: list[int] = []
+    last: dict[int, int] = {}
+    for _ in range(12):
+        sent += send(conn, "clicks", [{}] * 97, keys=[pick.choice(keys) for _ in range(97)])
+        for _ in range(3):
+            qty = next(sizes)
+            batch = read(conn, "clicks", "g", "c", qty=qty)
+            assert len(batch.rows) == min(qty, len(sent) - len(seen))
+            for partition, msg_id, *_ in batch.rows:
+                assert msg_id > last.get(partition, 0)
+                last[partition] = msg_id
+            seen += batch.ids
+            ack(conn, "clicks", "g", "c", batch)
+        conn.execute("SELECT pgbroker.maintain_stream('clicks')")
+    seen += drain(conn, "clicks", "g", "c", qty=45)
+    assert sorted(seen) == sent
 
 
 def test_a_consumer_whose_sessions_ended_loses_its_partitions_at_once(dsn: str, conn: Conn) -> None:

@@ -80,3 +80,26 @@ def test_a_consumer_keeping_up_does_not_scan_the_lock_table(conn: Conn) -> None:
         assert sorted(r[0] for r in plans.rows) == sorted(r[0] for r in sent)
         scans = [p.text for p in plans.nested if "pg_locks" in p.text or "pgbroker._writers(" in p.text]
         assert not scans, scans
+
+
+def test_a_read_walks_every_partition_of_a_segment_in_one_statement(conn: Conn) -> None:
+    """The read of a batch called the stream's read function once a partition (35-40 us a call,
+    most of it the call itself): 8 calls for a batch from 8 partitions. It now reads every
+    partition of the segment in one statement, an index walk each, an even share each."""
+    conn.execute("SELECT pgbroker.create_stream('wide', 8)")
+    conn.execute("SELECT pgbroker.create_stream_group('wide', 'g', 'start')")
+    conn.execute(
+        "SELECT count(*) FROM pgbroker.stream_send_many('wide', array_fill('{}'::jsonb, ARRAY[800]))"
+    )
+    capture = PlanCapture(conn)
+    assert capture.enable(), "auto_explain needs a superuser session"
+    plans = capture.call("SELECT partition, id FROM pgbroker.stream_read('wide', 'g', 'c', 400)", [])
+    by_partition: dict[int, list[int]] = {}
+    for partition, msg_id in plans.rows:
+        by_partition.setdefault(partition, []).append(msg_id)
+    assert {p: len(ids) for p, ids in by_partition.items()} == {p: 50 for p in range(8)}
+    assert all(ids == sorted(ids) for ids in by_partition.values())
+    reads = [p for p in plans.nested if "pgbroker.s_wide_" in p.text and "WITH r AS" in p.text]
+    assert len(reads) == 1, [p.text[:120] for p in reads]
+    nodes = set(reads[0].node_types)
+    assert not {"Seq Scan", "Bitmap Heap Scan", "Sort"} & nodes, nodes

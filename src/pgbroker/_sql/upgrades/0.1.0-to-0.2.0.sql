@@ -162,3 +162,16 @@ ALTER TABLE pgbroker.queue_head DROP CONSTRAINT queue_head_pkey,
     ADD COLUMN seq bigint NOT NULL DEFAULT nextval('pgbroker.queue_head_seq'),
     RESET (fillfactor);
 ALTER TABLE pgbroker.queue_head ADD PRIMARY KEY (queue_name, seq);
+
+-- A stream's read function reads every partition of a segment in one call
+-- (functions/92_streams.sql): its arguments are arrays now.
+DO $$
+DECLARE
+    s record;
+BEGIN
+    FOR s IN SELECT stream_name FROM pgbroker.stream LOOP
+        EXECUTE format('DROP FUNCTION IF EXISTS pgbroker.%I(integer, integer, bigint, bigint, integer, bigint, text)',
+                       's_' || s.stream_name || '_read');
+    END LOOP;
+END;
+$$;

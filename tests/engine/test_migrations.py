@@ -417,6 +417,26 @@ def test_a_development_database_upgraded_in_one_go_gives_the_schema_of_a_new_ins
     assert_same_catalog(upgraded_catalog, fresh_catalog)
 
 
+def test_an_upgraded_stream_has_only_the_read_function_of_this_release(empty_dsn: str) -> None:
+    """Each stream has its own read function, made from a template; 0.2.0 changed its arguments
+    (every partition of a segment in one call), and CREATE OR REPLACE with new arguments makes a
+    second function beside the first: drop_stream, which drops it by name, then failed."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install_dev(conn)
+        conn.execute("SELECT pgbroker.create_stream('clicks', 2)")
+        conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
+        conn.execute("SELECT pgbroker.stream_send('clicks', '{\"n\": 1}')")
+        install(conn)
+        reads = conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE proname = 's_clicks_read'"
+            " AND pronamespace = 'pgbroker'::regnamespace"
+        ).fetchone()
+        assert reads == (1,)
+        rows = conn.execute("SELECT message FROM pgbroker.stream_read('clicks', 'g', 'c')").fetchall()
+        assert rows == [({"n": 1},)]
+        assert conn.execute("SELECT pgbroker.drop_stream('clicks')").fetchone() == (True,)
+
+
 def test_a_development_database_keeps_pg_monitor_reading_payloads_when_it_was_allowed(empty_dsn: str) -> None:
     """Before 0025 pg_monitor read every queue table, and the upgrade takes that back (the catalog
     comparisons above); after it, reading them is an operator's choice, which the upgrade keeps."""

@@ -109,6 +109,8 @@ def receipt_of(item: Receivable) -> Receipt:
     raise InvalidArgument(f"expected a Receipt, Message or receipt text, got {type(item).__name__}")
 
 
-def receipt_texts(items: Iterable[Receivable]) -> list[str]:
-    """The text of each item's receipt, for a batch operation."""
-    return [str(receipt_of(item)) for item in batch(items, "items")]
+def receipt_texts(items: Iterable[Receivable]) -> str:
+    """The items' receipts for a batch operation, as one text, comma-separated (a receipt holds
+    none), which the statements split with string_to_array: psycopg dumps a list element by
+    element in Python, 90 us for 64 receipts, and a string at once."""
+    return ",".join(str(receipt_of(item)) for item in batch(items, "items"))

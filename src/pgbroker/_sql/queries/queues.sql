@@ -71,7 +71,7 @@ SELECT * FROM pgbroker.read(%(queue)s, %(vt)s::integer, %(qty)s::integer, %(cond
 SELECT CASE WHEN r.n IS NULL OR r.n = 1 THEN a.acked END,
        r.msg_id, r.read_ct, r.enqueued_at, r.last_read_at, r.vt, r.message, r.headers, r.receipt
 FROM (SELECT coalesce(array_agg(c.msg_id), '{}') AS acked
-      FROM pgbroker.complete(%(queue)s, %(receipts)s::text[]) AS c(msg_id)) AS a
+      FROM pgbroker.complete(%(queue)s, string_to_array(%(receipts)s::text, ',')) AS c(msg_id)) AS a
 LEFT JOIN LATERAL pgbroker.read(%(queue)s, %(vt)s::integer,
                                 %(qty)s::integer + 0 * cardinality(a.acked), %(conditional)s::jsonb)
     WITH ORDINALITY AS r(msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers, receipt, n)
@@ -91,7 +91,7 @@ FROM (SELECT (SELECT a FROM pgbroker.ack(%(queue)s, ARRAY[%(receipt)s::text], %(
 
 -- name: message_ack_many
 -- Ack a batch of receipts.
-SELECT * FROM pgbroker.ack(%(queue)s, %(receipts)s::text[], %(archive)s::boolean)
+SELECT * FROM pgbroker.ack(%(queue)s, string_to_array(%(receipts)s::text, ','), %(archive)s::boolean)
 
 -- name: message_nack
 -- Nack one receipt, making the message visible again after a delay.
@@ -100,7 +100,7 @@ FROM (SELECT (SELECT n FROM pgbroker.nack(%(queue)s, ARRAY[%(receipt)s::text], %
 
 -- name: message_nack_many
 -- Nack a batch of receipts.
-SELECT * FROM pgbroker.nack(%(queue)s, %(receipts)s::text[], %(delay)s::integer)
+SELECT * FROM pgbroker.nack(%(queue)s, string_to_array(%(receipts)s::text, ','), %(delay)s::integer)
 
 -- name: message_extend
 -- Extend one receipt's visibility timeout.
@@ -110,7 +110,8 @@ FROM (SELECT (SELECT e.receipt FROM pgbroker.extend(%(queue)s, ARRAY[%(receipt)s
 
 -- name: message_extend_many
 -- Extend a batch of receipts' visibility timeouts.
-SELECT msg_id, receipt FROM pgbroker.extend(%(queue)s, %(receipts)s::text[], %(vt)s::integer)
+SELECT msg_id, receipt
+FROM pgbroker.extend(%(queue)s, string_to_array(%(receipts)s::text, ','), %(vt)s::integer)
 
 -- name: message_archive_many
 -- Archive messages by id.
@@ -136,7 +137,7 @@ WHERE NOT EXISTS (SELECT 1 FROM pgmq.notify_insert_throttle t
 
 -- name: message_complete_many
 -- Complete a batch of receipts by the queue's policy (archive or delete).
-SELECT * FROM pgbroker.complete(%(queue)s, %(receipts)s::text[])
+SELECT * FROM pgbroker.complete(%(queue)s, string_to_array(%(receipts)s::text, ','))
 
 -- name: message_fail
 -- Fail one receipt: retry with backoff or dead-letter it.
@@ -220,12 +221,13 @@ SELECT pgbroker.trim_dedup_keys(%(queue)s, %(batch_size)s::integer)
 
 -- name: message_fail_many
 -- Fail a batch of receipts with the error and traceback (the caller's max deliveries if no policy).
-SELECT msg_id, outcome FROM pgbroker.fail(%(queue)s, %(receipts)s::text[], %(error)s::text, %(traceback)s::text,
-                                          %(default_max_deliveries)s::integer)
+SELECT msg_id, outcome
+FROM pgbroker.fail(%(queue)s, string_to_array(%(receipts)s::text, ','), %(error)s::text, %(traceback)s::text,
+                   %(default_max_deliveries)s::integer)
 
 -- name: message_ack_published_many
 -- Ack the receipts of messages a bridge has published.
-SELECT * FROM pgbroker.ack_published(%(queue)s, %(receipts)s::text[], %(published)s::jsonb[])
+SELECT * FROM pgbroker.ack_published(%(queue)s, string_to_array(%(receipts)s::text, ','), %(published)s::jsonb[])
 
 -- name: message_receive_many
 -- Send messages received by a bridge, skipping ones already seen.

@@ -1478,6 +1478,19 @@ CREATE FUNCTION pgbroker._insert_channel(stored_name text) RETURNS text
 $$;
 
 --
+-- Name: _jsonb_array(jsonb, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._jsonb_array(elements jsonb, null_is_missing boolean DEFAULT false) RETURNS jsonb[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN elements IS NOT NULL THEN
+        ARRAY(SELECT CASE WHEN null_is_missing AND t.e = 'null'::jsonb THEN NULL ELSE t.e END
+              FROM jsonb_array_elements(elements) WITH ORDINALITY AS t(e, n) ORDER BY t.n)
+    END;
+$$;
+
+--
 -- Name: schedules; Type: TABLE; Schema: pgbroker; Owner: -
 --
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias
 
@@ -38,6 +38,16 @@ def headers_object(headers: Mapping[str, Any] | None) -> str | None:
     if not isinstance(headers, Mapping):
         raise InvalidMessage(f"headers must be a mapping, got {type(headers).__name__}")
     return encode_json(dict(headers), "headers")
+
+
+def json_array(texts: Sequence[str | None] | None) -> str | None:
+    """JSON texts (None: JSON null) as one JSON array, the one parameter a batch of messages or
+    of their headers travels in (pgbroker._jsonb_array, 30_sends.sql, makes the jsonb[] again):
+    psycopg writes a list parameter element by element in Python, 6 us a message of a batch of
+    500, and a string at once."""
+    if texts is None:
+        return None
+    return "[" + ",".join("null" if t is None else t for t in texts) + "]"
 
 
 def mapping(value: Any, what: str) -> Mapping[str, Any]:

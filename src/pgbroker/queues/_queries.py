@@ -131,7 +131,11 @@ def message_send_many(
                 f"headers has {len(encoded_headers)} entries for {len(encoded)} messages",
                 hint="Give one headers mapping (or None) per message, or no headers at all.",
             )
-    params: dict[str, Any] = {"queue": queue, "messages": encoded, "headers": encoded_headers}
+    params: dict[str, Any] = {
+        "queue": queue,
+        "messages": arg.json_array(encoded),
+        "headers": arg.json_array(encoded_headers),
+    }
     if idempotency_key is not None:
         if isinstance(delay, datetime):
             raise InvalidArgument(
@@ -545,8 +549,8 @@ def message_receive_many(
     params = {
         "queue": queue,
         "message_ids": list(message_ids),
-        "messages": [arg.encode_json(m) for m in messages],
-        "headers": [arg.headers_object(h) for h in headers],
+        "messages": arg.json_array([arg.encode_json(m) for m in messages]),
+        "headers": arg.json_array([arg.headers_object(h) for h in headers]),
         "seen_within": arg.duration(seen_within, "seen_within"),
     }
     return Query(_named("message_receive_many"), params, lambda rows: [(r[0], r[1]) for r in rows])

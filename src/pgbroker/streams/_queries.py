@@ -10,7 +10,7 @@ from typing import Any, LiteralString
 
 from pgbroker import _sql as sql
 from pgbroker.errors import InvalidArgument
-from pgbroker.queues._arguments import duration, encode_json
+from pgbroker.queues._arguments import duration, encode_json, json_array
 from pgbroker.queues._queries import DEFAULT_TRIM_BATCH
 from pgbroker.queues._query import Query, Row
 from pgbroker.streams._records import (
@@ -105,8 +105,8 @@ def stream_send_many(
             )
     params = {
         "stream": stream,
-        "messages": encoded,
-        "headers": encoded_headers,
+        "messages": json_array(encoded),
+        "headers": json_array(encoded_headers),
         "keys": None if keys is None else list(keys),
     }
     if idempotency_key is not None:
@@ -131,8 +131,8 @@ def stream_receive_many(
     params = {
         "stream": stream,
         "message_ids": list(message_ids),
-        "messages": [encode_json(m) for m in messages],
-        "headers": [None if h is None else encode_json(dict(h), "headers") for h in headers],
+        "messages": json_array([encode_json(m) for m in messages]),
+        "headers": json_array([None if h is None else encode_json(dict(h), "headers") for h in headers]),
         "keys": list(keys),
         "seen_within": duration(seen_within, "seen_within"),
     }

@@ -24,6 +24,21 @@ BEGIN
 END;
 $$;
 
+-- A batch as the clients pass it: one JSON array whose elements are the
+-- messages (or their headers), returned as the jsonb[] the sends take, in
+-- order. One parameter: psycopg writes a list parameter element by element
+-- in Python, 6 us a message of a batch of 500 (its array literal escapes
+-- every quote), a string at once. A NULL array is NULL; with
+-- null_is_missing, a JSON null element is NULL (headers: none for that
+-- message), else it is the JSON null it is (a body may be null).
+CREATE OR REPLACE FUNCTION pgbroker._jsonb_array(elements jsonb, null_is_missing boolean DEFAULT false)
+RETURNS jsonb[] LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN elements IS NOT NULL THEN
+        ARRAY(SELECT CASE WHEN null_is_missing AND t.e = 'null'::jsonb THEN NULL ELSE t.e END
+              FROM jsonb_array_elements(elements) WITH ORDINALITY AS t(e, n) ORDER BY t.n)
+    END;
+$$;
+
 -- The limits an operator sets (pgbroker.max_message_bytes, and
 -- pgbroker.route_limit: 90_routes.sql) protect the server from its callers,
 -- so a caller's session cannot lift them: under a privilege switch (a

@@ -45,19 +45,19 @@ SELECT pgbroker.notify_channel(%(queue)s)
 
 -- name: message_send_many
 -- Send a batch of messages now.
-SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jsonb[])
+SELECT * FROM pgmq.send_batch(%(queue)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true))
 
 -- name: message_send_many_delay_seconds
 -- Send a batch of messages visible after a delay in seconds.
-SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(delay)s::integer)
+SELECT * FROM pgmq.send_batch(%(queue)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(delay)s::integer)
 
 -- name: message_send_many_delay_until
 -- Send a batch of messages visible at a timestamp.
-SELECT * FROM pgmq.send_batch(%(queue)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(delay)s::timestamptz)
+SELECT * FROM pgmq.send_batch(%(queue)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(delay)s::timestamptz)
 
 -- name: message_send_idempotent
 -- Send a batch once per idempotency key: a retry with the key gets the first msg_ids again.
-SELECT * FROM pgbroker.send_idempotent(%(queue)s, %(key)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(delay)s::integer)
+SELECT * FROM pgbroker.send_idempotent(%(queue)s, %(key)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(delay)s::integer)
 
 -- name: message_read_many
 -- Read up to n messages with receipts, hiding them for a visibility timeout.
@@ -232,7 +232,7 @@ SELECT * FROM pgbroker.ack_published(%(queue)s, string_to_array(%(receipts)s::te
 -- name: message_receive_many
 -- Send messages received by a bridge, skipping ones already seen.
 SELECT message_id, msg_id FROM pgbroker.receive_many(
-    %(queue)s, %(message_ids)s::text[], %(messages)s::jsonb[], %(headers)s::jsonb[],
+    %(queue)s, %(message_ids)s::text[], pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true),
     make_interval(secs => %(seen_within)s::double precision))
 
 -- name: inbound_seen_prune

@@ -22,11 +22,11 @@ FROM pgbroker.streams()
 
 -- name: stream_send_many
 -- Append a batch of messages to a stream.
-SELECT pgbroker.stream_send_many(%(stream)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[])
+SELECT pgbroker.stream_send_many(%(stream)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(keys)s::text[])
 
 -- name: stream_send_idempotent
 -- Append a batch once per idempotency key: a retry with the key gets the first ids again.
-SELECT * FROM pgbroker.stream_send_idempotent(%(stream)s, %(key)s, %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[])
+SELECT * FROM pgbroker.stream_send_idempotent(%(stream)s, %(key)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(keys)s::text[])
 
 -- name: stream_notify_channel
 -- The LISTEN channel a stream's appends notify on.
@@ -88,7 +88,7 @@ SELECT pgbroker.maintain_stream(%(stream)s)
 -- name: stream_receive_many
 -- Append messages received by a bridge, skipping ones already seen.
 SELECT message_id, id FROM pgbroker.stream_receive_many(
-    %(stream)s, %(message_ids)s::text[], %(messages)s::jsonb[], %(headers)s::jsonb[], %(keys)s::text[],
+    %(stream)s, %(message_ids)s::text[], pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(keys)s::text[],
     make_interval(secs => %(seen_within)s::double precision))
 
 -- name: stream_inbound_seen_prune

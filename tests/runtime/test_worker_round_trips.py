@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import Broker, Message, Worker
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._worker import _MOST_AHEAD
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until
 
@@ -140,7 +141,8 @@ def test_a_graceful_stop_handles_what_was_read_ahead(broker: Broker, dsn: str, c
     max_deliveries=1 a message given back unhandled would be dead-lettered at its next read."""
     queue = broker.create_queue("jobs")
     queue.set_policy(max_deliveries=1)
-    queue.send_many([{"n": n} for n in range(1000)])
+    total = 2 * (1 + _MOST_AHEAD)  # more than it may hold
+    queue.send_many([{"n": n} for n in range(total)])
 
     async def handle(message: Message) -> None:
         pass
@@ -150,7 +152,7 @@ def test_a_graceful_stop_handles_what_was_read_ahead(broker: Broker, dsn: str, c
 
     left = q_rows(conn, "jobs")
     assert (worker.stats.released, worker.stats.stale) == (0, 0)
-    assert worker.stats.completed + len(left) == 1000
+    assert worker.stats.completed + len(left) == total
     assert worker.stats.completed == worker.stats.received > 150  # it had read ahead, and handled it
     assert all(read_ct == 0 for _, read_ct, _, _, _ in left)  # the rest was never read
 
@@ -210,9 +212,11 @@ def test_one_slot_going_through_its_read_ahead_applies_each_message_s_own_outcom
 def test_a_read_ahead_message_whose_lease_ran_out_is_not_acked(broker: Broker, dsn: str, conn: Conn) -> None:
     """A slot stuck on a slow message while the leases of what it read ahead run out (no heartbeat):
     another consumer takes some of those over, and the worker's late outcomes for them are refused.
-    (More messages than a worker may hold: it cannot read those leases back itself meanwhile.)"""
+    (More messages than a worker may hold, its slot and the most it reads ahead: it cannot read
+    those leases back itself meanwhile.)"""
     queue = broker.create_queue("jobs")
-    sent = queue.send_many([{"n": n} for n in range(1000)])
+    total = 2 * (1 + _MOST_AHEAD)
+    sent = queue.send_many([{"n": n} for n in range(total)])
     slow_started, taken_over = threading.Event(), threading.Event()
 
     async def handle(message: Message) -> None:
@@ -233,7 +237,7 @@ def test_a_read_ahead_message_whose_lease_ran_out_is_not_acked(broker: Broker, d
         taker = pool.submit(take_over)
 
         def done() -> bool:
-            return taker.done() and len(a_rows(conn, "jobs")) == 1000 - len(taker.result())
+            return taker.done() and len(a_rows(conn, "jobs")) == total - len(taker.result())
 
         asyncio.run(run_until(dsn, [worker], done))
         taken = taker.result()

@@ -77,11 +77,34 @@ class Outbox:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """The statements that record a list of outcomes, and how to read their results back."""
+    """A list of outcomes, sorted for the statements that record them, and how to read their
+    results back."""
 
+    queue: str
     successes: list[Outcome]
     failures: dict[tuple[str, str | None], list[Outcome]]  # by error text and traceback
-    queries: list[Query[Any]]
+    #: a failure's last delivery when the queue's policy sets no limit of its own
+    max_deliveries: int | None
+
+    def queries(self) -> list[Query[Any]]:
+        """The statements, made when asked for: the worker's common case, successes and a read,
+        takes the successes' receipts into its one statement instead."""
+        queries: list[Query[Any]] = []
+        if self.successes:
+            receipts = [outcome.receipt for outcome in self.successes]
+            queries.append(q.message_complete_many(self.queue, receipts))
+        for (error, traceback), failed in self.failures.items():
+            receipts = [outcome.receipt for outcome in failed]
+            queries.append(
+                q.message_fail_many(
+                    self.queue,
+                    receipts,
+                    error=error,
+                    traceback=traceback,
+                    default_max_deliveries=self.max_deliveries,
+                )
+            )
+        return queries
 
     def results(self, found: Iterable[Any]) -> tuple[set[int], dict[int, str]]:
         """(msg_ids acked, {msg_id: 'retry' | 'dead_lettered'}) from the queries' results."""
@@ -94,21 +117,12 @@ class Batch:
 
 
 def batch_of(queue: str, outcomes: list[Outcome], max_deliveries: int | None = None) -> Batch:
-    """The statements for ``outcomes``; a failure is dead-lettered at ``max_deliveries`` when the
-    queue's policy sets no limit of its own."""
+    """``outcomes`` sorted into successes and failures by error; a failure is dead-lettered at
+    ``max_deliveries`` when the queue's policy sets no limit of its own."""
     successes = [outcome for outcome in outcomes if outcome.error is None]
     failures: dict[tuple[str, str | None], list[Outcome]] = {}
-    for outcome in outcomes:
-        if outcome.error is not None:
-            failures.setdefault((outcome.error, outcome.traceback), []).append(outcome)
-    queries: list[Query[Any]] = []
-    if successes:
-        queries.append(q.message_complete_many(queue, [outcome.receipt for outcome in successes]))
-    for (error, traceback), failed in failures.items():
-        receipts = [outcome.receipt for outcome in failed]
-        queries.append(
-            q.message_fail_many(
-                queue, receipts, error=error, traceback=traceback, default_max_deliveries=max_deliveries
-            )
-        )
-    return Batch(successes, failures, queries)
+    if len(successes) < len(outcomes):
+        for outcome in outcomes:
+            if outcome.error is not None:
+                failures.setdefault((outcome.error, outcome.traceback), []).append(outcome)
+    return Batch(queue, successes, failures, max_deliveries)

@@ -91,7 +91,9 @@ _ACK_LINGER = 0.05
 # if that is longer: a read's round trip on a loaded server (a commit's flush, say) must not
 # leave the slots waiting for it.
 _AHEAD_SECONDS = 0.05
-_MOST_AHEAD = 500
+_MOST_AHEAD = 1000
+# Most messages a read asks for, unless batch_size says otherwise.
+_READ_MOST = 500
 _READS_AHEAD = 3
 # Reads in flight at once, each on its own connection: the server serves one while the handlers
 # go through what the last one brought.
@@ -123,7 +125,7 @@ class Worker:
 
     concurrency: messages in flight at once. Fast handlers also get a read-ahead: as many more
     messages as they handle in about 50 ms, or in three reads' round trips if longer (at most
-    500, none for slow handlers), held leased until a slot frees, so that even one slot shares
+    1,000, none for slow handlers), held leased until a slot frees, so that even one slot shares
     its reads and acks among many messages and never waits for a slow read.
     batch_size: most messages per read (default: the larger of concurrency and 500); a read is
     made once half of what may be held is free, so that reads are shared. vt: lease seconds.
@@ -161,7 +163,7 @@ class Worker:
         self.handler = handler
         self.concurrency = _check_count(concurrency, "concurrency")
         self.batch_size = _check_count(
-            batch_size if batch_size is not None else max(concurrency, _MOST_AHEAD), "batch_size"
+            batch_size if batch_size is not None else max(concurrency, _READ_MOST), "batch_size"
         )
         self.vt = _check_count(vt, "vt")
         self.heartbeat = heartbeat
@@ -183,6 +185,9 @@ class Worker:
         self._ahead: deque[tuple[Message, Lease]] = deque()
         self._handler_seconds: float | None = None  # moving average of the handlers' time
         self._read_seconds = 0.0  # moving average of a read's round trip
+        # What may be held (_capacity()), sized again as the averages move (_size_capacity)
+        self._held_most = self.concurrency
+        self._handled = 0
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
         self._unavailable = False  # the last call lost its connection
@@ -406,6 +411,7 @@ class Worker:
         found = await self._exchange(broker, outcomes, qty)
         took = time.perf_counter() - started
         self._read_seconds = 0.9 * self._read_seconds + 0.1 * took if self._read_seconds else took
+        self._size_capacity()
         return found
 
     async def _exchange(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
@@ -433,7 +439,7 @@ class Worker:
                 await record_outcomes(broker.queue(self.queue), batch, set(acked), {}, self.stats)
                 read: list[Message] = found
                 return read
-            queries: list[Query[Any]] = list(batch.queries)
+            queries: list[Query[Any]] = batch.queries()
             if qty:
                 queries.append(q.message_read_many(self.queue, qty, vt=self.vt))
             results = await run_together(conn, queries, shared=broker.single_connection)
@@ -480,18 +486,24 @@ class Worker:
 
     def _capacity(self) -> int:
         """Messages that may be held: the slots, and the read-ahead the handlers' pace allows."""
+        return self._held_most
+
+    def _size_capacity(self) -> None:
+        """Size _capacity() from the handlers' pace and the reads' round trip (their averages)."""
         pace = self._handler_seconds
         if pace is None:
-            return self.concurrency
+            self._held_most = self.concurrency
+            return
         if pace <= 0:
-            return self.concurrency + _MOST_AHEAD
+            self._held_most = self.concurrency + _MOST_AHEAD
+            return
         horizon = (
             _AHEAD_SECONDS
             if pace > _AHEAD_SECONDS
             else max(_AHEAD_SECONDS, _READS_AHEAD * self._read_seconds)
         )
         ahead = min(_MOST_AHEAD, int(horizon * self.concurrency / pace))
-        return self.concurrency + ahead
+        self._held_most = self.concurrency + ahead
 
     def _room(self) -> int:
         return self._capacity() - self.in_flight - len(self._ahead)
@@ -542,6 +554,11 @@ class Worker:
         took = time.perf_counter() - started
         pace = self._handler_seconds
         self._handler_seconds = took if pace is None else 0.9 * pace + 0.1 * took
+        # Sized again every _SLOT_TURN messages (and after each read), not after each message:
+        # each one moves the average by a tenth of the way, so a few change little.
+        self._handled += 1
+        if pace is None or self._handled % _SLOT_TURN == 0:
+            self._size_capacity()
         if lease.extending is not None:  # an extend in flight finishes first: its receipt is the one to use
             await asyncio.shield(lease.extending)
         if lease.over:  # lost, or given back at shutdown

@@ -119,6 +119,7 @@ DECLARE
     r_dynamic constant boolean := r IS NULL OR NOT (p_conditional IS NULL OR p_conditional = '{}'::jsonb);
     r_queue record;
     r_name text;
+    r_head pgbroker.queue_head;
     r_from bigint;
     r_clock timestamptz;
     r_max_deliveries integer;
@@ -140,7 +141,11 @@ BEGIN
         r_mode := r_queue.read_mode;
     ELSE
         r_name := ('{orders,emails,reports}'::text[])[r];
-        r_from := pgbroker._route_ready_from(r_name);
+        IF random() < 0.0625 THEN
+            PERFORM pgbroker._advance_head(r_name, lower('q_' || r_name));
+        END IF;
+        r_head := pgbroker._queue_bounds(r_name);
+        r_from := coalesce(r_head.ready_from, 0);
         r_max_deliveries := ('{NULL,5,NULL}'::integer[])[r];
         r_mode := ('{plain,plain,paused}'::text[])[r];
     END IF;
@@ -171,8 +176,7 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_orders q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_orders
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
-                               WHERE lower(m.queue_name) = 'orders'), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce(r_head.timed_from, '-infinity'::timestamptz) 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -212,8 +216,7 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_emails q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_emails
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
-                               WHERE lower(m.queue_name) = 'emails'), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce(r_head.timed_from, '-infinity'::timestamptz) 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -254,6 +257,7 @@ DECLARE
     r_dynamic constant boolean := r IS NULL OR NOT (p_conditional IS NULL OR p_conditional = '{}'::jsonb);
     r_queue record;
     r_name text;
+    r_head pgbroker.queue_head;
     r_from bigint;
     r_clock timestamptz;
     r_max_deliveries integer;
@@ -275,7 +279,11 @@ BEGIN
         r_mode := r_queue.read_mode;
     ELSE
         r_name := ('{orders,emails,reports}'::text[])[r];
-        r_from := pgbroker._route_ready_from(r_name);
+        IF random() < 0.0625 THEN
+            PERFORM pgbroker._advance_head(r_name, lower('q_' || r_name));
+        END IF;
+        r_head := pgbroker._queue_bounds(r_name);
+        r_from := coalesce(r_head.ready_from, 0);
         r_max_deliveries := ('{NULL,5,NULL}'::integer[])[r];
         r_mode := ('{plain,plain,paused}'::text[])[r];
     END IF;
@@ -306,8 +314,7 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_orders q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_orders
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
-                               WHERE lower(m.queue_name) = 'orders'), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce(r_head.timed_from, '-infinity'::timestamptz) 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -347,8 +354,7 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_emails q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_emails
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
-                               WHERE lower(m.queue_name) = 'emails'), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce(r_head.timed_from, '-infinity'::timestamptz) 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -388,6 +394,7 @@ DECLARE
     r integer := array_position('{orders,emails,reports}'::text[], lower(p_queue_name));
     r_queue record;
     r_name text;
+    r_head pgbroker.queue_head;
     r_from bigint;
     r_clock timestamptz;
 BEGIN
@@ -403,7 +410,11 @@ BEGIN
     IF p_qty IS NULL OR p_qty < 0 THEN
         PERFORM pgbroker._pgmq_check_read_args(0, p_qty);
     END IF;
-    r_from := pgbroker._route_ready_from(r_name);
+    IF random() < 0.0625 THEN
+        PERFORM pgbroker._advance_head(r_name, lower('q_' || r_name));
+    END IF;
+    r_head := pgbroker._queue_bounds(r_name);
+    r_from := coalesce(r_head.ready_from, 0);
     IF r IS NULL THEN
         RETURN QUERY EXECUTE pgbroker._run_pop(r_name, r_from, p_qty, r_queue.read_mode);
         RETURN;
@@ -426,8 +437,7 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_orders q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_orders
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
-                               WHERE lower(m.queue_name) = 'orders'), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce(r_head.timed_from, '-infinity'::timestamptz) 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock
@@ -463,8 +473,7 @@ RETURN QUERY
             SELECT q.msg_id FROM pgmq.q_emails q
             WHERE q.msg_id = ANY (ARRAY(
                     SELECT msg_id FROM pgmq.q_emails
-                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce((SELECT (pgbroker._queue_bounds(m.queue_name)).timed_from FROM pgmq.meta m
-                               WHERE lower(m.queue_name) = 'emails'), '-infinity') 
+                    WHERE NOT (read_ct = 0 AND vt <= enqueued_at) AND vt <= r_clock AND vt >= coalesce(r_head.timed_from, '-infinity'::timestamptz) 
                     ORDER BY vt
                     LIMIT 1000))
               AND NOT (q.read_ct = 0 AND q.vt <= q.enqueued_at) AND q.vt <= r_clock

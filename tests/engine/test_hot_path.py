@@ -92,9 +92,8 @@ def test_statements_run_generic_plans_on_the_partial_indexes(conn: Conn, q: str)
     conn.execute(statement[0].encode())
     with conn.transaction():
         conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        plan = conn.execute(
-            sql.SQL("EXPLAIN EXECUTE {} (10, NULL, clock_timestamp(), 30, 0)").format(sql.Identifier(name[0]))
-        ).fetchall()
+        explain = sql.SQL("EXPLAIN EXECUTE {} (10, NULL, clock_timestamp(), 30, 0, NULL)")
+        plan = conn.execute(explain.format(sql.Identifier(name[0]))).fetchall()
     text = "\n".join(r[0] for r in plan)
     assert f"q_{q}_ready_idx" in text
     assert "msg_id >= $5" in text

@@ -261,7 +261,7 @@ def test_reads_find_the_bounds_in_one_step_whatever_a_held_horizon_keeps(
             for _ in range(2):  # each records a candidate, the second also moves the bound to it
                 plan_conn.execute(advance, [name, f"q_{name}"])
         plan_conn.execute("SELECT pgmq.send(%s, '{}')", [name])
-        row = plan_conn.execute("SELECT pgbroker._route_ready_from(%s)", [name]).fetchone()
+        row = plan_conn.execute("SELECT (pgbroker._queue_bounds(%s)).ready_from", [name]).fetchone()
         assert row is not None
         assert row[0] > 250, "the bounds did not move"
 
@@ -269,7 +269,7 @@ def test_reads_find_the_bounds_in_one_step_whatever_a_held_horizon_keeps(
         assert capture.enable(), "auto_explain needs a superuser session"
         plans = capture.call("SELECT * FROM pgmq.read(%s, 30, 1)", [name])
         assert len(plans.rows) == 1
-        # (the read's own statement, on the queue's table, finds timed_from through the same look-up;
+        # (the read's own statement, on the queue's table, takes timed_from from the same look-up;
         # an advance, one read in 16, writes the bounds: not a look-up)
         lookups = [
             p

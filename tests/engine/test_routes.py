@@ -224,3 +224,35 @@ def test_a_routed_statement_reads_only_its_own_queue(dsn: str) -> None:
             for n in ("alpha", "beta", "gamma")
         ]
         assert counts == [(0,), (0,), (0,)]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT count(*) FROM pgmq.pop('jobs', 1)",
+        "SELECT count(*) FROM pgmq.read('jobs', 30, 1)",
+        "SELECT count(*) FROM pgbroker.read('jobs', 30, 1)",
+    ],
+)
+def test_a_routed_read_looks_the_queue_s_bounds_up_once(dsn: str, call: str) -> None:
+    """Both scans of a read (the ready messages from ready_from, the timed ones from timed_from)
+    start from one look-up of the queue's bounds, made by the route: the timed scan looked them
+    up again in the statement (an InitPlan calling pgbroker._queue_bounds), a third of a one-message
+    pop's own time with its helper's call. The advance a read makes now and then looks them up
+    too, once or twice: the count allows for those."""
+    reads = 60
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT pgmq.create('jobs')")
+        conn.execute("SELECT pgmq.send_batch('jobs', array_fill('{}'::jsonb, ARRAY[%s]))", [reads])
+        conn.commit()
+        conn.execute("SET LOCAL track_functions = 'all'")
+        for _ in range(reads):
+            conn.execute(call)
+        calls: dict[str, int] = dict(
+            conn.execute(
+                "SELECT funcname, calls FROM pg_stat_xact_user_functions"
+                " WHERE schemaname = 'pgbroker' AND funcname IN ('_queue_bounds', '_advance_head')"
+            ).fetchall()
+        )
+    advances = calls.get("_advance_head", 0)
+    assert reads <= calls["_queue_bounds"] <= reads + 2 * advances

@@ -175,3 +175,7 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- The read and pop routes look the queue's bounds up themselves, once a call
+-- for both scans (functions/90_routes.sql): their helper is gone.
+DROP FUNCTION IF EXISTS pgbroker._route_ready_from(text);

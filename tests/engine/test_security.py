@@ -31,8 +31,6 @@ from tests.support.streams import ack, read, send
 from tests.support.tables import Conn
 
 KINDS = ("producer", "consumer", "monitor", "outsider")
-READ_TYPES = "integer, jsonb, timestamptz, integer, bigint"
-ACK_TYPES = "bigint[], integer[], bigint[]"
 # Every operation pgbroker._statement_name names a statement for (50_reads.sql).
 OPS = ("read", "read_c", "deliver", "deliver_c", "read_p", "read_pc", "deliver_p", "deliver_pc",
        "pop", "pop_p", "ack_a", "ack_d")  # fmt: skip
@@ -131,15 +129,27 @@ def _hostile(op: str) -> str:
     return f"WITH m AS (INSERT INTO public.marker VALUES (current_user) RETURNING 1) SELECT {columns} FROM m"  # noqa: S608
 
 
-def _types(op: str) -> str:
-    return ACK_TYPES if op.startswith("ack") else READ_TYPES
+def statement_types(owner: Conn) -> dict[str, str]:
+    """The parameter types of the engine's statement of each op (pgbroker._statement_types), read
+    by the owner: an outsider may not look into the schema."""
+    rows = owner.execute(
+        "SELECT op, array_to_string(pgbroker._statement_types(op), ', ') FROM unnest(%s::text[]) AS op",
+        [list(OPS)],
+    ).fetchall()
+    return dict(rows)
 
 
-def seed_hostile(c: Conn) -> None:
-    """Prepare a hostile statement under every name the engine could use for every queue."""
-    for name in QUEUES:
-        for op in OPS:
-            c.execute(f"PREPARE pgb_{op}_q_{name} ({_types(op)}) AS {_hostile(op)}".encode())
+def hostile_seed(types: dict[str, str]) -> Callable[[Conn], None]:
+    """Prepare a hostile statement under every name the engine could use for every queue, with the
+    parameters the engine's statement of that name takes, so that an engine that ran it would
+    run it, not fail on its arity."""
+
+    def seed(c: Conn) -> None:
+        for name in QUEUES:
+            for op in OPS:
+                c.execute(f"PREPARE pgb_{op}_q_{name} ({types[op]}) AS {_hostile(op)}".encode())
+
+    return seed
 
 
 def seed_shadowed(c: Conn) -> None:
@@ -228,7 +238,7 @@ def attack(dsn: str, seed: Callable[[Conn], None], kind: str) -> None:
 def test_statements_prepared_under_the_engines_names_never_run_as_the_owner(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn, kind: str
 ) -> None:
-    attack(users[kind], seed_hostile, kind)
+    attack(users[kind], hostile_seed(statement_types(conn)), kind)
     assert conn.execute(MARKER).fetchone() == (0,)
 
 
@@ -247,7 +257,7 @@ def test_a_statement_of_the_sessions_own_is_prepared_again_with_the_engines_text
     """With the session's own rights the dynamic path uses a prepared statement, but only its own:
     one of another text under its name is replaced (after an upgrade, or a mistake)."""
     with psycopg.connect(dsn, autocommit=True) as owner:
-        seed_hostile(owner)
+        hostile_seed(statement_types(owner))(owner)
         for call in CALLS:
             assert_real_messages(owner, call)
     assert conn.execute(MARKER).fetchone() == (0,)

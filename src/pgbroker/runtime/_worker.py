@@ -100,6 +100,9 @@ _READS_AHEAD = 3
 _READS_AT_ONCE = 2
 # Messages a slot handles one after the other before it lets the event loop run others.
 _SLOT_TURN = 32
+# Messages handled between two sizings of the capacity (_size_capacity; reads size it too): each
+# moves the handlers' average by a tenth of the way, so a few change little.
+_SIZE_EVERY = 32
 
 
 def _check_seconds(value: float, what: str, *, positive: bool = True) -> float:
@@ -554,10 +557,8 @@ class Worker:
         took = time.perf_counter() - started
         pace = self._handler_seconds
         self._handler_seconds = took if pace is None else 0.9 * pace + 0.1 * took
-        # Sized again every _SLOT_TURN messages (and after each read), not after each message:
-        # each one moves the average by a tenth of the way, so a few change little.
         self._handled += 1
-        if pace is None or self._handled % _SLOT_TURN == 0:
+        if pace is None or self._handled % _SIZE_EVERY == 0:
             self._size_capacity()
         if lease.extending is not None:  # an extend in flight finishes first: its receipt is the one to use
             await asyncio.shield(lease.extending)

@@ -12,7 +12,7 @@ with pg_stat_force_next_flush, PostgreSQL 15+), divided by the number of calls.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, LiteralString
 
@@ -39,6 +39,8 @@ class StatementPlan:
     dirtied: int
     indexes: list[str] = field(default_factory=list)
     node_types: list[str] = field(default_factory=list)
+    #: whether the server compiled the statement with JIT (its plan has a JIT section)
+    jit: bool = False
 
 
 @dataclass
@@ -85,6 +87,7 @@ def parse_plan(message: str) -> StatementPlan | None:
         dirtied=int(plan.get("Shared Dirtied Blocks", 0)),
         indexes=indexes,
         node_types=node_types,
+        jit="JIT" in doc,
     )
 
 
@@ -110,7 +113,7 @@ class PlanCapture:
             self.conn.execute(setting)
         return True
 
-    def call(self, query: LiteralString, params: Sequence[Any]) -> CallPlans:
+    def call(self, query: LiteralString, params: Sequence[Any] | Mapping[str, Any]) -> CallPlans:
         self._messages.clear()
         rows = self.conn.execute(query, params).fetchall()
         plans = [p for p in (parse_plan(m) for m in self._messages) if p is not None]

@@ -113,6 +113,7 @@ CREATE OR REPLACE FUNCTION pgbroker._route_read(p_queue_name text, p_vt integer,
  RETURNS SETOF pgmq.message_record
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     r integer := array_position('{orders,emails,reports}'::text[], lower(p_queue_name));
@@ -251,6 +252,7 @@ CREATE OR REPLACE FUNCTION pgbroker._route_deliver(p_queue_name text, p_vt integ
  RETURNS SETOF pgbroker.delivery
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     r integer := array_position('{orders,emails,reports}'::text[], lower(p_queue_name));
@@ -389,6 +391,7 @@ CREATE OR REPLACE FUNCTION pgbroker._route_pop(p_queue_name text, p_qty integer)
  RETURNS SETOF pgmq.message_record
  LANGUAGE plpgsql
  SET plan_cache_mode TO 'force_generic_plan'
+ SET jit TO 'off'
 AS $function$
 DECLARE
     r integer := array_position('{orders,emails,reports}'::text[], lower(p_queue_name));

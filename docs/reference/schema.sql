@@ -2807,6 +2807,7 @@ $_$;
 
 CREATE FUNCTION pgbroker._read_grouped(queue_name text, vt integer, qty integer, mode text) RETURNS SETOF pgmq.message_record
     LANGUAGE plpgsql
+    SET jit TO 'off'
     AS $$
 DECLARE
     qtable text := pgbroker._pgmq_table(queue_name);
@@ -3063,6 +3064,7 @@ $$;
 CREATE FUNCTION pgbroker._route_deliver(p_queue_name text, p_vt integer, p_qty integer, p_conditional jsonb) RETURNS SETOF pgbroker.delivery
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
     AS $$
 DECLARE
     r integer := array_position('{}'::text[], lower(p_queue_name));
@@ -3120,6 +3122,7 @@ $$;
 CREATE FUNCTION pgbroker._route_pop(p_queue_name text, p_qty integer) RETURNS SETOF pgmq.message_record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
     AS $$
 DECLARE
     r integer := array_position('{}'::text[], lower(p_queue_name));
@@ -3162,6 +3165,7 @@ $$;
 CREATE FUNCTION pgbroker._route_read(p_queue_name text, p_vt integer, p_qty integer, p_conditional jsonb) RETURNS SETOF pgmq.message_record
     LANGUAGE plpgsql
     SET plan_cache_mode TO 'force_generic_plan'
+    SET jit TO 'off'
     AS $$
 DECLARE
     r integer := array_position('{}'::text[], lower(p_queue_name));

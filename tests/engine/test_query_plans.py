@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
@@ -282,3 +282,99 @@ def test_reads_find_the_bounds_in_one_step_whatever_a_held_horizon_keeps(
         worst = max(lookups, key=lambda p: p.buffers)
         assert worst.buffers <= HEAD_BOUND, f"a look-up of the bounds touched {worst.buffers}: {worst.text}"
         pin.rollback()
+
+
+#: What the planner is told a queue of the JIT test holds. A generic plan of a read guesses a tenth
+#: of the table for LIMIT $n, so its cost grows with the backlog: about 16,000 at 1.5 million
+#: messages, past jit_above_cost (100,000 by default) from about 10 million.
+TOLD_ROWS = 100_000_000
+
+#: Every hot call of a queue (%(q)s its name), each on a queue the planner believes huge.
+JIT_CALLS: tuple[tuple[str, LiteralString], ...] = (
+    ("send", "SELECT * FROM pgmq.send(%(q)s, '{\"n\": 0}')"),
+    ("send_batch", "SELECT * FROM pgmq.send_batch(%(q)s, ARRAY['{}', '{}']::jsonb[])"),
+    ("read", "SELECT * FROM pgmq.read(%(q)s, 30, 10)"),
+    ("read, conditional", "SELECT * FROM pgmq.read(%(q)s, 30, 10, '{\"n\": 7}')"),
+    ("read_with_poll", "SELECT * FROM pgmq.read_with_poll(%(q)s, 30, 10, 1, 10)"),
+    ("pop", "SELECT * FROM pgmq.pop(%(q)s, 2)"),
+    ("delete", "SELECT * FROM pgmq.delete(%(q)s, ARRAY(SELECT msg_id FROM pgmq.read(%(q)s, 30, 2)))"),
+    ("archive", "SELECT * FROM pgmq.archive(%(q)s, ARRAY(SELECT msg_id FROM pgmq.read(%(q)s, 30, 2)))"),
+    ("set_vt", "SELECT * FROM pgmq.set_vt(%(q)s, ARRAY(SELECT msg_id FROM pgmq.read(%(q)s, 30, 2)), 0)"),
+    ("pgbroker.read", "SELECT * FROM pgbroker.read(%(q)s, 30, 10)"),
+    (
+        "pgbroker.ack",
+        "SELECT * FROM pgbroker.ack(%(q)s, ARRAY(SELECT receipt FROM pgbroker.read(%(q)s, 30, 2)), false)",
+    ),
+    (
+        "pgbroker.nack",
+        "SELECT * FROM pgbroker.nack(%(q)s, ARRAY(SELECT receipt FROM pgbroker.read(%(q)s, 30, 2)))",
+    ),
+    (
+        "pgbroker.extend",
+        "SELECT * FROM pgbroker.extend(%(q)s, ARRAY(SELECT receipt FROM pgbroker.read(%(q)s, 30, 2)), 60)",
+    ),
+    (
+        "pgbroker.fail",
+        "SELECT * FROM pgbroker.fail(%(q)s, ARRAY(SELECT receipt FROM pgbroker.read(%(q)s, 30, 2)), 'x')",
+    ),
+    ("read_grouped", "SELECT * FROM pgmq.read_grouped(%(q)s, 30, 10)"),
+    ("read_grouped_rr", "SELECT * FROM pgmq.read_grouped_rr(%(q)s, 30, 10)"),
+    ("read_grouped_head", "SELECT * FROM pgmq.read_grouped_head(%(q)s, 30, 10)"),
+    ("peek", "SELECT * FROM pgbroker.peek(%(q)s)"),
+    (
+        "pgbroker.consume",
+        "SELECT * FROM pgbroker.consume(%(q)s, 30, 10,"
+        " ARRAY(SELECT receipt FROM pgbroker.read(%(q)s, 30, 2)), false)",
+    ),
+)
+
+#: The queue kinds whose reads take different statements: plain, by priority, limited (max in
+#: flight), and dead-lettering (max_deliveries).
+JIT_QUEUES: tuple[tuple[str, LiteralString], ...] = (
+    ("plan_jit_plain", ""),
+    ("plan_jit_priority", ", priorities => true"),
+    ("plan_jit_limited", ", max_in_flight => 1000"),
+    ("plan_jit_dead_letter", ", max_deliveries => 5"),
+)
+
+
+def _tell_the_planner_it_is_huge(conn: Conn, name: str, policy: LiteralString) -> None:
+    table = sql.Identifier(f"q_{name}")
+    conn.execute("SELECT pgmq.create(%s)", [name])
+    if policy:
+        conn.execute(sql.SQL("SELECT pgbroker.set_policy(%s" + policy + ")"), [name])
+    conn.execute(sql.SQL("ALTER TABLE pgmq.{} SET (autovacuum_enabled = off)").format(table))
+    fill = (
+        "INSERT INTO pgmq.{} (vt, message)"
+        " SELECT now(), jsonb_build_object('n', g) FROM generate_series(1, 2000) g"
+    )
+    conn.execute(sql.SQL(fill).format(table))
+    conn.execute(sql.SQL("VACUUM ANALYZE pgmq.{}").format(table))
+    # The planner scales reltuples to the table's current size: a density as of a huge backlog.
+    conn.execute(
+        "UPDATE pg_class SET reltuples = %s WHERE oid = %s::regclass"
+        " OR oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass)",
+        [TOLD_ROWS, f"pgmq.q_{name}", f"pgmq.q_{name}"],
+    )
+
+
+def test_no_hot_call_compiles_its_statements_however_large_the_backlog(plan_conn: Conn) -> None:
+    """A generic plan's cost grows with the table, and past jit_above_cost the server compiles the
+    statement with LLVM at every execution (JIT code is not kept with a cached plan): 11-15 ms a
+    pop of one message where it takes 0.2, from about ten million messages waiting. pgmq plans
+    with its LIMIT known, so it never got there; a queue with a large backlog must not fall off
+    this cliff, whatever its kind."""
+    available = plan_conn.execute("SELECT pg_jit_available()").fetchone()
+    if not (available and available[0]):
+        pytest.skip("this server has no JIT provider: nothing to compile")
+    plan_conn.execute("RESET plan_cache_mode")  # as a client's session runs
+    capture = PlanCapture(plan_conn)
+    assert capture.enable(), "auto_explain needs a superuser session"
+    compiled = []
+    for name, policy in JIT_QUEUES:
+        _tell_the_planner_it_is_huge(plan_conn, name, policy)
+        for label, call in JIT_CALLS:
+            plans = capture.call(call, {"q": name})
+            statements = [plans.top, *plans.nested]
+            compiled += [f"{name}: {label}: {p.text.strip()[:80]}" for p in statements if p.jit]
+    assert not compiled, "statements compiled with JIT:\n" + "\n".join(compiled)

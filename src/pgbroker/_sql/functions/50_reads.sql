@@ -32,6 +32,12 @@
 --     every call. The generic plans are the custom ones (ready and timed
 --     index scans, primary-key probes): tests/engine/test_query_plans.py
 --     checks them.
+--   * The reads run with jit = off. A generic plan's cost grows with the
+--     table (a tenth of it for LIMIT $n): past jit_above_cost, from about
+--     ten million messages waiting, the server would compile the read with
+--     LLVM at every execution (compiled code is not kept with a cached plan),
+--     11-15 ms for a pop that takes 0.2. What a read does is a few index
+--     probes: compiling never pays.
 --
 -- Where reads start (pgbroker.queue_head). Every delivered, acked or popped
 -- message leaves a dead entry in the queue's indexes until VACUUM removes

@@ -195,7 +195,9 @@ $$;
 -- whose head's key is full could be skipped like one whose head is in
 -- flight); a group is one consumer at a time already: make the key the group.
 CREATE OR REPLACE FUNCTION pgbroker._read_grouped(queue_name text, vt integer, qty integer, mode text)
-RETURNS SETOF pgmq.message_record LANGUAGE plpgsql AS $$
+RETURNS SETOF pgmq.message_record LANGUAGE plpgsql
+-- A read is never compiled, however large the backlog (50_reads.sql).
+SET jit = off AS $$
 DECLARE
     qtable text := pgbroker._pgmq_table(queue_name);
     q record;

@@ -33,6 +33,10 @@
 -- changes in a database take turns; other sessions pick up a new route at
 -- their next call (PL/pgSQL recompiles a function whose definition changed).
 --
+-- The read, deliver and pop routes run with jit = off, and so does every
+-- statement they call (the dynamic path, pgbroker._deliver, the limited
+-- reads): see 50_reads.sql on why a read must never be compiled.
+--
 -- A queue's read mode (pgbroker._read_mode, 20_policies.sql) chooses what its
 -- read, deliver and pop branches hold: the plain statements, the
 -- prioritized ones (32_priorities.sql), a bare RETURN for a paused queue, or
@@ -239,7 +243,7 @@ $R$, keys, names, max_depths, pgbroker._route_tree(send_bodies, 1, cardinality(s
 CREATE OR REPLACE FUNCTION pgbroker._route_%1$s(p_queue_name text, p_vt integer, p_qty integer,
                                                 p_conditional jsonb)
 RETURNS SETOF %2$s LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan AS $F$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $F$
 DECLARE
     r integer := array_position(%3$L::text[], lower(p_queue_name));
     r_dynamic constant boolean := r IS NULL OR NOT (p_conditional IS NULL OR p_conditional = '{}'::jsonb);
@@ -298,7 +302,7 @@ $R$, op, CASE op WHEN 'read' THEN 'pgmq.message_record' ELSE 'pgbroker.delivery'
     EXECUTE format($R$
 CREATE OR REPLACE FUNCTION pgbroker._route_pop(p_queue_name text, p_qty integer)
 RETURNS SETOF pgmq.message_record LANGUAGE plpgsql
-SET plan_cache_mode = force_generic_plan AS $F$
+SET plan_cache_mode = force_generic_plan SET jit = off AS $F$
 DECLARE
     r integer := array_position(%1$L::text[], lower(p_queue_name));
     r_queue record;

@@ -1,7 +1,8 @@
 """Scenario (c): what a read of 10 and its ack cost as the backlog grows, and with messages in flight.
 
 One queue per system is grown through the states: empty (each read finds just the 10 messages sent
-before it), N waiting, a million waiting, a million waiting plus 100k in flight (leased by a real
+before it), each backlog given (a full run: 100,000, a million and 12 million waiting, the last
+past where a generic plan of a read passes jit_above_cost), the largest plus 100k in flight (leased by a real
 read with a one-hour visibility timeout: the oldest msg_ids, where pgmq's read starts), and then
 10k more whose lease has run out (read with a visibility timeout of 0, as after a consumer
 crash): messages due for redelivery, which pgbroker finds through its timed index.

@@ -156,7 +156,8 @@ class Config:
             producers=2,
             consumers=4,
             consume_prefill=300_000,
-            backlog_waiting=(0, 100_000, 1_000_000),
+            # 12 million: past where a generic plan of a read would be compiled (jit_above_cost)
+            backlog_waiting=(0, 100_000, 1_000_000, 12_000_000),
             backlog_in_flight=100_000,
             backlog_due=10_000,
             backlog_ops=200,

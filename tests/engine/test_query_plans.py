@@ -328,13 +328,14 @@ JIT_CALLS: tuple[tuple[str, LiteralString], ...] = (
     ),
 )
 
-#: The queue kinds whose reads take different statements: plain, by priority, limited (max in
-#: flight), and dead-lettering (max_deliveries).
+#: The queue kinds whose calls take different statements: plain, by priority, limited (max in
+#: flight), dead-lettering (max_deliveries) and bounded (max_depth, checked by every send).
 JIT_QUEUES: tuple[tuple[str, LiteralString], ...] = (
     ("plan_jit_plain", ""),
     ("plan_jit_priority", ", priorities => true"),
     ("plan_jit_limited", ", max_in_flight => 1000"),
     ("plan_jit_dead_letter", ", max_deliveries => 5"),
+    ("plan_jit_bounded", ", max_depth => 1000000000"),
 )
 
 

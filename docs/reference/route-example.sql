@@ -196,7 +196,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                FROM picked WHERE q.msg_id = picked.msg_id
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM leased ORDER BY msg_id
@@ -236,7 +236,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                FROM picked WHERE q.msg_id = picked.msg_id
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM leased ORDER BY msg_id
@@ -335,7 +335,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                FROM picked WHERE q.msg_id = picked.msg_id
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT *, pgbroker.receipt(msg_id, read_ct, vt) FROM leased ORDER BY msg_id
@@ -375,7 +375,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                FROM picked WHERE q.msg_id = picked.msg_id
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT *, pgbroker.receipt(msg_id, read_ct, vt) FROM leased ORDER BY msg_id
@@ -455,7 +455,7 @@ RETURN QUERY
         )
         ,
             popped AS (
-                DELETE FROM pgmq.q_orders q USING picked WHERE q.msg_id = picked.msg_id
+                DELETE FROM pgmq.q_orders q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM popped ORDER BY msg_id
@@ -491,7 +491,7 @@ RETURN QUERY
         )
         ,
             popped AS (
-                DELETE FROM pgmq.q_emails q USING picked WHERE q.msg_id = picked.msg_id
+                DELETE FROM pgmq.q_emails q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM popped ORDER BY msg_id
@@ -549,7 +549,7 @@ IF r_archive THEN
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_orders q
-                WHERE q.msg_id = ANY(r_held.msg_ids)
+                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -564,7 +564,7 @@ ELSE
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_orders q
-                WHERE q.msg_id = ANY(r_held.msg_ids)
+                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -577,7 +577,7 @@ IF r_archive THEN
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_emails q
-                WHERE q.msg_id = ANY(r_held.msg_ids)
+                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -592,7 +592,7 @@ ELSE
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_emails q
-                WHERE q.msg_id = ANY(r_held.msg_ids)
+                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -606,7 +606,7 @@ IF r_archive THEN
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_reports q
-                WHERE q.msg_id = ANY(r_held.msg_ids)
+                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -621,7 +621,7 @@ ELSE
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_reports q
-                WHERE q.msg_id = ANY(r_held.msg_ids)
+                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers

@@ -3693,6 +3693,15 @@ DECLARE
     prioritized constant boolean := op IN ('read_p', 'read_pc', 'deliver_p', 'deliver_pc', 'pop_p');
     result_order constant text := CASE WHEN prioritized THEN 'pgbroker._priority(headers) DESC, msg_id'
                                        ELSE 'msg_id' END;
+    -- The picked rows, probed by primary key; between the least and the
+    -- greatest msg_id picked too, so that a queue partitioned by msg_id
+    -- probes only the partitions that hold them (run-time pruning takes a
+    -- range, never an array's elements).
+    picked_rows constant text := 'q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked))'
+        ' AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)';
+    -- Likewise the msg_ids an ack, delete or archive is given ($1).
+    given_rows constant text := 'q.msg_id = ANY ($1)'
+        ' AND q.msg_id BETWEEN (SELECT min(i) FROM unnest($1) i) AND (SELECT max(i) FROM unnest($1) i)';
 BEGIN
     IF op IN ('read', 'read_c', 'deliver', 'deliver_c', 'read_p', 'read_pc', 'deliver_p', 'deliver_pc') THEN
         RETURN format(
@@ -3703,7 +3712,7 @@ BEGIN
                 SET vt = clock_timestamp() + make_interval(secs => $4),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                FROM picked WHERE q.msg_id = picked.msg_id
+                WHERE %6$s
                 RETURNING %3$s
             )
             SELECT *%4$s FROM leased ORDER BY %5$s
@@ -3711,23 +3720,23 @@ BEGIN
             pgbroker._visible_from_sql(qtable, CASE WHEN op LIKE '%c' THEN '{"c": 1}'::jsonb END, prioritized),
             qtable, columns,
             CASE WHEN op LIKE 'deliver%' THEN ', pgbroker.receipt(msg_id, read_ct, vt)' ELSE '' END,
-            result_order);
+            result_order, picked_rows);
     ELSIF op IN ('pop', 'pop_p') THEN
         RETURN format(
             $Q$
             WITH %1$s,
             popped AS (
-                DELETE FROM pgmq.%2$I q USING picked WHERE q.msg_id = picked.msg_id
+                DELETE FROM pgmq.%2$I q WHERE %5$s
                 RETURNING %3$s
             )
             SELECT * FROM popped ORDER BY %4$s
-            $Q$, pgbroker._visible_from_sql(qtable, NULL, prioritized), qtable, columns, result_order);
+            $Q$, pgbroker._visible_from_sql(qtable, NULL, prioritized), qtable, columns, result_order, picked_rows);
     ELSIF op IN ('ack_a', 'ack_d') THEN
         RETURN format(
             $Q$
             WITH removed AS (
                 DELETE FROM pgmq.%1$I q
-                WHERE q.msg_id = ANY($1)
+                WHERE %5$s
                   AND (q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest($1, $2, $3))
                   AND q.vt > clock_timestamp()
                 RETURNING %3$s
@@ -3739,21 +3748,21 @@ BEGIN
             archived AS (
                 INSERT INTO pgmq.%I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
                 SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM removed
-            )$A$, atable) ELSE '' END);
+            )$A$, atable) ELSE '' END, given_rows);
     ELSIF op IN ('remove_a', 'remove_d') THEN
         -- pgmq.archive and pgmq.delete: by msg_id, whoever holds the message (unfenced).
         RETURN CASE WHEN op = 'remove_d' THEN format(
-            'DELETE FROM pgmq.%I WHERE msg_id = ANY($1) RETURNING msg_id', qtable)
+            'DELETE FROM pgmq.%I q WHERE %s RETURNING q.msg_id', qtable, given_rows)
         ELSE format(
             $Q$
             WITH moved AS (
-                DELETE FROM pgmq.%1$I WHERE msg_id = ANY($1)
-                RETURNING msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers
+                DELETE FROM pgmq.%1$I q WHERE %3$s
+                RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             INSERT INTO pgmq.%2$I (msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers)
             SELECT msg_id, read_ct, enqueued_at, last_read_at, vt, message, headers FROM moved
             RETURNING msg_id
-            $Q$, qtable, atable) END;
+            $Q$, qtable, atable, given_rows) END;
     END IF;
     RAISE EXCEPTION 'pgbroker._statement_query: unknown operation %', quote_literal(op) USING ERRCODE = 'PB007';
 END;

@@ -197,10 +197,10 @@ def _settle(c: Conn, queue: str, archive: bool) -> list[Any]:
 
 # pgmq's unfenced removals by msg_id, on a routed queue and on one past the routes (their dynamic path).
 REMOVALS = [
-    "SELECT pgmq.archive('plain', (SELECT min(msg_id) FROM pgmq.read('plain', 30, 1)))",
-    "SELECT pgmq.delete('plain', (SELECT min(msg_id) FROM pgmq.read('plain', 30, 1)))",
-    "SELECT pgmq.archive('far', (SELECT min(msg_id) FROM pgmq.read('far', 30, 1)))",
-    "SELECT pgmq.delete('far', (SELECT min(msg_id) FROM pgmq.read('far', 30, 1)))",
+    "SELECT pgmq.archive('plain', (SELECT pg_catalog.min(msg_id) FROM pgmq.read('plain', 30, 1)))",
+    "SELECT pgmq.delete('plain', (SELECT pg_catalog.min(msg_id) FROM pgmq.read('plain', 30, 1)))",
+    "SELECT pgmq.archive('far', (SELECT pg_catalog.min(msg_id) FROM pgmq.read('far', 30, 1)))",
+    "SELECT pgmq.delete('far', (SELECT pg_catalog.min(msg_id) FROM pgmq.read('far', 30, 1)))",
 ]
 
 
@@ -291,6 +291,12 @@ CREATE FUNCTION shadow.now() RETURNS timestamptz LANGUAGE sql AS
 CREATE FUNCTION shadow.eq(bigint, bigint) RETURNS boolean LANGUAGE sql AS
     $$ SELECT $1 OPERATOR(pg_catalog.=) $2 FROM shadow.mark() $$;
 CREATE OPERATOR shadow.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = shadow.eq);
+CREATE FUNCTION shadow.unnest(bigint[]) RETURNS SETOF bigint LANGUAGE sql AS
+    $$ SELECT pg_catalog.unnest($1) FROM shadow.mark() $$;
+CREATE FUNCTION shadow.smaller(bigint, bigint) RETURNS bigint LANGUAGE sql AS
+    $$ SELECT least($1, $2) FROM shadow.mark() $$;
+CREATE AGGREGATE shadow.min(bigint) (SFUNC = shadow.smaller, STYPE = bigint);
+CREATE AGGREGATE shadow.max(bigint) (SFUNC = shadow.smaller, STYPE = bigint);
 CREATE TYPE shadow.message_record AS (x integer);
 CREATE TABLE shadow.meta (queue_name varchar, is_partitioned boolean, is_unlogged boolean,
                           created_at timestamptz);

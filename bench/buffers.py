@@ -41,6 +41,8 @@ class StatementPlan:
     node_types: list[str] = field(default_factory=list)
     #: whether the server compiled the statement with JIT (its plan has a JIT section)
     jit: bool = False
+    #: the most times one plan node ran (a node run once per row of another is rescanned)
+    max_loops: int = 1
 
 
 @dataclass
@@ -63,12 +65,13 @@ class CallPlans:
         return max(own, key=lambda p: p.buffers) if own else self.top
 
 
-def _walk(plan: dict[str, Any], indexes: list[str], node_types: list[str]) -> None:
+def _walk(plan: dict[str, Any], indexes: list[str], node_types: list[str], loops: list[int]) -> None:
     node_types.append(str(plan.get("Node Type", "")))
+    loops.append(int(plan.get("Actual Loops", 1)))
     if "Index Name" in plan:
         indexes.append(str(plan["Index Name"]))
     for child in plan.get("Plans", []):
-        _walk(child, indexes, node_types)
+        _walk(child, indexes, node_types, loops)
 
 
 def parse_plan(message: str) -> StatementPlan | None:
@@ -80,7 +83,8 @@ def parse_plan(message: str) -> StatementPlan | None:
     plan = doc["Plan"]
     indexes: list[str] = []
     node_types: list[str] = []
-    _walk(plan, indexes, node_types)
+    loops: list[int] = []
+    _walk(plan, indexes, node_types, loops)
     return StatementPlan(
         text=str(doc.get("Query Text", "")),
         buffers=int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0)),
@@ -88,6 +92,7 @@ def parse_plan(message: str) -> StatementPlan | None:
         indexes=indexes,
         node_types=node_types,
         jit="JIT" in doc,
+        max_loops=max(loops),
     )
 
 

@@ -379,3 +379,20 @@ def test_no_hot_call_compiles_its_statements_however_large_the_backlog(plan_conn
             statements = [plans.top, *plans.nested]
             compiled += [f"{name}: {label}: {p.text.strip()[:80]}" for p in statements if p.jit]
     assert not compiled, "statements compiled with JIT:\n" + "\n".join(compiled)
+
+
+def test_an_ack_of_many_receipts_checks_each_receipt_once(plan_conn: Conn) -> None:
+    """An ack deletes the messages its receipts still hold: by msg_id (primary key, between the
+    least and the greatest), each row then matched against the receipts. Planned as a join, the
+    msg_id range made the planner expect a row or two and rescan the receipts for each: 300 acks
+    of a batch compared 45,000 pairs (12 ms where 1.4 do). The receipts are hashed once."""
+    name = "plan_acks"
+    plan_conn.execute("SELECT pgmq.create(%s)", [name])
+    plan_conn.execute("SELECT pgmq.send_batch(%s, array_fill('{}'::jsonb, ARRAY[2000]))", [name])
+    receipts = [r[0] for r in plan_conn.execute("SELECT receipt FROM pgbroker.read(%s, 30, 300)", [name])]
+    capture = PlanCapture(plan_conn)
+    assert capture.enable(), "auto_explain needs a superuser session"
+    plans = capture.call("SELECT * FROM pgbroker.ack(%s, %s::text[], false)", [name, receipts])
+    assert len(plans.rows) == 300
+    [ack] = [p for p in plans.nested if p.text.lstrip().startswith("WITH removed AS")]
+    assert ack.max_loops <= 2, f"a node of the ack ran {ack.max_loops} times for 300 receipts"

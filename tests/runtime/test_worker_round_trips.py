@@ -211,15 +211,21 @@ def test_one_slot_going_through_its_read_ahead_applies_each_message_s_own_outcom
 
 def test_a_read_ahead_message_whose_lease_ran_out_is_not_acked(broker: Broker, dsn: str, conn: Conn) -> None:
     """A slot stuck on a slow message while the leases of what it read ahead run out (no heartbeat):
-    another consumer takes some of those over, and the worker's late outcomes for them are refused.
-    (More messages than a worker may hold, its slot and the most it reads ahead: it cannot read
-    those leases back itself meanwhile.)"""
+    another consumer takes some of those over, and the worker neither acks them nor handles them:
+    they are left to come back through a read. (More messages than a worker may hold, its slot and
+    the most it reads ahead: it cannot read those leases back itself meanwhile.) Handling the
+    expired ones first, a worker on a loaded machine kept every message read after them waiting
+    past its own lease in turn, and made no progress at all."""
     queue = broker.create_queue("jobs")
     total = 2 * (1 + _MOST_AHEAD)
     sent = queue.send_many([{"n": n} for n in range(total)])
     slow_started, taken_over = threading.Event(), threading.Event()
+    handled_late: list[int] = []
 
     async def handle(message: Message) -> None:
+        assert message.receipt is not None
+        if time.time() > message.receipt.lease / 1e6 + 0.05:
+            handled_late.append(message.msg_id)
         if message.message["n"] == 5:
             slow_started.set()
             while not taken_over.is_set():
@@ -244,6 +250,7 @@ def test_a_read_ahead_message_whose_lease_ran_out_is_not_acked(broker: Broker, d
 
     assert taken, "nothing read ahead behind the slow message was left to take over"
     assert worker.stats.stale >= len(taken)
+    assert not handled_late, f"{len(handled_late)} messages handled after their lease ran out"
     # The messages taken over are the other consumer's: still in the queue, never acked by the worker.
     assert {msg_id for msg_id, *_ in q_rows(conn, "jobs")} == taken
     assert {msg_id for msg_id, *_ in a_rows(conn, "jobs")} == set(sent) - taken

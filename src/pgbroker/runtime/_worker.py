@@ -513,11 +513,40 @@ class Worker:
 
     def _start_ahead(self) -> None:
         """Start a slot for read-ahead messages while slots are free."""
-        while self._ahead and self.in_flight < self.concurrency and not self._hurry:
-            message, lease = self._ahead.popleft()
-            task = asyncio.create_task(self._slot(message, lease))
-            self._in_flight[task] = lease
+        while self.in_flight < self.concurrency and not self._hurry:
+            taken = self._next_ahead()
+            if taken is None:
+                return
+            task = asyncio.create_task(self._slot(*taken))
+            self._in_flight[task] = taken[1]
             task.add_done_callback(self._finished)
+
+    def _next_ahead(self) -> tuple[Message, Lease] | None:
+        """The next read-ahead message whose lease still runs.
+
+        Those whose lease ran out while they waited (no heartbeat, and handlers slower than the
+        read-ahead was sized for: a loaded machine, say) are left to come back through a read:
+        handled now, their outcome could only be refused, and another consumer may have them
+        already. Handled all the same, they kept every message read after them waiting past its
+        own lease in turn, and a worker of one slot made no progress at all.
+        """
+        now = time.time()
+        expired = 0
+        taken = None
+        while self._ahead:
+            message, lease = self._ahead.popleft()
+            if lease.receipt.lease / 1e6 > now:
+                taken = (message, lease)
+                break
+            lease.over = True
+            expired += 1
+        if expired:
+            self.stats.stale += expired
+            self._changed.set()  # room for a read
+            log_event(
+                logging.WARNING, "worker.read_ahead_expired", queue=self.queue, messages=expired, vt=self.vt
+            )
+        return taken
 
     async def _slot(self, message: Message, lease: Lease) -> None:
         """One slot: handle ``message``, then the next read-ahead one while there is one.
@@ -541,7 +570,10 @@ class Worker:
                 await asyncio.sleep(0)
                 if not self._ahead or self._hurry:
                     return
-            message, lease = self._ahead.popleft()
+            taken = self._next_ahead()
+            if taken is None:
+                return
+            message, lease = taken
             self._in_flight[task] = lease
 
     def _finished(self, task: asyncio.Task[None]) -> None:

@@ -133,6 +133,8 @@ class Worker:
     batch_size: most messages per read (default: the larger of concurrency and 500); a read is
     made once half of what may be held is free, so that reads are shared. vt: lease seconds.
     heartbeat: extend leases of slow handlers (and of read-ahead messages) every vt/3 seconds.
+    Without it, a read-ahead message whose lease runs out before a slot takes it is not handled:
+    it comes back through a read (stats.stale counts it).
     notify: enable notify on the queue if it has none (with pgmq's default 250 ms throttle),
     so an idle worker sleeps until a send. poll_min and
     poll_max: the fallback polls of an empty queue, doubling from one to the other.

@@ -196,7 +196,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM leased ORDER BY msg_id
@@ -236,7 +236,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM leased ORDER BY msg_id
@@ -335,7 +335,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT *, pgbroker.receipt(msg_id, read_ct, vt) FROM leased ORDER BY msg_id
@@ -375,7 +375,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT *, pgbroker.receipt(msg_id, read_ct, vt) FROM leased ORDER BY msg_id
@@ -455,7 +455,7 @@ RETURN QUERY
         )
         ,
             popped AS (
-                DELETE FROM pgmq.q_orders q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
+                DELETE FROM pgmq.q_orders q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM popped ORDER BY msg_id
@@ -491,7 +491,7 @@ RETURN QUERY
         )
         ,
             popped AS (
-                DELETE FROM pgmq.q_emails q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)
+                DELETE FROM pgmq.q_emails q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM popped ORDER BY msg_id

@@ -3693,15 +3693,15 @@ DECLARE
     prioritized constant boolean := op IN ('read_p', 'read_pc', 'deliver_p', 'deliver_pc', 'pop_p');
     result_order constant text := CASE WHEN prioritized THEN 'pgbroker._priority(headers) DESC, msg_id'
                                        ELSE 'msg_id' END;
-    -- The picked rows, probed by primary key; between the least and the
-    -- greatest msg_id picked too, so that a queue partitioned by msg_id
-    -- probes only the partitions that hold them (run-time pruning takes a
-    -- range, never an array's elements).
-    picked_rows constant text := 'q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked))'
-        ' AND q.msg_id BETWEEN (SELECT min(msg_id) FROM picked) AND (SELECT max(msg_id) FROM picked)';
-    -- Likewise the msg_ids an ack, delete or archive is given ($1).
-    given_rows constant text := 'q.msg_id = ANY ($1)'
-        ' AND q.msg_id BETWEEN (SELECT min(i) FROM unnest($1) i) AND (SELECT max(i) FROM unnest($1) i)';
+    -- The rows of an array of msg_ids (%1$s), probed by primary key; between
+    -- its least and greatest msg_id too, so that a queue partitioned by
+    -- msg_id probes only the partitions that hold them (run-time pruning
+    -- takes a range, never an array's elements).
+    rows_of constant text := 'q.msg_id = ANY (%1$s)'
+        ' AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(%1$s) i) AND (SELECT max(i) FROM unnest(%1$s) i)';
+    -- The rows a read or pop picked, and those an ack, delete or archive is given ($1).
+    picked_rows constant text := format(rows_of, 'ARRAY(SELECT msg_id FROM picked)');
+    given_rows constant text := format(rows_of, '$1');
 BEGIN
     IF op IN ('read', 'read_c', 'deliver', 'deliver_c', 'read_p', 'read_pc', 'deliver_p', 'deliver_pc') THEN
         RETURN format(

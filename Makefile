@@ -167,8 +167,9 @@ test: venv pg-partman chromium rabbitmq brokers pgbouncer
 	.venv/bin/mypy $(MYPY_PATHS)
 	.venv/bin/lint-imports --no-logo
 	# Three processes, a test file each at a time (its module fixtures stay in one process); each
-	# process starts its own embedded cluster. The slowest tests are listed at the end.
-	.venv/bin/pytest -n 3 --dist loadfile --durations=25
+	# process starts its own embedded cluster. The longest files go first (tests/plugins/scheduling.py),
+	# the slowest tests are listed at the end.
+	.venv/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 # Postgres alone: the tests marked with another service, and the slow ones, are deselected
 # (tests/README.md lists the markers; a test that starts a service without its marker fails).

@@ -4,6 +4,7 @@ with Postgres alone). Helpers the tests import are plain modules under tests/sup
 
 pytest_plugins = [
     "tests.plugins.services",
+    "tests.plugins.scheduling",
     "tests.plugins.postgres",
     "tests.plugins.rabbitmq",
     "tests.plugins.bridge_brokers",

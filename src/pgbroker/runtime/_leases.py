@@ -28,9 +28,14 @@ RECONNECT = (0.05, 2.0)
 
 @dataclass(eq=False, slots=True)
 class Lease:
-    """One message's lease: the current receipt, and whether the heartbeat is renewing it."""
+    """One message's lease: the current receipt, when it ends, and whether the heartbeat is
+    renewing it."""
 
     receipt: Receipt
+    # When the lease ends on this process's monotonic clock: when it was asked for, plus its vt.
+    # The server starts it a little later and writes its end in the receipt on the server's own
+    # clock, which a worker's wall clock may be far from (a VM resumed from sleep, no NTP).
+    ends: float
     # Set once the outcome is being recorded, or the lease is lost or given back: no more extends.
     over: bool = False
     # An extend in flight: the outcome waits for it, then uses the receipt it handed out.
@@ -38,11 +43,11 @@ class Lease:
 
 
 async def retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callable[[], Awaitable[T]]) -> T:
-    """``call()``, tried again after connection errors until ``lease_ends`` (epoch seconds).
+    """``call()``, tried again after connection errors until ``lease_ends`` (Lease.ends).
 
     Past the lease a retry could only fail as stale, so the last error is raised instead.
     """
-    retry = Patience(*RECONNECT, within=lease_ends - time.time())
+    retry = Patience(*RECONNECT, within=lease_ends - time.monotonic())
     while True:
         try:
             return await call()
@@ -63,11 +68,10 @@ async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: 
     for lease in leases:
         lease.extending = turn
     receipts = [lease.receipt for lease in leases]
+    asked_at = time.monotonic()
     try:
         renewed = await retry_while_leased(
-            stats,
-            min(receipt.lease for receipt in receipts) / 1e6,
-            partial(queue.extend_many, receipts, vt=vt),
+            stats, min(lease.ends for lease in leases), partial(queue.extend_many, receipts, vt=vt)
         )
         error = "the lease had ended"
     except Exception as exc:
@@ -77,7 +81,7 @@ async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: 
         lease.extending = None
         held = lease.receipt
         if held.msg_id in renewed:
-            lease.receipt = renewed[held.msg_id]
+            lease.receipt, lease.ends = renewed[held.msg_id], asked_at + vt
         elif not lease.over:
             lease.over = True
             stats.stale += 1

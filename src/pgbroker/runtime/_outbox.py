@@ -25,20 +25,21 @@ __all__ = ["Outbox", "Outcome"]
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """A handled message: the receipt to record it with, and the handler's error (None: success)
-    with its traceback (kept with the message by pgbroker.fail)."""
+    """A handled message: the receipt to record it with, when its lease ends (Lease.ends), and the
+    handler's error (None: success) with its traceback (kept with the message by pgbroker.fail)."""
 
     message: Message
     receipt: Receipt
+    lease_ends: float
     error: str | None = None
     traceback: str | None = None
 
     @classmethod
-    def failure(cls, message: Message, receipt: Receipt, exc: Exception) -> Outcome:
+    def failure(cls, message: Message, receipt: Receipt, lease_ends: float, exc: Exception) -> Outcome:
         """A failed delivery: the exception's type and text, and its traceback when it was raised
         (a body the codec cannot decode was not)."""
         trace = "".join(format_exception(exc)) if exc.__traceback__ is not None else None
-        return cls(message, receipt, f"{type(exc).__name__}: {exc}", trace)
+        return cls(message, receipt, lease_ends, f"{type(exc).__name__}: {exc}", trace)
 
 
 class Outbox:

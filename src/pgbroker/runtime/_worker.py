@@ -302,7 +302,8 @@ class Worker:
         trouble = Backoff(*RECONNECT)
         self._unavailable = False
         subscription: AsyncSubscription | None = None
-        reads: dict[asyncio.Task[list[Message]], tuple[int, list[Outcome]]] = {}
+        # A read in flight: how many it asks for, the outcomes it carries, when it was asked for.
+        reads: dict[asyncio.Task[list[Message]], tuple[int, list[Outcome], float]] = {}
         pause: float | None = None  # an empty queue or a lost connection: sleep once the reads are back
         try:
             while not self._stopping.is_set():
@@ -310,9 +311,9 @@ class Worker:
                 if self._stopping.is_set():
                     return
                 for task in [t for t in reads if t.done()]:
-                    qty, outcomes = reads.pop(task)
+                    qty, outcomes, asked_at = reads.pop(task)
                     self._asked -= qty
-                    found = self._read_back(task, outcomes)
+                    found = self._read_back(task, outcomes, asked_at)
                     if found is None:
                         pause, subscription = trouble.next(), None
                     elif found:
@@ -344,16 +345,17 @@ class Worker:
                 outcomes = self._outbox.take()
                 self._asked += qty
                 self.stats.reads += 1
+                asked_at = time.monotonic()
                 task = asyncio.create_task(self._read(broker, outcomes, qty))
                 task.add_done_callback(lambda _: self._changed.set())
-                reads[task] = (qty, outcomes)
+                reads[task] = (qty, outcomes, asked_at)
         finally:
             # Reads still in flight: their messages are held, and given back by _drain.
             await asyncio.gather(*reads, return_exceptions=True)
-            for task, (qty, outcomes) in reads.items():
+            for task, (qty, outcomes, asked_at) in reads.items():
                 self._asked -= qty
                 with suppress(Exception):
-                    self._read_back(task, outcomes)
+                    self._read_back(task, outcomes, asked_at)
 
     def _read_due(self, reads: Mapping[asyncio.Task[list[Message]], object], may_read: bool) -> bool:
         """A read came back, or there is room for another; when napping, once no read is left
@@ -371,9 +373,12 @@ class Worker:
     def _room_for_read(self) -> bool:
         return self._room() - self._asked >= min(self.batch_size, max(1, self._capacity() // 2))
 
-    def _read_back(self, task: asyncio.Task[list[Message]], outcomes: list[Outcome]) -> list[Message] | None:
-        """Take in what a read brought: its messages (held, and started as slots free), or None
-        after a lost connection (its outcomes go back to the outbox). Raises any other error."""
+    def _read_back(
+        self, task: asyncio.Task[list[Message]], outcomes: list[Outcome], asked_at: float
+    ) -> list[Message] | None:
+        """Take in what a read asked for at ``asked_at`` (monotonic) brought: its messages (held,
+        and started as slots free), or None after a lost connection (its outcomes go back to the
+        outbox). Raises any other error."""
         try:
             messages = task.result()
         except Exception as exc:
@@ -384,9 +389,10 @@ class Worker:
             log_event(logging.WARNING, "worker.database_available", queue=self.queue)
             self._unavailable = False
         self.stats.received += len(messages)
+        ends = asked_at + self.vt  # the server started the leases later, on its own clock
         for message in messages:
             assert message.receipt is not None  # pgbroker.read hands out receipts
-            self._ahead.append((message, Lease(message.receipt)))
+            self._ahead.append((message, Lease(message.receipt, ends)))
         self._start_ahead()
         return messages
 
@@ -471,7 +477,7 @@ class Worker:
                         await self._closing.wait()
                 continue
             outcomes = outbox.take()
-            lease_ends = max(outcome.receipt.lease for outcome in outcomes) / 1e6
+            lease_ends = max(outcome.lease_ends for outcome in outcomes)
             try:
                 await retry_while_leased(self.stats, lease_ends, partial(self._exchange, broker, outcomes, 0))
             except Exception as exc:
@@ -532,12 +538,12 @@ class Worker:
         already. Handled all the same, they kept every message read after them waiting past its
         own lease in turn, and a worker of one slot made no progress at all.
         """
-        now = time.time()
+        now = time.monotonic()
         expired = 0
         taken = None
         while self._ahead:
             message, lease = self._ahead.popleft()
-            if lease.receipt.lease / 1e6 > now:
+            if lease.ends > now:
                 taken = (message, lease)
                 break
             lease.over = True
@@ -600,9 +606,9 @@ class Worker:
             return
         lease.over = True
         if error is None:
-            self._outbox.add(Outcome(message, lease.receipt))
+            self._outbox.add(Outcome(message, lease.receipt, lease.ends))
         else:
-            self._outbox.add(Outcome.failure(message, lease.receipt, error))
+            self._outbox.add(Outcome.failure(message, lease.receipt, lease.ends, error))
 
     async def _handle(self, threads: HandlerThreads | None, message: Message) -> Exception | None:
         if message.codec_error is not None:
@@ -637,12 +643,12 @@ class Worker:
         """
         while True:
             await asyncio.sleep(self.vt / 6)
-            now = time.time()
+            now = time.monotonic()
             held = [*self._in_flight.values(), *(lease for _, lease in self._ahead)]
             due = [
                 lease
                 for lease in held
-                if not lease.over and lease.receipt.lease / 1e6 - now < 2 * self.vt / 3
+                if not lease.over and lease.ends - now < 2 * self.vt / 3
             ]
             if due:
                 await extend_leases(queue, due, self.vt, self.stats)

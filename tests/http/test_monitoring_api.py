@@ -4,10 +4,12 @@ key can see, over the last minutes, and the workers and stream consumers running
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta, tzinfo
 
 import httpx
 import pytest
 
+from pgbroker.http.routes import monitoring as monitoring_routes
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client_async import AsyncStream
 from tests.support.http import auth, make_queue
@@ -43,6 +45,29 @@ async def test_the_history_answers_the_samples_of_the_queues_the_key_sees(
     r = await client.get("/v1/stats", headers=auth(keys["admin"]))
     [live] = [q for q in r.json()["queues"] if q["queue_name"] == "jobs"]
     assert (live["in_flight"], live["total_retried"], live["total_dead_lettered"]) == (1, 1, 0)
+
+
+class _AnHourAhead(datetime):
+    """The wall clock of an API host an hour ahead of the database's (a VM resumed from sleep)."""
+
+    @classmethod
+    def now(cls, tz: tzinfo | None = None) -> _AnHourAhead:
+        ahead = datetime.now(tz) + timedelta(hours=1)
+        return cls.fromtimestamp(ahead.timestamp(), tz)
+
+
+async def test_the_history_s_minutes_are_counted_on_the_database_s_clock(
+    client: httpx.AsyncClient, keys: dict[str, str], broker: AsyncBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server stamps the samples: an API host whose clock is an hour ahead asked for the
+    samples since its own "5 minutes ago" and got none."""
+    await make_queue(client, keys["admin"])
+    async with broker.connection() as conn:
+        await conn.execute("SELECT pgbroker.sample_queue_history('0 s', '1 day')")
+    monkeypatch.setattr(monitoring_routes, "datetime", _AnHourAhead, raising=False)
+    r = await client.get("/v1/stats/history?minutes=5", headers=auth(keys["admin"]))
+    assert r.status_code == 200, r.text
+    assert [s["queue_name"] for s in r.json()["samples"]] == ["jobs"]
 
 
 async def test_workers_lists_queue_workers_and_stream_consumers_the_key_sees(

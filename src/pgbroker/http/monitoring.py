@@ -78,8 +78,9 @@ async def _rows(broker: AsyncBroker, name: str, params: dict[str, Any] | None = 
             raise from_postgres(exc) from exc
 
 
-async def history(broker: AsyncBroker, since: datetime, points: int) -> list[HistorySample]:
-    rows = await _rows(broker, "history_since", {"since": since, "points": points})
+async def history(broker: AsyncBroker, minutes: int, points: int) -> list[HistorySample]:
+    """The samples of the last ``minutes`` (on the server's clock), about ``points`` a queue."""
+    rows = await _rows(broker, "history_since", {"minutes": minutes, "points": points})
     return [HistorySample(*row) for row in rows]
 
 

@@ -18,10 +18,12 @@ SELECT pgbroker.sample_queue_history(make_interval(secs => %(interval)s), make_i
                                      %(exact_below)s)
 
 -- name: history_since
--- The history's samples since a time, thinned to about so many points per queue.
+-- The history's samples of the last minutes, thinned to about so many points per queue. The
+-- minutes are counted on the server's clock, which stamped the samples: an API host's clock may
+-- be far from it.
 SELECT queue_name, sampled_at, queue_length, in_flight, oldest_msg_age_sec, total_sent, total_consumed,
        total_retried, total_dead_lettered
-FROM pgbroker.queue_history(%(since)s, %(points)s)
+FROM pgbroker.queue_history(clock_timestamp() - make_interval(mins => %(minutes)s), %(points)s)
 
 -- name: queue_workers
 -- The queue workers running, with their heartbeats and what they hold.

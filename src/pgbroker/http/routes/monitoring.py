@@ -3,8 +3,6 @@ a reload and cover hours), and the workers and stream consumers running now."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 from pgbroker.http import monitoring
 from pgbroker.http.models import History, HistoryQuery, Workers
 from pgbroker.http.operations import Call, Router
@@ -18,8 +16,7 @@ router = Router()
     reporting=True,
 )
 async def stats_history(call: Call, query: HistoryQuery) -> History:
-    since = datetime.now(UTC) - timedelta(minutes=query.minutes)
-    samples = await monitoring.history(call.broker, since, query.points)
+    samples = await monitoring.history(call.broker, query.minutes, query.points)
     settings = call.settings
     return History(
         interval_seconds=settings.history_interval_seconds if settings.history_retention_seconds else 0,

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import psycopg
@@ -299,7 +300,9 @@ def test_leases_are_extended_while_rabbitmq_holds_back_confirms(
     async def scenario() -> None:
         async with Rabbit(private_rabbit.url) as rabbit, AsyncBroker(dsn) as abroker:
             target = await rabbit.queue()
-            private_rabbit.ctl("set_vm_memory_high_watermark", "absolute", "1")  # an alarm: blocked
+            # rabbitmqctl starts an Erlang VM: seconds on a loaded machine, run beside the loop.
+            alarm = partial(private_rabbit.ctl, "set_vm_memory_high_watermark")
+            await asyncio.to_thread(alarm, "absolute", "1")  # an alarm: blocked
             # Extended every lease/3: an 8 s lease leaves a loaded machine seconds for each
             # extension's round trip (at load 15 on 2 cores, 2 s and 4 s leases ran out once, and the
             # bridge's second window read the 50 messages again).
@@ -309,7 +312,9 @@ def test_leases_are_extended_while_rabbitmq_holds_back_confirms(
             try:
                 await asyncio.sleep(24)  # three leases
                 assert bridge.stats.published == 0
-                private_rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+                # Run on the loop, it stopped the bridge's extensions while it ran: at load 12 on
+                # 2 cores long enough for the 8 s leases to run out, and the 50 went out twice.
+                await asyncio.to_thread(alarm, "0.4")
                 got = await rabbit.drain(target, expect=50, timeout=30)
                 assert sorted(json.loads(m.body) for m in got) == list(range(50))
             finally:

@@ -57,10 +57,10 @@ def test_a_worker_whose_clock_runs_behind_keeps_a_long_handler_s_lease(
 
     async def handle(message: Message) -> None:
         calls[message.msg_id] += 1
-        await asyncio.sleep(5)  # 2.5 leases of 2 s
+        await asyncio.sleep(7)  # over two leases of 3 s
 
     _skew_clock(monkeypatch, -HOUR)
-    worker = Worker("jobs", handle, vt=2)
+    worker = Worker("jobs", handle, vt=3)
     asyncio.run(run_until(dsn, [worker], lambda: len(a_rows(conn, "jobs")) == 1))
 
     assert calls == {msg_id: 1}

@@ -18,13 +18,14 @@ from tests.support.services import SERVICES
 # What a marker says of a file's run time; a file weighs the sum of its tests' distinct markers.
 MARKER_WEIGHTS = {"slow": 4, "spark": 2}
 OTHER_SERVICE_WEIGHT = 1
+OTHER_SERVICES = frozenset(SERVICES) - MARKER_WEIGHTS.keys()
 
 
 def file_weight(items: list[pytest.Item]) -> int:
     """How long a file's tests are expected to take, on the scale of MARKER_WEIGHTS."""
     names = {mark.name for item in items for mark in item.iter_markers()}
     weight = sum(MARKER_WEIGHTS.get(name, 0) for name in names)
-    if names & (set(SERVICES) - MARKER_WEIGHTS.keys()):
+    if names & OTHER_SERVICES:
         weight += OTHER_SERVICE_WEIGHT
     return weight
 

@@ -196,7 +196,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked))
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM leased ORDER BY msg_id
@@ -236,7 +236,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked))
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM leased ORDER BY msg_id
@@ -335,7 +335,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked))
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT *, pgbroker.receipt(msg_id, read_ct, vt) FROM leased ORDER BY msg_id
@@ -375,7 +375,7 @@ RETURN QUERY
                 SET vt = clock_timestamp() + make_interval(secs => p_vt),
                     read_ct = q.read_ct + 1,
                     last_read_at = clock_timestamp()
-                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
+                WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked))
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT *, pgbroker.receipt(msg_id, read_ct, vt) FROM leased ORDER BY msg_id
@@ -455,7 +455,7 @@ RETURN QUERY
         )
         ,
             popped AS (
-                DELETE FROM pgmq.q_orders q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
+                DELETE FROM pgmq.q_orders q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked))
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM popped ORDER BY msg_id
@@ -491,7 +491,7 @@ RETURN QUERY
         )
         ,
             popped AS (
-                DELETE FROM pgmq.q_emails q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked)) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i) AND (SELECT max(i) FROM unnest(ARRAY(SELECT msg_id FROM picked)) i)
+                DELETE FROM pgmq.q_emails q WHERE q.msg_id = ANY (ARRAY(SELECT msg_id FROM picked))
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
             )
             SELECT * FROM popped ORDER BY msg_id
@@ -549,10 +549,10 @@ IF r_archive THEN
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_orders q
-                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
-                  -- A hashed subplan, not a join: the range above makes the planner expect
-                  -- a row or two here, and it then rescanned the receipts for each (300
-                  -- acks: 45,000 comparisons, 12 ms).
+                WHERE q.msg_id = ANY (r_held.msg_ids)
+                  -- A hashed subplan, not a join: a partitioned queue's range above makes
+                  -- the planner expect a row or two here, and it then rescanned the
+                  -- receipts for each (300 acks: 45,000 comparisons, 12 ms).
                   AND ((q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))) IS TRUE
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -567,10 +567,10 @@ ELSE
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_orders q
-                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
-                  -- A hashed subplan, not a join: the range above makes the planner expect
-                  -- a row or two here, and it then rescanned the receipts for each (300
-                  -- acks: 45,000 comparisons, 12 ms).
+                WHERE q.msg_id = ANY (r_held.msg_ids)
+                  -- A hashed subplan, not a join: a partitioned queue's range above makes
+                  -- the planner expect a row or two here, and it then rescanned the
+                  -- receipts for each (300 acks: 45,000 comparisons, 12 ms).
                   AND ((q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))) IS TRUE
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -583,10 +583,10 @@ IF r_archive THEN
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_emails q
-                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
-                  -- A hashed subplan, not a join: the range above makes the planner expect
-                  -- a row or two here, and it then rescanned the receipts for each (300
-                  -- acks: 45,000 comparisons, 12 ms).
+                WHERE q.msg_id = ANY (r_held.msg_ids)
+                  -- A hashed subplan, not a join: a partitioned queue's range above makes
+                  -- the planner expect a row or two here, and it then rescanned the
+                  -- receipts for each (300 acks: 45,000 comparisons, 12 ms).
                   AND ((q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))) IS TRUE
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -601,10 +601,10 @@ ELSE
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_emails q
-                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
-                  -- A hashed subplan, not a join: the range above makes the planner expect
-                  -- a row or two here, and it then rescanned the receipts for each (300
-                  -- acks: 45,000 comparisons, 12 ms).
+                WHERE q.msg_id = ANY (r_held.msg_ids)
+                  -- A hashed subplan, not a join: a partitioned queue's range above makes
+                  -- the planner expect a row or two here, and it then rescanned the
+                  -- receipts for each (300 acks: 45,000 comparisons, 12 ms).
                   AND ((q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))) IS TRUE
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -618,10 +618,10 @@ IF r_archive THEN
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_reports q
-                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
-                  -- A hashed subplan, not a join: the range above makes the planner expect
-                  -- a row or two here, and it then rescanned the receipts for each (300
-                  -- acks: 45,000 comparisons, 12 ms).
+                WHERE q.msg_id = ANY (r_held.msg_ids)
+                  -- A hashed subplan, not a join: a partitioned queue's range above makes
+                  -- the planner expect a row or two here, and it then rescanned the
+                  -- receipts for each (300 acks: 45,000 comparisons, 12 ms).
                   AND ((q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))) IS TRUE
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers
@@ -636,10 +636,10 @@ ELSE
 RETURN QUERY 
             WITH removed AS (
                 DELETE FROM pgmq.q_reports q
-                WHERE q.msg_id = ANY (r_held.msg_ids) AND q.msg_id BETWEEN (SELECT min(i) FROM unnest(r_held.msg_ids) i) AND (SELECT max(i) FROM unnest(r_held.msg_ids) i)
-                  -- A hashed subplan, not a join: the range above makes the planner expect
-                  -- a row or two here, and it then rescanned the receipts for each (300
-                  -- acks: 45,000 comparisons, 12 ms).
+                WHERE q.msg_id = ANY (r_held.msg_ids)
+                  -- A hashed subplan, not a join: a partitioned queue's range above makes
+                  -- the planner expect a row or two here, and it then rescanned the
+                  -- receipts for each (300 acks: 45,000 comparisons, 12 ms).
                   AND ((q.msg_id, q.read_ct, pgbroker._micros(q.vt)) IN (SELECT * FROM unnest(r_held.msg_ids, r_held.read_cts, r_held.leases))) IS TRUE
                   AND q.vt > clock_timestamp()
                 RETURNING q.msg_id, q.read_ct, q.enqueued_at, q.last_read_at, q.vt, q.message, q.headers

@@ -396,3 +396,34 @@ def test_an_ack_of_many_receipts_checks_each_receipt_once(plan_conn: Conn) -> No
     assert len(plans.rows) == 300
     [ack] = [p for p in plans.nested if p.text.lstrip().startswith("WITH removed AS")]
     assert ack.max_loops <= 2, f"a node of the ack ran {ack.max_loops} times for 300 receipts"
+
+
+def test_a_plain_queue_s_statements_probe_their_rows_with_no_range_to_compute(plan_conn: Conn) -> None:
+    """A partitioned queue's statements also bound the msg_ids they probe by the least and the
+    greatest of them, two subqueries over the array, so that run-time pruning skips the other
+    partitions (test_partitioned.py). A plain queue has nothing to prune: computing the range
+    anyway cost a pop of one message 7% of its rate and pgbroker.consume of one 11% (15 pgbench
+    clients against one server)."""
+    name = "plan_plain"
+    plan_conn.execute("SELECT pgmq.create(%s)", [name])
+    plan_conn.execute("SELECT pgmq.send_batch(%s, array_fill('{}'::jsonb, ARRAY[200]))", [name])
+    capture = PlanCapture(plan_conn)
+    assert capture.enable(), "auto_explain needs a superuser session"
+    for call in (
+        "SELECT * FROM pgmq.pop('plan_plain', 1)",
+        "SELECT * FROM pgmq.read('plan_plain', 30, 10)",
+        "SELECT * FROM pgmq.delete('plan_plain', ARRAY(SELECT msg_id FROM pgmq.read('plan_plain', 30, 10)))",
+        "SELECT * FROM pgmq.archive('plan_plain', ARRAY(SELECT msg_id FROM pgmq.read('plan_plain', 30, 10)))",
+        "SELECT * FROM pgbroker.ack('plan_plain',"
+        " ARRAY(SELECT receipt FROM pgbroker.read('plan_plain', 30, 10)), false)",
+        "SELECT * FROM pgbroker.consume('plan_plain', 30, 10,"
+        " ARRAY(SELECT receipt FROM pgbroker.read('plan_plain', 30, 10)), true)",
+    ):
+        plans = capture.call(call, [])
+        assert plans.rows, call
+        changes = [
+            p for p in plans.nested if p.node_types[:1] != ["Function Scan"] and "pgmq.q_plan_plain" in p.text
+        ]
+        assert changes, f"{call}: no statement on the queue's table"
+        ranged = [p.text.strip()[:80] for p in changes if "Aggregate" in p.node_types]
+        assert not ranged, f"{call}: a range computed for a plain queue: {ranged}"

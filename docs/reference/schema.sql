@@ -3860,10 +3860,7 @@ BEGIN
     IF fresh IS NOT TRUE THEN
         -- A plain read first (above), because the upsert locks the consumer's row (a WAL
         -- record and a dirtied page) even when its WHERE leaves the row as it is.
-        INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
-        VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
-        ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-            SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+        PERFORM pgbroker._stream_renew(s.stream_name, group_name, consumer, lease_seconds);
         IF NOT consumer = ANY (coalesce(live, '{}')) THEN
             live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
         END IF;
@@ -3926,6 +3923,22 @@ BEGIN
         END IF;
     END IF;
     RETURN 0;
+END;
+$$;
+
+--
+-- Name: _stream_check_consumer(text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_check_consumer(consumer text, lease_seconds integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(lease_seconds BETWEEN 1 AND 86400,
+        format('lease_seconds must be between 1 and 86400, got %s', coalesce(lease_seconds::text, 'NULL')),
+        'A consumer that does not read again within its lease loses its partitions to the others.');
+    PERFORM pgbroker._check_arg(consumer IS NOT NULL AND consumer <> '', 'consumer must name the consumer',
+        'Any text unique among the group''s consumers, e.g. host:pid:random.');
 END;
 $$;
 
@@ -4246,11 +4259,7 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
-    PERFORM pgbroker._check_arg(lease_seconds BETWEEN 1 AND 86400,
-        format('lease_seconds must be between 1 and 86400, got %s', coalesce(lease_seconds::text, 'NULL')),
-        'A consumer that does not read again within its lease loses its partitions to the others.');
-    PERFORM pgbroker._check_arg(consumer IS NOT NULL AND consumer <> '', 'consumer must name the consumer',
-        'Any text unique among the group''s consumers, e.g. host:pid:random.');
+    PERFORM pgbroker._stream_check_consumer(consumer, lease_seconds);
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgbroker._check_arg(false,
             format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),
@@ -4430,6 +4439,19 @@ CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream) RETURNS text
             '' ORDER BY c))
     FROM generate_series(0, s.segments - 1) c;
 $_$;
+
+--
+-- Name: _stream_renew(text, text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consumer text, lease_seconds integer) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
+    VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
+    ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
+        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+$$;
 
 --
 -- Name: _stream_retry_failed(pgbroker.stream_group, text, integer[], bigint[], bigint[], text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -7650,6 +7672,26 @@ CREATE FUNCTION pgbroker.stream_groups(stream_name text) RETURNS TABLE(group_nam
     GROUP BY g.stream_name, g.group_name, g.retry_queue, g.created_at
     ORDER BY g.group_name;
 $_$;
+
+--
+-- Name: stream_heartbeat(text, text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.stream_heartbeat(stream_name text, group_name text, consumer text, lease_seconds integer DEFAULT 30) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
+    owned integer;
+BEGIN
+    PERFORM pgbroker._stream_check_consumer(consumer, lease_seconds);
+    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(g.stream_name, g.group_name, consumer));
+    PERFORM pgbroker._stream_renew(g.stream_name, g.group_name, consumer, lease_seconds);
+    SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
+    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_heartbeat.consumer;
+    RETURN owned;
+END;
+$$;
 
 --
 -- Name: stream_lag(text); Type: FUNCTION; Schema: pgbroker; Owner: -

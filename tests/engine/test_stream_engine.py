@@ -198,6 +198,49 @@ def test_a_consumer_reading_ahead_lets_the_partitions_beyond_its_share_drain(con
     assert owners.fetchall() == [("a", 2), ("b", 2)]
 
 
+def test_a_heartbeat_keeps_a_consumer_s_partitions_between_reads(conn: Conn) -> None:
+    make_stream(conn, partitions=4)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(40)])
+    a = read(conn, "clicks", "g", "a", qty=100, lease=30)
+    assert sorted(a.ids) == ids
+    # a's lease at its end, as when handling its batch outlasts it: read no more, it beats.
+    conn.execute(
+        "UPDATE pgbroker.stream_consumer SET expires_at = now(), renewed_at = now() - interval '30 s'"
+    )
+    beat = "SELECT pgbroker.stream_heartbeat('clicks', 'g', %s, %s)"
+    assert conn.execute(beat, ["a", 30]).fetchone() == (4,)
+    lease_left = "SELECT expires_at - now() FROM pgbroker.stream_consumer WHERE consumer = 'a'"
+    row = conn.execute(lease_left).fetchone()
+    assert row is not None
+    assert row[0] > dt.timedelta(seconds=29)
+    assert read(conn, "clicks", "g", "b", lease=30).rows == []  # a is live: b waits for its share
+    assert set(ack(conn, "clicks", "g", "a", a).values()) == {True}
+
+    # Bad input is refused and changes nothing.
+    consumers = "SELECT consumer, expires_at FROM pgbroker.stream_consumer ORDER BY 1"
+    before = conn.execute(consumers).fetchall()
+    for args, text, sqlstate in [
+        (["a", 0], "lease_seconds must be between 1 and 86400", "PB007"),
+        (["", 30], "consumer must name the consumer", "PB007"),
+    ]:
+        with pytest.raises(psycopg.Error, match=text) as err:
+            conn.execute(beat, args)
+        assert err.value.sqlstate == sqlstate
+    with pytest.raises(psycopg.Error, match='no consumer group "nope"') as err:
+        conn.execute("SELECT pgbroker.stream_heartbeat('clicks', 'nope', 'a')")
+    assert err.value.sqlstate == "PB021"
+    assert conn.execute(consumers).fetchall() == before
+
+    # Once the lease is over and another consumer took the partitions, a beat keeps none of them.
+    conn.execute(
+        "UPDATE pgbroker.stream_consumer SET expires_at = now() - interval '1 s' WHERE consumer = 'a'"
+    )
+    b = read(conn, "clicks", "g", "b", lease=30)
+    assert b.rows == []  # a acked everything: nothing to hand out again
+    assert conn.execute(beat, ["a", 30]).fetchone() == (0,)
+
+
 def test_release_frees_the_partitions_at_once(conn: Conn) -> None:
     make_stream(conn, partitions=2)
     make_group(conn, "g")

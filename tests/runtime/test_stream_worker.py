@@ -259,6 +259,39 @@ def test_a_worker_joining_a_busy_one_gets_its_share_while_the_other_reads_ahead(
     assert len(handled["b"]) > 500  # its two partitions' share of what was left (~950)
 
 
+def test_a_batch_that_outlasts_the_lease_keeps_its_partitions(dsn: str, broker: Broker) -> None:
+    # A read renews the consumer's lease. Handling a batch takes 12 x 0.5 s, twice the lease of 3 s,
+    # with no read in between: without a heartbeat the other consumer found the first one's lease
+    # over, took its partition and had the batch again, its key handled by both at once.
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    ids = clicks.send_many([{"n": i} for i in range(12)], keys=["k"] * 12)
+    handled: list[tuple[str, int]] = []
+    done = threading.Event()
+
+    def handler(name: str) -> Callable[[StreamMessage], Awaitable[None]]:
+        async def handle(message: StreamMessage) -> None:
+            await asyncio.sleep(0.5)
+            handled.append((name, message.id))
+            if {i for _, i in handled} == set(ids):
+                done.set()
+
+        return handle
+
+    def consumer(name: str) -> StreamWorker:
+        return StreamWorker("clicks", "g", handler(name), batch_size=12, lease=3, consumer=name)
+
+    first = threading.Thread(target=run_until, args=(dsn, [consumer("a")], done, 120))
+    first.start()
+    end = time.monotonic() + 60
+    while not handled and time.monotonic() < end:
+        time.sleep(0.01)
+    run_until(dsn, [consumer("b")], done, 120)
+    first.join()
+    assert handled == [("a", i) for i in ids]  # each once, in order, by the consumer that read it
+
+
 def test_the_stream_worker_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, broker: Broker) -> None:
     """Watchdog (issue 23, item 2): a role with a 200 ms lock_timeout while a maintenance
     transaction locks the group's cursors, then every session of the database terminated; the

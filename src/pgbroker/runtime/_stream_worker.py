@@ -16,6 +16,10 @@ worker also runs a queue Worker on that retry queue with the same handler, which
 message as a StreamMessage again (from its x-pgbroker-stream header), so the handler sees one
 kind of message either way.
 
+A read renews the consumer's lease. While a batch is in hand a heartbeat renews it every
+quarter lease, so a batch that takes longer to handle than the lease keeps its partitions (the
+others would find the lease over, take them and have the batch again while it is handled).
+
 A worker that dies mid-batch acks nothing: the batch is delivered again to whoever takes its
 partitions over (at-least-once): at the other consumers' next read once its connections are
 gone, at the end of its lease if it hangs connected. stop() finishes the batch in hand,
@@ -172,6 +176,7 @@ class StreamWorker:
                 retry_task = asyncio.create_task(self._retry_worker.run(broker))
         if self.maintain_every is not None:
             maintain_task = asyncio.create_task(self._maintain(stream, self.maintain_every))
+        heartbeat_task = asyncio.create_task(self._heartbeats(consumer))
         log_event(
             logging.INFO,
             "stream_worker.started",
@@ -182,6 +187,9 @@ class StreamWorker:
         try:
             await self._consume(stream, consumer, threads)
         finally:
+            heartbeat_task.cancel()
+            with suppress(Exception, asyncio.CancelledError):
+                await heartbeat_task
             with suppress(Exception):
                 await consumer.release()
             if maintain_task is not None:
@@ -339,6 +347,18 @@ class StreamWorker:
             await self.handler(converted)
         else:
             await asyncio.to_thread(self.handler, converted)
+
+    async def _heartbeats(self, consumer: AsyncStreamConsumer) -> None:
+        """Renew the lease every quarter lease while a batch is in hand: at least a quarter lease
+        before a read's renewal runs out (a read renews once half the lease has gone)."""
+        while True:
+            await asyncio.sleep(self.lease / 4)
+            if not self._in_flight:
+                continue
+            try:
+                await consumer.heartbeat()
+            except Exception as exc:  # the next beat, or the next read, tries again
+                log_event(logging.WARNING, "stream_worker.heartbeat_failed", stream=self.stream, error=exc)
 
     async def _maintain(self, stream: AsyncStream, every: float) -> None:
         while True:

@@ -207,6 +207,14 @@ class StreamConsumer:
         read may have committed without its rows arriving). Returns the partitions rewound."""
         return self.stream._executor.run(sq.stream_rewind(self.stream.name, self.group, self.name))
 
+    def heartbeat(self) -> int:
+        """Renew this consumer's lease without reading, for a batch that takes longer to handle
+        than the lease. Returns the partitions it owns (fewer than before when its lease ran out
+        and others took some: what it holds of those is theirs again)."""
+        return self.stream._executor.run(
+            sq.stream_heartbeat(self.stream.name, self.group, self.name, self.lease)
+        )
+
     def release(self) -> int:
         """Leave the group: the partitions are free at once; returns how many were held."""
         return self.stream._executor.run(sq.stream_release(self.stream.name, self.group, self.name))

@@ -233,6 +233,14 @@ class AsyncStreamConsumer:
         read may have committed without its rows arriving). Returns the partitions rewound."""
         return await self.stream._executor.run(sq.stream_rewind(self.stream.name, self.group, self.name))
 
+    async def heartbeat(self) -> int:
+        """Renew this consumer's lease without reading, for a batch that takes longer to handle
+        than the lease. Returns the partitions it owns (fewer than before when its lease ran out
+        and others took some: what it holds of those is theirs again)."""
+        return await self.stream._executor.run(
+            sq.stream_heartbeat(self.stream.name, self.group, self.name, self.lease)
+        )
+
     async def release(self) -> int:
         """Leave the group: the partitions are free at once; returns how many were held."""
         return await self.stream._executor.run(sq.stream_release(self.stream.name, self.group, self.name))

@@ -907,6 +907,28 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
           AND l.objid = (key & 4294967295)::oid);
 $$;
 
+-- Refuse a consumer's name or lease that cannot be (PB007).
+CREATE OR REPLACE FUNCTION pgbroker._stream_check_consumer(consumer text, lease_seconds integer)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    PERFORM pgbroker._check_arg(lease_seconds BETWEEN 1 AND 86400,
+        format('lease_seconds must be between 1 and 86400, got %s', coalesce(lease_seconds::text, 'NULL')),
+        'A consumer that does not read again within its lease loses its partitions to the others.');
+    PERFORM pgbroker._check_arg(consumer IS NOT NULL AND consumer <> '', 'consumer must name the consumer',
+        'Any text unique among the group''s consumers, e.g. host:pid:random.');
+END;
+$$;
+
+-- Register a consumer, or renew its lease: lease_seconds from now.
+CREATE OR REPLACE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consumer text,
+                                       lease_seconds integer)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
+    VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
+    ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
+        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+$$;
+
 -- A consumer's share of a group's partitions: the live consumers, ordered by
 -- name, get floor(N/n) each, plus one for the first N mod n of them.
 CREATE OR REPLACE FUNCTION pgbroker._stream_share(partitions integer, live text[], consumer text)
@@ -958,10 +980,7 @@ BEGIN
     IF fresh IS NOT TRUE THEN
         -- A plain read first (above), because the upsert locks the consumer's row (a WAL
         -- record and a dirtied page) even when its WHERE leaves the row as it is.
-        INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
-        VALUES (s.stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
-        ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-            SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+        PERFORM pgbroker._stream_renew(s.stream_name, group_name, consumer, lease_seconds);
         IF NOT consumer = ANY (coalesce(live, '{}')) THEN
             live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
         END IF;
@@ -1042,6 +1061,31 @@ BEGIN
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = g.stream_name AND c.group_name = g.group_name AND c.consumer = stream_release.consumer;
     RETURN released;
+END;
+$$;
+
+-- Keep a consumer live without reading: its lease renewed to lease_seconds
+-- from now, and this session marked as one of its (the liveness lock). A read
+-- renews the lease; a consumer whose batch takes longer to handle than its
+-- lease calls this meanwhile, or the others find its lease over, take its
+-- partitions and have the batch again while it is still being handled.
+-- Returns how many partitions the consumer owns: those another consumer took
+-- while its lease was over stay taken (their epoch moved on, the former
+-- owner's acks are fenced off).
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.stream_heartbeat(stream_name text, group_name text, consumer text,
+                                          lease_seconds integer DEFAULT 30)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
+    owned integer;
+BEGIN
+    PERFORM pgbroker._stream_check_consumer(consumer, lease_seconds);
+    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(g.stream_name, g.group_name, consumer));
+    PERFORM pgbroker._stream_renew(g.stream_name, g.group_name, consumer, lease_seconds);
+    SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
+    WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_heartbeat.consumer;
+    RETURN owned;
 END;
 $$;
 
@@ -1136,11 +1180,7 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
-    PERFORM pgbroker._check_arg(lease_seconds BETWEEN 1 AND 86400,
-        format('lease_seconds must be between 1 and 86400, got %s', coalesce(lease_seconds::text, 'NULL')),
-        'A consumer that does not read again within its lease loses its partitions to the others.');
-    PERFORM pgbroker._check_arg(consumer IS NOT NULL AND consumer <> '', 'consumer must name the consumer',
-        'Any text unique among the group''s consumers, e.g. host:pid:random.');
+    PERFORM pgbroker._stream_check_consumer(consumer, lease_seconds);
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM pgbroker._check_arg(false,
             format('stream reads need READ COMMITTED, not %s', current_setting('transaction_isolation')),

@@ -77,6 +77,10 @@ FROM pgbroker.stream_ack(%(stream)s::text, %(group)s::text, %(consumer)s::text, 
 -- Release a group's claim unacked.
 SELECT pgbroker.stream_release(%(stream)s, %(group)s, %(consumer)s)
 
+-- name: stream_heartbeat
+-- Renew a consumer's lease between reads; how many partitions it owns.
+SELECT pgbroker.stream_heartbeat(%(stream)s, %(group)s, %(consumer)s, %(lease)s)
+
 -- name: stream_rewind
 -- Move a group's position back or forward.
 SELECT pgbroker.stream_rewind(%(stream)s, %(group)s, %(consumer)s)

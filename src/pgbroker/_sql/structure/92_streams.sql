@@ -103,6 +103,6 @@ SELECT 'producer', 'pgbroker', 'stream_send_idempotent'
 UNION ALL
 SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY[
     'stream_read', 'stream_ack', 'stream_consume', 'stream_release', 'stream_rewind',
-    'stream_notify_channel']) f
+    'stream_heartbeat', 'stream_notify_channel']) f
 UNION ALL
 SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['streams', 'stream_groups', 'stream_lag']) f;

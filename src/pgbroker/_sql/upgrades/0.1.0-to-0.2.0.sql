@@ -179,3 +179,9 @@ $$;
 -- The read and pop routes look the queue's bounds up themselves, once a call
 -- for both scans (functions/90_routes.sql): their helper is gone.
 DROP FUNCTION IF EXISTS pgbroker._route_ready_from(text);
+
+-- A consumer's heartbeat between reads (functions/92_streams.sql): a
+-- StreamWorker whose batch outlasts its lease keeps its partitions. A
+-- consumer may call it (structure/92_streams.sql).
+INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
+VALUES ('consumer', 'pgbroker', 'stream_heartbeat');

@@ -89,11 +89,15 @@ def batch_sizes(query: Any) -> list[int]:
     return [int(p["numInputRows"]) for p in query.recentProgress if int(p["numInputRows"]) > 0]
 
 
-def wait_for(condition: Any, timeout: float, what: str) -> None:
+def wait_for(condition: Any, timeout: float, what: str, *, query: Any = None) -> None:
+    """Poll ``condition`` until it holds. With a streaming ``query``: fail as soon as the query
+    stops (its exception in the message) rather than at the timeout, minutes later."""
     import time
 
     deadline = time.monotonic() + timeout
     while not condition():
+        if query is not None and not query.isActive:
+            raise AssertionError(f"the streaming query stopped while waiting for {what}: {query.exception()}")
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(0.2)

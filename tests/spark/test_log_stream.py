@@ -51,11 +51,11 @@ def test_starting_latest_leaves_older_messages_and_delete_releases(
         spark, dsn, "src", "dst", tmp_path, available_now=False, startingOffset="latest", release="delete"
     )
     try:
-        wait_for(lambda: query.recentProgress, 120, "the query's first trigger")
+        wait_for(lambda: query.recentProgress, 120, "the query's first trigger", query=query)
         fill(conn, "src", 50, start=100)
-        wait_for(lambda: count(conn, "q_dst") == 50, 120, "the 50 new messages")
+        wait_for(lambda: count(conn, "q_dst") == 50, 120, "the 50 new messages", query=query)
         # The last batch is released at the next trigger.
-        wait_for(lambda: count(conn, "q_src") == 100, 60, "the release of the last batch")
+        wait_for(lambda: count(conn, "q_src") == 100, 60, "the release of the last batch", query=query)
     finally:
         query.stop()
     assert numbers(conn, "q_dst") == list(range(100, 150))
@@ -121,8 +121,8 @@ def test_late_committing_producers_lose_nothing(spark: Any, dsn: str, conn: Conn
         for thread in threads:
             thread.join()
         total = producers * transactions * per_transaction
-        wait_for(lambda: count(conn, "q_dst") >= total, 180, f"{total} messages in dst")
-        wait_for(lambda: count(conn, "q_src") == 0, 60, "the release of every batch")
+        wait_for(lambda: count(conn, "q_dst") >= total, 180, f"{total} messages in dst", query=query)
+        wait_for(lambda: count(conn, "q_src") == 0, 60, "the release of every batch", query=query)
     finally:
         query.stop()
 

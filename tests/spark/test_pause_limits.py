@@ -39,7 +39,7 @@ def test_a_claim_stream_stops_while_paused_and_goes_on_exactly_once(
     )
     try:
         # (The batch's progress is reported after its rows are written.)
-        wait_for(lambda: sum(batch_sizes(query)) == 100, 180, "the first 100 messages")
+        wait_for(lambda: sum(batch_sizes(query)) == 100, 180, "the first 100 messages", query=query)
         conn.execute("SELECT pgbroker.pause('src')")
         fill(conn, "src", 50, start=100)
         batches = len(batch_sizes(query))
@@ -49,9 +49,9 @@ def test_a_claim_stream_stops_while_paused_and_goes_on_exactly_once(
         assert count(conn, "q_dst") == 100
         assert conn.execute("SELECT count(*) FROM pgmq.q_src WHERE read_ct = 0").fetchone() == (50,)
         conn.execute("SELECT pgbroker.resume('src')")
-        wait_for(lambda: count(conn, "q_dst") == 150, 120, "the 50 sent while paused")
+        wait_for(lambda: count(conn, "q_dst") == 150, 120, "the 50 sent while paused", query=query)
         # Released once Spark committed their batch, when it next asks for an offset.
-        wait_for(lambda: count(conn, "q_src") == 0, 60, "the last claim's release")
+        wait_for(lambda: count(conn, "q_src") == 0, 60, "the last claim's release", query=query)
     finally:
         query.stop()
     assert numbers(conn, "q_dst") == list(range(150))  # each once

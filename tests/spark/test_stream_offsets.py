@@ -118,10 +118,10 @@ def test_stream_read_exactly_once_with_a_late_commit_and_a_restart(
     try:
         # All of the first 1,000 copied before the late transaction opens, so that what was seen
         # before it commits does not depend on how fast a loaded machine runs the query.
-        wait_for(lambda: len(copied(conn)) >= 1_000, 120, "the first 1,000")
+        wait_for(lambda: len(copied(conn)) >= 1_000, 120, "the first 1,000", query=query)
         for thread in threads:
             thread.start()
-        wait_for(lambda: len(batch_sizes(query)) >= 4, 120, "a few batches with the producers")
+        wait_for(lambda: len(batch_sizes(query)) >= 4, 120, "a few batches with the producers", query=query)
         assert acked_but_not_copied(conn) == 0
         query.stop()  # mid-way: the producers go on
         at_stop = len(copied(conn))
@@ -130,10 +130,10 @@ def test_stream_read_exactly_once_with_a_late_commit_and_a_restart(
             thread.join()
         assert late_committed.is_set()
         total = 1_000 + producers * rounds * per_round + 50
-        wait_for(lambda: len(copied(conn)) >= total, 180, f"{total} messages copied")
+        wait_for(lambda: len(copied(conn)) >= total, 180, f"{total} messages copied", query=query)
         assert acked_but_not_copied(conn) == 0
         # The last batch's cursor moves at the next trigger (Spark commits it then).
-        wait_for(lambda: group_lag(conn, "spark") == 0, 60, "the group's lag to reach 0")
+        wait_for(lambda: group_lag(conn, "spark") == 0, 60, "the group's lag to reach 0", query=query)
     finally:
         query.stop()
 

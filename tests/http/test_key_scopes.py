@@ -43,6 +43,7 @@ def attempt(path: str, method: str, queue: str, stream: str) -> tuple[str, Any]:
         ("/v1/streams/{stream}/messages", "POST"): {"messages": [{"message": 1}]},
         ("/v1/streams/{stream}/groups", "POST"): {"group": "g2"},
         ("/v1/streams/{stream}/groups/{group}/read", "POST"): {"consumer": "c"},
+        ("/v1/streams/{stream}/groups/{group}/heartbeat", "POST"): {"consumer": "c"},
         ("/v1/streams/{stream}/groups/{group}/ack", "POST"): {
             "consumer": "c",
             "acks": [{"partition": 0, "epoch": 1, "last_id": 1}],
@@ -57,7 +58,8 @@ async def state(broker: AsyncBroker) -> Any:
         cur = await conn.execute(
             "SELECT (SELECT array_agg(queue_name ORDER BY queue_name) FROM pgmq.meta),"
             ' (SELECT array_agg(row(msg_id, read_ct, vt, message)::text) FROM pgmq."q_us-secret"),'
-            ' (SELECT count(*) FROM pgmq."a_us-secret")'
+            ' (SELECT count(*) FROM pgmq."a_us-secret"),'
+            " (SELECT array_agg(row(consumer, expires_at)::text) FROM pgbroker.stream_consumer)"
         )
         row = await cur.fetchone()
     return row, await broker.schedules()

@@ -30,6 +30,13 @@ async def test_stream_lifecycle(client: httpx.AsyncClient, keys: dict[str, str])
     )
     batch = r.json()["messages"]
     assert sorted(m["id"] for m in batch) == [1, 2, 3, 4, 5, 6]
+    # A batch that takes longer to handle than the lease: the consumer keeps its partitions.
+    r = await client.post(
+        "/v1/streams/clicks/groups/billing/heartbeat",
+        json={"consumer": "c1", "lease_seconds": 60},
+        headers=consumer,
+    )
+    assert r.json() == {"partitions": 2}, r.text
     assert next(m for m in batch if m["id"] == 1)["headers"] == {"trace": "t1"}
     acks: dict[int, dict[str, int]] = {}
     for m in batch:
@@ -62,6 +69,12 @@ async def test_stream_errors(client: httpx.AsyncClient, keys: dict[str, str]) ->
     await client.post("/v1/streams", json={"name": "clicks"}, headers=admin)
     r = await client.post("/v1/streams/clicks/groups/nope/read", json={"consumer": "c"}, headers=admin)
     assert (r.status_code, r.json()["error"]["code"]) == (404, "stream_group_not_found")
+    r = await client.post("/v1/streams/clicks/groups/nope/heartbeat", json={"consumer": "c"}, headers=admin)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "stream_group_not_found")
+    r = await client.post(
+        "/v1/streams/clicks/groups/g/heartbeat", json={"consumer": "c", "lease_seconds": 0}, headers=admin
+    )
+    assert r.status_code == 422
     r = await client.post(
         "/v1/streams/clicks/messages", json={"messages": [{"message": 1}]}, headers=auth(keys["other"])
     )

@@ -65,6 +65,11 @@ class StreamRead(Body):
     wait: Annotated[float, Field(ge=0), Limit("max_wait_seconds")] = 0.0
 
 
+class StreamHeartbeat(Body):
+    consumer: ConsumerName
+    lease_seconds: LeaseSeconds = 30
+
+
 class PartitionAck(Body):
     partition: Partition
     epoch: Id
@@ -110,6 +115,10 @@ class AckResult(Answer):
 
 class StreamAcked(Answer):
     partitions: list[AckResult]
+
+
+class HeartbeatAnswer(Answer):
+    partitions: Annotated[int, Field(description="the partitions the consumer owns")]
 
 
 class StreamDropped(Answer):

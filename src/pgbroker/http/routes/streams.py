@@ -19,10 +19,12 @@ from pgbroker.http.stream_models import (
     CreateStream,
     GroupCreated,
     GroupList,
+    HeartbeatAnswer,
     StreamAck,
     StreamAcked,
     StreamBatch,
     StreamDropped,
+    StreamHeartbeat,
     StreamIds,
     StreamList,
     StreamRead,
@@ -177,3 +179,15 @@ async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
     )
     held = await consumer.ack(batch)
     return StreamAcked(partitions=[AckResult(partition=p, acked=ok) for p, ok in sorted(held.items())])
+
+
+@router.post(
+    "/v1/streams/{stream}/groups/{group}/heartbeat",
+    "renew a consumer's lease between reads, while it handles a batch that outlasts the lease",
+    scope="read",
+    errors=_NO_GROUP,
+)
+async def stream_heartbeat(call: Call, body: StreamHeartbeat) -> HeartbeatAnswer:
+    stream = _stream(call, "read")
+    consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds)
+    return HeartbeatAnswer(partitions=await consumer.heartbeat())

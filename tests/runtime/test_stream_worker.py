@@ -5,6 +5,7 @@ queue with the same handler, order per key, a graceful stop that acks what it ha
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import time
@@ -290,6 +291,46 @@ def test_a_batch_that_outlasts_the_lease_keeps_its_partitions(dsn: str, broker: 
     run_until(dsn, [consumer("b")], done, 120)
     first.join()
     assert handled == [("a", i) for i in ids]  # each once, in order, by the consumer that read it
+
+
+def test_what_is_left_of_a_partition_taken_meanwhile_is_dropped(dsn: str, broker: Broker) -> None:
+    # The database out of reach for longer than the lease: another consumer took the partition
+    # and has the batch again. At its next beat the worker finds it gone and drops the rest, so
+    # that the key does not run in two places; it logs the loss.
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    ids = clicks.send_many([{"n": i} for i in range(12)], keys=["k"] * 12)
+    handled: list[int] = []
+    lost, done = threading.Event(), threading.Event()
+
+    class Losses(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("stream_worker.partitions_lost"):
+                lost.set()
+
+    def take_the_partition() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("UPDATE pgbroker.stream_cursor SET owner = 'other', epoch = epoch + 1")
+
+    async def handle(message: StreamMessage) -> None:
+        handled.append(message.id)
+        if message.id == ids[2]:
+            await asyncio.to_thread(take_the_partition)
+            await asyncio.to_thread(lost.wait, 30)
+            worker.stop()
+            done.set()
+
+    worker = StreamWorker("clicks", "g", handle, batch_size=12, lease=2)
+    losses = Losses()
+    logging.getLogger("pgbroker").addHandler(losses)
+    try:
+        run_until(dsn, [worker], done, 120)
+    finally:
+        logging.getLogger("pgbroker").removeHandler(losses)
+    assert lost.is_set()
+    assert handled == ids[:3]
+    assert worker.stats.stale == 9
 
 
 def test_the_stream_worker_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, broker: Broker) -> None:

@@ -118,7 +118,9 @@ class StreamAcked(Answer):
 
 
 class HeartbeatAnswer(Answer):
-    partitions: Annotated[int, Field(description="the partitions the consumer owns")]
+    partitions: Annotated[
+        list[int], Field(description="the partitions the consumer owns (those taken from it are dropped)")
+    ]
 
 
 class StreamDropped(Answer):

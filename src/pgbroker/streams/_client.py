@@ -207,10 +207,11 @@ class StreamConsumer:
         read may have committed without its rows arriving). Returns the partitions rewound."""
         return self.stream._executor.run(sq.stream_rewind(self.stream.name, self.group, self.name))
 
-    def heartbeat(self) -> int:
+    def heartbeat(self) -> list[int]:
         """Renew this consumer's lease without reading, for a batch that takes longer to handle
-        than the lease. Returns the partitions it owns (fewer than before when its lease ran out
-        and others took some: what it holds of those is theirs again)."""
+        than the lease. Returns the partitions it owns: fewer than before when its lease ran out
+        and others took some; what it holds of those is delivered to them again, and its acks of
+        them are fenced off."""
         return self.stream._executor.run(
             sq.stream_heartbeat(self.stream.name, self.group, self.name, self.lease)
         )

@@ -257,7 +257,9 @@ def stream_rewind(stream: str, group: str, consumer: str) -> Query[int]:
     return Query(_named("stream_rewind"), {"stream": stream, "group": group, "consumer": consumer}, _scalar)
 
 
-def stream_heartbeat(stream: str, group: str, consumer: str, lease: int | float | timedelta) -> Query[int]:
+def stream_heartbeat(
+    stream: str, group: str, consumer: str, lease: int | float | timedelta
+) -> Query[list[int]]:
     params = {"stream": stream, "group": group, "consumer": consumer, "lease": _whole_seconds(lease, "lease")}
     return Query(_named("stream_heartbeat"), params, _scalar)
 

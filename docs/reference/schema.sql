@@ -7677,7 +7677,7 @@ $_$;
 -- Name: stream_heartbeat(text, text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.stream_heartbeat(stream_name text, group_name text, consumer text, lease_seconds integer DEFAULT 30) RETURNS integer[]
+CREATE FUNCTION pgbroker.stream_heartbeat(stream_name text, group_name text, consumer text, lease_seconds integer DEFAULT 30) RETURNS TABLE(partition integer, epoch bigint)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -7686,10 +7686,10 @@ BEGIN
     PERFORM pgbroker._stream_check_consumer(consumer, lease_seconds);
     PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(g.stream_name, g.group_name, consumer));
     PERFORM pgbroker._stream_renew(g.stream_name, g.group_name, consumer, lease_seconds);
-    RETURN ARRAY(SELECT t.partition FROM pgbroker.stream_cursor t
+    RETURN QUERY SELECT t.partition, t.epoch FROM pgbroker.stream_cursor t
                  WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name
                    AND t.owner = stream_heartbeat.consumer
-                 ORDER BY t.partition);
+                 ORDER BY t.partition;
 END;
 $$;
 

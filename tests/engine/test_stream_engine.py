@@ -208,8 +208,8 @@ def test_a_heartbeat_keeps_a_consumer_s_partitions_between_reads(conn: Conn) -> 
     conn.execute(
         "UPDATE pgbroker.stream_consumer SET expires_at = now(), renewed_at = now() - interval '30 s'"
     )
-    beat = "SELECT pgbroker.stream_heartbeat('clicks', 'g', %s, %s)"
-    assert conn.execute(beat, ["a", 30]).fetchone() == ([0, 1, 2, 3],)
+    beat = "SELECT * FROM pgbroker.stream_heartbeat('clicks', 'g', %s, %s)"
+    assert conn.execute(beat, ["a", 30]).fetchall() == [(p, a.rows[0][2]) for p in range(4)]
     lease_left = "SELECT expires_at - now() FROM pgbroker.stream_consumer WHERE consumer = 'a'"
     row = conn.execute(lease_left).fetchone()
     assert row is not None
@@ -238,7 +238,7 @@ def test_a_heartbeat_keeps_a_consumer_s_partitions_between_reads(conn: Conn) -> 
     )
     b = read(conn, "clicks", "g", "b", lease=30)
     assert b.rows == []  # a acked everything: nothing to hand out again
-    assert conn.execute(beat, ["a", 30]).fetchone() == ([],)
+    assert conn.execute(beat, ["a", 30]).fetchall() == []
 
 
 def test_release_frees_the_partitions_at_once(conn: Conn) -> None:

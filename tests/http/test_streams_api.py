@@ -36,7 +36,8 @@ async def test_stream_lifecycle(client: httpx.AsyncClient, keys: dict[str, str])
         json={"consumer": "c1", "lease_seconds": 60},
         headers=consumer,
     )
-    assert r.json() == {"partitions": [0, 1]}, r.text
+    epochs = {m["partition"]: m["epoch"] for m in batch}
+    assert r.json() == {"partitions": [{"partition": p, "epoch": epochs[p]} for p in (0, 1)]}, r.text
     assert next(m for m in batch if m["id"] == 1)["headers"] == {"trace": "t1"}
     acks: dict[int, dict[str, int]] = {}
     for m in batch:

@@ -117,9 +117,15 @@ class StreamAcked(Answer):
     partitions: list[AckResult]
 
 
+class OwnedPartition(Answer):
+    partition: int
+    epoch: int
+
+
 class HeartbeatAnswer(Answer):
     partitions: Annotated[
-        list[int], Field(description="the partitions the consumer owns (those taken from it are dropped)")
+        list[OwnedPartition],
+        Field(description="what the consumer owns: a batch read under another epoch can no longer be acked"),
     ]
 
 

@@ -233,11 +233,11 @@ class AsyncStreamConsumer:
         read may have committed without its rows arriving). Returns the partitions rewound."""
         return await self.stream._executor.run(sq.stream_rewind(self.stream.name, self.group, self.name))
 
-    async def heartbeat(self) -> list[int]:
+    async def heartbeat(self) -> dict[int, int]:
         """Renew this consumer's lease without reading, for a batch that takes longer to handle
-        than the lease. Returns the partitions it owns: fewer than before when its lease ran out
-        and others took some; what it holds of those is delivered to them again, and its acks of
-        them are fenced off."""
+        than the lease. Returns {partition: epoch} of the partitions it owns. Messages read
+        before the beat under an epoch it does not name (their partition was taken while the
+        lease was over) cannot be acked: they are delivered again to the new owner."""
         return await self.stream._executor.run(
             sq.stream_heartbeat(self.stream.name, self.group, self.name, self.lease)
         )

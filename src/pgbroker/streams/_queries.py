@@ -259,9 +259,10 @@ def stream_rewind(stream: str, group: str, consumer: str) -> Query[int]:
 
 def stream_heartbeat(
     stream: str, group: str, consumer: str, lease: int | float | timedelta
-) -> Query[list[int]]:
+) -> Query[dict[int, int]]:
+    """Decodes to {partition: epoch} of the partitions the consumer owns."""
     params = {"stream": stream, "group": group, "consumer": consumer, "lease": _whole_seconds(lease, "lease")}
-    return Query(_named("stream_heartbeat"), params, _scalar)
+    return Query(_named("stream_heartbeat"), params, lambda rows: {r[0]: r[1] for r in rows})
 
 
 def stream_maintain(stream: str) -> Query[int]:

@@ -1069,23 +1069,25 @@ $$;
 -- renews the lease; a consumer whose batch takes longer to handle than its
 -- lease calls this meanwhile, or the others find its lease over, take its
 -- partitions and have the batch again while it is still being handled.
--- Returns the partitions the consumer owns, in order: those another consumer
--- took while its lease was over stay taken (their epoch moved on, the former
--- owner's acks are fenced off), and what it holds of them is best dropped.
+-- Returns the partitions the consumer owns, with their epochs: those another
+-- consumer took while its lease was over stay taken. A batch read under an
+-- epoch the answer does not name (a beat sent after the read) can never be
+-- acknowledged: its partition's acks are fenced off, its messages delivered
+-- again to the new owner, and what is left of it is best dropped.
 -- Since: 0.2.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_heartbeat(stream_name text, group_name text, consumer text,
                                           lease_seconds integer DEFAULT 30)
-RETURNS integer[] LANGUAGE plpgsql AS $$
+RETURNS TABLE (partition integer, epoch bigint) LANGUAGE plpgsql AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
 BEGIN
     PERFORM pgbroker._stream_check_consumer(consumer, lease_seconds);
     PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(g.stream_name, g.group_name, consumer));
     PERFORM pgbroker._stream_renew(g.stream_name, g.group_name, consumer, lease_seconds);
-    RETURN ARRAY(SELECT t.partition FROM pgbroker.stream_cursor t
+    RETURN QUERY SELECT t.partition, t.epoch FROM pgbroker.stream_cursor t
                  WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name
                    AND t.owner = stream_heartbeat.consumer
-                 ORDER BY t.partition);
+                 ORDER BY t.partition;
 END;
 $$;
 

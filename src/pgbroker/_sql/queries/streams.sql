@@ -78,8 +78,8 @@ FROM pgbroker.stream_ack(%(stream)s::text, %(group)s::text, %(consumer)s::text, 
 SELECT pgbroker.stream_release(%(stream)s, %(group)s, %(consumer)s)
 
 -- name: stream_heartbeat
--- Renew a consumer's lease between reads; the partitions it owns.
-SELECT pgbroker.stream_heartbeat(%(stream)s, %(group)s, %(consumer)s, %(lease)s)
+-- Renew a consumer's lease between reads; the partitions it owns, with their epochs.
+SELECT partition, epoch FROM pgbroker.stream_heartbeat(%(stream)s, %(group)s, %(consumer)s, %(lease)s)
 
 -- name: stream_rewind
 -- Move a group's position back or forward.

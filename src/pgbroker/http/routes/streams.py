@@ -20,6 +20,7 @@ from pgbroker.http.stream_models import (
     GroupCreated,
     GroupList,
     HeartbeatAnswer,
+    OwnedPartition,
     StreamAck,
     StreamAcked,
     StreamBatch,
@@ -190,4 +191,7 @@ async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
 async def stream_heartbeat(call: Call, body: StreamHeartbeat) -> HeartbeatAnswer:
     stream = _stream(call, "read")
     consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds)
-    return HeartbeatAnswer(partitions=await consumer.heartbeat())
+    owned = await consumer.heartbeat()
+    return HeartbeatAnswer(
+        partitions=[OwnedPartition(partition=p, epoch=e) for p, e in sorted(owned.items())]
+    )

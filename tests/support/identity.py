@@ -58,11 +58,24 @@ async def drain(dsn: str, url: str, settings: OutboundSettings, timeout: float =
             await task
 
 
-def lose_the_tail(dsn: str, msg_id: int) -> None:
-    """The new primary's state: no trace of ``msg_id``, and its sequence about to give it again."""
+def head_rows(dsn: str) -> int:
+    """How many rows the queue's read bounds have had (pgbroker.queue_head is appended to)."""
+    with Broker(dsn) as broker, broker.connection() as conn:
+        row = conn.execute(
+            "SELECT coalesce(max(seq), 0) FROM pgbroker.queue_head WHERE queue_name = %s", (QUEUE,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def lose_the_tail(dsn: str, msg_id: int, head_seq: int) -> None:
+    """The new primary's state: no trace of ``msg_id`` nor of what came after it (the queue's
+    read bounds as they stood at ``head_seq``: a bound moved past ``msg_id`` was written after it,
+    and is lost with it), and its sequence about to give it again."""
     with Broker(dsn) as broker, broker.connection() as conn:
         conn.execute(f"DELETE FROM pgmq.a_{QUEUE} WHERE msg_id >= %s", (msg_id,))  # noqa: S608
         conn.execute(f"DELETE FROM pgmq.q_{QUEUE} WHERE msg_id >= %s", (msg_id,))  # noqa: S608
+        conn.execute("DELETE FROM pgbroker.queue_head WHERE queue_name = %s AND seq > %s", (QUEUE, head_seq))
         conn.execute(
             "SELECT setval(pg_get_serial_sequence(%s, 'msg_id'), %s, false)", (f"pgmq.q_{QUEUE}", msg_id)
         )
@@ -90,9 +103,10 @@ def ids_across_a_failover(
     with Broker(dsn) as broker:
         queue = broker.create_queue(QUEUE)
         lost = queue.send({"n": "lost"})
+    head_seq = head_rows(dsn)
     asyncio.run(drain(dsn, url, settings))
 
-    lose_the_tail(dsn, lost)
+    lose_the_tail(dsn, lost, head_seq)
     with Broker(dsn) as broker:
         reissued = broker.queue(QUEUE).send({"n": "new"})
     assert reissued == lost, "the new primary gives the lost msg_id to another message"

@@ -75,6 +75,8 @@ $(STAMP): $(ROOT)/pyproject.toml
 	  fi
 	fi
 	"$(PY)" -m pip install -q --disable-pip-version-check -e '.[dev,embedded,spark,bench,http,bridge,codecs,otel]'
+	# Spark's Python workers import pyspark from its zip: give the zip its bytecode (see the script).
+	"$(PY)" scripts/precompile_pyspark.py
 	touch "$@"
 
 # Partitioned queues need pg_partman on the server. As root with apt-get, install Debian's

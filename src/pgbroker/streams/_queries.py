@@ -33,6 +33,11 @@ def _scalar(rows: list[Row]) -> Any:
     return rows[0][0]
 
 
+def _by_partition(rows: list[Row]) -> dict[int, Any]:
+    """Rows of (partition, value) as {partition: value}."""
+    return {row[0]: row[1] for row in rows}
+
+
 def _ids(rows: list[Row]) -> list[int]:
     return [row[0] for row in rows]
 
@@ -246,7 +251,7 @@ def stream_consume(
 def stream_ack(stream: str, group: str, consumer: str, batch: StreamBatch) -> Query[dict[int, bool]]:
     """Decodes to {partition: whether the ack held} (False: the partition changed hands)."""
     params = {"stream": stream, "group": group, "consumer": consumer, **_ack_params(batch)}
-    return Query(_named("stream_ack"), params, lambda rows: {r[0]: r[1] for r in rows})
+    return Query(_named("stream_ack"), params, _by_partition)
 
 
 def stream_release(stream: str, group: str, consumer: str) -> Query[int]:
@@ -262,7 +267,7 @@ def stream_heartbeat(
 ) -> Query[dict[int, int]]:
     """Decodes to {partition: epoch} of the partitions the consumer owns."""
     params = {"stream": stream, "group": group, "consumer": consumer, "lease": _whole_seconds(lease, "lease")}
-    return Query(_named("stream_heartbeat"), params, lambda rows: {r[0]: r[1] for r in rows})
+    return Query(_named("stream_heartbeat"), params, _by_partition)
 
 
 def stream_maintain(stream: str) -> Query[int]:

@@ -180,33 +180,40 @@ DECLARE
     r_max_depth bigint;
     r_size bigint;
 BEGIN
-    -- The batch first, then the queue: pgmq's order (0015).
-    IF p_msgs IS NULL OR cardinality(p_msgs) = 0
-       OR (p_headers IS NOT NULL AND cardinality(p_headers) <> cardinality(p_msgs)) THEN
-        PERFORM pgbroker._check_batch(p_msgs, p_headers);
-    END IF;
-    IF r IS NULL THEN
-        SELECT * INTO r_queue FROM pgbroker._queue(p_queue_name);
-        IF NOT FOUND THEN
-            PERFORM pgbroker._pgmq_no_queue(p_queue_name);  -- pgmq's 42P01, pgbroker's code in DETAIL
+    -- One message without headers to a routed queue without max_depth, within
+    -- the default size in the caller's own rights, passes every check below:
+    -- it goes straight to the INSERT, with no call for them (each is a nested
+    -- call; 15 clients, one-message sends: 14,400 -> 16,100 a second).
+    IF r IS NULL OR p_headers IS NOT NULL OR cardinality(p_msgs) IS DISTINCT FROM 1
+       OR (%3$L::bigint[])[r] IS NOT NULL OR pgbroker._within_default_size(pg_column_size(p_msgs[1])) IS NOT TRUE THEN
+        -- The batch first, then the queue: pgmq's order (0015).
+        IF p_msgs IS NULL OR cardinality(p_msgs) = 0
+           OR (p_headers IS NOT NULL AND cardinality(p_headers) <> cardinality(p_msgs)) THEN
+            PERFORM pgbroker._check_batch(p_msgs, p_headers);
         END IF;
-        r_name := r_queue.stored_name;
-        r_max_depth := r_queue.max_depth;
-    ELSE
-        r_name := (%2$L::text[])[r];
-        r_max_depth := (%3$L::bigint[])[r];
-    END IF;
-    -- A message's size counts its headers too: both are stored in its row.
-    IF cardinality(p_msgs) = 1 THEN
-        r_size := pg_column_size(p_msgs[1]) + coalesce(pg_column_size(p_headers[1]), 0);
-    ELSE
-        SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
-        FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
-    END IF;
-    -- The limit is the database's, never only the session's (0025).
-    PERFORM pgbroker._check_message_size(r_size);
-    IF r_max_depth IS NOT NULL THEN
-        PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
+        IF r IS NULL THEN
+            SELECT * INTO r_queue FROM pgbroker._queue(p_queue_name);
+            IF NOT FOUND THEN
+                PERFORM pgbroker._pgmq_no_queue(p_queue_name);  -- pgmq's 42P01, pgbroker's code in DETAIL
+            END IF;
+            r_name := r_queue.stored_name;
+            r_max_depth := r_queue.max_depth;
+        ELSE
+            r_name := (%2$L::text[])[r];
+            r_max_depth := (%3$L::bigint[])[r];
+        END IF;
+        -- A message's size counts its headers too: both are stored in its row.
+        IF cardinality(p_msgs) = 1 THEN
+            r_size := pg_column_size(p_msgs[1]) + coalesce(pg_column_size(p_headers[1]), 0);
+        ELSE
+            SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
+            FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
+        END IF;
+        -- The limit is the database's, never only the session's (0025).
+        PERFORM pgbroker._check_message_size(r_size);
+        IF r_max_depth IS NOT NULL THEN
+            PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
+        END IF;
     END IF;
     -- The transaction id before the msg_ids: queue_head's advances rely on it.
     PERFORM pg_current_xact_id();

@@ -18,12 +18,14 @@ DECLARE
     r_max_depth bigint;
     r_size bigint;
 BEGIN
-    -- One message without headers to a routed queue without max_depth, within
-    -- the default size in the caller's own rights, passes every check below:
-    -- it goes straight to the INSERT, with no call for them (each is a nested
-    -- call; 15 clients, one-message sends: 14,400 -> 16,100 a second).
-    IF r IS NULL OR p_headers IS NOT NULL OR cardinality(p_msgs) IS DISTINCT FROM 1
-       OR ('{NULL,NULL,NULL}'::bigint[])[r] IS NOT NULL OR pgbroker._within_default_size(pg_column_size(p_msgs[1])) IS NOT TRUE THEN
+    -- Messages without headers to a routed queue without max_depth, within the
+    -- default size in the caller's own rights, pass every check below: they go
+    -- straight to the INSERT, with no call for them (each is a nested call;
+    -- 15 clients: sends of one, 13,300 -> 15,100 a second; of ten, 10,000 ->
+    -- 11,200 batches). The batch's size bounds each of its messages' (an array
+    -- argument is flat here: PL/pgSQL expands it).
+    IF r IS NULL OR p_headers IS NOT NULL OR coalesce(cardinality(p_msgs), 0) = 0
+       OR ('{NULL,NULL,NULL}'::bigint[])[r] IS NOT NULL OR pgbroker._within_default_size(pg_column_size(p_msgs)) IS NOT TRUE THEN
         -- The batch first, then the queue: pgmq's order (0015).
         IF p_msgs IS NULL OR cardinality(p_msgs) = 0
            OR (p_headers IS NOT NULL AND cardinality(p_headers) <> cardinality(p_msgs)) THEN

@@ -258,18 +258,26 @@ def test_a_routed_read_looks_the_queue_s_bounds_up_once(dsn: str, call: str) -> 
     assert reads <= calls["_queue_bounds"] <= reads + 2 * advances
 
 
-def test_a_plain_send_calls_nothing_for_its_checks(dsn: str) -> None:
-    """One message without headers to a routed queue, within the default size in the caller's own
-    rights, passes every check of a send: the route goes straight to its INSERT. Each check was a
-    nested PL/pgSQL call (the size limit's two), about a tenth of such a send's rate. The size
-    test left in the route is an SQL function, inlined: a call of it would be counted here."""
+@pytest.mark.parametrize(
+    ("call", "per_send"),
+    [
+        ("SELECT pgmq.send('jobs', %s::jsonb)", 1),
+        ("SELECT pgmq.send_batch('jobs', array_fill(%s::jsonb, ARRAY[10]))", 10),
+    ],
+)
+def test_a_plain_send_calls_nothing_for_its_checks(dsn: str, call: str, per_send: int) -> None:
+    """Messages without headers to a routed queue, within the default size in the caller's own
+    rights, pass every check of a send: the route goes straight to its INSERT. Each check was a
+    nested PL/pgSQL call (the size limit's two, and a batch's sizes a query), about a tenth of such
+    a send's rate. The size test left in the route is an SQL function, inlined: a call of it would
+    be counted here."""
     sends = 20
     with psycopg.connect(dsn) as conn:
         conn.execute("SELECT pgmq.create('jobs')")
         conn.commit()
         conn.execute("SET LOCAL track_functions = 'all'")
         for n in range(sends):
-            conn.execute("SELECT pgmq.send('jobs', %s::jsonb)", [json.dumps({"n": n})])
+            conn.execute(call, [json.dumps({"n": n})])
         calls: dict[str, int] = dict(
             conn.execute(
                 "SELECT funcname, calls FROM pg_stat_xact_user_functions WHERE schemaname = 'pgbroker'"
@@ -278,4 +286,4 @@ def test_a_plain_send_calls_nothing_for_its_checks(dsn: str) -> None:
         stored = conn.execute("SELECT count(*) FROM pgmq.q_jobs").fetchone()
     # Planning the route may run a constant's function once in the session: not a call a send.
     assert {name: n for name, n in calls.items() if n >= sends} == {"_authorize": sends, "_route_send": sends}
-    assert stored == (sends,)
+    assert stored == (sends * per_send,)

@@ -1,33 +1,34 @@
 """The worker runtime for streams: a handler on a stream and a consumer group.
 
-A StreamWorker is one consumer of the group. It reads a batch from the partitions it owns, runs
-the handler on every message (up to ``concurrency`` at once: the messages of one key one after
-another, in the log's order, and different keys side by side, even in one partition, as in
-Confluent's parallel consumer; a message without a key has no order to keep and runs beside any
-other), and acks the batch as a whole in a call that reads: one statement and one commit a
-batch. After a full batch (a backlog) the next one is read while the handlers go through the
-one in hand (that call carries the ack of the batch before), so the handlers never wait for a
-round trip; a batch starts once the one before is done, which keeps each key's order. Beyond
-its share of the partitions (a consumer has joined) the worker reads no more from those it must
-give up: what it holds of them is acked, and they change hands at its next read. A message
-whose handler raised is marked failed in the batch; the ack sends it to the group's retry
-queue, where the queue's policy applies (back-off, max deliveries, dead-letter queue). The
-worker also runs a queue Worker on that retry queue with the same handler, which gets the
-message as a StreamMessage again (from its x-pgbroker-stream header), so the handler sees one
-kind of message either way.
+A StreamWorker is one consumer of the group. It reads batches from the partitions it owns and
+runs the handler on every message, up to ``concurrency`` at once: the messages of one key one
+after another, in the log's order, and different keys side by side, even in one partition and
+across batches (pgbroker.runtime._stream_dispatch: a batch read ahead starts on its other keys
+while the one before finishes its last ones, so a slow message holds up its own key only). A
+message without a key has no order to keep and runs beside any other. Batches are acked in the
+order read, each as a whole, in the call that reads the next: one statement and one commit a
+batch. After a full batch (a backlog) the next one is read at once, with at most two batches in
+hand, so the handlers never wait for a round trip. Beyond its share of the partitions (a
+consumer has joined) the worker reads no more from those it must give up: what it holds of them
+is acked, and they change hands at its next read. A message whose handler raised is marked
+failed in its batch; the ack sends it to the group's retry queue, where the queue's policy
+applies (back-off, max deliveries, dead-letter queue). The worker also runs a queue Worker on
+that retry queue with the same handler, which gets the message as a StreamMessage again (from
+its x-pgbroker-stream header), so the handler sees one kind of message either way.
 
-A read renews the consumer's lease. While a batch is in hand a heartbeat renews it every
-quarter lease, so a batch that takes longer to handle than the lease keeps its partitions (the
-others would find the lease over, take them and have the batch again while it is handled). A
-beat that finds partitions of the batch taken all the same (the database was out of reach for
-longer than the lease) drops what is left of them unhandled: their new owner has those messages
-again, and handling them here too would run a key in two places at once.
+A read renews the consumer's lease. While batches are in hand a heartbeat renews it every
+quarter lease, so batches that take longer to handle than the lease keep their partitions (the
+others would find the lease over, take them and have the batches again while they are
+handled). A beat that finds partitions of a batch taken all the same (the database was out of
+reach for longer than the lease) drops what is left of them unhandled: their new owner has those
+messages again, and handling them here too would run a key in two places at once.
 
-A worker that dies mid-batch acks nothing: the batch is delivered again to whoever takes its
+A worker that dies acks nothing more: what it held is delivered again to whoever takes its
 partitions over (at-least-once): at the other consumers' next read once its connections are
-gone, at the end of its lease if it hangs connected. stop() finishes the batch in hand,
-acks it and releases the partitions, so that the others take them over at once (a batch read
-ahead and not started is delivered again to them).
+gone, at the end of its lease if it hangs connected. stop() reads no more, finishes the batches
+in hand within the grace period, acks those done (in order) and releases the partitions, so
+that the others take them over at once; what was not finished in time is delivered again to
+them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections import deque
+import time
 from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime
@@ -50,6 +51,7 @@ from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
 from pgbroker.runtime._log_events import log_event
+from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
 
 # The queue worker's classification of connection errors and its log format, shared so that
 # both runtimes log and retry alike.
@@ -64,15 +66,6 @@ StreamHandler: TypeAlias = Callable[[StreamMessage], Any]
 
 _RECONNECT = (0.05, 2.0)
 _LISTEN_TIMEOUT = 1.0
-
-
-def key_chains(batch: StreamBatch) -> list[list[StreamMessage]]:
-    """The batch's messages as chains to handle one after another: one per key (a key lives in
-    one partition, in id order there); a message without a key is a chain of its own."""
-    chains: dict[str | int, list[StreamMessage]] = {}
-    for message in batch:
-        chains.setdefault(message.id if message.key is None else message.key, []).append(message)
-    return list(chains.values())
 
 
 def stream_message_of(message: Message) -> StreamMessage:
@@ -104,7 +97,7 @@ class StreamWorker:
     lease: seconds a consumer owns its partitions without reading (a killed one's move as soon as
     its connections are gone). poll_min/poll_max: the polls of an idle stream (sooner when the stream
     notifies). retries: also run the group's retry queue with the handler. grace_period:
-    seconds a stopping worker waits for the batch in hand (then it is left unacked, to be
+    seconds a stopping worker waits for the batches in hand (what is not done is left unacked, to be
     delivered again). maintain_every: apply the stream's retention that often (seconds; None:
     leave it to `pgbroker stream maintain`); it empties child tables without waiting for locks,
     so several workers doing it cost little.
@@ -147,12 +140,7 @@ class StreamWorker:
         call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
         self._stopping = asyncio.Event()
-        self._in_flight = 0
-        # The batch in hand's partitions with their epochs: a new dict a batch, so a beat's answer
-        # is known to be about the batch it was sent for.
-        self._in_hand: dict[int, int] = {}
-        self._lost: set[int] = set()  # of those partitions, the ones another consumer took meanwhile
-        self._dropped: set[int] = set()  # ids of messages dropped for it, not counted yet
+        self._dispatch = KeyedDispatch()
         self._retry_worker: Worker | None = None
 
     def __repr__(self) -> str:
@@ -160,13 +148,14 @@ class StreamWorker:
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return self._dispatch.in_flight
 
     def stop(self, *, grace_period: float | None = None) -> None:
-        """Stop reading; the batch in hand is finished and acked (within the grace period)."""
+        """Stop reading; the batches in hand are finished and acked (within the grace period)."""
         if grace_period is not None:
             self.grace_period = grace_period
         self._stopping.set()
+        self._dispatch.changed.set()  # wakes the loop
         if self._retry_worker is not None:
             self._retry_worker.stop(grace_period=grace_period)
 
@@ -222,64 +211,103 @@ class StreamWorker:
     async def _consume(
         self, stream: AsyncStream, consumer: AsyncStreamConsumer, threads: HandlerThreads | None
     ) -> None:
-        """Read a batch, and, when it is full, the next one while the handlers go through it: a
-        call that acks the batch handled before and reads the one after, so that the handlers
-        never wait for a round trip. A key's order holds: a batch starts once the one before is
-        done."""
+        """Read, and, after a full batch, read again at once (at most two batches in hand); each
+        read carries the ack of the batches done before it. The slots go through the batches'
+        keys meanwhile (pgbroker.runtime._stream_dispatch)."""
+        self._dispatch = dispatch = KeyedDispatch(low_water=self.concurrency)
         idle = Backoff(self.poll_min, self.poll_max)
         trouble = Backoff(*_RECONNECT)
         subscription: AsyncSubscription | None = None
-        handled: StreamBatch | None = None  # done, not acked yet: acked with the next read
-        ahead: asyncio.Task[StreamBatch] | None = None  # the next batch's read, in flight
-        riding: StreamBatch | None = None  # the batch whose ack that read carries
+
+        async def handle(message: StreamMessage, held: HeldBatch) -> None:
+            error = await self._handle(threads, message)
+            if error is not None:
+                held.batch.fail(message, f"{type(error).__name__}: {error}")
+
+        slots = [asyncio.create_task(dispatch.slot(handle)) for _ in range(self.concurrency)]
+        reading: asyncio.Task[StreamBatch] | None = None  # the next batch's read, in flight
+        riding: list[HeldBatch] = []  # the batches whose ack that read carries
+        done: list[HeldBatch] = []  # handled, to be acked, oldest first
+        # How full the last read was: full (a backlog: read again at once), at least half full (a
+        # producer ahead: read again once fewer keys wait than there are slots), or less (caught
+        # up: read again once the batches in hand are done, one call a batch with their ack,
+        # where reads ahead would mostly come back empty: 286 reads a second against 191 at 1,000
+        # messages a second, W = 16).
+        full = busy = False
         # A read failed in flight: it may have committed without its answer arriving, moving the
         # group past rows never handled. No read may run until a rewind has settled that, however
-        # many calls fail in between (a failover can take several).
+        # many calls fail in between (a failover can take several); the batches in hand are
+        # finished and acked first, or the rewind would hand them out again.
         unsettled = False
+        deadline: float | None = None  # of the grace period, once stopping
         try:
             while True:
-                try:
-                    if ahead is None:
-                        stopping = self._stopping.is_set()
-                        if stopping or unsettled:
-                            # Acked on their own, oldest first: before stopping, or before the
-                            # rewind, which then hands out again only what was read after (an ack
-                            # again is harmless).
-                            if riding is not None:
-                                await consumer.ack(riding)
-                                self._count(riding)
-                                riding = None
-                            if handled is not None:
-                                await consumer.ack(handled)
-                                self._count(handled)
-                                handled = None
+                done += dispatch.take_completed()
+                stopping = self._stopping.is_set()
+                if stopping and deadline is None:
+                    deadline = time.monotonic() + self.grace_period
+                ahead = len(dispatch.held) < 2 and (full or (busy and dispatch.slots_short))
+                if reading is None and (stopping or unsettled) and not dispatch.held:
+                    try:
+                        # Acked on their own, oldest first: before stopping, or before the
+                        # rewind, which then hands out again only what was read after (an ack
+                        # again is harmless).
+                        while done:
+                            await consumer.ack(done[0].batch)
+                            self._count(done.pop(0))
                         if stopping:
                             return
-                        if unsettled:
-                            await consumer.rewind()
-                            unsettled = False
+                        await consumer.rewind()
+                    except Exception as exc:
+                        await self._ride_out(exc, trouble)
+                        continue
+                    unsettled = False
+                    continue
+                elif (
+                    reading is None
+                    and not stopping
+                    and not unsettled
+                    and (not dispatch.held or ahead)
+                ):
+                    try:
                         if subscription is None:
                             subscription = await stream.listen(_LISTEN_TIMEOUT)
-                        ahead, riding, handled = self._read_next(consumer, handled), handled, None
-                    batch = await ahead
-                except Exception as exc:
-                    ahead = None
-                    if not is_transient(exc):
-                        raise
-                    self.stats.connection_errors += 1
-                    log_event(
-                        logging.WARNING, "stream_worker.database_unavailable", stream=self.stream, error=exc
-                    )
-                    unsettled = True
-                    await self._nap(None, trouble.next())
+                    except Exception as exc:
+                        await self._ride_out(exc, trouble)
+                        continue
+                    acked, count = joined(done)
+                    riding, done = done[:count], done[count:]
+                    self.stats.reads += 1
+                    reading = asyncio.create_task(consumer.ack_and_read(acked, self.batch_size))
+                    reading.add_done_callback(lambda _: dispatch.changed.set())
+                if reading is None or not reading.done():
+                    # Something to wait for: a batch done, the read's answer, a stop; the end of
+                    # the grace period, for batches still in hand once stopping.
+                    timeout = None
+                    if deadline is not None and dispatch.held:
+                        timeout = deadline - time.monotonic()
+                        if timeout <= 0:
+                            self._give_up(slots)
+                            continue
+                    with suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(dispatch.changed.wait(), timeout)
+                    dispatch.changed.clear()
                     continue
-                ahead = None
+                task, reading = reading, None
+                try:
+                    batch = task.result()
+                except Exception as exc:
+                    unsettled = True
+                    done, riding = riding + done, []
+                    await self._ride_out(exc, trouble)
+                    continue
                 trouble.reset()
-                if riding is not None:
-                    self._count(riding)
-                riding = None
+                for held in riding:
+                    self._count(held)
+                riding = []
+                full, busy = len(batch) >= self.batch_size, 2 * len(batch) >= self.batch_size
                 if not batch:
-                    if handled is None:  # else read again at once, with its ack
+                    if not done and not dispatch.held:  # else read again at once, with its ack
                         await self._nap(subscription, idle.next())
                     continue
                 idle.reset()
@@ -288,64 +316,38 @@ class StreamWorker:
                     # (released on the way out, or once the lease ends).
                     continue
                 self.stats.received += len(batch)
-                if len(batch) >= self.batch_size or handled is not None:
-                    # A full batch: more is waiting, read it now. A short one emptied what was
-                    # there to read: the next read waits for the batch's end (one call a batch,
-                    # with its ack, where a read ahead would mostly come back empty: 286 reads a
-                    # second against 191 at 1,000 messages a second, W = 16); but for the batch
-                    # handled while this one was read, whose ack (failures and all) goes now.
-                    ahead, riding, handled = self._read_next(consumer, handled), handled, None
-                self._in_flight = len(batch)
-                try:
-                    await self._handle_batch(batch, threads)
-                finally:
-                    self._in_flight = 0
-                handled = batch
+                dispatch.add(batch)
         finally:
-            if ahead is not None:
-                ahead.cancel()
+            unfinished: list[asyncio.Task[Any]] = [*slots, *([reading] if reading is not None else [])]
+            for pending in unfinished:
+                pending.cancel()
+            for pending in unfinished:
                 with suppress(Exception, asyncio.CancelledError):
-                    await ahead
+                    await pending
 
-    def _read_next(
-        self, consumer: AsyncStreamConsumer, acked: StreamBatch | None
-    ) -> asyncio.Task[StreamBatch]:
-        """The call that acks ``acked`` and reads the next batch, started."""
-        self.stats.reads += 1
-        return asyncio.create_task(consumer.ack_and_read(acked, self.batch_size))
+    async def _ride_out(self, exc: Exception, trouble: Backoff) -> None:
+        """A call failed: a lost connection is counted, logged and waited out; anything else
+        stops the worker."""
+        if not is_transient(exc):
+            raise exc
+        self.stats.connection_errors += 1
+        log_event(logging.WARNING, "stream_worker.database_unavailable", stream=self.stream, error=exc)
+        await self._nap(None, trouble.next())
 
-    def _count(self, batch: StreamBatch) -> None:
-        dropped = 0
-        if self._dropped:
-            dropped = sum(1 for m in batch if m.id in self._dropped)
-            self._dropped.difference_update(m.id for m in batch)
-        self.stats.stale += dropped
+    def _give_up(self, slots: list[asyncio.Task[None]]) -> None:
+        """The grace period is over: the handlers still running are cancelled and the batches
+        not done are left unacked, to be delivered again."""
+        for task in slots:
+            task.cancel()
+        left = self._dispatch.in_flight
+        self._dispatch.held.clear()
+        log_event(logging.WARNING, "stream_worker.grace_period_over", stream=self.stream, unhandled=left)
+
+    def _count(self, held: HeldBatch) -> None:
+        batch = held.batch
+        self.stats.stale += held.dropped
         self.stats.retried += len(batch.failures)
-        self.stats.completed += len(batch) - len(batch.failures) - dropped
-
-    async def _handle_batch(self, batch: StreamBatch, threads: HandlerThreads | None) -> None:
-        """Up to ``concurrency`` slots, each taking the next key's chain and handling it message
-        after message: a key's order holds, keys run side by side. A slot per handler rather than a
-        task per key and a semaphore turn per message: a quarter less of the consumer's CPU a
-        message (17.7 -> 13.2 us at W = 64, 23.2 -> 17.0 at W = 16, handlers of 1 ms)."""
-        chains = deque(key_chains(batch))
-        self._in_hand, self._lost = {m.partition: m.epoch for m in batch}, set()
-
-        async def slot() -> None:
-            while chains:
-                chain = chains.popleft()
-                for n, message in enumerate(chain):
-                    if message.partition in self._lost:  # a chain is one key's: one partition's
-                        self._dropped.update(m.id for m in chain[n:])
-                        break
-                    error = await self._handle(threads, message)
-                    if error is not None:
-                        batch.fail(message, f"{type(error).__name__}: {error}")
-
-        try:
-            await asyncio.gather(*(slot() for _ in range(min(self.concurrency, len(chains)))))
-        finally:
-            self._in_hand = {}
+        self.stats.completed += len(batch) - len(batch.failures) - held.dropped
 
     async def _handle(self, threads: HandlerThreads | None, message: StreamMessage) -> Exception | None:
         try:
@@ -370,14 +372,14 @@ class StreamWorker:
             await asyncio.to_thread(self.handler, converted)
 
     async def _heartbeats(self, consumer: AsyncStreamConsumer) -> None:
-        """Renew the lease every quarter lease while a batch is in hand: at least a quarter lease
+        """Renew the lease every quarter lease while batches are in hand: at least a quarter lease
         before a read's renewal runs out (a read renews once half the lease has gone). A partition
-        of the batch that the answer does not name under the epoch the batch was read with was
+        of a batch that the answer does not name under the epoch the batch was read with was
         taken since the read: its part of the batch can never be acked. Only an answer to a beat
         sent while that batch was in hand says so; an older one may predate the batch's read."""
         while True:
             await asyncio.sleep(self.lease / 4)
-            in_hand = self._in_hand
+            in_hand = list(self._dispatch.held)
             if not in_hand:
                 continue
             try:
@@ -385,11 +387,12 @@ class StreamWorker:
             except Exception as exc:  # the next beat, or the next read, tries again
                 log_event(logging.WARNING, "stream_worker.heartbeat_failed", stream=self.stream, error=exc)
                 continue
-            if in_hand is not self._in_hand:
-                continue
-            lost = {p for p, epoch in in_hand.items() if owned.get(p) != epoch} - self._lost
+            lost: set[int] = set()
+            for held in in_hand:
+                taken = {p for p, epoch in held.epochs.items() if owned.get(p) != epoch} - held.lost
+                held.lost |= taken
+                lost |= taken
             if lost:
-                self._lost |= lost
                 log_event(
                     logging.WARNING,
                     "stream_worker.partitions_lost",

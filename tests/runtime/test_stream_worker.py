@@ -12,6 +12,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -403,6 +404,43 @@ def test_what_is_left_of_a_partition_taken_meanwhile_is_dropped(dsn: str, broker
     assert lost.is_set()
     assert handled == ids[:3]
     assert worker.stats.stale == 9
+
+
+def test_a_beat_s_answer_judges_only_the_batches_in_hand_when_it_was_sent() -> None:
+    # A beat ran on the server before the read that took partition 3 and answers after it: its
+    # answer does not name partition 3, which the batch read meanwhile holds under its epoch.
+    # Judged against that batch, its messages would be dropped while its ack still holds: the
+    # cursor would move past messages never handled. (The heartbeat's only use of the consumer
+    # is this call; the rest of the worker's tests run against the database.)
+    def batch(partition: int, epoch: int, msg_id: int) -> StreamBatch:
+        return StreamBatch([StreamMessage("s", partition, msg_id, epoch, "k", datetime.now(UTC), None, {})])
+
+    class Beats:
+        def __init__(self) -> None:
+            self.sent, self.answer = asyncio.Event(), asyncio.Event()
+
+        async def heartbeat(self) -> dict[int, int]:
+            self.sent.set()
+            await self.answer.wait()
+            return {0: 1}
+
+    async def main() -> tuple[set[int], set[int]]:
+        worker = StreamWorker("s", "g", lambda m: None, lease=1)
+        worker._dispatch.add(batch(0, 1, 1))
+        beats = Beats()
+        beating = asyncio.create_task(worker._heartbeats(beats))  # type: ignore[arg-type]
+        await asyncio.wait_for(beats.sent.wait(), 10)
+        worker._dispatch.add(batch(3, 5, 2))  # read while the beat is in flight
+        beats.answer.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        beating.cancel()
+        with suppress(asyncio.CancelledError):
+            await beating
+        first, second = worker._dispatch.held
+        return first.lost, second.lost
+
+    assert asyncio.run(main()) == (set(), set())
 
 
 def test_the_stream_worker_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, broker: Broker) -> None:

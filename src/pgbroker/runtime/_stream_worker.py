@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeAlias
 
 from pgbroker import _tracing as tracing
@@ -218,12 +219,7 @@ class StreamWorker:
         idle = Backoff(self.poll_min, self.poll_max)
         trouble = Backoff(*_RECONNECT)
         subscription: AsyncSubscription | None = None
-
-        async def handle(message: StreamMessage, held: HeldBatch) -> None:
-            error = await self._handle(threads, message)
-            if error is not None:
-                held.batch.fail(message, f"{type(error).__name__}: {error}")
-
+        handle = partial(self._handle, threads)
         slots = [asyncio.create_task(dispatch.slot(handle)) for _ in range(self.concurrency)]
         reading: asyncio.Task[StreamBatch] | None = None  # the next batch's read, in flight
         riding: list[HeldBatch] = []  # the batches whose ack that read carries
@@ -349,7 +345,8 @@ class StreamWorker:
         self.stats.retried += len(batch.failures)
         self.stats.completed += len(batch) - len(batch.failures) - held.dropped
 
-    async def _handle(self, threads: HandlerThreads | None, message: StreamMessage) -> Exception | None:
+    async def _handle(self, threads: HandlerThreads | None, message: StreamMessage, held: HeldBatch) -> None:
+        """Run the handler on ``message``; an exception marks it failed in its batch."""
         try:
             with tracing.processing(self.stream, message.headers, message.id, group=self.group):
                 if threads is None:
@@ -360,8 +357,7 @@ class StreamWorker:
             log_event(
                 logging.INFO, "stream_worker.handler_failed", stream=self.stream, id=message.id, error=exc
             )
-            return exc
-        return None
+            held.batch.fail(message, f"{type(exc).__name__}: {exc}")
 
     async def _retry(self, message: Message) -> None:
         """The handler, on a message of the retry queue (a Worker's handler: raising fails it)."""

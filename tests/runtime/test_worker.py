@@ -81,13 +81,13 @@ def test_the_read_ahead_of_many_fast_slots_covers_three_read_round_trips() -> No
         await asyncio.sleep(0.002)
 
     worker = Worker("jobs", handle, concurrency=64)
-    assert worker._capacity() == 64  # before any handler has finished: no read-ahead
+    assert worker._held_most == 64  # before any handler has finished: no read-ahead
     worker._handler_seconds, worker._read_seconds = 0.002, 0.010
     worker._size_capacity()
-    assert worker._capacity() - worker.concurrency >= 3 * 0.010 * 64 / 0.002
+    assert worker._held_most - worker.concurrency >= 3 * 0.010 * 64 / 0.002
     worker._handler_seconds = 5.0  # slow handlers: none read ahead
     worker._size_capacity()
-    assert worker._capacity() == 64
+    assert worker._held_most == 64
 
 
 def test_room_that_goes_while_the_worker_subscribes_does_not_stop_it(
@@ -101,8 +101,10 @@ def test_room_that_goes_while_the_worker_subscribes_does_not_stop_it(
     shrunk = False
 
     class PacedWorker(Worker):
-        def _capacity(self) -> int:
-            return -5 if shrunk else super()._capacity()
+        def _size_capacity(self) -> None:
+            super()._size_capacity()
+            if shrunk:
+                self._held_most = -5
 
     real_listen = AsyncQueue.listen
 
@@ -110,12 +112,14 @@ def test_room_that_goes_while_the_worker_subscribes_does_not_stop_it(
         nonlocal shrunk
         subscription = await real_listen(self, timeout)
         shrunk = True  # the handlers' pace moved while the subscription was made
+        worker._size_capacity()
         asyncio.get_running_loop().call_later(0.2, unshrink)
         return subscription
 
     def unshrink() -> None:
         nonlocal shrunk
         shrunk = False
+        worker._size_capacity()
         worker._changed.set()  # as a handler finishing tells the loop
 
     monkeypatch.setattr(AsyncQueue, "listen", listen)

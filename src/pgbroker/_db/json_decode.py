@@ -21,7 +21,7 @@ import orjson
 from psycopg.abc import AdaptContext
 from psycopg.types.json import set_json_loads
 
-__all__ = ["decode_json_fast", "decode_json_fast_async", "loads"]
+__all__ = ["decode_json_fast", "loads"]
 
 
 # A run of 19 digits (the shortest integer beyond 64 bits is -9223372036854775809), found by
@@ -47,7 +47,3 @@ def decode_json_fast(context: AdaptContext) -> None:
     """Decode json and jsonb with :func:`loads` on this connection (a pool's ``configure``)."""
     set_json_loads(loads, context)
 
-
-async def decode_json_fast_async(context: AdaptContext) -> None:
-    """:func:`decode_json_fast` as an asyncio pool's ``configure``."""
-    decode_json_fast(context)

@@ -24,8 +24,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pgbroker._db.dsn import PoolerMode, pooler_mode
-from pgbroker._db.json_decode import decode_json_fast_async
 from pgbroker._db.pools import DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts
+from pgbroker._db.session import configure_async
 from pgbroker.errors import PgbrokerError
 from pgbroker.http import monitoring
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
@@ -171,7 +171,7 @@ def _server_pool(
         name=f"pgbroker-http-{role}",
         timeout=timeouts.pool,
         reconnect_timeout=RECONNECT_CEILING,
-        configure=decode_json_fast_async,
+        configure=configure_async,
     )
 
 

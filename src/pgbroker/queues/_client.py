@@ -24,7 +24,7 @@ from psycopg_pool import ConnectionPool
 
 from pgbroker import _tracing as tracing
 from pgbroker import codecs
-from pgbroker._db import json_decode
+from pgbroker._db import session
 from pgbroker._db.backoff import SEND_RETRY, Patience
 from pgbroker._db.dsn import PoolerMode, listen_dsn, pooler_mode, resolve_dsn
 from pgbroker._db.install import install
@@ -563,7 +563,7 @@ class Broker:
                 name="pgbroker",
                 timeout=timeouts.pool,
                 reconnect_timeout=RECONNECT_CEILING,
-                configure=json_decode.decode_json_fast,
+                configure=session.configure,
             )
             self._owned_pool = pool
             self._open_owned_pool()

@@ -26,7 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import _tracing as tracing
 from pgbroker import codecs
-from pgbroker._db import json_decode
+from pgbroker._db import session
 from pgbroker._db.backoff import SEND_RETRY, Patience
 from pgbroker._db.dsn import PoolerMode, listen_dsn, pooler_mode, resolve_dsn
 from pgbroker._db.install_async import install_async
@@ -610,7 +610,7 @@ class AsyncBroker:
                 name="pgbroker-async",  # sync: name="pgbroker",
                 timeout=timeouts.pool,
                 reconnect_timeout=RECONNECT_CEILING,
-                configure=json_decode.decode_json_fast_async,  # sync: configure=json_decode.decode_json_fast,
+                configure=session.configure_async,  # sync: configure=session.configure,
             )
             self._owned_pool = pool
             if ASYNC:

@@ -9,7 +9,7 @@ from typing import Any
 from pgbroker import codecs
 from pgbroker.codecs import CodecError
 from pgbroker.queues._query import Row
-from pgbroker.queues._records import Message, Metrics, QueueInfo, Receipt
+from pgbroker.queues._records import Message, Metrics, QueueInfo, Receipt, build_message
 
 
 def message(row: Row) -> Message:
@@ -35,7 +35,9 @@ def stored_message(row: Row) -> Message:
     receipt = Receipt.issued(row[7]) if len(row) > 7 and row[7] is not None else None
     msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers = row[:7]
     codec = codecs.envelope_codec(stored) if codecs.is_envelope(stored) else codecs.JsonCodec.name
-    return Message(msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, codec)
+    return build_message(
+        msg_id, read_ct, enqueued_at, last_read_at, vt, stored, headers, receipt, codec, None
+    )
 
 
 def stored_messages(rows: list[Row]) -> list[Message]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from traceback import format_exception
 from typing import Any
 
+from pgbroker._frozen import builder
 from pgbroker.queues import _queries as q
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message, Receipt
@@ -34,12 +35,20 @@ class Outcome:
     error: str | None = None
     traceback: str | None = None
 
+    @staticmethod
+    def success(message: Message, receipt: Receipt, lease_ends: float) -> Outcome:
+        """A handled message (one for each the worker handles: made fast, pgbroker._frozen)."""
+        return _build_outcome(message, receipt, lease_ends, None, None)
+
     @classmethod
     def failure(cls, message: Message, receipt: Receipt, lease_ends: float, exc: Exception) -> Outcome:
         """A failed delivery: the exception's type and text, and its traceback when it was raised
         (a body the codec cannot decode was not)."""
         trace = "".join(format_exception(exc)) if exc.__traceback__ is not None else None
         return cls(message, receipt, lease_ends, f"{type(exc).__name__}: {exc}", trace)
+
+
+_build_outcome = builder(Outcome)
 
 
 class Outbox:

@@ -190,8 +190,10 @@ class Worker:
         self._ahead: deque[tuple[Message, Lease]] = deque()
         self._handler_seconds: float | None = None  # moving average of the handlers' time
         self._read_seconds = 0.0  # moving average of a read's round trip
-        # What may be held (_capacity()), sized again as the averages move (_size_capacity)
+        # What may be held, sized again as the averages move (_size_capacity), and the room a
+        # read waits for: half of it (so that reads are shared), at most a batch
         self._held_most = self.concurrency
+        self._read_room = self._room_to_read()
         self._handled = 0
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
@@ -371,7 +373,8 @@ class Worker:
         return self._room_for_read()
 
     def _room_for_read(self) -> bool:
-        return self._room() - self._asked >= min(self.batch_size, max(1, self._capacity() // 2))
+        # Asked after every message handled: the sums written out, no calls.
+        return self._held_most - len(self._in_flight) - len(self._ahead) - self._asked >= self._read_room
 
     def _read_back(
         self, task: asyncio.Task[list[Message]], outcomes: list[Outcome], asked_at: float
@@ -495,29 +498,30 @@ class Worker:
 
     # -- one message -----------------------------------------------------------------------
 
-    def _capacity(self) -> int:
-        """Messages that may be held: the slots, and the read-ahead the handlers' pace allows."""
-        return self._held_most
-
     def _size_capacity(self) -> None:
-        """Size _capacity() from the handlers' pace and the reads' round trip (their averages)."""
+        """Size what may be held (the slots, and the read-ahead the handlers' pace allows) from
+        the handlers' pace and the reads' round trip (their averages)."""
+        self._held_most = self.concurrency + self._read_ahead()
+        self._read_room = self._room_to_read()
+
+    def _read_ahead(self) -> int:
         pace = self._handler_seconds
         if pace is None:
-            self._held_most = self.concurrency
-            return
+            return 0
         if pace <= 0:
-            self._held_most = self.concurrency + _MOST_AHEAD
-            return
+            return _MOST_AHEAD
         horizon = (
             _AHEAD_SECONDS
             if pace > _AHEAD_SECONDS
             else max(_AHEAD_SECONDS, _READS_AHEAD * self._read_seconds)
         )
-        ahead = min(_MOST_AHEAD, int(horizon * self.concurrency / pace))
-        self._held_most = self.concurrency + ahead
+        return min(_MOST_AHEAD, int(horizon * self.concurrency / pace))
+
+    def _room_to_read(self) -> int:
+        return min(self.batch_size, max(1, self._held_most // 2))
 
     def _room(self) -> int:
-        return self._capacity() - self.in_flight - len(self._ahead)
+        return self._held_most - len(self._in_flight) - len(self._ahead)
 
     def _start_ahead(self) -> None:
         """Start a slot for read-ahead messages while slots are free."""
@@ -606,7 +610,7 @@ class Worker:
             return
         lease.over = True
         if error is None:
-            self._outbox.add(Outcome(message, lease.receipt, lease.ends))
+            self._outbox.add(Outcome.success(message, lease.receipt, lease.ends))
         else:
             self._outbox.add(Outcome.failure(message, lease.receipt, lease.ends, error))
 

@@ -18,8 +18,8 @@ from pgbroker.streams._records import (
     StreamBatch,
     StreamGroupInfo,
     StreamInfo,
-    StreamMessage,
     ack_failures,
+    build_stream_message,
 )
 
 START_POSITIONS = ("start", "end")
@@ -196,7 +196,7 @@ def stream_lag(stream: str) -> Query[list[PartitionLag]]:
 
 def _batch(stream: str) -> Any:
     def decode(rows: list[Row]) -> StreamBatch:
-        return StreamBatch([StreamMessage(stream, *row) for row in rows])
+        return StreamBatch([build_stream_message(stream, *row) for row in rows])
 
     return decode
 

@@ -85,6 +85,11 @@ def test_the_read_ahead_of_many_fast_slots_covers_three_read_round_trips() -> No
     worker._handler_seconds, worker._read_seconds = 0.002, 0.010
     worker._size_capacity()
     assert worker._held_most - worker.concurrency >= 3 * 0.010 * 64 / 0.002
+    # A machine whose reads took 25 ms and whose handlers' 1 ms sleeps lasted 2.4: three round
+    # trips are 2,000 messages. Held to 1,000, the slots were 75-77% busy (94-97% now).
+    worker._handler_seconds, worker._read_seconds = 0.0024, 0.025
+    worker._size_capacity()
+    assert worker._held_most - worker.concurrency >= 2000
     worker._handler_seconds = 5.0  # slow handlers: none read ahead
     worker._size_capacity()
     assert worker._held_most == 64

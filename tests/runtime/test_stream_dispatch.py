@@ -88,3 +88,46 @@ def test_done_batches_are_acked_as_one_while_their_epochs_agree() -> None:
     assert acked.ack_ranges() == ([0, 1], [1, 1], [5, 2])
     assert joined([third]) == (third.batch, 1)
     assert joined([]) == (None, 0)
+
+
+def test_a_slot_woken_for_a_key_another_slot_took_waits_for_the_next() -> None:
+    """A batch wakes an idle slot for each new key; a busy slot that finishes first may take the
+    key itself. The slot woken for it then waits again, alive: both slots run the next batch."""
+
+    async def main() -> tuple[list[int], set[int]]:
+        dispatch = KeyedDispatch()
+        order: list[int] = []
+        go, hold = asyncio.Event(), asyncio.Event()
+        running: set[int] = set()
+
+        async def handle(message: StreamMessage, held: HeldBatch) -> None:
+            running.add(message.id)
+            if message.id == 1:
+                await go.wait()
+            elif message.id > 2:
+                await hold.wait()
+            order.append(message.id)
+
+        dispatch.add(batch((0, 1, "a")))
+        slots = [asyncio.create_task(dispatch.slot(handle)) for _ in range(2)]
+        for _ in range(5):
+            await asyncio.sleep(0)  # one slot on message 1, the other idle
+        go.set()  # message 1's slot is woken first ...
+        dispatch.add(batch((0, 2, "b")))  # ... so it takes key b before the idle slot it woke
+        for _ in range(5):
+            await asyncio.sleep(0)
+        dispatch.add(batch((0, 3, "c"), (0, 4, "d")))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        both = set(running) & {3, 4}
+        hold.set()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        for slot in slots:
+            slot.cancel()
+        return order, both
+
+    order, both = asyncio.run(main())
+    assert both == {3, 4}  # two slots alive, each on a key of the last batch
+    assert order[:2] == [1, 2]
+    assert sorted(order[2:]) == [3, 4]

@@ -42,7 +42,10 @@ class KeyedDispatch:
         self.changed = asyncio.Event()
         self.low_water = low_water
         self._chains: dict[Hashable, deque[tuple[StreamMessage, HeldBatch]]] = {}
-        self._ready: asyncio.Queue[Hashable] = asyncio.Queue()
+        # Keys with messages waiting and no slot on them, and the slots waiting for one: plain
+        # deques, where an asyncio.Queue cost 0.9 us a key more (a put and a get).
+        self._ready: deque[Hashable] = deque()
+        self._idle: deque[asyncio.Future[None]] = deque()
 
     def add(self, batch: StreamBatch) -> None:
         held = HeldBatch(batch, {m.partition: m.epoch for m in batch}, len(batch))
@@ -52,9 +55,13 @@ class KeyedDispatch:
             chain = self._chains.get(key)
             if chain is None:
                 self._chains[key] = deque([(message, held)])
-                self._ready.put_nowait(key)
+                self._ready.append(key)
             else:
                 chain.append((message, held))
+        for _ in range(min(len(self._ready), len(self._idle))):
+            waiter = self._idle.popleft()
+            if not waiter.done():  # else its slot was cancelled
+                waiter.set_result(None)
 
     @property
     def in_flight(self) -> int:
@@ -63,7 +70,7 @@ class KeyedDispatch:
     @property
     def slots_short(self) -> bool:
         """Whether fewer keys wait for a slot than low_water."""
-        return self._ready.qsize() < self.low_water
+        return len(self._ready) < self.low_water
 
     def take_completed(self) -> list[HeldBatch]:
         """The batches done, in the order read, up to the first one still being handled."""
@@ -76,8 +83,12 @@ class KeyedDispatch:
         """One handler at a time: the next key with messages waiting, its messages one after
         another (more may come meanwhile from a later batch), then the next key."""
         while True:
-            key = await self._ready.get()
-            if self._ready.qsize() == self.low_water - 1:
+            while not self._ready:  # another slot may take the key this one was woken for
+                waiter = asyncio.get_running_loop().create_future()
+                self._idle.append(waiter)
+                await waiter
+            key = self._ready.popleft()
+            if len(self._ready) == self.low_water - 1:
                 self.changed.set()
             chain = self._chains[key]
             while chain:

@@ -17,13 +17,14 @@ from typing import Any
 
 import psycopg
 
+from pgbroker import _sql
 from pgbroker._db.json_decode import decode_json_fast
 
 __all__ = ["configure", "configure_async"]
 
 # The tz database's names of UTC itself (not of GMT, whose abbreviation differs), lower case.
 _UTC_ALIASES = frozenset({"etc/utc", "etc/uct", "uct", "universal", "etc/universal", "zulu", "etc/zulu"})
-_SET_UTC = "SET TimeZone = 'UTC'"
+_SET_UTC = _sql.queries("session")["session_zone_utc"]
 
 
 def _utc_under_another_name(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:

@@ -1,8 +1,9 @@
 """Fast construction of frozen records, for those a consumer makes for every message it reads.
 
 A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (its own
-``__setattr__`` refuses): about 0.15 us a field, so 1.8 of the 2.2 us a Message takes to make,
-and a fifth of a worker's client time decoding a message. ``builder(cls)`` returns a constructor
+``__setattr__`` refuses): about 0.15 us a field, so 1.8 of the 2.2 us a Message takes to make;
+in a profile of a Worker draining a queue, the records' ``__init__`` had 12% of the samples.
+``builder(cls)`` returns a constructor
 taking every field in order, which fills an unfrozen twin of ``cls`` (the same slots, in the same
 order) with plain stores and then makes it a ``cls`` by ``__class__`` assignment, which Python
 allows between classes of one layout. What comes out is an instance of ``cls`` like any other:

@@ -192,10 +192,10 @@ class Worker:
         self._ahead: deque[tuple[Message, Lease]] = deque()
         self._handler_seconds: float | None = None  # moving average of the handlers' time
         self._read_seconds = 0.0  # moving average of a read's round trip
-        # What may be held, sized again as the averages move (_size_capacity), and the room a
-        # read waits for: half of it (so that reads are shared), at most a batch
-        self._held_most = self.concurrency
-        self._read_room = self._room_to_read()
+        # What may be held (the slots and a read-ahead), and the room a read waits for: sized
+        # again as the averages move
+        self._held_most = self._read_room = 0
+        self._size_capacity()
         self._handled = 0
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
@@ -375,8 +375,8 @@ class Worker:
         return self._room_for_read()
 
     def _room_for_read(self) -> bool:
-        # Asked after every message handled: the sums written out, no calls.
-        return self._held_most - len(self._in_flight) - len(self._ahead) - self._asked >= self._read_room
+        # Asked after every message handled: the threshold is kept by _size_capacity.
+        return self._room() - self._asked >= self._read_room
 
     def _read_back(
         self, task: asyncio.Task[list[Message]], outcomes: list[Outcome], asked_at: float
@@ -502,9 +502,10 @@ class Worker:
 
     def _size_capacity(self) -> None:
         """Size what may be held (the slots, and the read-ahead the handlers' pace allows) from
-        the handlers' pace and the reads' round trip (their averages)."""
+        the handlers' pace and the reads' round trip (their averages), and the room a read
+        waits for: half of it, so that reads are shared, at most a batch."""
         self._held_most = self.concurrency + self._read_ahead()
-        self._read_room = self._room_to_read()
+        self._read_room = min(self.batch_size, max(1, self._held_most // 2))
 
     def _read_ahead(self) -> int:
         pace = self._handler_seconds
@@ -518,9 +519,6 @@ class Worker:
             else max(_AHEAD_SECONDS, _READS_AHEAD * self._read_seconds)
         )
         return min(_MOST_AHEAD, int(horizon * self.concurrency / pace))
-
-    def _room_to_read(self) -> int:
-        return min(self.batch_size, max(1, self._held_most // 2))
 
     def _room(self) -> int:
         return self._held_most - len(self._in_flight) - len(self._ahead)

@@ -27,6 +27,7 @@ from pgbroker import codecs
 from pgbroker._db import session
 from pgbroker._db.backoff import SEND_RETRY, Patience
 from pgbroker._db.dsn import PoolerMode, listen_dsn, pooler_mode, resolve_dsn
+from pgbroker._db.fetch import fetch_all
 from pgbroker._db.install import install
 from pgbroker._db.install_rules import InstallResult
 from pgbroker._db.listen import Listener, Subscription
@@ -80,7 +81,7 @@ def _run_on(conn: psycopg.Connection[Any], query: Query[T]) -> T:
     commits_itself = conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
     try:
         cursor = conn.execute(query.sql, query.params)
-        rows = cursor.fetchall() if cursor.description else []
+        rows = fetch_all(cursor)
     except psycopg.Error as exc:
         if query.sends and commits_itself and connection_lost(exc):
             raise outcome_unknown(exc) from exc

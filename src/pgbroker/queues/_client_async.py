@@ -29,6 +29,7 @@ from pgbroker import codecs
 from pgbroker._db import session
 from pgbroker._db.backoff import SEND_RETRY, Patience
 from pgbroker._db.dsn import PoolerMode, listen_dsn, pooler_mode, resolve_dsn
+from pgbroker._db.fetch import fetch_rows  # sync: from pgbroker._db.fetch import fetch_all
 from pgbroker._db.install_async import install_async
 from pgbroker._db.install_rules import InstallResult
 from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
@@ -85,7 +86,7 @@ async def _run_on(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
     commits_itself = conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
     try:
         cursor = await conn.execute(query.sql, query.params)
-        rows = await cursor.fetchall() if cursor.description else []
+        rows = await fetch_rows(cursor)  # sync: rows = fetch_all(cursor)
     except psycopg.Error as exc:
         if query.sends and commits_itself and connection_lost(exc):
             raise outcome_unknown(exc) from exc

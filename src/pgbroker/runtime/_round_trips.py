@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 
+from pgbroker._db.fetch import fetch_rows
 from pgbroker.errors import from_postgres
 from pgbroker.queues._query import Query
 
@@ -40,7 +41,7 @@ async def run_together(
             async with conn.pipeline(), conn.transaction():
                 # Queued, not sent: leaving the pipeline sends BEGIN ... COMMIT with one Sync.
                 cursors = [await conn.execute(query.sql, query.params) for query in queries]
-        rows = [await cursor.fetchall() if cursor.description else [] for cursor in cursors]
+        rows = [await fetch_rows(cursor) for cursor in cursors]
     except psycopg.Error as exc:
         raise from_postgres(exc) from exc
     return [query.decode(found) for query, found in zip(queries, rows, strict=True)]

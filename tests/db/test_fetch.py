@@ -17,6 +17,7 @@ from pgbroker import AsyncBroker
 from pgbroker._db.fetch import TURN, fetch_rows
 from pgbroker.queues import _queries as q
 from pgbroker.runtime._round_trips import run_together
+from pgbroker.streams import _queries as sq
 
 MESSAGES = 1_000
 
@@ -82,6 +83,45 @@ def test_a_workers_round_trip_does_too(dsn: str) -> None:
 
     events = asyncio.run(decoded_with_ticks(dsn, read))
     assert ticks_among_rows(events) >= MESSAGES // TURN - 1
+
+
+def test_records_are_made_in_the_same_slices(dsn: str) -> None:
+    events: list[str] = []
+
+    def made(row: tuple[int]) -> int:
+        events.append("made")
+        return row[0] * 2
+
+    async def ticker() -> None:
+        while True:
+            events.append("tick")
+            await asyncio.sleep(0)
+
+    async def fetched() -> list[int]:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cursor = await conn.execute("SELECT g FROM generate_series(1, %s) g", [MESSAGES])
+            ticking = asyncio.create_task(ticker())
+            await asyncio.sleep(0)
+            try:
+                return await fetch_rows(cursor, made)
+            finally:
+                ticking.cancel()
+
+    assert asyncio.run(fetched()) == [2 * g for g in range(1, MESSAGES + 1)]
+    first, last = events.index("made"), len(events) - 1 - events[::-1].index("made")
+    assert events[first:last].count("tick") >= MESSAGES // TURN - 1
+
+
+def test_the_reads_of_the_hot_paths_make_their_records_as_they_fetch() -> None:
+    for query in (
+        q.message_read_many("jobs", 10),
+        q.message_read_many("jobs", 10, decode=False),
+        q.message_complete_and_read("jobs", [], 10),
+        q.message_pop_many("jobs", 10),
+        sq.stream_read("events", "group", "consumer", 10, 30),
+        sq.stream_consume("events", "group", "consumer", 10, 30, None),
+    ):
+        assert query.row is not None, query.sql
 
 
 def test_small_results_and_statements_without_rows(dsn: str) -> None:

@@ -206,15 +206,20 @@ def test_ack_sends_the_receipt_text() -> None:
     assert query.params == {"queue": "jobs", "receipt": "7:1:123", "archive": False}
 
 
+def decoded(query: Query[Any], rows: list[tuple[Any, ...]]) -> Any:
+    """What an executor makes of ``rows``: each made by the query's ``row`` (if any), then decoded."""
+    return query.decode(rows if query.row is None else [query.row(row) for row in rows])
+
+
 def test_read_rows_decode_into_messages_with_receipts() -> None:
     row = (7, 2, NOW, NOW, NOW, {"a": 1}, {"h": 1}, "7:2:999")
-    [message] = q.message_read_many("jobs", 1).decode([row])
+    [message] = decoded(q.message_read_many("jobs", 1), [row])
     assert message == Message(7, 2, NOW, NOW, NOW, {"a": 1}, {"h": 1}, Receipt(7, 2, 999))
 
 
 def test_popped_rows_decode_into_messages_without_receipts() -> None:
     row = (7, 0, NOW, None, NOW, "x", None)
-    assert q.message_pop_many("jobs", 1).decode([row]) == [Message(7, 0, NOW, None, NOW, "x", None, None)]
+    assert decoded(q.message_pop_many("jobs", 1), [row]) == [Message(7, 0, NOW, None, NOW, "x", None, None)]
 
 
 def test_extend_many_decodes_a_receipt_per_msg_id() -> None:

@@ -81,7 +81,7 @@ def _run_on(conn: psycopg.Connection[Any], query: Query[T]) -> T:
     commits_itself = conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
     try:
         cursor = conn.execute(query.sql, query.params)
-        rows = fetch_all(cursor)
+        rows = fetch_all(cursor, query.row)
     except psycopg.Error as exc:
         if query.sends and commits_itself and connection_lost(exc):
             raise outcome_unknown(exc) from exc

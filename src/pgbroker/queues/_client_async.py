@@ -86,7 +86,7 @@ async def _run_on(conn: psycopg.AsyncConnection[Any], query: Query[T]) -> T:
     commits_itself = conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE
     try:
         cursor = await conn.execute(query.sql, query.params)
-        rows = await fetch_rows(cursor)  # sync: rows = fetch_all(cursor)
+        rows = await fetch_rows(cursor, query.row)  # sync: rows = fetch_all(cursor, query.row)
     except psycopg.Error as exc:
         if query.sends and commits_itself and connection_lost(exc):
             raise outcome_unknown(exc) from exc

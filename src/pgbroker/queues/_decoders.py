@@ -40,8 +40,9 @@ def stored_message(row: Row) -> Message:
     )
 
 
-def stored_messages(rows: list[Row]) -> list[Message]:
-    return [stored_message(row) for row in rows]
+def as_made(records: list[Message]) -> list[Message]:
+    """The messages a Query's ``row`` made of its rows, as they are."""
+    return records
 
 
 def ids(rows: list[Row]) -> list[int]:

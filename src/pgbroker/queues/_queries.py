@@ -172,8 +172,8 @@ def message_read_many(
         "qty": arg.count(qty, "qty"),
         "conditional": arg.encode_json(dict(arg.mapping(conditional or {}, "conditional")), "conditional"),
     }
-    decode_rows = decoded.messages if arg.flag(decode, "decode") else decoded.stored_messages
-    return Query(_named("message_read_many"), params, decode_rows)
+    make = decoded.message if arg.flag(decode, "decode") else decoded.stored_message
+    return Query(_named("message_read_many"), params, decoded.as_made, row=make)
 
 
 def message_complete_and_read(
@@ -188,15 +188,19 @@ def message_complete_and_read(
         "conditional": "{}",
     }
 
-    def decode(rows: list[Row]) -> tuple[list[int], list[Message]]:
-        acked = list(rows[0][0]) if rows and rows[0][0] is not None else []
-        return acked, [decoded.message(row[1:]) for row in rows if row[1] is not None]
+    def make(row: Row) -> tuple[list[int] | None, Message | None]:
+        return row[0], None if row[1] is None else decoded.message(row[1:])
 
-    return Query(_named("message_complete_and_read"), params, decode)
+    def decode(made: list[tuple[list[int] | None, Message | None]]) -> tuple[list[int], list[Message]]:
+        acked = list(made[0][0]) if made and made[0][0] is not None else []
+        return acked, [message for _, message in made if message is not None]
+
+    return Query(_named("message_complete_and_read"), params, decode, row=make)
 
 
 def message_pop_many(queue: str, qty: int) -> Query[list[Message]]:
-    return Query(_named("message_pop_many"), {"queue": queue, "qty": arg.count(qty, "qty")}, decoded.messages)
+    params = {"queue": queue, "qty": arg.count(qty, "qty")}
+    return Query(_named("message_pop_many"), params, decoded.as_made, row=decoded.message)
 
 
 def _held(queue: str, receipt: Receipt) -> Callable[[list[Row]], Any]:

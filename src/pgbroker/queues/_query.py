@@ -20,11 +20,15 @@ Row: TypeAlias = tuple[Any, ...]
 class Query(Generic[T]):
     sql: LiteralString
     params: Mapping[str, Any]
-    decode: Callable[[list[Row]], T]
+    decode: Callable[[list[Any]], T]
     check_queue: Callable[[object], object] = check_queue_name
     # It stores messages: a connection lost while it commits (run as its own transaction)
     # leaves the outcome unknown (pgbroker.errors.OutcomeUnknown), not merely failed.
     sends: bool = False
+    # What each row is made into as it is fetched, before decode takes the list of them: a read's
+    # records are then built in the fetch's slices, with the event loop run between two
+    # (pgbroker._db.fetch), not in one piece after it. None: decode takes the rows as they come.
+    row: Callable[[Row], Any] | None = None
 
     def __post_init__(self) -> None:
         # Every name is judged before any query, by the engine's rule (a NUL, which libpq cannot

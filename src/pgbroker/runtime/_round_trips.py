@@ -41,7 +41,7 @@ async def run_together(
             async with conn.pipeline(), conn.transaction():
                 # Queued, not sent: leaving the pipeline sends BEGIN ... COMMIT with one Sync.
                 cursors = [await conn.execute(query.sql, query.params) for query in queries]
-        rows = [await fetch_rows(cursor) for cursor in cursors]
+        rows = [await fetch_rows(cursor, query.row) for query, cursor in zip(queries, cursors, strict=True)]
     except psycopg.Error as exc:
         raise from_postgres(exc) from exc
     return [query.decode(found) for query, found in zip(queries, rows, strict=True)]

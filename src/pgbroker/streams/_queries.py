@@ -18,6 +18,7 @@ from pgbroker.streams._records import (
     StreamBatch,
     StreamGroupInfo,
     StreamInfo,
+    StreamMessage,
     ack_failures,
     build_stream_message,
 )
@@ -194,11 +195,13 @@ def stream_lag(stream: str) -> Query[list[PartitionLag]]:
     return Query(_named("stream_lag"), {"stream": stream}, lambda rows: [PartitionLag(*r) for r in rows])
 
 
-def _batch(stream: str) -> Any:
-    def decode(rows: list[Row]) -> StreamBatch:
-        return StreamBatch([build_stream_message(stream, *row) for row in rows])
+def _batch_query(name: str, stream: str, params: dict[str, Any]) -> Query[StreamBatch]:
+    """A query of a batch of ``stream``: its rows made into messages as they are fetched."""
 
-    return decode
+    def make(row: Row) -> StreamMessage:
+        return build_stream_message(stream, *row)
+
+    return Query(_named(name), params, StreamBatch, row=make)
 
 
 def _consumer_params(
@@ -218,7 +221,7 @@ def _consumer_params(
 def stream_read(
     stream: str, group: str, consumer: str, qty: int, lease: int | float | timedelta
 ) -> Query[StreamBatch]:
-    return Query(_named("stream_read"), _consumer_params(stream, group, consumer, qty, lease), _batch(stream))
+    return _batch_query("stream_read", stream, _consumer_params(stream, group, consumer, qty, lease))
 
 
 def _ack_params(batch: StreamBatch | None) -> dict[str, Any]:
@@ -245,7 +248,7 @@ def stream_consume(
 ) -> Query[StreamBatch]:
     """Ack ``acked`` (if any) and read the next batch, in one call."""
     params = {**_consumer_params(stream, group, consumer, qty, lease), **_ack_params(acked)}
-    return Query(_named("stream_consume"), params, _batch(stream))
+    return _batch_query("stream_consume", stream, params)
 
 
 def stream_ack(stream: str, group: str, consumer: str, batch: StreamBatch) -> Query[dict[int, bool]]:

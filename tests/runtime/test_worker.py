@@ -467,6 +467,30 @@ def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
     assert handled_at[0] - sent_at < 1.0  # a notification, not the 10 s poll
 
 
+def test_a_send_soon_after_an_announced_one_wakes_the_worker_too(broker: Broker, dsn: str) -> None:
+    """The worker turns notify on with a throttle of milliseconds, not pgmq's 250: a send 100 ms
+    after one that woke it is announced as well (it was not, and waited for the 10 s poll)."""
+    queue = broker.create_queue("jobs")
+    handled_at: list[float] = []
+    worker = Worker("jobs", lambda message: handled_at.append(time.monotonic()), poll_min=10, poll_max=10)
+
+    async def scenario() -> list[float]:
+        async def send_twice_when_asleep() -> list[float]:
+            sent_at = []
+            for pause in (1.0, 0.1):  # asleep; then handled the first and asleep again
+                await asyncio.sleep(pause)
+                sent_at.append(time.monotonic())
+                await asyncio.to_thread(queue.send, "wake up")
+            return sent_at
+
+        sender = asyncio.create_task(send_twice_when_asleep())
+        await run_until(dsn, [worker], lambda: len(handled_at) == 2, timeout=8)
+        return await sender
+
+    sent_at = asyncio.run(scenario())
+    assert [handled - sent < 1.0 for handled, sent in zip(handled_at, sent_at, strict=True)] == [True, True]
+
+
 class CountingConnection(psycopg.AsyncConnection[Any]):
     """Counts every statement sent through the pool's connections (the executor's only door)."""
 

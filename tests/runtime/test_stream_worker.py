@@ -265,6 +265,46 @@ def test_the_next_batch_is_read_while_the_handlers_go_through_one(dsn: str, brok
     assert handled == ids  # one key: in order, each once
 
 
+def test_a_caught_up_worker_makes_about_one_read_a_send(dsn: str, broker: Broker) -> None:
+    """At a trickle (a send every 10 ms), a worker with nothing left in hand holds the ack of
+    what it handled until the next send is announced, and the ack goes with the read of it:
+    about one read a send, where reading again at once came back empty and made two."""
+    sends = 40
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=4, notify=True)
+    clicks.create_group("g", start="start")
+    handled: list[int] = []
+    done = threading.Event()
+    reads_before: list[int] = []
+
+    async def handle(message: StreamMessage) -> None:
+        await asyncio.sleep(0.001)
+        handled.append(message.message["n"])
+        if len(handled) == sends:
+            done.set()
+
+    worker = StreamWorker("clicks", "g", handle, concurrency=4)
+
+    def trickle() -> None:
+        time.sleep(1.0)  # the worker is up, listening, and found the stream empty
+        reads_before.append(worker.stats.reads)
+        for n in range(sends):
+            clicks.send({"n": n}, key=str(n))
+            time.sleep(0.01)
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    run_until(dsn, [worker], done, 60)
+    sender.join()
+    assert sorted(handled) == list(range(sends))
+    assert worker.stats.reads - reads_before[0] <= 1.5 * sends
+    assert group_lag(broker) == 0  # the last ack went too (with the stop)
+
+
+def group_lag(broker: Broker) -> int:
+    return sum(p.lag for p in Stream(broker, "clicks").lag() if p.group == "g")
+
+
 def test_a_slow_message_holds_up_its_own_key_only(dsn: str, broker: Broker) -> None:
     # No barrier between batches: the batch read ahead starts on its keys while a slow message of
     # the batch before still runs. Before, a batch started once the one before was done, so one

@@ -137,14 +137,21 @@ class Subscription:
 
     def wait(self, timeout: float) -> bool:
         """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came."""
-        heard = self._listener._until(self._has_news, timeout)
-        self._catch_up()
+        heard = self._listener._until(self.has_news, timeout)
+        self.catch_up()
         return heard
 
-    def _has_news(self) -> bool:
+    @property
+    def announced(self) -> bool:
+        """Whether notifications reach it (False: it only polls, behind a transaction pooler)."""
+        return not self._listener.polling_only
+
+    def has_news(self) -> bool:
+        """A notification (or reconnect) since the last wait or catch_up."""
         return self._listener._count(self._channel) != self._seen
 
-    def _catch_up(self) -> None:
+    def catch_up(self) -> None:
+        """Count what came so far as seen (a read about to run covers it)."""
         self._seen = self._listener._count(self._channel)
 
 

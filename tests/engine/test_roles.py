@@ -3,6 +3,7 @@ members of them: each can do its operations and nothing else, on queues made bef
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,9 +13,11 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgbroker import Broker
+from pgbroker import Broker, StreamMessage, StreamWorker
 from pgbroker._db.install import install, install_roles
 from pgbroker.cli.main import main as cli_main
+from pgbroker.streams._client import Stream
+from tests.support.worker import run_until
 
 Conn = psycopg.Connection[Any]
 KINDS = ("producer", "consumer", "monitor")
@@ -237,3 +240,22 @@ def test_the_roles_use_the_job_features(users: dict[str, str], jobs: str, conn: 
     conn.execute("SELECT pgbroker.pause('jobs')")
     with psycopg.connect(users["monitor"], autocommit=True) as monitor:
         assert monitor.execute("SELECT pgbroker.is_paused('jobs')").fetchone() == (True,)
+
+
+def test_a_stream_worker_runs_under_the_consumer_role(dsn: str, users: dict[str, str]) -> None:
+    """The consumer role reads and acks a group (without its retry queue's worker, whose lookup,
+    stream_groups, is the monitor's, nor retention, which is the owner's): the worker's own
+    look at whether the stream notifies (pgbroker.streams, the monitor's too) must not stop it."""
+    with Broker(dsn) as owner:
+        clicks = Stream(owner, "clicks")
+        clicks.create(partitions=2, notify=True)
+        clicks.create_group("g", start="start")
+        clicks.send_many([{"n": n} for n in range(20)], keys=[str(n % 3) for n in range(20)])
+    handled: list[int] = []
+
+    async def handle(message: StreamMessage) -> None:
+        handled.append(message.message["n"])
+
+    worker = StreamWorker("clicks", "g", handle, concurrency=4, retries=False, maintain_every=None)
+    asyncio.run(run_until(users["consumer"], [worker], lambda: len(handled) == 20, timeout=60))
+    assert sorted(handled) == list(range(20))

@@ -47,7 +47,7 @@ from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker._db.liveness import is_transient
-from pgbroker.errors import InvalidArgument
+from pgbroker.errors import InvalidArgument, PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
@@ -66,6 +66,7 @@ __all__ = ["StreamHandler", "StreamWorker", "stream_message_of"]
 StreamHandler: TypeAlias = Callable[[StreamMessage], Any]
 
 _RECONNECT = (0.05, 2.0)
+_INSUFFICIENT_PRIVILEGE = "42501"
 _LISTEN_TIMEOUT = 1.0
 
 
@@ -175,9 +176,7 @@ class StreamWorker:
         if self.maintain_every is not None:
             maintain_task = asyncio.create_task(self._maintain(stream, self.maintain_every))
         heartbeat_task = asyncio.create_task(self._heartbeats(consumer))
-        # Whether the stream announces its sends: only then does a caught-up worker wait for the
-        # next one before reading again (without, reading at once finds them soonest).
-        announced = any(s.name == self.stream and s.notify for s in await list_streams(broker))
+        announced = await self._announced(broker)
         log_event(
             logging.INFO,
             "stream_worker.started",
@@ -352,6 +351,17 @@ class StreamWorker:
             for pending in unfinished:
                 with suppress(Exception, asyncio.CancelledError):
                     await pending
+
+    async def _announced(self, broker: AsyncBroker) -> bool:
+        """Whether the stream announces its sends: only then does a caught-up worker wait for
+        the next one before it reads again (without, reading at once finds them soonest). A role
+        that may not list the streams (the consumer role: it is the monitor's) reads at once."""
+        try:
+            return any(s.name == self.stream and s.notify for s in await list_streams(broker))
+        except PgbrokerError as exc:
+            if exc.sqlstate != _INSUFFICIENT_PRIVILEGE:
+                raise
+            return False
 
     async def _ride_out(self, exc: Exception, trouble: Backoff) -> None:
         """A call failed: a lost connection is counted, logged and waited out; anything else

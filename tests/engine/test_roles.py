@@ -243,19 +243,25 @@ def test_the_roles_use_the_job_features(users: dict[str, str], jobs: str, conn: 
 
 
 def test_a_stream_worker_runs_under_the_consumer_role(dsn: str, users: dict[str, str]) -> None:
-    """The consumer role reads and acks a group (without its retry queue's worker, whose lookup,
-    stream_groups, is the monitor's, nor retention, which is the owner's): the worker's own
-    look at whether the stream notifies (pgbroker.streams, the monitor's too) must not stop it."""
+    """The consumer role runs a StreamWorker as it comes: it looks up its group's retry queue
+    (stream_groups) and whether the stream notifies (streams) at its start, reads and acks the
+    group, and handles a failed message again through the retry queue's worker."""
     with Broker(dsn) as owner:
         clicks = Stream(owner, "clicks")
         clicks.create(partitions=2, notify=True)
         clicks.create_group("g", start="start")
         clicks.send_many([{"n": n} for n in range(20)], keys=[str(n % 3) for n in range(20)])
     handled: list[int] = []
+    failed_once: list[int] = []
 
     async def handle(message: StreamMessage) -> None:
-        handled.append(message.message["n"])
+        n = message.message["n"]
+        if n == 7 and not failed_once:
+            failed_once.append(n)
+            raise RuntimeError("once")
+        handled.append(n)
 
-    worker = StreamWorker("clicks", "g", handle, concurrency=4, retries=False, maintain_every=None)
+    worker = StreamWorker("clicks", "g", handle, concurrency=4)
     asyncio.run(run_until(users["consumer"], [worker], lambda: len(handled) == 20, timeout=60))
     assert sorted(handled) == list(range(20))
+    assert failed_once == [7]

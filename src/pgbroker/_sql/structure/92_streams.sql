@@ -105,4 +105,7 @@ SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY[
     'stream_read', 'stream_ack', 'stream_consume', 'stream_release', 'stream_rewind',
     'stream_heartbeat', 'stream_notify_channel']) f
 UNION ALL
+-- What a StreamWorker looks up at its start: its group's retry queue, whether the stream notifies.
+SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY['streams', 'stream_groups']) f
+UNION ALL
 SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['streams', 'stream_groups', 'stream_lag']) f;

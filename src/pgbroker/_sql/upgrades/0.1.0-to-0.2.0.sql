@@ -185,3 +185,10 @@ DROP FUNCTION IF EXISTS pgbroker._route_ready_from(text);
 -- consumer may call it (structure/92_streams.sql).
 INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 VALUES ('consumer', 'pgbroker', 'stream_heartbeat');
+
+-- A StreamWorker under the consumer role looks up its group's retry queue
+-- (stream_groups) and whether the stream notifies (streams) at its start:
+-- both were the monitor's only, and the worker stopped there
+-- (structure/92_streams.sql).
+INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
+VALUES ('consumer', 'pgbroker', 'streams'), ('consumer', 'pgbroker', 'stream_groups');

@@ -47,7 +47,7 @@ from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker._db.liveness import is_transient
-from pgbroker.errors import InvalidArgument, PgbrokerError
+from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
@@ -66,7 +66,6 @@ __all__ = ["StreamHandler", "StreamWorker", "stream_message_of"]
 StreamHandler: TypeAlias = Callable[[StreamMessage], Any]
 
 _RECONNECT = (0.05, 2.0)
-_INSUFFICIENT_PRIVILEGE = "42501"
 _LISTEN_TIMEOUT = 1.0
 
 
@@ -354,14 +353,8 @@ class StreamWorker:
 
     async def _announced(self, broker: AsyncBroker) -> bool:
         """Whether the stream announces its sends: only then does a caught-up worker wait for
-        the next one before it reads again (without, reading at once finds them soonest). A role
-        that may not list the streams (the consumer role: it is the monitor's) reads at once."""
-        try:
-            return any(s.name == self.stream and s.notify for s in await list_streams(broker))
-        except PgbrokerError as exc:
-            if exc.sqlstate != _INSUFFICIENT_PRIVILEGE:
-                raise
-            return False
+        the next one before it reads again (without, reading at once finds them soonest)."""
+        return any(s.name == self.stream and s.notify for s in await list_streams(broker))
 
     async def _ride_out(self, exc: Exception, trouble: Backoff) -> None:
         """A call failed: a lost connection is counted, logged and waited out; anything else

@@ -32,8 +32,7 @@ TURN = 16
 def fetch_all(cursor: psycopg.Cursor[Any], make: Callable[[Any], Any] | None = None) -> list[Any]:
     """The rows of ``cursor``'s result (none for a statement without one), each made into
     ``make(row)`` if given."""
-    rows = cursor.fetchall() if cursor.description else []
-    return rows if make is None else [make(row) for row in rows]
+    return _made(cursor.fetchall() if cursor.description else [], make)
 
 
 async def fetch_rows(cursor: psycopg.AsyncCursor[Any], make: Callable[[Any], Any] | None = None) -> list[Any]:
@@ -41,10 +40,13 @@ async def fetch_rows(cursor: psycopg.AsyncCursor[Any], make: Callable[[Any], Any
     if not cursor.description:
         return []
     if cursor.rowcount <= TURN:
-        rows = await cursor.fetchall()
-        return rows if make is None else [make(row) for row in rows]
+        return _made(await cursor.fetchall(), make)
     made: list[Any] = []
     while chunk := await cursor.fetchmany(TURN):
-        made += chunk if make is None else map(make, chunk)
+        made += _made(chunk, make)
         await asyncio.sleep(0)
     return made
+
+
+def _made(rows: list[Any], make: Callable[[Any], Any] | None) -> list[Any]:
+    return rows if make is None else [make(row) for row in rows]

@@ -25,10 +25,6 @@ def message(row: Row) -> Message:
     return replace(stored, message=body.value, codec=body.codec)
 
 
-def messages(rows: list[Row]) -> list[Message]:
-    return [message(row) for row in rows]
-
-
 def stored_message(row: Row) -> Message:
     """A message with its body as stored, undecoded (a binary body stays its JSON envelope) and
     its codec named: what a bridge forwards as it is, without the codec's schema or class."""

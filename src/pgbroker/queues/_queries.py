@@ -40,6 +40,13 @@ def _named(name: str) -> LiteralString:
     return sql.queries("queues")[name]
 
 
+def _messages(
+    name: str, params: dict[str, Any], make: Callable[[Row], Message] = decoded.message
+) -> Query[list[Message]]:
+    """A query whose rows are messages, each made as it is fetched (Query.row)."""
+    return Query(_named(name), params, decoded.as_made, row=make)
+
+
 # -- queue management ---------------------------------------------------------
 
 
@@ -172,8 +179,9 @@ def message_read_many(
         "qty": arg.count(qty, "qty"),
         "conditional": arg.encode_json(dict(arg.mapping(conditional or {}, "conditional")), "conditional"),
     }
-    make = decoded.message if arg.flag(decode, "decode") else decoded.stored_message
-    return Query(_named("message_read_many"), params, decoded.as_made, row=make)
+    return _messages(
+        "message_read_many", params, decoded.message if arg.flag(decode, "decode") else decoded.stored_message
+    )
 
 
 def message_complete_and_read(
@@ -199,8 +207,7 @@ def message_complete_and_read(
 
 
 def message_pop_many(queue: str, qty: int) -> Query[list[Message]]:
-    params = {"queue": queue, "qty": arg.count(qty, "qty")}
-    return Query(_named("message_pop_many"), params, decoded.as_made, row=decoded.message)
+    return _messages("message_pop_many", {"queue": queue, "qty": arg.count(qty, "qty")})
 
 
 def _held(queue: str, receipt: Receipt) -> Callable[[list[Row]], Any]:
@@ -287,9 +294,9 @@ def message_set_vt_many(
     if isinstance(vt, datetime):
         if vt.tzinfo is None:
             raise InvalidArgument("vt must be a timezone-aware datetime (naive datetimes are ambiguous)")
-        return Query(_named("message_set_vt_until"), {**params, "vt": vt}, decoded.messages)
+        return _messages("message_set_vt_until", {**params, "vt": vt})
     seconds = arg.whole_seconds(vt, "vt")
-    return Query(_named("message_set_vt_seconds"), {**params, "vt": seconds}, decoded.messages)
+    return _messages("message_set_vt_seconds", {**params, "vt": seconds})
 
 
 PEEK_STATES = ("waiting", "delayed", "in_flight", "dead")
@@ -476,7 +483,7 @@ def _optional_ids(msg_ids: Iterable[int] | None) -> list[int] | None:
 def dead_letter_list(queue: str, qty: int, *, after: int = 0) -> Query[list[Message]]:
     """The queue's dead letters (in its dead-letter queue, or its archive), oldest first."""
     params = {"queue": queue, "qty": arg.count(qty, "qty"), "after": _msg_ids([after])[0]}
-    return Query(_named("dead_letter_list"), params, decoded.messages)
+    return _messages("dead_letter_list", params)
 
 
 def dead_letter_get(queue: str, msg_id: int) -> Query[Message | None]:

@@ -163,19 +163,21 @@ class StreamWorker:
     async def run(self, broker: AsyncBroker) -> None:
         stream = AsyncStream(broker, self.stream)
         consumer = stream.consumer(self.group, name=self.consumer, lease=self.lease)
-        threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.stream}")
-        retry_task = maintain_task = None
+        # The look-ups first: one that fails leaves no thread or task behind.
+        announced = await self._announced(broker)
+        retry_queue = None
         if self.retries:
             retry_queue = next((g.retry_queue for g in await stream.groups() if g.name == self.group), None)
-            if retry_queue is not None:
-                self._retry_worker = Worker(retry_queue, self._retry, concurrency=self.concurrency)
-                if self._stopping.is_set():
-                    self._retry_worker.stop()
-                retry_task = asyncio.create_task(self._retry_worker.run(broker))
+        threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.stream}")
+        retry_task = maintain_task = None
+        if retry_queue is not None:
+            self._retry_worker = Worker(retry_queue, self._retry, concurrency=self.concurrency)
+            if self._stopping.is_set():
+                self._retry_worker.stop()
+            retry_task = asyncio.create_task(self._retry_worker.run(broker))
         if self.maintain_every is not None:
             maintain_task = asyncio.create_task(self._maintain(stream, self.maintain_every))
         heartbeat_task = asyncio.create_task(self._heartbeats(consumer))
-        announced = await self._announced(broker)
         log_event(
             logging.INFO,
             "stream_worker.started",
@@ -275,22 +277,6 @@ class StreamWorker:
                     reading is None
                     and not stopping
                     and not unsettled
-                    and not dispatch.held
-                    and done
-                    and not busy
-                    and not lingered
-                    and announced
-                    and subscription is not None
-                    and subscription.announced
-                    and not subscription.has_news()
-                ):
-                    lingered = True
-                    await self._nap(subscription, idle.next())
-                    continue
-                elif (
-                    reading is None
-                    and not stopping
-                    and not unsettled
                     and (not dispatch.held or ahead)
                 ):
                     try:
@@ -298,6 +284,12 @@ class StreamWorker:
                             subscription = await stream.listen(_LISTEN_TIMEOUT)
                     except Exception as exc:
                         await self._ride_out(exc, trouble)
+                        continue
+                    # The linger above; not busy, no read runs ahead, so every batch in hand is done.
+                    lingers = announced and subscription.announced and done and not busy and not lingered
+                    if lingers and not subscription.has_news():
+                        lingered = True
+                        await self._nap(subscription, idle.next())
                         continue
                     subscription.catch_up()  # the read covers what was announced so far
                     lingered = False

@@ -4,6 +4,8 @@ members of them: each can do its operations and nothing else, on queues made bef
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgbroker import Broker, StreamMessage, StreamWorker
+from pgbroker import Broker, StreamMessage, StreamWorker, Worker
 from pgbroker._db.install import install, install_roles
 from pgbroker.cli.main import main as cli_main
 from pgbroker.streams._client import Stream
@@ -265,3 +267,45 @@ def test_a_stream_worker_runs_under_the_consumer_role(dsn: str, users: dict[str,
     asyncio.run(run_until(users["consumer"], [worker], lambda: len(handled) == 20, timeout=60))
     assert sorted(handled) == list(range(20))
     assert failed_once == [7]
+
+
+def test_workers_under_the_consumer_role_say_once_that_they_may_not_maintain(
+    dsn: str, users: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Maintenance (a queue's archive retention, a stream's) is the owner's: a Worker and a
+    StreamWorker told to maintain under the consumer role each log a warning once, naming the
+    owner's command, and go on handling their messages (the StreamWorker's maintenance used to
+    end with the permission error unseen)."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    with Broker(dsn) as owner:
+        owner.create_queue("jobs").send_many(list(range(10)))
+        clicks = Stream(owner, "clicks")
+        clicks.create(partitions=1)
+        clicks.create_group("g", start="start")
+        clicks.send_many([{"n": n} for n in range(10)])
+    jobs: list[int] = []
+    clicked: list[int] = []
+
+    async def handle(message: StreamMessage) -> None:
+        clicked.append(message.message["n"])
+
+    workers: list[Worker | StreamWorker] = [
+        Worker("jobs", lambda message: jobs.append(message.message), maintain_every=0.05),
+        StreamWorker("clicks", "g", handle, retries=False, maintain_every=0.05),
+    ]
+    told: list[float] = []
+
+    def events() -> list[str]:
+        return [record.getMessage() for record in caplog.records]
+
+    def done() -> bool:  # both said so, then ten more rounds came and went
+        if not told and sum("maintenance_off" in e for e in events()) == 2:
+            told.append(time.monotonic())
+        return bool(told) and time.monotonic() > told[0] + 0.5 and len(jobs) == len(clicked) == 10
+
+    asyncio.run(run_until(users["consumer"], workers, done, timeout=60))
+    logged = events()
+    maintenance = sorted(e.split(" ", 1)[0] for e in logged if "maintenance" in e)
+    assert maintenance == ["stream_worker.maintenance_off", "worker.maintenance_off"]
+    assert any("pgbroker maintain jobs" in e for e in logged)
+    assert any("pgbroker stream maintain clicks" in e for e in logged)

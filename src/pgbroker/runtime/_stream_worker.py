@@ -52,6 +52,7 @@ from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
 from pgbroker.runtime._log_events import log_event
+from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
 
 # The queue worker's classification of connection errors and its log format, shared so that
@@ -101,7 +102,8 @@ class StreamWorker:
     seconds a stopping worker waits for the batches in hand (what is not done is left unacked, to be
     delivered again). maintain_every: apply the stream's retention that often (seconds; None:
     leave it to `pgbroker stream maintain`); it empties child tables without waiting for locks,
-    so several workers doing it cost little.
+    so several workers doing it cost little. A role that may not (the consumer role: retention is
+    the owner's) logs a warning once and the worker goes on without it.
     """
 
     def __init__(
@@ -426,16 +428,12 @@ class StreamWorker:
                 )
 
     async def _maintain(self, stream: AsyncStream, every: float) -> None:
-        while True:
-            await asyncio.sleep(every)
-            try:
-                emptied = await stream.maintain()
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                continue
-            if emptied:
+        async def one_round() -> None:
+            if emptied := await stream.maintain():
                 log_event(logging.INFO, "stream_worker.retention", stream=self.stream, emptied=emptied)
+
+        command = f"pgbroker stream maintain {self.stream}"
+        await maintenance_rounds(every, one_round, "stream_worker.maintenance", command, stream=self.stream)
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
         sleepers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stopping.wait())]

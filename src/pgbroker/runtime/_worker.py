@@ -61,6 +61,7 @@ from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
 from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
 from pgbroker.runtime._log_events import log_event, log_failure
+from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
 from pgbroker.runtime._registration import Registration
@@ -153,7 +154,8 @@ class Worker:
     without one, to the queue's archive (`pgbroker dlq list QUEUE`), with a WARNING.
     grace_period: seconds a stopping worker waits for its handlers. maintain_every: apply
     the archive retention and forget expired dedup keys every so many seconds (None: leave it
-    to `pgbroker maintain`).
+    to `pgbroker maintain`); a role that may not (the consumer role) logs a warning once and the
+    worker goes on without it.
     """
 
     def __init__(
@@ -698,8 +700,8 @@ class Worker:
 
     async def _maintain(self, queue: AsyncQueue) -> None:
         assert self.maintain_every is not None
-        while True:
-            await asyncio.sleep(self.maintain_every)
+
+        async def one_round() -> None:
             trimmed = 0
             try:
                 # Each batch is its own short transaction.
@@ -707,7 +709,9 @@ class Worker:
                     trimmed += batch
                 while await queue.trim_dedup_keys():  # expired dedup keys (34_dedup.sql)
                     pass
-            except Exception as exc:
-                log_event(logging.WARNING, "worker.maintenance_failed", queue=self.queue, error=exc)
-            if trimmed:
-                log_event(logging.INFO, "worker.archive_trimmed", queue=self.queue, rows=trimmed)
+            finally:
+                if trimmed:
+                    log_event(logging.INFO, "worker.archive_trimmed", queue=self.queue, rows=trimmed)
+
+        command, every = f"pgbroker maintain {self.queue}", self.maintain_every
+        await maintenance_rounds(every, one_round, "worker.maintenance", command, queue=self.queue)

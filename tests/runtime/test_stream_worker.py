@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from pgbroker import App, Broker
+from pgbroker.errors import QueueNotFound
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
@@ -568,3 +569,32 @@ def test_a_read_whose_answer_is_lost_is_handed_out_again_though_the_first_rewind
     assert sorted(set(range(60)) - handled) == []  # none skipped
     assert faults == {"answers lost": 0, "rewinds refused": 0}  # the faults were met
     assert worker.stats.connection_errors >= 4
+
+
+def test_a_stream_worker_whose_retry_queue_worker_fails_stops_and_says_why(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retry queue's worker ends on an error it cannot ride out (here its queue is dropped):
+    the stream worker stops too and raises it, with a warning when it happens, where it went on
+    without retries and said nothing but the retry worker's 'stopped'."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    retry_queue = clicks.create_group("g", start="start")
+    clicks.send({"n": 1})
+    handled = threading.Event()
+
+    async def handle(message: StreamMessage) -> None:
+        handled.set()
+
+    async def main() -> None:
+        worker = StreamWorker("clicks", "g", handle)
+        task = asyncio.create_task(serve([worker], dsn=dsn, handle_signals=False))
+        while not handled.is_set() and not task.done():
+            await asyncio.sleep(0.05)
+        broker.drop_queue(retry_queue)
+        await asyncio.wait_for(task, 60)
+
+    with pytest.raises(QueueNotFound):
+        asyncio.run(main())
+    assert any(r.getMessage().startswith("stream_worker.retries_failed") for r in caplog.records)

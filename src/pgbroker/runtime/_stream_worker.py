@@ -51,7 +51,7 @@ from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads
-from pgbroker.runtime._log_events import log_event
+from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
 
@@ -177,6 +177,7 @@ class StreamWorker:
             if self._stopping.is_set():
                 self._retry_worker.stop()
             retry_task = asyncio.create_task(self._retry_worker.run(broker))
+            retry_task.add_done_callback(self._retries_ended)
         if self.maintain_every is not None:
             maintain_task = asyncio.create_task(self._maintain(stream, self.maintain_every))
         heartbeat_task = asyncio.create_task(self._heartbeats(consumer))
@@ -213,6 +214,17 @@ class StreamWorker:
                 completed=self.stats.completed,
                 retried=self.stats.retried,
             )
+        if retry_task is not None and not retry_task.cancelled() and (failure := retry_task.exception()):
+            raise failure
+
+    def _retries_ended(self, task: asyncio.Task[None]) -> None:
+        """The retry queue's worker ends at stop, or on an error it cannot ride out (its queue
+        dropped, a grant taken away): failed messages would then wait for ever, so the stream
+        worker stops too (run raises that error) and says so now."""
+        if task.cancelled() or (failure := task.exception()) is None:
+            return
+        log_failure("stream_worker.retries_failed", failure, stream=self.stream, group=self.group)
+        self.stop()
 
     async def _consume(
         self,

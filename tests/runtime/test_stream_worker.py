@@ -598,3 +598,41 @@ def test_a_stream_worker_whose_retry_queue_worker_fails_stops_and_says_why(
     with pytest.raises(QueueNotFound):
         asyncio.run(main())
     assert any(r.getMessage().startswith("stream_worker.retries_failed") for r in caplog.records)
+
+
+def test_a_stream_worker_rides_out_a_failed_look_up_at_its_start(dsn: str, broker: Broker) -> None:
+    """Its start-up look-ups (whether the stream notifies, its group's retry queue) time out on
+    a lock while maintenance holds the streams' table: the worker waits and tries again, as its
+    reads do, and then handles every message. It stopped with the error (and `pgbroker worker`
+    exited 5 when a server restart met a worker process's start)."""
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=2)
+    clicks.create_group("g", start="start")
+    clicks.send_many([{"n": n} for n in range(20)])
+    handled: set[int] = set()
+    done = threading.Event()
+
+    def handle(message: StreamMessage) -> None:
+        handled.add(message.message["n"])
+        if len(handled) == 20:
+            done.set()
+
+    worker = StreamWorker("clicks", "g", handle)
+    locked = threading.Event()
+
+    def maintenance() -> None:  # the lock held until the worker has met it
+        with table_locked(dsn, "pgbroker.stream"):
+            locked.set()
+            deadline = time.monotonic() + 120
+            while not worker.stats.connection_errors and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+    holder = threading.Thread(target=maintenance)
+    holder.start()
+    assert locked.wait(60)
+    try:
+        run_until(impatient(dsn), [worker], done, 120)
+    finally:
+        holder.join()
+    assert handled == set(range(20))
+    assert worker.stats.connection_errors >= 1  # the lock was met

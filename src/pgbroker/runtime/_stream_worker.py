@@ -166,10 +166,16 @@ class StreamWorker:
         stream = AsyncStream(broker, self.stream)
         consumer = stream.consumer(self.group, name=self.consumer, lease=self.lease)
         # The look-ups first: one that fails leaves no thread or task behind.
-        announced = await self._announced(broker)
-        retry_queue = None
-        if self.retries:
-            retry_queue = next((g.retry_queue for g in await stream.groups() if g.name == self.group), None)
+        trouble = Backoff(*_RECONNECT)
+        while True:
+            try:
+                announced = await self._announced(broker)
+                retry_queue = await self._retry_queue(stream) if self.retries else None
+                break
+            except Exception as exc:
+                await self._ride_out(exc, trouble)  # a lost connection is waited out, as for reads
+            if self._stopping.is_set():
+                return
         threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.stream}")
         retry_task = maintain_task = None
         if retry_queue is not None:
@@ -356,6 +362,9 @@ class StreamWorker:
             for pending in unfinished:
                 with suppress(Exception, asyncio.CancelledError):
                     await pending
+
+    async def _retry_queue(self, stream: AsyncStream) -> str | None:
+        return next((g.retry_queue for g in await stream.groups() if g.name == self.group), None)
 
     async def _announced(self, broker: AsyncBroker) -> bool:
         """Whether the stream announces its sends: only then does a caught-up worker wait for

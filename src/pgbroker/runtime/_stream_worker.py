@@ -145,6 +145,7 @@ class StreamWorker:
         self._stopping = asyncio.Event()
         self._dispatch = KeyedDispatch()
         self._retry_worker: Worker | None = None
+        self._retries_failure: BaseException | None = None  # what ended the retry worker, if not a stop
 
     def __repr__(self) -> str:
         return f"StreamWorker({self.stream!r}, {self.group!r}, consumer={self.consumer!r})"
@@ -165,6 +166,7 @@ class StreamWorker:
     async def run(self, broker: AsyncBroker) -> None:
         stream = AsyncStream(broker, self.stream)
         consumer = stream.consumer(self.group, name=self.consumer, lease=self.lease)
+        self._retries_failure = None
         # The look-ups first: one that fails leaves no thread or task behind.
         trouble = Backoff(*_RECONNECT)
         while True:
@@ -220,8 +222,8 @@ class StreamWorker:
                 completed=self.stats.completed,
                 retried=self.stats.retried,
             )
-        if retry_task is not None and not retry_task.cancelled() and (failure := retry_task.exception()):
-            raise failure
+        if self._retries_failure is not None:
+            raise self._retries_failure
 
     def _retries_ended(self, task: asyncio.Task[None]) -> None:
         """The retry queue's worker ends at stop, or on an error it cannot ride out (its queue
@@ -230,6 +232,7 @@ class StreamWorker:
         if task.cancelled() or (failure := task.exception()) is None:
             return
         log_failure("stream_worker.retries_failed", failure, stream=self.stream, group=self.group)
+        self._retries_failure = failure
         self.stop()
 
     async def _consume(

@@ -246,7 +246,8 @@ class Worker:
         if self.heartbeat:
             helpers.append(asyncio.create_task(self._heartbeats(queue), name=f"pgbroker-beat-{self.queue}"))
         if self.maintain_every is not None:
-            helpers.append(asyncio.create_task(self._maintain(queue), name=f"pgbroker-maintain-{self.queue}"))
+            maintaining = self._maintain(queue, self.maintain_every)
+            helpers.append(asyncio.create_task(maintaining, name=f"pgbroker-maintain-{self.queue}"))
         registration = Registration(self.queue, self.concurrency)
         helpers.append(
             asyncio.create_task(registration.keep(broker, self._beat), name=f"pgbroker-register-{self.queue}")
@@ -698,9 +699,7 @@ class Worker:
             self._changed.clear()
             await self._changed.wait()
 
-    async def _maintain(self, queue: AsyncQueue) -> None:
-        assert self.maintain_every is not None
-
+    async def _maintain(self, queue: AsyncQueue, every: float) -> None:
         async def one_round() -> None:
             trimmed = 0
             try:
@@ -713,5 +712,5 @@ class Worker:
                 if trimmed:
                     log_event(logging.INFO, "worker.archive_trimmed", queue=self.queue, rows=trimmed)
 
-        command, every = f"pgbroker maintain {self.queue}", self.maintain_every
+        command = f"pgbroker maintain {self.queue}"
         await maintenance_rounds(every, one_round, "worker.maintenance", command, queue=self.queue)

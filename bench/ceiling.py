@@ -10,6 +10,8 @@ import multiprocessing
 import time
 from typing import Any
 
+from pgbroker import _event_loop as event_loop
+
 
 def _child(workers: int, work: float, seconds: float, rate: Any) -> None:
     done = 0
@@ -24,7 +26,7 @@ def _child(workers: int, work: float, seconds: float, rate: Any) -> None:
         until = time.monotonic() + seconds
         await asyncio.gather(*(loop(until) for _ in range(workers)))
 
-    asyncio.run(main())
+    event_loop.run(main())
     rate.value = done / seconds
 
 

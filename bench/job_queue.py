@@ -54,6 +54,7 @@ from bench.harness import (
 )
 from bench.peers import Peer, peers
 from bench.peers.runner import run_until, stop_processes
+from pgbroker import _event_loop as event_loop
 
 TITLE = "Job queue under load: W handlers, 1 ms of work a job, claim latency, pressure and chaos"
 #: the peers with a job runtime, when their libraries are installed (the bench extra)
@@ -110,7 +111,7 @@ def _child(key: str, dsn: str, queue: str, workers: int, slot: int, counts: Any,
     def work(stop: asyncio.Event) -> Awaitable[None]:
         return peer.work_jobs(dsn, queue, handle, stop, workers, VT)
 
-    asyncio.run(run_until(lambda: bool(halt.value), work))
+    event_loop.run(run_until(lambda: bool(halt.value), work))
     Path(out).write_text("".join(f"{at} {latency}\n" for at, latency in samples))
     if cpu:  # the first job's own cost is not counted: it is the clock's start
         Path(f"{out}.cpu").write_text(f"{time.process_time() - cpu[0]} {handled - 1}\n")

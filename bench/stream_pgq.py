@@ -55,6 +55,7 @@ from bench.harness import (
 )
 from bench.peers.keyed import KeyedPeer, keyed_peers
 from bench.peers.runner import run_until, stop_processes
+from pgbroker import _event_loop as event_loop
 
 TITLE = "A stream group against PgQ: W handlers, 1 ms of work a message, order per key"
 #: W handlers doing their 1 ms and nothing else, no database: what no consumer can beat
@@ -104,7 +105,7 @@ def _child(key: str, dsn: str, queue: str, workers: int, shared: Any, halt: Any,
     def work(stop: asyncio.Event) -> Awaitable[None]:
         return peer.work(dsn, queue, handle, stop, workers)
 
-    asyncio.run(run_until(lambda: bool(halt.value), work))
+    event_loop.run(run_until(lambda: bool(halt.value), work))
     Path(out).write_text("".join(f"{at} {latency}\n" for at, latency in samples))
 
 

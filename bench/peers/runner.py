@@ -20,6 +20,7 @@ from multiprocessing.sharedctypes import Synchronized
 from typing import Any, TypeVar
 
 from bench.peers import Peer, peers
+from pgbroker import _event_loop as event_loop
 
 #: seconds a drain may take before it is cut short (its rate then counts what was handled)
 DRAIN_LIMIT = 180.0
@@ -100,7 +101,7 @@ def _child(
     def done() -> bool:
         return bool(halt.value) or bool(target and sum(counts) >= target)
 
-    asyncio.run(run_until(done, lambda stop: peer.work(dsn, queue, handle, stop, tuned)))
+    event_loop.run(run_until(done, lambda stop: peer.work(dsn, queue, handle, stop, tuned)))
     out.put(samples)
 
 

@@ -24,6 +24,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker, Message, Queue
+from pgbroker._event_loop import LOOP_ENV
 from pgbroker.demo.stage import Demo
 from pgbroker.demo.workers import workers_stage
 from tests.support.tables import Conn, a_rows, q_rows
@@ -178,6 +179,37 @@ def test_a_worker_consumes_the_queue_and_exits_0_on_sigterm(
     assert "progress queue=jobs completed=" in stderr
     assert "worker.stopped queue=jobs completed=30 retried=0 dead_lettered=0 stale=0 released=0" in stderr
     assert sorted(r[0] for r in handled(conn)) == sent
+
+
+def test_a_worker_runs_on_uvloop_unless_told_otherwise(
+    dsn: str, conn: Conn, jobs: Queue, workers: Callable[..., WorkerProcess]
+) -> None:
+    jobs.send_many([{"n": n} for n in range(4)])
+    loops = {}
+    for choice in (None, "asyncio"):
+        worker = workers(dsn, f"{HERE}:record", "--queue", "jobs", *(["--loop", choice] if choice else []))
+        wait_for(lambda: bool(handled(conn)), what="a message handled")
+        worker.signal(signal.SIGTERM)
+        code, stderr = worker.finish()
+        assert code == 0, stderr
+        started = [line for line in stderr.splitlines() if "worker.started" in line]
+        loops[choice] = [line.rsplit("loop=", 1)[1] for line in started]
+        conn.execute("DELETE FROM handled")
+        jobs.send({"n": 4})
+    assert loops == {None: ["uvloop"], "asyncio": ["asyncio"]}
+    for command in (["worker", f"{HERE}:record", "--queue", "jobs"], ["scheduler"]):
+        wrong = cli(dsn, *command, "--loop", "trio")
+        assert wrong.returncode == 2
+        assert "argument --loop: invalid choice: 'trio'" in wrong.stderr
+    os.environ[LOOP_ENV] = "tokio"
+    try:
+        assert_error(
+            cli(dsn, "worker", f"{HERE}:record", "--queue", "jobs"),
+            2,
+            f"${LOOP_ENV} must be one of auto, asyncio, uvloop, got 'tokio'",
+        )
+    finally:
+        del os.environ[LOOP_ENV]
 
 
 def test_sigterm_lets_a_slow_handler_finish_and_ack(

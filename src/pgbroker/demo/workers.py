@@ -10,6 +10,7 @@ import json
 import logging
 import time
 
+from pgbroker import _event_loop as event_loop
 from pgbroker.demo.stage import Demo
 from pgbroker.queues._records import Message
 from pgbroker.runtime._app import serve
@@ -62,7 +63,7 @@ def workers_stage(demo: Demo) -> None:
     level = worker_log.level
     worker_log.setLevel(logging.ERROR)
     try:
-        asyncio.run(_run(demo, worker, dsn))
+        event_loop.run(_run(demo, worker, dsn))
     finally:
         worker_log.setLevel(level)
     elapsed = time.perf_counter() - started

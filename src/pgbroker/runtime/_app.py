@@ -29,8 +29,10 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, TextIO, TypedDict, TypeVar, Unpack
 
+from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, PoolTimeouts
+from pgbroker._event_loop import LoopName
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._signals import on_stop_signals
@@ -121,18 +123,21 @@ class App:
         pooler: PoolerMode | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+        loop: LoopName | None = None,
         **overrides: Unpack[WorkerOptions],
     ) -> None:
         """Run every handler until SIGTERM or SIGINT (see serve, and Broker for ``pooler``,
-        ``connect_timeout`` and ``pool_timeout``)."""
-        asyncio.run(
+        ``connect_timeout`` and ``pool_timeout``), on the event loop ``loop`` names: uvloop
+        when it is installed ("auto", or $PGBROKER_LOOP), or "asyncio"'s own."""
+        event_loop.run(
             serve(
                 [*self.workers(**overrides), *self.stream_workers()],
                 dsn=dsn,
                 pooler=pooler,
                 connect_timeout=connect_timeout,
                 pool_timeout=pool_timeout,
-            )
+            ),
+            loop,
         )
 
 

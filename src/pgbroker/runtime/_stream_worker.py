@@ -47,6 +47,7 @@ from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker._db.liveness import is_transient
+from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
@@ -195,6 +196,7 @@ class StreamWorker:
             stream=self.stream,
             group=self.group,
             consumer=self.consumer,
+            loop=running_loop(),
         )
         try:
             await self._consume(stream, consumer, threads, announced)

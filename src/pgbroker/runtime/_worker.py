@@ -53,6 +53,7 @@ from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
 from pgbroker._db.liveness import is_transient
+from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
@@ -261,6 +262,7 @@ class Worker:
             heartbeat=self.heartbeat,
             default_max_deliveries=self.max_deliveries,
             pid=os.getpid(),
+            loop=running_loop(),
         )
         try:
             await self._consume(broker, queue, threads)

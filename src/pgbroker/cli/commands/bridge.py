@@ -25,10 +25,18 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
 
+from pgbroker import _event_loop as event_loop
 from pgbroker.cli.support.arguments import duration, positive_int, seconds
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.parsers import Handler, Subcommands, add_command, add_group, add_progress_option
+from pgbroker.cli.support.parsers import (
+    Handler,
+    Subcommands,
+    add_command,
+    add_group,
+    add_loop_option,
+    add_progress_option,
+)
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
 from pgbroker.runtime._signals import on_stop_signals
@@ -54,6 +62,7 @@ def register(subcommands: Subcommands) -> None:
             "--batch-size", type=positive_int, default=500, metavar="N", help="messages per batch (500)"
         )
         add_progress_option(sub, "counts")
+        add_loop_option(sub)
         return sub
 
     sub = command("out", "publish a pgbroker queue to a broker, acking each message after its confirm", _out)
@@ -253,7 +262,7 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
                     reporter.cancel()
 
     try:
-        asyncio.run(run())
+        event_loop.run(run(), args.loop)
     except asyncio.CancelledError:
         print("pgbroker: interrupted", file=sys.stderr)
         return Exit.INTERRUPTED

@@ -8,17 +8,17 @@ many run, each tick is sent once.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from pgbroker import _event_loop as event_loop
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
 from pgbroker.cli.support.output import print_result, wants_json
-from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_group, add_loop_option
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Schedule
@@ -47,7 +47,7 @@ def register(subcommands: Subcommands) -> None:
         sub.add_argument("name", help="the schedule's name")
 
     summary = "send the ticks of the schedules (workers run one too)"
-    add_command(subcommands, "scheduler", summary, _scheduler, json_output=False)
+    add_loop_option(add_command(subcommands, "scheduler", summary, _scheduler, json_output=False))
 
 
 def _schedule_json(schedule: Schedule) -> dict[str, Any]:
@@ -126,5 +126,5 @@ def _resume(args: argparse.Namespace, broker: Broker) -> int:
 
 def _scheduler(args: argparse.Namespace, broker: Broker) -> int:
     dsn = dsn_of(args.dsn, args.connect_timeout)
-    asyncio.run(serve_scheduler(dsn, pooler=args.pooler, pool_timeout=args.pool_timeout))
+    event_loop.run(serve_scheduler(dsn, pooler=args.pooler, pool_timeout=args.pool_timeout), args.loop)
     return Exit.OK

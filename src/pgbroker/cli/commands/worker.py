@@ -9,7 +9,6 @@ one that is killed, and passes SIGTERM and SIGINT on to them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib
 import logging
 import multiprocessing
@@ -27,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import pgbroker
+from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import database_place
 from pgbroker.cli.support.arguments import positive_int, seconds, whole
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.parsers import Subcommands, add_command, add_progress_option
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option, add_progress_option
 from pgbroker.cli.support.running import LOG_FORMAT, classify, print_error
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Message
@@ -103,10 +103,12 @@ def register(subcommands: Subcommands) -> None:
         help="do not send schedule ticks (by default every worker process runs a scheduler)",
     )
     add_progress_option(sub, "counts and rates to stderr")
+    add_loop_option(sub)
 
 
 def _worker(args: argparse.Namespace, broker: Broker) -> int:
     workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
+    event_loop.loop_factory(args.loop)  # and a wrong $PGBROKER_LOOP
     dsn = dsn_of(args.dsn, args.connect_timeout)
     existing = {info.queue_name.lower() for info in broker.list_queues()}
     # A missing queue is the worker's to report (exit 4), with no start-up line before the error.
@@ -130,7 +132,7 @@ def _announce(workers: Sequence[Worker | StreamWorker], dsn: str, processes: int
 
 
 def _serve(workers: Sequence[Worker | StreamWorker], dsn: str, args: argparse.Namespace) -> int:
-    asyncio.run(
+    event_loop.run(
         serve(
             workers,
             dsn=dsn,
@@ -138,7 +140,8 @@ def _serve(workers: Sequence[Worker | StreamWorker], dsn: str, args: argparse.Na
             schedules=args.schedules,
             pooler=args.pooler,
             pool_timeout=args.pool_timeout,
-        )
+        ),
+        args.loop,
     )
     return Exit.OK
 

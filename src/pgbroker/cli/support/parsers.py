@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT
+from pgbroker._event_loop import LOOP_ENV, LOOP_NAMES
 from pgbroker.cli.support.arguments import positive_seconds, seconds
 from pgbroker.queues._client import Broker
 
@@ -162,6 +163,16 @@ def add_group(subcommands: Subcommands, name: str, summary: str, *, metavar: str
     """Add a command made of subcommands (``pgbroker dlq list``); returns where they go."""
     group = subcommands.add_parser(name, help=summary, description=summary)
     return group.add_subparsers(dest=f"{name}_action", metavar=metavar, required=True)
+
+
+def add_loop_option(parser: argparse.ArgumentParser) -> None:
+    """--loop: the event loop a long-running command runs on (pgbroker._event_loop)."""
+    parser.add_argument(
+        "--loop",
+        choices=LOOP_NAMES,
+        default=None,
+        help=f"the event loop: uvloop when installed (auto), or asyncio's own (${LOOP_ENV}, else auto)",
+    )
 
 
 def add_progress_option(parser: argparse.ArgumentParser, what: str) -> None:

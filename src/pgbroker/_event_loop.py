@@ -1,5 +1,6 @@
 """The event loop that pgbroker's own long-running entry points run on: ``pgbroker worker``,
-``pgbroker scheduler``, ``pgbroker bridge``, ``App.run()``.
+``pgbroker scheduler``, ``pgbroker bridge``, ``App.run()``, and ``pgbroker serve`` (through uvicorn,
+which takes the same names).
 
 uvloop where it is installed (it comes with pgbroker on Linux and macOS), as PgQueuer's CLI and
 uvicorn choose: a worker's own time a message is mostly the event loop's (a timer, a future, a
@@ -17,7 +18,7 @@ from typing import Any, Literal, TypeVar, cast, get_args
 
 from pgbroker.errors import InvalidArgument
 
-__all__ = ["LOOP_ENV", "LOOP_NAMES", "LoopName", "loop_factory", "run", "running_loop"]
+__all__ = ["LOOP_ENV", "LOOP_NAMES", "LoopName", "chosen", "loop_factory", "run", "running_loop"]
 
 T = TypeVar("T")
 LoopName = Literal["auto", "asyncio", "uvloop"]
@@ -26,13 +27,18 @@ LOOP_NAMES: tuple[LoopName, ...] = get_args(LoopName)
 LOOP_ENV = "PGBROKER_LOOP"
 
 
-def loop_factory(loop: LoopName | None = None) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The factory of the loop ``loop`` names (None: $PGBROKER_LOOP, else auto); None for the
-    standard library's own."""
+def chosen(loop: LoopName | None = None) -> LoopName:
+    """The loop asked for: ``loop``, else $PGBROKER_LOOP, else auto."""
     name = loop or os.environ.get(LOOP_ENV) or "auto"
     if name not in LOOP_NAMES:
         source = "loop" if loop else f"${LOOP_ENV}"
         raise InvalidArgument(f"{source} must be one of {', '.join(LOOP_NAMES)}, got {name!r}")
+    return name
+
+
+def loop_factory(loop: LoopName | None = None) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The factory of the loop chosen(loop) names; None for the standard library's own."""
+    name = chosen(loop)
     if name == "asyncio":
         return None
     try:

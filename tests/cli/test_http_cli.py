@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from pgbroker._db.api_keys import create_key
+from pgbroker._event_loop import LOOP_ENV
 from pgbroker.cli.commands import keys as cli_keys
 from pgbroker.cli.commands import serve as cli_serve
 from pgbroker.cli.support.errors import CliError
@@ -70,6 +71,7 @@ def test_serve_runs_through_the_cli_and_stops_cleanly_on_sigterm(
         # Without -v too, the one line that says where to go.
         where = f"serving the API at {server.url}/v1 and the dashboard at {server.url}/dashboard"
         assert where in server.log()
+        assert "(event loop uvloop; stop: Ctrl-C or SIGTERM)" in server.log()
         # A long poll in flight when SIGTERM comes is answered before the server exits.
         with ThreadPoolExecutor(1) as pool:
             reading = pool.submit(
@@ -84,3 +86,15 @@ def test_serve_runs_through_the_cli_and_stops_cleanly_on_sigterm(
         assert "Traceback" not in server.log(), server.log()
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{server.url}/healthz")
+
+
+def test_serve_runs_on_the_loop_it_is_told(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pgbroker_serve(dsn, "--loop", "asyncio") as server:
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+        assert "(event loop asyncio; stop: Ctrl-C or SIGTERM)" in server.log()
+    monkeypatch.setenv(LOOP_ENV, "tokio")
+    with pytest.raises(RuntimeError) as refused, pgbroker_serve(dsn):
+        pass
+    said = str(refused.value)
+    assert "exited with 2 before answering" in said
+    assert f"pgbroker: error: ${LOOP_ENV} must be one of auto, asyncio, uvloop, got 'tokio'" in said

@@ -18,6 +18,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from pgbroker._event_loop import running_loop
+
 __all__ = ["AnnouncingServer", "protocol_with_head_timeout"]
 
 
@@ -33,7 +35,7 @@ class AnnouncingServer(uvicorn.Server):
                 url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
                 print(
                     f"pgbroker: serving the API at {url}/v1 and the dashboard at {url}/dashboard "
-                    "(stop: Ctrl-C or SIGTERM)",
+                    f"(event loop {running_loop()}; stop: Ctrl-C or SIGTERM)",
                     file=sys.stderr,
                     flush=True,
                 )

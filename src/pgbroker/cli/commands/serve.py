@@ -10,11 +10,12 @@ import argparse
 import signal
 from types import FrameType
 
+from pgbroker import _event_loop as event_loop
 from pgbroker.cli.support.arguments import duration, positive_duration
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import Exit
-from pgbroker.cli.support.parsers import Subcommands, add_command
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
 
@@ -95,6 +96,7 @@ def register(subcommands: Subcommands) -> None:
         "its replay lag); writes still go to --dsn. It gets a pool of --connections too",
     )
     add_codec_module_option(sub)  # the codecs HTTP sends may name
+    add_loop_option(sub)
 
 
 def _serve(args: argparse.Namespace, broker: Broker) -> int:
@@ -105,6 +107,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         from pgbroker.http.server import AnnouncingServer, protocol_with_head_timeout
 
     load_codec_modules(args)
+    event_loop.loop_factory(args.loop)  # a loop it cannot give fails here, in pgbroker's words
     dsn = dsn_of(args.dsn, args.connect_timeout)
     settings = Settings(
         max_body_bytes=args.max_body,
@@ -142,6 +145,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
             timeout_keep_alive=args.keep_alive,
             # Requests in flight are answered first; the longest is a long poll.
             timeout_graceful_shutdown=int(args.max_wait) + 5,
+            loop=event_loop.chosen(args.loop),  # uvicorn knows the same names
         )
         AnnouncingServer(config).run()
     except _Stopped:

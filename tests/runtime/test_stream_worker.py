@@ -43,6 +43,20 @@ def run_until(
     asyncio.run(main())
 
 
+def numbers_until(count: int) -> tuple[set[int], threading.Event, Callable[[StreamMessage], None]]:
+    """A handler noting each message's "n", the numbers noted, and an event set once ``count``
+    distinct numbers are."""
+    handled: set[int] = set()
+    done = threading.Event()
+
+    def handle(message: StreamMessage) -> None:
+        handled.add(message.message["n"])
+        if len(handled) == count:
+            done.set()
+
+    return handled, done, handle
+
+
 # 300: full batches only; 320: a full batch, read ahead of, then a short one (whose read carries no
 # ack of its own: the full batch's ack, failures and all, must still go with the next read).
 @pytest.mark.parametrize("count", [300, 320])
@@ -556,13 +570,7 @@ def test_a_read_whose_answer_is_lost_is_handed_out_again_though_the_first_rewind
 
     monkeypatch.setattr(AsyncStreamConsumer, "ack_and_read", answer_lost)
     monkeypatch.setattr(AsyncStreamConsumer, "rewind", away)
-    handled: set[int] = set()
-    done = threading.Event()
-
-    def handle(message: StreamMessage) -> None:
-        handled.add(message.message["n"])
-        if len(handled) == 60:
-            done.set()
+    handled, done, handle = numbers_until(60)
 
     worker = StreamWorker("clicks", "g", handle, batch_size=20, poll_max=0.2, retries=False)
     run_until(dsn, [worker], done, 30)
@@ -609,13 +617,7 @@ def test_a_stream_worker_rides_out_a_failed_look_up_at_its_start(dsn: str, broke
     clicks.create(partitions=2)
     clicks.create_group("g", start="start")
     clicks.send_many([{"n": n} for n in range(20)])
-    handled: set[int] = set()
-    done = threading.Event()
-
-    def handle(message: StreamMessage) -> None:
-        handled.add(message.message["n"])
-        if len(handled) == 20:
-            done.set()
+    handled, done, handle = numbers_until(20)
 
     worker = StreamWorker("clicks", "g", handle)
     locked = threading.Event()

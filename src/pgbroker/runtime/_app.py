@@ -32,7 +32,6 @@ from typing import Any, TextIO, TypedDict, TypeVar, Unpack
 from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, PoolTimeouts
-from pgbroker._event_loop import LoopName
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._signals import on_stop_signals
@@ -123,7 +122,7 @@ class App:
         pooler: PoolerMode | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         pool_timeout: float = DEFAULT_POOL_TIMEOUT,
-        loop: LoopName | None = None,
+        loop: event_loop.LoopName | None = None,
         **overrides: Unpack[WorkerOptions],
     ) -> None:
         """Run every handler until SIGTERM or SIGINT (see serve, and Broker for ``pooler``,

@@ -3313,8 +3313,14 @@ BEGIN
             SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
             FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
         END IF;
-        -- The limit is the database's, never only the session's (0025).
-        PERFORM pgbroker._check_message_size(r_size);
+        -- The limit is the database's, never only the session's (0025). Not for the
+        -- engine's own copies of what was sent through a door that checked it (a dead
+        -- letter replayed, a stream message retried, a schedule's tick): the headers the
+        -- engine adds took a message near the limit over it, and a stream's retry copy
+        -- refused failed the ack of its whole batch, for good.
+        IF NOT p_engine_headers THEN
+            PERFORM pgbroker._check_message_size(r_size);
+        END IF;
         IF r_max_depth IS NOT NULL THEN
             PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
         END IF;
@@ -5207,8 +5213,14 @@ BEGIN
             SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
             FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
         END IF;
-        -- The limit is the database's, never only the session's (0025).
-        PERFORM pgbroker._check_message_size(r_size);
+        -- The limit is the database's, never only the session's (0025). Not for the
+        -- engine's own copies of what was sent through a door that checked it (a dead
+        -- letter replayed, a stream message retried, a schedule's tick): the headers the
+        -- engine adds took a message near the limit over it, and a stream's retry copy
+        -- refused failed the ack of its whole batch, for good.
+        IF NOT p_engine_headers THEN
+            PERFORM pgbroker._check_message_size(r_size);
+        END IF;
         IF r_max_depth IS NOT NULL THEN
             PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
         END IF;
@@ -6847,6 +6859,8 @@ BEGIN
         'Pass the payload each tick sends, e.g. ''{}''.');
     PERFORM pgbroker._check_arg(headers IS NULL OR jsonb_typeof(headers) = 'object',
         'headers must be a JSON object', 'Pass headers as {"key": value, ...}.');
+    -- Checked here, the door: a tick is the engine's send, which does not check it again.
+    PERFORM pgbroker._check_message_size(pg_column_size(message) + coalesce(pg_column_size(headers), 0));
     PERFORM pgbroker._check_arg(
         timezone IS NOT NULL AND EXISTS (SELECT 1 FROM pg_timezone_names z WHERE z.name = timezone),
         format('unknown time zone %s', coalesce(quote_literal(timezone), 'NULL')),
@@ -7931,6 +7945,21 @@ BEGIN
     END IF;
     IF headers IS NOT NULL THEN
         PERFORM pgbroker._check_reserved_headers(headers);
+        -- Job headers mean nothing to a stream, but a failed message takes its headers to
+        -- the group's retry queue, whose send checks them: one it refuses made every ack
+        -- of the message's batch fail, and the group never got past it.
+        IF pgbroker._has_job_headers(headers) THEN
+            PERFORM pgbroker._check_job_headers(headers);
+        END IF;
+    END IF;
+    -- The size limit of queue sends (30_sends.sql), for a message with its headers and
+    -- key (all in its row): a batch within the default in the caller's own rights bounds
+    -- each of its messages, with no call for the limit.
+    IF pgbroker._within_default_size(pg_column_size(messages) + coalesce(pg_column_size(headers), 0)
+                                     + coalesce(pg_column_size(keys), 0)) IS NOT TRUE THEN
+        PERFORM pgbroker._check_message_size(
+            (SELECT max(pg_column_size(u.m) + coalesce(pg_column_size(u.h), 0) + coalesce(pg_column_size(u.k), 0))
+             FROM unnest(messages, headers, keys) AS u(m, h, k)));
     END IF;
     -- The stream's own send function (made with the stream): its INSERT names
     -- the table, so PL/pgSQL plans it once per session; a dynamic INSERT into a

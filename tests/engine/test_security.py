@@ -529,6 +529,36 @@ def test_a_hostile_session_cannot_hold_a_stream_back(users: dict[str, str], conn
     assert owners.fetchall() == [("a", 1), ("b", 1)]
 
 
+def test_a_producer_cannot_poison_a_streams_acks(users: dict[str, str], conn: Conn) -> None:
+    # A failed stream message is copied to its group's retry queue in the ack's transaction, by a
+    # queue send that checks size and job headers. A stream send checked neither: a producer's
+    # oversized message, or one with a priority that is no number, made every ack of its batch
+    # fail (PB005, PB007), and the group could never move past it. Near the limit, the header the
+    # retry adds (the message's place, its key, the error) must not fail the ack either.
+    conn.execute("SELECT pgbroker.create_stream('clicks', 1)")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
+    over = "jsonb_build_object('blob', repeat('x', 1100000))"
+    near = "jsonb_build_object('blob', repeat('x', 1048000))"
+    with psycopg.connect(users["producer"], autocommit=True) as producer:
+        for call in (f"SELECT pgbroker.stream_send('clicks', {over})",
+                     "SELECT pgbroker.stream_send('clicks', '{}', NULL, repeat('k', 1100000))",
+                     f"SELECT pgbroker.stream_send_many('clicks', ARRAY[{over}])",
+                     f"SELECT pgbroker.stream_send_idempotent('clicks', 'i', ARRAY[{over}])"):  # fmt: skip
+            with refused("PB005"):
+                producer.execute(call.encode())
+        for job in ('{"x-pgbroker-priority": "high"}', '{"x-pgbroker-dedup-key": ""}',
+                    '{"x-pgbroker-concurrency-key": 7}'):  # fmt: skip
+            with refused("PB007"):
+                producer.execute("SELECT pgbroker.stream_send('clicks', '{}', %s::jsonb)", [job])
+        producer.execute(f"SELECT pgbroker.stream_send('clicks', {near}, NULL, 'k')".encode())
+        producer.execute("""SELECT pgbroker.stream_send('clicks', '{}', '{"x-pgbroker-priority": 5}')""")
+    with psycopg.connect(users["consumer"], autocommit=True) as consumer:
+        batch = read(consumer, "clicks", "g", "a")
+        assert len(batch.ids) == 2
+        assert ack(consumer, "clicks", "g", "a", batch, failed=batch.ids, errors=["x" * 3000]) == {0: True}
+    assert conn.execute("SELECT count(*) FROM pgmq.q_clicks_g_retry").fetchone() == (2,)
+
+
 def test_a_hostile_session_cannot_hold_a_queue_head_back(users: dict[str, str], conn: Conn) -> None:
     # The same for a queue: the advance of where its reads start once took turns on an advisory
     # lock, which an outsider could hold for good; ready_from then stayed behind every message

@@ -211,8 +211,14 @@ BEGIN
             SELECT max(pg_column_size(m.msg) + coalesce(pg_column_size(m.hdr), 0)) INTO r_size
             FROM unnest(p_msgs, p_headers) AS m(msg, hdr);
         END IF;
-        -- The limit is the database's, never only the session's (0025).
-        PERFORM pgbroker._check_message_size(r_size);
+        -- The limit is the database's, never only the session's (0025). Not for the
+        -- engine's own copies of what was sent through a door that checked it (a dead
+        -- letter replayed, a stream message retried, a schedule's tick): the headers the
+        -- engine adds took a message near the limit over it, and a stream's retry copy
+        -- refused failed the ack of its whole batch, for good.
+        IF NOT p_engine_headers THEN
+            PERFORM pgbroker._check_message_size(r_size);
+        END IF;
         IF r_max_depth IS NOT NULL THEN
             PERFORM pgbroker._check_depth(r_name, lower('q_' || r_name), cardinality(p_msgs));
         END IF;

@@ -481,6 +481,21 @@ BEGIN
     END IF;
     IF headers IS NOT NULL THEN
         PERFORM pgbroker._check_reserved_headers(headers);
+        -- Job headers mean nothing to a stream, but a failed message takes its headers to
+        -- the group's retry queue, whose send checks them: one it refuses made every ack
+        -- of the message's batch fail, and the group never got past it.
+        IF pgbroker._has_job_headers(headers) THEN
+            PERFORM pgbroker._check_job_headers(headers);
+        END IF;
+    END IF;
+    -- The size limit of queue sends (30_sends.sql), for a message with its headers and
+    -- key (all in its row): a batch within the default in the caller's own rights bounds
+    -- each of its messages, with no call for the limit.
+    IF pgbroker._within_default_size(pg_column_size(messages) + coalesce(pg_column_size(headers), 0)
+                                     + coalesce(pg_column_size(keys), 0)) IS NOT TRUE THEN
+        PERFORM pgbroker._check_message_size(
+            (SELECT max(pg_column_size(u.m) + coalesce(pg_column_size(u.h), 0) + coalesce(pg_column_size(u.k), 0))
+             FROM unnest(messages, headers, keys) AS u(m, h, k)));
     END IF;
     -- The stream's own send function (made with the stream): its INSERT names
     -- the table, so PL/pgSQL plans it once per session; a dynamic INSERT into a

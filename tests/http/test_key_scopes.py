@@ -130,3 +130,25 @@ async def test_names_in_a_path_are_judged_by_the_engines_rule(
     ]:
         r = await client.request(method, url, json={"message": 1}, headers=admin)
         assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_queue_name"), (url, r.text)
+
+
+async def test_a_key_cannot_replace_a_schedule_of_a_queue_it_does_not_see(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # The add's scope is checked on the queue of the body; with replace, the engine redefines the
+    # schedule of that name whichever queue it sends to. An admin key for EU-* took over (moved to
+    # its own queue, or silenced) a schedule of us-secret, which it may not even see.
+    eu = auth(create_key(conn, "eu-admin", scopes=["admin"], queues=["EU-*"])[1])
+    await broker.create_queue("us-secret")
+    await broker.create_queue("eu-orders")
+    await broker.add_schedule("tick", "us-secret", "0 0 1 1 *", {"tick": 1})
+    before = await broker.schedules()
+    body = {"name": "tick", "queue": "eu-orders", "cron": "* * * * *", "message": {}, "replace": True}
+    r = await client.post("/v1/schedules", json=body, headers=eu)
+    assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_argument"), r.text
+    assert "us-secret" not in r.text
+    assert await broker.schedules() == before
+    # Its own schedules it replaces as before.
+    assert (await client.post("/v1/schedules", json={**body, "name": "mine"}, headers=eu)).status_code == 201
+    r = await client.post("/v1/schedules", json={**body, "name": "mine", "cron": "0 * * * *"}, headers=eu)
+    assert (r.status_code, r.json()["cron"]) == (201, "0 * * * *"), r.text

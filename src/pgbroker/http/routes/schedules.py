@@ -31,6 +31,12 @@ async def list_schedules(call: Call) -> ScheduleList:
     errors={404: "queue_not_found"},
 )
 async def add_schedule(call: Call, body: AddSchedule) -> Schedule:
+    # The scope is checked on the body's queue, and the engine replaces a schedule of that name
+    # whatever queue it sends to: only one of a queue the key sees is replaced; one of another
+    # queue is refused as a taken name is without replace (the key learns nothing more).
+    replace = body.replace and any(
+        s.name == body.name and call.caller.sees(s.queue_name) for s in await call.broker.schedules()
+    )
     return await call.broker.add_schedule(
         body.name,
         body.queue,
@@ -38,7 +44,7 @@ async def add_schedule(call: Call, body: AddSchedule) -> Schedule:
         body.message,
         headers=body.headers,
         timezone=body.timezone,
-        replace=body.replace,
+        replace=replace,
     )
 
 

@@ -6859,8 +6859,12 @@ BEGIN
         'Pass the payload each tick sends, e.g. ''{}''.');
     PERFORM pgbroker._check_arg(headers IS NULL OR jsonb_typeof(headers) = 'object',
         'headers must be a JSON object', 'Pass headers as {"key": value, ...}.');
-    -- Checked here, the door: a tick is the engine's send, which does not check it again.
+    -- Checked here, the door: a tick is the engine's send, which checks neither the size nor
+    -- the reserved headers (its own x-pgbroker-schedule is one).
     PERFORM pgbroker._check_message_size(pg_column_size(message) + coalesce(pg_column_size(headers), 0));
+    IF headers IS NOT NULL THEN
+        PERFORM pgbroker._check_reserved_headers(ARRAY[headers]);
+    END IF;
     PERFORM pgbroker._check_arg(
         timezone IS NOT NULL AND EXISTS (SELECT 1 FROM pg_timezone_names z WHERE z.name = timezone),
         format('unknown time zone %s', coalesce(quote_literal(timezone), 'NULL')),

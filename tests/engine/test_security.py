@@ -25,6 +25,7 @@ import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.types.json import Jsonb
 
 from pgbroker._db.install import install_roles
 from tests.support.streams import ack, read, send
@@ -434,6 +435,24 @@ def test_no_send_carries_a_reserved_header(
         "SELECT count(*) FROM pgmq.q_plain WHERE headers ?| ARRAY[%s]", [header]
     ).fetchone() == (0,)
     assert conn.execute("SELECT count(*) FROM pgbroker.dead_letters('capped')").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("header", RESERVED)
+def test_no_schedule_carries_a_reserved_header(conn: Conn, header: str) -> None:
+    # A tick is the engine's own send, which lets the reserved headers through: a schedule's
+    # headers were never checked, so whoever may add a schedule to a queue (an HTTP key with the
+    # admin scope on it) forged dead letters of another queue, or a stream's retries, there.
+    conn.execute("SELECT pgmq.create('jobs')")
+    forged = Jsonb({header: {"queue": "capped", "msg_id": 1}})
+    with refused("PB007") as error:
+        conn.execute("SELECT pgbroker.schedule_add('tick', 'jobs', '* * * * *', '{}', %s)", [forged])
+    assert "reserved" in str(error.value)
+    conn.execute("""SELECT pgbroker.schedule_add('tick', 'jobs', '* * * * *', '{}', '{"a": 1}')""")
+    with refused("PB007"):
+        conn.execute(
+            "SELECT pgbroker.schedule_add('tick', 'jobs', '* * * * *', '{}', %s, replace => true)", [forged]
+        )
+    assert conn.execute("SELECT headers FROM pgbroker.schedules").fetchall() == [({"a": 1},)]
 
 
 def test_the_engines_own_headers_still_travel(conn: Conn) -> None:

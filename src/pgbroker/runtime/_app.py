@@ -261,8 +261,11 @@ async def serve_scheduler(
     pooler: PoolerMode | None = None,
     pool_timeout: float = DEFAULT_POOL_TIMEOUT,
 ) -> None:
-    """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT."""
+    """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT; raises what
+    stopped it otherwise (NotInstalled, a role without the right): alone, it has nothing to do."""
     scheduler = Scheduler()
     async with AsyncBroker(dsn, max_connections=2, pooler=pooler, pool_timeout=pool_timeout) as broker:
         with on_stop_signals(lambda _: scheduler.stop(), enabled=handle_signals):
             await scheduler.run(broker)
+    if scheduler.gave_up is not None:
+        raise scheduler.gave_up

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgbroker import __version__
 from pgbroker._db.install_rules import latest_version
@@ -91,6 +93,24 @@ def test_each_connection_failure_gets_its_own_hint(dsn: str) -> None:
     for res in (no_role, no_database):
         assert "Is the server running" not in res.stderr
     _assert_error(run("--dsn", UNREACHABLE, "list"), 5, "hint: Is the server running, at that host and port?")
+
+
+def test_a_role_without_rights_is_told_how_to_get_them(dsn: str, conn: Conn, orders: str) -> None:
+    # "permission denied for schema pgmq" alone names neither the cause nor the way out.
+    role = f"nobody_{uuid.uuid4().hex[:10]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        for command in (["list"], ["send", orders, "{}"], ["read", orders]):
+            _assert_error(
+                run("--dsn", f"{dsn} user={role}", *command),
+                5,
+                "permission denied for ",
+                "hint: This database role may not do that",
+                "GRANT pgbroker_consumer TO",
+                "pgbroker grant consumer",
+            )
+    finally:
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_database_url_is_used_without_dsn(dsn: str, orders: str) -> None:

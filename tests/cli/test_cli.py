@@ -23,6 +23,7 @@ from psycopg import sql
 
 from pgbroker import __version__
 from pgbroker._db.install_rules import latest_version
+from pgbroker.cli.support.errors import Exit
 from pgbroker.demo import tour
 from pgbroker.demo.stage import Demo
 from pgbroker.demo.tour import _next_steps
@@ -124,6 +125,9 @@ def test_help_documents_the_exit_codes() -> None:
     assert res.returncode == 0
     for line in ("3   stale receipt", "4   queue not found", "5   database unreachable"):
         assert line in res.stdout
+    # Every code a command exits with, Ctrl-C's too (a script may rely on them).
+    for code in Exit:
+        assert re.search(rf"^  {code.value:<3} \S", res.stdout, re.MULTILINE), code
     assert run().returncode == 2
     assert run("read").returncode == 2
 

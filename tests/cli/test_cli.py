@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -18,9 +19,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgbroker import __version__
 from pgbroker._db.install_rules import latest_version
+from pgbroker.cli.support.errors import Exit
 from pgbroker.demo import tour
 from pgbroker.demo.stage import Demo
 from pgbroker.demo.tour import _next_steps
@@ -93,6 +96,24 @@ def test_each_connection_failure_gets_its_own_hint(dsn: str) -> None:
     _assert_error(run("--dsn", UNREACHABLE, "list"), 5, "hint: Is the server running, at that host and port?")
 
 
+def test_a_role_without_rights_is_told_how_to_get_them(dsn: str, conn: Conn, orders: str) -> None:
+    # "permission denied for schema pgmq" alone names neither the cause nor the way out.
+    role = f"nobody_{uuid.uuid4().hex[:10]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        for command in (["list"], ["send", orders, "{}"], ["read", orders]):
+            _assert_error(
+                run("--dsn", f"{dsn} user={role}", *command),
+                5,
+                "permission denied for ",
+                "hint: This database role may not do that",
+                "GRANT pgbroker_consumer TO",
+                "pgbroker grant consumer",
+            )
+    finally:
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 def test_database_url_is_used_without_dsn(dsn: str, orders: str) -> None:
     res = run("list", "--json", env=_env(DATABASE_URL=dsn))
     assert res.returncode == 0, res.stderr
@@ -104,6 +125,9 @@ def test_help_documents_the_exit_codes() -> None:
     assert res.returncode == 0
     for line in ("3   stale receipt", "4   queue not found", "5   database unreachable"):
         assert line in res.stdout
+    # Every code a command exits with, Ctrl-C's too (a script may rely on them).
+    for code in Exit:
+        assert re.search(rf"^  {code.value:<3} \S", res.stdout, re.MULTILINE), code
     assert run().returncode == 2
     assert run("read").returncode == 2
 

@@ -21,6 +21,7 @@ from pgbroker.cli.commands import serve as cli_serve
 from pgbroker.cli.support.errors import CliError
 from pgbroker.queues._client import Broker
 from tests.http.live import pgbroker_serve
+from tests.support.cli import Cli, _assert_error
 
 
 def run(conn: psycopg.Connection[Any], *argv: str) -> int:
@@ -49,6 +50,21 @@ def test_keys_commands(conn: psycopg.Connection[Any], capsys: pytest.CaptureFixt
     assert run(conn, "keys", "list") == 0
     assert "ci" not in capsys.readouterr().out.split("revoked key")[-1]
     assert run(conn, "keys", "create", "x", "--scope", "read", "--rate", "0") == 2
+
+
+def test_keys_and_serve_on_a_database_without_pgbroker_say_to_install(empty_dsn: str) -> None:
+    """Before `pgbroker install`, the keys commands say so (they said only that a relation or
+    schema does not exist), and serve does not start: it served, answering every key 401."""
+    cli = Cli(empty_dsn)
+    for command in (["keys", "create", "ci", "--scope", "admin"], ["keys", "list"], ["keys", "revoke", "1"]):
+        _assert_error(cli(*command), 5, "pgbroker is not installed", "hint: Install the schema first")
+    with pytest.raises(RuntimeError) as refused, pgbroker_serve(empty_dsn):
+        pass
+    said = str(refused.value)
+    assert "exited with 5 before answering" in said
+    assert "pgbroker: error: pgbroker is not installed in this database" in said
+    assert "hint: Install the schema first: pgbroker install" in said
+    assert "Traceback" not in said
 
 
 def test_serve_parser() -> None:

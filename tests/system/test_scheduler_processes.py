@@ -120,6 +120,16 @@ def test_peek_command(dsn: str) -> None:
     assert cli(dsn, "peek", "jobs", "--field", "n").returncode == 2
 
 
+def test_a_scheduler_alone_that_cannot_schedule_fails_with_what_to_do(empty_dsn: str) -> None:
+    """`pgbroker scheduler` on a database without pgbroker has nothing to do: it fails (exit 5)
+    and says to install, where it logged a warning and exited 0, as if it had been stopped."""
+    res = cli(empty_dsn, "scheduler")
+    assert res.returncode == 5, res.stderr
+    assert "pgbroker: error: pgbroker is not installed" in res.stderr
+    assert "hint: Install the schema first: pgbroker install" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
 @pytest.mark.slow
 def test_four_schedulers_for_three_minutes_send_exactly_three_messages(dsn: str) -> None:
     with Broker(dsn) as broker:

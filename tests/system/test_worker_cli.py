@@ -83,9 +83,10 @@ def assert_error(res: subprocess.CompletedProcess[str], code: int, *fragments: s
 class WorkerProcess:
     """`pgbroker worker ...` running in the background."""
 
-    def __init__(self, dsn: str, *args: str) -> None:
+    def __init__(self, dsn: str, *args: str, verbose: bool = True) -> None:
+        verbosity = ["-v"] if verbose else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, "-v", "worker", *args],
+            [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, *verbosity, "worker", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -125,8 +126,8 @@ class WorkerProcess:
 def workers() -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(dsn: str, *args: str) -> WorkerProcess:
-        started.append(WorkerProcess(dsn, *args))
+    def start(dsn: str, *args: str, verbose: bool = True) -> WorkerProcess:
+        started.append(WorkerProcess(dsn, *args, verbose=verbose))
         return started[-1]
 
     yield start
@@ -242,6 +243,28 @@ def test_sigint_twice_gives_back_what_is_in_flight_at_once(
     [(msg_id, read_ct, _, _, _)] = q_rows(conn, "jobs")
     assert (msg_id, read_ct) == (sent, 1)
     assert jobs.read() is not None  # visible again now, not in 300 s
+
+
+def test_a_stop_that_waits_for_a_running_handler_says_so_at_once_without_v(
+    dsn: str, conn: Conn, jobs: Queue, workers: Callable[..., WorkerProcess]
+) -> None:
+    """Ctrl-C with a handler running: the worker waits up to its grace period (30 s), and says so
+    at once, by default, with how to stop now; it said nothing until the grace period ended."""
+    jobs.send({"sleep": 60})
+    worker = workers(dsn, f"{HERE}:record", "--queue", "jobs", "--vt", "300", verbose=False)
+    assert worker.process.stderr is not None
+    assert "worker started" in worker.process.stderr.readline()
+    wait_for(lambda: bool(handled(conn)), what="the handler to start")
+    started = time.monotonic()
+    worker.signal(signal.SIGINT)
+    said = worker.process.stderr.readline()
+    assert time.monotonic() - started < 10, said
+    assert said.startswith("pgbroker: worker.stopping in_flight=1 grace_period=30.0 "), said
+    assert "Ctrl-C again" in said
+    worker.signal(signal.SIGINT)
+    code, stderr = worker.finish()
+    assert code == 0, stderr
+    assert "worker.released queue=jobs messages=1" in stderr
 
 
 def test_the_supervisor_restarts_a_killed_worker_process_and_stops_them_all(

@@ -67,6 +67,16 @@ def installed_version(conn: psycopg.Connection[Any]) -> str | None:
         raise from_postgres(exc) from exc
 
 
+def is_installed(conn: psycopg.Connection[Any]) -> bool:
+    """Whether pgbroker is installed here, from the catalog alone: a role without rights on the
+    version tables may ask (a role without USAGE on the schema gets permission denied)."""
+    try:
+        has_releases, has_dev = (_rows(conn, named("install_history_tables")))[0]
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return bool(has_releases or has_dev)
+
+
 def _rows(
     conn: psycopg.Connection[Any], query: LiteralString, params: tuple[Any, ...] = ()
 ) -> Rows:

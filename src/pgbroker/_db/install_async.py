@@ -65,6 +65,16 @@ async def installed_version(conn: psycopg.AsyncConnection[Any]) -> str | None:
         raise from_postgres(exc) from exc
 
 
+async def is_installed(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether pgbroker is installed here, from the catalog alone: a role without rights on the
+    version tables may ask (a role without USAGE on the schema gets permission denied)."""
+    try:
+        has_releases, has_dev = (await _rows(conn, named("install_history_tables")))[0]
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return bool(has_releases or has_dev)
+
+
 async def _rows(
     conn: psycopg.AsyncConnection[Any], query: LiteralString, params: tuple[Any, ...] = ()
 ) -> Rows:

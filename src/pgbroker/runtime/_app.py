@@ -13,8 +13,9 @@ serve() opens one connection pool for all its workers (each uses up to four conn
 once: two reads in flight, acks sent on their own, the heartbeat) and one LISTEN connection,
 shared through an AsyncBroker.
 
-Signals: SIGTERM or SIGINT stops every worker with its grace period; SIGINT once more
-(Ctrl-C twice) gives back what is still in flight at once. SIGTERM again changes nothing:
+Signals: SIGTERM or SIGINT stops every worker with its grace period (with handlers running,
+worker.stopping says so at WARNING); SIGINT once more (Ctrl-C twice) gives back what is still in
+flight at once. SIGTERM again changes nothing:
 process managers send it to every process of a service, and the worker supervisor passes
 it on as well, so a worker process may well receive it twice.
 """
@@ -22,6 +23,7 @@ it on as well, so a worker process may well receive it twice.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 import time
@@ -34,6 +36,7 @@ from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, PoolTimeouts
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.runtime._log_events import log_event
 from pgbroker.runtime._signals import on_stop_signals
 from pgbroker.runtime._stream_worker import StreamHandler, StreamWorker
 from pgbroker.runtime._worker import Handler, Worker, WorkerStats
@@ -177,6 +180,17 @@ async def serve(
         def on_signal(signum: int) -> None:
             nonlocal stopping
             hurry = stopping and signum == signal.SIGINT
+            busy = sum(worker.in_flight for worker in workers)
+            if busy and not stopping:
+                # The wait can last the whole grace period: said at once, not only under -v.
+                log_event(
+                    logging.WARNING,
+                    "worker.stopping",
+                    in_flight=busy,
+                    grace_period=max(worker.grace_period for worker in workers),
+                    hint="waiting for the running handlers"
+                    + ("; Ctrl-C again gives their messages back now" if signum == signal.SIGINT else ""),
+                )
             if hurry or not stopping:
                 for worker in workers:
                     worker.stop(grace_period=0 if hurry else None)
@@ -261,8 +275,11 @@ async def serve_scheduler(
     pooler: PoolerMode | None = None,
     pool_timeout: float = DEFAULT_POOL_TIMEOUT,
 ) -> None:
-    """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT."""
+    """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT; raises what
+    stopped it otherwise (NotInstalled, a role without the right): alone, it has nothing to do."""
     scheduler = Scheduler()
     async with AsyncBroker(dsn, max_connections=2, pooler=pooler, pool_timeout=pool_timeout) as broker:
         with on_stop_signals(lambda _: scheduler.stop(), enabled=handle_signals):
             await scheduler.run(broker)
+    if scheduler.gave_up is not None:
+        raise scheduler.gave_up

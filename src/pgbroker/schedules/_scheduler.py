@@ -44,7 +44,7 @@ def _cannot_schedule(exc: PgbrokerError) -> bool:
     """Whether ``exc`` says this database or role cannot run schedules at all (then the scheduler
     stops with a warning: the worker running it goes on)."""
     if isinstance(exc, NotInstalled):
-        log.warning("scheduler.stopped reason=%r (run pgbroker install to upgrade)", exc.message)
+        log.warning("scheduler.stopped reason=%r (run pgbroker install)", exc.message)
         return True
     if exc.sqlstate == _INSUFFICIENT_PRIVILEGE:
         # A worker running as a role that may not send schedules (pgbroker_consumer): the
@@ -67,6 +67,9 @@ class Scheduler:
     def __init__(self, *, max_sleep: float = MAX_SLEEP) -> None:
         self.max_sleep = max_sleep
         self.stats = SchedulerStats()
+        # Why it stopped by itself (a database without the schema, a role without the right),
+        # else None: the process running it goes on, unless the scheduler was all it had to run.
+        self.gave_up: PgbrokerError | None = None
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -85,6 +88,7 @@ class Scheduler:
                 wake = await broker.schedule_next_wake()
             except PgbrokerError as exc:
                 if _cannot_schedule(exc):
+                    self.gave_up = exc
                     return
                 await self._retry_later(exc.message, retry)
                 continue

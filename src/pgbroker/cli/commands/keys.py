@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from pgbroker._db.api_keys import SCOPES, ApiKey, create_key, list_keys, revoke_key
+from pgbroker.cli.support.connecting import require_installed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import print_each, print_result, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
@@ -64,6 +65,7 @@ def _key_json(key: ApiKey) -> dict[str, object]:
 def _create(args: argparse.Namespace, broker: Broker) -> int:
     if args.rate is not None and not args.rate > 0:
         raise CliError(f"--rate must be > 0, got {args.rate}", code=Exit.USAGE)
+    require_installed(broker)
     with broker.connection() as conn:
         try:
             key, token = create_key(
@@ -75,6 +77,7 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _list(args: argparse.Namespace, broker: Broker) -> int:
+    require_installed(broker)
     with broker.connection() as conn:
         keys = list_keys(conn, include_revoked=args.all)
     if wants_json(args):
@@ -97,6 +100,7 @@ def _list(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _revoke(args: argparse.Namespace, broker: Broker) -> int:
+    require_installed(broker)
     with broker.connection() as conn:
         if not revoke_key(conn, args.id):
             raise CliError(

@@ -13,7 +13,7 @@ from types import FrameType
 from pgbroker import _event_loop as event_loop
 from pgbroker.cli.support.arguments import duration, positive_duration
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
-from pgbroker.cli.support.connecting import dsn_of
+from pgbroker.cli.support.connecting import dsn_of, require_installed
 from pgbroker.cli.support.errors import Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option
 from pgbroker.cli.support.running import needs_extra
@@ -108,6 +108,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
 
     load_codec_modules(args)
     event_loop.loop_factory(args.loop)  # a loop it cannot give fails here, in pgbroker's words
+    require_installed(broker)  # else it would serve, every request failing
     dsn = dsn_of(args.dsn, args.connect_timeout)
     settings = Settings(
         max_body_bytes=args.max_body,

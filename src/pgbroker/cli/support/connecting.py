@@ -13,8 +13,10 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker._db.dsn import PoolerMode, connection_kwargs, resolve_dsn
+from pgbroker._db.install import is_installed
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, connect_timeout_for
 from pgbroker.cli.support.errors import CliError, Exit, first_line
+from pgbroker.errors import NotInstalled
 from pgbroker.queues._client import Broker
 
 WHERE_THE_DSN_COMES_FROM = "the DSN (--dsn, else DATABASE_URL)"
@@ -58,6 +60,15 @@ def connected(
         ) from exc
     with conn:
         yield Broker(connection=conn, pooler=pooler)
+
+
+def require_installed(broker: Broker) -> None:
+    """NotInstalled, as the queue commands' first call raises it, for a command whose first
+    statement would say only that a table is missing (keys), or that would start and fail later,
+    request by request (serve)."""
+    with broker.connection() as conn:
+        if not is_installed(conn):
+            raise NotInstalled('schema "pgbroker" does not exist')
 
 
 def connect_hint(message: str) -> str:

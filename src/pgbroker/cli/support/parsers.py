@@ -27,6 +27,7 @@ exit codes:
   5   database unreachable, refused the operation, or pgbroker not installed
   6   a broker (bridge) unreachable, login refused, or an exchange, queue or stream missing
   70  unexpected error (run again with -v and report it)
+  130 interrupted (Ctrl-C)
 
 The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL
 (started on first use; see `pgbroker db status`).

@@ -33,6 +33,16 @@ from pgbroker.errors import (
 # How log lines look, in the command and in the worker processes it starts.
 LOG_FORMAT = "pgbroker: %(message)s"
 
+# The server's words name an object ("permission denied for schema pgmq", "... for function
+# queue_codec"): what the user can do about it is to change the role or its rights.
+INSUFFICIENT_PRIVILEGE = "42501"
+NO_RIGHTS_HINT = (
+    "This database role may not do that. Connect as the role that ran pgbroker install, or have it "
+    "give yours the rights: GRANT pgbroker_consumer TO <role> (or _producer, _monitor; made by "
+    "pgbroker install --roles), or on some queues: pgbroker grant consumer <role> --queue 'orders*' "
+    "(docs/security.md)."
+)
+
 
 def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     """Parse ``argv``, run the command it names and return the exit code."""
@@ -83,6 +93,8 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
         elif isinstance(exc, NotInstalled):
             message = f"pgbroker is not installed in this database ({exc.message})"
             return code, message, "Install the schema first: pgbroker install"
+        elif exc.sqlstate == INSUFFICIENT_PRIVILEGE and not exc.hint:
+            return code, exc.message, NO_RIGHTS_HINT
         return code, exc.message, exc.hint
     if isinstance(exc, EmbeddedError):
         # Its message already says how to fix it.

@@ -121,4 +121,4 @@ __all__ = [
     "WorkerOptions",
     "WorkerStats",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

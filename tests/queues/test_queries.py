@@ -6,11 +6,12 @@ import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
+from importlib.metadata import version
 from typing import Any
 
 import pytest
 
-from pgbroker import InvalidArgument, InvalidMessage, Message, Receipt
+from pgbroker import InvalidArgument, InvalidMessage, Message, Receipt, __version__
 from pgbroker import _sql as sql
 from pgbroker.queues import _arguments as arg
 from pgbroker.queues import _queries as q
@@ -247,3 +248,10 @@ def test_a_new_install_runs_a_concerns_structure_before_its_functions() -> None:
     # pgmq.topic_bindings checks its patterns with functions of 71_topic_patterns.sql.
     assert names.index("functions/71_topic_patterns.sql") < names.index("structure/72_topics.sql")
     assert sql.current_version() == sql.known_versions()[-1]
+
+
+def test_the_package_is_at_least_the_release_of_the_schema_it_installs() -> None:
+    """`pgbroker --version` names a release; the schema it installs is that release's or an
+    older one's, never a later one (0.1.0 installed the schema of 0.2.0)."""
+    assert sql.version_key(__version__) >= sql.version_key(sql.current_version())
+    assert version("pgbroker") == __version__

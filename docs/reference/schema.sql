@@ -7948,6 +7948,12 @@ BEGIN
             'Pass NULL for a message without headers or key.');
     END IF;
     IF headers IS NOT NULL THEN
+        -- A failed message's headers go to the retry queue with x-pgbroker-stream added
+        -- (stream_ack): to an array or a scalar that made an array, which no handler reads.
+        IF EXISTS (SELECT FROM unnest(headers) h WHERE jsonb_typeof(h) <> 'object') THEN
+            PERFORM pgbroker._check_arg(false, 'headers must be a JSON object (or NULL) for each message',
+                'Pass headers as {"name": value, ...}.');
+        END IF;
         PERFORM pgbroker._check_reserved_headers(headers);
         -- Job headers mean nothing to a stream, but a failed message takes its headers to
         -- the group's retry queue, whose send checks them: one it refuses made every ack

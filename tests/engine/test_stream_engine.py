@@ -376,6 +376,13 @@ def test_bad_input_names_the_problem(conn: Conn) -> None:
             "SELECT pgbroker.stream_send_many('clicks', ARRAY['{}']::jsonb[], NULL, ARRAY['a', 'b'])",
             "one entry",
         ),
+        # A failed message's headers go to the retry queue with x-pgbroker-stream added: an
+        # array or a scalar there became an array, which the retry's handler could not read.
+        ("SELECT pgbroker.stream_send('clicks', '{}', '[1]')", "headers must be a JSON object"),
+        (
+            "SELECT pgbroker.stream_send_many('clicks', ARRAY['{}', '{}']::jsonb[], ARRAY[NULL, '\"x\"']::jsonb[])",
+            "headers must be a JSON object",
+        ),
     ]:
         with pytest.raises(psycopg.Error, match=text) as err:
             conn.execute(call)

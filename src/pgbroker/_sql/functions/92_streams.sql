@@ -464,7 +464,8 @@ $$;
 ------------------------------------------------------------------------------
 
 -- Send a batch; returns the ids in the order of the messages. headers and
--- keys, when given, pair with messages by position.
+-- keys, when given, pair with messages by position; each message's headers
+-- are a JSON object or NULL.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_send_many(stream_name text, messages jsonb[], headers jsonb[] DEFAULT NULL,
                                           keys text[] DEFAULT NULL)
@@ -480,6 +481,12 @@ BEGIN
             'Pass NULL for a message without headers or key.');
     END IF;
     IF headers IS NOT NULL THEN
+        -- A failed message's headers go to the retry queue with x-pgbroker-stream added
+        -- (stream_ack): to an array or a scalar that made an array, which no handler reads.
+        IF EXISTS (SELECT FROM unnest(headers) h WHERE jsonb_typeof(h) <> 'object') THEN
+            PERFORM pgbroker._check_arg(false, 'headers must be a JSON object (or NULL) for each message',
+                'Pass headers as {"name": value, ...}.');
+        END IF;
         PERFORM pgbroker._check_reserved_headers(headers);
         -- Job headers mean nothing to a stream, but a failed message takes its headers to
         -- the group's retry queue, whose send checks them: one it refuses made every ack

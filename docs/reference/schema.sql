@@ -8100,6 +8100,11 @@ CREATE FUNCTION pgbroker.worker_heartbeat(queue_name text, worker_id uuid, host 
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
 BEGIN
+    -- The panel's rows are a consumer's to write: of a queue there is, with a host no longer
+    -- than a hostname (253), not text that fills the table at will.
+    PERFORM pgbroker._table(queue_name);
+    PERFORM pgbroker._check_arg(length(host) <= 255, 'host must be given, at most 255 characters',
+        'Pass the worker''s hostname.');
     INSERT INTO pgbroker.queue_workers AS w
     VALUES (worker_id, queue_name, host, pid, concurrency, now(), now(), in_flight, completed, retried,
             dead_lettered)

@@ -143,3 +143,22 @@ def test_a_worker_registers_beats_and_goes_and_a_dead_one_is_forgotten(conn: Con
     assert conn.execute("SELECT worker_id FROM pgbroker.queue_workers").fetchall() == [(alive,)]
     conn.execute("SELECT pgbroker.worker_stopped(%s, %s)", (queue.name, alive))
     assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (0,)
+
+
+def test_a_heartbeat_names_a_queue_that_exists_and_a_host_of_a_hostname_s_length(
+    conn: Conn, queue: Queue
+) -> None:
+    """A consumer's beats make rows that the workers panel lists: none for a queue that does not
+    exist, and none with a host past 255 characters (a hostname is at most 253), which would
+    fill the table at will; each refused call changes nothing."""
+    conn.execute("DELETE FROM pgbroker.queue_workers")
+    beat = "SELECT pgbroker.worker_heartbeat(%s, %s, %s, 42, 8, 0, 0, 0, 0)"
+    with pytest.raises(psycopg.Error, match='queue "nope" does not exist') as err:
+        conn.execute(beat, ("nope", uuid.uuid4(), "host-a"))
+    assert err.value.sqlstate == "PB002"
+    with pytest.raises(psycopg.Error, match="host") as err:
+        conn.execute(beat, (queue.name, uuid.uuid4(), "h" * 256))
+    assert err.value.sqlstate == "PB007"
+    assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (0,)
+    conn.execute(beat, (queue.name, uuid.uuid4(), "h" * 255))
+    assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (1,)

@@ -1946,6 +1946,16 @@ END;
 $$;
 
 --
+-- Name: _no_queue_hint(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._no_queue_hint(queue_name text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT format('Create it first: SELECT pgmq.create(%L); or: pgbroker create %s', queue_name, queue_name);
+$$;
+
+--
 -- Name: _notify_insert(); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -2347,7 +2357,7 @@ CREATE FUNCTION pgbroker._pgmq_no_queue(queue_name text, prefix text DEFAULT 'q'
 DECLARE
     code text := 'PB002';
     explanation text := format('queue "%s" does not exist', queue_name);
-    hint text := format('Create it first: SELECT pgmq.create(%L); or: pgbroker create %s', queue_name, queue_name);
+    hint text := pgbroker._no_queue_hint(queue_name);
 BEGIN
     PERFORM pgbroker._pgmq_check_characters(queue_name);
     BEGIN
@@ -4876,8 +4886,7 @@ BEGIN
         PERFORM pgbroker._check_name(queue_name);
         RAISE EXCEPTION 'queue "%" does not exist', queue_name
             USING ERRCODE = 'PB002',
-                  HINT = format('Create it first: SELECT pgmq.create(%L); or: pgbroker create %s',
-                                queue_name, queue_name);
+                  HINT = pgbroker._no_queue_hint(queue_name);
     END IF;
     RETURN lower(prefix || '_' || queue_name);
 END;
@@ -8173,7 +8182,7 @@ BEGIN
     IF pgbroker._stored_name(queue_name) IS NULL THEN
         PERFORM pgbroker._pgmq_raise(
             format('Queue "%s" does not exist. Create the queue first using pgmq.create()', queue_name), 'PB002',
-            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+            pgbroker._no_queue_hint(queue_name));
     END IF;
     -- Store the queue's own spelling: names are found in any case, and the
     -- foreign key (for the cascade on drop) compares exactly.
@@ -8634,7 +8643,7 @@ BEGIN
     IF stored IS NULL THEN
         PERFORM pgbroker._pgmq_raise(
             format('Queue "%s" does not exist. Create it first using pgmq.create()', queue_name), 'PB002',
-            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+            pgbroker._no_queue_hint(queue_name));
     END IF;
     qtable := lower('q_' || stored);
     -- pgmq disables first: its DROP TRIGGER IF EXISTS gives a notice when
@@ -9309,7 +9318,7 @@ BEGIN
     IF stored IS NULL THEN
         PERFORM pgbroker._pgmq_raise(
             format('Queue "%s" does not exist. Create the queue first using pgmq.create()', queue_name), 'PB002',
-            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+            pgbroker._no_queue_hint(queue_name));
     END IF;
     UPDATE pgmq.notify_insert_throttle t
     SET throttle_interval_ms = update_notify_insert.throttle_interval_ms,

@@ -338,8 +338,14 @@ def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:
     assert_error(cli(dsn, "worker", "tests.system.nothing_here:handler", "--queue", "jobs"), 2, "cannot load")
     assert_error(cli(dsn, "worker", f"{HERE}:no_such_handler", "--queue", "jobs"), 2, "cannot load")
     assert_error(cli(dsn, "worker", f"{HERE}:ROOT", "--queue", "jobs"), 2, "neither a pgbroker.App")
-    # pgmq's own words ('Queue "nope" does not exist. Create it first ...'), pgmq's SQLSTATE.
-    assert_error(cli(dsn, "worker", f"{HERE}:record", "--queue", "nope"), 4, '"nope" does not exist')
+    # pgmq's own words ('Queue "nope" does not exist. Create it first ...'), pgmq's SQLSTATE, and
+    # a hint that names the command as well as the SQL.
+    assert_error(
+        cli(dsn, "worker", f"{HERE}:record", "--queue", "nope"),
+        4,
+        '"nope" does not exist',
+        "hint: Create it first: SELECT pgmq.create('nope'); or: pgbroker create nope",
+    )
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,12 @@ BEGIN
 END;
 $$;
 
+-- What to do about a queue that does not exist, in SQL and on the command line.
+CREATE OR REPLACE FUNCTION pgbroker._no_queue_hint(queue_name text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('Create it first: SELECT pgmq.create(%L); or: pgbroker create %s', queue_name, queue_name);
+$$;
+
 -- The queue's table name for prefix 'q' or 'a'; fails with PB002 when the
 -- queue was never created, naming the fix. Every operation calls this, so the
 -- usual case is one index probe on the small meta table: only a name that is
@@ -113,8 +119,7 @@ BEGIN
         PERFORM pgbroker._check_name(queue_name);
         RAISE EXCEPTION 'queue "%" does not exist', queue_name
             USING ERRCODE = 'PB002',
-                  HINT = format('Create it first: SELECT pgmq.create(%L); or: pgbroker create %s',
-                                queue_name, queue_name);
+                  HINT = pgbroker._no_queue_hint(queue_name);
     END IF;
     RETURN lower(prefix || '_' || queue_name);
 END;
@@ -177,7 +182,7 @@ RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     code text := 'PB002';
     explanation text := format('queue "%s" does not exist', queue_name);
-    hint text := format('Create it first: SELECT pgmq.create(%L); or: pgbroker create %s', queue_name, queue_name);
+    hint text := pgbroker._no_queue_hint(queue_name);
 BEGIN
     PERFORM pgbroker._pgmq_check_characters(queue_name);
     BEGIN

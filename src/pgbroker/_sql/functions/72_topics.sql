@@ -45,7 +45,7 @@ BEGIN
     IF pgbroker._stored_name(queue_name) IS NULL THEN
         PERFORM pgbroker._pgmq_raise(
             format('Queue "%s" does not exist. Create the queue first using pgmq.create()', queue_name), 'PB002',
-            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+            pgbroker._no_queue_hint(queue_name));
     END IF;
     -- Store the queue's own spelling: names are found in any case, and the
     -- foreign key (for the cascade on drop) compares exactly.

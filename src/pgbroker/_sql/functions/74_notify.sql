@@ -142,7 +142,7 @@ BEGIN
     IF stored IS NULL THEN
         PERFORM pgbroker._pgmq_raise(
             format('Queue "%s" does not exist. Create it first using pgmq.create()', queue_name), 'PB002',
-            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+            pgbroker._no_queue_hint(queue_name));
     END IF;
     qtable := lower('q_' || stored);
     -- pgmq disables first: its DROP TRIGGER IF EXISTS gives a notice when
@@ -207,7 +207,7 @@ BEGIN
     IF stored IS NULL THEN
         PERFORM pgbroker._pgmq_raise(
             format('Queue "%s" does not exist. Create the queue first using pgmq.create()', queue_name), 'PB002',
-            format('Create it first: SELECT pgmq.create(%L);', queue_name));
+            pgbroker._no_queue_hint(queue_name));
     END IF;
     UPDATE pgmq.notify_insert_throttle t
     SET throttle_interval_ms = update_notify_insert.throttle_interval_ms,

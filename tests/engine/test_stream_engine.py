@@ -380,7 +380,8 @@ def test_bad_input_names_the_problem(conn: Conn) -> None:
         # array or a scalar there became an array, which the retry's handler could not read.
         ("SELECT pgbroker.stream_send('clicks', '{}', '[1]')", "headers must be a JSON object"),
         (
-            "SELECT pgbroker.stream_send_many('clicks', ARRAY['{}', '{}']::jsonb[], ARRAY[NULL, '\"x\"']::jsonb[])",
+            "SELECT pgbroker.stream_send_many('clicks', ARRAY['{}', '{}']::jsonb[],"
+            " ARRAY[NULL, '\"x\"']::jsonb[])",
             "headers must be a JSON object",
         ),
     ]:

@@ -104,6 +104,15 @@ def test_serve_runs_through_the_cli_and_stops_cleanly_on_sigterm(
             httpx.get(f"{server.url}/healthz")
 
 
+def test_serve_stopped_with_ctrl_c_exits_0_as_a_worker_does(dsn: str) -> None:
+    """Ctrl-C is how a server run in a terminal is stopped: a graceful stop, a success, as for
+    SIGTERM and for `pgbroker worker` (it exited 130, interrupted)."""
+    with pgbroker_serve(dsn) as server:
+        server.process.send_signal(signal.SIGINT)
+        assert server.process.wait(timeout=30) == 0, server.log()
+        assert "Traceback" not in server.log(), server.log()
+
+
 def test_serve_runs_on_the_loop_it_is_told(dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with pgbroker_serve(dsn, "--loop", "asyncio") as server:
         assert httpx.get(f"{server.url}/healthz").status_code == 200

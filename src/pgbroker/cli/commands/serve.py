@@ -132,10 +132,11 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         pooler=args.pooler,
         pool_timeout=args.pool_timeout,
     )
-    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler it
-    # found: with the default one the process would die of it (exit -15, no cleanup). SIGTERM is
-    # how a server is normally stopped, so it ends here, as a success.
-    previous = signal.signal(signal.SIGTERM, _stop)
+    # uvicorn shuts down gracefully on SIGTERM and SIGINT, then raises the signal again for the
+    # handler it found: with the default ones the process would die of SIGTERM (exit -15, no
+    # cleanup) and exit 130 on Ctrl-C. Either is how a server is normally stopped, so it ends
+    # here, as a success, as `pgbroker worker` does (a second Ctrl-C still cuts the wait short).
+    previous = {signum: signal.signal(signum, _stop) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         config = uvicorn.Config(
             app,
@@ -152,12 +153,13 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
     except _Stopped:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return Exit.OK
 
 
 class _Stopped(Exception):
-    """SIGTERM, passed on by uvicorn once it has shut down."""
+    """SIGTERM or SIGINT, passed on by uvicorn once it has shut down."""
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:

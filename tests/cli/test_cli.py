@@ -91,7 +91,12 @@ def test_each_connection_failure_gets_its_own_hint(dsn: str) -> None:
     _assert_error(no_role, 5, 'role "nosuchrole" does not exist', 'hint: The server has no role "nosuchrole"')
     no_database = run("--dsn", f"{dsn} dbname=nosuchdb", "list")
     _assert_error(no_database, 5, 'hint: The server has no database "nosuchdb"')
-    for res in (no_role, no_database):
+    # A value the driver cannot use never reached a server.
+    bad_port = run("--dsn", f"{dsn} port=abc", "list")
+    _assert_error(bad_port, 5, 'invalid integer value "abc"', "hint: The DSN's value cannot be used as it")
+    bad_mode = run("--dsn", f"{dsn} sslmode=bogus", "list")
+    _assert_error(bad_mode, 5, 'invalid sslmode value: "bogus"', "hint: The DSN's value cannot be used")
+    for res in (no_role, no_database, bad_port, bad_mode):
         assert "Is the server running" not in res.stderr
     _assert_error(run("--dsn", UNREACHABLE, "list"), 5, "hint: Is the server running, at that host and port?")
 

@@ -35,6 +35,12 @@ CONNECT_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
         + ", or create the database (createdb).",
     ),
     (
+        # libpq's words for a value it cannot take ("invalid integer value ... for connection
+        # option", "invalid port number", "invalid sslmode value"): no server was asked.
+        re.compile(r"invalid [\w ]*(value|number)\b"),
+        "The DSN's value cannot be used as it is written: correct it in " + WHERE_THE_DSN_COMES_FROM + ".",
+    ),
+    (
         re.compile(r"authentication failed|no password supplied|pg_hba\.conf"),
         "The server refused the login: check the user and password (in the DSN, $PGPASSWORD or "
         "~/.pgpass) and the server's pg_hba.conf.",

@@ -273,6 +273,35 @@ def test_a_handler_s_failure_is_logged_at_warning_with_its_traceback(
     assert failed.exc_info[0] is ValueError
 
 
+def test_a_handler_that_raises_cancelled_error_fails_its_message_and_the_worker_goes_on(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async handler awaiting something cancelled elsewhere (a client library's inner task
+    cancelled as its connection drops) raises CancelledError though the worker cancelled nothing:
+    that is the handler's failure (logged, retried by the policy), not a stop. Its outcome used to
+    go unrecorded and unlogged: the message came back only after its vt, and one that always did
+    so was never dead-lettered."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    queue.set_policy(backoff="fixed", backoff_base_seconds=0, backoff_jitter=False)
+    queue.send_many(list(range(5)))
+    attempts: dict[int, int] = {}
+
+    async def handle(message: Message) -> None:
+        attempts[message.message] = attempts.get(message.message, 0) + 1
+        if message.message == 2 and attempts[2] == 1:
+            gone = asyncio.get_running_loop().create_future()
+            gone.cancel()
+            await gone
+
+    worker = Worker("jobs", handle, vt=120)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 5, timeout=60))
+    assert attempts == {0: 1, 1: 1, 2: 2, 3: 1, 4: 1}
+    assert worker.stats.retried == 1
+    [failed] = [r for r in caplog.records if r.getMessage().startswith("worker.handler_failed")]
+    assert "CancelledError" in failed.getMessage()
+
+
 def test_a_handler_slower_than_its_lease_cannot_ack_and_the_consumer_that_took_over_acks(
     broker: Broker, dsn: str, conn: Conn
 ) -> None:

@@ -59,7 +59,7 @@ from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
-from pgbroker.runtime._handler_threads import HandlerThreads
+from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._maintenance import maintenance_rounds
@@ -638,7 +638,8 @@ class Worker:
                     await self.handler(message)
                 else:
                     await threads.run(self.handler, message)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as raised:
+            exc = handler_failure(raised)
             # At WARNING, traceback included: a first handler's bug must show without -v, or
             # the worker looks idle while every message fails.
             log_failure(

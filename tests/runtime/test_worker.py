@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, QueueNotFound, Worker
 from pgbroker._db.listen_async import AsyncSubscription
+from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.runtime import _registration
 from pgbroker.runtime._app import serve
@@ -717,3 +718,46 @@ def test_a_worker_on_a_server_gone_read_only_waits_for_one_that_takes_writes(
     asyncio.run(scenario())
     assert sorted(handled) == list(range(50))
     assert worker.stats.connection_errors >= 1  # the read-only server was met
+
+
+def test_a_worker_whose_start_meets_the_database_away_waits_for_it(
+    cluster: EmbeddedPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database goes away, for longer than the pool waits for a connection, just as a
+    worker starts (after its process connected: a restart, a failover): the worker's first call,
+    turning notify on, waits it out as its reads do, then turns notify on and handles the
+    queue. It stopped with PoolTimeout (so `pgbroker worker` exited 5, and a StreamWorker whose
+    retry queue's worker this is stopped too); a shorter outage left it without notify."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    dsn = cluster.dsn()
+    with Broker(dsn) as broker:
+        broker.create_queue("jobs").send_many(list(range(10)))
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), poll_max=0.5)
+
+    def waited_out() -> bool:
+        return any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4, pool_timeout=1) as abroker:
+            await asyncio.to_thread(cluster.stop)
+            task = asyncio.create_task(serve([worker], broker=abroker, handle_signals=False, schedules=False))
+            deadline = time.monotonic() + 60
+            while not (waited_out() or task.done()):  # a PoolTimeout met
+                assert time.monotonic() < deadline, "no call failed in 60 s"
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(cluster.start)
+            try:
+                while len(handled) < 10:
+                    assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                    assert time.monotonic() < deadline + 60, f"{len(handled)} of 10 handled"
+                    await asyncio.sleep(0.05)
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(10))
+    with psycopg.connect(dsn) as conn:
+        notifying = conn.execute("SELECT queue_name FROM pgmq.list_notify_insert_throttles()").fetchall()
+    assert notifying == [("jobs",)]

@@ -52,7 +52,7 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import is_transient
+from pgbroker._db.liveness import is_lost_connection, is_transient
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
@@ -238,6 +238,7 @@ class Worker:
     async def run(self, broker: AsyncBroker) -> None:
         """Consume until stop(), then drain. Raises what made consuming impossible (QueueNotFound)."""
         queue = broker.queue(self.queue)
+        self._unavailable = False
         if self.notify:
             await self._enable_notify(queue)
         threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.queue}")
@@ -296,19 +297,31 @@ class Worker:
         }
 
     async def _enable_notify(self, queue: AsyncQueue) -> None:
-        try:
-            await queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True)
-        except QueueNotFound:
-            raise
-        except PgbrokerError as exc:
-            # A role that may not create triggers, say: the worker still works, by polling.
-            log_event(
-                logging.WARNING,
-                "worker.notify_unavailable",
-                queue=self.queue,
-                poll_max=self.poll_max,
-                error=exc,
-            )
+        """Turn notify on. A lost connection (the database restarting as the worker starts) is
+        waited out as for reads: it stopped the worker, or left it without notify. A lock or
+        statement timeout is not: the worker reads meanwhile, without notify."""
+        trouble = Backoff(*RECONNECT)
+        while not self._stopping.is_set():
+            try:
+                await queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True)
+                return
+            except QueueNotFound:
+                raise
+            except Exception as exc:
+                if is_lost_connection(exc) and self._lost_connection(exc, []):
+                    await self._nap(None, trouble.next())
+                    continue
+                if not isinstance(exc, PgbrokerError):
+                    raise
+                # A role that may not create triggers, say: the worker still works, by polling.
+                log_event(
+                    logging.WARNING,
+                    "worker.notify_unavailable",
+                    queue=self.queue,
+                    poll_max=self.poll_max,
+                    error=exc,
+                )
+                return
 
     # -- reading, with the outcomes of the last messages -----------------------------------
 
@@ -317,7 +330,6 @@ class Worker:
         connections), so that the server serves one while the handlers go through the last."""
         idle = Backoff(self.poll_min, self.poll_max)
         trouble = Backoff(*RECONNECT)
-        self._unavailable = False
         subscription: AsyncSubscription | None = None
         # A read in flight: how many it asks for, the outcomes it carries, when it was asked for.
         reads: dict[asyncio.Task[list[Message]], tuple[int, list[Outcome], float]] = {}

@@ -20,9 +20,10 @@ from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, Queue
 from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
-from pgbroker.runtime import _registration
+from pgbroker.runtime import _registration, _worker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
+from tests.support.faults import impatient, table_locked
 from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until
@@ -761,3 +762,41 @@ def test_a_worker_whose_start_meets_the_database_away_waits_for_it(
     with psycopg.connect(dsn) as conn:
         notifying = conn.execute("SELECT queue_name FROM pgmq.list_notify_insert_throttles()").fetchall()
     assert notifying == [("jobs",)]
+
+
+def test_a_worker_whose_calls_keep_failing_says_so_again_while_it_lasts(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read fails for as long as a maintenance transaction holds the queue's table (a role
+    with a short lock_timeout: 55P03; a statement_timeout every read exceeds fails the same way,
+    for good). The worker warns again every so often while that lasts, so that a worker that never
+    gets through does not look idle; it warned once, then retried at DEBUG for ever."""
+    monkeypatch.setattr(_worker, "_UNAVAILABLE_REMINDER", 0.5)
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    broker.create_queue("jobs").send_many(list(range(10)))
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), notify=False)
+
+    def warnings() -> int:
+        return sum(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
+
+    async def scenario() -> None:
+        with table_locked(dsn, "pgmq.q_jobs"):
+            task = asyncio.create_task(serve([worker], dsn=impatient(dsn), handle_signals=False))
+            deadline = time.monotonic() + 60
+            while warnings() < 3:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline, f"{warnings()} warning(s) in 60 s"
+                await asyncio.sleep(0.05)
+        try:
+            while len(handled) < 10:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline + 60, f"{len(handled)} of 10 handled"
+                await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(10))
+    assert any(r.getMessage().startswith("worker.database_available") for r in caplog.records)

@@ -91,6 +91,10 @@ _LISTEN_TIMEOUT = 1.0
 # notify lock, so at most 200 a second: 15 senders of single messages made 12,500 sends a
 # second against 12,900 with 250 (10,900 with 1 ms).
 _NOTIFY_THROTTLE_MS = 5
+# While calls keep failing (the database away, or every read past a lock or statement timeout:
+# the latter may last for good), the worker warns again this often, so that a worker that never
+# gets through does not look idle after its first warning.
+_UNAVAILABLE_REMINDER = 60.0
 # Seconds an outcome waits for the next read to carry it before it is sent on its own.
 _ACK_LINGER = 0.05
 # Read-ahead: messages read beyond the free slots, held (leased) until a slot frees. As many as
@@ -211,6 +215,7 @@ class Worker:
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
         self._unavailable = False  # the last call lost its connection
+        self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
@@ -436,9 +441,14 @@ class Worker:
         self.stats.connection_errors += 1
         if outcomes:
             log_event(logging.INFO, "worker.retrying", error=exc, outcomes=len(outcomes))
-        # Once per outage at WARNING; the retries at DEBUG.
+        # At WARNING once per outage, and again every _UNAVAILABLE_REMINDER seconds while it lasts;
+        # the retries in between at DEBUG.
+        now = time.monotonic()
+        warn = not self._unavailable or now - self._warned_at >= _UNAVAILABLE_REMINDER
+        if warn:
+            self._warned_at = now
         log_event(
-            logging.DEBUG if self._unavailable else logging.WARNING,
+            logging.WARNING if warn else logging.DEBUG,
             "worker.database_unavailable",
             queue=self.queue,
             error=exc,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -800,3 +801,54 @@ def test_a_worker_whose_calls_keep_failing_says_so_again_while_it_lasts(
     asyncio.run(scenario())
     assert sorted(handled) == list(range(10))
     assert any(r.getMessage().startswith("worker.database_available") for r in caplog.records)
+
+
+def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
+    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session the worker holds stops answering (its backends frozen with SIGSTOP, as a hung
+    server, a stuck pooler or a network that drops packets without a word would leave them). A
+    call unanswered within the lease is of no use: the worker gives up on it as on a lost
+    connection (warned), and goes on with new sessions. It waited for the answers for as long as
+    the hang lasted (for good behind a stuck pooler), saying nothing."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), vt=2, notify=False, poll_max=0.2)
+    frozen: list[int] = []
+
+    # The worker's sessions only, by name: the test's own go on answering.
+    workers_dsn = make_conninfo(dsn, application_name="pgbroker-frozen")
+
+    def sessions() -> list[int]:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbroker-frozen'"
+        ).fetchall()
+        return [pid for (pid,) in rows]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(serve([worker], dsn=workers_dsn, handle_signals=False, schedules=False))
+        try:
+            await asyncio.to_thread(queue.send, -1)
+            deadline = time.monotonic() + 60
+            while not handled:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline, "the first message not handled in 60 s"
+                await asyncio.sleep(0.05)
+            for pid in await asyncio.to_thread(sessions):
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+            await asyncio.to_thread(queue.send_many, list(range(10)))
+            while len(handled) < 11:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline + 60, f"{len(handled) - 1} of 10 handled"
+                await asyncio.sleep(0.05)
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(-1, 10))
+    assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)

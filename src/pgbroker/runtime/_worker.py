@@ -21,7 +21,8 @@ The leases and their heartbeat's calls are in pgbroker.runtime._leases; what the
 of the outcomes (counted, logged, the reason of a refusal) in pgbroker.runtime._outcomes.
 
 Calls that fail because the connection is lost (a restart, a terminated session, a server gone
-read-only) are retried while the lease still holds; fenced receipts make a retried ack safe, so a
+read-only), or that go unanswered for a lease (a hung server or pooler, a connection cut without a
+word: _leases.answered_within), are retried while the lease still holds; fenced receipts make a retried ack safe, so a
 restart of Postgres in place costs no duplicate handling. Every such failure, a failed LISTEN
 set-up included, leads to a bounded wait and another read. A failover to a standby is followed
 when the DSN names it; what each replication mode can lose is in docs/operations.md.
@@ -60,7 +61,14 @@ from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
-from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
+from pgbroker.runtime._leases import (
+    RECONNECT,
+    Lease,
+    answered_within,
+    extend_leases,
+    release_leases,
+    retry_while_leased,
+)
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
@@ -469,7 +477,7 @@ class Worker:
         """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages
         (a span of them, when tracing: pgbroker.tracing)."""
         started = tracing.clock()
-        read = await self._round_trip(broker, outcomes, qty)
+        read = await answered_within(self.vt, self._round_trip(broker, outcomes, qty))
         tracing.exchanged(self.queue, started, read, len(outcomes))
         return read
 

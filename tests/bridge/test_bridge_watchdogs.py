@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -218,3 +219,109 @@ def _inbound_rides_out_the_faults(
         query = sql.SQL("SELECT message FROM {}").format(sql.Identifier(*table.split(".")))
         rows = conn.execute(query).fetchall()
     assert sorted(m["n"] for (m,) in rows) == list(range(100))
+
+
+@pytest.fixture
+def frozen_redis() -> Iterator[PrivateServer]:
+    """A Redis of the test's own, which the test may freeze (resumed and stopped after)."""
+    node = PrivateServer(KINDS["redis"], scratch_dir("pgbroker-redis-"))
+    node.start()
+    try:
+        yield node
+    finally:
+        node.resume()
+        node.close()
+
+
+def said(caplog: pytest.LogCaptureFixture, event: str) -> bool:
+    return any(r.getMessage().startswith(event) for r in caplog.records)
+
+
+async def until_said(
+    caplog: pytest.LogCaptureFixture, event: str, task: asyncio.Task[None], within: float = 60
+) -> None:
+    deadline = time.monotonic() + within
+    while not said(caplog, event):
+        assert not task.done(), f"the bridge stopped: {task.exception()!r}"
+        assert time.monotonic() < deadline, f"no {event} in {within} s"
+        await asyncio.sleep(0.05)
+
+
+def test_the_outbound_bridge_gives_up_on_a_redis_that_hangs_and_carries_on_after(
+    dsn: str, frozen_redis: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis stops answering (frozen, as a hung server or a network that drops packets without a
+    word would be) while the bridge publishes: the publish fails after the confirm timeout, the
+    bridge says it lost the connection and tries again until Redis answers. It waited for the
+    reply for as long as the hang lasted (for good on a dropped network), saying nothing, and
+    extending the window's leases meanwhile, so that no other bridge took the messages."""
+    caplog.set_level(logging.INFO, logger="pgbroker.bridge.out")
+    target = unique("frozen")
+    probe = RedisProbe(frozen_redis.port)
+    settings = OutboundSettings(idle_wait=0.5, confirm_timeout=1, connect_timeout=2)
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            bridge = OutboundBridge(abroker, "outbox", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def empty() -> bool:
+                return (await abroker.metrics("outbox")).queue_length == 0
+
+            try:
+                await until_said(caplog, "bridge.out.started", task)
+                frozen_redis.pause()
+                await abroker.queue("outbox").send_many([{"n": n} for n in range(20)])
+                # Within a few confirm timeouts (1 s), however loaded the machine: they are timers.
+                await until_said(caplog, "bridge.connection_lost", task, within=20)
+                frozen_redis.resume()
+                await until(empty, task, "published after Redis answered again")
+            finally:
+                bridge.stop()
+                await task
+
+    asyncio.run(scenario())
+    got = asyncio.run(probe.published(target, expect=20))
+    assert {json.loads(body)["n"] for _, body in got} == set(range(20))
+    # At most twice each: the frozen publish, written once Redis woke, and the bridge's retry
+    # (the client itself sends it again on no new connection).
+    assert len(got) <= 40
+
+
+def test_the_inbound_bridge_gives_up_on_a_redis_that_hangs_and_carries_on_after(
+    dsn: str, frozen_redis: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis stops answering while the bridge waits for entries: the read fails after the
+    connect timeout, the bridge says it lost the connection, and it stores what is added once
+    Redis answers again. It waited for the reply for as long as the hang lasted, saying nothing."""
+    caplog.set_level(logging.INFO, logger="pgbroker.bridge.in")
+    source = unique("frozen")
+    probe = RedisProbe(frozen_redis.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("inbox")
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            settings = InboundSettings(declare=True, connect_timeout=2)
+            bridge = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def stored() -> bool:
+                return (await abroker.metrics("inbox")).queue_length == 20
+
+            try:
+                async with asyncio.timeout(60):
+                    await bridge.receiving.wait()
+                frozen_redis.pause()
+                # Within a few connect timeouts (2 s), however loaded the machine: they are timers.
+                await until_said(caplog, "bridge.connection_lost", task, within=20)
+                frozen_redis.resume()
+                await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(20)])
+                await until(stored, task, "stored after Redis answered again")
+            finally:
+                bridge.stop()
+                await task
+
+    asyncio.run(scenario())

@@ -8,6 +8,7 @@ soon after a send can only have been woken by its notification.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -21,9 +22,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker, InvalidArgument, InvalidQueueName, Message, QueueNotFound
-from pgbroker._db.wakeups import conninfo_of
+from pgbroker._db.wakeups import conninfo_of, reconnect_delay
+from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.errors import from_postgres
 from pgbroker.queues._client_async import AsyncBroker
+from tests.support.replication import wait_caught_up
 from tests.support.tables import describe
 
 Conn = psycopg.Connection[Any]
@@ -471,6 +474,38 @@ def test_an_async_reader_is_woken_again_after_its_listener_connection_is_termina
             return await task - sent_at
 
     assert asyncio.run(scenario()) < WOKEN_WITHIN
+
+
+def test_a_listener_on_a_server_that_refuses_listen_backs_off(
+    replicated: tuple[EmbeddedPostgres, EmbeddedPostgres], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A standby (the DSN names the old primary after a switchover) takes the listener's
+    connection but refuses its LISTEN. The listener tries again later each time, as after a
+    connection refused: it used to reconnect every 0.1 s for as long as that lasted, a new
+    session and a warning ten times a second from each process."""
+    primary, standby = replicated
+    with Broker(primary.dsn()) as broker:
+        broker.create_queue("jobs", notify=True)
+    wait_caught_up(primary, standby)
+    caplog.set_level(logging.WARNING, logger="pgbroker.listen")
+
+    def attempts() -> list[float]:
+        return [r.created for r in caplog.records if r.name == "pgbroker.listen"]
+
+    async def scenario() -> None:
+        async with AsyncBroker(standby.dsn()) as on_standby:
+            queue = on_standby.queue("jobs")
+            await queue.listen(0.5)  # starts the listener; its LISTEN never takes
+            deadline = time.monotonic() + 120
+            while len(attempts()) < 6:
+                assert time.monotonic() < deadline, f"{len(attempts())} attempts in 120 s"
+                await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert "cannot execute LISTEN during recovery" in caplog.records[0].getMessage()
+    tried = attempts()[:6]
+    # The pauses double from reconnect_delay(0): the fifth is at least reconnect_delay(4).
+    assert tried[5] - tried[4] >= reconnect_delay(4)
 
 
 def test_a_queue_without_notify_is_polled(dsn: str, conn: Conn) -> None:

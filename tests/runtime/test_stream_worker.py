@@ -104,6 +104,41 @@ def test_failures_are_retried_with_the_same_handler_and_the_rest_acked(
     assert stats.retried == len([i for i in ids if i % 7 == 0])
 
 
+def test_a_handler_that_raises_cancelled_error_fails_its_message_and_the_worker_goes_on(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async handler awaiting something cancelled elsewhere raises CancelledError though the
+    worker cancelled nothing: the message fails (to the retry queue, handled again there) and the
+    worker goes on. It used to end the handler's slot without a word, leaving its batch never done:
+    the worker read and acked no more, and its heartbeat kept the partitions from the others."""
+    caplog.set_level(logging.INFO, logger="pgbroker.worker")
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    retry_queue = clicks.create_group("g", start="start")
+    broker.queue(retry_queue).set_policy(backoff="fixed", backoff_base_seconds=0, backoff_jitter=False)
+    clicks.send_many([{"n": n} for n in range(10)])
+    attempts: Counter[int] = Counter()
+    done = threading.Event()
+
+    async def handle(message: StreamMessage) -> None:
+        n = message.message["n"]
+        attempts[n] += 1
+        if n == 3 and attempts[n] == 1:
+            gone = asyncio.get_running_loop().create_future()
+            gone.cancel()
+            await gone
+        if len(attempts) == 10 and attempts[3] == 2:
+            done.set()
+
+    worker = StreamWorker("clicks", "g", handle, batch_size=5, poll_max=0.5)
+    run_until(dsn, [worker], done, 60)
+    assert done.is_set(), f"handled {dict(attempts)}; {worker.stats}"
+    assert attempts == {n: 2 if n == 3 else 1 for n in range(10)}
+    assert worker.stats.retried == 1
+    [failed] = [r for r in caplog.records if r.getMessage().startswith("stream_worker.handler_failed")]
+    assert "CancelledError" in failed.getMessage()
+
+
 def test_async_handler_and_graceful_stop_acks_the_batch_in_hand(dsn: str, broker: Broker) -> None:
     clicks = Stream(broker, "clicks")
     clicks.create(partitions=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -18,10 +19,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, QueueNotFound, Worker
 from pgbroker._db.listen_async import AsyncSubscription
+from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
-from pgbroker.runtime import _registration
+from pgbroker.runtime import _registration, _worker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
+from tests.support.faults import impatient, table_locked
 from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until
@@ -271,6 +274,35 @@ def test_a_handler_s_failure_is_logged_at_warning_with_its_traceback(
     assert 'error="ValueError: cannot ship"' in failed.getMessage()
     assert failed.exc_info is not None
     assert failed.exc_info[0] is ValueError
+
+
+def test_a_handler_that_raises_cancelled_error_fails_its_message_and_the_worker_goes_on(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async handler awaiting something cancelled elsewhere (a client library's inner task
+    cancelled as its connection drops) raises CancelledError though the worker cancelled nothing:
+    that is the handler's failure (logged, retried by the policy), not a stop. Its outcome used to
+    go unrecorded and unlogged: the message came back only after its vt, and one that always did
+    so was never dead-lettered."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    queue.set_policy(backoff="fixed", backoff_base_seconds=0, backoff_jitter=False)
+    queue.send_many(list(range(5)))
+    attempts: dict[int, int] = {}
+
+    async def handle(message: Message) -> None:
+        attempts[message.message] = attempts.get(message.message, 0) + 1
+        if message.message == 2 and attempts[2] == 1:
+            gone = asyncio.get_running_loop().create_future()
+            gone.cancel()
+            await gone
+
+    worker = Worker("jobs", handle, vt=120)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 5, timeout=60))
+    assert attempts == {0: 1, 1: 1, 2: 2, 3: 1, 4: 1}
+    assert worker.stats.retried == 1
+    [failed] = [r for r in caplog.records if r.getMessage().startswith("worker.handler_failed")]
+    assert "CancelledError" in failed.getMessage()
 
 
 def test_a_handler_slower_than_its_lease_cannot_ack_and_the_consumer_that_took_over_acks(
@@ -688,3 +720,135 @@ def test_a_worker_on_a_server_gone_read_only_waits_for_one_that_takes_writes(
     asyncio.run(scenario())
     assert sorted(handled) == list(range(50))
     assert worker.stats.connection_errors >= 1  # the read-only server was met
+
+
+def test_a_worker_whose_start_meets_the_database_away_waits_for_it(
+    cluster: EmbeddedPostgres, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database goes away, for longer than the pool waits for a connection, just as a
+    worker starts (after its process connected: a restart, a failover): the worker's first call,
+    turning notify on, waits it out as its reads do, then turns notify on and handles the
+    queue. It stopped with PoolTimeout (so `pgbroker worker` exited 5, and a StreamWorker whose
+    retry queue's worker this is stopped too); a shorter outage left it without notify."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    dsn = cluster.dsn()
+    with Broker(dsn) as broker:
+        broker.create_queue("jobs").send_many(list(range(10)))
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), poll_max=0.5)
+
+    def waited_out() -> bool:
+        return any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4, pool_timeout=1) as abroker:
+            await asyncio.to_thread(cluster.stop)
+            task = asyncio.create_task(serve([worker], broker=abroker, handle_signals=False, schedules=False))
+            deadline = time.monotonic() + 60
+            while not (waited_out() or task.done()):  # a PoolTimeout met
+                assert time.monotonic() < deadline, "no call failed in 60 s"
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(cluster.start)
+            try:
+                while len(handled) < 10:
+                    assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                    assert time.monotonic() < deadline + 60, f"{len(handled)} of 10 handled"
+                    await asyncio.sleep(0.05)
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(10))
+    with psycopg.connect(dsn) as conn:
+        notifying = conn.execute("SELECT queue_name FROM pgmq.list_notify_insert_throttles()").fetchall()
+    assert notifying == [("jobs",)]
+
+
+def test_a_worker_whose_calls_keep_failing_says_so_again_while_it_lasts(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read fails for as long as a maintenance transaction holds the queue's table (a role
+    with a short lock_timeout: 55P03; a statement_timeout every read exceeds fails the same way,
+    for good). The worker warns again every so often while that lasts, so that a worker that never
+    gets through does not look idle; it warned once, then retried at DEBUG for ever."""
+    monkeypatch.setattr(_worker, "_UNAVAILABLE_REMINDER", 0.5)
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    broker.create_queue("jobs").send_many(list(range(10)))
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), notify=False)
+
+    def warnings() -> int:
+        return sum(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
+
+    async def scenario() -> None:
+        with table_locked(dsn, "pgmq.q_jobs"):
+            task = asyncio.create_task(serve([worker], dsn=impatient(dsn), handle_signals=False))
+            deadline = time.monotonic() + 60
+            while warnings() < 3:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline, f"{warnings()} warning(s) in 60 s"
+                await asyncio.sleep(0.05)
+        try:
+            while len(handled) < 10:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline + 60, f"{len(handled)} of 10 handled"
+                await asyncio.sleep(0.05)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(10))
+    assert any(r.getMessage().startswith("worker.database_available") for r in caplog.records)
+
+
+def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
+    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session the worker holds stops answering (its backends frozen with SIGSTOP, as a hung
+    server, a stuck pooler or a network that drops packets without a word would leave them). A
+    call unanswered within the lease is of no use: the worker gives up on it as on a lost
+    connection (warned), and goes on with new sessions. It waited for the answers for as long as
+    the hang lasted (for good behind a stuck pooler), saying nothing."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), vt=2, notify=False, poll_max=0.2)
+    frozen: list[int] = []
+
+    # The worker's sessions only, by name: the test's own go on answering.
+    workers_dsn = make_conninfo(dsn, application_name="pgbroker-frozen")
+
+    def sessions() -> list[int]:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbroker-frozen'"
+        ).fetchall()
+        return [pid for (pid,) in rows]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(serve([worker], dsn=workers_dsn, handle_signals=False, schedules=False))
+        try:
+            await asyncio.to_thread(queue.send, -1)
+            deadline = time.monotonic() + 60
+            while not handled:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline, "the first message not handled in 60 s"
+                await asyncio.sleep(0.05)
+            for pid in await asyncio.to_thread(sessions):
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+            await asyncio.to_thread(queue.send_many, list(range(10)))
+            while len(handled) < 11:
+                assert not task.done(), f"the worker stopped: {task.exception()!r}"
+                assert time.monotonic() < deadline + 60, f"{len(handled) - 1} of 10 handled"
+                await asyncio.sleep(0.05)
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert sorted(handled) == list(range(-1, 10))
+    assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)

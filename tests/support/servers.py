@@ -152,3 +152,13 @@ class PrivateServer:
         self.stop()
         time.sleep(down_for)
         self.start()
+
+    def pause(self) -> None:
+        """Freeze it (SIGSTOP): its connections stay open and answer nothing, as a hung server's
+        or a silently dropped network's would."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)

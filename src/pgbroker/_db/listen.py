@@ -81,17 +81,20 @@ class _Loop:
                 self._pause(reconnect_delay(failures))
                 failures += 1
                 continue
-            failures = 0
             try:
                 with conn:
                     self._serve(conn)
             except psycopg.Error as exc:
                 log.warning("pgbroker listener lost its connection, reconnecting: %s", exc)
             finally:
+                # A connection that LISTENed was of use; one that did not (a standby refuses
+                # LISTEN) counts as a failed attempt, so that the pauses grow.
+                failures = 0 if self.listening else failures
                 self.listening.clear()
                 self._on_change()
             # Not at once: a server that drops every new connection must not be hammered.
-            self._pause(reconnect_delay(0))
+            self._pause(reconnect_delay(failures))
+            failures += 1
 
     def _pause(self, seconds: float) -> None:
         """Sleep before connecting again, unless the loop is stopped meanwhile."""

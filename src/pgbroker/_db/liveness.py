@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from pgbroker.errors import DatabaseError
+from pgbroker.errors import DatabaseError, connection_lost
 
 
 def server_has_written(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -43,6 +43,14 @@ def is_transient(exc: BaseException) -> bool:
     raised by a query in pgbroker's types, with the psycopg error as the cause.
     """
     return isinstance(_psycopg_error(exc), psycopg.OperationalError) or is_read_only_server(exc)
+
+
+def is_lost_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost or refused connection (no connection from the pool in time
+    included), or one to a read-only server: what is_transient counts, less the calls the server
+    refused on a live connection (a lock or statement timeout, a deadlock)."""
+    cause = _psycopg_error(exc)
+    return (isinstance(cause, psycopg.Error) and connection_lost(cause)) or is_read_only_server(exc)
 
 
 def is_read_only_server(exc: BaseException) -> bool:

@@ -1,4 +1,5 @@
-"""The threads that run a worker's sync handlers, so that they never block its event loop."""
+"""The threads that run a worker's sync handlers, so that they never block its event loop, and what
+a handler raised, as its failure."""
 
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ class HandlerThreads:
             # The loop is closed when the worker stopped without waiting for this handler.
             with suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, future, error)
+
+
+def handler_failure(raised: BaseException) -> Exception:
+    """What an async handler raised, as its failure. A CancelledError that the running task was
+    not asked for (the handler awaited something cancelled elsewhere: a client library's inner
+    task, say) is the handler's failure like any other, as a RuntimeError naming it; a real
+    cancellation (a stop, the grace period over) is raised again."""
+    if isinstance(raised, Exception):
+        return raised
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise raised
+    failure = RuntimeError(f"handler raised {raised!r}").with_traceback(raised.__traceback__)
+    failure.__cause__ = raised
+    return failure
 
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:

@@ -8,8 +8,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TypeVar
+
+import psycopg
 
 from pgbroker._db.backoff import Patience
 from pgbroker._db.liveness import is_transient
@@ -19,7 +20,7 @@ from pgbroker.queues._records import Receipt
 from pgbroker.runtime._log_events import log_event
 from pgbroker.runtime._worker_stats import WorkerStats
 
-__all__ = ["RECONNECT", "Lease", "extend_leases", "release_leases", "retry_while_leased"]
+__all__ = ["RECONNECT", "Lease", "answered_within", "extend_leases", "release_leases", "retry_while_leased"]
 
 T = TypeVar("T")
 # Retries of calls that lost their connection: soon at first, then every few seconds.
@@ -40,6 +41,19 @@ class Lease:
     over: bool = False
     # An extend in flight: the outcome waits for it, then uses the receipt it handed out.
     extending: asyncio.Future[None] | None = None
+
+
+async def answered_within(seconds: float, call: Awaitable[T]) -> T:
+    """``call``, failed as a lost connection (psycopg.OperationalError: is_transient) when the
+    server has not answered within ``seconds``, a lease: past it the answer is of no use (the
+    leases it acts on, or those it hands out, have run out), and a hung server, a stuck pooler or
+    a connection cut without a word may never answer. psycopg cancels the query and closes the
+    connection (the pool replaces it)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await call
+    except TimeoutError:
+        raise psycopg.OperationalError(f"no answer from the server within {seconds:g} s") from None
 
 
 async def retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callable[[], Awaitable[T]]) -> T:
@@ -71,7 +85,9 @@ async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: 
     asked_at = time.monotonic()
     try:
         renewed = await retry_while_leased(
-            stats, min(lease.ends for lease in leases), partial(queue.extend_many, receipts, vt=vt)
+            stats,
+            min(lease.ends for lease in leases),
+            lambda: answered_within(vt, queue.extend_many(receipts, vt=vt)),
         )
         error = "the lease had ended"
     except Exception as exc:

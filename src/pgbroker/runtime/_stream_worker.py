@@ -51,7 +51,7 @@ from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
-from pgbroker.runtime._handler_threads import HandlerThreads
+from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
@@ -408,7 +408,8 @@ class StreamWorker:
                     await self.handler(message)
                 else:
                     await threads.run(self.handler, message)  # type: ignore[arg-type]
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as raised:
+            exc = handler_failure(raised)
             log_event(
                 logging.INFO, "stream_worker.handler_failed", stream=self.stream, id=message.id, error=exc
             )

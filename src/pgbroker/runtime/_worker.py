@@ -21,7 +21,8 @@ The leases and their heartbeat's calls are in pgbroker.runtime._leases; what the
 of the outcomes (counted, logged, the reason of a refusal) in pgbroker.runtime._outcomes.
 
 Calls that fail because the connection is lost (a restart, a terminated session, a server gone
-read-only) are retried while the lease still holds; fenced receipts make a retried ack safe, so a
+read-only), or that go unanswered for a lease (a hung server or pooler, a connection cut without a
+word: _leases.answered_within), are retried while the lease still holds; fenced receipts make a retried ack safe, so a
 restart of Postgres in place costs no duplicate handling. Every such failure, a failed LISTEN
 set-up included, leads to a bounded wait and another read. A failover to a standby is followed
 when the DSN names it; what each replication mode can lose is in docs/operations.md.
@@ -52,15 +53,22 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import is_transient
+from pgbroker._db.liveness import is_lost_connection, is_transient
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
-from pgbroker.runtime._handler_threads import HandlerThreads
-from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
+from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
+from pgbroker.runtime._leases import (
+    RECONNECT,
+    Lease,
+    answered_within,
+    extend_leases,
+    release_leases,
+    retry_while_leased,
+)
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
@@ -91,6 +99,10 @@ _LISTEN_TIMEOUT = 1.0
 # notify lock, so at most 200 a second: 15 senders of single messages made 12,500 sends a
 # second against 12,900 with 250 (10,900 with 1 ms).
 _NOTIFY_THROTTLE_MS = 5
+# While calls keep failing (the database away, or every read past a lock or statement timeout:
+# the latter may last for good), the worker warns again this often, so that a worker that never
+# gets through does not look idle after its first warning.
+_UNAVAILABLE_REMINDER = 60.0
 # Seconds an outcome waits for the next read to carry it before it is sent on its own.
 _ACK_LINGER = 0.05
 # Read-ahead: messages read beyond the free slots, held (leased) until a slot frees. As many as
@@ -211,6 +223,7 @@ class Worker:
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
         self._unavailable = False  # the last call lost its connection
+        self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
@@ -238,6 +251,7 @@ class Worker:
     async def run(self, broker: AsyncBroker) -> None:
         """Consume until stop(), then drain. Raises what made consuming impossible (QueueNotFound)."""
         queue = broker.queue(self.queue)
+        self._unavailable = False
         if self.notify:
             await self._enable_notify(queue)
         threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.queue}")
@@ -296,19 +310,31 @@ class Worker:
         }
 
     async def _enable_notify(self, queue: AsyncQueue) -> None:
-        try:
-            await queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True)
-        except QueueNotFound:
-            raise
-        except PgbrokerError as exc:
-            # A role that may not create triggers, say: the worker still works, by polling.
-            log_event(
-                logging.WARNING,
-                "worker.notify_unavailable",
-                queue=self.queue,
-                poll_max=self.poll_max,
-                error=exc,
-            )
+        """Turn notify on. A lost connection (the database restarting as the worker starts) is
+        waited out as for reads: it stopped the worker, or left it without notify. A lock or
+        statement timeout is not: the worker reads meanwhile, without notify."""
+        trouble = Backoff(*RECONNECT)
+        while not self._stopping.is_set():
+            try:
+                await queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True)
+                return
+            except QueueNotFound:
+                raise
+            except Exception as exc:
+                if is_lost_connection(exc) and self._lost_connection(exc, []):
+                    await self._nap(None, trouble.next())
+                    continue
+                if not isinstance(exc, PgbrokerError):
+                    raise
+                # A role that may not create triggers, say: the worker still works, by polling.
+                log_event(
+                    logging.WARNING,
+                    "worker.notify_unavailable",
+                    queue=self.queue,
+                    poll_max=self.poll_max,
+                    error=exc,
+                )
+                return
 
     # -- reading, with the outcomes of the last messages -----------------------------------
 
@@ -317,7 +343,6 @@ class Worker:
         connections), so that the server serves one while the handlers go through the last."""
         idle = Backoff(self.poll_min, self.poll_max)
         trouble = Backoff(*RECONNECT)
-        self._unavailable = False
         subscription: AsyncSubscription | None = None
         # A read in flight: how many it asks for, the outcomes it carries, when it was asked for.
         reads: dict[asyncio.Task[list[Message]], tuple[int, list[Outcome], float]] = {}
@@ -424,9 +449,14 @@ class Worker:
         self.stats.connection_errors += 1
         if outcomes:
             log_event(logging.INFO, "worker.retrying", error=exc, outcomes=len(outcomes))
-        # Once per outage at WARNING; the retries at DEBUG.
+        # At WARNING once per outage, and again every _UNAVAILABLE_REMINDER seconds while it lasts;
+        # the retries in between at DEBUG.
+        now = time.monotonic()
+        warn = not self._unavailable or now - self._warned_at >= _UNAVAILABLE_REMINDER
+        if warn:
+            self._warned_at = now
         log_event(
-            logging.DEBUG if self._unavailable else logging.WARNING,
+            logging.WARNING if warn else logging.DEBUG,
             "worker.database_unavailable",
             queue=self.queue,
             error=exc,
@@ -447,7 +477,7 @@ class Worker:
         """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages
         (a span of them, when tracing: pgbroker.tracing)."""
         started = tracing.clock()
-        read = await self._round_trip(broker, outcomes, qty)
+        read = await answered_within(self.vt, self._round_trip(broker, outcomes, qty))
         tracing.exchanged(self.queue, started, read, len(outcomes))
         return read
 
@@ -638,7 +668,8 @@ class Worker:
                     await self.handler(message)
                 else:
                     await threads.run(self.handler, message)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as raised:
+            exc = handler_failure(raised)
             # At WARNING, traceback included: a first handler's bug must show without -v, or
             # the worker looks idle while every message fails.
             log_failure(

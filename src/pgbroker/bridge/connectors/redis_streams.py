@@ -32,6 +32,8 @@ from typing import Any
 
 import redis.asyncio
 import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from pgbroker.bridge.connector import (
     Confirmed,
@@ -71,8 +73,14 @@ def parse_url(url: str) -> BrokerUrl:
     return parse(url, schemes=("redis", "rediss"), default_port=6379, options=_OPTIONS, hint=_HINT)
 
 
-async def _connect(url: BrokerUrl, timeout: float) -> Any:
-    """A client that answered PING, or BrokerUnreachable / BrokerAccessRefused."""
+async def _connect(url: BrokerUrl, timeout: float, reply_timeout: float) -> Any:
+    """A client that answered PING, or BrokerUnreachable / BrokerAccessRefused.
+
+    A reply that does not come within ``reply_timeout`` seconds fails its call as a lost
+    connection: a Redis that hangs, or a network that drops packets without a word, held it for
+    as long as that lasted (for good without keepalives; a minute with redis-py 6+'s defaults).
+    The client does not try again on its own: the bridge reconnects itself, and a pipeline the
+    client sent again would be written twice."""
     db = number(url.path or None, "database (the URL's path)", _HINT, default=0)
     client = redis.asyncio.Redis(
         host=url.host,
@@ -82,6 +90,8 @@ async def _connect(url: BrokerUrl, timeout: float) -> Any:
         password=url.password,
         ssl=url.scheme == "rediss",
         socket_connect_timeout=timeout,
+        socket_timeout=reply_timeout,
+        retry=Retry(NoBackoff(), 0),
         health_check_interval=30,
     )
     try:
@@ -114,9 +124,9 @@ class _OutEndpoint:
         self.where = f"{url.hostport()} stream {self._stream!r}"
 
     async def open(self) -> Publisher:
-        return _Publisher(
-            await _connect(self._url, self._settings.connect_timeout), self._stream, self._maxlen
-        )
+        # A window's replies come within the confirm timeout, or it fails (as other brokers' confirms).
+        client = await _connect(self._url, self._settings.connect_timeout, self._settings.confirm_timeout)
+        return _Publisher(client, self._stream, self._maxlen)
 
 
 class _Publisher:
@@ -166,13 +176,14 @@ class _InEndpoint:
         self.where = f"{url.hostport()} stream {self._stream!r} group {self._group!r}"
 
     async def open(self) -> Receiver:
-        client = await _connect(self._url, self._settings.connect_timeout)
+        timeout = self._settings.connect_timeout
+        client = await _connect(self._url, timeout, timeout)
         try:
             await self._check_group(client)
         except BaseException:
             await client.aclose()
             raise
-        return _Receiver(client, self._stream, self._group, self._consumer, self._settings.ack_wait)
+        return _Receiver(client, self._stream, self._group, self._consumer, self._settings.ack_wait, timeout)
 
     async def _check_group(self, client: Any) -> None:
         try:
@@ -198,8 +209,12 @@ class _InEndpoint:
 class _Receiver:
     header_prefix = PREFIX
 
-    def __init__(self, client: Any, stream: str, group: str, consumer: str, ack_wait: float) -> None:
+    def __init__(
+        self, client: Any, stream: str, group: str, consumer: str, ack_wait: float, reply_timeout: float
+    ) -> None:
         self._client = client
+        # A blocking read's reply comes within the client's reply timeout: it blocks half as long at most.
+        self._longest_block = reply_timeout / 2
         self._stream = stream
         self._group = group
         self._consumer = consumer
@@ -217,7 +232,7 @@ class _Receiver:
             claimed = await self._claim(limit)
             if claimed:
                 return claimed
-            block = None if self._position == "0" else max(1, int(wait * 1000))
+            block = None if self._position == "0" else max(1, int(min(wait, self._longest_block) * 1000))
             reply = await self._client.xreadgroup(
                 self._group, self._consumer, {self._stream: self._position}, count=limit, block=block
             )

@@ -22,10 +22,11 @@ of the outcomes (counted, logged, the reason of a refusal) in pgbroker.runtime._
 
 Calls that fail because the connection is lost (a restart, a terminated session, a server gone
 read-only), or that go unanswered for a lease (a hung server or pooler, a connection cut without a
-word: _leases.answered_within), are retried while the lease still holds; fenced receipts make a retried ack safe, so a
-restart of Postgres in place costs no duplicate handling. Every such failure, a failed LISTEN
-set-up included, leads to a bounded wait and another read. A failover to a standby is followed
-when the DSN names it; what each replication mode can lose is in docs/operations.md.
+word: _leases.answered_within), are retried while the lease still holds; fenced receipts make a
+retried ack safe, so a restart of Postgres in place costs no duplicate handling. Every such
+failure, a failed LISTEN set-up included, leads to a bounded wait and another read. A failover to a
+standby is followed when the DSN names it; what each replication mode can lose is in
+docs/operations.md.
 
 An empty queue is waited on with LISTEN/NOTIFY; polls are the fallback, less frequent the
 longer the queue stays empty (``poll_min`` doubling up to ``poll_max``). Worker.stop() (or

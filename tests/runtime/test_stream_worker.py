@@ -25,7 +25,8 @@ from pgbroker.runtime._worker import Worker
 from pgbroker.streams._client import Stream
 from pgbroker.streams._client_async import AsyncStreamConsumer
 from pgbroker.streams._records import StreamBatch, StreamMessage
-from tests.support.faults import impatient, table_locked, terminate_sessions
+from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
+from tests.support.worker import while_serving
 
 
 def run_until(
@@ -572,6 +573,43 @@ def test_the_stream_worker_rides_out_a_lock_timeout_and_cut_sessions(dsn: str, b
     asyncio.run(main())
     assert handled == set(range(200))
     assert worker.stats.connection_errors >= 1  # the faults were met
+
+
+def test_a_stream_worker_whose_sessions_hang_says_so_and_goes_on_once_they_are_gone(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session the stream worker holds stops answering (frozen with SIGSTOP: a hung server,
+    a stuck pooler, a network dropping packets without a word). A call unanswered for a lease is
+    given up as a lost connection, warned, and tried again on a new session; a frozen read may hold
+    the group's locks, so the group goes on once the server is rid of that session (here: let go,
+    its connection closed by the client). It waited for the answer for as long as the hang
+    lasted, saying nothing."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=2)
+    clicks.create_group("g", start="start")
+    handled, done, handle = numbers_until(11)
+    worker = StreamWorker("clicks", "g", handle, lease=2, poll_max=0.2, retries=False)
+
+    def warned() -> bool:
+        return any(r.getMessage().startswith("stream_worker.database_unavailable") for r in caplog.records)
+
+    async def main() -> None:
+        task = asyncio.create_task(serve([worker], dsn=freezable(dsn), handle_signals=False, schedules=False))
+        try:
+            await asyncio.to_thread(clicks.send, {"n": -1})
+            await while_serving(task, lambda: bool(handled), "the first message not handled")
+            with sessions_frozen(dsn) as frozen:
+                assert frozen
+                await asyncio.to_thread(clicks.send_many, [{"n": n} for n in range(10)])
+                await while_serving(task, warned, "no warning while the sessions hang")
+            await while_serving(task, done.is_set, "not every message handled")
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(main())
+    assert handled == set(range(-1, 10))
 
 
 def test_a_read_whose_answer_is_lost_is_handed_out_again_though_the_first_rewinds_fail(

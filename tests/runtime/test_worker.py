@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import threading
 import time
 from typing import Any
@@ -24,10 +23,10 @@ from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.runtime import _registration, _worker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
-from tests.support.faults import impatient, table_locked
+from tests.support.faults import freezable, impatient, sessions_frozen, table_locked
 from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
-from tests.support.worker import run_until
+from tests.support.worker import run_until, while_serving
 
 DEAD = "x-pgbroker-dead-letter"
 
@@ -804,7 +803,7 @@ def test_a_worker_whose_calls_keep_failing_says_so_again_while_it_lasts(
 
 
 def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
-    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every session the worker holds stops answering (its backends frozen with SIGSTOP, as a hung
     server, a stuck pooler or a network that drops packets without a word would leave them). A
@@ -815,37 +814,17 @@ def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
     queue = broker.create_queue("jobs")
     handled: list[int] = []
     worker = Worker("jobs", lambda message: handled.append(message.message), vt=2, notify=False, poll_max=0.2)
-    frozen: list[int] = []
-
-    # The worker's sessions only, by name: the test's own go on answering.
-    workers_dsn = make_conninfo(dsn, application_name="pgbroker-frozen")
-
-    def sessions() -> list[int]:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'pgbroker-frozen'"
-        ).fetchall()
-        return [pid for (pid,) in rows]
 
     async def scenario() -> None:
-        task = asyncio.create_task(serve([worker], dsn=workers_dsn, handle_signals=False, schedules=False))
+        task = asyncio.create_task(serve([worker], dsn=freezable(dsn), handle_signals=False, schedules=False))
         try:
             await asyncio.to_thread(queue.send, -1)
-            deadline = time.monotonic() + 60
-            while not handled:
-                assert not task.done(), f"the worker stopped: {task.exception()!r}"
-                assert time.monotonic() < deadline, "the first message not handled in 60 s"
-                await asyncio.sleep(0.05)
-            for pid in await asyncio.to_thread(sessions):
-                os.kill(pid, signal.SIGSTOP)
-                frozen.append(pid)
-            await asyncio.to_thread(queue.send_many, list(range(10)))
-            while len(handled) < 11:
-                assert not task.done(), f"the worker stopped: {task.exception()!r}"
-                assert time.monotonic() < deadline + 60, f"{len(handled) - 1} of 10 handled"
-                await asyncio.sleep(0.05)
+            await while_serving(task, lambda: bool(handled), "the first message not handled")
+            with sessions_frozen(dsn) as frozen:
+                assert frozen
+                await asyncio.to_thread(queue.send_many, list(range(10)))
+                await while_serving(task, lambda: len(handled) == 11, "not every message handled")
         finally:
-            for pid in frozen:
-                os.kill(pid, signal.SIGCONT)
             worker.stop()
             await asyncio.wait_for(task, 60)
 

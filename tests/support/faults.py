@@ -1,10 +1,14 @@
 """Real transient faults for the watchdog tests of the long-running loops: a table locked by a
 maintenance transaction while the loop runs as a role with a short lock_timeout (its calls fail
-with 55P03, as under a real ALTER, VACUUM FULL or partition maintenance), and every session of
-the loop's database terminated (as a restart or a failover cuts them)."""
+with 55P03, as under a real ALTER, VACUUM FULL or partition maintenance), every session of
+the loop's database terminated (as a restart or a failover cuts them), and the loop's sessions
+frozen (as a hung server, a stuck pooler or a network dropping packets without a word leaves
+them: connected, never answering)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -67,3 +71,31 @@ def terminate_sessions(dsn: str) -> int:
             assert time.monotonic() < deadline, "terminated sessions did not end"
             time.sleep(0.02)
     return len(pids)
+
+
+# The application_name of a loop's sessions that sessions_frozen freezes (the test's own go on).
+FROZEN_APP = "pgbroker-frozen"
+
+
+def freezable(dsn: str) -> str:
+    """The DSN of a loop whose sessions sessions_frozen can find."""
+    return make_conninfo(dsn, application_name=FROZEN_APP)
+
+
+@contextmanager
+def sessions_frozen(dsn: str) -> Iterator[list[int]]:
+    """Every session of a ``freezable`` DSN open now stopped with SIGSTOP while inside (their
+    pids), and let go on the way out. The server runs on this machine (the tests' own clusters)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (FROZEN_APP,)
+        ).fetchall()
+    frozen: list[int] = []
+    try:
+        for (pid,) in rows:
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+        yield frozen
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)

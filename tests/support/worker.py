@@ -35,3 +35,15 @@ async def run_until(
     watcher = asyncio.create_task(watch())
     await serve(workers, dsn=dsn, broker=broker, handle_signals=False)
     await watcher
+
+
+async def while_serving(
+    task: asyncio.Task[None], condition: Callable[[], bool], what: str, seconds: float = 60
+) -> None:
+    """Wait until condition() holds while ``task`` serves workers; fail if it ends first (with its
+    error), or after ``seconds``, saying ``what`` did not happen."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert not task.done(), f"the workers stopped: {task.exception()!r}"
+        assert time.monotonic() < deadline, f"{what} (after {seconds} s)"
+        await asyncio.sleep(0.05)

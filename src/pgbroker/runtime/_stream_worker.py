@@ -21,7 +21,9 @@ quarter lease, so batches that take longer to handle than the lease keep their p
 others would find the lease over, take them and have the batches again while they are
 handled). A beat that finds partitions of a batch taken all the same (the database was out of
 reach for longer than the lease) drops what is left of them unhandled: their new owner has those
-messages again, and handling them here too would run a key in two places at once.
+messages again, and handling them here too would run a key in two places at once. A call left
+unanswered for a lease (a hung server or pooler, a connection cut without a word) is given up as
+a lost connection, warned, and made again on a new session.
 
 A worker that dies acks nothing more: what it held is delivered again to whoever takes its
 partitions over (at-least-once): at the other consumers' next read once its connections are
@@ -52,6 +54,7 @@ from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
+from pgbroker.runtime._leases import answered_within
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
@@ -288,11 +291,11 @@ class StreamWorker:
                         # rewind, which then hands out again only what was read after (an ack
                         # again is harmless).
                         while done:
-                            await consumer.ack(done[0].batch)
+                            await answered_within(self.lease, consumer.ack(done[0].batch))
                             self._count(done.pop(0))
                         if stopping:
                             return
-                        await consumer.rewind()
+                        await answered_within(self.lease, consumer.rewind())
                     except Exception as exc:
                         await self._ride_out(exc, trouble)
                         continue
@@ -321,7 +324,12 @@ class StreamWorker:
                     acked, count = joined(done)
                     riding, done = done[:count], done[count:]
                     self.stats.reads += 1
-                    reading = asyncio.create_task(consumer.ack_and_read(acked, self.batch_size))
+                    # Unanswered for a lease, a read is given up as a lost connection (a hung
+                    # server or pooler, a connection cut without a word): its partitions are
+                    # another's by then, and it might never be answered.
+                    reading = asyncio.create_task(
+                        answered_within(self.lease, consumer.ack_and_read(acked, self.batch_size))
+                    )
                     reading.add_done_callback(lambda _: dispatch.changed.set())
                 if reading is None or not reading.done():
                     # Something to wait for: a batch done, the read's answer, a stop; the end of
@@ -435,7 +443,7 @@ class StreamWorker:
             if not in_hand:
                 continue
             try:
-                owned = await consumer.heartbeat()
+                owned = await answered_within(self.lease / 2, consumer.heartbeat())
             except Exception as exc:  # the next beat, or the next read, tries again
                 log_event(logging.WARNING, "stream_worker.heartbeat_failed", stream=self.stream, error=exc)
                 continue

@@ -749,10 +749,7 @@ def test_a_worker_whose_start_meets_the_database_away_waits_for_it(
                 await asyncio.sleep(0.05)
             await asyncio.to_thread(cluster.start)
             try:
-                while len(handled) < 10:
-                    assert not task.done(), f"the worker stopped: {task.exception()!r}"
-                    assert time.monotonic() < deadline + 60, f"{len(handled)} of 10 handled"
-                    await asyncio.sleep(0.05)
+                await while_serving(task, lambda: len(handled) == 10, "not every message handled")
             finally:
                 worker.stop()
                 await asyncio.wait_for(task, 60)
@@ -783,16 +780,9 @@ def test_a_worker_whose_calls_keep_failing_says_so_again_while_it_lasts(
     async def scenario() -> None:
         with table_locked(dsn, "pgmq.q_jobs"):
             task = asyncio.create_task(serve([worker], dsn=impatient(dsn), handle_signals=False))
-            deadline = time.monotonic() + 60
-            while warnings() < 3:
-                assert not task.done(), f"the worker stopped: {task.exception()!r}"
-                assert time.monotonic() < deadline, f"{warnings()} warning(s) in 60 s"
-                await asyncio.sleep(0.05)
+            await while_serving(task, lambda: warnings() >= 3, "fewer than 3 warnings")
         try:
-            while len(handled) < 10:
-                assert not task.done(), f"the worker stopped: {task.exception()!r}"
-                assert time.monotonic() < deadline + 60, f"{len(handled)} of 10 handled"
-                await asyncio.sleep(0.05)
+            await while_serving(task, lambda: len(handled) == 10, "not every message handled")
         finally:
             worker.stop()
             await asyncio.wait_for(task, 60)

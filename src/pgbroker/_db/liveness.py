@@ -11,20 +11,25 @@ session sends its FATAL message and closes the socket. So the clients ask the so
 connection they take from a pool, without a round trip, whether anything is waiting; if so they
 close that connection (the pool replaces a closed connection when it comes back) and take the
 next one, at once (pgbroker.queues._client_async's ``_live_connection``). A connection
-cut without a word (a network partition) is not found this way, nor by a round trip before the
-TCP timeout. ``is_transient`` tells such a lost connection from other errors, for the workers'
+cut without a word (a network partition), a hung server or a stuck pooler is not found this
+way, nor by a round trip before the TCP timeout: ``answered_within`` bounds the wait for an
+answer instead. ``is_transient`` tells such a lost connection from other errors, for the workers'
 retries; a connection to a server that has become read-only counts as lost: the clients close it
 (the pool replaces it) when a call fails on it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import select
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import psycopg
 
 from pgbroker.errors import DatabaseError, connection_lost
+
+T = TypeVar("T")
 
 
 def server_has_written(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -63,3 +68,16 @@ def is_read_only_server(exc: BaseException) -> bool:
 
 def _psycopg_error(exc: BaseException) -> BaseException | None:
     return exc.__cause__ if isinstance(exc, DatabaseError) else exc
+
+
+async def answered_within(seconds: float, call: Awaitable[T]) -> T:
+    """``call``, failed as a lost connection (psycopg.OperationalError: is_transient) when the
+    server has not answered within ``seconds`` (the workers pass a lease: past it the answer is of
+    no use, the leases it acts on or hands out having run out), since a hung server, a stuck
+    pooler or a connection cut without a word may never answer. psycopg cancels the query and
+    closes the connection (the pool replaces it)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await call
+    except TimeoutError:
+        raise psycopg.OperationalError(f"no answer from the server within {seconds:g} s") from None

@@ -10,17 +10,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import psycopg
-
 from pgbroker._db.backoff import Patience
-from pgbroker._db.liveness import is_transient
+from pgbroker._db.liveness import answered_within, is_transient
 from pgbroker.errors import PgbrokerError
 from pgbroker.queues._client_async import AsyncQueue
 from pgbroker.queues._records import Receipt
 from pgbroker.runtime._log_events import log_event
 from pgbroker.runtime._worker_stats import WorkerStats
 
-__all__ = ["RECONNECT", "Lease", "answered_within", "extend_leases", "release_leases", "retry_while_leased"]
+__all__ = ["RECONNECT", "Lease", "extend_leases", "release_leases", "retry_while_leased"]
 
 T = TypeVar("T")
 # Retries of calls that lost their connection: soon at first, then every few seconds.
@@ -41,19 +39,6 @@ class Lease:
     over: bool = False
     # An extend in flight: the outcome waits for it, then uses the receipt it handed out.
     extending: asyncio.Future[None] | None = None
-
-
-async def answered_within(seconds: float, call: Awaitable[T]) -> T:
-    """``call``, failed as a lost connection (psycopg.OperationalError: is_transient) when the
-    server has not answered within ``seconds``, a lease: past it the answer is of no use (the
-    leases it acts on, or those it hands out, have run out), and a hung server, a stuck pooler or
-    a connection cut without a word may never answer. psycopg cancels the query and closes the
-    connection (the pool replaces it)."""
-    try:
-        async with asyncio.timeout(seconds):
-            return await call
-    except TimeoutError:
-        raise psycopg.OperationalError(f"no answer from the server within {seconds:g} s") from None
 
 
 async def retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callable[[], Awaitable[T]]) -> T:

@@ -48,13 +48,12 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription
-from pgbroker._db.liveness import is_transient
+from pgbroker._db.liveness import answered_within, is_transient
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
-from pgbroker.runtime._leases import answered_within
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined

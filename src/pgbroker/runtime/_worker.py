@@ -22,7 +22,7 @@ of the outcomes (counted, logged, the reason of a refusal) in pgbroker.runtime._
 
 Calls that fail because the connection is lost (a restart, a terminated session, a server gone
 read-only), or that go unanswered for a lease (a hung server or pooler, a connection cut without a
-word: _leases.answered_within), are retried while the lease still holds; fenced receipts make a
+word: _db.liveness.answered_within), are retried while the lease still holds; fenced receipts make a
 retried ack safe, so a restart of Postgres in place costs no duplicate handling. Every such
 failure, a failed LISTEN set-up included, leads to a bounded wait and another read. A failover to a
 standby is followed when the DSN names it; what each replication mode can lose is in
@@ -54,7 +54,7 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import is_lost_connection, is_transient
+from pgbroker._db.liveness import answered_within, is_lost_connection, is_transient
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
@@ -62,14 +62,7 @@ from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
-from pgbroker.runtime._leases import (
-    RECONNECT,
-    Lease,
-    answered_within,
-    extend_leases,
-    release_leases,
-    retry_while_leased,
-)
+from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
 from pgbroker.runtime._log_events import log_event, log_failure
 from pgbroker.runtime._maintenance import maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of

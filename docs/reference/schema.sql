@@ -3855,10 +3855,10 @@ CREATE TABLE pgbroker.stream (
 );
 
 --
--- Name: _stream_balance(pgbroker.stream, text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _stream_balance(pgbroker.stream, text, text, integer, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer) RETURNS integer
+CREATE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer, generation bigint) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -3941,10 +3941,11 @@ BEGIN
         share := pgbroker._stream_share(s.partitions, live, consumer);
         -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
-        -- to acked_id, so what it held unacknowledged is delivered again.
+        -- to acked_id, so what it held unacknowledged is delivered again. The
+        -- taker's generation is the partition's (see "Generations").
         WITH t AS (
             UPDATE pgbroker.stream_cursor t
-            SET owner = _stream_balance.consumer, epoch = t.epoch + 1
+            SET owner = _stream_balance.consumer, epoch = t.epoch + 1, generation = _stream_balance.generation
             WHERE (t.stream_name, t.group_name, t.partition) IN (
                 SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
                 WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
@@ -4255,10 +4256,10 @@ END;
 $$;
 
 --
--- Name: _stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[], bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer, lease_seconds integer, ack_partitions integer[], ack_epochs bigint[], ack_last_ids bigint[]) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
+CREATE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer, lease_seconds integer, ack_partitions integer[], ack_epochs bigint[], ack_last_ids bigint[], generation bigint) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
     LANGUAGE plpgsql
     AS $_$
 DECLARE
@@ -4291,6 +4292,7 @@ DECLARE
     i integer;
     leaving integer[] := '{}';  -- beyond the consumer's share, in flight: not read (see _stream_balance)
     excess integer;
+    superseded boolean;  -- a partition locked is marked with another generation ("Generations")
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
@@ -4302,7 +4304,7 @@ BEGIN
     END IF;
     -- The ring, then rows (see "Positions").
     LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
-    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
+    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds, generation);
     IF excess > 0 THEN
         leaving := ARRAY(SELECT c.partition FROM pgbroker.stream_cursor c
                          WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
@@ -4342,12 +4344,22 @@ BEGIN
     IF cardinality(parts) > 0 THEN  -- (a partition with no position, none should, is left alone)
         SELECT coalesce(array_agg(c.partition ORDER BY c.partition), '{}'),
                array_agg(c.epoch ORDER BY c.partition), array_agg(p.acked_id ORDER BY c.partition),
-               array_agg(p.delivered_id ORDER BY c.partition), array_agg(p.acked_at ORDER BY c.partition)
-        INTO parts, epochs, acked, delivered, acked_ats
+               array_agg(p.delivered_id ORDER BY c.partition), array_agg(p.acked_at ORDER BY c.partition),
+               bool_or(c.generation <> _stream_read.generation)
+        INTO parts, epochs, acked, delivered, acked_ats, superseded
         FROM pgbroker.stream_cursor c
         JOIN pgbroker._stream_positions(s.stream_name, g.group_name, parts) p ON p.partition = c.partition
         WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
           AND c.partition = ANY (parts);
+        -- After the lock (a new statement): a rewind that ran first is seen.
+        IF superseded THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB022',
+                MESSAGE = format('consumer %L of group %L of stream %L has rewound since this read''s generation %s',
+                                 consumer, g.group_name, s.stream_name, _stream_read.generation),
+                HINT = 'A read sent before the consumer''s last rewind and run after it (a hung session going on), '
+                       'or another process reading under the same consumer name: rewind with a new generation '
+                       'and read again, and give each consumer of a group its own name.';
+        END IF;
     END IF;
     positions := delivered;
     afters := delivered;
@@ -7669,10 +7681,10 @@ END;
 $$;
 
 --
--- Name: stream_consume(text, text, text, integer, integer, integer[], bigint[], bigint[], bigint[], text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: stream_consume(text, text, text, integer, integer, integer[], bigint[], bigint[], bigint[], text[], bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL::integer[], epochs bigint[] DEFAULT NULL::bigint[], last_ids bigint[] DEFAULT NULL::bigint[], failed_ids bigint[] DEFAULT NULL::bigint[], errors text[] DEFAULT NULL::text[]) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
+CREATE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL::integer[], epochs bigint[] DEFAULT NULL::bigint[], last_ids bigint[] DEFAULT NULL::bigint[], failed_ids bigint[] DEFAULT NULL::bigint[], errors text[] DEFAULT NULL::text[], generation bigint DEFAULT NULL::bigint) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -7682,7 +7694,7 @@ DECLARE
 BEGIN
     IF coalesce(cardinality(partitions), 0) = 0 THEN
         RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                        NULL, NULL, NULL);
+                                                        NULL, NULL, NULL, generation);
         RETURN;
     END IF;
     g := pgbroker._stream_group_row(stream_name, group_name);
@@ -7700,12 +7712,12 @@ BEGIN
         PERFORM pgbroker.stream_ack(stream_name, group_name, consumer, partitions, epochs, last_ids,
                                     failed_ids, errors);
         RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                        NULL, NULL, NULL);
+                                                        NULL, NULL, NULL, generation);
         RETURN;
     END IF;
     PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
     RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                    partitions, epochs, last_ids);
+                                                    partitions, epochs, last_ids, generation);
 END;
 $$;
 
@@ -7799,13 +7811,14 @@ CREATE FUNCTION pgbroker.stream_notify_channel(stream_name text) RETURNS text
 $$;
 
 --
--- Name: stream_read(text, text, text, integer, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: stream_read(text, text, text, integer, integer, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
+CREATE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30, generation bigint DEFAULT NULL::bigint) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
     LANGUAGE sql
     AS $$
-    SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL);
+    SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL,
+                                        generation);
 $$;
 
 --
@@ -7882,10 +7895,10 @@ END;
 $$;
 
 --
--- Name: stream_rewind(text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: stream_rewind(text, text, text, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.stream_rewind(stream_name text, group_name text, consumer text) RETURNS integer
+CREATE FUNCTION pgbroker.stream_rewind(stream_name text, group_name text, consumer text, generation bigint DEFAULT NULL::bigint) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -7893,10 +7906,23 @@ DECLARE
     owned integer[];
 BEGIN
     LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
-    SELECT array_agg(x.partition) INTO owned
-    FROM (SELECT t.partition FROM pgbroker.stream_cursor t
-          WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
-          ORDER BY t.partition FOR UPDATE) x;
+    IF stream_rewind.generation IS NULL THEN
+        SELECT array_agg(x.partition) INTO owned
+        FROM (SELECT t.partition FROM pgbroker.stream_cursor t
+              WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
+              ORDER BY t.partition FOR UPDATE) x;
+    ELSE
+        -- (In partition order, as every locker of cursor rows.)
+        WITH t AS (
+            UPDATE pgbroker.stream_cursor t SET generation = stream_rewind.generation
+            WHERE (t.stream_name, t.group_name, t.partition) IN (
+                SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
+                WHERE x.stream_name = g.stream_name AND x.group_name = g.group_name
+                  AND x.owner = stream_rewind.consumer
+                ORDER BY x.partition FOR UPDATE)
+            RETURNING t.partition)
+        SELECT array_agg(t.partition) INTO owned FROM t;
+    END IF;
     RETURN pgbroker._stream_positions_rewound(g.stream_name, g.group_name, owned);
 END;
 $$;
@@ -9599,7 +9625,8 @@ CREATE TABLE pgbroker.stream_cursor (
     group_name text NOT NULL,
     partition integer NOT NULL,
     owner text,
-    epoch bigint DEFAULT 0 NOT NULL
+    epoch bigint DEFAULT 0 NOT NULL,
+    generation bigint
 )
 WITH (fillfactor='30');
 

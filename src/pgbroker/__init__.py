@@ -23,6 +23,7 @@ from pgbroker.errors import (
     QueueNameConflict,
     QueueNotFound,
     StaleReceipt,
+    StreamConsumerSuperseded,
     StreamGroupNotFound,
     StreamNotFound,
 )
@@ -109,6 +110,7 @@ __all__ = [
     "Stream",
     "StreamBatch",
     "StreamConsumer",
+    "StreamConsumerSuperseded",
     "StreamGroupInfo",
     "StreamGroupNotFound",
     "StreamHandler",

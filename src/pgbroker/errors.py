@@ -97,6 +97,14 @@ class StreamGroupNotFound(PgbrokerError):
     sqlstate = "PB021"
 
 
+class StreamConsumerSuperseded(PgbrokerError):
+    """The consumer has rewound (under a new generation) since the generation this read names:
+    a read sent before the rewind and run after it, or another process reading under the same
+    consumer name. The read changed nothing."""
+
+    sqlstate = "PB022"
+
+
 class NotInstalled(PgbrokerError):
     """The database has no pgbroker schema (run `pgbroker install`)."""
 
@@ -139,6 +147,7 @@ _CODED: tuple[type[PgbrokerError], ...] = (
     InvalidArgument,
     StreamNotFound,
     StreamGroupNotFound,
+    StreamConsumerSuperseded,
     IdempotencyKeyReused,
 )
 _BY_SQLSTATE: dict[str, type[PgbrokerError]] = {

@@ -118,8 +118,8 @@ def test_the_reads_of_the_hot_paths_make_their_records_as_they_fetch() -> None:
         q.message_read_many("jobs", 10, decode=False),
         q.message_complete_and_read("jobs", [], 10),
         q.message_pop_many("jobs", 10),
-        sq.stream_read("events", "group", "consumer", 10, 30),
-        sq.stream_consume("events", "group", "consumer", 10, 30, None),
+        sq.stream_read("events", "group", "consumer", 10, 30, None),
+        sq.stream_consume("events", "group", "consumer", 10, 30, None, None),
     ):
         assert query.row is not None, query.sql
 

@@ -419,6 +419,45 @@ def test_rewind_hands_out_the_unacknowledged_again(conn: Conn) -> None:
     assert read(conn, "clicks", "g", "c", qty=10).ids == ids[2:]
 
 
+def test_a_read_under_a_generation_the_consumer_has_rewound_past_is_refused_and_changes_nothing(
+    conn: Conn,
+) -> None:
+    """A read sent before a rewind and run after it (a hung session going on) would move the
+    partitions past rows no one handles; under the generation it was sent with, it is refused."""
+    make_stream(conn, partitions=2)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(6)], ["a", "b"] * 3)
+    first = read(conn, "clicks", "g", "c", qty=2, generation=1)  # takes both partitions under 1
+    assert len(first.ids) == 2
+    conn.execute("SELECT pgbroker.stream_rewind('clicks', 'g', 'c', 2)")
+
+    def positions() -> list[tuple[Any, ...]]:
+        return conn.execute(
+            "SELECT partition, acked_id, delivered_id FROM pgbroker.stream_lag('clicks') ORDER BY partition"
+        ).fetchall()
+
+    before = positions()
+    parts, epochs, last = first.ack_args()
+    for call, args in (
+        ("SELECT * FROM pgbroker.stream_read('clicks', 'g', 'c', 10, 30, generation => %s)", (1,)),
+        (
+            "SELECT * FROM pgbroker.stream_consume('clicks', 'g', 'c', 10, 30, %s, %s, %s, generation => %s)",
+            (parts, epochs, last, 1),
+        ),
+    ):
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute(call, args)
+        assert refused.value.sqlstate == "PB022"
+        assert "has rewound since this read's generation 1" in (refused.value.diag.message_primary or "")
+        assert "its own name" in (refused.value.diag.message_hint or "")
+        assert positions() == before  # neither read nor acked
+    assert sorted(read(conn, "clicks", "g", "c", qty=10, generation=2).ids) == ids  # rewound: all again
+    # A consumer that names no generation is never refused: a client that knows nothing of them.
+    assert read(conn, "clicks", "g", "c", qty=10).ids == []
+    conn.execute("SELECT pgbroker.stream_rewind('clicks', 'g', 'c')")
+    assert sorted(read(conn, "clicks", "g", "c", qty=10).ids) == ids
+
+
 def test_a_batch_is_filled_from_every_partition_in_order(conn: Conn) -> None:
     make_stream(conn, partitions=4)
     make_group(conn, "g")

@@ -42,9 +42,19 @@ def send(conn: Conn, stream: str, messages: list[Any], keys: Sequence[str | None
     return [r[0] for r in rows]
 
 
-def read(conn: Conn, stream: str, group: str, consumer: str, qty: int = 100, lease: int = 30) -> Batch:
+def read(
+    conn: Conn,
+    stream: str,
+    group: str,
+    consumer: str,
+    qty: int = 100,
+    lease: int = 30,
+    generation: int | None = None,
+) -> Batch:
+    """A read, under the consumer's ``generation`` (None: it names none)."""
     rows = conn.execute(
-        "SELECT * FROM pgbroker.stream_read(%s, %s, %s, %s, %s)", (stream, group, consumer, qty, lease)
+        "SELECT * FROM pgbroker.stream_read(%s, %s, %s, %s, %s, %s)",
+        (stream, group, consumer, qty, lease, generation),
     ).fetchall()
     return Batch(rows)
 

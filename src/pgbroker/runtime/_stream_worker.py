@@ -23,7 +23,9 @@ handled). A beat that finds partitions of a batch taken all the same (the databa
 reach for longer than the lease) drops what is left of them unhandled: their new owner has those
 messages again, and handling them here too would run a key in two places at once. A call left
 unanswered for a lease (a hung server or pooler, a connection cut without a word) is given up as
-a lost connection, warned, and made again on a new session.
+a lost connection, warned, and made again on a new session. A read that failed so may still run
+once its session goes on: the rewind that settles it starts a new generation of the consumer, and
+that late read is refused (docs/streams.md, "Generations").
 
 A worker that dies acks nothing more: what it held is delivered again to whoever takes its
 partitions over (at-least-once): at the other consumers' next read once its connections are
@@ -50,7 +52,7 @@ from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker._db.liveness import answered_within, is_transient
 from pgbroker._event_loop import running_loop
-from pgbroker.errors import InvalidArgument
+from pgbroker.errors import InvalidArgument, StreamConsumerSuperseded
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
@@ -349,6 +351,12 @@ class StreamWorker:
                 except Exception as exc:
                     unsettled = True
                     done, riding = riding + done, []
+                    if isinstance(exc, StreamConsumerSuperseded):
+                        # A rewind of its own that ran late, or another process under its name:
+                        # settled by a rewind under a new generation, as a lost read.
+                        log_event(logging.WARNING, "stream_worker.superseded", stream=self.stream, error=exc)
+                        await self._nap(None, trouble.next())  # (two processes under one name take turns)
+                        continue
                     await self._ride_out(exc, trouble)
                     continue
                 trouble.reset()

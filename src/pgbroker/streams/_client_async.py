@@ -20,17 +20,20 @@ See docs/streams.md for the model and its guarantees.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from pgbroker import _tracing as tracing
 from pgbroker._db.listen_async import AsyncListener, AsyncSubscription
 from pgbroker._db.wakeups import Waiting
+from pgbroker.errors import StreamConsumerSuperseded
 from pgbroker.queues._arguments import duration
 from pgbroker.queues._client_async import AsyncExecutor  # sync: from pgbroker.queues._client import Executor
+from pgbroker.queues._query import Query
 from pgbroker.streams import _queries as sq
 from pgbroker.streams._records import PartitionLag, StreamBatch, StreamGroupInfo, StreamInfo
 
@@ -41,6 +44,11 @@ ASYNC = True
 def consumer_name() -> str:
     """A name unique among a group's consumers: host, process and a random part."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _new_generation() -> int:
+    """A consumer's generation: random, so that no two draws agree, whichever process made them."""
+    return secrets.randbits(63)
 
 
 class AsyncStream:
@@ -167,11 +175,20 @@ class AsyncStream:
         return await self._executor.run(sq.stream_lag(self.name))
 
     def consumer(
-        self, group: str, *, name: str | None = None, lease: int | float | timedelta = 30
+        self,
+        group: str,
+        *,
+        name: str | None = None,
+        lease: int | float | timedelta = 30,
+        fenced: bool = True,
     ) -> AsyncStreamConsumer:
         """A consumer of ``group``; it owns a share of the partitions while it reads at least once
-        a ``lease`` (seconds). ``name``: unique in the group (default: host:pid:random)."""
-        return AsyncStreamConsumer(self, group, name or consumer_name(), lease)
+        a ``lease`` (seconds). ``name``: unique in the group (default: host:pid:random).
+        ``fenced``: its reads name its generation, new at each rewind, so that a read sent before
+        a rewind and run after it (a hung session going on) is refused and moves nothing
+        (docs/streams.md, "Generations"); False for a consumer made anew for each call, as the
+        HTTP API's are."""
+        return AsyncStreamConsumer(self, group, name or consumer_name(), lease, fenced=fenced)
 
     async def maintain(self) -> int:
         """Apply retention: empty the child tables whose messages may go; returns how many."""
@@ -190,11 +207,22 @@ class AsyncStreamConsumer:
     group's cursors past the batch; a consumer that dies first leaves the batch to be delivered
     again to whoever takes its partitions over (at-least-once)."""
 
-    def __init__(self, stream: AsyncStream, group: str, name: str, lease: int | float | timedelta) -> None:
+    def __init__(
+        self,
+        stream: AsyncStream,
+        group: str,
+        name: str,
+        lease: int | float | timedelta,
+        *,
+        fenced: bool = True,
+    ) -> None:
         self.stream = stream
         self.group = group
         self.name = name
         self.lease = lease
+        # Its generation (docs/streams.md, "Generations"): drawn at random, and again at each rewind.
+        self.generation: int | None = _new_generation() if fenced else None
+        self._has_read = False
 
     def __repr__(self) -> str:
         return f"AsyncStreamConsumer({self.stream.name!r}, {self.group!r}, {self.name!r})"
@@ -209,15 +237,34 @@ class AsyncStreamConsumer:
     ) -> StreamBatch:
         """Ack ``acked`` and read the next batch in one call (one transaction a batch)."""
         stream, executor = self.stream, self.stream._executor
-        query = sq.stream_consume(stream.name, self.group, self.name, qty, self.lease, acked)
-        found = await executor.run(query)
+        found = await self._first_read(
+            lambda: sq.stream_consume(
+                stream.name, self.group, self.name, qty, self.lease, acked, self.generation
+            )
+        )
         waiting = Waiting(duration(wait, "wait"), stream._listener.poll_interval)
         if waiting.done(found.messages):
             return found
-        query = sq.stream_read(stream.name, self.group, self.name, qty, self.lease)
+        query = sq.stream_read(stream.name, self.group, self.name, qty, self.lease, self.generation)
         subscription = await stream.listen(waiting.timeout())
         while not waiting.done((found := await executor.run(query)).messages):
             await subscription.wait(waiting.timeout())
+        return found
+
+    async def _first_read(self, query: Callable[[], Query[StreamBatch]]) -> StreamBatch:
+        """``query()`` run; on this object's first read, a refusal (StreamConsumerSuperseded) says
+        that a consumer of this name read under another generation before it (a process before
+        this one, killed): what that one was handed and did not ack is handed out again (a
+        rewind, under this object's generation), and the read is made again."""
+        executor = self.stream._executor
+        if self._has_read:
+            return await executor.run(query())
+        try:
+            found = await executor.run_in_savepoint(query())
+        except StreamConsumerSuperseded:
+            await self.rewind()
+            found = await executor.run(query())
+        self._has_read = True
         return found
 
     async def ack(self, batch: StreamBatch) -> dict[int, bool]:
@@ -230,8 +277,14 @@ class AsyncStreamConsumer:
 
     async def rewind(self) -> int:
         """Have what was read and not acknowledged handed out again (after a lost connection: a
-        read may have committed without its rows arriving). Returns the partitions rewound."""
-        return await self.stream._executor.run(sq.stream_rewind(self.stream.name, self.group, self.name))
+        read may have committed without its rows arriving), under a new generation: a read of
+        this consumer sent before and run after the rewind is refused. Returns the partitions
+        rewound."""
+        generation = None if self.generation is None else _new_generation()
+        query = sq.stream_rewind(self.stream.name, self.group, self.name, generation)
+        rewound = await self.stream._executor.run(query)
+        self.generation = generation
+        return rewound
 
     async def heartbeat(self) -> dict[int, int]:
         """Renew this consumer's lease without reading, for a batch that takes longer to handle

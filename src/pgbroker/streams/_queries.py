@@ -205,7 +205,7 @@ def _batch_query(name: str, stream: str, params: dict[str, Any]) -> Query[Stream
 
 
 def _consumer_params(
-    stream: str, group: str, consumer: str, qty: int, lease: int | float | timedelta
+    stream: str, group: str, consumer: str, qty: int, lease: int | float | timedelta, generation: int | None
 ) -> dict[str, Any]:
     if isinstance(qty, bool) or not isinstance(qty, int) or not 1 <= qty <= 100_000:
         raise InvalidArgument(f"qty must be an integer from 1 to 100000, got {qty!r}")
@@ -215,13 +215,20 @@ def _consumer_params(
         "consumer": consumer,
         "qty": qty,
         "lease": _whole_seconds(lease, "lease"),
+        "generation": generation,
     }
 
 
 def stream_read(
-    stream: str, group: str, consumer: str, qty: int, lease: int | float | timedelta
+    stream: str,
+    group: str,
+    consumer: str,
+    qty: int,
+    lease: int | float | timedelta,
+    generation: int | None,
 ) -> Query[StreamBatch]:
-    return _batch_query("stream_read", stream, _consumer_params(stream, group, consumer, qty, lease))
+    params = _consumer_params(stream, group, consumer, qty, lease, generation)
+    return _batch_query("stream_read", stream, params)
 
 
 def _ack_params(batch: StreamBatch | None) -> dict[str, Any]:
@@ -245,9 +252,10 @@ def stream_consume(
     qty: int,
     lease: int | float | timedelta,
     acked: StreamBatch | None,
+    generation: int | None,
 ) -> Query[StreamBatch]:
     """Ack ``acked`` (if any) and read the next batch, in one call."""
-    params = {**_consumer_params(stream, group, consumer, qty, lease), **_ack_params(acked)}
+    params = {**_consumer_params(stream, group, consumer, qty, lease, generation), **_ack_params(acked)}
     return _batch_query("stream_consume", stream, params)
 
 
@@ -261,8 +269,9 @@ def stream_release(stream: str, group: str, consumer: str) -> Query[int]:
     return Query(_named("stream_release"), {"stream": stream, "group": group, "consumer": consumer}, _scalar)
 
 
-def stream_rewind(stream: str, group: str, consumer: str) -> Query[int]:
-    return Query(_named("stream_rewind"), {"stream": stream, "group": group, "consumer": consumer}, _scalar)
+def stream_rewind(stream: str, group: str, consumer: str, generation: int | None) -> Query[int]:
+    params = {"stream": stream, "group": group, "consumer": consumer, "generation": generation}
+    return Query(_named("stream_rewind"), params, _scalar)
 
 
 def stream_heartbeat(

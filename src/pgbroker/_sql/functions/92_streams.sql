@@ -97,6 +97,22 @@
 -- consumer judged dead wrongly loses its partitions' epochs (its acks are
 -- fenced off, its batch is delivered again) and takes its share back at its
 -- next read.
+--
+-- Generations. A consumer that lost its connection during a read rewinds
+-- (stream_rewind): the read may have committed without its answer arriving.
+-- But a read may also commit after the rewind: a hung server, a stuck pooler
+-- or a session stopped for a while runs the read it was sent once it goes on,
+-- though its client has long given up (a cancel that comes while the session
+-- waits for a command is ignored). That read moves the partitions past rows
+-- no one handles, and the consumer, still owning them, never has them. So a
+-- consumer may name its generation (any bigint, new at each rewind: pgbroker's
+-- clients draw one at random): the rewind marks the consumer's cursor rows
+-- with the new one, a read that takes a partition marks it with its own, and
+-- a read whose generation differs from a partition it locked is refused
+-- (PB022) and changes nothing. The check comes after the rows are locked, so
+-- a read and a rewind are ordered: a read before the rewind is rewound by it,
+-- a read after it is refused. A consumer that names no generation (NULL) is
+-- never refused, and fenced by nothing.
 
 -- Failures. An ack lists the messages of the batch that failed; each goes,
 -- with its error and its place in the stream in header x-pgbroker-stream,
@@ -966,7 +982,8 @@ $$;
 -- cannot change hands yet (0 mostly). The caller reads what it owns, but for that many of the
 -- highest: a consumer reading ahead of its acks so lets them drain, and gives them up once
 -- acked.
-CREATE OR REPLACE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer)
+CREATE OR REPLACE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer,
+                                         generation bigint)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     fresh boolean;
@@ -1048,10 +1065,11 @@ BEGIN
         share := pgbroker._stream_share(s.partitions, live, consumer);
         -- Take free partitions: unowned, or their owner is not live.
         -- The new epoch fences the former owner's acks; delivered_id goes back
-        -- to acked_id, so what it held unacknowledged is delivered again.
+        -- to acked_id, so what it held unacknowledged is delivered again. The
+        -- taker's generation is the partition's (see "Generations").
         WITH t AS (
             UPDATE pgbroker.stream_cursor t
-            SET owner = _stream_balance.consumer, epoch = t.epoch + 1
+            SET owner = _stream_balance.consumer, epoch = t.epoch + 1, generation = _stream_balance.generation
             WHERE (t.stream_name, t.group_name, t.partition) IN (
                 SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
                 WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
@@ -1117,18 +1135,36 @@ $$;
 -- partitions' delivered_id goes back to acked_id. For a consumer that lost
 -- its connection during a read: the read may have committed without the
 -- consumer getting its rows, and the next read would start after them.
+-- Arguments: generation, the consumer's new one (see "Generations"; 0.2.0):
+--   its reads under another are refused from now on, so a read sent before
+--   and run after this rewind moves nothing.
+-- Returns: how many partitions moved back.
 -- Since: 0.1.0
-CREATE OR REPLACE FUNCTION pgbroker.stream_rewind(stream_name text, group_name text, consumer text)
+CREATE OR REPLACE FUNCTION pgbroker.stream_rewind(stream_name text, group_name text, consumer text,
+                                       generation bigint DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
     owned integer[];
 BEGIN
     LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring, then rows (see "Positions")
-    SELECT array_agg(x.partition) INTO owned
-    FROM (SELECT t.partition FROM pgbroker.stream_cursor t
-          WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
-          ORDER BY t.partition FOR UPDATE) x;
+    IF stream_rewind.generation IS NULL THEN
+        SELECT array_agg(x.partition) INTO owned
+        FROM (SELECT t.partition FROM pgbroker.stream_cursor t
+              WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_rewind.consumer
+              ORDER BY t.partition FOR UPDATE) x;
+    ELSE
+        -- (In partition order, as every locker of cursor rows.)
+        WITH t AS (
+            UPDATE pgbroker.stream_cursor t SET generation = stream_rewind.generation
+            WHERE (t.stream_name, t.group_name, t.partition) IN (
+                SELECT x.stream_name, x.group_name, x.partition FROM pgbroker.stream_cursor x
+                WHERE x.stream_name = g.stream_name AND x.group_name = g.group_name
+                  AND x.owner = stream_rewind.consumer
+                ORDER BY x.partition FOR UPDATE)
+            RETURNING t.partition)
+        SELECT array_agg(t.partition) INTO owned FROM t;
+    END IF;
     RETURN pgbroker._stream_positions_rewound(g.stream_name, g.group_name, owned);
 END;
 $$;
@@ -1167,7 +1203,7 @@ $$;
 -- a read in two writes left two a partition a batch.
 CREATE OR REPLACE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer,
                                       lease_seconds integer, ack_partitions integer[], ack_epochs bigint[],
-                                      ack_last_ids bigint[])
+                                      ack_last_ids bigint[], generation bigint)
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE plpgsql AS $$
@@ -1201,6 +1237,7 @@ DECLARE
     i integer;
     leaving integer[] := '{}';  -- beyond the consumer's share, in flight: not read (see _stream_balance)
     excess integer;
+    superseded boolean;  -- a partition locked is marked with another generation ("Generations")
 BEGIN
     PERFORM pgbroker._check_arg(qty BETWEEN 1 AND 100000,
         format('qty must be between 1 and 100000, got %s', coalesce(qty::text, 'NULL')));
@@ -1212,7 +1249,7 @@ BEGIN
     END IF;
     -- The ring, then rows (see "Positions").
     LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
-    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds);
+    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds, generation);
     IF excess > 0 THEN
         leaving := ARRAY(SELECT c.partition FROM pgbroker.stream_cursor c
                          WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
@@ -1252,12 +1289,22 @@ BEGIN
     IF cardinality(parts) > 0 THEN  -- (a partition with no position, none should, is left alone)
         SELECT coalesce(array_agg(c.partition ORDER BY c.partition), '{}'),
                array_agg(c.epoch ORDER BY c.partition), array_agg(p.acked_id ORDER BY c.partition),
-               array_agg(p.delivered_id ORDER BY c.partition), array_agg(p.acked_at ORDER BY c.partition)
-        INTO parts, epochs, acked, delivered, acked_ats
+               array_agg(p.delivered_id ORDER BY c.partition), array_agg(p.acked_at ORDER BY c.partition),
+               bool_or(c.generation <> _stream_read.generation)
+        INTO parts, epochs, acked, delivered, acked_ats, superseded
         FROM pgbroker.stream_cursor c
         JOIN pgbroker._stream_positions(s.stream_name, g.group_name, parts) p ON p.partition = c.partition
         WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
           AND c.partition = ANY (parts);
+        -- After the lock (a new statement): a rewind that ran first is seen.
+        IF superseded THEN
+            RAISE EXCEPTION USING ERRCODE = 'PB022',
+                MESSAGE = format('consumer %L of group %L of stream %L has rewound since this read''s generation %s',
+                                 consumer, g.group_name, s.stream_name, _stream_read.generation),
+                HINT = 'A read sent before the consumer''s last rewind and run after it (a hung session going on), '
+                       'or another process reading under the same consumer name: rewind with a new generation '
+                       'and read again, and give each consumer of a group its own name.';
+        END IF;
     END IF;
     positions := delivered;
     afters := delivered;
@@ -1348,13 +1395,18 @@ $$;
 -- its partition and the epoch to ack it under. A consumer may read again
 -- before acking (the next messages come); an ack settles everything up to
 -- the id it names.
+-- Arguments: generation, the consumer's, as its last rewind named it (see
+--   "Generations"; 0.2.0); NULL names none.
+-- Errors: PB022 when a partition it would move is marked with another
+--   generation; the read changes nothing.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
-                                     lease_seconds integer DEFAULT 30)
+                                     lease_seconds integer DEFAULT 30, generation bigint DEFAULT NULL)
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE sql AS $$
-    SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL);
+    SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL,
+                                        generation);
 $$;
 
 -- Acknowledge batches: for each (partition, epoch, last id) the consumer
@@ -1462,11 +1514,14 @@ $$;
 -- row is written once, with the ack and the read together (_stream_read),
 -- unless the consumer may own more than its share: it gives partitions back
 -- only when they have nothing in flight, so then the ack goes first.
+-- Arguments: generation, as for stream_read (0.2.0).
+-- Errors: PB022 as for stream_read; the call acks nothing then either.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
                                         lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL,
                                         epochs bigint[] DEFAULT NULL, last_ids bigint[] DEFAULT NULL,
-                                        failed_ids bigint[] DEFAULT NULL, errors text[] DEFAULT NULL)
+                                        failed_ids bigint[] DEFAULT NULL, errors text[] DEFAULT NULL,
+                                        generation bigint DEFAULT NULL)
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE plpgsql AS $$
@@ -1477,7 +1532,7 @@ DECLARE
 BEGIN
     IF coalesce(cardinality(partitions), 0) = 0 THEN
         RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                        NULL, NULL, NULL);
+                                                        NULL, NULL, NULL, generation);
         RETURN;
     END IF;
     g := pgbroker._stream_group_row(stream_name, group_name);
@@ -1495,12 +1550,12 @@ BEGIN
         PERFORM pgbroker.stream_ack(stream_name, group_name, consumer, partitions, epochs, last_ids,
                                     failed_ids, errors);
         RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                        NULL, NULL, NULL);
+                                                        NULL, NULL, NULL, generation);
         RETURN;
     END IF;
     PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
     RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                    partitions, epochs, last_ids);
+                                                    partitions, epochs, last_ids, generation);
 END;
 $$;
 

@@ -53,10 +53,10 @@ SELECT group_name, partition, acked_id, delivered_id, lag, oldest_unacked_at, ow
 FROM pgbroker.stream_lag(%(stream)s)
 
 -- name: stream_read
--- Read messages from a position, outside any group.
+-- Read a group's next messages, under the consumer's generation.
 SELECT partition, id, epoch, key, enqueued_at, headers, message
 FROM pgbroker.stream_read(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
-                          %(lease)s::integer)
+                          %(lease)s::integer, %(generation)s::bigint)
 
 -- name: stream_consume
 -- Claim the next batch of a group's messages.
@@ -64,7 +64,7 @@ SELECT partition, id, epoch, key, enqueued_at, headers, message
 FROM pgbroker.stream_consume(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
                              %(lease)s::integer, %(partitions)s::integer[],
                              %(epochs)s::bigint[], %(last_ids)s::bigint[], %(failed_ids)s::bigint[],
-                             %(errors)s::text[])
+                             %(errors)s::text[], %(generation)s::bigint)
 
 -- name: stream_ack
 -- Ack a group's claimed messages.
@@ -82,8 +82,8 @@ SELECT pgbroker.stream_release(%(stream)s, %(group)s, %(consumer)s)
 SELECT partition, epoch FROM pgbroker.stream_heartbeat(%(stream)s, %(group)s, %(consumer)s, %(lease)s)
 
 -- name: stream_rewind
--- Move a group's position back or forward.
-SELECT pgbroker.stream_rewind(%(stream)s, %(group)s, %(consumer)s)
+-- Hand out again what a consumer read and did not ack, under its new generation.
+SELECT pgbroker.stream_rewind(%(stream)s, %(group)s, %(consumer)s, %(generation)s::bigint)
 
 -- name: stream_maintain
 -- Truncate a stream's consumed or expired segments.

@@ -41,14 +41,17 @@ CREATE TABLE pgbroker.stream_group (
     PRIMARY KEY (stream_name, group_name)
 );
 
--- A group's partition: who reads it and under which epoch. Written only when
--- the partition changes hands; its position is in stream_position.
+-- A group's partition: who reads it, under which epoch, and the owner's
+-- generation (functions/92_streams.sql, "Generations"; NULL: none named).
+-- Written only when the partition changes hands or its owner rewinds; its
+-- position is in stream_position.
 CREATE TABLE pgbroker.stream_cursor (
     stream_name text NOT NULL,
     group_name text NOT NULL,
     partition integer NOT NULL,
     owner text,
     epoch bigint NOT NULL DEFAULT 0,
+    generation bigint,
     PRIMARY KEY (stream_name, group_name, partition),
     FOREIGN KEY (stream_name, group_name) REFERENCES pgbroker.stream_group ON DELETE CASCADE
 ) WITH (fillfactor = 30);

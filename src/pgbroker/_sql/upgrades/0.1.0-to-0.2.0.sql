@@ -192,3 +192,15 @@ VALUES ('consumer', 'pgbroker', 'stream_heartbeat');
 -- (structure/92_streams.sql).
 INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 VALUES ('consumer', 'pgbroker', 'streams'), ('consumer', 'pgbroker', 'stream_groups');
+
+-- Generations (functions/92_streams.sql): a read sent before a consumer's
+-- rewind and run after it (a hung session going on) moved the partitions
+-- past rows no one handled. The rewind marks the consumer's cursor rows with
+-- its new generation, and reads under another are refused; stream_read,
+-- stream_consume and stream_rewind take the consumer's generation.
+ALTER TABLE pgbroker.stream_cursor ADD COLUMN generation bigint;
+DROP FUNCTION IF EXISTS pgbroker.stream_read(text, text, text, integer, integer);
+DROP FUNCTION IF EXISTS pgbroker.stream_consume(text, text, text, integer, integer, integer[], bigint[], bigint[],
+                                                bigint[], text[]);
+DROP FUNCTION IF EXISTS pgbroker.stream_rewind(text, text, text);
+DROP FUNCTION IF EXISTS pgbroker._stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[]);

@@ -159,7 +159,8 @@ async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
 )
 async def stream_read(call: Call, body: StreamRead) -> StreamBatch:
     stream = _stream(call, "read")
-    consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds)
+    # A consumer object per request: it names no generation, so no rewind of its fences a read.
+    consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds, fenced=False)
     batch = await consumer.read(body.qty, wait=body.wait)
     return StreamBatch(messages=batch.messages)
 

@@ -31,6 +31,19 @@ async def test_missing_malformed_and_wrong_keys(client: httpx.AsyncClient, keys:
     assert r.status_code == 200
 
 
+async def test_an_authorization_header_of_another_scheme_is_named(client: httpx.AsyncClient) -> None:
+    """A key sent as 'Token ...' or 'Basic ...' was told 'no API key given'."""
+    for header, message in (
+        ("Token pgb_1_x", "the Authorization header is of scheme 'Token', not Bearer"),
+        ("Bearer ", "the Authorization header's bearer token is empty"),
+    ):
+        error = (await client.get("/v1/queues", headers={"Authorization": header})).json()["error"]
+        assert error["message"] == message
+        assert "Authorization: Bearer <token>" in error["hint"]
+    error = (await client.get("/v1/queues")).json()["error"]
+    assert error["message"] == "no API key given"
+
+
 async def test_revoked_key(
     client: httpx.AsyncClient, keys: dict[str, str], conn: psycopg.Connection[Any]
 ) -> None:

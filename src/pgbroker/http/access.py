@@ -30,7 +30,7 @@ async def authenticate(
         raise ApiError(
             401,
             "unauthorized",
-            "no API key given",
+            _why_no_token(request),
             hint="Send 'Authorization: Bearer <token>' (create one with `pgbroker keys create`).",
             headers={"WWW-Authenticate": "Bearer"},
         )
@@ -46,6 +46,16 @@ async def authenticate(
     # Charged before any scope check: a key probing what it may do is still rate limited.
     _refuse_if_limited(limiter.take(key), f"rate limit of key {key.name!r} exceeded")
     return key
+
+
+def _why_no_token(request: Request) -> str:
+    given = request.headers.get("authorization", "").strip()
+    if not given:
+        return "no API key given"
+    scheme = given.split()[0]
+    if scheme.lower() == "bearer":
+        return "the Authorization header's bearer token is empty"
+    return f"the Authorization header is of scheme {scheme[:20]!r}, not Bearer"
 
 
 def _refuse_if_limited(wait: float, message: str) -> None:

@@ -51,11 +51,14 @@ def read(
     lease: int = 30,
     generation: int | None = None,
 ) -> Batch:
-    """A read, under the consumer's ``generation`` (None: it names none)."""
-    rows = conn.execute(
-        "SELECT * FROM pgbroker.stream_read(%s, %s, %s, %s, %s, %s)",
-        (stream, group, consumer, qty, lease, generation),
-    ).fetchall()
+    """A read, under the consumer's ``generation``; without one, the argument is left out, as a
+    client of any release calls it (the upgrade tests read from schemas older than it)."""
+    args: tuple[Any, ...] = (stream, group, consumer, qty, lease)
+    if generation is None:
+        rows = conn.execute("SELECT * FROM pgbroker.stream_read(%s, %s, %s, %s, %s)", args).fetchall()
+    else:
+        fenced = "SELECT * FROM pgbroker.stream_read(%s, %s, %s, %s, %s, generation => %s)"
+        rows = conn.execute(fenced, (*args, generation)).fetchall()
     return Batch(rows)
 
 

@@ -152,3 +152,23 @@ async def test_a_key_cannot_replace_a_schedule_of_a_queue_it_does_not_see(
     assert (await client.post("/v1/schedules", json={**body, "name": "mine"}, headers=eu)).status_code == 201
     r = await client.post("/v1/schedules", json={**body, "name": "mine", "cron": "0 * * * *"}, headers=eu)
     assert (r.status_code, r.json()["cron"]) == (201, "0 * * * *"), r.text
+
+
+async def test_a_key_cannot_make_a_group_whose_retry_queue_it_does_not_see(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # A group's failures go to its retry queue, <stream>_<group>_retry, which the group takes over
+    # when a queue of that name exists. An admin key for the stream "clicks" alone made group "g"
+    # of it: the group adopted another team's queue clicks_g_retry, and the key's reads of the
+    # stream then sent what they liked into that queue as failures, a queue it may not even see.
+    key = auth(create_key(conn, "clicks-admin", scopes=["admin"], queues=["clicks"])[1])
+    await broker.create_queue("clicks_g_retry")
+    stream = AsyncStream(broker, "clicks")
+    await stream.create(partitions=1)
+    r = await client.post("/v1/streams/clicks/groups", json={"group": "G"}, headers=key)
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden"), r.text
+    assert await stream.groups() == []
+    # With the retry queues in its patterns, the key makes its groups as before.
+    wider = auth(create_key(conn, "clicks-all", scopes=["admin"], queues=["clicks", "clicks_*"])[1])
+    r = await client.post("/v1/streams/clicks/groups", json={"group": "G"}, headers=wider)
+    assert (r.status_code, r.json()) == (201, {"group": "G", "retry_queue": "clicks_g_retry"}), r.text

@@ -141,13 +141,25 @@ async def stream_groups(call: Call) -> GroupList:
 
 @router.post(
     "/v1/streams/{stream}/groups",
-    "create a consumer group (idempotent)",
+    "create a consumer group (idempotent); the key must see its retry queue, <stream>_<group>_retry",
     scope="admin",
     status=201,
     errors=_NO_STREAM,
 )
 async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
-    retry_queue = await _stream(call, "admin").create_group(body.group, start=body.start)
+    stream = _stream(call, "admin")
+    # The group's failures go to its retry queue, which it takes over if the queue exists: a key
+    # that may not use that queue would send into it (as failures) what it liked.
+    retry_queue = f"{stream.name}_{body.group}_retry"
+    if not call.caller.allows("admin", retry_queue):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"key {call.caller.name!r} may not admin on queue {retry_queue!r}, the group's retry queue",
+            hint=f"A key that makes groups of stream {stream.name!r} needs a pattern such as "
+            f"'{stream.name}_*' too.",
+        )
+    retry_queue = await stream.create_group(body.group, start=body.start)
     return GroupCreated(group=body.group, retry_queue=retry_queue)
 
 

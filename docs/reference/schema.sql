@@ -3855,10 +3855,10 @@ CREATE TABLE pgbroker.stream (
 );
 
 --
--- Name: _stream_balance(pgbroker.stream, text, text, integer, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _stream_balance(pgbroker.stream, text, text, integer, bigint, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer, generation bigint) RETURNS integer
+CREATE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer, generation bigint, lease_only boolean) RETURNS integer
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -3870,7 +3870,9 @@ DECLARE
     taken integer[];
 BEGIN
     -- Taken again on every read: a session's locks stack, and cost no shared memory more.
-    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
+    IF NOT lease_only THEN
+        PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
+    END IF;
     -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
     -- its process ended or lost its connections. Only those within their lease are tried (the
     -- others are not live anyway), and only those that renewed since the server started (a
@@ -3878,7 +3880,7 @@ BEGIN
     -- after it). The lock taken is held to the end of this transaction.
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
+      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time() AND NOT c.lease_only
       AND CASE WHEN c.consumer = _stream_balance.consumer THEN false
                WHEN pg_try_advisory_xact_lock(pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
                THEN NOT pgbroker._stream_consumer_held_here(
@@ -3886,7 +3888,8 @@ BEGIN
                ELSE false END;
 
     SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
-           bool_or(c.consumer = _stream_balance.consumer AND c.renewed_at > pg_postmaster_start_time()
+           bool_or(c.consumer = _stream_balance.consumer AND c.lease_only = _stream_balance.lease_only
+                   AND c.renewed_at > pg_postmaster_start_time()
                    AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
                    AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
     INTO live, fresh
@@ -3895,7 +3898,7 @@ BEGIN
     IF fresh IS NOT TRUE THEN
         -- A plain read first (above), because the upsert locks the consumer's row (a WAL
         -- record and a dirtied page) even when its WHERE leaves the row as it is.
-        PERFORM pgbroker._stream_renew(s.stream_name, group_name, consumer, lease_seconds);
+        PERFORM pgbroker._stream_renew(s.stream_name, group_name, consumer, lease_seconds, lease_only);
         IF NOT consumer = ANY (coalesce(live, '{}')) THEN
             live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
         END IF;
@@ -4256,10 +4259,10 @@ END;
 $$;
 
 --
--- Name: _stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[], bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[], bigint, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer, lease_seconds integer, ack_partitions integer[], ack_epochs bigint[], ack_last_ids bigint[], generation bigint) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
+CREATE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer, lease_seconds integer, ack_partitions integer[], ack_epochs bigint[], ack_last_ids bigint[], generation bigint, lease_only boolean) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
     LANGUAGE plpgsql
     AS $_$
 DECLARE
@@ -4304,7 +4307,8 @@ BEGIN
     END IF;
     -- The ring, then rows (see "Positions").
     LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
-    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds, generation);
+    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds, generation,
+                                       coalesce(lease_only, false));
     IF excess > 0 THEN
         leaving := ARRAY(SELECT c.partition FROM pgbroker.stream_cursor c
                          WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
@@ -4488,16 +4492,17 @@ CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream) RETURNS text
 $_$;
 
 --
--- Name: _stream_renew(text, text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _stream_renew(text, text, text, integer, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consumer text, lease_seconds integer) RETURNS void
+CREATE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consumer text, lease_seconds integer, lease_only boolean) RETURNS void
     LANGUAGE sql
     AS $$
-    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
-    VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
+    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at,
+                                               lease_only)
+    VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now(), lease_only)
     ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at, lease_only = EXCLUDED.lease_only;
 $$;
 
 --
@@ -7681,10 +7686,10 @@ END;
 $$;
 
 --
--- Name: stream_consume(text, text, text, integer, integer, integer[], bigint[], bigint[], bigint[], text[], bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: stream_consume(text, text, text, integer, integer, integer[], bigint[], bigint[], bigint[], text[], bigint, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL::integer[], epochs bigint[] DEFAULT NULL::bigint[], last_ids bigint[] DEFAULT NULL::bigint[], failed_ids bigint[] DEFAULT NULL::bigint[], errors text[] DEFAULT NULL::text[], generation bigint DEFAULT NULL::bigint) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
+CREATE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL::integer[], epochs bigint[] DEFAULT NULL::bigint[], last_ids bigint[] DEFAULT NULL::bigint[], failed_ids bigint[] DEFAULT NULL::bigint[], errors text[] DEFAULT NULL::text[], generation bigint DEFAULT NULL::bigint, lease_only boolean DEFAULT false) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -7694,7 +7699,7 @@ DECLARE
 BEGIN
     IF coalesce(cardinality(partitions), 0) = 0 THEN
         RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                        NULL, NULL, NULL, generation);
+                                                        NULL, NULL, NULL, generation, lease_only);
         RETURN;
     END IF;
     g := pgbroker._stream_group_row(stream_name, group_name);
@@ -7712,12 +7717,12 @@ BEGIN
         PERFORM pgbroker.stream_ack(stream_name, group_name, consumer, partitions, epochs, last_ids,
                                     failed_ids, errors);
         RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                        NULL, NULL, NULL, generation);
+                                                        NULL, NULL, NULL, generation, lease_only);
         RETURN;
     END IF;
     PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
     RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                    partitions, epochs, last_ids, generation);
+                                                    partitions, epochs, last_ids, generation, lease_only);
 END;
 $$;
 
@@ -7753,18 +7758,20 @@ CREATE FUNCTION pgbroker.stream_groups(stream_name text) RETURNS TABLE(group_nam
 $_$;
 
 --
--- Name: stream_heartbeat(text, text, text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: stream_heartbeat(text, text, text, integer, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.stream_heartbeat(stream_name text, group_name text, consumer text, lease_seconds integer DEFAULT 30) RETURNS TABLE(partition integer, epoch bigint)
+CREATE FUNCTION pgbroker.stream_heartbeat(stream_name text, group_name text, consumer text, lease_seconds integer DEFAULT 30, lease_only boolean DEFAULT false) RETURNS TABLE(partition integer, epoch bigint)
     LANGUAGE plpgsql
     AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
 BEGIN
     PERFORM pgbroker._stream_check_consumer(consumer, lease_seconds);
-    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(g.stream_name, g.group_name, consumer));
-    PERFORM pgbroker._stream_renew(g.stream_name, g.group_name, consumer, lease_seconds);
+    IF NOT lease_only THEN
+        PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(g.stream_name, g.group_name, consumer));
+    END IF;
+    PERFORM pgbroker._stream_renew(g.stream_name, g.group_name, consumer, lease_seconds, lease_only);
     RETURN QUERY SELECT t.partition, t.epoch FROM pgbroker.stream_cursor t
                  WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name
                    AND t.owner = stream_heartbeat.consumer
@@ -7811,14 +7818,14 @@ CREATE FUNCTION pgbroker.stream_notify_channel(stream_name text) RETURNS text
 $$;
 
 --
--- Name: stream_read(text, text, text, integer, integer, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: stream_read(text, text, text, integer, integer, bigint, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30, generation bigint DEFAULT NULL::bigint) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
+CREATE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100, lease_seconds integer DEFAULT 30, generation bigint DEFAULT NULL::bigint, lease_only boolean DEFAULT false) RETURNS TABLE(partition integer, id bigint, epoch bigint, key text, enqueued_at timestamp with time zone, headers jsonb, message jsonb)
     LANGUAGE sql
     AS $$
     SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL,
-                                        generation);
+                                        generation, lease_only);
 $$;
 
 --
@@ -9612,7 +9619,8 @@ CREATE TABLE pgbroker.stream_consumer (
     group_name text NOT NULL,
     consumer text NOT NULL,
     expires_at timestamp with time zone NOT NULL,
-    renewed_at timestamp with time zone NOT NULL
+    renewed_at timestamp with time zone NOT NULL,
+    lease_only boolean DEFAULT false NOT NULL
 )
 WITH (fillfactor='30');
 

@@ -3,9 +3,14 @@ reading and acking with a failure, lag in /v1/streams/stats and in /metrics, and
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
+import psycopg
 import pytest
 
+from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.streams._client_async import AsyncStream
 from tests.support.http import auth
 
 pytestmark = pytest.mark.anyio
@@ -86,3 +91,29 @@ async def test_stream_errors(client: httpx.AsyncClient, keys: dict[str, str]) ->
     assert r.status_code == 403
     r = await client.post("/v1/streams", json={"name": "Bad Name"}, headers=admin)
     assert r.status_code == 422
+
+
+async def test_reads_under_made_up_consumer_names_hold_no_lock_of_the_server(
+    client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str], conn: psycopg.Connection[Any]
+) -> None:
+    # A session a consumer read on kept the consumer's liveness lock, a shared advisory lock, until
+    # it ended; the API's pooled sessions read for whatever consumer a request names, so they kept
+    # one for every name: a key that may read one stream filled the server's lock table (shared by
+    # every database of the cluster: every new lock anywhere then failed, out of shared memory).
+    stream = AsyncStream(broker, "clicks")
+    await stream.create(partitions=2)
+    await stream.create_group("g")
+    consumer = auth(keys["consumer"])
+    for n in range(40):
+        for route in ("read", "heartbeat"):
+            body = {"consumer": f"{route}-{n}", "lease_seconds": 3600}
+            r = await client.post(f"/v1/streams/clicks/groups/g/{route}", json=body, headers=consumer)
+            assert r.status_code == 200, r.text
+    held = conn.execute(
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+        " WHERE l.locktype = 'advisory' AND d.datname = current_database()"
+    ).fetchone()
+    assert held == (0,)
+    # Live by their leases: each read of one leaves the others registered, and they share the partitions.
+    [group] = await stream.groups()
+    assert group.consumers == 80

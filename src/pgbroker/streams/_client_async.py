@@ -181,14 +181,19 @@ class AsyncStream:
         name: str | None = None,
         lease: int | float | timedelta = 30,
         fenced: bool = True,
+        lease_only: bool = False,
     ) -> AsyncStreamConsumer:
         """A consumer of ``group``; it owns a share of the partitions while it reads at least once
         a ``lease`` (seconds). ``name``: unique in the group (default: host:pid:random).
         ``fenced``: its reads name its generation, new at each rewind, so that a read sent before
         a rewind and run after it (a hung session going on) is refused and moves nothing
         (docs/streams.md, "Generations"); False for a consumer made anew for each call, as the
-        HTTP API's are."""
-        return AsyncStreamConsumer(self, group, name or consumer_name(), lease, fenced=fenced)
+        HTTP API's are. ``lease_only``: live by its lease alone, with no liveness lock in the
+        sessions it reads on (docs/streams.md, "Consumers share a group's partitions by lease"): for
+        a server whose pooled sessions read for many consumers, as the HTTP API's do."""
+        return AsyncStreamConsumer(
+            self, group, name or consumer_name(), lease, fenced=fenced, lease_only=lease_only
+        )
 
     async def maintain(self) -> int:
         """Apply retention: empty the child tables whose messages may go; returns how many."""
@@ -215,11 +220,13 @@ class AsyncStreamConsumer:
         lease: int | float | timedelta,
         *,
         fenced: bool = True,
+        lease_only: bool = False,
     ) -> None:
         self.stream = stream
         self.group = group
         self.name = name
         self.lease = lease
+        self.lease_only = lease_only
         # Its generation (docs/streams.md, "Generations"): drawn at random, and again at each rewind.
         self.generation: int | None = _new_generation() if fenced else None
         self._has_read = False
@@ -239,13 +246,15 @@ class AsyncStreamConsumer:
         stream, executor = self.stream, self.stream._executor
         found = await self._first_read(
             lambda: sq.stream_consume(
-                stream.name, self.group, self.name, qty, self.lease, acked, self.generation
+                stream.name, self.group, self.name, qty, self.lease, acked, self.generation, self.lease_only
             )
         )
         waiting = Waiting(duration(wait, "wait"), stream._listener.poll_interval)
         if waiting.done(found.messages):
             return found
-        query = sq.stream_read(stream.name, self.group, self.name, qty, self.lease, self.generation)
+        query = sq.stream_read(
+            stream.name, self.group, self.name, qty, self.lease, self.generation, self.lease_only
+        )
         subscription = await stream.listen(waiting.timeout())
         while not waiting.done((found := await executor.run(query)).messages):
             await subscription.wait(waiting.timeout())
@@ -292,7 +301,7 @@ class AsyncStreamConsumer:
         before the beat under an epoch it does not name (their partition was taken while the
         lease was over) cannot be acked: they are delivered again to the new owner."""
         return await self.stream._executor.run(
-            sq.stream_heartbeat(self.stream.name, self.group, self.name, self.lease)
+            sq.stream_heartbeat(self.stream.name, self.group, self.name, self.lease, self.lease_only)
         )
 
     async def release(self) -> int:

@@ -205,7 +205,13 @@ def _batch_query(name: str, stream: str, params: dict[str, Any]) -> Query[Stream
 
 
 def _consumer_params(
-    stream: str, group: str, consumer: str, qty: int, lease: int | float | timedelta, generation: int | None
+    stream: str,
+    group: str,
+    consumer: str,
+    qty: int,
+    lease: int | float | timedelta,
+    generation: int | None,
+    lease_only: bool,
 ) -> dict[str, Any]:
     if isinstance(qty, bool) or not isinstance(qty, int) or not 1 <= qty <= 100_000:
         raise InvalidArgument(f"qty must be an integer from 1 to 100000, got {qty!r}")
@@ -216,6 +222,7 @@ def _consumer_params(
         "qty": qty,
         "lease": _whole_seconds(lease, "lease"),
         "generation": generation,
+        "lease_only": lease_only,
     }
 
 
@@ -226,8 +233,9 @@ def stream_read(
     qty: int,
     lease: int | float | timedelta,
     generation: int | None,
+    lease_only: bool = False,
 ) -> Query[StreamBatch]:
-    params = _consumer_params(stream, group, consumer, qty, lease, generation)
+    params = _consumer_params(stream, group, consumer, qty, lease, generation, lease_only)
     return _batch_query("stream_read", stream, params)
 
 
@@ -253,9 +261,13 @@ def stream_consume(
     lease: int | float | timedelta,
     acked: StreamBatch | None,
     generation: int | None,
+    lease_only: bool = False,
 ) -> Query[StreamBatch]:
     """Ack ``acked`` (if any) and read the next batch, in one call."""
-    params = {**_consumer_params(stream, group, consumer, qty, lease, generation), **_ack_params(acked)}
+    params = {
+        **_consumer_params(stream, group, consumer, qty, lease, generation, lease_only),
+        **_ack_params(acked),
+    }
     return _batch_query("stream_consume", stream, params)
 
 
@@ -275,10 +287,16 @@ def stream_rewind(stream: str, group: str, consumer: str, generation: int | None
 
 
 def stream_heartbeat(
-    stream: str, group: str, consumer: str, lease: int | float | timedelta
+    stream: str, group: str, consumer: str, lease: int | float | timedelta, lease_only: bool = False
 ) -> Query[dict[int, int]]:
     """Decodes to {partition: epoch} of the partitions the consumer owns."""
-    params = {"stream": stream, "group": group, "consumer": consumer, "lease": _whole_seconds(lease, "lease")}
+    params = {
+        "stream": stream,
+        "group": group,
+        "consumer": consumer,
+        "lease": _whole_seconds(lease, "lease"),
+        "lease_only": lease_only,
+    }
     return Query(_named("stream_heartbeat"), params, _by_partition)
 
 

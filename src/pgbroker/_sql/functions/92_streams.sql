@@ -93,7 +93,12 @@
 -- its heartbeat since the server started, which each does at its first read
 -- after it. A pooler that hands one server session to many clients,
 -- or a pool that resets sessions (DISCARD ALL), makes the lock say less, and
--- the lease decides as before. Nothing rests on the lock for safety: a
+-- the lease decides as before. A caller whose sessions are shared by many
+-- consumers (the HTTP API's pool) reads with lease_only: it takes no lock,
+-- and its consumer is live by its lease alone. Its sessions took a lock for
+-- every consumer name they were ever given, and kept it: a key that may read
+-- one stream filled the server's shared lock table (every lock of every
+-- session of the cluster then failed) with reads under made-up names. Nothing rests on the lock for safety: a
 -- consumer judged dead wrongly loses its partitions' epochs (its acks are
 -- fenced off, its batch is delivered again) and takes its share back at its
 -- next read.
@@ -959,12 +964,13 @@ $$;
 
 -- Register a consumer, or renew its lease: lease_seconds from now.
 CREATE OR REPLACE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consumer text,
-                                       lease_seconds integer)
+                                       lease_seconds integer, lease_only boolean)
 RETURNS void LANGUAGE sql AS $$
-    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at)
-    VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now())
+    INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at,
+                                               lease_only)
+    VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now(), lease_only)
     ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at;
+        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at, lease_only = EXCLUDED.lease_only;
 $$;
 
 -- A consumer's share of a group's partitions: the live consumers, ordered by
@@ -975,15 +981,15 @@ RETURNS integer LANGUAGE sql IMMUTABLE AS $$
            + CASE WHEN array_position(live, consumer) - 1 < partitions % cardinality(live) THEN 1 ELSE 0 END;
 $$;
 
--- Mark this session as one of the consumer's (its liveness lock, shared), forget the group's
--- consumers whose sessions are all gone, renew the consumer's heartbeat (at most every half
+-- Mark this session as one of the consumer's (its liveness lock, shared; none for a lease_only
+-- consumer), forget the group's consumers whose sessions are all gone, renew the consumer's heartbeat (at most every half
 -- lease), then give up partitions beyond its share and take free ones up to it. Returns how
 -- many partitions beyond its share it still owns: those with something in flight, which
 -- cannot change hands yet (0 mostly). The caller reads what it owns, but for that many of the
 -- highest: a consumer reading ahead of its acks so lets them drain, and gives them up once
 -- acked.
 CREATE OR REPLACE FUNCTION pgbroker._stream_balance(s pgbroker.stream, group_name text, consumer text, lease_seconds integer,
-                                         generation bigint)
+                                         generation bigint, lease_only boolean)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     fresh boolean;
@@ -994,7 +1000,9 @@ DECLARE
     taken integer[];
 BEGIN
     -- Taken again on every read: a session's locks stack, and cost no shared memory more.
-    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
+    IF NOT lease_only THEN
+        PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(s.stream_name, group_name, consumer));
+    END IF;
     -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
     -- its process ended or lost its connections. Only those within their lease are tried (the
     -- others are not live anyway), and only those that renewed since the server started (a
@@ -1002,7 +1010,7 @@ BEGIN
     -- after it). The lock taken is held to the end of this transaction.
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
+      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time() AND NOT c.lease_only
       AND CASE WHEN c.consumer = _stream_balance.consumer THEN false
                WHEN pg_try_advisory_xact_lock(pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
                THEN NOT pgbroker._stream_consumer_held_here(
@@ -1010,7 +1018,8 @@ BEGIN
                ELSE false END;
 
     SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
-           bool_or(c.consumer = _stream_balance.consumer AND c.renewed_at > pg_postmaster_start_time()
+           bool_or(c.consumer = _stream_balance.consumer AND c.lease_only = _stream_balance.lease_only
+                   AND c.renewed_at > pg_postmaster_start_time()
                    AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
                    AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
     INTO live, fresh
@@ -1019,7 +1028,7 @@ BEGIN
     IF fresh IS NOT TRUE THEN
         -- A plain read first (above), because the upsert locks the consumer's row (a WAL
         -- record and a dirtied page) even when its WHERE leaves the row as it is.
-        PERFORM pgbroker._stream_renew(s.stream_name, group_name, consumer, lease_seconds);
+        PERFORM pgbroker._stream_renew(s.stream_name, group_name, consumer, lease_seconds, lease_only);
         IF NOT consumer = ANY (coalesce(live, '{}')) THEN
             live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
         END IF;
@@ -1114,16 +1123,19 @@ $$;
 -- epoch the answer does not name (a beat sent after the read) can never be
 -- acknowledged: its partition's acks are fenced off, its messages delivered
 -- again to the new owner, and what is left of it is best dropped.
+-- Arguments: lease_only, as for stream_read.
 -- Since: 0.2.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_heartbeat(stream_name text, group_name text, consumer text,
-                                          lease_seconds integer DEFAULT 30)
+                                          lease_seconds integer DEFAULT 30, lease_only boolean DEFAULT false)
 RETURNS TABLE (partition integer, epoch bigint) LANGUAGE plpgsql AS $$
 DECLARE
     g pgbroker.stream_group := pgbroker._stream_group_row(stream_name, group_name);
 BEGIN
     PERFORM pgbroker._stream_check_consumer(consumer, lease_seconds);
-    PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(g.stream_name, g.group_name, consumer));
-    PERFORM pgbroker._stream_renew(g.stream_name, g.group_name, consumer, lease_seconds);
+    IF NOT lease_only THEN
+        PERFORM pg_try_advisory_lock_shared(pgbroker._stream_consumer_key(g.stream_name, g.group_name, consumer));
+    END IF;
+    PERFORM pgbroker._stream_renew(g.stream_name, g.group_name, consumer, lease_seconds, lease_only);
     RETURN QUERY SELECT t.partition, t.epoch FROM pgbroker.stream_cursor t
                  WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name
                    AND t.owner = stream_heartbeat.consumer
@@ -1203,7 +1215,7 @@ $$;
 -- a read in two writes left two a partition a batch.
 CREATE OR REPLACE FUNCTION pgbroker._stream_read(stream_name text, group_name text, consumer text, qty integer,
                                       lease_seconds integer, ack_partitions integer[], ack_epochs bigint[],
-                                      ack_last_ids bigint[], generation bigint)
+                                      ack_last_ids bigint[], generation bigint, lease_only boolean)
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE plpgsql AS $$
@@ -1249,7 +1261,8 @@ BEGIN
     END IF;
     -- The ring, then rows (see "Positions").
     LOCK TABLE pgbroker.stream_position, pgbroker.stream_watermark IN ACCESS SHARE MODE;
-    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds, generation);
+    excess := pgbroker._stream_balance(s, g.group_name, consumer, lease_seconds, generation,
+                                       coalesce(lease_only, false));
     IF excess > 0 THEN
         leaving := ARRAY(SELECT c.partition FROM pgbroker.stream_cursor c
                          WHERE c.stream_name = s.stream_name AND c.group_name = g.group_name AND c.owner = consumer
@@ -1396,17 +1409,20 @@ $$;
 -- before acking (the next messages come); an ack settles everything up to
 -- the id it names.
 -- Arguments: generation, the consumer's, as its last rewind named it (see
---   "Generations"; 0.2.0); NULL names none.
+--   "Generations"; 0.2.0); NULL names none. lease_only (0.2.0): the consumer
+--   is live by its lease alone, and this session takes no liveness lock for
+--   it (see "Live"): for a caller whose sessions serve many consumers.
 -- Errors: PB022 when a partition it would move is marked with another
 --   generation; the read changes nothing.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_read(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
-                                     lease_seconds integer DEFAULT 30, generation bigint DEFAULT NULL)
+                                     lease_seconds integer DEFAULT 30, generation bigint DEFAULT NULL,
+                                     lease_only boolean DEFAULT false)
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE sql AS $$
     SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds, NULL, NULL, NULL,
-                                        generation);
+                                        generation, lease_only);
 $$;
 
 -- Acknowledge batches: for each (partition, epoch, last id) the consumer
@@ -1514,14 +1530,14 @@ $$;
 -- row is written once, with the ack and the read together (_stream_read),
 -- unless the consumer may own more than its share: it gives partitions back
 -- only when they have nothing in flight, so then the ack goes first.
--- Arguments: generation, as for stream_read (0.2.0).
+-- Arguments: generation and lease_only, as for stream_read (0.2.0).
 -- Errors: PB022 as for stream_read; the call acks nothing then either.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_consume(stream_name text, group_name text, consumer text, qty integer DEFAULT 100,
                                         lease_seconds integer DEFAULT 30, partitions integer[] DEFAULT NULL,
                                         epochs bigint[] DEFAULT NULL, last_ids bigint[] DEFAULT NULL,
                                         failed_ids bigint[] DEFAULT NULL, errors text[] DEFAULT NULL,
-                                        generation bigint DEFAULT NULL)
+                                        generation bigint DEFAULT NULL, lease_only boolean DEFAULT false)
 RETURNS TABLE (partition integer, id bigint, epoch bigint, key text, enqueued_at timestamptz,
                headers jsonb, message jsonb)
 LANGUAGE plpgsql AS $$
@@ -1532,7 +1548,7 @@ DECLARE
 BEGIN
     IF coalesce(cardinality(partitions), 0) = 0 THEN
         RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                        NULL, NULL, NULL, generation);
+                                                        NULL, NULL, NULL, generation, lease_only);
         RETURN;
     END IF;
     g := pgbroker._stream_group_row(stream_name, group_name);
@@ -1550,12 +1566,12 @@ BEGIN
         PERFORM pgbroker.stream_ack(stream_name, group_name, consumer, partitions, epochs, last_ids,
                                     failed_ids, errors);
         RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                        NULL, NULL, NULL, generation);
+                                                        NULL, NULL, NULL, generation, lease_only);
         RETURN;
     END IF;
     PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
     RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
-                                                    partitions, epochs, last_ids, generation);
+                                                    partitions, epochs, last_ids, generation, lease_only);
 END;
 $$;
 

@@ -56,7 +56,7 @@ FROM pgbroker.stream_lag(%(stream)s)
 -- Read a group's next messages, under the consumer's generation.
 SELECT partition, id, epoch, key, enqueued_at, headers, message
 FROM pgbroker.stream_read(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
-                          %(lease)s::integer, %(generation)s::bigint)
+                          %(lease)s::integer, %(generation)s::bigint, %(lease_only)s::boolean)
 
 -- name: stream_consume
 -- Claim the next batch of a group's messages.
@@ -64,7 +64,7 @@ SELECT partition, id, epoch, key, enqueued_at, headers, message
 FROM pgbroker.stream_consume(%(stream)s::text, %(group)s::text, %(consumer)s::text, %(qty)s::integer,
                              %(lease)s::integer, %(partitions)s::integer[],
                              %(epochs)s::bigint[], %(last_ids)s::bigint[], %(failed_ids)s::bigint[],
-                             %(errors)s::text[], %(generation)s::bigint)
+                             %(errors)s::text[], %(generation)s::bigint, %(lease_only)s::boolean)
 
 -- name: stream_ack
 -- Ack a group's claimed messages.
@@ -79,7 +79,8 @@ SELECT pgbroker.stream_release(%(stream)s, %(group)s, %(consumer)s)
 
 -- name: stream_heartbeat
 -- Renew a consumer's lease between reads; the partitions it owns, with their epochs.
-SELECT partition, epoch FROM pgbroker.stream_heartbeat(%(stream)s, %(group)s, %(consumer)s, %(lease)s)
+SELECT partition, epoch
+FROM pgbroker.stream_heartbeat(%(stream)s, %(group)s, %(consumer)s, %(lease)s, %(lease_only)s::boolean)
 
 -- name: stream_rewind
 -- Hand out again what a consumer read and did not ack, under its new generation.

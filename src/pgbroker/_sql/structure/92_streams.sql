@@ -83,6 +83,8 @@ CREATE TABLE pgbroker.stream_consumer (
     consumer text NOT NULL,
     expires_at timestamptz NOT NULL,
     renewed_at timestamptz NOT NULL,
+    -- Live by its lease alone: no session holds a liveness lock for it (functions/92_streams.sql, "Live").
+    lease_only boolean NOT NULL DEFAULT false,
     PRIMARY KEY (stream_name, group_name, consumer),
     FOREIGN KEY (stream_name, group_name) REFERENCES pgbroker.stream_group ON DELETE CASCADE
 ) WITH (fillfactor = 30);

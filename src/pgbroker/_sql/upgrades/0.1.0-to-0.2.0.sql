@@ -204,3 +204,18 @@ DROP FUNCTION IF EXISTS pgbroker.stream_consume(text, text, text, integer, integ
                                                 bigint[], text[]);
 DROP FUNCTION IF EXISTS pgbroker.stream_rewind(text, text, text);
 DROP FUNCTION IF EXISTS pgbroker._stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[]);
+
+-- Lease-only consumers (functions/92_streams.sql, "Live"): a caller whose
+-- sessions serve many consumers (the HTTP API's pool) takes no liveness lock,
+-- whose sessions kept one for every consumer name they were given until the
+-- server's lock table was full. stream_read, stream_consume and
+-- stream_heartbeat take lease_only.
+ALTER TABLE pgbroker.stream_consumer ADD COLUMN lease_only boolean NOT NULL DEFAULT false;
+DROP FUNCTION IF EXISTS pgbroker.stream_read(text, text, text, integer, integer, bigint);
+DROP FUNCTION IF EXISTS pgbroker.stream_consume(text, text, text, integer, integer, integer[], bigint[], bigint[],
+                                                bigint[], text[], bigint);
+DROP FUNCTION IF EXISTS pgbroker.stream_heartbeat(text, text, text, integer);
+DROP FUNCTION IF EXISTS pgbroker._stream_read(text, text, text, integer, integer, integer[], bigint[], bigint[],
+                                              bigint);
+DROP FUNCTION IF EXISTS pgbroker._stream_balance(pgbroker.stream, text, text, integer, bigint);
+DROP FUNCTION IF EXISTS pgbroker._stream_renew(text, text, text, integer);

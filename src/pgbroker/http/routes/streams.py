@@ -171,8 +171,12 @@ async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
 )
 async def stream_read(call: Call, body: StreamRead) -> StreamBatch:
     stream = _stream(call, "read")
-    # A consumer object per request: it names no generation, so no rewind of its fences a read.
-    consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds, fenced=False)
+    # A consumer object per request: it names no generation, so no rewind of its fences a read. Live
+    # by its lease: a pooled session holding a lock for every consumer name it was given filled the
+    # server's lock table.
+    consumer = stream.consumer(
+        _group(call), name=body.consumer, lease=body.lease_seconds, fenced=False, lease_only=True
+    )
     batch = await consumer.read(body.qty, wait=body.wait)
     return StreamBatch(messages=batch.messages)
 
@@ -203,7 +207,7 @@ async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
 )
 async def stream_heartbeat(call: Call, body: StreamHeartbeat) -> HeartbeatAnswer:
     stream = _stream(call, "read")
-    consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds)
+    consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds, lease_only=True)
     owned = await consumer.heartbeat()
     return HeartbeatAnswer(
         partitions=[OwnedPartition(partition=p, epoch=e) for p, e in sorted(owned.items())]

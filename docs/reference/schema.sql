@@ -4506,10 +4506,10 @@ CREATE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consum
 $$;
 
 --
--- Name: _stream_retry_failed(pgbroker.stream_group, text, integer[], bigint[], bigint[], text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _stream_retry_failed(pgbroker.stream_group, text, integer[], bigint[], bigint[], bigint[], text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._stream_retry_failed(g pgbroker.stream_group, consumer text, partitions integer[], last_ids bigint[], failed_ids bigint[], errors text[]) RETURNS void
+CREATE FUNCTION pgbroker._stream_retry_failed(g pgbroker.stream_group, consumer text, partitions integer[], epochs bigint[], last_ids bigint[], failed_ids bigint[], errors text[]) RETURNS void
     LANGUAGE plpgsql
     AS $_$
 DECLARE
@@ -4521,6 +4521,7 @@ BEGIN
         RETURN;
     END IF;
     p := pgbroker.policy(g.retry_queue);
+    LOCK TABLE pgbroker.stream_position IN ACCESS SHARE MODE;  -- the ring (see "Positions")
     EXECUTE format(
         $Q$
         SELECT array_agg(l.message ORDER BY l.id) AS msgs,
@@ -4529,17 +4530,24 @@ BEGIN
                                       'id', l.id, 'key', l.key, 'enqueued_at', l.enqueued_at,
                                       'error', left(coalesce(f.error, 'failed (no error given)'), 2000)))
                          ORDER BY l.id) AS hdrs
-        FROM unnest($1::bigint[], CASE WHEN cardinality($2::text[]) = 1
-                                       THEN array_fill(($2::text[])[1], ARRAY[cardinality($1::bigint[])])
-                                       ELSE $2::text[] END) AS f(id, error)
+        FROM (SELECT DISTINCT ON (u.id) u.id, u.error
+              FROM unnest($1::bigint[], CASE WHEN cardinality($2::text[]) = 1
+                                             THEN array_fill(($2::text[])[1], ARRAY[cardinality($1::bigint[])])
+                                             ELSE $2::text[] END) WITH ORDINALITY AS u(id, error, n)
+              ORDER BY u.id, u.n) f
         JOIN pgbroker.%I l ON l.id = f.id
-        JOIN unnest($3::integer[], $4::bigint[]) AS a(partition, last_id)
-          ON a.partition = l.partition AND l.id <= a.last_id
-        WHERE EXISTS (SELECT 1 FROM pgbroker.stream_cursor t
-                      WHERE t.stream_name = $5 AND t.group_name = $6 AND t.partition = l.partition
-                        AND t.owner = $7)
+        JOIN (SELECT DISTINCT ON (a.partition) a.partition, q.acked_id AS after_id,
+                     least(a.last_id, q.delivered_id) AS last_id
+              FROM unnest($3::integer[], $8::bigint[], $4::bigint[]) AS a(partition, epoch, last_id)
+              JOIN pgbroker.stream_cursor t
+                ON t.stream_name = $5 AND t.group_name = $6 AND t.partition = a.partition AND t.owner = $7
+               AND t.epoch = a.epoch
+              JOIN pgbroker._stream_positions($5, $6, ARRAY[a.partition]) q ON true
+              ORDER BY a.partition, a.last_id DESC) r
+          ON r.partition = l.partition AND l.id > r.after_id AND l.id <= r.last_id
         $Q$, 's_' || g.stream_name)
-        INTO acked_ranges USING failed_ids, errors, partitions, last_ids, g.stream_name, g.group_name, consumer;
+        INTO acked_ranges
+        USING failed_ids, errors, partitions, last_ids, g.stream_name, g.group_name, consumer, epochs;
     IF acked_ranges.msgs IS NULL THEN
         RETURN;
     END IF;
@@ -7664,6 +7672,8 @@ BEGIN
           JOIN unnest(partitions, epochs) AS w(partition, epoch) ON w.partition = t.partition AND w.epoch = t.epoch
           WHERE t.stream_name = g.stream_name AND t.group_name = g.group_name AND t.owner = stream_ack.consumer
           ORDER BY t.partition FOR UPDATE OF t) x;
+    -- The failures first: the ranges they may be in start at the positions before this ack.
+    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, epochs, last_ids, failed_ids, errors);
     SELECT array_agg(m.partition ORDER BY m.partition), array_agg(m.acked_id ORDER BY m.partition),
            array_agg(m.delivered_id ORDER BY m.partition)
     INTO moved, new_acked, delivered
@@ -7680,8 +7690,6 @@ BEGIN
     RETURN QUERY
     SELECT w.partition, coalesce(w.partition = ANY (held), false)
     FROM unnest(partitions) AS w(partition) ORDER BY w.partition;
-
-    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
 END;
 $$;
 
@@ -7720,7 +7728,7 @@ BEGIN
                                                         NULL, NULL, NULL, generation, lease_only);
         RETURN;
     END IF;
-    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, last_ids, failed_ids, errors);
+    PERFORM pgbroker._stream_retry_failed(g, consumer, partitions, epochs, last_ids, failed_ids, errors);
     RETURN QUERY SELECT * FROM pgbroker._stream_read(stream_name, group_name, consumer, qty, lease_seconds,
                                                     partitions, epochs, last_ids, generation, lease_only);
 END;

@@ -578,6 +578,45 @@ def test_a_producer_cannot_poison_a_streams_acks(users: dict[str, str], conn: Co
     assert conn.execute("SELECT count(*) FROM pgmq.q_clicks_g_retry").fetchone() == (2,)
 
 
+def test_a_consumer_cannot_copy_a_stream_to_its_retry_queue_at_will(
+    users: dict[str, str], conn: Conn
+) -> None:
+    # The failed ids of an ack were copied to the group's retry queue if they were at or below the
+    # ack's last id in a partition the consumer owned: any message ever sent, acked long ago or
+    # not, as often as it was named. A consumer (an HTTP key that may read the stream) wrote a
+    # megabyte message into the retry queue a thousand times a request, repeating the ack.
+    conn.execute("SELECT pgbroker.create_stream('clicks', 1)")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
+    send(conn, "clicks", [{"n": n} for n in range(4)])
+    retried = (
+        "SELECT array_agg((headers -> 'x-pgbroker-stream' ->> 'id')::int ORDER BY msg_id)"
+        " FROM pgmq.q_clicks_g_retry"
+    )
+    with psycopg.connect(users["consumer"], autocommit=True) as consumer:
+        first = read(consumer, "clicks", "g", "a", qty=2)
+        assert first.ids == [1, 2]
+        ack(consumer, "clicks", "g", "a", first, failed=[2])
+        second = read(consumer, "clicks", "g", "a", qty=1)
+        assert second.ids == [3]
+        # Named twice, acked before (1, 2), not delivered yet (4), beyond the ack (3 at last id 2).
+        parts, epochs, _ = second.ack_args()
+        consumer.execute(
+            "SELECT * FROM pgbroker.stream_ack('clicks', 'g', 'a', %s, %s, %s, %s)",
+            (parts, epochs, [4], [3, 3, 1, 2, 4]),
+        ).fetchall()
+        # Again, the same ack: it settles nothing more.
+        consumer.execute(
+            "SELECT * FROM pgbroker.stream_ack('clicks', 'g', 'a', %s, %s, %s, %s)",
+            (parts, epochs, [4], [3, 3, 1, 2, 4]),
+        ).fetchall()
+        # And through stream_consume, which acks and reads in one call.
+        consumer.execute(
+            "SELECT * FROM pgbroker.stream_consume('clicks', 'g', 'a', 1, 30, %s, %s, %s, %s)",
+            (parts, epochs, [4], [1, 2, 3, 3]),
+        ).fetchall()
+    assert conn.execute(retried).fetchone() == ([2, 3],)
+
+
 def test_a_hostile_session_cannot_hold_a_queue_head_back(users: dict[str, str], conn: Conn) -> None:
     # The same for a queue: the advance of where its reads start once took turns on an advisory
     # lock, which an outsider could hold for good; ready_from then stayed behind every message

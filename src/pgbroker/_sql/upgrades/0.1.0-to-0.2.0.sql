@@ -219,3 +219,9 @@ DROP FUNCTION IF EXISTS pgbroker._stream_read(text, text, text, integer, integer
                                               bigint);
 DROP FUNCTION IF EXISTS pgbroker._stream_balance(pgbroker.stream, text, text, integer, bigint);
 DROP FUNCTION IF EXISTS pgbroker._stream_renew(text, text, text, integer);
+
+-- A stream ack's failures (functions/92_streams.sql, _stream_retry_failed):
+-- only those of the ranges the ack settles are copied to the retry queue,
+-- each once; the epochs come along to say which ranges those are.
+DROP FUNCTION IF EXISTS pgbroker._stream_retry_failed(pgbroker.stream_group, text, integer[], bigint[], bigint[],
+                                                      text[]);

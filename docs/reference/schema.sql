@@ -6783,8 +6783,17 @@ BEGIN
                        true);
     FOREACH name IN ARRAY names LOOP
         -- The queue's turn (pgbroker._queue_turn) on its row alone: a queue
-        -- dropped meanwhile has none, and is skipped.
-        PERFORM FROM pgmq.meta m WHERE m.queue_name = name FOR NO KEY UPDATE;
+        -- dropped meanwhile has none, and is skipped. A queue whose turn is
+        -- not had within lock_timeout waits for a later run, and the others go
+        -- on: a consumer's set_vt takes the turn to the end of its transaction,
+        -- which it may keep open, and that failed every queue's upkeep.
+        BEGIN
+            PERFORM FROM pgmq.meta m WHERE m.queue_name = name FOR NO KEY UPDATE;
+        EXCEPTION WHEN lock_not_available THEN
+            RETURN QUERY SELECT name, 'pgmq.meta'::text, 'deferred'::text,
+                format('queue busy: its turn not had within %s ms; maintained at a later run', lock_timeout_ms);
+            CONTINUE;
+        END;
         CONTINUE WHEN NOT FOUND;
         FOREACH table_name IN ARRAY ARRAY[lower('q_' || name), lower('a_' || name)] LOOP
             was := pgbroker._partition_names(format('pgmq.%I', table_name)::regclass);

@@ -684,6 +684,29 @@ def test_a_hostile_session_cannot_hold_up_the_changes_of_a_queue(users: dict[str
         assert conn.execute("SELECT pgmq.drop_queue('kept')").fetchone() == (True,)
 
 
+def test_a_consumer_holding_its_queue_back_holds_no_other_queues_upkeep_back(
+    users: dict[str, str], pconn: Conn
+) -> None:
+    # A consumer's set_vt takes its queue's turn (the queue's row of pgmq.meta) to the end of its
+    # transaction, which the consumer may keep open. The upkeep of every partitioned queue at once
+    # waited for that row within its lock_timeout, then failed whole: no queue had its partitions
+    # made ahead while one consumer of one queue sat in a transaction.
+    for name in ("busy", "other"):
+        pconn.execute("SELECT pgmq.create_partitioned(%s, '10', '100000', 2)", [name])
+    pconn.execute("SELECT pgmq.send_batch('busy', ARRAY['{}'::jsonb])")
+    pconn.execute("SELECT pgmq.send_batch('other', array_fill('{}'::jsonb, ARRAY[45]))")
+    partitions = "SELECT count(*) FROM pg_inherits WHERE inhparent = 'pgmq.q_other'::regclass"
+    before = pconn.execute(partitions).fetchone()
+    with psycopg.connect(users["consumer"]) as consumer:  # a transaction left open
+        consumer.execute("SELECT pgmq.set_vt('busy', 1, 30)")
+        rows = pconn.execute("SELECT queue, action FROM pgbroker.run_maintenance(NULL, 100)").fetchall()
+    assert ("busy", "deferred") in rows
+    after = pconn.execute(partitions).fetchone()
+    assert before is not None
+    assert after is not None
+    assert after[0] > before[0]
+
+
 def test_a_hostile_session_cannot_hold_up_the_changes_of_a_stream(users: dict[str, str], conn: Conn) -> None:
     # As for queues: a stream's changes took turns on an advisory lock keyed by its name, and an
     # outsider holding it held up every service that makes its stream and group at start.

@@ -5127,6 +5127,14 @@ CREATE FUNCTION pgbroker._worker_stale_after() RETURNS interval
     AS $$ SELECT interval '1 minute' $$;
 
 --
+-- Name: _workers_per_queue(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._workers_per_queue() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 1000 $$;
+
+--
 -- Name: _write_routes(); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -8158,12 +8166,14 @@ CREATE FUNCTION pgbroker.worker_heartbeat(queue_name text, worker_id uuid, host 
     AS $$
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
+    registered boolean;
 BEGIN
     -- The panel's rows are a consumer's to write: of a queue there is, with a host no longer
-    -- than a hostname (253), not text that fills the table at will.
+    -- than a hostname (253), not text that fills the table at will, nor rows without end.
     PERFORM pgbroker._table(queue_name);
     PERFORM pgbroker._check_arg(length(host) <= 255, 'host must be given, at most 255 characters',
         'Pass the worker''s hostname.');
+    PERFORM pgbroker._forget_stale_workers();
     INSERT INTO pgbroker.queue_workers AS w
     VALUES (worker_id, queue_name, host, pid, concurrency, now(), now(), in_flight, completed, retried,
             dead_lettered)
@@ -8172,8 +8182,15 @@ BEGIN
             completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered
         -- Only a row of the queue this call was authorized for: a worker of another queue is
         -- not the caller's to renew, whatever id it gives.
-        WHERE w.queue_name = excluded.queue_name;
-    PERFORM pgbroker._forget_stale_workers();
+        WHERE w.queue_name = excluded.queue_name
+    RETURNING w.xmax = 0 INTO registered;  -- (a new row: no updater)
+    IF registered THEN
+        PERFORM pgbroker._check_arg(
+            (SELECT count(*) FROM pgbroker.queue_workers k
+             WHERE lower(k.queue_name) = lower(worker_heartbeat.queue_name)) <= pgbroker._workers_per_queue(),
+            format('queue "%s" has %s workers registered already', queue_name, pgbroker._workers_per_queue()),
+            'Stop workers, or wait a minute for the rows of those that died to go.');
+    END IF;
 END;
 $$;
 

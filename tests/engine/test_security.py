@@ -707,6 +707,24 @@ def test_a_consumer_holding_its_queue_back_holds_no_other_queues_upkeep_back(
     assert after[0] > before[0]
 
 
+def test_a_consumer_cannot_fill_the_workers_panel(users: dict[str, str], conn: Conn) -> None:
+    # A consumer registers its queue's workers (pgbroker.worker_heartbeat), one row each for a
+    # minute. Nothing bounded them: one statement registered a million made-up workers, and every
+    # look at the panel (pgbroker.queue_workers, the API's /v1/workers, whichever queues its key
+    # sees) read them all. A queue has at most 1,000 workers registered at once.
+    conn.execute("SELECT pgmq.create('jobs')")
+    beat = "SELECT count(pgbroker.worker_heartbeat('jobs', gen_random_uuid(), 'h', 1, 1, 0, 0, 0, 0))"
+    with psycopg.connect(users["consumer"], autocommit=True) as consumer:
+        consumer.execute(f"{beat} FROM generate_series(1, 1000)".encode())
+        with refused("PB007"):
+            consumer.execute(f"{beat} FROM generate_series(1, 5)".encode())
+        # The workers there renew their rows as before.
+        worker = conn.execute("SELECT worker_id FROM pgbroker.queue_workers LIMIT 1").fetchone()
+        assert worker is not None
+        consumer.execute("SELECT pgbroker.worker_heartbeat('jobs', %s, 'h', 1, 1, 0, 0, 0, 0)", worker)
+    assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (1000,)
+
+
 def test_a_hostile_session_cannot_hold_up_the_changes_of_a_stream(users: dict[str, str], conn: Conn) -> None:
     # As for queues: a stream's changes took turns on an advisory lock keyed by its name, and an
     # outsider holding it held up every service that makes its stream and group at start.

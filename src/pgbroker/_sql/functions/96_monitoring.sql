@@ -125,6 +125,11 @@ $$;
 CREATE OR REPLACE FUNCTION pgbroker._worker_stale_after()
 RETURNS interval LANGUAGE sql IMMUTABLE AS $$ SELECT interval '1 minute' $$;
 
+-- How many workers a queue has registered at once, at most: the panel is read whole, and a
+-- consumer registering made-up workers without end filled it.
+CREATE OR REPLACE FUNCTION pgbroker._workers_per_queue()
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 1000 $$;
+
 CREATE OR REPLACE FUNCTION pgbroker._forget_stale_workers()
 RETURNS void LANGUAGE sql AS $$
     DELETE FROM pgbroker.queue_workers w WHERE w.heartbeat_at < now() - pgbroker._worker_stale_after();
@@ -134,6 +139,7 @@ $$;
 -- messages it holds now and what it has done since it started. A worker
 -- beats well within a minute; its row is deleted a minute after its last
 -- beat.
+-- Errors: PB007 for a new worker of a queue that has 1,000 registered.
 -- Since: 0.2.0
 CREATE OR REPLACE FUNCTION pgbroker.worker_heartbeat(
     queue_name text, worker_id uuid, host text, pid integer, concurrency integer,
@@ -141,12 +147,14 @@ CREATE OR REPLACE FUNCTION pgbroker.worker_heartbeat(
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
+    registered boolean;
 BEGIN
     -- The panel's rows are a consumer's to write: of a queue there is, with a host no longer
-    -- than a hostname (253), not text that fills the table at will.
+    -- than a hostname (253), not text that fills the table at will, nor rows without end.
     PERFORM pgbroker._table(queue_name);
     PERFORM pgbroker._check_arg(length(host) <= 255, 'host must be given, at most 255 characters',
         'Pass the worker''s hostname.');
+    PERFORM pgbroker._forget_stale_workers();
     INSERT INTO pgbroker.queue_workers AS w
     VALUES (worker_id, queue_name, host, pid, concurrency, now(), now(), in_flight, completed, retried,
             dead_lettered)
@@ -155,8 +163,15 @@ BEGIN
             completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered
         -- Only a row of the queue this call was authorized for: a worker of another queue is
         -- not the caller's to renew, whatever id it gives.
-        WHERE w.queue_name = excluded.queue_name;
-    PERFORM pgbroker._forget_stale_workers();
+        WHERE w.queue_name = excluded.queue_name
+    RETURNING w.xmax = 0 INTO registered;  -- (a new row: no updater)
+    IF registered THEN
+        PERFORM pgbroker._check_arg(
+            (SELECT count(*) FROM pgbroker.queue_workers k
+             WHERE lower(k.queue_name) = lower(worker_heartbeat.queue_name)) <= pgbroker._workers_per_queue(),
+            format('queue "%s" has %s workers registered already', queue_name, pgbroker._workers_per_queue()),
+            'Stop workers, or wait a minute for the rows of those that died to go.');
+    END IF;
 END;
 $$;
 

@@ -5528,6 +5528,9 @@ BEGIN
         format('published has %s entries for %s receipts',
                coalesce(cardinality(published), 0), coalesce(cardinality(receipts), 0)),
         'Give one publish record per receipt.');
+    -- Within the size limit of a message: the archive keeps the record, and a consumer's acks
+    -- must not write there more than a producer's sends may.
+    PERFORM pgbroker._check_message_size((SELECT coalesce(max(pg_column_size(r)), 0) FROM unnest(published) r));
     IF (pgbroker.policy(queue_name)).ack_mode = 'delete' THEN
         RETURN QUERY SELECT pgbroker.ack(queue_name, receipts, false);
         RETURN;

@@ -707,6 +707,29 @@ def test_a_consumer_holding_its_queue_back_holds_no_other_queues_upkeep_back(
     assert after[0] > before[0]
 
 
+def test_a_consumer_cannot_archive_a_publish_record_past_the_size_limit(
+    users: dict[str, str], conn: Conn
+) -> None:
+    # pgbroker.ack_published (an outbound bridge's ack) writes the consumer's publish record into
+    # the archived message's headers, and nothing bounded it: a consumer wrote as much as it liked
+    # into the archive with every message it acked, past the limit every send is held to.
+    conn.execute("SELECT pgmq.create('outbox')")
+    conn.execute("SELECT pgmq.send('outbox', '{}')")
+    hostile = (
+        "SELECT pgbroker.ack_published('outbox', %s, ARRAY[jsonb_build_object('r', repeat('x', 1100000))])"
+    )
+    with psycopg.connect(users["consumer"], autocommit=True) as consumer:
+        row = consumer.execute("SELECT receipt FROM pgbroker.read('outbox', 30, 1)").fetchone()
+        assert row is not None
+        with refused("PB005"):
+            consumer.execute(hostile, [[row[0]]])
+        acked = consumer.execute(
+            "SELECT pgbroker.ack_published('outbox', %s, ARRAY[jsonb_build_object('routing_key', 'k')])",
+            [[row[0]]],
+        ).fetchall()
+    assert acked == [(1,)]
+
+
 def test_a_consumer_cannot_fill_the_workers_panel(users: dict[str, str], conn: Conn) -> None:
     # A consumer registers its queue's workers (pgbroker.worker_heartbeat), one row each for a
     # minute. Nothing bounded them: one statement registered a million made-up workers, and every

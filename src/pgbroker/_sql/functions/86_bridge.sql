@@ -20,6 +20,7 @@
 -- receipts[n]); returns the msg_ids whose receipts still held, as
 -- pgbroker.ack does. Stale receipts change nothing: the caller's lease ran
 -- out, so another bridge may publish that message again.
+-- Errors: PB005 for a publish record over the size limit of a message.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.ack_published(queue_name text, receipts text[], published jsonb[])
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
@@ -32,6 +33,9 @@ BEGIN
         format('published has %s entries for %s receipts',
                coalesce(cardinality(published), 0), coalesce(cardinality(receipts), 0)),
         'Give one publish record per receipt.');
+    -- Within the size limit of a message: the archive keeps the record, and a consumer's acks
+    -- must not write there more than a producer's sends may.
+    PERFORM pgbroker._check_message_size((SELECT coalesce(max(pg_column_size(r)), 0) FROM unnest(published) r));
     IF (pgbroker.policy(queue_name)).ack_mode = 'delete' THEN
         RETURN QUERY SELECT pgbroker.ack(queue_name, receipts, false);
         RETURN;

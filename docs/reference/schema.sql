@@ -3880,8 +3880,10 @@ BEGIN
     -- after it). The lock taken is held to the end of this transaction.
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time() AND NOT c.lease_only
-      AND CASE WHEN c.consumer = _stream_balance.consumer THEN false
+      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
+      -- (In the CASE, which keeps its order: a lease_only consumer's lock is never tried, and
+      -- costs no entry of the lock table.)
+      AND CASE WHEN c.consumer = _stream_balance.consumer OR c.lease_only THEN false
                WHEN pg_try_advisory_xact_lock(pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))
                THEN NOT pgbroker._stream_consumer_held_here(
                    pgbroker._stream_consumer_key(s.stream_name, c.group_name, c.consumer))

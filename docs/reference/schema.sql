@@ -4082,6 +4082,14 @@ CREATE FUNCTION pgbroker._stream_consumer_key(stream_name text, group_name text,
 $$;
 
 --
+-- Name: _stream_consumers_per_group(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_consumers_per_group() RETURNS integer
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT 1000 $$;
+
+--
 -- Name: _stream_functions_refresh(); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -4498,13 +4506,27 @@ $_$;
 --
 
 CREATE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consumer text, lease_seconds integer, lease_only boolean) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+DECLARE
+    registered boolean;
+BEGIN
     INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at,
                                                lease_only)
     VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now(), lease_only)
     ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at, lease_only = EXCLUDED.lease_only;
+        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at, lease_only = EXCLUDED.lease_only
+    RETURNING c.xmax = 0 INTO registered;  -- (a new row: no updater)
+    IF registered THEN
+        PERFORM pgbroker._check_arg(
+            (SELECT count(*) FROM pgbroker.stream_consumer k
+             WHERE k.stream_name = _stream_renew.stream_name AND k.group_name = _stream_renew.group_name
+               AND k.expires_at > now()) <= pgbroker._stream_consumers_per_group(),
+            format('group "%s" of stream "%s" has %s live consumers already', group_name, stream_name,
+                   pgbroker._stream_consumers_per_group()),
+            'A group shares at most 256 partitions: give each process one consumer name, and reuse it.');
+    END IF;
+END;
 $$;
 
 --

@@ -730,6 +730,28 @@ def test_a_consumer_cannot_archive_a_publish_record_past_the_size_limit(
     assert acked == [(1,)]
 
 
+def test_a_consumer_cannot_register_a_groups_consumers_without_end(
+    users: dict[str, str], conn: Conn
+) -> None:
+    # Every read or beat under a new consumer name registered a member of the group, live for its
+    # lease (up to a day), with nothing bounding them: an HTTP key that may read a stream made
+    # members by the million, which every read of the group aggregated and every look at the
+    # workers panel (/v1/workers, whatever streams its key sees) read. A group has at most 1,000.
+    conn.execute("SELECT pgbroker.create_stream('clicks', 2)")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
+    beat = (
+        "SELECT count(*) FROM generate_series(1, %s) i,"
+        " pgbroker.stream_heartbeat('clicks', 'g', %s || i, 3600, true)"
+    )
+    with psycopg.connect(users["consumer"], autocommit=True) as consumer:
+        consumer.execute(beat, (1000, "c"))
+        for call in (beat, beat.replace("stream_heartbeat", "stream_read").replace("3600", "1, 3600, NULL")):
+            with refused("PB007"):
+                consumer.execute(call, (1, "d"))
+        consumer.execute(beat, (1000, "c"))  # the members there renew as before
+    assert conn.execute("SELECT count(*) FROM pgbroker.stream_consumer").fetchone() == (1000,)
+
+
 def test_a_consumer_cannot_fill_the_workers_panel(users: dict[str, str], conn: Conn) -> None:
     # A consumer registers its queue's workers (pgbroker.worker_heartbeat), one row each for a
     # minute. Nothing bounded them: one statement registered a million made-up workers, and every

@@ -962,15 +962,36 @@ BEGIN
 END;
 $$;
 
--- Register a consumer, or renew its lease: lease_seconds from now.
+-- How many live consumers a group has at once, at most: far more than its partitions (at most
+-- 256), and every read of the group looks at them all. Nothing bounded them: an HTTP key that
+-- may read a stream registered members by the million under made-up names.
+CREATE OR REPLACE FUNCTION pgbroker._stream_consumers_per_group()
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$ SELECT 1000 $$;
+
+-- Register a consumer, or renew its lease: lease_seconds from now. A new one
+-- of a group that has as many live consumers as it may is refused (PB007).
 CREATE OR REPLACE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consumer text,
                                        lease_seconds integer, lease_only boolean)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    registered boolean;
+BEGIN
     INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at,
                                                lease_only)
     VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now(), lease_only)
     ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at, lease_only = EXCLUDED.lease_only;
+        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at, lease_only = EXCLUDED.lease_only
+    RETURNING c.xmax = 0 INTO registered;  -- (a new row: no updater)
+    IF registered THEN
+        PERFORM pgbroker._check_arg(
+            (SELECT count(*) FROM pgbroker.stream_consumer k
+             WHERE k.stream_name = _stream_renew.stream_name AND k.group_name = _stream_renew.group_name
+               AND k.expires_at > now()) <= pgbroker._stream_consumers_per_group(),
+            format('group "%s" of stream "%s" has %s live consumers already', group_name, stream_name,
+                   pgbroker._stream_consumers_per_group()),
+            'A group shares at most 256 partitions: give each process one consumer name, and reuse it.');
+    END IF;
+END;
 $$;
 
 -- A consumer's share of a group's partitions: the live consumers, ordered by

@@ -730,9 +730,7 @@ def test_a_consumer_cannot_archive_a_publish_record_past_the_size_limit(
     assert acked == [(1,)]
 
 
-def test_a_consumer_cannot_register_a_groups_consumers_without_end(
-    users: dict[str, str], conn: Conn
-) -> None:
+def test_a_consumer_cannot_register_a_groups_consumers_without_end(users: dict[str, str], conn: Conn) -> None:
     # Every read or beat under a new consumer name registered a member of the group, live for its
     # lease (up to a day), with nothing bounding them: an HTTP key that may read a stream made
     # members by the million, which every read of the group aggregated and every look at the

@@ -348,6 +348,17 @@ def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:
     )
 
 
+def test_an_app_without_handlers_is_a_usage_error_before_any_start_up_line(
+    dsn: str, jobs: Queue, tmp_path: Path
+) -> None:
+    # It printed "worker started: ... consuming  from ..." (nothing named), then
+    # "no workers to run" with a hint for the Python API ("pass a Worker").
+    (tmp_path / "shop_jobs.py").write_text("from pgbroker import App\napp = App()\n")
+    res = cli(dsn, "worker", "shop_jobs:app", cwd=tmp_path)
+    assert_error(res, 2, "shop_jobs:app has no handlers", '@app.handler("QUEUE")')
+    assert "worker started" not in res.stderr
+
+
 @pytest.mark.parametrize(
     ("source", "error", "line"),
     [

@@ -164,7 +164,15 @@ def _workers(args: argparse.Namespace) -> Sequence[Worker | StreamWorker]:
         options["max_deliveries"] = None
     if isinstance(target, App):
         streams = [] if args.queue else target.stream_workers()  # --queue names queues only
-        return [*target.workers(args.queue or None, **options), *streams]
+        workers: list[Worker | StreamWorker] = [*target.workers(args.queue or None, **options), *streams]
+        if not workers:  # said before the start-up line, which would name nothing it consumes
+            raise CliError(
+                f"{args.target} has no handlers: it consumes nothing",
+                code=Exit.USAGE,
+                hint='Register one in that module: @app.handler("QUEUE") (or @app.stream_handler('
+                '"STREAM", "GROUP")) on a function.',
+            )
+        return workers
     if not args.queue:
         raise CliError(
             f"{args.target} is a handler function: say which queue it consumes",

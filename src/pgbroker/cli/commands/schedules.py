@@ -106,22 +106,32 @@ def _schedule_table(schedules: Sequence[Schedule]) -> str:
     return table(["NAME", "QUEUE", "CRON", "NEXT", "LAST", "LAST MSG_ID"], rows)
 
 
+def _missing(name: str) -> CliError:
+    """A schedule not found: nothing done (exit 1), whichever command named it."""
+    return CliError(
+        f'schedule "{name}" does not exist', code=Exit.NOTHING_DONE, hint="List them: pgbroker schedule list"
+    )
+
+
+def _existing(broker: Broker, name: str) -> str:
+    # The engine refuses a missing name as an invalid argument, which would exit 2 (a usage error).
+    if all(schedule.name != name for schedule in broker.schedules()):
+        raise _missing(name)
+    return name
+
+
 def _remove(args: argparse.Namespace, broker: Broker) -> int:
     if not broker.remove_schedule(args.name):
-        raise CliError(
-            f'schedule "{args.name}" does not exist',
-            code=Exit.NOTHING_DONE,
-            hint="List them: pgbroker schedule list",
-        )
+        raise _missing(args.name)
     return print_result(args, {"removed": args.name}, f'removed schedule "{args.name}"')
 
 
 def _pause(args: argparse.Namespace, broker: Broker) -> int:
-    return _print(args, broker.pause_schedule(args.name), "paused")
+    return _print(args, broker.pause_schedule(_existing(broker, args.name)), "paused")
 
 
 def _resume(args: argparse.Namespace, broker: Broker) -> int:
-    return _print(args, broker.resume_schedule(args.name), "resumed")
+    return _print(args, broker.resume_schedule(_existing(broker, args.name)), "resumed")
 
 
 def _scheduler(args: argparse.Namespace, broker: Broker) -> int:

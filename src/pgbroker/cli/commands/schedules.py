@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from pgbroker import _event_loop as event_loop
+from pgbroker._db.dsn import database_place
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
@@ -135,6 +137,23 @@ def _resume(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _scheduler(args: argparse.Namespace, broker: Broker) -> int:
+    schedules = broker.schedules()  # a database without pgbroker, or a role without rights: fail here
     dsn = dsn_of(args.dsn, args.connect_timeout)
+    _announce(schedules, dsn)
     event_loop.run(serve_scheduler(dsn, pooler=args.pooler, pool_timeout=args.pool_timeout), args.loop)
     return Exit.OK
+
+
+def _announce(schedules: Sequence[Schedule], dsn: str) -> None:
+    """One line on stderr, shown without -v, as pgbroker worker's: what it sends, where, how to stop it."""
+    running = sum(not schedule.paused for schedule in schedules)
+    what = (
+        f"{len(schedules)} schedule{'' if len(schedules) == 1 else 's'} ({running} running)"
+        if schedules
+        else "no schedules yet (pgbroker schedule add ...; it takes them up as they come)"
+    )
+    print(
+        f"pgbroker: scheduler started: {what} in {database_place(dsn)} (stop: Ctrl-C or SIGTERM)",
+        file=sys.stderr,
+        flush=True,
+    )

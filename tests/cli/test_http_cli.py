@@ -74,6 +74,39 @@ def test_serve_parser() -> None:
     assert (args.port, args.public_metrics, args.host) == (9000, True, "127.0.0.1")
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--port", "80000", "must be a port number from 0 to 65535, got 80000"),  # uvicorn took 14464
+        ("--port", "-1", "must be a port number from 0 to 65535, got -1"),
+        ("--connections", "0", "must be at least 1, got 0"),  # exit 70, 'a bug in pgbroker'
+        ("--max-concurrency", "0", "must be at least 1, got 0"),  # every request 503
+        ("--max-body", "-1", "must be at least 1, got -1"),  # every body 413
+        ("--rate", "-1", "must be a number > 0, got -1"),  # past the burst, 429 with a negative Retry-After
+        ("--rate", "0", "must be a number > 0, got 0"),  # past the burst, 500: a division by zero
+        ("--burst", "0", "must be a number > 0, got 0"),
+        ("--auth-failure-rate", "0", "must be a number > 0, got 0"),
+        ("--auth-failure-burst", "-1", "must be a number > 0, got -1"),
+        ("--max-wait", "-1", "must be a number of seconds >= 0, got -1"),  # a read's wait: 'at most -1'
+        # every connection closed at once: answered or not by a race
+        ("--head-timeout", "0", "must be a number of seconds > 0, got 0"),
+        ("--body-timeout", "nan", "must be a number of seconds >= 0, got nan"),
+        ("--keep-alive", "-1", "must be >= 0 seconds, got -1"),
+    ],
+)
+def test_serve_refuses_a_setting_it_cannot_serve_with(
+    option: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was taken as given: the server started and refused requests, or bound another port
+    than the one asked, or failed as a bug of pgbroker's."""
+    parser = argparse.ArgumentParser()
+    cli_serve.register(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["serve", option, value])
+    assert exited.value.code == 2
+    assert f"argument {option}: {said}" in capsys.readouterr().err
+
+
 def test_serve_runs_through_the_cli_and_stops_cleanly_on_sigterm(
     dsn: str, conn: psycopg.Connection[Any]
 ) -> None:

@@ -11,7 +11,16 @@ import signal
 from types import FrameType
 
 from pgbroker import _event_loop as event_loop
-from pgbroker.cli.support.arguments import duration, positive_duration
+from pgbroker.cli.support.arguments import (
+    duration,
+    port,
+    positive_duration,
+    positive_int,
+    positive_number,
+    positive_seconds,
+    seconds,
+    whole_seconds,
+)
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.cli.support.connecting import dsn_of, require_installed
 from pgbroker.cli.support.errors import Exit
@@ -26,52 +35,58 @@ def register(subcommands: Subcommands) -> None:
     summary = "serve the HTTP API, /metrics and the dashboard"
     sub = add_command(subcommands, "serve", summary, _serve, json_output=False)
     sub.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    sub.add_argument("--port", type=int, default=8080, help="port (8080)")
-    sub.add_argument("--max-body", type=int, default=1024 * 1024, metavar="BYTES", help="request body limit")
+    sub.add_argument("--port", type=port, default=8080, help="port (8080; 0: any free one)")
     sub.add_argument(
-        "--rate", type=float, default=100.0, metavar="PER_SECOND", help="per-key rate limit (100)"
+        "--max-body", type=positive_int, default=1024 * 1024, metavar="BYTES", help="request body limit"
     )
-    sub.add_argument("--burst", type=float, default=200.0, metavar="N", help="per-key burst (200)")
     sub.add_argument(
-        "--max-wait", type=float, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
+        "--rate", type=positive_number, default=100.0, metavar="PER_SECOND", help="per-key rate limit (100)"
+    )
+    sub.add_argument("--burst", type=positive_number, default=200.0, metavar="N", help="per-key burst (200)")
+    sub.add_argument(
+        "--max-wait", type=seconds, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
     )
     sub.add_argument(
         "--head-timeout",
-        type=float,
+        type=positive_seconds,
         default=10.0,
         metavar="SECONDS",
         help="close a connection whose request line and headers take longer (10)",
     )
     sub.add_argument(
         "--body-timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         metavar="SECONDS",
         help="answer 408 and close when a request's body takes longer (30)",
     )
     sub.add_argument(
         "--keep-alive",
-        type=int,
+        type=whole_seconds,
         default=5,
         metavar="SECONDS",
         help="close a kept-alive connection idle this long (5)",
     )
     sub.add_argument(
         "--max-concurrency",
-        type=int,
+        type=positive_int,
         default=256,
         metavar="N",
         help="requests handled at once; more are answered 503 with Retry-After (256)",
     )
     sub.add_argument(
         "--auth-failure-rate",
-        type=float,
+        type=positive_number,
         default=1.0,
         metavar="PER_SECOND",
         help="failed API keys per client address before unknown keys are refused unread (1)",
     )
     sub.add_argument(
-        "--auth-failure-burst", type=float, default=20.0, metavar="N", help="burst of failed keys (20)"
+        "--auth-failure-burst",
+        type=positive_number,
+        default=20.0,
+        metavar="N",
+        help="burst of failed keys (20)",
     )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument(
@@ -88,7 +103,9 @@ def register(subcommands: Subcommands) -> None:
         metavar="DURATION",
         help="sample the stats history this often (10s)",
     )
-    sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
+    sub.add_argument(
+        "--connections", type=positive_int, default=10, metavar="N", help="database pool size (10)"
+    )
     sub.add_argument(
         "--replica-dsn",
         metavar="DSN",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -105,6 +106,26 @@ def test_serve_refuses_a_setting_it_cannot_serve_with(
         parser.parse_args(["serve", option, value])
     assert exited.value.code == 2
     assert f"argument {option}: {said}" in capsys.readouterr().err
+
+
+def test_serve_on_an_address_it_cannot_have_says_why_in_its_own_words(dsn: str) -> None:
+    """uvicorn logged 'ERROR:    [Errno 98] error while attempting to bind ...' and exited 3, which
+    pgbroker --help lists as a stale receipt."""
+    cli = Cli(dsn)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        _assert_error(
+            cli("serve", "--port", str(port)),
+            2,
+            f"pgbroker: error: cannot listen on 127.0.0.1:{port}: Address already in use",
+            "hint: Another process listens there",
+        )
+    _assert_error(
+        cli("serve", "--host", "no-such-host.invalid"),
+        2,
+        "pgbroker: error: cannot listen on no-such-host.invalid: ",
+        "hint: Pass --host an address or name of this machine",
+    )
 
 
 def test_serve_runs_through_the_cli_and_stops_cleanly_on_sigterm(

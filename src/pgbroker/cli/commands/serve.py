@@ -7,7 +7,9 @@ extra, imported only when the command runs.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
+import socket
 from types import FrameType
 
 from pgbroker import _event_loop as event_loop
@@ -23,7 +25,7 @@ from pgbroker.cli.support.arguments import (
 )
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.cli.support.connecting import dsn_of, require_installed
-from pgbroker.cli.support.errors import Exit
+from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
@@ -126,6 +128,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
     load_codec_modules(args)
     event_loop.loop_factory(args.loop)  # a loop it cannot give fails here, in pgbroker's words
     require_installed(broker)  # else it would serve, every request failing
+    _check_address(args.host, args.port)
     dsn = dsn_of(args.dsn, args.connect_timeout)
     settings = Settings(
         max_body_bytes=args.max_body,
@@ -173,6 +176,44 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return Exit.OK
+
+
+_LISTEN_HINTS = {
+    errno.EADDRINUSE: "Another process listens there (ss -ltnp shows which): stop it, or pass another "
+    "--port.",
+    errno.EADDRNOTAVAIL: "No interface of this machine has that address: pass --host 127.0.0.1 (this "
+    "machine only) or 0.0.0.0 (every interface).",
+    errno.EACCES: "Ports below 1024 need root (or CAP_NET_BIND_SERVICE): pass a --port of 1024 or more.",
+}
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind the address as uvicorn will (SO_REUSEADDR, each address the host resolves to), and let
+    it go: an address that cannot be had fails here, in pgbroker's words. uvicorn logs only the
+    OS's error and exits 3, which pgbroker's exit codes call a stale receipt."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CliError(
+            f"cannot listen on {host}: {exc.strerror}",
+            code=Exit.USAGE,
+            hint="Pass --host an address or name of this machine: 127.0.0.1 (this machine only) or "
+            "0.0.0.0 (every interface).",
+        ) from exc
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                where = f"[{address[0]}]:{port}" if family == socket.AF_INET6 else f"{address[0]}:{port}"
+                raise CliError(
+                    f"cannot listen on {where}: {exc.strerror or exc}",
+                    code=Exit.USAGE,
+                    hint=_LISTEN_HINTS.get(exc.errno or 0),
+                ) from exc
 
 
 class _Stopped(Exception):

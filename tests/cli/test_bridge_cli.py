@@ -105,3 +105,21 @@ def test_rabbitmq_errors_exit_6_with_a_hint_and_usage_errors_exit_2(
     unknown_queue = pgbroker("bridge", "out", "--queue", "nope", "--amqp", amqp, dsn=dsn)
     _, err = unknown_queue.communicate(timeout=30)
     assert unknown_queue.returncode == 4, err
+
+
+def test_an_option_the_bridge_would_not_use_is_a_usage_error(broker: Broker, dsn: str) -> None:
+    """Each was taken without a word, and the bridge ran otherwise than its command line said."""
+    broker.create_queue("outbox")
+    nowhere = "redis://127.0.0.1:1/"  # refused before any broker is asked
+    for options, said in [
+        (["--to", nowhere, "--exchange", "shop"], "--exchange: for RabbitMQ only, and the broker is redis://"),
+        (
+            ["--to", nowhere, "--routing-key", "k", "--exchange-type", "direct"],
+            "--routing-key, --exchange-type: for RabbitMQ only, and the broker is redis://",
+        ),
+        (["--to", nowhere, "--group", "g"], "--group: for --stream only; a queue is published without"),
+    ]:
+        done = pgbroker("bridge", "out", "--queue", "outbox", *options, dsn=dsn)
+        _, err = done.communicate(timeout=30)
+        assert done.returncode == 2, err
+        assert err.startswith(f"pgbroker: error: {said}"), err

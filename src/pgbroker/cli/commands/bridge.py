@@ -77,9 +77,7 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument(
         "--to", metavar="URL", help="the broker: amqp://, redis://, nats://, mqtt://, sqs:// (docs/bridge.md)"
     )
-    sub.add_argument(
-        "--exchange", default="", metavar="NAME", help="RabbitMQ: exchange without x-amqp-exchange ('')"
-    )
+    sub.add_argument("--exchange", metavar="NAME", help="RabbitMQ: exchange without x-amqp-exchange ('')")
     sub.add_argument(
         "--routing-key",
         metavar="KEY",
@@ -87,7 +85,6 @@ def register(subcommands: Subcommands) -> None:
     )
     sub.add_argument(
         "--exchange-type",
-        default="topic",
         metavar="TYPE",
         help="RabbitMQ with --declare: exchange type (topic)",
     )
@@ -181,23 +178,46 @@ def _source(args: argparse.Namespace) -> tuple[str | None, str]:
     return str(args.source), _amqp_url(args)
 
 
+def _refuse_unused_options(args: argparse.Namespace, url: str) -> None:
+    """An option that would change nothing is a usage error: it was taken without a word, so a
+    bridge ran otherwise than its command line said."""
+    stream_only = (("--group", args.group), ("--consumer", args.consumer))
+    given = [option for option, value in stream_only if value]
+    if args.queue is not None and given:
+        raise CliError(
+            f"{', '.join(given)}: for --stream only; a queue is published without a consumer group",
+            code=Exit.USAGE,
+            hint="Leave it out, or publish a stream: --stream S --group G.",
+        )
+    scheme = url.partition("://")[0].lower()
+    rabbit_only = (("--exchange", args.exchange), ("--routing-key", args.routing_key))
+    given = [option for option, value in (*rabbit_only, ("--exchange-type", args.exchange_type)) if value]
+    if scheme not in ("amqp", "amqps") and given:
+        raise CliError(
+            f"{', '.join(given)}: for RabbitMQ only, and the broker is {scheme}://",
+            code=Exit.USAGE,
+            hint="Say where messages go in the URL (docs/bridge.md lists each broker's options).",
+        )
+
+
 def _out(args: argparse.Namespace, broker: Broker) -> int:
     with needs_extra("bridge"):
         from pgbroker.bridge import OutboundBridge, OutboundSettings
         from pgbroker.bridge.core.endpoints import outbound_endpoint
 
+    url = _target(args)
+    _refuse_unused_options(args, url)
     settings = OutboundSettings(
-        exchange=args.exchange,
+        exchange=args.exchange or "",
         routing_key=args.routing_key,
         batch_size=args.batch_size,
         windows=args.windows,
         lease=args.lease,
         confirm_timeout=args.confirm_timeout,
         declare=args.declare,
-        exchange_type=args.exchange_type,
+        exchange_type=args.exchange_type or "topic",
         enable_notify=args.notify,
     )
-    url = _target(args)
     name = args.queue or args.stream
     with needs_extra("bridge"):
         outbound_endpoint(url, name, settings)  # the URL and its client library, before anything runs

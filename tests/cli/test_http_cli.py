@@ -53,6 +53,25 @@ def test_keys_commands(conn: psycopg.Connection[Any], capsys: pytest.CaptureFixt
     assert run(conn, "keys", "create", "x", "--scope", "read", "--rate", "0") == 2
 
 
+def test_a_key_is_revoked_by_its_token_too_and_a_token_is_never_echoed(
+    conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Who holds a leaked token has the token at hand, not the id: argparse refused it ('invalid
+    int value'), printing the whole token to stderr."""
+    assert run(conn, "keys", "create", "leaked", "--scope", "read") == 0
+    token = capsys.readouterr().out.strip()
+    assert run(conn, "keys", "revoke", token) == 0
+    assert capsys.readouterr().out == f"revoked key {token.split('_')[1]}\n"
+    assert run(conn, "keys", "revoke", token) == 1  # already revoked
+    mangled = token.replace("_", "-")
+    with pytest.raises(SystemExit) as exited:
+        run(conn, "keys", "revoke", mangled)
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    assert "expected a key's id (keys list) or its token, got a longer text, not shown" in said
+    assert mangled[-20:] not in said
+
+
 def test_keys_and_serve_on_a_database_without_pgbroker_say_to_install(empty_dsn: str) -> None:
     """Before `pgbroker install`, the keys commands say so (they said only that a relation or
     schema does not exist), and serve does not start: it served, answering every key 401."""

@@ -47,6 +47,15 @@ def test_policy_set_takes_the_job_feature_settings(cli: Cli, orders: str) -> Non
     assert (shown["dedup_window_seconds"], shown["priorities"]) == (3600, True)
 
 
+def test_a_bad_rate_limit_is_refused_by_its_option_s_name(cli: Cli, orders: str) -> None:
+    # It was refused by the engine's field name, which the command line does not show.
+    for value in ("-1", "nan"):
+        res = cli("policy", "set", orders, "--rate-limit", value)
+        assert res.returncode == 2, res.stderr
+        assert f"argument --rate-limit: must be a number >= 0 (0: no limit), got {value}" in res.stderr
+        assert "rate_limit_per_second" not in res.stderr
+
+
 def test_policy_show_says_what_a_worker_does_without_max_deliveries(cli: Cli, orders: str) -> None:
     # The policy sets none, yet pgbroker's worker dead-letters at its own default: say so.
     assert "unset (workers: 25)" in cli.ok("policy", "show", orders)

@@ -54,6 +54,14 @@ def positive_number(text: str) -> float:
     return value
 
 
+def rate_limit(text: str) -> float:
+    """Messages a second, 0 for no limit."""
+    value = _converted(text, float, "a number")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0: no limit), got {text}")
+    return value
+
+
 def port(text: str) -> int:
     """A TCP port; 0 lets the system pick a free one."""
     value = _converted(text, int, "a port number")

@@ -33,11 +33,13 @@ from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option, add_progress_option
 from pgbroker.cli.support.running import LOG_FORMAT, classify, print_error
+from pgbroker.errors import StreamNotFound
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._app import App, serve
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
+from pgbroker.streams._client import Stream
 
 __all__ = ["register"]
 
@@ -110,13 +112,31 @@ def _worker(args: argparse.Namespace, broker: Broker) -> int:
     workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
     event_loop.loop_factory(args.loop)  # and a wrong $PGBROKER_LOOP
     dsn = dsn_of(args.dsn, args.connect_timeout)
-    existing = {info.queue_name.lower() for info in broker.list_queues()}
-    # A missing queue is the worker's to report (exit 4), with no start-up line before the error.
-    if all(worker.queue.lower() in existing for worker in workers if isinstance(worker, Worker)):
+    # A missing queue, stream or group is the worker's to report (exit 4), with no start-up line
+    # before the error.
+    if _all_there(broker, workers):
         _announce(workers, dsn, args.processes)
     if args.processes == 1:
         return _serve(workers, dsn, args)
     return _supervise(args, dsn)
+
+
+def _all_there(broker: Broker, workers: Sequence[Worker | StreamWorker]) -> bool:
+    """Whether every queue, and every stream with its group, the workers consume exists (a name
+    not found here only leaves the start-up line out: the worker itself judges)."""
+    queues = {info.queue_name.lower() for info in broker.list_queues()}
+    for worker in workers:
+        if isinstance(worker, Worker):
+            if worker.queue.lower() not in queues:
+                return False
+            continue
+        try:
+            groups = Stream(broker, worker.stream).groups()
+        except StreamNotFound:
+            return False
+        if all(group.name != worker.group for group in groups):
+            return False
+    return True
 
 
 def _announce(workers: Sequence[Worker | StreamWorker], dsn: str, processes: int) -> None:

@@ -40,6 +40,22 @@ def test_every_command_calls_its_queue_QUEUE() -> None:
     assert {where: name for where, name in shown.items() if name != "QUEUE"} == {}
 
 
+def test_every_positional_argument_is_shown_in_capitals() -> None:
+    # As QUEUE, STREAM and MSG_ID are: the usage lines read 'send QUEUE [message]',
+    # 'stream read STREAM group', 'keys create name', 'grant {...} role'.
+    shown = {
+        f"{command} {action.dest}": action.metavar or action.dest
+        for command, parser in _commands(build_parser()).items()
+        for action in parser._actions
+        if not action.option_strings
+        and not action.choices
+        and action.nargs != argparse.REMAINDER
+        and not isinstance(action, argparse._SubParsersAction)
+    }
+    assert len(shown) > 40
+    assert {where: name for where, name in shown.items() if not str(name).isupper()} == {}
+
+
 def test_worker_help_says_an_app_s_settings_win() -> None:
     help_text = _commands(build_parser())["worker"].format_help()
     assert "(the handler's, else 1)" in help_text

@@ -24,7 +24,7 @@ def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "keys", "API keys of the HTTP API")
     summary = "create a key and print its token (shown only once)"
     sub = add_command(actions, "create", summary, _create)
-    sub.add_argument("name", help="what the key is for")
+    sub.add_argument("name", metavar="NAME", help="what the key is for")
     sub.add_argument(
         "--scope",
         action="append",

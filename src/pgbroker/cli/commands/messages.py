@@ -28,7 +28,12 @@ __all__ = ["register", "send_lines"]
 def register(subcommands: Subcommands) -> None:
     sub = add_command(subcommands, "send", "send a JSON message, or JSON lines from stdin", _send)
     sub.add_argument("name", metavar="QUEUE", help="queue name")
-    sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
+    sub.add_argument(
+        "message",
+        nargs="?",
+        metavar="MESSAGE",
+        help="the message as JSON; without it, one message per stdin line",
+    )
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
     sub.add_argument("--delay", type=whole_seconds, metavar="SECONDS", help="invisible for this long")
     sub.add_argument("--priority", type=int, metavar="N", help="higher is read first (0)")

@@ -32,7 +32,7 @@ __all__ = ["register"]
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "schedule", "cron schedules that send messages to queues")
     sub = add_command(actions, "add", "add a schedule", _add)
-    sub.add_argument("name", help="the schedule's name")
+    sub.add_argument("name", metavar="NAME", help="the schedule's name")
     sub.add_argument("--queue", required=True, help="the queue each tick sends to")
     sub.add_argument("--cron", required=True, help="5 fields, e.g. '*/5 * * * *' or '0 9 * * mon-fri'")
     sub.add_argument("--message", required=True, metavar="JSON", help="the message each tick sends")
@@ -46,7 +46,7 @@ def register(subcommands: Subcommands) -> None:
         ("resume", "send a paused schedule's ticks again, from the next one", _resume),
     ):
         sub = add_command(actions, action, summary, handler)
-        sub.add_argument("name", help="the schedule's name")
+        sub.add_argument("name", metavar="NAME", help="the schedule's name")
 
     summary = "send the ticks of the schedules (workers run one too)"
     add_loop_option(add_command(subcommands, "scheduler", summary, _scheduler, json_output=False))

@@ -8,6 +8,7 @@ import argparse
 from pgbroker.cli.commands.worker import _workers
 from pgbroker.cli.main import build_parser
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES, Worker
+from pgbroker.spark.jobs import build_parser as pipeline_parser
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -42,10 +43,11 @@ def test_every_command_calls_its_queue_QUEUE() -> None:
 
 def test_every_positional_argument_is_shown_in_capitals() -> None:
     # As QUEUE, STREAM and MSG_ID are: the usage lines read 'send QUEUE [message]',
-    # 'stream read STREAM group', 'keys create name', 'grant {...} role'.
+    # 'stream read STREAM group', 'keys create name', 'grant {...} role', 'pipeline drain queue'.
+    commands = {**_commands(build_parser()), **_commands(pipeline_parser(), "pipeline ")}
     shown = {
         f"{command} {action.dest}": action.metavar or action.dest
-        for command, parser in _commands(build_parser()).items()
+        for command, parser in commands.items()
         for action in parser._actions
         if not action.option_strings
         and not action.choices

@@ -33,6 +33,7 @@ from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option, add_progress_option
 from pgbroker.cli.support.running import LOG_FORMAT, classify, print_error
+from pgbroker.cli.support.user_modules import importable_from_cwd
 from pgbroker.errors import StreamNotFound
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Message
@@ -210,9 +211,7 @@ def _load(target: str) -> App | Callable[[Message], Any]:
             code=Exit.USAGE,
             hint="For example: pgbroker worker shop.jobs:app",
         )
-    # As `python -m` would: handlers usually live beside where the worker is started.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
         found = operator.attrgetter(attribute)(module)

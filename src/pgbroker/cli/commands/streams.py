@@ -229,7 +229,11 @@ def _create_group(args: argparse.Namespace, broker: Broker) -> int:
 
 def _drop_group(args: argparse.Namespace, broker: Broker) -> int:
     if not Stream(broker, args.name).drop_group(args.group):
-        raise CliError(f'stream "{args.name}" has no group "{args.group}"', code=Exit.QUEUE_NOT_FOUND)
+        raise CliError(
+            f'stream "{args.name}" has no consumer group "{args.group}"',
+            code=Exit.QUEUE_NOT_FOUND,
+            hint=f"List its groups: pgbroker stream groups {args.name}",
+        )
     record = {"stream": args.name, "group": args.group, "dropped": True}
     return print_result(args, record, f"dropped group {args.group} of stream {args.name}")
 

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+from psycopg.conninfo import conninfo_to_dict
+
 from pgbroker import Broker
 from tests.support.bridge_processes import pgbroker
 from tests.support.paths import ROOT
@@ -31,7 +33,11 @@ def test_bridge_out_publishes_until_sigterm_then_exits_0(broker: Broker, dsn: st
                 bridge.send_signal(signal.SIGTERM)
                 _, err = bridge.communicate(timeout=30)
             assert bridge.returncode == 0, err
-            assert err == ""  # quiet by default
+            # Quiet by default, but for one line once it has started (a bridge said nothing at all).
+            place = f"{conninfo_to_dict(dsn)['dbname']} at "
+            assert err.startswith(f"pgbroker: bridge started: publishing queue outbox ({place}"), err
+            assert err.endswith(" exchange '' (stop: Ctrl-C or SIGTERM)\n"), err
+            assert err.count("\n") == 1, err
             assert sorted(json.loads(m.body)["n"] for m in got) == list(range(100))
 
     asyncio.run(scenario())
@@ -55,6 +61,9 @@ def test_bridge_in_receives_until_sigterm_then_exits_0(broker: Broker, dsn: str,
                 bridge.send_signal(signal.SIGTERM)
                 _, err = bridge.communicate(timeout=30)
             assert bridge.returncode == 0, err
+            assert err.startswith("pgbroker: bridge started: receiving from "), err
+            assert f" queue '{source}' into queue inbox (" in err
+            assert err.count("\n") == 1, err
             assert await rabbit.count(source) == 0
 
     asyncio.run(scenario())
@@ -96,3 +105,21 @@ def test_rabbitmq_errors_exit_6_with_a_hint_and_usage_errors_exit_2(
     unknown_queue = pgbroker("bridge", "out", "--queue", "nope", "--amqp", amqp, dsn=dsn)
     _, err = unknown_queue.communicate(timeout=30)
     assert unknown_queue.returncode == 4, err
+
+
+def test_an_option_the_bridge_would_not_use_is_a_usage_error(broker: Broker, dsn: str) -> None:
+    """Each was taken without a word, and the bridge ran otherwise than its command line said."""
+    broker.create_queue("outbox")
+    nowhere = "redis://127.0.0.1:1/"  # refused before any broker is asked
+    for options, said in [
+        (["--to", nowhere, "--exchange", "shop"], "--exchange: for RabbitMQ only, and the broker is redis://"),
+        (
+            ["--to", nowhere, "--routing-key", "k", "--exchange-type", "direct"],
+            "--routing-key, --exchange-type: for RabbitMQ only, and the broker is redis://",
+        ),
+        (["--to", nowhere, "--group", "g"], "--group: for --stream only; a queue is published without"),
+    ]:
+        done = pgbroker("bridge", "out", "--queue", "outbox", *options, dsn=dsn)
+        _, err = done.communicate(timeout=30)
+        assert done.returncode == 2, err
+        assert err.startswith(f"pgbroker: error: {said}"), err

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker import __version__
 from pgbroker._db.install_rules import latest_version
@@ -41,8 +42,11 @@ def test_install_is_idempotent_and_commands_before_it_say_so(empty_dsn: str) -> 
     _assert_error(cli("list"), 5, "not installed", "hint: ", "pgbroker install")
 
     version = latest_version()
-    assert cli.ok("install").strip() == f"installed version {version} (was not installed)"
-    assert cli.ok("install").strip() == f"already at version {version}"
+    # Where it installed, too: with no --dsn nor DATABASE_URL that is an embedded cluster the
+    # command started, which it did not say.
+    where = f"in {conninfo_to_dict(empty_dsn)['dbname']} at "
+    assert cli.ok("install").startswith(f"installed version {version} (was not installed) {where}")
+    assert cli.ok("install").startswith(f"already at version {version} {where}")
     assert "no queues" in cli.ok("list")
 
 

@@ -3,6 +3,10 @@ run as real subprocesses; the bodies are checked as stored and as the Python cli
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from pgbroker.queues._client import Broker
 from tests.support.cli import Cli, _assert_error, _ids, _messages
 from tests.support.codec_types import AVRO, PROTOBUF, stored_codec
@@ -63,3 +67,27 @@ def test_serve_stops_on_a_codec_module_it_cannot_import(cli: Cli) -> None:
         2,
         "cannot import codec module 'no_such_module_here'",
     )
+
+
+def test_a_codec_module_is_found_in_the_current_directory_as_a_worker_s_handlers_are(
+    orders: str, conn: Conn, dsn: str, tmp_path: Path
+) -> None:
+    """An installed `pgbroker` script does not put the current directory on the import path
+    (python -P here), so --codec-module shop_codecs beside the user was 'No module named'
+    unless PYTHONPATH said '.', while pgbroker worker shop:app found shop.py there."""
+    (tmp_path / "shop_codecs.py").write_text(
+        "from pgbroker.codecs import AvroCodec, register\n"
+        "register(AvroCodec({'type': 'record', 'name': 'Order', 'namespace': 'shop',\n"
+        "    'fields': [{'name': 'id', 'type': 'long'}]}))\n"
+    )
+    argv = ["send", orders, '{"id": 1}', "--codec", "avro:shop.Order", "--codec-module", "shop_codecs"]
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "pgbroker.cli", "--dsn", dsn, *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _stored_codecs(conn, orders) == ["avro:shop.Order"]

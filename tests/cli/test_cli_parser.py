@@ -8,6 +8,7 @@ import argparse
 from pgbroker.cli.commands.worker import _workers
 from pgbroker.cli.main import build_parser
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES, Worker
+from pgbroker.spark.jobs import build_parser as pipeline_parser
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -38,6 +39,23 @@ def test_every_command_calls_its_queue_QUEUE() -> None:
     }
     assert len(shown) > 20
     assert {where: name for where, name in shown.items() if name != "QUEUE"} == {}
+
+
+def test_every_positional_argument_is_shown_in_capitals() -> None:
+    # As QUEUE, STREAM and MSG_ID are: the usage lines read 'send QUEUE [message]',
+    # 'stream read STREAM group', 'keys create name', 'grant {...} role', 'pipeline drain queue'.
+    commands = {**_commands(build_parser()), **_commands(pipeline_parser(), "pipeline ")}
+    shown = {
+        f"{command} {action.dest}": action.metavar or action.dest
+        for command, parser in commands.items()
+        for action in parser._actions
+        if not action.option_strings
+        and not action.choices
+        and action.nargs != argparse.REMAINDER
+        and not isinstance(action, argparse._SubParsersAction)
+    }
+    assert len(shown) > 40
+    assert {where: name for where, name in shown.items() if not str(name).isupper()} == {}
 
 
 def test_worker_help_says_an_app_s_settings_win() -> None:

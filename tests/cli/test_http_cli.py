@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -52,6 +53,25 @@ def test_keys_commands(conn: psycopg.Connection[Any], capsys: pytest.CaptureFixt
     assert run(conn, "keys", "create", "x", "--scope", "read", "--rate", "0") == 2
 
 
+def test_a_key_is_revoked_by_its_token_too_and_a_token_is_never_echoed(
+    conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Who holds a leaked token has the token at hand, not the id: argparse refused it ('invalid
+    int value'), printing the whole token to stderr."""
+    assert run(conn, "keys", "create", "leaked", "--scope", "read") == 0
+    token = capsys.readouterr().out.strip()
+    assert run(conn, "keys", "revoke", token) == 0
+    assert capsys.readouterr().out == f"revoked key {token.split('_')[1]}\n"
+    assert run(conn, "keys", "revoke", token) == 1  # already revoked
+    mangled = token.replace("_", "-")
+    with pytest.raises(SystemExit) as exited:
+        run(conn, "keys", "revoke", mangled)
+    assert exited.value.code == 2
+    said = capsys.readouterr().err
+    assert "expected a key's id (keys list) or its token, got a longer text, not shown" in said
+    assert mangled[-20:] not in said
+
+
 def test_keys_and_serve_on_a_database_without_pgbroker_say_to_install(empty_dsn: str) -> None:
     """Before `pgbroker install`, the keys commands say so (they said only that a relation or
     schema does not exist), and serve does not start: it served, answering every key 401."""
@@ -72,6 +92,59 @@ def test_serve_parser() -> None:
     cli_serve.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["serve", "--port", "9000", "--public-metrics"])
     assert (args.port, args.public_metrics, args.host) == (9000, True, "127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--port", "80000", "must be a port number from 0 to 65535, got 80000"),  # uvicorn took 14464
+        ("--port", "-1", "must be a port number from 0 to 65535, got -1"),
+        ("--connections", "0", "must be at least 1, got 0"),  # exit 70, 'a bug in pgbroker'
+        ("--max-concurrency", "0", "must be at least 1, got 0"),  # every request 503
+        ("--max-body", "-1", "must be at least 1, got -1"),  # every body 413
+        ("--rate", "-1", "must be a number > 0, got -1"),  # past the burst, 429 with a negative Retry-After
+        ("--rate", "0", "must be a number > 0, got 0"),  # past the burst, 500: a division by zero
+        ("--burst", "0", "must be a number > 0, got 0"),
+        ("--auth-failure-rate", "0", "must be a number > 0, got 0"),
+        ("--auth-failure-burst", "-1", "must be a number > 0, got -1"),
+        ("--max-wait", "-1", "must be a number of seconds >= 0, got -1"),  # a read's wait: 'at most -1'
+        # every connection closed at once: answered or not by a race
+        ("--head-timeout", "0", "must be a number of seconds > 0, got 0"),
+        ("--body-timeout", "nan", "must be a number of seconds >= 0, got nan"),
+        ("--keep-alive", "-1", "must be >= 0 seconds, got -1"),
+    ],
+)
+def test_serve_refuses_a_setting_it_cannot_serve_with(
+    option: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was taken as given: the server started and refused requests, or bound another port
+    than the one asked, or failed as a bug of pgbroker's."""
+    parser = argparse.ArgumentParser()
+    cli_serve.register(parser.add_subparsers(dest="command"))
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["serve", option, value])
+    assert exited.value.code == 2
+    assert f"argument {option}: {said}" in capsys.readouterr().err
+
+
+def test_serve_on_an_address_it_cannot_have_says_why_in_its_own_words(dsn: str) -> None:
+    """uvicorn logged 'ERROR:    [Errno 98] error while attempting to bind ...' and exited 3, which
+    pgbroker --help lists as a stale receipt."""
+    cli = Cli(dsn)
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        _assert_error(
+            cli("serve", "--port", str(port)),
+            2,
+            f"pgbroker: error: cannot listen on 127.0.0.1:{port}: Address already in use",
+            "hint: Another process listens there",
+        )
+    _assert_error(
+        cli("serve", "--host", "no-such-host.invalid"),
+        2,
+        "pgbroker: error: cannot listen on no-such-host.invalid: ",
+        "hint: Pass --host an address or name of this machine",
+    )
 
 
 def test_serve_runs_through_the_cli_and_stops_cleanly_on_sigterm(

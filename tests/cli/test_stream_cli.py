@@ -48,6 +48,13 @@ def test_create_send_read_groups_lag_maintain(
     code, out, _ = run(capsys, dsn, "stream", "maintain")
     assert "clicks: emptied 0 child tables" in out
     assert run(capsys, dsn, "stream", "drop-group", "clicks", "billing")[0] == Exit.OK
+    # Again: said as every other missing group is, with where to look (it had no hint).
+    code, _, err = run(capsys, dsn, "stream", "drop-group", "clicks", "billing")
+    assert code == Exit.QUEUE_NOT_FOUND
+    assert err.endswith(
+        'pgbroker: error: stream "clicks" has no consumer group "billing"\n'
+        "hint: List its groups: pgbroker stream groups clicks\n"
+    )
     code, _, err = run(capsys, dsn, "stream", "drop", "clicks")
     assert code == Exit.USAGE
     assert "pgbroker stream drop clicks --yes" in err

@@ -108,6 +108,32 @@ async def test_delay_and_long_poll(client: httpx.AsyncClient, keys: dict[str, st
     assert 0.25 < time.monotonic() - started < 4
 
 
+async def test_a_missing_queue_stream_or_group_is_told_with_how_to_create_it_over_http(
+    client: httpx.AsyncClient, keys: dict[str, str]
+) -> None:
+    # The engine's words are a SQL client's: a send said 'relation "pgmq.q_nope" does not exist
+    # (queue "nope" does not exist)', and every hint gave SQL and the command line only.
+    admin = auth(keys["admin"])
+    for path, body in [("/v1/queues/nope/messages", {"message": 1}), ("/v1/queues/nope/read", {})]:
+        r = await client.post(path, json=body, headers=admin)
+        assert (r.status_code, r.json()["error"]) == (
+            404,
+            {
+                "code": "queue_not_found",
+                "message": 'queue "nope" does not exist',
+                "hint": 'Create it first: POST /v1/queues {"name": "nope"} (an admin key), or: '
+                "pgbroker create nope",
+            },
+        )
+    r = await client.post("/v1/streams/nost/groups/g/read", json={"consumer": "c"}, headers=admin)
+    assert r.json()["error"]["hint"].startswith('Create it first: POST /v1/streams {"name": "nost"}')
+    r = await client.post("/v1/streams", json={"name": "clicks"}, headers=admin)
+    assert r.status_code == 201, r.text
+    r = await client.post("/v1/streams/clicks/groups/nog/read", json={"consumer": "c"}, headers=admin)
+    hint = r.json()["error"]["hint"]
+    assert hint.startswith('Create it first: POST /v1/streams/clicks/groups {"group": "nog"}'), hint
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "code"),
     [

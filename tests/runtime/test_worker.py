@@ -619,8 +619,16 @@ def test_handler_registration_and_options_are_checked() -> None:
     app.handler("orders")(print)
     with pytest.raises(InvalidArgument, match="already has a handler"):
         app.handler("orders")(print)
-    with pytest.raises(InvalidArgument, match="no handler for queue 'emails'"):
+    with pytest.raises(InvalidArgument, match="no handler for queue 'emails'") as caught:
         app.workers(["emails"])
+    assert caught.value.hint == "Queue handlers: orders."
+    # An App of stream handlers alone was told 'Registered: none.', as if it had no handler.
+    streams = App()
+    streams.stream_handler("clicks", "billing")(print)
+    with pytest.raises(InvalidArgument) as caught:
+        streams.workers(["clicks"])
+    said = "Queue handlers: none; stream handlers, chosen by no queue name: clicks/billing."
+    assert caught.value.hint == said
     with pytest.raises(InvalidArgument, match="concurrency"):
         Worker("orders", print, concurrency=0)
     with pytest.raises(InvalidArgument, match="poll_max"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker import Broker
 
@@ -91,6 +93,12 @@ def test_schedule_commands(dsn: str) -> None:
     assert "nightly" in cli(dsn, "schedule", "list").stdout
     assert cli(dsn, "schedule", "remove", "nightly").returncode == 0
     assert cli(dsn, "schedule", "remove", "nightly").returncode == 1
+    # A name that is not there is "not found" (exit 1) for every command, not a usage error (2).
+    for action in ("remove", "pause", "resume"):
+        gone = cli(dsn, "schedule", action, "nightly")
+        assert gone.returncode == 1, (action, gone.stderr)
+        said = 'pgbroker: error: schedule "nightly" does not exist\nhint: List them: pgbroker schedule list\n'
+        assert gone.stderr == said
     assert "no schedules" in cli(dsn, "schedule", "list").stdout
 
 
@@ -118,6 +126,28 @@ def test_peek_command(dsn: str) -> None:
     assert [json.loads(line)["message"] for line in by_field] == [{"n": 3}]
     assert cli(dsn, "peek", "jobs", "--field", "n=3", "--field", "m=1").stdout.startswith("no messages")
     assert cli(dsn, "peek", "jobs", "--field", "n").returncode == 2
+
+
+def test_a_scheduler_says_it_has_started_without_v(dsn: str) -> None:
+    """One line on stderr, as pgbroker worker's and serve's: it printed nothing until stopped."""
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, "scheduler"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
+    try:
+        assert scheduler.stderr is not None
+        readable, _, _ = select.select([scheduler.stderr], [], [], 30)
+        first = scheduler.stderr.readline() if readable else ""
+    finally:
+        scheduler.send_signal(signal.SIGTERM)
+        _, rest = scheduler.communicate(timeout=30)
+    params = conninfo_to_dict(dsn)
+    assert first.startswith("pgbroker: scheduler started: no schedules yet (pgbroker schedule add"), first
+    assert first.endswith(f" in {params['dbname']} at {params['host']} (stop: Ctrl-C or SIGTERM)\n"), first
+    assert "Traceback" not in rest  # (the stop itself, and its exit code, are tested above)
 
 
 def test_a_scheduler_alone_that_cannot_schedule_fails_with_what_to_do(empty_dsn: str) -> None:

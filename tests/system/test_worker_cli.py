@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgbroker import Broker, Message, Queue
+from pgbroker import Broker, Message, Queue, Stream
 from pgbroker._event_loop import LOOP_ENV
 from pgbroker.demo.stage import Demo
 from pgbroker.demo.workers import workers_stage
@@ -346,6 +346,34 @@ def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:
         '"nope" does not exist',
         "hint: Create it first: SELECT pgmq.create('nope'); or: pgbroker create nope",
     )
+
+
+def test_an_app_without_handlers_is_a_usage_error_before_any_start_up_line(
+    dsn: str, jobs: Queue, tmp_path: Path
+) -> None:
+    # It printed "worker started: ... consuming  from ..." (nothing named), then
+    # "no workers to run" with a hint for the Python API ("pass a Worker").
+    (tmp_path / "shop_jobs.py").write_text("from pgbroker import App\napp = App()\n")
+    res = cli(dsn, "worker", "shop_jobs:app", cwd=tmp_path)
+    assert_error(res, 2, "shop_jobs:app has no handlers", '@app.handler("QUEUE")')
+    assert "worker started" not in res.stderr
+
+
+def test_a_stream_handler_s_missing_stream_or_group_is_said_before_any_start_up_line(
+    dsn: str, broker: Broker, tmp_path: Path
+) -> None:
+    # As for a missing queue: it printed "worker started: ... consuming clicks/billing ...", then
+    # the error.
+    (tmp_path / "shop_streams.py").write_text(
+        "from pgbroker import App\napp = App()\n"
+        "@app.stream_handler('clicks', 'billing')\ndef handle(m): pass\n"
+    )
+    missing = [("stream", 'stream "clicks" does not exist'), ("group", 'no consumer group "billing"')]
+    for what, said in missing:
+        res = cli(dsn, "worker", "shop_streams:app", cwd=tmp_path)
+        assert_error(res, 4, said)
+        assert "worker started" not in res.stderr, what
+        Stream(broker, "clicks").create(partitions=1)
 
 
 @pytest.mark.parametrize(

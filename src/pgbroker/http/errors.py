@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Annotated
+from typing import Annotated, Any
 
 import psycopg
 from psycopg_pool import PoolTimeout
@@ -210,8 +210,32 @@ def error_response(error: ApiError) -> Response:
 log = logging.getLogger("pgbroker.http")
 
 
+def _told_over_http(error: ApiError, path: dict[str, Any]) -> None:
+    """A missing queue, stream or group of the request's path: said, with how to create it, in the
+    API's terms. The engine's words are a SQL client's (pgmq's 'relation "pgmq.q_<name>" does not
+    exist', a hint of SQL and of the command line)."""
+    queue, stream, group = path.get("queue"), path.get("stream"), path.get("group")
+    if error.code == "queue_not_found" and queue and f'queue "{queue}" does not exist' in error.message:
+        error.message = f'queue "{queue}" does not exist'
+        error.hint = (
+            f'Create it first: POST /v1/queues {{"name": "{queue}"}} (an admin key), or: pgbroker create '
+            f"{queue}"
+        )
+    elif error.code == "stream_not_found" and stream and f'stream "{stream}" does not exist' in error.message:
+        error.hint = (
+            f'Create it first: POST /v1/streams {{"name": "{stream}"}} (an admin key), or: pgbroker stream '
+            f"create {stream}"
+        )
+    elif error.code == "stream_group_not_found" and stream and group and f'group "{group}"' in error.message:
+        error.hint = (
+            f'Create it first: POST /v1/streams/{stream}/groups {{"group": "{group}"}} (an admin key), '
+            f"or: pgbroker stream create-group {stream} {group}"
+        )
+
+
 async def handle_exception(request: Request, exc: Exception) -> Response:
     error = api_error_of(exc)
+    _told_over_http(error, request.path_params)
     if error.status >= 500 and error.code not in ("queue_full", "server_busy"):
         # The detail stays here; the client gets the id that finds it.
         request_id = secrets.token_hex(8)

@@ -68,6 +68,7 @@ class App:
     def __init__(self) -> None:
         self._handlers: dict[str, tuple[Handler, WorkerOptions]] = {}
         self._stream_workers: list[Callable[[], StreamWorker]] = []
+        self._stream_groups: list[str] = []  # "stream/group" of each stream handler, for messages
 
     @property
     def queues(self) -> list[str]:
@@ -92,6 +93,7 @@ class App:
         def register(function: SH) -> SH:
             StreamWorker(stream, group, function, **options)  # checks the options here
             self._stream_workers.append(lambda: StreamWorker(stream, group, function, **options))
+            self._stream_groups.append(f"{stream}/{group}")
             return function
 
         return register
@@ -103,10 +105,12 @@ class App:
         names = self.queues if queues is None else list(queues)
         unknown = [name for name in names if name not in self._handlers]
         if unknown:
-            raise InvalidArgument(
-                f"no handler for queue {', '.join(map(repr, unknown))}",
-                hint=f"Registered: {', '.join(self.queues) or 'none'}.",
-            )
+            # An App of stream handlers alone has handlers all the same: say which, and that a
+            # queue name does not choose them (it said 'Registered: none.').
+            hint = f"Queue handlers: {', '.join(self.queues) or 'none'}"
+            if self._stream_groups:
+                hint += f"; stream handlers, chosen by no queue name: {', '.join(self._stream_groups)}"
+            raise InvalidArgument(f"no handler for queue {', '.join(map(repr, unknown))}", hint=f"{hint}.")
         workers = []
         for name in names:
             handler, registered = self._handlers[name]

@@ -78,6 +78,8 @@ class InboundBridge:
         self._stopping = asyncio.Event()
         # Set while connected and receiving (an MQTT subscription, say, exists from then on).
         self.receiving = asyncio.Event()
+        # Set once the bridge first connected to the broker and began its work (kept across reconnections).
+        self.started = asyncio.Event()
 
     @staticmethod
     def _make_target(broker: AsyncBroker, name: str) -> InboundTarget:
@@ -111,6 +113,7 @@ class InboundBridge:
     async def _serve(self, receiver: Receiver) -> None:
         log.info("bridge.in.started %s=%s broker=%s", self._target.kind, self._target.name, self.where)
         self.receiving.set()
+        self.started.set()
         try:
             while not self._stopping.is_set():
                 batch = await receiver.receive(self.settings.batch_size, _POLL)

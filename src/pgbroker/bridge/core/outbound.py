@@ -90,6 +90,8 @@ class OutboundBridge:
         # A malformed URL, an unknown scheme or a missing client library fails here.
         self._endpoint = outbound_endpoint(url, queue, self.settings)
         self._stopping = asyncio.Event()
+        # Set once the bridge first connected to the broker and began its work (kept across reconnections).
+        self.started = asyncio.Event()
 
     @property
     def where(self) -> str:
@@ -117,6 +119,7 @@ class OutboundBridge:
 
     async def _serve(self, publisher: Publisher) -> None:
         log.info("bridge.out.started queue=%s broker=%s", self._queue.name, self.where)
+        self.started.set()
         aborting = asyncio.Event()
         pumps = [asyncio.create_task(self._pump(publisher, aborting)) for _ in range(self.settings.windows)]
         try:

@@ -79,6 +79,8 @@ class StreamOutboundBridge:
         # A malformed URL, an unknown scheme or a missing client library fails here.
         self._endpoint = outbound_endpoint(url, stream, self.settings)
         self._stopping = asyncio.Event()
+        # Set once the bridge first connected to the broker and began its work (kept across reconnections).
+        self.started = asyncio.Event()
 
     @property
     def where(self) -> str:
@@ -120,6 +122,7 @@ class StreamOutboundBridge:
         )
         # What was read and not acked before (a lost connection, a failed ack) comes again.
         await self._consumer.rewind()
+        self.started.set()
         while not self._stopping.is_set():
             batch = await self._consumer.read(self.settings.batch_size, wait=_POLL)
             if batch:

@@ -26,6 +26,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from pgbroker import _event_loop as event_loop
+from pgbroker._db.dsn import database_place
 from pgbroker.cli.support.arguments import duration, positive_int, seconds
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
@@ -76,9 +77,7 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument(
         "--to", metavar="URL", help="the broker: amqp://, redis://, nats://, mqtt://, sqs:// (docs/bridge.md)"
     )
-    sub.add_argument(
-        "--exchange", default="", metavar="NAME", help="RabbitMQ: exchange without x-amqp-exchange ('')"
-    )
+    sub.add_argument("--exchange", metavar="NAME", help="RabbitMQ: exchange without x-amqp-exchange ('')")
     sub.add_argument(
         "--routing-key",
         metavar="KEY",
@@ -86,7 +85,6 @@ def register(subcommands: Subcommands) -> None:
     )
     sub.add_argument(
         "--exchange-type",
-        default="topic",
         metavar="TYPE",
         help="RabbitMQ with --declare: exchange type (topic)",
     )
@@ -139,6 +137,10 @@ def register(subcommands: Subcommands) -> None:
 
 class _Bridge(Protocol):
     stats: Any
+    started: asyncio.Event
+
+    @property
+    def where(self) -> str: ...
 
     async def run(self) -> None: ...
 
@@ -176,28 +178,56 @@ def _source(args: argparse.Namespace) -> tuple[str | None, str]:
     return str(args.source), _amqp_url(args)
 
 
+def _refuse_unused_options(args: argparse.Namespace, url: str) -> None:
+    """An option that would change nothing is a usage error: it was taken without a word, so a
+    bridge ran otherwise than its command line said."""
+    stream_only = (("--group", args.group), ("--consumer", args.consumer))
+    given = [option for option, value in stream_only if value]
+    if args.queue is not None and given:
+        raise CliError(
+            f"{', '.join(given)}: for --stream only; a queue is published without a consumer group",
+            code=Exit.USAGE,
+            hint="Leave it out, or publish a stream: --stream S --group G.",
+        )
+    scheme = url.partition("://")[0].lower()
+    rabbit_only = (("--exchange", args.exchange), ("--routing-key", args.routing_key))
+    given = [option for option, value in (*rabbit_only, ("--exchange-type", args.exchange_type)) if value]
+    if scheme not in ("amqp", "amqps") and given:
+        raise CliError(
+            f"{', '.join(given)}: for RabbitMQ only, and the broker is {scheme}://",
+            code=Exit.USAGE,
+            hint="Say where messages go in the URL (docs/bridge.md lists each broker's options).",
+        )
+
+
 def _out(args: argparse.Namespace, broker: Broker) -> int:
     with needs_extra("bridge"):
         from pgbroker.bridge import OutboundBridge, OutboundSettings
         from pgbroker.bridge.core.endpoints import outbound_endpoint
 
+    url = _target(args)
+    _refuse_unused_options(args, url)
     settings = OutboundSettings(
-        exchange=args.exchange,
+        exchange=args.exchange or "",
         routing_key=args.routing_key,
         batch_size=args.batch_size,
         windows=args.windows,
         lease=args.lease,
         confirm_timeout=args.confirm_timeout,
         declare=args.declare,
-        exchange_type=args.exchange_type,
+        exchange_type=args.exchange_type or "topic",
         enable_notify=args.notify,
     )
-    url = _target(args)
     name = args.queue or args.stream
     with needs_extra("bridge"):
         outbound_endpoint(url, name, settings)  # the URL and its client library, before anything runs
     if args.stream is None:
-        return _serve(broker, args, lambda abroker: OutboundBridge(abroker, args.queue, url, settings))
+        return _serve(
+            broker,
+            args,
+            lambda abroker: OutboundBridge(abroker, args.queue, url, settings),
+            lambda where, place: f"publishing queue {args.queue} ({place}) to {where}",
+        )
     if not args.group:
         raise CliError("--stream needs --group", code=Exit.USAGE, hint="The bridge reads as a consumer group")
     from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
@@ -208,6 +238,7 @@ def _out(args: argparse.Namespace, broker: Broker) -> int:
         lambda abroker: StreamOutboundBridge(
             abroker, args.stream, args.group, url, settings, consumer=args.consumer
         ),
+        lambda where, place: f"publishing stream {args.stream} as group {args.group} ({place}) to {where}",
     )
 
 
@@ -229,14 +260,33 @@ def _in(args: argparse.Namespace, broker: Broker) -> int:
     with needs_extra("bridge"):
         inbound_endpoint(url, source, name, settings)  # the URL and its client library, before anything runs
     kind = InboundBridge if args.stream is None else StreamInboundBridge
-    return _serve(broker, args, lambda abroker: kind(abroker, source, name, url, settings))
+    into = "queue" if args.stream is None else "stream"
+    return _serve(
+        broker,
+        args,
+        lambda abroker: kind(abroker, source, name, url, settings),
+        lambda where, place: f"receiving from {where} into {into} {name} ({place})",
+    )
 
 
-def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Bridge]) -> int:
+def _serve(
+    broker: Broker,
+    args: argparse.Namespace,
+    make: Callable[[Any], _Bridge],
+    describe: Callable[[str, str], str],
+) -> int:
+    """Run the bridge ``make`` builds until a stop signal. ``describe(broker's place, database's
+    place)`` says what it does, in the line printed once it has started (shown without -v, as
+    pgbroker worker's and serve's are): a bridge otherwise runs without a word."""
     from pgbroker.bridge import BridgeError
     from pgbroker.queues._client_async import AsyncBroker
 
     dsn = dsn_of(args.dsn, args.connect_timeout)
+
+    async def announce(bridge: _Bridge) -> None:
+        await bridge.started.wait()
+        what = describe(bridge.where, database_place(dsn))
+        print(f"pgbroker: bridge started: {what} (stop: Ctrl-C or SIGTERM)", file=sys.stderr, flush=True)
 
     async def run() -> None:
         async with AsyncBroker(
@@ -254,10 +304,12 @@ def _serve(broker: Broker, args: argparse.Namespace, make: Callable[[Any], _Brid
                     task.cancel()  # a second signal: leave now
 
             reporter = asyncio.create_task(_report(bridge, args.progress)) if args.progress else None
+            announcer = asyncio.create_task(announce(bridge))
             try:
                 with on_stop_signals(on_signal):
                     await task
             finally:
+                announcer.cancel()
                 if reporter is not None:
                     reporter.cancel()
 

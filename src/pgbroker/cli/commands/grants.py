@@ -49,7 +49,7 @@ def register(subcommands: Subcommands) -> None:
 
 def _add_role_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("kind", choices=KINDS, help="what the role may do on the queues")
-    parser.add_argument("role", help="an existing database role (CREATE ROLE ... LOGIN)")
+    parser.add_argument("role", metavar="ROLE", help="an existing database role (CREATE ROLE ... LOGIN)")
 
 
 def _grant(args: argparse.Namespace, broker: Broker) -> int:

@@ -7,6 +7,7 @@ HTTP server, so these commands work without the ``http`` extra.
 from __future__ import annotations
 
 import argparse
+import re
 
 from pgbroker._db.api_keys import SCOPES, ApiKey, create_key, list_keys, revoke_key
 from pgbroker.cli.support.connecting import require_installed
@@ -23,7 +24,7 @@ def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "keys", "API keys of the HTTP API")
     summary = "create a key and print its token (shown only once)"
     sub = add_command(actions, "create", summary, _create)
-    sub.add_argument("name", help="what the key is for")
+    sub.add_argument("name", metavar="NAME", help="what the key is for")
     sub.add_argument(
         "--scope",
         action="append",
@@ -46,8 +47,18 @@ def register(subcommands: Subcommands) -> None:
     sub = add_command(actions, "list", "list the keys (never their tokens)", _list)
     sub.add_argument("--all", action="store_true", help="include revoked keys")
 
-    sub = add_command(actions, "revoke", "revoke a key by id", _revoke)
-    sub.add_argument("id", type=int, help="the key's id (see keys list)")
+    sub = add_command(actions, "revoke", "revoke a key by id, or by its token", _revoke)
+    sub.add_argument("id", type=_key_id, metavar="ID", help="the key's id (see keys list), or its token")
+
+
+def _key_id(text: str) -> int:
+    """A key's id, written as the number or as the token that carries it (pgb_<id>_<secret>): the
+    token is what someone holding a leaked one has at hand."""
+    found = re.fullmatch(r"([0-9]{1,18})|pgb_([0-9]{1,18})_\S+", text.strip())
+    if found is None:
+        shown = repr(text) if len(text) <= 20 else "a longer text, not shown: it may be a token"
+        raise argparse.ArgumentTypeError(f"expected a key's id (keys list) or its token, got {shown}")
+    return int(found[1] or found[2])
 
 
 def _key_json(key: ApiKey) -> dict[str, object]:

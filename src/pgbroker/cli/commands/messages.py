@@ -17,8 +17,8 @@ from pgbroker.cli.support.json_input import json_argument, json_problem, loads
 from pgbroker.cli.support.output import message_json, plural, print_each, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.running import print_error
-from pgbroker.errors import StaleReceipt
-from pgbroker.queues._client import Broker
+from pgbroker.errors import PgbrokerError, StaleReceipt
+from pgbroker.queues._client import Broker, Queue
 from pgbroker.queues._job_headers import with_job_headers
 from pgbroker.queues._records import Receipt
 
@@ -28,7 +28,12 @@ __all__ = ["register", "send_lines"]
 def register(subcommands: Subcommands) -> None:
     sub = add_command(subcommands, "send", "send a JSON message, or JSON lines from stdin", _send)
     sub.add_argument("name", metavar="QUEUE", help="queue name")
-    sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
+    sub.add_argument(
+        "message",
+        nargs="?",
+        metavar="MESSAGE",
+        help="the message as JSON; without it, one message per stdin line",
+    )
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
     sub.add_argument("--delay", type=whole_seconds, metavar="SECONDS", help="invisible for this long")
     sub.add_argument("--priority", type=int, metavar="N", help="higher is read first (0)")
@@ -167,15 +172,38 @@ def _msg_id_text(record: Mapping[str, Any]) -> str:
 
 
 def _read(args: argparse.Namespace, broker: Broker) -> int:
-    for message in broker.queue(args.name).read_many(args.qty, vt=args.vt, wait=args.wait):
+    queue = broker.queue(args.name)
+    messages = queue.read_many(args.qty, vt=args.vt, wait=args.wait)
+    for message in messages:
         print(message_json(message))
+    if not messages:
+        _say_if_paused(queue)
     return Exit.OK
 
 
 def _pop(args: argparse.Namespace, broker: Broker) -> int:
-    for message in broker.queue(args.name).pop_many(args.qty):
+    queue = broker.queue(args.name)
+    messages = queue.pop_many(args.qty)
+    for message in messages:
         print(message_json(message))
+    if not messages:
+        _say_if_paused(queue)
     return Exit.OK
+
+
+def _say_if_paused(queue: Queue) -> None:
+    """An empty read of a paused queue says why on stderr (still a success): the queue may hold
+    messages, which pgbroker metrics counts as visible."""
+    try:
+        paused = queue.policy().paused
+    except PgbrokerError:  # a role that may read but not see the policy: no remark
+        return
+    if paused:
+        print(
+            f'pgbroker: queue "{queue.name}" is paused: reads return nothing until: '
+            f"pgbroker resume {queue.name}",
+            file=sys.stderr,
+        )
 
 
 def _ack(args: argparse.Namespace, broker: Broker) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
-from pgbroker.cli.support.arguments import DURATION_UNITS, duration, positive_int, whole
+from pgbroker.cli.support.arguments import DURATION_UNITS, duration, positive_int, rate_limit, whole
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import notices_to, plural, print_listing, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
@@ -74,7 +74,12 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument(
         "--max-in-flight-per-key", type=whole, metavar="N", help="at most N leased per concurrency key"
     )
-    sub.add_argument("--rate-limit", type=float, metavar="PER_SECOND", help="messages handed out per second")
+    sub.add_argument(
+        "--rate-limit",
+        type=rate_limit,
+        metavar="PER_SECOND",
+        help="messages handed out per second (0: no limit)",
+    )
 
     sub = add_command(subcommands, "maintain", "apply archive retention in batches", _maintain)
     sub.add_argument(

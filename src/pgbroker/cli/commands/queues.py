@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Sequence
 
+from pgbroker._db.dsn import database_place
 from pgbroker._db.install import install_roles
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
@@ -46,11 +48,12 @@ def register(subcommands: Subcommands) -> None:
 def _install(args: argparse.Namespace, broker: Broker) -> int:
     result = broker.install()
     if not result.changed:
-        lines = [f"already at version {result.version}"]
+        done = f"already at version {result.version}"
     elif result.previous_version is None:
-        lines = [f"installed version {result.version} (was not installed)"]
+        done = f"installed version {result.version} (was not installed)"
     else:
-        lines = [f"installed version {result.version} (was {result.previous_version})"]
+        done = f"installed version {result.version} (was {result.previous_version})"
+    lines = [f"{done} in {_installed_where(args, broker)}"]
     granted: dict[str, int] = {}
     if args.roles:
         with broker.connection() as conn:
@@ -64,6 +67,16 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
         "roles": granted,  # role: the functions it may execute
     }
     return print_result(args, record, "\n".join(lines))
+
+
+def _installed_where(args: argparse.Namespace, broker: Broker) -> str:
+    """The database installed into, for a person: with neither --dsn nor DATABASE_URL, the
+    embedded cluster, which a newcomer may not know was started for them."""
+    with broker.connection() as conn:
+        where = database_place(conn.info.dsn)
+    if args.dsn or os.environ.get("DATABASE_URL"):
+        return where
+    return f"{where} (the embedded PostgreSQL: --dsn or DATABASE_URL for another server)"
 
 
 def _create(args: argparse.Namespace, broker: Broker) -> int:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from pgbroker import _event_loop as event_loop
+from pgbroker._db.dsn import database_place
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
@@ -30,7 +32,7 @@ __all__ = ["register"]
 def register(subcommands: Subcommands) -> None:
     actions = add_group(subcommands, "schedule", "cron schedules that send messages to queues")
     sub = add_command(actions, "add", "add a schedule", _add)
-    sub.add_argument("name", help="the schedule's name")
+    sub.add_argument("name", metavar="NAME", help="the schedule's name")
     sub.add_argument("--queue", required=True, help="the queue each tick sends to")
     sub.add_argument("--cron", required=True, help="5 fields, e.g. '*/5 * * * *' or '0 9 * * mon-fri'")
     sub.add_argument("--message", required=True, metavar="JSON", help="the message each tick sends")
@@ -44,7 +46,7 @@ def register(subcommands: Subcommands) -> None:
         ("resume", "send a paused schedule's ticks again, from the next one", _resume),
     ):
         sub = add_command(actions, action, summary, handler)
-        sub.add_argument("name", help="the schedule's name")
+        sub.add_argument("name", metavar="NAME", help="the schedule's name")
 
     summary = "send the ticks of the schedules (workers run one too)"
     add_loop_option(add_command(subcommands, "scheduler", summary, _scheduler, json_output=False))
@@ -106,25 +108,52 @@ def _schedule_table(schedules: Sequence[Schedule]) -> str:
     return table(["NAME", "QUEUE", "CRON", "NEXT", "LAST", "LAST MSG_ID"], rows)
 
 
+def _missing(name: str) -> CliError:
+    """A schedule not found: nothing done (exit 1), whichever command named it."""
+    return CliError(
+        f'schedule "{name}" does not exist', code=Exit.NOTHING_DONE, hint="List them: pgbroker schedule list"
+    )
+
+
+def _existing(broker: Broker, name: str) -> str:
+    # The engine refuses a missing name as an invalid argument, which would exit 2 (a usage error).
+    if all(schedule.name != name for schedule in broker.schedules()):
+        raise _missing(name)
+    return name
+
+
 def _remove(args: argparse.Namespace, broker: Broker) -> int:
     if not broker.remove_schedule(args.name):
-        raise CliError(
-            f'schedule "{args.name}" does not exist',
-            code=Exit.NOTHING_DONE,
-            hint="List them: pgbroker schedule list",
-        )
+        raise _missing(args.name)
     return print_result(args, {"removed": args.name}, f'removed schedule "{args.name}"')
 
 
 def _pause(args: argparse.Namespace, broker: Broker) -> int:
-    return _print(args, broker.pause_schedule(args.name), "paused")
+    return _print(args, broker.pause_schedule(_existing(broker, args.name)), "paused")
 
 
 def _resume(args: argparse.Namespace, broker: Broker) -> int:
-    return _print(args, broker.resume_schedule(args.name), "resumed")
+    return _print(args, broker.resume_schedule(_existing(broker, args.name)), "resumed")
 
 
 def _scheduler(args: argparse.Namespace, broker: Broker) -> int:
+    schedules = broker.schedules()  # a database without pgbroker, or a role without rights: fail here
     dsn = dsn_of(args.dsn, args.connect_timeout)
+    _announce(schedules, dsn)
     event_loop.run(serve_scheduler(dsn, pooler=args.pooler, pool_timeout=args.pool_timeout), args.loop)
     return Exit.OK
+
+
+def _announce(schedules: Sequence[Schedule], dsn: str) -> None:
+    """One line on stderr, shown without -v, as pgbroker worker's: what it sends, where, how to stop it."""
+    running = sum(not schedule.paused for schedule in schedules)
+    what = (
+        f"{len(schedules)} schedule{'' if len(schedules) == 1 else 's'} ({running} running)"
+        if schedules
+        else "no schedules yet (pgbroker schedule add ...; it takes them up as they come)"
+    )
+    print(
+        f"pgbroker: scheduler started: {what} in {database_place(dsn)} (stop: Ctrl-C or SIGTERM)",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -7,14 +7,25 @@ extra, imported only when the command runs.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
+import socket
 from types import FrameType
 
 from pgbroker import _event_loop as event_loop
-from pgbroker.cli.support.arguments import duration, positive_duration
+from pgbroker.cli.support.arguments import (
+    duration,
+    port,
+    positive_duration,
+    positive_int,
+    positive_number,
+    positive_seconds,
+    seconds,
+    whole_seconds,
+)
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.cli.support.connecting import dsn_of, require_installed
-from pgbroker.cli.support.errors import Exit
+from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
@@ -26,52 +37,58 @@ def register(subcommands: Subcommands) -> None:
     summary = "serve the HTTP API, /metrics and the dashboard"
     sub = add_command(subcommands, "serve", summary, _serve, json_output=False)
     sub.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    sub.add_argument("--port", type=int, default=8080, help="port (8080)")
-    sub.add_argument("--max-body", type=int, default=1024 * 1024, metavar="BYTES", help="request body limit")
+    sub.add_argument("--port", type=port, default=8080, help="port (8080; 0: any free one)")
     sub.add_argument(
-        "--rate", type=float, default=100.0, metavar="PER_SECOND", help="per-key rate limit (100)"
+        "--max-body", type=positive_int, default=1024 * 1024, metavar="BYTES", help="request body limit"
     )
-    sub.add_argument("--burst", type=float, default=200.0, metavar="N", help="per-key burst (200)")
     sub.add_argument(
-        "--max-wait", type=float, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
+        "--rate", type=positive_number, default=100.0, metavar="PER_SECOND", help="per-key rate limit (100)"
+    )
+    sub.add_argument("--burst", type=positive_number, default=200.0, metavar="N", help="per-key burst (200)")
+    sub.add_argument(
+        "--max-wait", type=seconds, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
     )
     sub.add_argument(
         "--head-timeout",
-        type=float,
+        type=positive_seconds,
         default=10.0,
         metavar="SECONDS",
         help="close a connection whose request line and headers take longer (10)",
     )
     sub.add_argument(
         "--body-timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         metavar="SECONDS",
         help="answer 408 and close when a request's body takes longer (30)",
     )
     sub.add_argument(
         "--keep-alive",
-        type=int,
+        type=whole_seconds,
         default=5,
         metavar="SECONDS",
         help="close a kept-alive connection idle this long (5)",
     )
     sub.add_argument(
         "--max-concurrency",
-        type=int,
+        type=positive_int,
         default=256,
         metavar="N",
         help="requests handled at once; more are answered 503 with Retry-After (256)",
     )
     sub.add_argument(
         "--auth-failure-rate",
-        type=float,
+        type=positive_number,
         default=1.0,
         metavar="PER_SECOND",
         help="failed API keys per client address before unknown keys are refused unread (1)",
     )
     sub.add_argument(
-        "--auth-failure-burst", type=float, default=20.0, metavar="N", help="burst of failed keys (20)"
+        "--auth-failure-burst",
+        type=positive_number,
+        default=20.0,
+        metavar="N",
+        help="burst of failed keys (20)",
     )
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument(
@@ -88,7 +105,9 @@ def register(subcommands: Subcommands) -> None:
         metavar="DURATION",
         help="sample the stats history this often (10s)",
     )
-    sub.add_argument("--connections", type=int, default=10, metavar="N", help="database pool size (10)")
+    sub.add_argument(
+        "--connections", type=positive_int, default=10, metavar="N", help="database pool size (10)"
+    )
     sub.add_argument(
         "--replica-dsn",
         metavar="DSN",
@@ -109,6 +128,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
     load_codec_modules(args)
     event_loop.loop_factory(args.loop)  # a loop it cannot give fails here, in pgbroker's words
     require_installed(broker)  # else it would serve, every request failing
+    _check_address(args.host, args.port)
     dsn = dsn_of(args.dsn, args.connect_timeout)
     settings = Settings(
         max_body_bytes=args.max_body,
@@ -156,6 +176,44 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return Exit.OK
+
+
+_LISTEN_HINTS = {
+    errno.EADDRINUSE: "Another process listens there (ss -ltnp shows which): stop it, or pass another "
+    "--port.",
+    errno.EADDRNOTAVAIL: "No interface of this machine has that address: pass --host 127.0.0.1 (this "
+    "machine only) or 0.0.0.0 (every interface).",
+    errno.EACCES: "Ports below 1024 need root (or CAP_NET_BIND_SERVICE): pass a --port of 1024 or more.",
+}
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind the address as uvicorn will (SO_REUSEADDR, each address the host resolves to), and let
+    it go: an address that cannot be had fails here, in pgbroker's words. uvicorn logs only the
+    OS's error and exits 3, which pgbroker's exit codes call a stale receipt."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CliError(
+            f"cannot listen on {host}: {exc.strerror}",
+            code=Exit.USAGE,
+            hint="Pass --host an address or name of this machine: 127.0.0.1 (this machine only) or "
+            "0.0.0.0 (every interface).",
+        ) from exc
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                where = f"[{address[0]}]:{port}" if family == socket.AF_INET6 else f"{address[0]}:{port}"
+                raise CliError(
+                    f"cannot listen on {where}: {exc.strerror or exc}",
+                    code=Exit.USAGE,
+                    hint=_LISTEN_HINTS.get(exc.errno or 0),
+                ) from exc
 
 
 class _Stopped(Exception):

@@ -53,7 +53,12 @@ def register(subcommands: Subcommands) -> None:
 
     sub = add_command(actions, "send", "send a JSON message, or JSON lines from stdin", _send)
     sub.add_argument("name", metavar="STREAM", help="stream name")
-    sub.add_argument("message", nargs="?", help="the message as JSON; without it, one message per stdin line")
+    sub.add_argument(
+        "message",
+        nargs="?",
+        metavar="MESSAGE",
+        help="the message as JSON; without it, one message per stdin line",
+    )
     sub.add_argument("--key", help="partition key (messages of a key keep their order)")
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
     sub.add_argument(
@@ -62,14 +67,14 @@ def register(subcommands: Subcommands) -> None:
 
     sub = add_command(actions, "read", "read a batch as a group's consumer, print JSON lines, ack it", _read)
     sub.add_argument("name", metavar="STREAM", help="stream name")
-    sub.add_argument("group", help="consumer group")
+    sub.add_argument("group", metavar="GROUP", help="consumer group")
     sub.add_argument("--qty", type=positive_int, default=10, metavar="N", help="at most this many (10)")
     sub.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait for messages (0)")
     sub.add_argument("--no-ack", action="store_true", help="leave the batch unacknowledged (a peek)")
 
     sub = add_command(actions, "create-group", "create a consumer group (idempotent)", _create_group)
     sub.add_argument("name", metavar="STREAM", help="stream name")
-    sub.add_argument("group", help="group name")
+    sub.add_argument("group", metavar="GROUP", help="group name")
     sub.add_argument(
         "--start", default="end", metavar="WHERE", help="start, end (default), or an ISO time with its zone"
     )
@@ -79,7 +84,7 @@ def register(subcommands: Subcommands) -> None:
 
     sub = add_command(actions, "drop-group", "drop a consumer group (its retry queue stays)", _drop_group)
     sub.add_argument("name", metavar="STREAM", help="stream name")
-    sub.add_argument("group", help="group name")
+    sub.add_argument("group", metavar="GROUP", help="group name")
 
     sub = add_command(actions, "groups", "a stream's groups with their lag", _groups)
     sub.add_argument("name", metavar="STREAM", help="stream name")
@@ -224,7 +229,11 @@ def _create_group(args: argparse.Namespace, broker: Broker) -> int:
 
 def _drop_group(args: argparse.Namespace, broker: Broker) -> int:
     if not Stream(broker, args.name).drop_group(args.group):
-        raise CliError(f'stream "{args.name}" has no group "{args.group}"', code=Exit.QUEUE_NOT_FOUND)
+        raise CliError(
+            f'stream "{args.name}" has no consumer group "{args.group}"',
+            code=Exit.QUEUE_NOT_FOUND,
+            hint=f"List its groups: pgbroker stream groups {args.name}",
+        )
     record = {"stream": args.name, "group": args.group, "dropped": True}
     return print_result(args, record, f"dropped group {args.group} of stream {args.name}")
 

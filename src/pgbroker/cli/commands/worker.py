@@ -33,11 +33,14 @@ from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option, add_progress_option
 from pgbroker.cli.support.running import LOG_FORMAT, classify, print_error
+from pgbroker.cli.support.user_modules import importable_from_cwd
+from pgbroker.errors import StreamNotFound
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._app import App, serve
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
+from pgbroker.streams._client import Stream
 
 __all__ = ["register"]
 
@@ -110,13 +113,31 @@ def _worker(args: argparse.Namespace, broker: Broker) -> int:
     workers = _workers(args)  # import the handlers here, so that a mistake fails before any process starts
     event_loop.loop_factory(args.loop)  # and a wrong $PGBROKER_LOOP
     dsn = dsn_of(args.dsn, args.connect_timeout)
-    existing = {info.queue_name.lower() for info in broker.list_queues()}
-    # A missing queue is the worker's to report (exit 4), with no start-up line before the error.
-    if all(worker.queue.lower() in existing for worker in workers if isinstance(worker, Worker)):
+    # A missing queue, stream or group is the worker's to report (exit 4), with no start-up line
+    # before the error.
+    if _all_there(broker, workers):
         _announce(workers, dsn, args.processes)
     if args.processes == 1:
         return _serve(workers, dsn, args)
     return _supervise(args, dsn)
+
+
+def _all_there(broker: Broker, workers: Sequence[Worker | StreamWorker]) -> bool:
+    """Whether every queue, and every stream with its group, the workers consume exists (a name
+    not found here only leaves the start-up line out: the worker itself judges)."""
+    queues = {info.queue_name.lower() for info in broker.list_queues()}
+    for worker in workers:
+        if isinstance(worker, Worker):
+            if worker.queue.lower() not in queues:
+                return False
+            continue
+        try:
+            groups = Stream(broker, worker.stream).groups()
+        except StreamNotFound:
+            return False
+        if all(group.name != worker.group for group in groups):
+            return False
+    return True
 
 
 def _announce(workers: Sequence[Worker | StreamWorker], dsn: str, processes: int) -> None:
@@ -164,7 +185,15 @@ def _workers(args: argparse.Namespace) -> Sequence[Worker | StreamWorker]:
         options["max_deliveries"] = None
     if isinstance(target, App):
         streams = [] if args.queue else target.stream_workers()  # --queue names queues only
-        return [*target.workers(args.queue or None, **options), *streams]
+        workers: list[Worker | StreamWorker] = [*target.workers(args.queue or None, **options), *streams]
+        if not workers:  # said before the start-up line, which would name nothing it consumes
+            raise CliError(
+                f"{args.target} has no handlers: it consumes nothing",
+                code=Exit.USAGE,
+                hint='Register one in that module: @app.handler("QUEUE") (or @app.stream_handler('
+                '"STREAM", "GROUP")) on a function.',
+            )
+        return workers
     if not args.queue:
         raise CliError(
             f"{args.target} is a handler function: say which queue it consumes",
@@ -182,9 +211,7 @@ def _load(target: str) -> App | Callable[[Message], Any]:
             code=Exit.USAGE,
             hint="For example: pgbroker worker shop.jobs:app",
         )
-    # As `python -m` would: handlers usually live beside where the worker is started.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
         found = operator.attrgetter(attribute)(module)

@@ -46,6 +46,30 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """A rate: a finite number > 0."""
+    value = _converted(text, float, "a number")
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def rate_limit(text: str) -> float:
+    """Messages a second, 0 for no limit."""
+    value = _converted(text, float, "a number")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0: no limit), got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port; 0 lets the system pick a free one."""
+    value = _converted(text, int, "a port number")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {value}")
+    return value
+
+
 def msg_id(text: str) -> int:
     return _converted(text, int, "a msg_id (a whole number)")
 

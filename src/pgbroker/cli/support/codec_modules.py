@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from pgbroker.cli.support.user_modules import importable_from_cwd
 from pgbroker.codecs.modules import import_codec_modules
 
 
@@ -15,9 +16,12 @@ def add_codec_module_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import MODULE first (repeatable): it registers Avro schemas or defines Protobuf types",
+        help="import MODULE first, from the current directory or PYTHONPATH (repeatable): it registers "
+        "Avro schemas or defines Protobuf types",
     )
 
 
 def load_codec_modules(args: argparse.Namespace) -> None:
+    if args.codec_module:
+        importable_from_cwd()  # as pgbroker worker finds its handlers
     import_codec_modules(args.codec_module)

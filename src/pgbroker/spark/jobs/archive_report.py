@@ -32,7 +32,7 @@ MAX_AUTO_BUCKETS = 500
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("queue", help="the queue whose archive to analyse")
+    parser.add_argument("queue", metavar="QUEUE", help="the queue whose archive to analyse")
     parser.add_argument(
         "--output", type=Path, required=True, help="directory for the Parquet files and charts"
     )

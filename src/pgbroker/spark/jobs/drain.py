@@ -26,7 +26,7 @@ COLUMNS = ("msg_id", "read_ct", "enqueued_at", "message", "headers")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("queue", help="the queue to drain")
+    parser.add_argument("queue", metavar="QUEUE", help="the queue to drain")
     parser.add_argument("--output", type=Path, required=True, help="directory of the Parquet dataset")
     common.add_stream_arguments(parser, checkpoint_required=False)
     common.add_spark_arguments(parser)

@@ -26,8 +26,8 @@ DESCRIPTION = "Route a queue's messages through a transformation into another qu
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="the queue to read")
-    parser.add_argument("target", help="the queue to send to")
+    parser.add_argument("source", metavar="SOURCE", help="the queue to read")
+    parser.add_argument("target", metavar="TARGET", help="the queue to send to")
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
         "--function",

@@ -23,7 +23,7 @@ from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
 from pgbroker.errors import ConnectionLost
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream
-from tests.support.faults import impatient, table_locked, terminate_sessions
+from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
 from tests.support.postgres import scratch_dir
 from tests.support.probes import RedisProbe, body_of, unique
 from tests.support.servers import KINDS, PrivateServer
@@ -325,3 +325,139 @@ def test_the_inbound_bridge_gives_up_on_a_redis_that_hangs_and_carries_on_after(
                 await task
 
     asyncio.run(scenario())
+
+
+# Hung database sessions: every session a bridge's pool (and its listener) holds stops answering,
+# its backend frozen with SIGSTOP as a hung server, a stuck pooler or a network that drops
+# packets without a word leaves it. Each bridge waited for the answer for as long as the hang
+# lasted (for good behind a stuck pooler), saying nothing; now a call unanswered within the lease
+# (out) or the ack wait (in) counts as a lost connection: warned, and retried on new sessions.
+HUNG_LEASE = 2
+
+
+async def queue_length(dsn: str, queue: str) -> int:
+    """The queue's length, asked on a session of the test's own (the bridge's hang)."""
+    async with AsyncBroker(dsn, max_connections=1) as checker:
+        return (await checker.metrics(queue)).queue_length
+
+
+def test_the_outbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("hung")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+    settings = OutboundSettings(idle_wait=0.5, lease=HUNG_LEASE)
+
+    def send(*numbers: int) -> None:
+        with Broker(dsn) as broker:
+            broker.queue("outbox").send_many([{"n": n} for n in numbers])
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), max_connections=4) as abroker:
+            bridge = OutboundBridge(abroker, "outbox", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def empty() -> bool:
+                return await queue_length(dsn, "outbox") == 0
+
+            try:
+                await asyncio.to_thread(send, -1)
+                await until(lambda: published_at_least(bridge, 1), task, "the first message published")
+                with sessions_frozen(dsn) as frozen:
+                    assert frozen
+                    await asyncio.to_thread(send, *range(20))
+                    await until(empty, task, "published while the first sessions hang")
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert said(caplog, "bridge.connection_lost")
+    got = asyncio.run(probe.published(target, expect=21))
+    assert {json.loads(body)["n"] for _, body in got} == set(range(-1, 20))
+
+
+def test_the_stream_outbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("hung")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        clicks = Stream(broker, "clicks")
+        clicks.create(partitions=2)
+        clicks.create_group("out", start="start")
+    settings = OutboundSettings(lease=HUNG_LEASE)
+
+    def send(*numbers: int) -> None:
+        with Broker(dsn) as broker:
+            Stream(broker, "clicks").send_many([{"n": n} for n in numbers])
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), max_connections=4) as abroker:
+            bridge = StreamOutboundBridge(abroker, "clicks", "out", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+            try:
+                await asyncio.to_thread(send, -1)
+                await until(lambda: published_at_least(bridge, 1), task, "the first message published")
+                with sessions_frozen(dsn) as frozen:
+                    assert frozen
+                    await asyncio.to_thread(send, *range(20))
+                    await until(lambda: published_at_least(bridge, 21), task, "published while they hang")
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert said(caplog, "bridge.connection_lost")
+    got = asyncio.run(probe.published(target, expect=21))
+    assert {json.loads(body)["n"] for _, body in got} == set(range(-1, 20))
+
+
+def test_the_inbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.in")
+    source = unique("hung")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("inbox")
+    settings = InboundSettings(declare=True, batch_size=10, ack_wait=HUNG_LEASE)
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), max_connections=4) as abroker:
+            bridge = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+
+            def stored(count: int) -> Callable[[], Awaitable[bool]]:
+                async def done() -> bool:
+                    return await queue_length(dsn, "inbox") >= count
+
+                return done
+
+            try:
+                async with asyncio.timeout(60):
+                    await bridge.receiving.wait()
+                await probe.publish(source, [("m--1", body_of(-1))])
+                await until(stored(1), task, "the first message stored")
+                with sessions_frozen(dsn) as frozen:
+                    assert frozen
+                    await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(20)])
+                    await until(stored(21), task, "stored while the first sessions hang")
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert said(caplog, "bridge.connection_lost")
+    with Broker(dsn) as broker, broker.connection() as conn:
+        rows = conn.execute("SELECT message FROM pgmq.q_inbox").fetchall()
+    assert sorted(m["n"] for (m,) in rows) == list(range(-1, 20))
+
+
+async def published_at_least(bridge: OutboundBridge | StreamOutboundBridge, count: int) -> bool:
+    return bridge.stats.published >= count
+

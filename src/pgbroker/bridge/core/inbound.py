@@ -19,6 +19,12 @@ forever: it is rejected (the broker dead-letters it where it can) and logged. A 
 queue (max_depth) holds the batch unacked and retries it after a pause: backpressure reaches the
 broker, which stops delivering once ``prefetch`` messages are unacked. A batch is sent whole or
 not at all, so max_depth must be larger than batch_size.
+
+A write unanswered within ``ack_wait`` (a hung server, a stuck pooler, a network that drops packets
+without a word: pgbroker._db.liveness.answered_within) counts as a lost connection: the bridge
+reconnects, and the broker delivers the batch again (it would give it to another consumer by then
+anyway); should the write given up commit after all, its message ids are recognised. The bridge
+would otherwise wait for the answer for as long as the hang lasts.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import logging
 from dataclasses import dataclass
 
 from pgbroker._db.backoff import SEND_RETRY, Backoff
+from pgbroker._db.liveness import answered_within
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Received, Receiver
 from pgbroker.bridge.core.endpoints import inbound_endpoint
@@ -149,7 +156,10 @@ class InboundBridge:
         waited = 0
         while True:
             try:
-                sent = await self._target.append(batch, payloads, headers, self.settings.seen_within)
+                sent = await answered_within(
+                    self.settings.ack_wait,
+                    self._target.append(batch, payloads, headers, self.settings.seen_within),
+                )
             except QueueFull as exc:
                 if waited == 0:  # once per batch: the pauses grow to a second, the log would not
                     log.warning("bridge.in.queue_full queue=%s error=%s", self._target.name, exc.message)
@@ -176,7 +186,8 @@ class InboundBridge:
         while True:
             await asyncio.sleep(self.settings.prune_every)
             try:
-                while await self._target.prune(self.settings.seen_within):
+                pruning = self._target.prune
+                while await answered_within(self.settings.prune_every, pruning(self.settings.seen_within)):
                     pass
             except Exception as exc:  # the next round tries again; receiving goes on meanwhile
                 log.warning("bridge.in.prune_failed error=%s", exc)

@@ -461,3 +461,65 @@ def test_the_inbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_
 async def published_at_least(bridge: OutboundBridge | StreamOutboundBridge, count: int) -> bool:
     return bridge.stats.published >= count
 
+
+def test_a_lease_extension_that_fails_while_a_window_waits_is_tried_again(
+    dsn: str, frozen_redis: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A window waits for its confirms (Redis frozen) and one of its lease extensions fails on a
+    passing fault (a maintenance lock on the queue table, the bridge's role with a 200 ms
+    lock_timeout): the bridge tries the extension again once the lock is gone, and acks the
+    window once Redis confirms it, each message published once. The lease keeper ended at the
+    first failure: the leases ran out, the confirmed window went unacked, and every message of
+    it was published a second time."""
+    caplog.set_level(logging.INFO, logger="pgbroker.bridge.out")
+    target = unique("extend")
+    probe = RedisProbe(frozen_redis.port)
+    lease = 6  # extended every 2 s; the lock below outlasts one turn, not the lease
+    settings = OutboundSettings(idle_wait=0.5, windows=1, lease=lease, confirm_timeout=120)
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+
+    def leased() -> int:
+        with Broker(dsn) as broker, broker.connection() as conn:
+            query = "SELECT count(*) FROM pgmq.q_outbox WHERE read_ct = 1 AND vt > now()"
+            row = conn.execute(query).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            bridge = OutboundBridge(abroker, "outbox", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def window_waits() -> bool:
+                return await asyncio.to_thread(leased) == 20
+
+            async def empty() -> bool:
+                return await queue_length(dsn, "outbox") == 0
+
+            try:
+                await until_said(caplog, "bridge.out.started", task)
+                frozen_redis.pause()
+                try:
+                    await abroker.queue("outbox").send_many([{"n": n} for n in range(20)])
+                    await until(window_waits, task, "the window read")
+
+                    def lock() -> None:
+                        with table_locked(dsn, "pgmq.q_outbox"):
+                            time.sleep(lease / 2)
+
+                    await asyncio.to_thread(lock)
+                finally:
+                    frozen_redis.resume()
+                await until(empty, task, "published")
+                await asyncio.sleep(lease + 2)  # a window left to its leases would be read again by now
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+            assert bridge.stats.published == 20
+
+    asyncio.run(scenario())
+    got = asyncio.run(probe.published(target, expect=21, timeout=3))
+    assert sorted(json.loads(body)["n"] for _, body in got) == list(range(20))
+    assert said(caplog, "bridge.out.extend_failed")
+    assert not said(caplog, "bridge.connection_lost")

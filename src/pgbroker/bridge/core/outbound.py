@@ -51,11 +51,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from pgbroker._db.backoff import Backoff
 from pgbroker._db.liveness import answered_within
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
 from pgbroker.bridge.core.endpoints import outbound_endpoint
-from pgbroker.bridge.core.reconnect import run_connected
+from pgbroker.bridge.core.reconnect import is_transient, run_connected
 from pgbroker.bridge.errors import BrokerConnectionLost
 from pgbroker.bridge.settings import OutboundSettings
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
@@ -69,6 +70,8 @@ T = TypeVar("T")
 
 # The FIFO group of a message (pgmq's header) is its key where the target orders per key.
 KEY_HEADER = "x-pgmq-group"
+# A failed lease extension is tried again after these pauses (doubling), at most lease/3 apart.
+_EXTEND_RETRY = (0.2, 5.0)
 
 
 @dataclass(slots=True)
@@ -245,16 +248,38 @@ class OutboundBridge:
 
     async def _keep_leases(self, receipts: dict[int, Receipt], done: asyncio.Event) -> None:
         """Extend the window's leases every lease/3 seconds until done (never cut off mid-call:
-        an extend whose new receipts were lost would make the window's acks stale)."""
+        an extend whose new receipts were lost would make the window's acks stale).
+
+        An extend that fails on a passing fault (a lost connection, a lock timeout) is tried
+        again soon: the receipts still held ack what the broker confirms. Ending at the first
+        failure instead left the leases to run out while the window waited for its confirms, and
+        the whole window unacked and published again, although the database was back in time."""
+        retry = Backoff(*_EXTEND_RETRY)
+        pause = self.settings.lease / 3
         while True:
             with suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.lease / 3):
+                async with asyncio.timeout(pause):
                     await done.wait()
             if done.is_set():
                 return
-            renewed = await self._answered(
-                self._queue.extend_many(list(receipts.values()), vt=self.settings.lease)
-            )
+            try:
+                renewed = await self._answered(
+                    self._queue.extend_many(list(receipts.values()), vt=self.settings.lease)
+                )
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                pause = min(retry.next(), self.settings.lease / 3)
+                log.warning(
+                    "bridge.out.extend_failed queue=%s count=%d retry_in=%.2f error=%s",
+                    self._queue.name,
+                    len(receipts),
+                    pause,
+                    exc,
+                )
+                continue
+            retry.reset()
+            pause = self.settings.lease / 3
             for msg_id in set(receipts) - set(renewed):
                 del receipts[msg_id]  # its lease already ran out: another bridge may have it now
             receipts.update(renewed)

@@ -523,3 +523,48 @@ def test_a_lease_extension_that_fails_while_a_window_waits_is_tried_again(
     assert sorted(json.loads(body)["n"] for _, body in got) == list(range(20))
     assert said(caplog, "bridge.out.extend_failed")
     assert not said(caplog, "bridge.connection_lost")
+
+
+def test_a_database_fault_that_lasts_is_retried_with_growing_pauses(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database refuses every call for a while (a maintenance lock on the queue table, the
+    bridge's role with a 200 ms lock_timeout): the bridge retries with pauses that double, as
+    docs/bridge.md says, and publishes once the lock is gone. The back-off started over after
+    every reconnect to the broker, which succeeded each time: the bridge reconnected to Redis and
+    warned about every 0.4 s for as long as the fault lasted."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("backoff")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+    locked_for = 8.0
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            bridge = OutboundBridge(abroker, "outbox", probe.url(target), OutboundSettings(idle_wait=0.5))
+            task = asyncio.create_task(bridge.run())
+            try:
+                await until(lambda: published_at_least(bridge, 0), task, "started")
+                await asyncio.sleep(1)  # reading: an idle read every 0.5 s
+
+                def maintenance() -> None:
+                    with table_locked(dsn, "pgmq.q_outbox"):
+                        time.sleep(locked_for)
+
+                await asyncio.to_thread(maintenance)
+                lost = sum(r.getMessage().startswith("bridge.connection_lost") for r in caplog.records)
+                # Pauses of 0.2, 0.4, 0.8, 1.6, 3.2 s (less jitter) fit 5 tries in 8 s; started over each
+                # time, about 20 (fewer on a loaded machine, never as few as 8).
+                assert 1 <= lost <= 7, f"{lost} reconnects in {locked_for} s"
+                await abroker.queue("outbox").send_many([{"n": n} for n in range(5)])
+
+                async def empty() -> bool:
+                    return await queue_length(dsn, "outbox") == 0
+
+                await until(empty, task, "published after the lock")
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())

@@ -568,3 +568,53 @@ def test_a_database_fault_that_lasts_is_retried_with_growing_pauses(
                 await asyncio.wait_for(task, 60)
 
     asyncio.run(scenario())
+
+
+def test_a_stop_while_the_queue_is_full_returns_and_gives_the_batch_back(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The inbound bridge holds a batch while its queue is full (max_depth), and is stopped (SIGTERM
+    in `pgbroker bridge in`): it returns, the batch unacked, and a bridge started later stores it
+    once there is room. It retried the full queue until there was room, whatever stop() said: a
+    deploy's SIGTERM waited for the queue's consumers, and then for the second signal."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.in")
+    source = unique("full")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        inbox = broker.create_queue("inbox")
+        inbox.set_policy(max_depth=5)
+        inbox.send_many([{"n": -n} for n in range(1, 6)])
+    settings = InboundSettings(declare=True, batch_size=10)
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            bridge = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+            async with asyncio.timeout(60):
+                await bridge.receiving.wait()
+            await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(3)])
+            try:
+                await until_said(caplog, "bridge.in.queue_full", task)
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 30)  # the pauses are a second at most
+            assert bridge.stats.received == 0
+
+            with Broker(dsn) as broker:
+                broker.queue("inbox").purge()
+            again = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
+            task = asyncio.create_task(again.run())
+
+            async def stored() -> bool:
+                return await queue_length(dsn, "inbox") >= 3
+
+            try:
+                await until(stored, task, "stored by the next bridge")
+            finally:
+                again.stop()
+                await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())
+    with Broker(dsn) as broker, broker.connection() as conn:
+        rows = conn.execute("SELECT message FROM pgmq.q_inbox").fetchall()
+    assert sorted(m["n"] for (m,) in rows) == [0, 1, 2]

@@ -618,3 +618,32 @@ def test_a_stop_while_the_queue_is_full_returns_and_gives_the_batch_back(
     with Broker(dsn) as broker, broker.connection() as conn:
         rows = conn.execute("SELECT message FROM pgmq.q_inbox").fetchall()
     assert sorted(m["n"] for (m,) in rows) == [0, 1, 2]
+
+
+def test_an_idle_stream_bridge_with_a_lease_of_a_second_does_not_give_up_its_reads(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read of the stream outbound bridge waits up to a second for messages: bounded by the
+    lease alone (--lease 1), an idle bridge gave up every read as unanswered and reconnected."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("idle")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        clicks = Stream(broker, "clicks")
+        clicks.create(partitions=1)
+        clicks.create_group("out", start="start")
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            settings = OutboundSettings(lease=1)
+            bridge = StreamOutboundBridge(abroker, "clicks", "out", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+            try:
+                await asyncio.sleep(5)  # idle: reads that wait a second each
+                assert not task.done(), task.exception()
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert not said(caplog, "bridge.connection_lost")

@@ -125,9 +125,10 @@ class StreamOutboundBridge:
     def _count_reconnect(self) -> None:
         self.stats.reconnects += 1
 
-    async def _answered(self, call: Awaitable[T]) -> T:
-        """A database call, failed as a lost connection when unanswered within the consumer lease."""
-        return await answered_within(self.settings.lease, call)
+    async def _answered(self, call: Awaitable[T], *, waiting: float = 0) -> T:
+        """A database call, failed as a lost connection when unanswered within the consumer lease
+        (plus ``waiting``, the time a read may spend waiting for messages)."""
+        return await answered_within(self.settings.lease + waiting, call)
 
     async def _serve(self, publisher: Publisher) -> None:
         log.info(
@@ -142,7 +143,8 @@ class StreamOutboundBridge:
         superseded = Backoff(*_SUPERSEDED_RETRY)
         while not self._stopping.is_set():
             try:
-                batch = await self._answered(self._consumer.read(self.settings.batch_size, wait=_POLL))
+                reading = self._consumer.read(self.settings.batch_size, wait=_POLL)
+                batch = await self._answered(reading, waiting=_POLL)
                 if batch:
                     await self._window(publisher, batch)
             except StreamConsumerSuperseded as exc:

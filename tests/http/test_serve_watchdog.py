@@ -81,3 +81,32 @@ def test_health_answers_503_on_a_database_that_hangs_and_200_again_without_a_res
             while (answer := client.get("/healthz")).status_code != 200:
                 assert answer.status_code == 503, answer.text
                 assert time.monotonic() < deadline, "no 200 while the first sessions hang"
+
+
+def test_the_history_sampler_gives_up_on_a_database_that_hangs_and_samples_again(dsn: str) -> None:
+    """Every session of serve's pool stops answering (frozen with SIGSTOP) while it samples the
+    dashboard's history every second: the sampler gives its round up (logged) and samples again on
+    new sessions, the old ones still hanging. It waited for the answer for as long as the hang
+    lasted (for good behind a stuck pooler), and the history stopped without a word."""
+
+    def samples() -> int:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM pgbroker.queue_history").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT pgmq.create('jobs')")
+    with pgbroker_serve(freezable(dsn), "--history-interval", "1s", "--connections", "2") as server:
+        deadline = time.monotonic() + 30
+        while samples() == 0:
+            assert time.monotonic() < deadline, "no sample before the hang"
+            time.sleep(0.2)
+        with sessions_frozen(dsn) as frozen:
+            assert frozen
+            before = samples()
+            deadline = time.monotonic() + 90
+            while samples() <= before:
+                assert time.monotonic() < deadline, "no sample while the first sessions hang"
+                time.sleep(0.5)
+        assert "serve.history_sample_failed" in server.log_path.read_text(errors="replace")

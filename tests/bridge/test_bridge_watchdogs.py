@@ -23,7 +23,7 @@ from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
 from pgbroker.errors import ConnectionLost
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream
-from tests.support.faults import impatient, table_locked, terminate_sessions
+from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
 from tests.support.postgres import scratch_dir
 from tests.support.probes import RedisProbe, body_of, unique
 from tests.support.servers import KINDS, PrivateServer
@@ -325,3 +325,325 @@ def test_the_inbound_bridge_gives_up_on_a_redis_that_hangs_and_carries_on_after(
                 await task
 
     asyncio.run(scenario())
+
+
+# Hung database sessions: every session a bridge's pool (and its listener) holds stops answering,
+# its backend frozen with SIGSTOP as a hung server, a stuck pooler or a network that drops
+# packets without a word leaves it. Each bridge waited for the answer for as long as the hang
+# lasted (for good behind a stuck pooler), saying nothing; now a call unanswered within the lease
+# (out) or the ack wait (in) counts as a lost connection: warned, and retried on new sessions.
+HUNG_LEASE = 2
+
+
+async def queue_length(dsn: str, queue: str) -> int:
+    """The queue's length, asked on a session of the test's own (the bridge's hang)."""
+    async with AsyncBroker(dsn, max_connections=1) as checker:
+        return (await checker.metrics(queue)).queue_length
+
+
+def test_the_outbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("hung")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+    settings = OutboundSettings(idle_wait=0.5, lease=HUNG_LEASE)
+
+    def send(*numbers: int) -> None:
+        with Broker(dsn) as broker:
+            broker.queue("outbox").send_many([{"n": n} for n in numbers])
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), max_connections=4) as abroker:
+            bridge = OutboundBridge(abroker, "outbox", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def empty() -> bool:
+                return await queue_length(dsn, "outbox") == 0
+
+            try:
+                await asyncio.to_thread(send, -1)
+                await until(lambda: published_at_least(bridge, 1), task, "the first message published")
+                with sessions_frozen(dsn) as frozen:
+                    assert frozen
+                    await asyncio.to_thread(send, *range(20))
+                    await until(empty, task, "published while the first sessions hang")
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert said(caplog, "bridge.connection_lost")
+    got = asyncio.run(probe.published(target, expect=21))
+    assert {json.loads(body)["n"] for _, body in got} == set(range(-1, 20))
+
+
+def test_the_stream_outbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("hung")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        clicks = Stream(broker, "clicks")
+        clicks.create(partitions=2)
+        clicks.create_group("out", start="start")
+    settings = OutboundSettings(lease=HUNG_LEASE)
+
+    def send(*numbers: int) -> None:
+        with Broker(dsn) as broker:
+            Stream(broker, "clicks").send_many([{"n": n} for n in numbers])
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), max_connections=4) as abroker:
+            bridge = StreamOutboundBridge(abroker, "clicks", "out", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+            try:
+                await asyncio.to_thread(send, -1)
+                await until(lambda: published_at_least(bridge, 1), task, "the first message published")
+                with sessions_frozen(dsn) as frozen:
+                    assert frozen
+                    await asyncio.to_thread(send, *range(20))
+                    await until(lambda: published_at_least(bridge, 21), task, "published while they hang")
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert said(caplog, "bridge.connection_lost")
+    got = asyncio.run(probe.published(target, expect=21))
+    assert {json.loads(body)["n"] for _, body in got} == set(range(-1, 20))
+
+
+def test_the_inbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.in")
+    source = unique("hung")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("inbox")
+    settings = InboundSettings(declare=True, batch_size=10, ack_wait=HUNG_LEASE)
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), max_connections=4) as abroker:
+            bridge = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+
+            def stored(count: int) -> Callable[[], Awaitable[bool]]:
+                async def done() -> bool:
+                    return await queue_length(dsn, "inbox") >= count
+
+                return done
+
+            try:
+                async with asyncio.timeout(60):
+                    await bridge.receiving.wait()
+                await probe.publish(source, [("m--1", body_of(-1))])
+                await until(stored(1), task, "the first message stored")
+                with sessions_frozen(dsn) as frozen:
+                    assert frozen
+                    await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(20)])
+                    await until(stored(21), task, "stored while the first sessions hang")
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert said(caplog, "bridge.connection_lost")
+    with Broker(dsn) as broker, broker.connection() as conn:
+        rows = conn.execute("SELECT message FROM pgmq.q_inbox").fetchall()
+    assert sorted(m["n"] for (m,) in rows) == list(range(-1, 20))
+
+
+async def published_at_least(bridge: OutboundBridge | StreamOutboundBridge, count: int) -> bool:
+    return bridge.stats.published >= count
+
+
+def test_a_lease_extension_that_fails_while_a_window_waits_is_tried_again(
+    dsn: str, frozen_redis: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A window waits for its confirms (Redis frozen) and one of its lease extensions fails on a
+    passing fault (a maintenance lock on the queue table, the bridge's role with a 200 ms
+    lock_timeout): the bridge tries the extension again once the lock is gone, and acks the
+    window once Redis confirms it, each message published once. The lease keeper ended at the
+    first failure: the leases ran out, the confirmed window went unacked, and every message of
+    it was published a second time."""
+    caplog.set_level(logging.INFO, logger="pgbroker.bridge.out")
+    target = unique("extend")
+    probe = RedisProbe(frozen_redis.port)
+    lease = 6  # extended every 2 s; the lock below outlasts one turn, not the lease
+    settings = OutboundSettings(idle_wait=0.5, windows=1, lease=lease, confirm_timeout=120)
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+
+    def leased() -> int:
+        with Broker(dsn) as broker, broker.connection() as conn:
+            query = "SELECT count(*) FROM pgmq.q_outbox WHERE read_ct = 1 AND vt > now()"
+            row = conn.execute(query).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            bridge = OutboundBridge(abroker, "outbox", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def window_waits() -> bool:
+                return await asyncio.to_thread(leased) == 20
+
+            async def empty() -> bool:
+                return await queue_length(dsn, "outbox") == 0
+
+            try:
+                await until_said(caplog, "bridge.out.started", task)
+                frozen_redis.pause()
+                try:
+                    await abroker.queue("outbox").send_many([{"n": n} for n in range(20)])
+                    await until(window_waits, task, "the window read")
+
+                    def lock() -> None:
+                        with table_locked(dsn, "pgmq.q_outbox"):
+                            time.sleep(lease / 2)
+
+                    await asyncio.to_thread(lock)
+                finally:
+                    frozen_redis.resume()
+                await until(empty, task, "published")
+                await asyncio.sleep(lease + 2)  # a window left to its leases would be read again by now
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+            assert bridge.stats.published == 20
+
+    asyncio.run(scenario())
+    got = asyncio.run(probe.published(target, expect=21, timeout=3))
+    assert sorted(json.loads(body)["n"] for _, body in got) == list(range(20))
+    assert said(caplog, "bridge.out.extend_failed")
+    assert not said(caplog, "bridge.connection_lost")
+
+
+def test_a_database_fault_that_lasts_is_retried_with_growing_pauses(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database refuses every call for a while (a maintenance lock on the queue table, the
+    bridge's role with a 200 ms lock_timeout): the bridge retries with pauses that double, as
+    docs/bridge.md says, and publishes once the lock is gone. The back-off started over after
+    every reconnect to the broker, which succeeded each time: the bridge reconnected to Redis and
+    warned about every 0.4 s for as long as the fault lasted."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("backoff")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+    locked_for = 8.0
+
+    async def scenario() -> None:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            bridge = OutboundBridge(abroker, "outbox", probe.url(target), OutboundSettings(idle_wait=0.5))
+            task = asyncio.create_task(bridge.run())
+            try:
+                await until(lambda: published_at_least(bridge, 0), task, "started")
+                await asyncio.sleep(1)  # reading: an idle read every 0.5 s
+
+                def maintenance() -> None:
+                    with table_locked(dsn, "pgmq.q_outbox"):
+                        time.sleep(locked_for)
+
+                await asyncio.to_thread(maintenance)
+                lost = sum(r.getMessage().startswith("bridge.connection_lost") for r in caplog.records)
+                # Pauses of 0.2, 0.4, 0.8, 1.6, 3.2 s (less jitter) fit 5 tries in 8 s; started over each
+                # time, about 20 (fewer on a loaded machine, never as few as 8).
+                assert 1 <= lost <= 7, f"{lost} reconnects in {locked_for} s"
+                await abroker.queue("outbox").send_many([{"n": n} for n in range(5)])
+
+                async def empty() -> bool:
+                    return await queue_length(dsn, "outbox") == 0
+
+                await until(empty, task, "published after the lock")
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+
+
+def test_a_stop_while_the_queue_is_full_returns_and_gives_the_batch_back(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The inbound bridge holds a batch while its queue is full (max_depth), and is stopped (SIGTERM
+    in `pgbroker bridge in`): it returns, the batch unacked, and a bridge started later stores it
+    once there is room. It retried the full queue until there was room, whatever stop() said: a
+    deploy's SIGTERM waited for the queue's consumers, and then for the second signal."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.in")
+    source = unique("full")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        inbox = broker.create_queue("inbox")
+        inbox.set_policy(max_depth=5)
+        inbox.send_many([{"n": -n} for n in range(1, 6)])
+    settings = InboundSettings(declare=True, batch_size=10)
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            bridge = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+            async with asyncio.timeout(60):
+                await bridge.receiving.wait()
+            await probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(3)])
+            try:
+                await until_said(caplog, "bridge.in.queue_full", task)
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 30)  # the pauses are a second at most
+            assert bridge.stats.received == 0
+
+            with Broker(dsn) as broker:
+                broker.queue("inbox").purge()
+            again = InboundBridge(abroker, None, "inbox", probe.url(source), settings)
+            task = asyncio.create_task(again.run())
+
+            async def stored() -> bool:
+                return await queue_length(dsn, "inbox") >= 3
+
+            try:
+                await until(stored, task, "stored by the next bridge")
+            finally:
+                again.stop()
+                await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())
+    with Broker(dsn) as broker, broker.connection() as conn:
+        rows = conn.execute("SELECT message FROM pgmq.q_inbox").fetchall()
+    assert sorted(m["n"] for (m,) in rows) == [0, 1, 2]
+
+
+def test_an_idle_stream_bridge_with_a_lease_of_a_second_does_not_give_up_its_reads(
+    dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read of the stream outbound bridge waits up to a second for messages: bounded by the
+    lease alone (--lease 1), an idle bridge gave up every read as unanswered and reconnected."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("idle")
+    probe = RedisProbe(redis_server.port)
+    with Broker(dsn) as broker:
+        clicks = Stream(broker, "clicks")
+        clicks.create(partitions=1)
+        clicks.create_group("out", start="start")
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            settings = OutboundSettings(lease=1)
+            bridge = StreamOutboundBridge(abroker, "clicks", "out", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+            try:
+                await asyncio.sleep(5)  # idle: reads that wait a second each
+                assert not task.done(), task.exception()
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert not said(caplog, "bridge.connection_lost")

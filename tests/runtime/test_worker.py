@@ -829,3 +829,43 @@ def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
     asyncio.run(scenario())
     assert sorted(handled) == list(range(-1, 10))
     assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
+
+
+@pytest.mark.parametrize("handler_done", [True, False], ids=["handler-done", "handler-running"])
+def test_a_worker_stopped_while_its_connections_hang_stops(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, handler_done: bool
+) -> None:
+    """Every session the worker holds stops answering (frozen with SIGSTOP) while a handler runs,
+    and the worker is stopped (SIGTERM), the handler done by then or not: it gives up the calls of
+    its shutdown (the outcome, or giving back the message it holds; deleting its registration
+    row) as unanswered, warned, and returns; what it held comes back when its lease runs out. It
+    waited for their answers for as long as the hang lasted, so the process did not exit (for
+    good behind a stuck pooler): the release and the registration's delete each hung."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    started, release = threading.Event(), threading.Event()
+
+    def handler(message: Message) -> None:
+        started.set()
+        release.wait(60)
+
+    worker = Worker("jobs", handler, vt=2, notify=False, poll_max=0.2, grace_period=0.5)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(serve([worker], dsn=freezable(dsn), handle_signals=False, schedules=False))
+        try:
+            await asyncio.to_thread(queue.send, 1)
+            await while_serving(task, started.is_set, "the message not handed to the handler")
+            with sessions_frozen(dsn) as frozen:
+                assert frozen
+                worker.stop()
+                if handler_done:
+                    release.set()
+                await asyncio.wait_for(asyncio.shield(task), 60)
+        finally:
+            worker.stop()
+            release.set()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert any(r.getMessage().startswith("worker.registration_failed") for r in caplog.records)

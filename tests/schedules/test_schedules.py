@@ -10,6 +10,7 @@ for the clock; tests/system/test_scheduler_processes.py runs real scheduler proc
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -22,7 +23,7 @@ from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.errors import InvalidArgument, QueueNotFound
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.schedules._scheduler import Scheduler
-from tests.support.faults import impatient, table_locked, terminate_sessions
+from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
 from tests.support.tables import Conn
 
 
@@ -435,6 +436,39 @@ def test_the_scheduler_rides_out_a_server_restart(cluster: EmbeddedPostgres) -> 
             await running
 
     asyncio.run(scenario())
+
+
+def test_the_scheduler_gives_up_on_sessions_that_hang_and_sends_the_tick(
+    dsn: str, queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session the scheduler holds stops answering (its backends frozen with SIGSTOP, as a
+    hung server, a stuck pooler or a network that drops packets without a word would leave them),
+    then a tick falls due: the scheduler gives its call up (warned) and sends the tick on a new
+    session, once. It waited for the answer for as long as the hang lasted (for good behind a
+    stuck pooler), saying nothing and sending no tick."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.scheduler")
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), max_connections=2) as broker:
+            scheduler = Scheduler(max_sleep=0.5, answer_within=2)
+            running = asyncio.create_task(scheduler.run(broker))
+            await asyncio.sleep(1)  # listening, and asking now and then
+            with sessions_frozen(dsn) as frozen:
+                assert frozen
+                await asyncio.to_thread(add_a_due_schedule, dsn)
+                loop = asyncio.get_running_loop()
+                started = loop.time()
+                while not await asyncio.to_thread(queue.peek):
+                    assert not running.done(), running.exception()
+                    assert loop.time() - started < 60, "no tick sent while the sessions hang"
+                    await asyncio.sleep(0.05)
+            scheduler.stop()
+            await asyncio.wait_for(running, 60)
+            assert scheduler.stats.sent == 1
+
+    asyncio.run(scenario())
+    assert any(r.getMessage().startswith("scheduler.retry") for r in caplog.records)
+    assert len(queue.peek(10)) == 1
 
 
 def add_a_due_schedule(dsn: str) -> None:

@@ -18,10 +18,15 @@ from uuid import UUID
 import psycopg
 
 from pgbroker import _sql as sql
+from pgbroker._db.liveness import answered_within
 from pgbroker.errors import from_postgres
 from pgbroker.queues._client_async import AsyncBroker
 
 log = logging.getLogger("pgbroker.http")
+
+# The least time a sampling round may go unanswered before it is given up (a round takes
+# milliseconds; its lock waits 2 s at most).
+SAMPLE_ANSWER_WITHIN = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +113,14 @@ async def keep_sampling(
     broker: AsyncBroker, interval: timedelta, retention: timedelta, exact_below: int
 ) -> None:
     """Sample every ``interval`` until cancelled. A failed round (the database away) is logged once
-    per outage and tried again next round: the API does not depend on it."""
+    per outage and tried again next round: the API does not depend on it. A round unanswered
+    within a few intervals (SAMPLE_ANSWER_WITHIN at least) fails too: a hung server, a stuck pooler
+    or a network that drops packets without a word would otherwise stop the history for good."""
     failing = False
+    within = max(SAMPLE_ANSWER_WITHIN, 3 * interval.total_seconds())
     while True:
         try:
-            await sample(broker, interval, retention, exact_below)
+            await answered_within(within, sample(broker, interval, retention, exact_below))
             failing = False
         except Exception as exc:
             if not failing:

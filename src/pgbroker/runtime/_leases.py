@@ -97,8 +97,10 @@ async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: 
     turn.set_result(None)
 
 
-async def release_leases(queue: AsyncQueue, leases: list[Lease], stats: WorkerStats) -> None:
-    """Nack the leases whose handler has not finished (or not started)."""
+async def release_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: WorkerStats) -> None:
+    """Nack the leases whose handler has not finished (or not started); a call unanswered within
+    ``vt`` is given up (the leases run out by then anyway), so a hung session cannot hold the
+    worker's stop."""
     receipts = []
     for lease in leases:
         if lease.extending is not None:  # the receipt to give back is the one it hands out
@@ -109,7 +111,7 @@ async def release_leases(queue: AsyncQueue, leases: list[Lease], stats: WorkerSt
     if not receipts:
         return
     try:
-        released = await queue.nack_many(receipts)
+        released = await answered_within(vt, queue.nack_many(receipts))
     except Exception as exc:
         released = []
         log_event(logging.WARNING, "worker.release_failed", queue=queue.name, error=exc)

@@ -4,7 +4,8 @@ so that the dashboard shows who consumes what. A worker that dies leaves a row t
 and is deleted within a minute.
 
 The row is for people, not for the worker: a heartbeat that fails (the database away, a schema
-from before the table) is logged once and tried again next beat, never stopping the worker.
+from before the table, no answer within a beat's interval) is logged once and tried again next
+beat, never stopping the worker, nor holding up its stop.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import socket
 import uuid
 from collections.abc import Callable
 
+from pgbroker._db.liveness import answered_within
 from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._query import Query
@@ -61,7 +63,8 @@ class Registration:
     async def _run(self, broker: AsyncBroker, query: Query[None]) -> None:
         try:
             async with broker.connection() as conn:
-                await run_together(conn, [query])
+                # Bounded: a session that hangs must hold up neither the beats nor the stop.
+                await answered_within(BEAT_SECONDS, run_together(conn, [query]))
         except Exception as exc:
             if not self._failing:
                 log_event(logging.WARNING, "worker.registration_failed", queue=self.queue, error=exc)

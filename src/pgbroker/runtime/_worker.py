@@ -716,7 +716,7 @@ class Worker:
         ahead = [lease for _, lease in self._ahead]
         self._ahead.clear()
         leftover = list(self._in_flight.items())
-        await release_leases(queue, ahead + [lease for _, lease in leftover], self.stats)
+        await release_leases(queue, ahead + [lease for _, lease in leftover], self.vt, self.stats)
         for task, _ in leftover:
             task.cancel()
         await asyncio.gather(*(task for task, _ in leftover), return_exceptions=True)

@@ -11,23 +11,33 @@ A due tick that another scheduler holds right now is left to it: this one asks a
 so if the other dies mid-tick (its transaction rolls back) the tick is still sent. Lost
 connections are retried with back-off; a database whose schema predates schedules stops the
 scheduler (with a warning) and not the worker that runs it.
+
+A call unanswered within ``answer_within`` seconds (a hung server, a stuck pooler, a network that
+drops packets without a word) counts as a lost connection (pgbroker._db.liveness.answered_within):
+warned and retried on a new session, where the scheduler used to wait for the answer for as long
+as the hang lasted and send no tick meanwhile. Should the call given up run after all, it finds
+the tick claimed (or claims it first): each tick is still sent once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import is_transient
+from pgbroker._db.liveness import answered_within, is_transient
 from pgbroker.errors import NotInstalled, PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker
 
 __all__ = ["Scheduler", "SchedulerStats"]
 
 log = logging.getLogger("pgbroker.scheduler")
+
+T = TypeVar("T")
 
 # The longest sleep: a missed notification (the listener reconnecting) or a clock change costs
 # at most this long a delay.
@@ -37,6 +47,9 @@ HELD_RETRY = 0.5
 # Wake a little after the tick, so that the database's clock has surely reached it.
 _PAST_THE_TICK = 0.01
 _LISTEN_TIMEOUT = 1.0
+# How long a call may go unanswered before it is given up as a lost connection: sending a tick takes
+# milliseconds, a lock held by maintenance is met by the role's lock_timeout if it has one.
+ANSWER_WITHIN = 30.0
 _INSUFFICIENT_PRIVILEGE = "42501"
 
 
@@ -64,8 +77,9 @@ class SchedulerStats:
 class Scheduler:
     """Sends due schedule ticks until stop(); ``await scheduler.run(broker)``."""
 
-    def __init__(self, *, max_sleep: float = MAX_SLEEP) -> None:
+    def __init__(self, *, max_sleep: float = MAX_SLEEP, answer_within: float = ANSWER_WITHIN) -> None:
         self.max_sleep = max_sleep
+        self.answer_within = answer_within
         self.stats = SchedulerStats()
         # Why it stopped by itself (a database without the schema, a role without the right),
         # else None: the process running it goes on, unless the scheduler was all it had to run.
@@ -83,9 +97,9 @@ class Scheduler:
         while not self._stopping.is_set():
             try:
                 if subscription is None:
-                    subscription = await broker.listen_schedules(_LISTEN_TIMEOUT)
+                    subscription = await self._answered(broker.listen_schedules(_LISTEN_TIMEOUT))
                 await self._send_due(broker)
-                wake = await broker.schedule_next_wake()
+                wake = await self._answered(broker.schedule_next_wake())
             except PgbrokerError as exc:
                 if _cannot_schedule(exc):
                     self.gave_up = exc
@@ -93,8 +107,9 @@ class Scheduler:
                 await self._retry_later(exc.message, retry)
                 continue
             except Exception as exc:
-                # A pool that found no connection in time raises PoolTimeout, no PgbrokerError:
-                # retried too, else the scheduler would end for good while its process runs on.
+                # A pool that found no connection in time raises PoolTimeout, no PgbrokerError
+                # (a call given up unanswered, psycopg's OperationalError): retried too, else the
+                # scheduler would end for good while its process runs on.
                 if not is_transient(exc):
                     raise
                 await self._retry_later(str(exc), retry)
@@ -116,7 +131,7 @@ class Scheduler:
         return min(wake + _PAST_THE_TICK, self.max_sleep)
 
     async def _send_due(self, broker: AsyncBroker) -> None:
-        for tick in await broker.run_due_schedules():
+        for tick in await self._answered(broker.run_due_schedules()):
             if tick.error is None:
                 self.stats.sent += 1
                 log.info(
@@ -127,6 +142,9 @@ class Scheduler:
                 log.warning(
                     "schedule.refused name=%s tick=%s error=%r", tick.schedule_name, tick.tick, tick.error
                 )
+
+    async def _answered(self, call: Awaitable[T]) -> T:
+        return await answered_within(self.answer_within, call)
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
         """Sleep until a change to the schedules is announced, stop(), or ``seconds`` have passed."""

@@ -18,16 +18,25 @@ A message pgbroker refuses (too large for pgbroker.max_message_bytes, say) would
 forever: it is rejected (the broker dead-letters it where it can) and logged. A full pgbroker
 queue (max_depth) holds the batch unacked and retries it after a pause: backpressure reaches the
 broker, which stops delivering once ``prefetch`` messages are unacked. A batch is sent whole or
-not at all, so max_depth must be larger than batch_size.
+not at all, so max_depth must be larger than batch_size. A stop() meanwhile gives the batch up
+unacked (the broker delivers it again), rather than waiting for room.
+
+A write unanswered within ``ack_wait`` (a hung server, a stuck pooler, a network that drops packets
+without a word: pgbroker._db.liveness.answered_within) counts as a lost connection: the bridge
+reconnects, and the broker delivers the batch again (it would give it to another consumer by then
+anyway); should the write given up commit after all, its message ids are recognised. The bridge
+would otherwise wait for the answer for as long as the hang lasts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import suppress
 from dataclasses import dataclass
 
 from pgbroker._db.backoff import SEND_RETRY, Backoff
+from pgbroker._db.liveness import answered_within
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Received, Receiver
 from pgbroker.bridge.core.endpoints import inbound_endpoint
@@ -124,7 +133,8 @@ class InboundBridge:
 
     async def _write(self, receiver: Receiver, batch: list[Received]) -> None:
         try:
-            await self._send(receiver, batch)
+            if not await self._send(receiver, batch):
+                return  # stopped while the queue was full: unacked, the broker delivers it again
         except InvalidMessage:
             if len(batch) == 1:
                 await self._reject(receiver, batch[0])
@@ -136,8 +146,9 @@ class InboundBridge:
         # Committed: a lost ack now only makes the broker deliver them again, and they are recognised.
         await receiver.ack(batch)
 
-    async def _send(self, receiver: Receiver, batch: list[Received]) -> None:
-        """Send a batch in one transaction, retrying while the queue is full (the messages wait unacked)."""
+    async def _send(self, receiver: Receiver, batch: list[Received]) -> bool:
+        """Send a batch in one transaction, retrying while the queue is full (the messages wait
+        unacked) unless stopped meanwhile; returns whether it was sent."""
         payloads = []
         headers = []
         for message in batch:
@@ -152,17 +163,30 @@ class InboundBridge:
         waited = 0
         while True:
             try:
-                sent = await self._target.append(batch, payloads, headers, self.settings.seen_within)
+                sent = await answered_within(
+                    self.settings.ack_wait,
+                    self._target.append(batch, payloads, headers, self.settings.seen_within),
+                )
             except QueueFull as exc:
                 if waited == 0:  # once per batch: the pauses grow to a second, the log would not
                     log.warning("bridge.in.queue_full queue=%s error=%s", self._target.name, exc.message)
                 waited += 1
-                await asyncio.sleep(pause.next())
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(pause.next()):
+                        await self._stopping.wait()
+                if self._stopping.is_set():
+                    log.warning(
+                        "bridge.in.stopped_while_full queue=%s count=%d: the batch goes back to the"
+                        " broker unacked",
+                        self._target.name,
+                        len(batch),
+                    )
+                    return False
                 continue
             self.stats.batches += 1
             self.stats.received += sent
             self.stats.duplicates += len(batch) - sent
-            return
+            return True
 
     async def _reject(self, receiver: Receiver, message: Received) -> None:
         log.error(
@@ -179,7 +203,8 @@ class InboundBridge:
         while True:
             await asyncio.sleep(self.settings.prune_every)
             try:
-                while await self._target.prune(self.settings.seen_within):
+                pruning = self._target.prune
+                while await answered_within(self.settings.prune_every, pruning(self.settings.seen_within)):
                     pass
             except Exception as exc:  # the next round tries again; receiving goes on meanwhile
                 log.warning("bridge.in.prune_failed error=%s", exc)

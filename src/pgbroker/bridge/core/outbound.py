@@ -33,8 +33,11 @@ costs nothing and a new message is picked up within milliseconds; the first read
 catches up with everything sent while no bridge ran.
 
 Connection loss: the window's unconfirmed messages fail (retry), the bridge reconnects with
-back-off and carries on. The first connection is not retried: a wrong URL, bad credentials or
-an unreachable broker is reported at once.
+back-off and carries on. A database call unanswered within the lease (a hung server, a stuck
+pooler, a network that drops packets without a word: pgbroker._db.liveness.answered_within) is a
+lost connection too, since the leases it acts on have run out by then; the bridge would otherwise
+wait for the answer for as long as the hang lasts. The first connection is not retried: a wrong
+URL, bad credentials or an unreachable broker is reported at once.
 """
 
 from __future__ import annotations
@@ -42,14 +45,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Awaitable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
+from pgbroker._db.backoff import Backoff
+from pgbroker._db.liveness import answered_within
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
 from pgbroker.bridge.core.endpoints import outbound_endpoint
-from pgbroker.bridge.core.reconnect import run_connected
+from pgbroker.bridge.core.reconnect import is_transient, run_connected
 from pgbroker.bridge.errors import BrokerConnectionLost
 from pgbroker.bridge.settings import OutboundSettings
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
@@ -59,8 +66,12 @@ __all__ = ["OutboundBridge", "OutboundSettings", "OutboundStats"]
 
 log = logging.getLogger("pgbroker.bridge.out")
 
+T = TypeVar("T")
+
 # The FIFO group of a message (pgmq's header) is its key where the target orders per key.
 KEY_HEADER = "x-pgmq-group"
+# A failed lease extension is tried again after these pauses (doubling), at most lease/3 apart.
+_EXTEND_RETRY = (0.2, 5.0)
 
 
 @dataclass(slots=True)
@@ -146,7 +157,9 @@ class OutboundBridge:
 
         async def read() -> list[Message]:
             # Bodies as stored: a binary one goes out as its codec's bytes, never decoded here.
-            return await self._queue.read_many(self.settings.batch_size, vt=self.settings.lease, decode=False)
+            return await self._answered(
+                self._queue.read_many(self.settings.batch_size, vt=self.settings.lease, decode=False)
+            )
 
         found = await read()
         if found:
@@ -199,8 +212,10 @@ class OutboundBridge:
         if not held:
             self.stats.stale += len(confirmed)
             return
-        acked = await self._queue.ack_published_many(
-            [receipts[msg_id] for msg_id, _ in held], [record for _, record in held]
+        acked = await self._answered(
+            self._queue.ack_published_many(
+                [receipts[msg_id] for msg_id, _ in held], [record for _, record in held]
+            )
         )
         self.stats.published += len(acked)
         stale = len(confirmed) - len(acked)
@@ -216,7 +231,7 @@ class OutboundBridge:
     async def _fail(self, failures: dict[str, list[int]], receipts: dict[int, Receipt]) -> None:
         for error, msg_ids in failures.items():
             held = [receipts[i] for i in msg_ids if i in receipts]
-            outcomes = await self._queue.fail_many(held, error=error) if held else {}
+            outcomes = await self._answered(self._queue.fail_many(held, error=error)) if held else {}
             retried = sum(1 for o in outcomes.values() if o == "retry")
             self.stats.retried += retried
             self.stats.dead_lettered += len(outcomes) - retried
@@ -230,16 +245,44 @@ class OutboundBridge:
                 error,
             )
 
+    async def _answered(self, call: Awaitable[T]) -> T:
+        """A database call, failed as a lost connection when unanswered within the lease."""
+        return await answered_within(self.settings.lease, call)
+
     async def _keep_leases(self, receipts: dict[int, Receipt], done: asyncio.Event) -> None:
         """Extend the window's leases every lease/3 seconds until done (never cut off mid-call:
-        an extend whose new receipts were lost would make the window's acks stale)."""
+        an extend whose new receipts were lost would make the window's acks stale).
+
+        An extend that fails on a passing fault (a lost connection, a lock timeout) is tried
+        again soon: the receipts still held ack what the broker confirms. Ending at the first
+        failure instead left the leases to run out while the window waited for its confirms, and
+        the whole window unacked and published again, although the database was back in time."""
+        retry = Backoff(*_EXTEND_RETRY)
+        pause = self.settings.lease / 3
         while True:
             with suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.lease / 3):
+                async with asyncio.timeout(pause):
                     await done.wait()
             if done.is_set():
                 return
-            renewed = await self._queue.extend_many(list(receipts.values()), vt=self.settings.lease)
+            try:
+                renewed = await self._answered(
+                    self._queue.extend_many(list(receipts.values()), vt=self.settings.lease)
+                )
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                pause = min(retry.next(), self.settings.lease / 3)
+                log.warning(
+                    "bridge.out.extend_failed queue=%s count=%d retry_in=%.2f error=%s",
+                    self._queue.name,
+                    len(receipts),
+                    pause,
+                    exc,
+                )
+                continue
+            retry.reset()
+            pause = self.settings.lease / 3
             for msg_id in set(receipts) - set(renewed):
                 del receipts[msg_id]  # its lease already ran out: another bridge may have it now
             receipts.update(renewed)

@@ -3,8 +3,9 @@ directions share, whatever the broker.
 
 A lost broker connection, a database restart, a dropped database connection, a lock or statement
 timeout (a maintenance transaction holding the queue's table) is transient: the bridge
-reconnects after a back-off (jittered, doubling up to 30 s) and carries on; messages it held
-come back on their own (pgbroker leases run out, the broker delivers unacked messages again).
+reconnects after a back-off (jittered, doubling up to 30 s, starting over after a connection that
+served 30 s) and carries on; messages it held come back on their own (pgbroker leases run out,
+the broker delivers unacked messages again).
 A missing queue or stream, a missing schema or an invalid setting is not: retrying cannot fix
 it, so the bridge stops and says what is wrong. The first connection is not retried either: a
 wrong URL, bad credentials or a broker that is not there is reported at once.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from typing import Protocol, TypeVar
@@ -32,6 +34,8 @@ from pgbroker.errors import DatabaseError
 _TRANSIENT_CLASSES = ("08", "57")
 _TRANSIENT_CODES = ("40001", "40P01")
 _RECONNECT = (0.2, 30.0)
+# A connection that served this long before it failed was healthy: the next pauses start over.
+_SERVED_A_WHILE = _RECONNECT[1]
 
 
 class _Closable(Protocol):
@@ -68,6 +72,7 @@ async def run_connected(
     backoff = Backoff(*_RECONNECT)
     connection: C | None = await endpoint.open()
     while connection is not None:
+        served_from = time.monotonic()
         try:
             await serve(connection)
             return
@@ -77,6 +82,11 @@ async def run_connected(
             log.warning("bridge.connection_lost broker=%s error=%s", endpoint.where, exc)
         finally:
             await connection.close()
+        # The pauses start over only after a connection that served a while: a fault that comes
+        # back at once (the database refusing every call, while the broker takes every
+        # reconnect) is met with pauses that keep doubling.
+        if time.monotonic() - served_from >= _SERVED_A_WHILE:
+            backoff.reset()
         connection = None
         while connection is None and not stopping.is_set():
             with suppress(TimeoutError):
@@ -93,4 +103,3 @@ async def run_connected(
         if connection is not None:
             on_reconnect()
             log.info("bridge.reconnected broker=%s", endpoint.where)
-            backoff.reset()

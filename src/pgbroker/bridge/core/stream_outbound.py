@@ -14,7 +14,12 @@ and acked (the group's cursors move past it) once every message in it was confir
   failover that lost appended ids reissues them, the time tells them apart), for consumers
   downstream to de-duplicate.
 - a lost connection (or a database error) mid-window acks nothing: after reconnecting, the
-  consumer rewinds (what it read and did not ack is handed out again) and publishes again.
+  consumer rewinds (what it read and did not ack is handed out again) and publishes again. A
+  database call unanswered within the consumer lease (a hung server, a stuck pooler, a network
+  that drops packets without a word) counts as a lost connection (pgbroker._db.liveness.
+  answered_within): past the lease the partitions may be another's, and the bridge would
+  otherwise wait for as long as the hang lasts. A read given up that runs later is refused (the
+  consumer's generation, docs/streams.md), so it moves no cursor past a batch no one published.
 - order: one window at a time per bridge (a stream's ack moves a cursor, so a later batch must
   never be acked before an earlier one), published in stream order, so the messages of a key
   (one partition) reach the broker in their order. Parallelism is more bridges in the same group:
@@ -32,7 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
+from typing import TypeVar
 
+from pgbroker._db.backoff import Backoff
+from pgbroker._db.liveness import answered_within
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
 from pgbroker.bridge.core.endpoints import outbound_endpoint
@@ -40,6 +49,7 @@ from pgbroker.bridge.core.outbound import KEY_HEADER, OutboundStats
 from pgbroker.bridge.core.reconnect import run_connected
 from pgbroker.bridge.errors import BrokerConnectionLost
 from pgbroker.bridge.settings import OutboundSettings
+from pgbroker.errors import StreamConsumerSuperseded
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client_async import AsyncStream, AsyncStreamConsumer, consumer_name
 from pgbroker.streams._records import StreamBatch, StreamMessage
@@ -50,6 +60,10 @@ log = logging.getLogger("pgbroker.bridge.out")
 
 # A read waits at most this long for messages, then looks whether the bridge was stopped.
 _POLL = 1.0
+# Pauses before rewinding after a read refused as superseded (doubling).
+_SUPERSEDED_RETRY = (0.1, 5.0)
+
+T = TypeVar("T")
 
 
 class StreamOutboundBridge:
@@ -94,7 +108,7 @@ class StreamOutboundBridge:
         if self.settings.declare:
             await self._stream.create_group(self._group, start="start")
         else:
-            await self._consumer.rewind()  # StreamNotFound / StreamGroupNotFound now
+            await self._answered(self._consumer.rewind())  # StreamNotFound / StreamGroupNotFound now
         try:
             await run_connected(
                 self._endpoint,
@@ -105,12 +119,18 @@ class StreamOutboundBridge:
             )
         finally:
             try:
-                await self._consumer.release()  # the partitions go to the group's others at once
+                # The partitions go to the group's others at once.
+                await self._answered(self._consumer.release())
             except Exception as exc:  # the lease runs out instead
                 log.warning("bridge.out.release_failed stream=%s error=%s", self._stream.name, exc)
 
     def _count_reconnect(self) -> None:
         self.stats.reconnects += 1
+
+    async def _answered(self, call: Awaitable[T], *, waiting: float = 0) -> T:
+        """A database call, failed as a lost connection when unanswered within the consumer lease
+        (plus ``waiting``, the time a read may spend waiting for messages)."""
+        return await answered_within(self.settings.lease + waiting, call)
 
     async def _serve(self, publisher: Publisher) -> None:
         log.info(
@@ -121,12 +141,31 @@ class StreamOutboundBridge:
             self.where,
         )
         # What was read and not acked before (a lost connection, a failed ack) comes again.
-        await self._consumer.rewind()
+        await self._answered(self._consumer.rewind())
         self.started.set()
+        superseded = Backoff(*_SUPERSEDED_RETRY)
         while not self._stopping.is_set():
-            batch = await self._consumer.read(self.settings.batch_size, wait=_POLL)
-            if batch:
-                await self._window(publisher, batch)
+            try:
+                reading = self._consumer.read(self.settings.batch_size, wait=_POLL)
+                batch = await self._answered(reading, waiting=_POLL)
+                if batch:
+                    await self._window(publisher, batch)
+            except StreamConsumerSuperseded as exc:
+                # A rewind of its own given up unanswered that ran later (a hung session going
+                # on), or another process under this consumer's name: settled by a rewind under a
+                # new generation, as a lost read (its batch, if any, is published again).
+                pause = superseded.next()
+                log.warning(
+                    "bridge.out.superseded stream=%s consumer=%s retry_in=%.2f error=%s",
+                    self._stream.name,
+                    self._consumer.name,
+                    pause,
+                    exc.message,
+                )
+                await asyncio.sleep(pause)  # (two processes under one name take turns)
+                await self._answered(self._consumer.rewind())
+                continue
+            superseded.reset()
 
     async def _window(self, publisher: Publisher, batch: StreamBatch) -> None:
         outgoing = [stream_out_message(m) for m in batch]
@@ -143,7 +182,7 @@ class StreamOutboundBridge:
                 batch.fail(message, outcome.reason)
                 self.stats.errors[outcome.reason] = self.stats.errors.get(outcome.reason, 0) + 1
                 refused += 1
-        held = await self._consumer.ack(batch)
+        held = await self._answered(self._consumer.ack(batch))
         lost_partitions = {p for p, kept in held.items() if not kept}
         stale = sum(1 for m in batch if m.partition in lost_partitions)
         self.stats.stale += stale

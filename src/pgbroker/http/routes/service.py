@@ -6,11 +6,18 @@ from __future__ import annotations
 from starlette.responses import HTMLResponse, JSONResponse, Response
 
 from pgbroker import _sql as sql
+from pgbroker._db.liveness import answered_within
 from pgbroker.http.dashboard import asset
 from pgbroker.http.models import Health
 from pgbroker.http.operations import Call, Router
 
 router = Router()
+
+# /healthz gives up on a database that has not answered its SELECT 1 within this long (a hung
+# server, a stuck pooler, a network that drops packets without a word) and answers 503: a probe
+# used to wait for as long as the hang lasted, holding a pooled connection. The connection given up
+# is closed, so the pool replaces it.
+HEALTH_ANSWER_WITHIN = 10.0
 
 
 @router.get(
@@ -18,7 +25,7 @@ router = Router()
 )
 async def healthz(call: Call) -> Health:
     async with call.broker.connection() as conn:
-        await conn.execute(sql.queries("http")["health_check"])
+        await answered_within(HEALTH_ANSWER_WITHIN, conn.execute(sql.queries("http")["health_check"]))
     return Health(status="ok")
 
 

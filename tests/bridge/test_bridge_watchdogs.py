@@ -344,9 +344,6 @@ async def queue_length(dsn: str, queue: str) -> int:
 def test_the_outbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
     dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
-    target = unique("hung")
-    probe = RedisProbe(redis_server.port)
     with Broker(dsn) as broker:
         broker.create_queue("outbox")
     settings = OutboundSettings(idle_wait=0.5, lease=HUNG_LEASE)
@@ -355,37 +352,22 @@ def test_the_outbound_bridge_gives_up_on_database_sessions_that_hang_and_carries
         with Broker(dsn) as broker:
             broker.queue("outbox").send_many([{"n": n} for n in numbers])
 
-    async def scenario() -> None:
-        async with AsyncBroker(freezable(dsn), max_connections=4) as abroker:
-            bridge = OutboundBridge(abroker, "outbox", probe.url(target), settings)
-            task = asyncio.create_task(bridge.run())
+    async def empty(bridge: OutboundBridge | StreamOutboundBridge) -> bool:
+        return await queue_length(dsn, "outbox") == 0
 
-            async def empty() -> bool:
-                return await queue_length(dsn, "outbox") == 0
-
-            try:
-                await asyncio.to_thread(send, -1)
-                await until(lambda: published_at_least(bridge, 1), task, "the first message published")
-                with sessions_frozen(dsn) as frozen:
-                    assert frozen
-                    await asyncio.to_thread(send, *range(20))
-                    await until(empty, task, "published while the first sessions hang")
-            finally:
-                bridge.stop()
-                await asyncio.wait_for(task, 60)
-
-    asyncio.run(scenario())
-    assert said(caplog, "bridge.connection_lost")
-    got = asyncio.run(probe.published(target, expect=21))
-    assert {json.loads(body)["n"] for _, body in got} == set(range(-1, 20))
+    _outbound_carries_on_through_hung_sessions(
+        dsn,
+        redis_server,
+        caplog,
+        lambda abroker, url: OutboundBridge(abroker, "outbox", url, settings),
+        send,
+        empty,
+    )
 
 
 def test_the_stream_outbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
     dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
-    target = unique("hung")
-    probe = RedisProbe(redis_server.port)
     with Broker(dsn) as broker:
         clicks = Stream(broker, "clicks")
         clicks.create(partitions=2)
@@ -396,9 +378,36 @@ def test_the_stream_outbound_bridge_gives_up_on_database_sessions_that_hang_and_
         with Broker(dsn) as broker:
             Stream(broker, "clicks").send_many([{"n": n} for n in numbers])
 
+    async def all_published(bridge: OutboundBridge | StreamOutboundBridge) -> bool:
+        return await published_at_least(bridge, 21)
+
+    _outbound_carries_on_through_hung_sessions(
+        dsn,
+        redis_server,
+        caplog,
+        lambda abroker, url: StreamOutboundBridge(abroker, "clicks", "out", url, settings),
+        send,
+        all_published,
+    )
+
+
+def _outbound_carries_on_through_hung_sessions(
+    dsn: str,
+    redis_server: PrivateServer,
+    caplog: pytest.LogCaptureFixture,
+    make: Callable[[AsyncBroker, str], OutboundBridge | StreamOutboundBridge],
+    send: Callable[..., None],
+    done: Callable[[OutboundBridge | StreamOutboundBridge], Awaitable[bool]],
+) -> None:
+    """An outbound bridge publishes -1, then 0..19 sent while its sessions hang: each once, after
+    a lost connection is said."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.bridge.out")
+    target = unique("hung")
+    probe = RedisProbe(redis_server.port)
+
     async def scenario() -> None:
         async with AsyncBroker(freezable(dsn), max_connections=4) as abroker:
-            bridge = StreamOutboundBridge(abroker, "clicks", "out", probe.url(target), settings)
+            bridge = make(abroker, probe.url(target))
             task = asyncio.create_task(bridge.run())
             try:
                 await asyncio.to_thread(send, -1)
@@ -406,7 +415,7 @@ def test_the_stream_outbound_bridge_gives_up_on_database_sessions_that_hang_and_
                 with sessions_frozen(dsn) as frozen:
                     assert frozen
                     await asyncio.to_thread(send, *range(20))
-                    await until(lambda: published_at_least(bridge, 21), task, "published while they hang")
+                    await until(lambda: done(bridge), task, "published while the sessions hang")
             finally:
                 bridge.stop()
                 await asyncio.wait_for(task, 60)

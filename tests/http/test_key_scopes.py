@@ -172,3 +172,34 @@ async def test_a_key_cannot_make_a_group_whose_retry_queue_it_does_not_see(
     wider = auth(create_key(conn, "clicks-all", scopes=["admin"], queues=["clicks", "clicks_*"])[1])
     r = await client.post("/v1/streams/clicks/groups", json={"group": "G"}, headers=wider)
     assert (r.status_code, r.json()) == (201, {"group": "G", "retry_queue": "clicks_g_retry"}), r.text
+
+
+async def test_lists_leave_out_a_retry_queue_the_key_does_not_see(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # A group's retry queue may be named by hand (create_stream_group(..., retry_queue => ...)),
+    # outside every pattern of the keys that read the stream. The stream stats and the stream's
+    # group list named it to a key for eu-* alone: another team's queue "us-payroll-retry".
+    await broker.create_queue("us-payroll-retry")
+    stream = AsyncStream(broker, "eu-clicks")
+    await stream.create(partitions=1)
+    await stream.create_group("g", retry_queue="us-payroll-retry")
+    await stream.create_group("own", retry_queue="eu-own-retry")
+    eu = auth(create_key(conn, "eu-reader", scopes=["read"], queues=["eu-*"])[1])
+    spec = (await client.get("/openapi.json")).json()
+    lists = [p for p, ops in spec["paths"].items() if "{" not in p and "get" in ops and p != "/"]
+    for url in [*lists, "/v1/streams/eu-clicks/groups"]:
+        r = await client.get(url, headers=eu)
+        if r.status_code == 403:  # a route of another scope
+            continue
+        assert r.status_code == 200, (url, r.text)
+        assert "us-payroll" not in r.text, (url, r.text)
+    # The group itself is the stream's, and listed: only the queue's name is left out.
+    groups = (await client.get("/v1/streams/eu-clicks/groups", headers=eu)).json()["groups"]
+    assert [(g["name"], g["retry_queue"]) for g in groups] == [("g", None), ("own", "eu-own-retry")]
+    stats = (await client.get("/v1/streams/stats", headers=eu)).json()["groups"]
+    assert [(s["group"], s["retry_queue"]) for s in stats] == [("g", None), ("own", "eu-own-retry")]
+    # A key that sees the queue is told its name.
+    wide = auth(create_key(conn, "reader", scopes=["read"], queues=["*"])[1])
+    groups = (await client.get("/v1/streams/eu-clicks/groups", headers=wide)).json()["groups"]
+    assert [g["retry_queue"] for g in groups] == ["us-payroll-retry", "eu-own-retry"]

@@ -3,6 +3,7 @@ consumers reading batches and acknowledging them. A key's queue patterns apply t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import UTC, datetime
 
@@ -18,6 +19,7 @@ from pgbroker.http.stream_models import (
     CreateGroup,
     CreateStream,
     GroupCreated,
+    GroupInfo,
     GroupList,
     HeartbeatAnswer,
     OwnedPartition,
@@ -63,7 +65,19 @@ def _group(call: Call) -> str:
 @router.get("/v1/streams/stats", "lag per stream and group, for the streams the key can see", reporting=True)
 async def stream_stats(call: Call) -> StreamStatsList:
     found = await stream_metrics.stream_group_stats(call.broker)
-    return StreamStatsList(groups=[s for s in found if call.caller.sees(s.stream)])
+    return StreamStatsList(
+        groups=[
+            dataclasses.replace(s, retry_queue=_seen(call, s.retry_queue))
+            for s in found
+            if call.caller.sees(s.stream)
+        ]
+    )
+
+
+def _seen(call: Call, queue: str | None) -> str | None:
+    """``queue``'s name when the key sees it: a group's retry queue may be named by hand, outside
+    the stream's patterns, and lists name nothing the key does not see."""
+    return queue if queue is not None and call.caller.sees(queue) else None
 
 
 @router.get("/v1/streams", "list the streams the key can see")
@@ -136,7 +150,12 @@ async def stream_send(call: Call, body: StreamSendBatch) -> StreamIds:
 )
 async def stream_groups(call: Call) -> GroupList:
     found = await _stream(call, "read").groups()
-    return GroupList(groups=found)
+    return GroupList(
+        groups=[
+            GroupInfo.model_validate(g).model_copy(update={"retry_queue": _seen(call, g.retry_queue)})
+            for g in found
+        ]
+    )
 
 
 @router.post(

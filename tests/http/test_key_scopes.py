@@ -174,18 +174,26 @@ async def test_a_key_cannot_make_a_group_whose_retry_queue_it_does_not_see(
     assert (r.status_code, r.json()) == (201, {"group": "G", "retry_queue": "clicks_g_retry"}), r.text
 
 
+async def payroll_group(
+    broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> tuple[AsyncStream, dict[str, str]]:
+    """Stream eu-clicks (one partition) whose group "g", reading from the start, has another team's
+    queue "us-payroll-retry" as its retry queue, named by hand; and a read key for eu-* alone."""
+    await broker.create_queue("us-payroll-retry")
+    stream = AsyncStream(broker, "eu-clicks")
+    await stream.create(partitions=1)
+    await stream.create_group("g", start="start", retry_queue="us-payroll-retry")
+    return stream, auth(create_key(conn, "eu-reader", scopes=["read"], queues=["eu-*"])[1])
+
+
 async def test_lists_leave_out_a_retry_queue_the_key_does_not_see(
     client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
 ) -> None:
     # A group's retry queue may be named by hand (create_stream_group(..., retry_queue => ...)),
     # outside every pattern of the keys that read the stream. The stream stats and the stream's
     # group list named it to a key for eu-* alone: another team's queue "us-payroll-retry".
-    await broker.create_queue("us-payroll-retry")
-    stream = AsyncStream(broker, "eu-clicks")
-    await stream.create(partitions=1)
-    await stream.create_group("g", retry_queue="us-payroll-retry")
+    stream, eu = await payroll_group(broker, conn)
     await stream.create_group("own", retry_queue="eu-own-retry")
-    eu = auth(create_key(conn, "eu-reader", scopes=["read"], queues=["eu-*"])[1])
     spec = (await client.get("/openapi.json")).json()
     lists = [p for p, ops in spec["paths"].items() if "{" not in p and "get" in ops and p != "/"]
     for url in [*lists, "/v1/streams/eu-clicks/groups"]:
@@ -203,3 +211,41 @@ async def test_lists_leave_out_a_retry_queue_the_key_does_not_see(
     wide = auth(create_key(conn, "reader", scopes=["read"], queues=["*"])[1])
     groups = (await client.get("/v1/streams/eu-clicks/groups", headers=wide)).json()["groups"]
     assert [g["retry_queue"] for g in groups] == ["us-payroll-retry", "eu-own-retry"]
+
+
+async def test_a_key_cannot_fail_messages_into_a_retry_queue_it_does_not_see(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # An ack's failed messages are copied into the group's retry queue. A key for eu-* that may
+    # read stream eu-clicks wrote, by acking with failures, into a group's hand-named retry queue
+    # "us-payroll-retry" (the error text its own), a queue it may not even see; and a full retry
+    # queue answered the ack with the queue's name (queue_full).
+    stream, eu = await payroll_group(broker, conn)
+    await stream.send_many([{"n": 1}, {"n": 2}])
+    r = await client.post("/v1/streams/eu-clicks/groups/g/read", json={"consumer": "c"}, headers=eu)
+    batch = r.json()["messages"]
+    assert [m["id"] for m in batch] == [1, 2], r.text
+    ack = {"consumer": "c", "acks": [{"partition": 0, "epoch": batch[0]["epoch"], "last_id": 2}]}
+    failed = {**ack, "failed": [{"id": 1, "error": "forged"}]}
+    r = await client.post("/v1/streams/eu-clicks/groups/g/ack", json=failed, headers=eu)
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden"), r.text
+    assert "us-payroll" not in r.text
+    assert (await broker.metrics("us-payroll-retry")).queue_length == 0
+    assert [g.lag for g in await stream.groups()] == [2]  # nothing acked either
+    # Full, the queue is not named either.
+    await broker.queue("us-payroll-retry").set_policy(max_depth=1)
+    await broker.queue("us-payroll-retry").send({"theirs": 1})
+    r = await client.post("/v1/streams/eu-clicks/groups/g/ack", json=failed, headers=eu)
+    assert (r.status_code, "us-payroll" in r.text) == (403, False), r.text
+    # Without failures the key acks as before; a key that sees the queue fails messages into it.
+    r = await client.post("/v1/streams/eu-clicks/groups/g/ack", json=ack, headers=eu)
+    assert r.json() == {"partitions": [{"partition": 0, "acked": True}]}, r.text
+    await broker.queue("us-payroll-retry").purge()
+    both = auth(create_key(conn, "both", scopes=["read"], queues=["eu-*", "us-payroll-retry"])[1])
+    await stream.create_group("g2", start="start", retry_queue="us-payroll-retry")
+    r = await client.post("/v1/streams/eu-clicks/groups/g2/read", json={"consumer": "c"}, headers=both)
+    epoch = r.json()["messages"][0]["epoch"]
+    body = {**failed, "acks": [{"partition": 0, "epoch": epoch, "last_id": 2}]}
+    r = await client.post("/v1/streams/eu-clicks/groups/g2/ack", json=body, headers=both)
+    assert r.json() == {"partitions": [{"partition": 0, "acked": True}]}, r.text
+    assert (await broker.metrics("us-payroll-retry")).queue_length == 1

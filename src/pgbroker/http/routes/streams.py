@@ -7,6 +7,7 @@ import dataclasses
 import re
 from datetime import UTC, datetime
 
+from pgbroker import _sql as sql
 from pgbroker._db.names import check_stream_name
 from pgbroker.http import stream_metrics
 from pgbroker.http.errors import ApiError
@@ -41,6 +42,8 @@ from pgbroker.streams._records import StreamInfo as Info
 from pgbroker.streams._records import StreamMessage as Read
 
 router = Router()
+
+_QUERIES = sql.queries("http")
 
 _EPOCH = datetime.fromtimestamp(0, UTC)  # an ack range needs no send time
 
@@ -202,13 +205,17 @@ async def stream_read(call: Call, body: StreamRead) -> StreamBatch:
 
 @router.post(
     "/v1/streams/{stream}/groups/{group}/ack",
-    "acknowledge batches up to an id per partition; failed messages go to the group's retry queue",
+    "acknowledge batches up to an id per partition; failed messages go to the group's retry queue"
+    " (which the key must see)",
     scope="read",
     errors=_NO_GROUP,
 )
 async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
     stream = _stream(call, "read")
-    consumer = stream.consumer(_group(call), name=body.consumer)
+    group = _group(call)
+    if body.failed:
+        await _refuse_unseen_retry_queue(call, stream.name, group)
+    consumer = stream.consumer(group, name=body.consumer)
     # A batch of one message per acknowledged partition carries the ranges; failures by id.
     batch = Batch(
         [Read(stream.name, a.partition, a.last_id, a.epoch, None, _EPOCH, None, None) for a in body.acks],
@@ -216,6 +223,23 @@ async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
     )
     held = await consumer.ack(batch)
     return StreamAcked(partitions=[AckResult(partition=p, acked=ok) for p, ok in sorted(held.items())])
+
+
+async def _refuse_unseen_retry_queue(call: Call, stream: str, group: str) -> None:
+    """403 unless the key sees the group's retry queue, where an ack's failures are sent: it may be
+    named by hand, outside the stream's patterns. The answer names no queue the key does not see."""
+    async with call.broker.connection() as conn:
+        cur = await conn.execute(_QUERIES["stream_group_retry_queue"], {"stream": stream, "group": group})
+        row = await cur.fetchone()
+    if row is not None and not call.caller.sees(row[0]):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"key {call.caller.name!r} may not send failures to the retry queue of group {group!r}"
+            f" of stream {stream!r}: its patterns do not cover that queue",
+            hint="Ack without 'failed' (the messages are settled), or use a key whose patterns cover the"
+            " group's retry queue.",
+        )
 
 
 @router.post(

@@ -249,3 +249,16 @@ async def test_a_key_cannot_fail_messages_into_a_retry_queue_it_does_not_see(
     r = await client.post("/v1/streams/eu-clicks/groups/g2/ack", json=body, headers=both)
     assert r.json() == {"partitions": [{"partition": 0, "acked": True}]}, r.text
     assert (await broker.metrics("us-payroll-retry")).queue_length == 1
+
+
+async def test_making_a_group_again_names_no_retry_queue_the_key_does_not_see(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # Making a group is idempotent: an existing group is answered as it is. An admin key for eu-*
+    # (which sees eu-clicks_g_retry, the default name) made group "g" again and was told its
+    # hand-named retry queue, "us-payroll-retry".
+    stream, _ = await payroll_group(broker, conn)
+    eu = auth(create_key(conn, "eu-admin", scopes=["admin"], queues=["eu-*"])[1])
+    r = await client.post("/v1/streams/eu-clicks/groups", json={"group": "g"}, headers=eu)
+    assert (r.status_code, r.json()) == (201, {"group": "g", "retry_queue": None}), r.text
+    assert [g.retry_queue for g in await stream.groups()] == ["us-payroll-retry"]

@@ -112,7 +112,7 @@ class GroupList(Answer):
 
 class GroupCreated(Answer):
     group: str
-    retry_queue: str
+    retry_queue: Annotated[str | None, Field(description=stream_metrics.RETRY_QUEUE_UNSEEN)]
 
 
 class StreamBatch(Answer):

@@ -181,8 +181,9 @@ async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
             hint=f"A key that makes groups of stream {stream.name!r} needs a pattern such as "
             f"'{stream.name}_*' too.",
         )
-    retry_queue = await stream.create_group(body.group, start=body.start)
-    return GroupCreated(group=body.group, retry_queue=retry_queue)
+    # An existing group is answered as it is, its retry queue perhaps named by hand.
+    made = await stream.create_group(body.group, start=body.start)
+    return GroupCreated(group=body.group, retry_queue=_seen(call, made))
 
 
 @router.post(

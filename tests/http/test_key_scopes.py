@@ -4,15 +4,21 @@ database compares them). Every attempt is refused and changes nothing."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgbroker._db.api_keys import create_key
+from pgbroker._db.install import install
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client_async import AsyncStream
+from tests.support.http import client_for
+from tests.support.postgres import drop_db, dsn_for_db
 
 pytestmark = pytest.mark.anyio
 
@@ -262,3 +268,55 @@ async def test_making_a_group_again_names_no_retry_queue_the_key_does_not_see(
     r = await client.post("/v1/streams/eu-clicks/groups", json={"group": "g"}, headers=eu)
     assert (r.status_code, r.json()) == (201, {"group": "g", "retry_queue": None}), r.text
     assert [g.retry_queue for g in await stream.groups()] == ["us-payroll-retry"]
+
+
+DOTLESS = "\u0131nvo\u0131ces"  # what a Turkish lower() makes of INVOICES
+
+
+@pytest.fixture
+def turkish_dsn(pg_admin_dsn: str) -> Iterator[str]:
+    """A database whose collation is Turkish (ICU): there lower() folds I to a dotless i."""
+    name = f"t_tr_{uuid.uuid4().hex}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL(
+                "CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'"
+                " LOCALE_PROVIDER icu ICU_LOCALE 'tr-TR'"
+            ).format(sql.Identifier(name))
+        )
+    try:
+        with psycopg.connect(dsn_for_db(pg_admin_dsn, name), autocommit=True) as conn:
+            install(conn)
+        yield dsn_for_db(pg_admin_dsn, name)
+    finally:
+        drop_db(pg_admin_dsn, name)
+
+
+async def test_a_key_folds_no_letter_the_database_folds_otherwise(turkish_dsn: str) -> None:
+    # A key's patterns were matched with A-Z folded to a-z, on the belief that every database's
+    # lower() does the same. Under a Turkish collation lower('I') is a dotless i, and the
+    # database takes "INVOICES" for the queue DOTLESS ("invoices" with dotless i's): a key for
+    # invoices* read, purged and sent to that other team's queue by spelling its own in capitals.
+    with psycopg.connect(turkish_dsn, autocommit=True) as conn:
+        token = create_key(conn, "invoices", scopes=["admin"], queues=["invoices*"])[1]
+    async with AsyncBroker(turkish_dsn, max_connections=2) as broker, client_for(broker) as client:
+        await broker.create_queue(DOTLESS)
+        await broker.queue(DOTLESS).send({"secret": 1})
+        await broker.create_queue("invoices")
+        key = auth(token)
+        for method, url, body in [
+            ("POST", "/v1/queues/INVOICES/read", {"qty": 10}),
+            ("GET", "/v1/queues/INVOICES/metrics", None),
+            ("POST", "/v1/queues/INVOICES/messages", {"message": {"forged": 1}}),
+            ("POST", "/v1/queues/INVOICES/purge", None),
+            ("POST", "/v1/queues/Invoices/read", {"qty": 10}),
+        ]:
+            r = await client.request(method, url, json=body, headers=key)
+            assert (r.status_code, "secret" in r.text) == (403, False), (url, r.text)
+        assert (await broker.metrics(DOTLESS)).queue_length == 1
+        # Its own queue, in the letters the database folds alike, it reaches as before.
+        r = await client.post("/v1/queues/invoices/messages", json={"message": 1}, headers=key)
+        assert r.status_code == 201, r.text
+        assert (await client.get("/v1/queues/iNVOiCES/metrics", headers=key)).status_code == 200
+        listed = (await client.get("/v1/queues", headers=key)).json()["queues"]
+        assert [q["queue_name"] for q in listed] == ["invoices"]

@@ -4509,15 +4509,17 @@ CREATE FUNCTION pgbroker._stream_renew(stream_name text, group_name text, consum
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    registered boolean;
+    was_live boolean;
 BEGIN
+    SELECT c.expires_at > now() INTO was_live FROM pgbroker.stream_consumer c
+    WHERE c.stream_name = _stream_renew.stream_name AND c.group_name = _stream_renew.group_name
+      AND c.consumer = _stream_renew.consumer;
     INSERT INTO pgbroker.stream_consumer AS c (stream_name, group_name, consumer, expires_at, renewed_at,
                                                lease_only)
     VALUES (stream_name, group_name, consumer, now() + make_interval(secs => lease_seconds), now(), lease_only)
     ON CONFLICT ON CONSTRAINT stream_consumer_pkey DO UPDATE
-        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at, lease_only = EXCLUDED.lease_only
-    RETURNING c.xmax = 0 INTO registered;  -- (a new row: no updater)
-    IF registered THEN
+        SET expires_at = EXCLUDED.expires_at, renewed_at = EXCLUDED.renewed_at, lease_only = EXCLUDED.lease_only;
+    IF was_live IS NOT TRUE THEN
         PERFORM pgbroker._check_arg(
             (SELECT count(*) FROM pgbroker.stream_consumer k
              WHERE k.stream_name = _stream_renew.stream_name AND k.group_name = _stream_renew.group_name

@@ -42,3 +42,17 @@ def test_patterns_match_regardless_of_ascii_case(pattern: str, queue: str) -> No
 def test_patterns_never_fold_more_than_the_database(pattern: str, queue: str) -> None:
     assert not key(pattern).sees(queue)
     assert not key(pattern).allows("read", queue)
+
+
+def test_a_letter_the_database_folds_otherwise_is_not_folded() -> None:
+    # Under a Turkish collation lower('I') is a dotless i: the database takes INVOICES for another
+    # queue than invoices, and so must the key.
+    turkish = "abcdefgh\u0131jklmnopqrstuvwxyz"
+    key = ApiKey(1, "k", ("invoices*",), frozenset({"read"}), None, datetime.now(UTC), None, turkish)
+    assert not key.sees("INVOICES")
+    assert not key.sees("Invoices")
+    assert key.sees("iNVOiCES")
+    assert key.sees("invoices-eu")
+    capitals = ApiKey(1, "k", ("INVOICES",), frozenset({"read"}), None, datetime.now(UTC), None, turkish)
+    assert capitals.sees("INVOICES")
+    assert not capitals.sees("invoices")

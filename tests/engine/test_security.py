@@ -730,24 +730,58 @@ def test_a_consumer_cannot_archive_a_publish_record_past_the_size_limit(
     assert acked == [(1,)]
 
 
+# Beats (and a read) of so many consumers named a prefix and 1..n of group g of stream clicks.
+BEAT = (
+    "SELECT count(*) FROM generate_series(1, %s) i,"
+    " pgbroker.stream_heartbeat('clicks', 'g', %s || i, 3600, true)"
+)
+BEAT_READ = BEAT.replace("stream_heartbeat", "stream_read").replace("3600", "1, 3600, NULL")
+
+
+def _clicks_group(conn: Conn) -> None:
+    conn.execute("SELECT pgbroker.create_stream('clicks', 2)")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
+
+
 def test_a_consumer_cannot_register_a_groups_consumers_without_end(users: dict[str, str], conn: Conn) -> None:
     # Every read or beat under a new consumer name registered a member of the group, live for its
     # lease (up to a day), with nothing bounding them: an HTTP key that may read a stream made
     # members by the million, which every read of the group aggregated and every look at the
     # workers panel (/v1/workers, whatever streams its key sees) read. A group has at most 1,000.
-    conn.execute("SELECT pgbroker.create_stream('clicks', 2)")
-    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', 'start')")
-    beat = (
-        "SELECT count(*) FROM generate_series(1, %s) i,"
-        " pgbroker.stream_heartbeat('clicks', 'g', %s || i, 3600, true)"
-    )
+    _clicks_group(conn)
     with psycopg.connect(users["consumer"], autocommit=True) as consumer:
-        consumer.execute(beat, (1000, "c"))
-        for call in (beat, beat.replace("stream_heartbeat", "stream_read").replace("3600", "1, 3600, NULL")):
+        consumer.execute(BEAT, (1000, "c"))
+        for call in (BEAT, BEAT_READ):
             with refused("PB007"):
                 consumer.execute(call, (1, "d"))
-        consumer.execute(beat, (1000, "c"))  # the members there renew as before
+        consumer.execute(BEAT, (1000, "c"))  # the members there renew as before
     assert conn.execute("SELECT count(*) FROM pgbroker.stream_consumer").fetchone() == (1000,)
+
+
+def test_a_consumer_cannot_pass_the_groups_limit_by_renewing_lapsed_members(
+    users: dict[str, str], conn: Conn
+) -> None:
+    # The limit of 1,000 live members was checked when a name was new only. A member whose lease
+    # ran out is not live and does not count, but its row stays (for a lease and a minute), and a
+    # beat under its name made it live again unchecked: 1,000 members, lapsed, then 1,000 new ones,
+    # then the first renewed, and so on, gave a group as many live members as the caller liked.
+    _clicks_group(conn)
+    live = "SELECT count(*) FROM pgbroker.stream_consumer WHERE expires_at > now()"
+    lapse = (
+        "UPDATE pgbroker.stream_consumer SET expires_at = now() - interval '1 second' WHERE consumer LIKE %s"
+    )
+    with psycopg.connect(users["consumer"], autocommit=True) as consumer:
+        consumer.execute(BEAT, (1000, "c"))
+        conn.execute(lapse, ("c%",))
+        consumer.execute(BEAT, (1000, "d"))  # the c's lapsed: room for as many others
+        for call in (BEAT, BEAT_READ):
+            with refused("PB007"):
+                consumer.execute(call, (1000, "c"))
+        assert conn.execute(live).fetchone() == (1000,)
+        consumer.execute(BEAT, (1000, "d"))  # the live members renew as before
+        conn.execute(lapse, ("d1",))  # a lapsed member comes back once there is room again
+        consumer.execute(BEAT, (1, "c"))
+    assert conn.execute(live).fetchone() == (1000,)
 
 
 def test_a_consumer_cannot_fill_the_workers_panel(users: dict[str, str], conn: Conn) -> None:

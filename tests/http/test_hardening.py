@@ -19,7 +19,7 @@ from pgbroker._db.api_keys import create_key
 from pgbroker.http import Settings
 from pgbroker.queues._client_async import AsyncBroker
 from tests.http.live import pgbroker_serve
-from tests.support.http import client_for
+from tests.support.http import auth, client_for
 
 
 def _connect(url: str) -> socket.socket:
@@ -141,7 +141,13 @@ async def test_requests_past_the_concurrency_limit_are_answered_busy(
 ) -> None:
     _, token = create_key(conn, "admin", scopes=["admin"])
     conn.execute("SELECT pgmq.create('jobs')")
-    settings = Settings(key_cache_seconds=0, rate_per_second=1000, rate_burst=1000, max_concurrency=2)
+    settings = Settings(
+        key_cache_seconds=0,
+        rate_per_second=1000,
+        rate_burst=1000,
+        max_concurrency=2,
+        max_concurrency_per_key=3,  # (this one key may hold every slot)
+    )
     async with client_for(broker, settings, token) as client:
         polls = [asyncio.create_task(client.post("/v1/queues/jobs/read", json={"wait": 3})) for _ in range(2)]
         await asyncio.sleep(1)  # both long polls are waiting
@@ -151,6 +157,37 @@ async def test_requests_past_the_concurrency_limit_are_answered_busy(
         assert busy.headers["retry-after"] == "1"
         assert [r.status_code for r in await asyncio.gather(*polls)] == [200, 200]
         assert (await client.get("/v1/queues")).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_one_key_cannot_hold_every_request_slot(
+    broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # --max-concurrency bounds the requests of every key together, long polls included. One key
+    # holding every slot with long polls on an empty queue of its own (256 of them every 20 s is
+    # 13 requests a second, far within a key's rate) left every other key 503 server_busy: one
+    # tenant locked the others out. A key has at most half of the slots.
+    hog = auth(create_key(conn, "hog", scopes=["admin"], queues=["hog"])[1])
+    other = auth(create_key(conn, "other", scopes=["read"], queues=["other"])[1])
+    conn.execute("SELECT pgmq.create('hog')")
+    settings = Settings(key_cache_seconds=0, rate_per_second=1000, rate_burst=1000, max_concurrency=4)
+    async with client_for(broker, settings) as client:
+        # Long polls of the hog, one after the other, until one is answered at once: refused.
+        polls: list[asyncio.Task[httpx.Response]] = []
+        while not polls or not polls[-1].done():
+            assert len(polls) < 8, "no long poll was refused"
+            polls.append(
+                asyncio.create_task(client.post("/v1/queues/hog/read", json={"wait": 20}, headers=hog))
+            )
+            await asyncio.wait(polls[-1:], timeout=0.5)  # a waiting poll takes 20 s, a refusal none
+        refused = polls[-1].result()
+        assert (refused.status_code, refused.json()["error"]["code"]) == (429, "rate_limited"), refused.text
+        assert refused.headers["retry-after"] == "1"
+        r = await client.get("/v1/queues", headers=other)
+        assert r.status_code == 200, r.text
+        await broker.queue("hog").send_many([{"n": i} for i in range(4)])  # the polls end
+        assert [r.status_code for r in await asyncio.gather(*polls)] == [200, 200, 429]
+        assert (await client.get("/v1/queues", headers=hog)).status_code == 200
 
 
 @pytest.mark.anyio

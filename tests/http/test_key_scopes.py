@@ -4,15 +4,21 @@ database compares them). Every attempt is refused and changes nothing."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgbroker._db.api_keys import create_key
+from pgbroker._db.install import install
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client_async import AsyncStream
+from tests.support.http import client_for
+from tests.support.postgres import drop_db, dsn_for_db
 
 pytestmark = pytest.mark.anyio
 
@@ -172,3 +178,145 @@ async def test_a_key_cannot_make_a_group_whose_retry_queue_it_does_not_see(
     wider = auth(create_key(conn, "clicks-all", scopes=["admin"], queues=["clicks", "clicks_*"])[1])
     r = await client.post("/v1/streams/clicks/groups", json={"group": "G"}, headers=wider)
     assert (r.status_code, r.json()) == (201, {"group": "G", "retry_queue": "clicks_g_retry"}), r.text
+
+
+async def payroll_group(
+    broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> tuple[AsyncStream, dict[str, str]]:
+    """Stream eu-clicks (one partition) whose group "g", reading from the start, has another team's
+    queue "us-payroll-retry" as its retry queue, named by hand; and a read key for eu-* alone."""
+    await broker.create_queue("us-payroll-retry")
+    stream = AsyncStream(broker, "eu-clicks")
+    await stream.create(partitions=1)
+    await stream.create_group("g", start="start", retry_queue="us-payroll-retry")
+    return stream, auth(create_key(conn, "eu-reader", scopes=["read"], queues=["eu-*"])[1])
+
+
+async def test_lists_leave_out_a_retry_queue_the_key_does_not_see(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # A group's retry queue may be named by hand (create_stream_group(..., retry_queue => ...)),
+    # outside every pattern of the keys that read the stream. The stream stats and the stream's
+    # group list named it to a key for eu-* alone: another team's queue "us-payroll-retry".
+    stream, eu = await payroll_group(broker, conn)
+    await stream.create_group("own", retry_queue="eu-own-retry")
+    spec = (await client.get("/openapi.json")).json()
+    lists = [p for p, ops in spec["paths"].items() if "{" not in p and "get" in ops and p != "/"]
+    for url in [*lists, "/v1/streams/eu-clicks/groups"]:
+        r = await client.get(url, headers=eu)
+        if r.status_code == 403:  # a route of another scope
+            continue
+        assert r.status_code == 200, (url, r.text)
+        assert "us-payroll" not in r.text, (url, r.text)
+    # The group itself is the stream's, and listed: only the queue's name is left out.
+    groups = (await client.get("/v1/streams/eu-clicks/groups", headers=eu)).json()["groups"]
+    assert [(g["name"], g["retry_queue"]) for g in groups] == [("g", None), ("own", "eu-own-retry")]
+    stats = (await client.get("/v1/streams/stats", headers=eu)).json()["groups"]
+    assert [(s["group"], s["retry_queue"]) for s in stats] == [("g", None), ("own", "eu-own-retry")]
+    # A key that sees the queue is told its name.
+    wide = auth(create_key(conn, "reader", scopes=["read"], queues=["*"])[1])
+    groups = (await client.get("/v1/streams/eu-clicks/groups", headers=wide)).json()["groups"]
+    assert [g["retry_queue"] for g in groups] == ["us-payroll-retry", "eu-own-retry"]
+
+
+async def test_a_key_cannot_fail_messages_into_a_retry_queue_it_does_not_see(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # An ack's failed messages are copied into the group's retry queue. A key for eu-* that may
+    # read stream eu-clicks wrote, by acking with failures, into a group's hand-named retry queue
+    # "us-payroll-retry" (the error text its own), a queue it may not even see; and a full retry
+    # queue answered the ack with the queue's name (queue_full).
+    stream, eu = await payroll_group(broker, conn)
+    await stream.send_many([{"n": 1}, {"n": 2}])
+    r = await client.post("/v1/streams/eu-clicks/groups/g/read", json={"consumer": "c"}, headers=eu)
+    batch = r.json()["messages"]
+    assert [m["id"] for m in batch] == [1, 2], r.text
+    ack = {"consumer": "c", "acks": [{"partition": 0, "epoch": batch[0]["epoch"], "last_id": 2}]}
+    failed = {**ack, "failed": [{"id": 1, "error": "forged"}]}
+    r = await client.post("/v1/streams/eu-clicks/groups/g/ack", json=failed, headers=eu)
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden"), r.text
+    assert "us-payroll" not in r.text
+    assert (await broker.metrics("us-payroll-retry")).queue_length == 0
+    assert [g.lag for g in await stream.groups()] == [2]  # nothing acked either
+    # Full, the queue is not named either.
+    await broker.queue("us-payroll-retry").set_policy(max_depth=1)
+    await broker.queue("us-payroll-retry").send({"theirs": 1})
+    r = await client.post("/v1/streams/eu-clicks/groups/g/ack", json=failed, headers=eu)
+    assert (r.status_code, "us-payroll" in r.text) == (403, False), r.text
+    # Without failures the key acks as before; a key that sees the queue fails messages into it.
+    r = await client.post("/v1/streams/eu-clicks/groups/g/ack", json=ack, headers=eu)
+    assert r.json() == {"partitions": [{"partition": 0, "acked": True}]}, r.text
+    await broker.queue("us-payroll-retry").purge()
+    both = auth(create_key(conn, "both", scopes=["read"], queues=["eu-*", "us-payroll-retry"])[1])
+    await stream.create_group("g2", start="start", retry_queue="us-payroll-retry")
+    r = await client.post("/v1/streams/eu-clicks/groups/g2/read", json={"consumer": "c"}, headers=both)
+    epoch = r.json()["messages"][0]["epoch"]
+    body = {**failed, "acks": [{"partition": 0, "epoch": epoch, "last_id": 2}]}
+    r = await client.post("/v1/streams/eu-clicks/groups/g2/ack", json=body, headers=both)
+    assert r.json() == {"partitions": [{"partition": 0, "acked": True}]}, r.text
+    assert (await broker.metrics("us-payroll-retry")).queue_length == 1
+
+
+async def test_making_a_group_again_names_no_retry_queue_the_key_does_not_see(
+    client: httpx.AsyncClient, broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # Making a group is idempotent: an existing group is answered as it is. An admin key for eu-*
+    # (which sees eu-clicks_g_retry, the default name) made group "g" again and was told its
+    # hand-named retry queue, "us-payroll-retry".
+    stream, _ = await payroll_group(broker, conn)
+    eu = auth(create_key(conn, "eu-admin", scopes=["admin"], queues=["eu-*"])[1])
+    r = await client.post("/v1/streams/eu-clicks/groups", json={"group": "g"}, headers=eu)
+    assert (r.status_code, r.json()) == (201, {"group": "g", "retry_queue": None}), r.text
+    assert [g.retry_queue for g in await stream.groups()] == ["us-payroll-retry"]
+
+
+DOTLESS = "\u0131nvo\u0131ces"  # what a Turkish lower() makes of INVOICES
+
+
+@pytest.fixture
+def turkish_dsn(pg_admin_dsn: str) -> Iterator[str]:
+    """A database whose collation is Turkish (ICU): there lower() folds I to a dotless i."""
+    name = f"t_tr_{uuid.uuid4().hex}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL(
+                "CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'"
+                " LOCALE_PROVIDER icu ICU_LOCALE 'tr-TR'"
+            ).format(sql.Identifier(name))
+        )
+    try:
+        with psycopg.connect(dsn_for_db(pg_admin_dsn, name), autocommit=True) as conn:
+            install(conn)
+        yield dsn_for_db(pg_admin_dsn, name)
+    finally:
+        drop_db(pg_admin_dsn, name)
+
+
+async def test_a_key_folds_no_letter_the_database_folds_otherwise(turkish_dsn: str) -> None:
+    # A key's patterns were matched with A-Z folded to a-z, on the belief that every database's
+    # lower() does the same. Under a Turkish collation lower('I') is a dotless i, and the
+    # database takes "INVOICES" for the queue DOTLESS ("invoices" with dotless i's): a key for
+    # invoices* read, purged and sent to that other team's queue by spelling its own in capitals.
+    with psycopg.connect(turkish_dsn, autocommit=True) as conn:
+        token = create_key(conn, "invoices", scopes=["admin"], queues=["invoices*"])[1]
+    async with AsyncBroker(turkish_dsn, max_connections=2) as broker, client_for(broker) as client:
+        await broker.create_queue(DOTLESS)
+        await broker.queue(DOTLESS).send({"secret": 1})
+        await broker.create_queue("invoices")
+        key = auth(token)
+        for method, url, body in [
+            ("POST", "/v1/queues/INVOICES/read", {"qty": 10}),
+            ("GET", "/v1/queues/INVOICES/metrics", None),
+            ("POST", "/v1/queues/INVOICES/messages", {"message": {"forged": 1}}),
+            ("POST", "/v1/queues/INVOICES/purge", None),
+            ("POST", "/v1/queues/Invoices/read", {"qty": 10}),
+        ]:
+            r = await client.request(method, url, json=body, headers=key)
+            assert (r.status_code, "secret" in r.text) == (403, False), (url, r.text)
+        assert (await broker.metrics(DOTLESS)).queue_length == 1
+        # Its own queue, in the letters the database folds alike, it reaches as before.
+        r = await client.post("/v1/queues/invoices/messages", json={"message": 1}, headers=key)
+        assert r.status_code == 201, r.text
+        assert (await client.get("/v1/queues/iNVOiCES/metrics", headers=key)).status_code == 200
+        listed = (await client.get("/v1/queues", headers=key)).json()["queues"]
+        assert [q["queue_name"] for q in listed] == ["invoices"]

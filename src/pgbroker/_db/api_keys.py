@@ -8,10 +8,11 @@ without the ``http`` extra installed; pgbroker.http.auth checks a request's key 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,45 +43,59 @@ class ApiKey:
     rate_per_second: float | None
     created_at: datetime
     revoked_at: datetime | None
+    # What the key's database makes of A-Z with lower(): a-z under most collations, not all.
+    lowered: str = field(default="abcdefghijklmnopqrstuvwxyz", repr=False, compare=False)
 
     def allows(self, scope: str, queue: str | None = None) -> bool:
         """Whether the key may do ``scope`` on ``queue`` (None: an operation on no one queue).
 
         admin implies every scope. Patterns are globs matched without regard to ASCII case, as the
         database compares queue names (``lower()``): ``EU-*`` is the key of queue ``eu-secret``,
-        which ``EU-secret`` names too.
+        which ``EU-secret`` names too. Only the letters the database folds the same way
+        (``lowered``) are folded.
         """
         if scope not in self.scopes and "admin" not in self.scopes:
             return False
         return queue is None or self.sees(queue)
 
     def sees(self, queue: str) -> bool:
-        folded = fold_case(queue)
-        return any(fnmatch.fnmatchcase(folded, fold_case(pattern)) for pattern in self.queues)
+        folded = fold_case(queue, self.lowered)
+        return any(fnmatch.fnmatchcase(folded, fold_case(pattern, self.lowered)) for pattern in self.queues)
 
 
-# Only A-Z: Postgres' lower() folds them under every collation, while what it does beyond ASCII
-# depends on the database's collation. A fold of more than lower() does would let a pattern reach
-# a queue the database holds apart; a fold of less can only refuse.
-_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+_LOWER = "abcdefghijklmnopqrstuvwxyz"
+
+
+@functools.cache
+def _fold_table(lowered: str) -> dict[int, int]:
+    """A-Z to a-z, for the letters the database's lower() (which gave ``lowered`` for A-Z) folds
+    so too. What lower() does beyond ASCII depends on the database's collation, and within ASCII
+    too: under a Turkish one, lower('I') is a dotless i, and the database takes INVOICES for the
+    queue "\u0131nvo\u0131ces", not "invoices". A fold of more than lower() does, or another,
+    would let a pattern reach a queue the database holds apart; a fold of less can only refuse."""
+    if len(lowered) != len(_UPPER):
+        return {}
+    return {ord(u): ord(a) for u, a, d in zip(_UPPER, _LOWER, lowered, strict=True) if a == d}
 
 
 _QUERIES = sql.queries("keys")
 
 
-def fold_case(name: str) -> str:
-    """``name`` with its ASCII letters lower-cased, as every database's lower() does."""
-    return name.translate(_ASCII_LOWER)
+def fold_case(name: str, lowered: str = _LOWER) -> str:
+    """``name`` with those of its ASCII letters lower-cased that the database's lower() folds to
+    the same letter (``lowered``: its lower() of A-Z; a-z under most collations)."""
+    return name.translate(_fold_table(lowered))
 
 
 def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def key_from_row(row: Sequence[Any]) -> ApiKey:
+def key_from_row(row: Sequence[Any], lowered: str = _LOWER) -> ApiKey:
     """The key of a row of ``pgbroker.api_keys``: id, name, queues, scopes, rate_per_second,
-    created_at, revoked_at."""
-    return ApiKey(row[0], row[1], tuple(row[2]), frozenset(row[3]), row[4], row[5], row[6])
+    created_at, revoked_at; ``lowered``, what its database's lower() makes of A-Z."""
+    return ApiKey(row[0], row[1], tuple(row[2]), frozenset(row[3]), row[4], row[5], row[6], lowered)
 
 
 def create_key(

@@ -71,7 +71,7 @@ class KeyStore:
             row = await cur.fetchone()
         if row is None or row[7] is not None:
             return bytes(32), None
-        return bytes(row[0]), key_from_row(row[1:])
+        return bytes(row[0]), key_from_row(row[1:8], row[8])
 
 
 @dataclass

@@ -36,7 +36,8 @@ import asyncio
 import inspect
 import json
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
@@ -175,6 +176,7 @@ class State:
     operations: tuple[Operation, ...] = ()
     spec: dict[str, Any] = field(default_factory=dict)
     replica: AsyncBroker | None = None
+    in_flight: dict[int, int] = field(default_factory=dict)  # requests in hand, by key id
 
 
 @dataclass(frozen=True)
@@ -221,8 +223,44 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
     key = None
     if operation.access == "key" or (operation.access == "metrics" and not state.settings.metrics_public):
         key = await authenticate(request, state.keys, state.limiter, state.failures)
-        if operation.scope is not None and operation.scope_field is None:
-            require(key, operation.scope, path_queue(request))
+    with _in_hand(state, key):
+        return await _run(operation, state, request, key)
+
+
+@contextmanager
+def _in_hand(state: State, key: ApiKey | None) -> Iterator[None]:
+    """The request counted among its key's in hand; 429 at once past the key's share of the
+    server's slots (--max-concurrency counts every key's together: one key's long polls took
+    them all, and every other key was answered 503)."""
+    if key is None:
+        yield
+        return
+    held = state.in_flight.get(key.id, 0)
+    limit = state.settings.key_concurrency
+    if held >= limit:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"key {key.name!r} has {limit} requests in hand already",
+            hint="Fewer requests at once (long polls count), or start the server with a higher"
+            " --max-concurrency-per-key.",
+            headers={"Retry-After": "1"},
+        )
+    state.in_flight[key.id] = held + 1
+    try:
+        yield
+    finally:
+        left = state.in_flight[key.id] - 1
+        if left:
+            state.in_flight[key.id] = left
+        else:
+            del state.in_flight[key.id]
+
+
+async def _run(operation: Operation, state: State, request: Request, key: ApiKey | None) -> Response:
+    """The request of an authenticated key (or of none): scope, body, query, handler, answer."""
+    if key is not None and operation.scope is not None and operation.scope_field is None:
+        require(key, operation.scope, path_queue(request))
     arguments: dict[str, Any] = {}
     if operation.body is not None:
         data, nul_escape = await read_json(request, state.settings, operation.body_required)

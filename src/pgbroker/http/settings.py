@@ -22,8 +22,16 @@ class Settings:
     auth_failures_per_second: float = 1.0
     auth_failure_burst: float = 20.0
     max_concurrency: int = 256  # requests handled at once; more are answered 503 at once
+    # Requests of one key at once (None: half of max_concurrency); more are answered 429 at once.
+    # One key holding every slot with long polls locked every other key out.
+    max_concurrency_per_key: int | None = None
     metrics_public: bool = False  # /metrics without a key (for a scraper on a private network)
     stats_exact_below: int = 10_000  # counts past this are estimated (pgbroker.queue_stats)
     # The dashboard's history (pgbroker.http.monitoring): sampled this often, kept this long (0: off).
     history_interval_seconds: float = 10.0
     history_retention_seconds: float = 24 * 3600.0
+
+    @property
+    def key_concurrency(self) -> int:
+        """The requests one key may have in hand at once."""
+        return self.max_concurrency_per_key or max(1, self.max_concurrency // 2)

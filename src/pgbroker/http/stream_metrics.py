@@ -24,7 +24,13 @@ class StreamGroupStats:
     lag: int  # messages kept beyond the group's cursors
     oldest_unacked_age_sec: float | None
     consumers: int  # live consumers
-    retry_queue: str
+    retry_queue: str | None  # None: a queue the key does not see (RETRY_QUEUE_UNSEEN)
+
+
+RETRY_QUEUE_UNSEEN = (
+    "the group's retry queue; null when the key's patterns do not cover it (a retry queue may be"
+    " named by hand, outside the stream's patterns)"
+)
 
 
 async def stream_group_stats(broker: AsyncBroker) -> list[StreamGroupStats]:

@@ -95,13 +95,24 @@ class StreamIds(Answer):
     ids: list[int]
 
 
+class GroupInfo(Answer):
+    """A consumer group (pgbroker.StreamGroupInfo), its retry queue named only to a key that sees it."""
+
+    name: str
+    lag: int
+    oldest_unacked_at: datetime | None
+    consumers: int
+    retry_queue: Annotated[str | None, Field(description=stream_metrics.RETRY_QUEUE_UNSEEN)]
+    created_at: datetime
+
+
 class GroupList(Answer):
-    groups: list[core.StreamGroupInfo]
+    groups: list[GroupInfo]
 
 
 class GroupCreated(Answer):
     group: str
-    retry_queue: str
+    retry_queue: Annotated[str | None, Field(description=stream_metrics.RETRY_QUEUE_UNSEEN)]
 
 
 class StreamBatch(Answer):

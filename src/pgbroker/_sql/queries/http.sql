@@ -36,6 +36,11 @@ SELECT s.stream_name, c.group_name, c.consumer, c.renewed_at, c.expires_at,
 FROM pgbroker.streams() s CROSS JOIN LATERAL pgbroker.stream_consumers(s.stream_name) c
 ORDER BY 1, 2, 3
 
+-- name: stream_group_retry_queue
+-- A group's retry queue (no row: no such group, which the engine's call then says).
+SELECT g.retry_queue FROM pgbroker.stream_group g
+WHERE g.stream_name = lower(%(stream)s) AND g.group_name = %(group)s
+
 -- name: stream_group_stats_for_metrics
 -- Every stream's groups with their lag, oldest unacked age in seconds, consumers and retry queue.
 SELECT s.stream_name, g.group_name, g.lag,

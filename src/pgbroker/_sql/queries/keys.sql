@@ -23,7 +23,10 @@ ORDER BY id
 UPDATE pgbroker.api_keys SET revoked_at = now() WHERE id = %s AND revoked_at IS NULL
 
 -- name: key_for_authentication
--- A key by id with its hash, for the server to check a token against.
-SELECT hash, id, name, queues, scopes, rate_per_second, created_at, revoked_at
+-- A key by id with its hash, for the server to check a token against; and what the database's
+-- lower() makes of A-Z, as it does of queue names (not a-z under every collation: a Turkish one
+-- folds I to a dotless i), which the key's patterns must fold alike.
+SELECT hash, id, name, queues, scopes, rate_per_second, created_at, revoked_at,
+       lower('ABCDEFGHIJKLMNOPQRSTUVWXYZ')
 FROM pgbroker.api_keys
 WHERE id = %s

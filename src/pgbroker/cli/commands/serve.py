@@ -77,6 +77,14 @@ def register(subcommands: Subcommands) -> None:
         help="requests handled at once; more are answered 503 with Retry-After (256)",
     )
     sub.add_argument(
+        "--max-concurrency-per-key",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="requests of one API key handled at once, long polls included; more are answered 429"
+        " with Retry-After, so that one key cannot take every slot (half of --max-concurrency)",
+    )
+    sub.add_argument(
         "--auth-failure-rate",
         type=positive_number,
         default=1.0,
@@ -137,6 +145,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         max_wait_seconds=args.max_wait,
         metrics_public=args.public_metrics,
         max_concurrency=args.max_concurrency,
+        max_concurrency_per_key=args.max_concurrency_per_key,
         body_timeout_seconds=args.body_timeout,
         auth_failures_per_second=args.auth_failure_rate,
         auth_failure_burst=args.auth_failure_burst,

@@ -3,9 +3,11 @@ consumers reading batches and acknowledging them. A key's queue patterns apply t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import UTC, datetime
 
+from pgbroker import _sql as sql
 from pgbroker._db.names import check_stream_name
 from pgbroker.http import stream_metrics
 from pgbroker.http.errors import ApiError
@@ -18,6 +20,7 @@ from pgbroker.http.stream_models import (
     CreateGroup,
     CreateStream,
     GroupCreated,
+    GroupInfo,
     GroupList,
     HeartbeatAnswer,
     OwnedPartition,
@@ -39,6 +42,8 @@ from pgbroker.streams._records import StreamInfo as Info
 from pgbroker.streams._records import StreamMessage as Read
 
 router = Router()
+
+_QUERIES = sql.queries("http")
 
 _EPOCH = datetime.fromtimestamp(0, UTC)  # an ack range needs no send time
 
@@ -63,7 +68,19 @@ def _group(call: Call) -> str:
 @router.get("/v1/streams/stats", "lag per stream and group, for the streams the key can see", reporting=True)
 async def stream_stats(call: Call) -> StreamStatsList:
     found = await stream_metrics.stream_group_stats(call.broker)
-    return StreamStatsList(groups=[s for s in found if call.caller.sees(s.stream)])
+    return StreamStatsList(
+        groups=[
+            dataclasses.replace(s, retry_queue=_seen(call, s.retry_queue))
+            for s in found
+            if call.caller.sees(s.stream)
+        ]
+    )
+
+
+def _seen(call: Call, queue: str | None) -> str | None:
+    """``queue``'s name when the key sees it: a group's retry queue may be named by hand, outside
+    the stream's patterns, and lists name nothing the key does not see."""
+    return queue if queue is not None and call.caller.sees(queue) else None
 
 
 @router.get("/v1/streams", "list the streams the key can see")
@@ -136,7 +153,12 @@ async def stream_send(call: Call, body: StreamSendBatch) -> StreamIds:
 )
 async def stream_groups(call: Call) -> GroupList:
     found = await _stream(call, "read").groups()
-    return GroupList(groups=found)
+    return GroupList(
+        groups=[
+            GroupInfo.model_validate(g).model_copy(update={"retry_queue": _seen(call, g.retry_queue)})
+            for g in found
+        ]
+    )
 
 
 @router.post(
@@ -159,8 +181,9 @@ async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
             hint=f"A key that makes groups of stream {stream.name!r} needs a pattern such as "
             f"'{stream.name}_*' too.",
         )
-    retry_queue = await stream.create_group(body.group, start=body.start)
-    return GroupCreated(group=body.group, retry_queue=retry_queue)
+    # An existing group is answered as it is, its retry queue perhaps named by hand.
+    made = await stream.create_group(body.group, start=body.start)
+    return GroupCreated(group=body.group, retry_queue=_seen(call, made))
 
 
 @router.post(
@@ -183,13 +206,17 @@ async def stream_read(call: Call, body: StreamRead) -> StreamBatch:
 
 @router.post(
     "/v1/streams/{stream}/groups/{group}/ack",
-    "acknowledge batches up to an id per partition; failed messages go to the group's retry queue",
+    "acknowledge batches up to an id per partition; failed messages go to the group's retry queue"
+    " (which the key must see)",
     scope="read",
     errors=_NO_GROUP,
 )
 async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
     stream = _stream(call, "read")
-    consumer = stream.consumer(_group(call), name=body.consumer)
+    group = _group(call)
+    if body.failed:
+        await _refuse_unseen_retry_queue(call, stream.name, group)
+    consumer = stream.consumer(group, name=body.consumer)
     # A batch of one message per acknowledged partition carries the ranges; failures by id.
     batch = Batch(
         [Read(stream.name, a.partition, a.last_id, a.epoch, None, _EPOCH, None, None) for a in body.acks],
@@ -197,6 +224,23 @@ async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
     )
     held = await consumer.ack(batch)
     return StreamAcked(partitions=[AckResult(partition=p, acked=ok) for p, ok in sorted(held.items())])
+
+
+async def _refuse_unseen_retry_queue(call: Call, stream: str, group: str) -> None:
+    """403 unless the key sees the group's retry queue, where an ack's failures are sent: it may be
+    named by hand, outside the stream's patterns. The answer names no queue the key does not see."""
+    async with call.broker.connection() as conn:
+        cur = await conn.execute(_QUERIES["stream_group_retry_queue"], {"stream": stream, "group": group})
+        row = await cur.fetchone()
+    if row is not None and not call.caller.sees(row[0]):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"key {call.caller.name!r} may not send failures to the retry queue of group {group!r}"
+            f" of stream {stream!r}: its patterns do not cover that queue",
+            hint="Ack without 'failed' (the messages are settled), or use a key whose patterns cover the"
+            " group's retry queue.",
+        )
 
 
 @router.post(

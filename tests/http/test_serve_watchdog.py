@@ -5,17 +5,22 @@ retry, never leaves the server stuck: afterwards sends and a long-polling read w
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import psycopg
+import pytest
 
 from pgbroker._db.api_keys import create_key
+from pgbroker.http import create_app
 from tests.http.live import pgbroker_serve
 from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
-from tests.support.http import auth
+from tests.support.http import SETTINGS, auth
 
 
 def test_serve_answers_503_during_faults_and_works_again_after(
@@ -110,3 +115,71 @@ def test_the_history_sampler_gives_up_on_a_database_that_hangs_and_samples_again
                 assert time.monotonic() < deadline, "no sample while the first sessions hang"
                 time.sleep(0.5)
         assert "serve.history_sample_failed" in server.log_path.read_text(errors="replace")
+
+
+# The bound the next test gives a request's database calls past its wait: far above what they
+# take (milliseconds), short for the test.
+ANSWER_WITHIN = 5.0
+
+
+@pytest.mark.anyio
+async def test_requests_on_a_database_that_hangs_answer_503_past_their_bound_and_work_again_after(
+    dsn: str, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session of the server's pool (2, as serve makes it) stops answering (frozen with
+    SIGSTOP): a send and a long-polling read each answer 503 with Retry-After (outcome_unknown,
+    database_unavailable) once the bound past their wait has run out, and a warning says so; the
+    sessions given up are closed, so the next request, on new ones, is answered while the old ones
+    still hang, and every request once the hang ends. A long poll longer than the bound itself is
+    not cut. Each request waited for as long as the hang lasted (for good behind a stuck pooler),
+    holding its pool connection: a few hung sessions starved the whole API without a word."""
+    _, token = create_key(conn, "watchdog", scopes=["admin"])
+    conn.commit()
+    # Keys cached: the requests meet the hang in their own calls, after the key's look-up.
+    settings = replace(
+        SETTINGS, key_cache_seconds=3600, answer_within_seconds=ANSWER_WITHIN, history_retention_seconds=0
+    )
+    app = create_app(freezable(dsn), settings=settings, max_connections=2)
+    transport = httpx.ASGITransport(app=app)
+    caplog.set_level(logging.WARNING, logger="pgbroker.http")
+
+    async def send(n: int) -> httpx.Response:
+        return await client.post("/v1/queues/jobs/messages", json={"message": {"n": n}})
+
+    async def read(queue: str, wait: float) -> tuple[httpx.Response, float]:
+        started = time.monotonic()
+        answer = await client.post(f"/v1/queues/{queue}/read", json={"qty": 10, "vt": 60, "wait": wait})
+        return answer, time.monotonic() - started
+
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://test", headers=auth(token)) as client,
+    ):
+        for name in ("jobs", "quiet"):
+            assert (await client.post("/v1/queues", json={"name": name})).status_code == 201
+        long_poll, waited = await read("quiet", ANSWER_WITHIN + 1)
+        assert long_poll.status_code == 200, long_poll.text
+        assert long_poll.json()["messages"] == []
+        assert waited >= ANSWER_WITHIN + 1
+
+        with sessions_frozen(dsn) as frozen:
+            assert len(frozen) >= 2  # both pooled sessions
+            started = time.monotonic()
+            sent, (polled, polled_for) = await asyncio.wait_for(asyncio.gather(send(0), read("quiet", 1)), 60)
+            # The send may yet be run by the server: its outcome is unknown (retry it with an
+            # Idempotency-Key); the read is only unavailable.
+            for answer, code in ((sent, "outcome_unknown"), (polled, "database_unavailable")):
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] == code, answer.text
+                assert answer.headers["Retry-After"] == "1"
+            assert time.monotonic() - started >= ANSWER_WITHIN
+            assert polled_for >= ANSWER_WITHIN + 1  # its wait allowed for
+            unanswered = [r for r in caplog.records if r.getMessage().startswith("serve.request_unanswered")]
+            assert [r.levelno for r in unanswered] == [logging.WARNING] * 2
+            # Neither hung session went back to the pool: this one runs on a new one.
+            assert (await asyncio.wait_for(send(1), 60)).status_code == 201
+
+        assert [(await send(n)).status_code for n in (2, 3)] == [201, 201]
+        # The given-up send may have been run once its session went on: 0 may be there too.
+        drained, _ = await read("jobs", 0)
+        assert {1, 2, 3} <= {m["message"]["n"] for m in drained.json()["messages"]}

@@ -13,12 +13,14 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
 
 from pgbroker import App, Broker
 from pgbroker.errors import DatabaseError, QueueNotFound
+from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
@@ -610,6 +612,48 @@ def test_a_stream_worker_whose_sessions_hang_says_so_and_goes_on_once_they_are_g
 
     asyncio.run(main())
     assert handled == set(range(-1, 10))
+
+
+def test_a_stream_worker_whose_maintenance_hangs_gives_the_round_up_and_maintains_again(
+    dsn: str, broker: Broker, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session of the stream worker's pool stops answering (frozen with SIGSTOP) while it
+    applies the stream's retention every half second: the round on a frozen session is given up
+    within its bound (the lease here), warned, and a later round, on a new session, empties what
+    has expired while the old sessions still hang. The round waited for its answer for as long as
+    the hang lasted (for good behind a stuck pooler), saying nothing, and no round came after it."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1, retention=5, truncate_consumed=False)
+    clicks.create_group("g", start="start")
+    handled, _, handle = numbers_until(1)
+    worker = StreamWorker("clicks", "g", handle, lease=2, retries=False, maintain_every=0.5)
+
+    def emptied() -> bool:
+        return conn.execute("SELECT count(*) FROM pgbroker.s_clicks").fetchone() == (0,)
+
+    async def main() -> None:
+        # Every connection the pool will hand out is open before the hang, so the next round meets it.
+        async with AsyncBroker(freezable(dsn), min_connections=5, max_connections=5) as frozen_pool:
+            task = asyncio.create_task(
+                serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+            )
+            try:
+                await asyncio.to_thread(clicks.send, {"n": -1})
+                await while_serving(task, lambda: bool(handled), "the first message not handled")
+                with sessions_frozen(dsn) as frozen:
+                    assert len(frozen) >= 5
+                    # Sent now, on a session of the test's: expired 5 s on, during the hang.
+                    await asyncio.to_thread(clicks.send, {"n": 0})
+                    await while_serving(
+                        task, emptied, "the retention not applied while the sessions hang", 120
+                    )
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(main())
+    assert any(r.getMessage().startswith("stream_worker.maintenance_failed") for r in caplog.records)
 
 
 def test_a_read_whose_answer_is_lost_is_handed_out_again_though_the_first_rewinds_fail(

@@ -831,6 +831,56 @@ def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
     assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
 
 
+def test_a_worker_whose_maintenance_hangs_gives_the_round_up_and_maintains_again(
+    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session of the worker's pool stops answering (frozen with SIGSTOP) while it applies
+    the archive retention every half second: the round on a frozen session is given up within its
+    bound (the lease here), warned, and a later round, on a new session, trims the archive while
+    the old sessions still hang; the messages sent meanwhile are handled. The round waited for its
+    answer for as long as the hang lasted (for good behind a stuck pooler), saying nothing, and no
+    round came after it."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    old = [queue.send(n) for n in range(5)]
+    for msg_id in old:  # archived one statement at a time: no ties at the retention's cutoff
+        queue.archive(msg_id)
+    handled: list[int] = []
+    worker = Worker(
+        "jobs",
+        lambda message: handled.append(message.message),
+        vt=2,
+        notify=False,
+        poll_max=0.2,
+        maintain_every=0.5,
+    )
+
+    def trimmed() -> bool:
+        return not {row[0] for row in a_rows(conn, "jobs")} & set(old)
+
+    async def scenario() -> None:
+        # Every connection the pool will hand out is open before the hang, so the next round meets it.
+        async with AsyncBroker(freezable(dsn), min_connections=5, max_connections=5) as frozen_pool:
+            task = asyncio.create_task(
+                serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+            )
+            try:
+                await asyncio.to_thread(queue.send, -1)
+                await while_serving(task, lambda: bool(handled), "the first message not handled")
+                with sessions_frozen(dsn) as frozen:
+                    assert len(frozen) >= 5
+                    await asyncio.to_thread(queue.set_policy, archive_max_rows=2)
+                    await asyncio.to_thread(queue.send_many, list(range(10)))
+                    await while_serving(task, trimmed, "the archive not trimmed while the sessions hang", 120)
+                    await while_serving(task, lambda: len(handled) == 11, "not every message handled")
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert any(r.getMessage().startswith("worker.maintenance_failed") for r in caplog.records)
+
+
 @pytest.mark.parametrize("handler_done", [True, False], ids=["handler-done", "handler-running"])
 def test_a_worker_stopped_while_its_connections_hang_stops(
     broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, handler_done: bool

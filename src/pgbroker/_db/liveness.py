@@ -70,14 +70,23 @@ def _psycopg_error(exc: BaseException) -> BaseException | None:
     return exc.__cause__ if isinstance(exc, DatabaseError) else exc
 
 
+class NoAnswer(psycopg.OperationalError):
+    """What answered_within raises: the server did not answer within ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no answer from the server within {seconds:g} s")
+        self.seconds = seconds
+
+
 async def answered_within(seconds: float, call: Awaitable[T]) -> T:
-    """``call``, failed as a lost connection (psycopg.OperationalError: is_transient) when the
-    server has not answered within ``seconds`` (the workers pass a lease: past it the answer is of
-    no use, the leases it acts on or hands out having run out), since a hung server, a stuck
-    pooler or a connection cut without a word may never answer. psycopg cancels the query and
-    closes the connection (the pool replaces it)."""
+    """``call``, failed as a lost connection (NoAnswer, a psycopg.OperationalError: is_transient)
+    when the server has not answered within ``seconds`` (the workers pass a lease: past it the
+    answer is of no use, the leases it acts on or hands out having run out), since a hung server,
+    a stuck pooler or a connection cut without a word may never answer. psycopg asks the server to
+    cancel the query and, with no answer to that within 5 s either, closes the connection (the
+    pool replaces it): it is never used again."""
     try:
         async with asyncio.timeout(seconds):
             return await call
     except TimeoutError:
-        raise psycopg.OperationalError(f"no answer from the server within {seconds:g} s") from None
+        raise NoAnswer(seconds) from None

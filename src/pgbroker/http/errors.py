@@ -6,6 +6,7 @@ changes meaning; the HTTP status only groups them.
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from typing import Annotated, Any
@@ -120,6 +121,25 @@ _OUTCOME_UNKNOWN_HINT = (
     "Send the same request again with the same Idempotency-Key header (or message dedup_key): "
     "if the first one was stored, its msg_ids are answered and nothing is sent twice."
 )
+
+
+class Unanswered(ApiError):
+    """A request whose database calls the server gave up on, unanswered within their bound (a hung
+    server, a stuck pooler: pgbroker._db.liveness.NoAnswer). A send's outcome is unknown: the
+    server may yet run it."""
+
+    def __init__(self, seconds: float, *, sends: bool) -> None:
+        message = f"the database did not answer within {seconds:g} s"
+        if sends:
+            message += ": the send may or may not be stored"
+        super().__init__(
+            503,
+            "outcome_unknown" if sends else "database_unavailable",
+            message,
+            hint=_OUTCOME_UNKNOWN_HINT if sends else None,
+            headers={"Retry-After": "1"},
+        )
+        self.seconds = seconds
 
 
 def api_error_of(exc: BaseException) -> ApiError:
@@ -239,14 +259,24 @@ async def handle_exception(request: Request, exc: Exception) -> Response:
     if error.status >= 500 and error.code not in ("queue_full", "server_busy"):
         # The detail stays here; the client gets the id that finds it.
         request_id = secrets.token_hex(8)
-        log.error(
-            "%s %s failed (request %s): %s",
-            request.method,
-            request.url.path,
-            request_id,
-            error.code,
-            exc_info=exc,
-        )
+        if isinstance(error, Unanswered):  # what a hung database does: said, without a traceback
+            log.warning(
+                "serve.request_unanswered method=%s path=%s code=%s within=%g request=%s",
+                request.method,
+                json.dumps(request.url.path),
+                error.code,
+                error.seconds,
+                request_id,
+            )
+        else:
+            log.error(
+                "%s %s failed (request %s): %s",
+                request.method,
+                request.url.path,
+                request_id,
+                error.code,
+                exc_info=exc,
+            )
         told = f"The server's log tells more under request id {request_id}."
         # What to do next stays in the answer where there is something to do.
         error.hint = f"{_OUTCOME_UNKNOWN_HINT} {told}" if error.code == "outcome_unknown" else told

@@ -46,10 +46,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from pgbroker._db.api_keys import ApiKey
+from pgbroker._db.liveness import NoAnswer, answered_within
 from pgbroker._db.names import check_queue_name
 from pgbroker.http.access import authenticate, require
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
-from pgbroker.http.errors import ApiError
+from pgbroker.http.errors import ApiError, Unanswered
+from pgbroker.http.idempotency import IDEMPOTENCY_KEY
 from pgbroker.http.settings import Settings
 from pgbroker.http.validation import FORMS, REFUSALS, RequestContext
 from pgbroker.queues._client_async import AsyncBroker
@@ -219,12 +221,23 @@ class Call:
 
 
 async def run(operation: Operation, state: State, request: Request) -> Response:
-    """Authenticate, validate, call the handler and answer, in the API's order of refusals."""
-    key = None
-    if operation.access == "key" or (operation.access == "metrics" and not state.settings.metrics_public):
-        key = await authenticate(request, state.keys, state.limiter, state.failures)
-    with _in_hand(state, key):
-        return await _run(operation, state, request, key)
+    """Authenticate, validate, call the handler and answer, in the API's order of refusals.
+
+    Each step's database calls are given up when unanswered within the settings'
+    answer_within_seconds (past the long-poll wait the request asks for): a hung server or a stuck
+    pooler would otherwise hold the request and its pooled connection for as long as the hang
+    lasts, and a few such requests starve the whole API. Given up, the request is answered 503
+    (Unanswered) and its connection closed, never used again (pgbroker._db.liveness)."""
+    within = state.settings.answer_within_seconds
+    try:
+        key = None
+        if operation.access == "key" or (operation.access == "metrics" and not state.settings.metrics_public):
+            checked = authenticate(request, state.keys, state.limiter, state.failures)
+            key = await answered_within(within, checked)
+        with _in_hand(state, key):
+            return await _run(operation, state, request, key, within)
+    except NoAnswer as exc:
+        raise Unanswered(exc.seconds, sends=IDEMPOTENCY_KEY in operation.headers) from exc
 
 
 @contextmanager
@@ -257,8 +270,11 @@ def _in_hand(state: State, key: ApiKey | None) -> Iterator[None]:
             del state.in_flight[key.id]
 
 
-async def _run(operation: Operation, state: State, request: Request, key: ApiKey | None) -> Response:
-    """The request of an authenticated key (or of none): scope, body, query, handler, answer."""
+async def _run(
+    operation: Operation, state: State, request: Request, key: ApiKey | None, within: float
+) -> Response:
+    """The request of an authenticated key (or of none): scope, body, query, handler (given up
+    past ``within`` and the read's own wait), answer."""
     if key is not None and operation.scope is not None and operation.scope_field is None:
         require(key, operation.scope, path_queue(request))
     arguments: dict[str, Any] = {}
@@ -269,12 +285,14 @@ async def _run(operation: Operation, state: State, request: Request, key: ApiKey
         if key is not None and operation.scope is not None and operation.scope_field is not None:
             require(key, operation.scope, getattr(body, operation.scope_field))
         arguments["body"] = body
+        within += getattr(body, "wait", 0.0)  # a long-polling read's own wait (ReadBody, StreamRead)
     if operation.query is not None:
         query = dict(request.query_params)
         arguments["query"] = validated(
             operation.query, query, RequestContext(state.settings), "invalid_query"
         )
-    result = await operation.handler(Call(request, state, key, operation.reporting), **arguments)
+    call = Call(request, state, key, operation.reporting)
+    result = await answered_within(within, operation.handler(call, **arguments))
     if operation.answer is None:
         assert isinstance(result, Response)
         return result

@@ -15,6 +15,9 @@ class Settings:
     body_timeout_seconds: float = 30.0  # for the whole body of a request to arrive
     max_batch: int = 1000  # messages per send, read or ack
     max_wait_seconds: float = 20.0  # long-poll cap: a proxy's idle timeout is often 30 s or more
+    # A request's database calls unanswered this long past its own long-poll wait are given up
+    # (503 database_unavailable, the connection closed): a hung server or a stuck pooler.
+    answer_within_seconds: float = 30.0
     rate_per_second: float = 100.0  # per key, unless the key sets its own
     rate_burst: float = 200.0
     key_cache_seconds: float = 5.0  # how long a revoked key may still be honoured

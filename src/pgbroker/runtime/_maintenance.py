@@ -2,7 +2,12 @@
 stream's retention) and what a round that fails does: it is logged, and the next round tries
 again; a round the worker's role may not make (maintenance is the owner's, and the consumer role
 has no grant for it) is logged once, with what to do instead, and the rounds stop, since waiting
-does not change a grant."""
+does not change a grant.
+
+Each call of a round (one batch: a short transaction) is bounded (``maintenance_bound``): a hung
+server or a stuck pooler would otherwise hold the round, and every round after it, for as long as
+the hang lasts, without a word. The call given up fails the round as a lost connection would; the
+connection is closed (pgbroker._db.liveness), and the next round runs on a new one."""
 
 from __future__ import annotations
 
@@ -15,9 +20,15 @@ import psycopg
 from pgbroker.errors import PgbrokerError
 from pgbroker.runtime._log_events import log_event
 
-__all__ = ["maintenance_rounds"]
+__all__ = ["maintenance_bound", "maintenance_rounds"]
 
 _DENIED = "42501"  # insufficient_privilege
+
+
+def maintenance_bound(every: float, lease: float) -> float:
+    """How long a maintenance call may go unanswered: the worker's lease (how long its other
+    calls may), or the interval between rounds when that is longer."""
+    return max(every, lease)
 
 
 async def maintenance_rounds(

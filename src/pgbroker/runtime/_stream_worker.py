@@ -57,7 +57,7 @@ from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._log_events import log_event, log_failure
-from pgbroker.runtime._maintenance import maintenance_rounds
+from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
 
 # The queue worker's classification of connection errors and its log format, shared so that
@@ -302,12 +302,7 @@ class StreamWorker:
                         continue
                     unsettled = False
                     continue
-                elif (
-                    reading is None
-                    and not stopping
-                    and not unsettled
-                    and (not dispatch.held or ahead)
-                ):
+                elif reading is None and not stopping and not unsettled and (not dispatch.held or ahead):
                     try:
                         if subscription is None:
                             subscription = await stream.listen(_LISTEN_TIMEOUT)
@@ -470,8 +465,10 @@ class StreamWorker:
                 )
 
     async def _maintain(self, stream: AsyncStream, every: float) -> None:
+        within = maintenance_bound(every, self.lease)
+
         async def one_round() -> None:
-            if emptied := await stream.maintain():
+            if emptied := await answered_within(within, stream.maintain()):
                 log_event(logging.INFO, "stream_worker.retention", stream=self.stream, emptied=emptied)
 
         command = f"pgbroker stream maintain {self.stream}"

@@ -64,7 +64,7 @@ from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
 from pgbroker.runtime._log_events import log_event, log_failure
-from pgbroker.runtime._maintenance import maintenance_rounds
+from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
 from pgbroker.runtime._registration import Registration
@@ -687,11 +687,7 @@ class Worker:
             await asyncio.sleep(self.vt / 6)
             now = time.monotonic()
             held = [*self._in_flight.values(), *(lease for _, lease in self._ahead)]
-            due = [
-                lease
-                for lease in held
-                if not lease.over and lease.ends - now < 2 * self.vt / 3
-            ]
+            due = [lease for lease in held if not lease.over and lease.ends - now < 2 * self.vt / 3]
             if due:
                 await extend_leases(queue, due, self.vt, self.stats)
 
@@ -727,13 +723,15 @@ class Worker:
             await self._changed.wait()
 
     async def _maintain(self, queue: AsyncQueue, every: float) -> None:
+        within = maintenance_bound(every, self.vt)
+
         async def one_round() -> None:
             trimmed = 0
             try:
                 # Each batch is its own short transaction.
-                while batch := await queue.trim_archive():
+                while batch := await answered_within(within, queue.trim_archive()):
                     trimmed += batch
-                while await queue.trim_dedup_keys():  # expired dedup keys (34_dedup.sql)
+                while await answered_within(within, queue.trim_dedup_keys()):  # expired keys (34_dedup.sql)
                     pass
             finally:
                 if trimmed:

@@ -83,19 +83,39 @@ def freezable(dsn: str) -> str:
 
 
 @contextmanager
-def sessions_frozen(dsn: str) -> Iterator[list[int]]:
+def sessions_frozen(dsn: str, *, between_statements: bool = False) -> Iterator[list[int]]:
     """Every session of a ``freezable`` DSN open now stopped with SIGSTOP while inside (their
-    pids), and let go on the way out. The server runs on this machine (the tests' own clusters)."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (FROZEN_APP,)
-        ).fetchall()
+    pids), and let go on the way out. The server runs on this machine (the tests' own clusters).
+
+    between_statements: each session stopped while it waits for its next command outside a
+    transaction, so that it holds no lock (a session stopped inside a statement keeps the locks of
+    its tables for as long as the hang lasts, which a test of what else goes on must not meet):
+    stopped, checked, and let go and stopped again until it is so."""
     frozen: list[int] = []
     try:
-        for (pid,) in rows:
-            os.kill(pid, signal.SIGSTOP)
-            frozen.append(pid)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (FROZEN_APP,)
+            ).fetchall()
+            # A stopped backend's state is the last it reported: 'idle' only while it waits for a
+            # command with no transaction open.
+            busy = "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) AND state <> 'idle'"
+            deadline = time.monotonic() + 60
+            while True:
+                for (pid,) in rows:
+                    os.kill(pid, signal.SIGSTOP)
+                    frozen.append(pid)
+                if not between_statements or conn.execute(busy, (frozen,)).fetchone() == (0,):
+                    break
+                assert time.monotonic() < deadline, "the sessions were never all between statements"
+                _thaw(frozen)
+                frozen.clear()
+                time.sleep(0.01)
         yield frozen
     finally:
-        for pid in frozen:
-            os.kill(pid, signal.SIGCONT)
+        _thaw(frozen)
+
+
+def _thaw(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)

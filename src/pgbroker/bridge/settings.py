@@ -14,7 +14,8 @@ class OutboundSettings:
     windows: int = 2  # windows in flight at once
     lease: int = 30  # seconds a window's messages stay invisible to other bridges (extended as needed)
     idle_wait: float = 1.0  # an idle bridge reads again after this long without a notification
-    confirm_timeout: float = 30.0  # a publish not confirmed within this fails (retried later)
+    # A publish not confirmed within this fails (retried later); the connection counts as lost.
+    confirm_timeout: float = 30.0
     connect_timeout: float = 10.0
     declare: bool = False  # create what is missing on the broker (exchange, stream, queue)
     enable_notify: bool = True  # enable NOTIFY on the queue if it is off

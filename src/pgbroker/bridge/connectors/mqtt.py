@@ -11,7 +11,8 @@ URL: ``mqtt://[user:password@]host:1883`` with options
   session_expiry  in: seconds the broker keeps the session while the bridge is away (86400).
 
 Out, every message is published at QoS 1 and its PUBACK awaited (up to 1000 in flight); the
-PUBACK is the confirm. The message id (the message identity, msg_id@enqueued_at) travels as the
+PUBACK is the confirm; none within the confirm timeout is a lost connection (the broker, or the
+network to it, hangs). The message id (the message identity, msg_id@enqueued_at) travels as the
 user property message-id, the content type as MQTT 5's Content Type, the FIFO group as user
 property key, other headers as user properties (text, or JSON text). A PUBACK saying "no
 matching subscribers" means the broker dropped the message: it counts as a failure (retried,
@@ -214,7 +215,11 @@ class _Publisher:
     def _outcome(self, topic: str, future: asyncio.Future[Any]) -> Outcome:
         if not future.done():
             future.cancel()
-            return Refused(f"no PUBACK from the MQTT broker within the confirm timeout, topic {topic!r}")
+            # The broker (or the network to it) hangs: a lost connection, or every window sent on
+            # meanwhile would be taken again once it woke.
+            return Refused(
+                f"no PUBACK from the MQTT broker within the confirm timeout, topic {topic!r}", lost=True
+            )
         error = future.exception()
         if error is not None:
             return Refused(str(error), lost=True)

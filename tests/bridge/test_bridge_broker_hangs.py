@@ -24,10 +24,10 @@ from psycopg import sql
 from yarl import URL
 
 from pgbroker import Broker
-from pgbroker.bridge import OutboundBridge, OutboundSettings
+from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
 from pgbroker.queues._client_async import AsyncBroker
 from tests.support.postgres import scratch_dir
-from tests.support.probes import Probe, RabbitProbe, probe, unique
+from tests.support.probes import Probe, RabbitProbe, body_of, probe, unique
 from tests.support.relay import Relay
 from tests.support.servers import KINDS, PrivateServer
 from tests.support.services import service_params
@@ -126,6 +126,10 @@ async def stopped_while_it_hangs(
         hanging.thaw()
 
 
+async def nothing() -> None:
+    pass
+
+
 def numbers(dsn: str, table: str) -> list[int]:
     """The "n" of every message in the pgmq table ``table`` (q_<queue> or a_<queue>)."""
     query = sql.SQL("SELECT message FROM {}").format(sql.Identifier("pgmq", table))
@@ -179,3 +183,43 @@ def test_the_outbound_bridge_gives_up_on_a_broker_that_hangs_carries_on_and_stop
     assert max(counts.values()) <= 2, counts
     # Nothing lost: each of the last 10 was published (archived) or is still in the queue.
     assert sorted(numbers(dsn, "a_outbox") + numbers(dsn, "q_outbox")) == list(range(30))
+
+
+def test_the_inbound_bridge_gives_up_on_a_broker_that_hangs_carries_on_and_stops(
+    dsn: str, hanging: Hanging, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker hangs while the bridge waits for messages: the bridge says it lost the
+    connection within a bound, stores what is published once the broker answers again (each
+    message once), and returns from run() when stopped while the broker hangs again."""
+    caplog.set_level(logging.INFO, logger="pgbroker.bridge.in")
+    source = unique("hang")
+    asyncio.run(hanging.probe.prepare_in(source))
+    settings = InboundSettings(declare=True, batch_size=10, connect_timeout=CONNECT_TIMEOUT)
+    with Broker(dsn) as broker:
+        broker.create_queue("inbox")
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn, max_connections=4) as abroker:
+            bridge = InboundBridge(abroker, None, "inbox", hanging.probe.url(source), settings)
+            task = asyncio.create_task(bridge.run())
+
+            def stored(count: int) -> Callable[[], Awaitable[bool]]:
+                async def done() -> bool:
+                    return (await abroker.metrics("inbox")).queue_length >= count
+
+                return done
+
+            try:
+                await until(bridge.receiving.is_set, task, "receiving", 60)
+                await hanging.probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(10)])
+                await until(stored(10), task, "stored", 60)
+                await told_while_it_hangs(hanging, caplog, task, nothing)
+                await hanging.probe.publish(source, [(f"m-{n}", body_of(n)) for n in range(10, 20)])
+                await until(stored(20), task, "stored after the broker answered again", 120)
+                await stopped_while_it_hangs(hanging, bridge.stop, task, nothing)
+            finally:
+                bridge.stop()
+                task.cancel()
+
+    asyncio.run(scenario())
+    assert sorted(numbers(dsn, "q_inbox")) == list(range(20))

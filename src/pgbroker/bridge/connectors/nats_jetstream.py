@@ -21,6 +21,9 @@ In, batches are fetched from the durable consumer and acked after the commit; a 
 acked within ack_wait is delivered again (to this bridge or another bound to the same consumer).
 The de-duplication key is Nats-Msg-Id, else stream:sequence. A message pgbroker refuses is
 terminated (+TERM: never delivered again) and logged.
+
+Both ways the client pings the server every half connect timeout and gives the connection up
+after two pings unanswered: a server that hangs is found while the bridge waits for messages.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from pgbroker.bridge.errors import (
     BrokerNotFound,
     BrokerUnreachable,
 )
-from pgbroker.bridge.settings import InboundSettings, OutboundSettings
+from pgbroker.bridge.settings import InboundSettings, OutboundSettings, liveness_interval
 from pgbroker.bridge.urls import BrokerUrl, parse
 
 PREFIX = "x-nats-"
@@ -105,6 +108,10 @@ async def _connect(url: BrokerUrl, timeout: float) -> Client:
                 connect_timeout=timeout,
                 allow_reconnect=False,
                 max_reconnect_attempts=0,
+                # A server that leaves two pings unanswered is lost: one that hangs (or a network
+                # that drops packets without a word), where an idle bridge waited for it for good.
+                ping_interval=liveness_interval(timeout),
+                max_outstanding_pings=2,
                 error_cb=on_error,
             )
     except (nats.errors.Error, OSError, TimeoutError) as exc:

@@ -9,7 +9,8 @@ URL: ``amqp://user:password@host:5672/vhost`` with, besides pika's own query opt
 
 Out, every publish is mandatory and persistent on a confirm channel, message_id = the message
 identity (msg_id@enqueued_at); a returned (unroutable), nacked, unconfirmed or lost publish is
-Refused, an unconfirmed one as a lost connection (RabbitMQ or the network to it hangs). Exchanges
+Refused, an unconfirmed one as a lost connection (RabbitMQ or the network to it hangs). Heartbeats
+every half connect timeout find a hung connection while the bridge waits for deliveries. Exchanges
 are checked (passive declare on a probe channel of their own, since a missing exchange closes the
 channel it is used on) before their first publish and every 30 s after, or declared with declare.
 In, deliveries are consumed with manual acks and a prefetch, and acked with one basic.ack

@@ -256,6 +256,85 @@ class MqttProbe:
         await asyncio.to_thread(run)
 
 
+class RabbitProbe:
+    """Publishes into and drains RabbitMQ queues on ``amqp`` (the machine's server) directly; the
+    bridge's URL goes through ``port`` instead (a relay of tests/support/relay.py, say). Queues it
+    declares are deleted by close()."""
+
+    kind = "rabbitmq"
+    env: dict[str, str] = {}
+
+    def __init__(self, amqp: str, port: int) -> None:
+        self.amqp = amqp
+        self.port = port
+        self._declared: list[str] = []
+
+    def url(self, name: str) -> str:
+        from yarl import URL
+
+        return str(URL(self.amqp).with_port(self.port) % {"routing_key": name, "queue": name})
+
+    async def _channel(self) -> Any:
+        import aiormq
+
+        connection = await aiormq.connect(self.amqp)
+        return connection, await connection.channel()
+
+    async def prepare_out(self, name: str) -> None:
+        connection, channel = await self._channel()
+        try:
+            await channel.queue_declare(name, durable=True)
+            self._declared.append(name)
+        finally:
+            await connection.close()
+
+    async def prepare_in(self, name: str) -> None:
+        await self.prepare_out(name)
+
+    async def published(self, name: str, expect: int, timeout: float = 30) -> list[Item]:
+        from pamqp.commands import Basic
+
+        connection, channel = await self._channel()
+        got: list[Item] = []
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            quiet_until = None
+            while loop.time() < deadline:
+                message = await channel.basic_get(name, no_ack=True)
+                if isinstance(message.delivery, Basic.GetEmpty):
+                    if len(got) >= expect:
+                        quiet_until = quiet_until or loop.time() + 1.0  # duplicates come right behind
+                        if loop.time() >= quiet_until:
+                            break
+                    await asyncio.sleep(0.1)
+                    continue
+                quiet_until = None
+                got.append((message.header.properties.message_id, message.body))
+            return got
+        finally:
+            await connection.close()
+
+    async def publish(self, name: str, items: Sequence[Item]) -> None:
+        from pamqp.commands import Basic
+
+        connection, channel = await self._channel()
+        try:
+            for message_id, body in items:
+                properties = Basic.Properties(message_id=message_id, delivery_mode=2)
+                await channel.basic_publish(body, exchange="", routing_key=name, properties=properties)
+        finally:
+            await connection.close()
+
+    async def close(self) -> None:
+        connection, channel = await self._channel()
+        try:
+            for name in self._declared:
+                await channel.queue_delete(name)
+        finally:
+            await connection.close()
+
+
 class SqsProbe:
     kind = "sqs"
     env = AWS_ENV

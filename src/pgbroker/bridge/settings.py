@@ -14,7 +14,8 @@ class OutboundSettings:
     windows: int = 2  # windows in flight at once
     lease: int = 30  # seconds a window's messages stay invisible to other bridges (extended as needed)
     idle_wait: float = 1.0  # an idle bridge reads again after this long without a notification
-    confirm_timeout: float = 30.0  # a publish not confirmed within this fails (retried later)
+    # A publish not confirmed within this fails (retried later); the connection counts as lost.
+    confirm_timeout: float = 30.0
     connect_timeout: float = 10.0
     declare: bool = False  # create what is missing on the broker (exchange, stream, queue)
     enable_notify: bool = True  # enable NOTIFY on the queue if it is off
@@ -38,3 +39,12 @@ class InboundSettings:
     # Seconds a received but unacked message stays with this bridge before the broker gives it
     # to another consumer (NATS ack wait, SQS visibility timeout, Redis claim of idle entries).
     ack_wait: float = 30.0
+
+
+def liveness_interval(connect_timeout: float) -> int:
+    """Seconds between the checks a connector's client makes that the broker still answers an
+    open connection (an AMQP heartbeat, an MQTT keepalive, a NATS ping): half the connect
+    timeout, in whole seconds as the protocols count them, one at least. A broker that hangs (or
+    a network that drops packets without a word) is then found lost within a few connect
+    timeouts, also by a bridge that is idle, which otherwise waited as long as the hang lasted."""
+    return max(1, round(connect_timeout / 2))

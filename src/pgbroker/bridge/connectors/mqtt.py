@@ -11,7 +11,8 @@ URL: ``mqtt://[user:password@]host:1883`` with options
   session_expiry  in: seconds the broker keeps the session while the bridge is away (86400).
 
 Out, every message is published at QoS 1 and its PUBACK awaited (up to 1000 in flight); the
-PUBACK is the confirm. The message id (the message identity, msg_id@enqueued_at) travels as the
+PUBACK is the confirm; none within the confirm timeout is a lost connection (the broker, or the
+network to it, hangs). The message id (the message identity, msg_id@enqueued_at) travels as the
 user property message-id, the content type as MQTT 5's Content Type, the FIFO group as user
 property key, other headers as user properties (text, or JSON text). A PUBACK saying "no
 matching subscribers" means the broker dropped the message: it counts as a failure (retried,
@@ -26,6 +27,10 @@ de-duplication key is the user property message-id; a message without one (MQTT 
 message id) is received at-least-once. A message pgbroker refuses is acked (MQTT has no
 dead-letter) and logged. How many messages may wait unacked is the broker's limit
 (Receive Maximum; Mosquitto's max_inflight_messages, 20 by default): it caps the batch size.
+
+Both ways the keepalive is half the connect timeout: the client pings a broker that has sent
+nothing for that long and gives the connection up without an answer as long after, so a broker
+that hangs is found while the bridge waits for messages.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from pgbroker.bridge.connector import (
     trace_context,
 )
 from pgbroker.bridge.errors import BrokerAccessRefused, BrokerConnectionLost, BrokerUnreachable
-from pgbroker.bridge.settings import InboundSettings, OutboundSettings
+from pgbroker.bridge.settings import InboundSettings, OutboundSettings, liveness_interval
 from pgbroker.bridge.urls import BrokerUrl, number, parse
 
 PREFIX = "x-mqtt-"
@@ -115,7 +120,8 @@ class _Session:
         if not self.lost.done():
             self.lost.set_result(f"disconnected ({reason})")
         if not self._connected.done():
-            self._connected.set_result(reason)
+            # Gone before its CONNACK (a broker that hangs lets the keepalive run out): not a refusal.
+            self._connected.set_exception(ConnectionError(f"disconnected before the CONNACK ({reason})"))
 
     async def connect(self, timeout: float, *, clean_start: bool, properties: Properties | None) -> None:
         where = self.url.hostport()
@@ -125,7 +131,9 @@ class _Session:
                     self.client.connect,
                     self.url.host,
                     self.url.port,
-                    30,
+                    # Pinged after this long without traffic, lost without an answer as long after
+                    # it: a broker that hangs, where an idle bridge waited for it for good.
+                    liveness_interval(timeout),
                     clean_start=clean_start,
                     properties=properties,
                 )
@@ -214,7 +222,11 @@ class _Publisher:
     def _outcome(self, topic: str, future: asyncio.Future[Any]) -> Outcome:
         if not future.done():
             future.cancel()
-            return Refused(f"no PUBACK from the MQTT broker within the confirm timeout, topic {topic!r}")
+            # The broker (or the network to it) hangs: a lost connection, or every window sent on
+            # meanwhile would be taken again once it woke.
+            return Refused(
+                f"no PUBACK from the MQTT broker within the confirm timeout, topic {topic!r}", lost=True
+            )
         error = future.exception()
         if error is not None:
             return Refused(str(error), lost=True)

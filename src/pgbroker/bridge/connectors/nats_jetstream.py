@@ -9,17 +9,21 @@ URL: ``nats://[user:password@]host:4222`` with options
   durable   in: the durable consumer's name (default pgbroker-<queue>; with declare it is
             created, ack_wait and max_ack_pending from the settings, when it does not exist).
 
-Out, every message of a window is published at once and the stream's publish acks awaited
-together; an ack is the confirm (the stream stored it). Nats-Msg-Id is the message identity
-(msg_id@enqueued_at), so a message published again within the stream's duplicate window (2
-minutes by default) is acknowledged as a duplicate and not stored twice: the copy a killed
-bridge's window makes is usually dropped by the stream itself. Content-Type, Pgbroker-Key (the
-FIFO group) and the message's other headers (text, or JSON text) travel as NATS headers.
+Out, every message of a window is published at once and the stream's publish acks awaited together;
+an ack is the confirm (the stream stored it), and none within the confirm timeout a lost
+connection. Nats-Msg-Id is the message identity (msg_id@enqueued_at), so a message published again
+within the stream's duplicate window (2 minutes by default) is acknowledged as a duplicate and not
+stored twice: the copy a killed bridge's window makes is usually dropped by the stream itself.
+Content-Type, Pgbroker-Key (the FIFO group) and the message's other headers (text, or JSON text)
+travel as NATS headers.
 
 In, batches are fetched from the durable consumer and acked after the commit; a message not
 acked within ack_wait is delivered again (to this bridge or another bound to the same consumer).
 The de-duplication key is Nats-Msg-Id, else stream:sequence. A message pgbroker refuses is
 terminated (+TERM: never delivered again) and logged.
+
+Both ways the client pings the server every half connect timeout and gives the connection up
+after two pings unanswered: a server that hangs is found while the bridge waits for messages.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ from pgbroker.bridge.errors import (
     BrokerNotFound,
     BrokerUnreachable,
 )
-from pgbroker.bridge.settings import InboundSettings, OutboundSettings
+from pgbroker.bridge.settings import InboundSettings, OutboundSettings, liveness_interval
 from pgbroker.bridge.urls import BrokerUrl, parse
 
 PREFIX = "x-nats-"
@@ -104,6 +108,10 @@ async def _connect(url: BrokerUrl, timeout: float) -> Client:
                 connect_timeout=timeout,
                 allow_reconnect=False,
                 max_reconnect_attempts=0,
+                # A server that leaves two pings unanswered is lost: one that hangs (or a network
+                # that drops packets without a word), where an idle bridge waited for it for good.
+                ping_interval=liveness_interval(timeout),
+                max_outstanding_pings=2,
                 error_cb=on_error,
             )
     except (nats.errors.Error, OSError, TimeoutError) as exc:
@@ -184,12 +192,12 @@ class _Publisher:
         outcomes: list[Outcome] = []
         for result in results:
             if isinstance(result, BaseException):
-                if lost or isinstance(result, _GONE):
+                if isinstance(result, TimeoutError) and not lost:  # nats-py's TimeoutError is one
+                    # A lost connection too: the server (or the network to it) hangs.
+                    why = f"no publish ack from NATS within {timeout} s, subject {self._subject!r}"
+                    outcomes.append(Refused(why, lost=True))
+                elif lost or isinstance(result, _GONE):
                     outcomes.append(Refused(_LOST, lost=True))
-                elif isinstance(result, nats.errors.TimeoutError | asyncio.TimeoutError):
-                    outcomes.append(
-                        Refused(f"no publish ack from NATS within {timeout} s, subject {self._subject!r}")
-                    )
                 elif isinstance(result, nats.js.errors.NoStreamResponseError | nats.errors.NoRespondersError):
                     outcomes.append(Refused(f"no NATS stream captures subject {self._subject!r} (deleted?)"))
                 else:

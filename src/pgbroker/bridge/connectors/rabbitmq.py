@@ -9,11 +9,13 @@ URL: ``amqp://user:password@host:5672/vhost`` with, besides pika's own query opt
 
 Out, every publish is mandatory and persistent on a confirm channel, message_id = the message
 identity (msg_id@enqueued_at); a returned (unroutable), nacked, unconfirmed or lost publish is
-Refused. Exchanges are checked (passive declare on a probe channel of their own, since a missing
-exchange closes the channel it is used on) before their first publish and every 30 s after, or
-declared with declare. In, deliveries are consumed with manual acks and a prefetch, and acked
-with one basic.ack (``multiple``) per batch; a rejected delivery is rejected without requeue
-(RabbitMQ dead-letters it if the queue has a dead-letter exchange)."""
+Refused, an unconfirmed one as a lost connection (RabbitMQ or the network to it hangs). Heartbeats
+every half connect timeout find a hung connection while the bridge waits for deliveries. Exchanges
+are checked (passive declare on a probe channel of their own, since a missing exchange closes the
+channel it is used on) before their first publish and every 30 s after, or declared with declare.
+In, deliveries are consumed with manual acks and a prefetch, and acked with one basic.ack
+(``multiple``) per batch; a rejected delivery is rejected without requeue (RabbitMQ dead-letters it
+if the queue has a dead-letter exchange)."""
 
 from __future__ import annotations
 
@@ -135,7 +137,10 @@ class _Publisher:
                 continue
             if isinstance(result, amqp.ChannelClosed) and result.not_found:
                 self._exchanges.forget(o.route.exchange)
-            outcomes[n] = Refused(_failure_text(o, result), lost=isinstance(result, amqp.ChannelClosed))
+            # A publish not confirmed in time is a lost connection too: RabbitMQ (or the network
+            # to it) hangs, and every window sent on meanwhile would be taken again once it woke.
+            lost = isinstance(result, amqp.ChannelClosed | TimeoutError)
+            outcomes[n] = Refused(_failure_text(o, result), lost=lost)
         return [o if o is not None else Refused(_LOST, lost=True) for o in outcomes]
 
 

@@ -26,6 +26,7 @@ from pika.adapters.asyncio_connection import AsyncioConnection
 from yarl import URL
 
 from pgbroker.bridge.errors import AmqpAccessRefused, AmqpConnectionLost, AmqpUnreachable
+from pgbroker.bridge.settings import liveness_interval
 from pgbroker.errors import InvalidArgument
 
 # pika logs every closed connection and channel at ERROR or WARNING; the bridge says itself what
@@ -131,6 +132,11 @@ class Connection:
         parameters.connection_attempts = 1
         parameters.socket_timeout = timeout
         parameters.stack_timeout = timeout
+        if "heartbeat" not in parsed.query:
+            # Heartbeats both ways: a RabbitMQ that hangs (or a network that drops packets
+            # without a word) closes the connection within a few timeouts (pika's check waits
+            # the heartbeat and 5 s more), where a bridge waiting for deliveries waited for good.
+            parameters.heartbeat = liveness_interval(timeout)
         self = cls(url)
         loop = asyncio.get_running_loop()
         opened: asyncio.Future[None] = loop.create_future()

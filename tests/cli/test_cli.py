@@ -306,6 +306,29 @@ def test_purge_needs_yes(cli: Cli, orders: str, conn: Conn) -> None:
     assert q_ids(conn, orders) == []
 
 
+def test_purge_with_nothing_to_purge_says_so_without_asking(cli: Cli, orders: str) -> None:
+    """A purge that would delete nothing asked for --yes all the same ('cannot be undone', exit 2),
+    as if there were something to lose; it says so and succeeds now. The confirmation stays for a
+    purge that deletes something, and a missing queue is said to be missing before any of it."""
+    res = cli("purge", orders)
+    assert (res.returncode, res.stdout, res.stderr) == (0, 'queue "orders" is empty; nothing to purge\n', "")
+    res = cli("dlq", "purge", orders)
+    assert (res.returncode, res.stderr) == (0, "")
+    assert res.stdout == 'no dead letters from queue "orders"; nothing to purge\n'
+    assert json.loads(cli.ok("dlq", "purge", orders, "--json")) == {"queue": "orders", "purged": 0}
+    _assert_error(cli("dlq", "purge", orders, "7"), 1, 'no dead letter 7 from queue "orders"')
+    _assert_error(cli("purge", "nope"), 4, 'queue "nope" does not exist')
+    _assert_error(cli("dlq", "purge", "nope"), 4, 'queue "nope" does not exist')
+
+    cli.ok("policy", "set", orders, "--max-deliveries", "1")
+    cli.ok("send", orders, '{"n": 1}')
+    [leased] = _messages(cli.ok("read", orders))
+    cli.ok("nack", orders, leased["receipt"])
+    assert cli.ok("read", orders) == ""  # the read that dead-letters it (delivered once already)
+    _assert_error(cli("dlq", "purge", orders), 2, "--yes")
+    assert cli.ok("dlq", "purge", orders, "--yes").strip() == 'purged 1 dead letter from queue "orders"'
+
+
 # -- metrics --------------------------------------------------------------------------------------
 
 

@@ -295,11 +295,16 @@ def _by_msg_id(args: argparse.Namespace, operation: Callable[[list[int]], list[i
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
+    queue = broker.queue(args.name)
+    # Nothing to delete, nothing to confirm: said first (a missing queue too), without --yes.
+    if queue.metrics().queue_length == 0:
+        text = f'queue "{args.name}" is empty; nothing to purge'
+        return print_result(args, {"queue": args.name, "purged": 0}, text)
     confirmed(
         args,
         f'purge deletes every message in queue "{args.name}"',
         hint=f"Confirm with: pgbroker purge {args.name} --yes",
     )
-    purged = broker.queue(args.name).purge()
+    purged = queue.purge()
     text = f'purged {plural(purged, "message")} from queue "{args.name}"'
     return print_result(args, {"queue": args.name, "purged": purged}, text)

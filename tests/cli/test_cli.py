@@ -179,6 +179,35 @@ def test_send_with_delay_hides_the_message(cli: Cli, orders: str) -> None:
     assert cli.ok("read", orders) == ""
 
 
+def test_send_delay_takes_fractions_and_units_rounded_up_to_the_engine_s_whole_seconds(
+    cli: Cli, orders: str, conn: Conn
+) -> None:
+    """--delay took whole seconds only: 1.5, 500ms, 30s and 5m were refused ('expected whole
+    seconds'). The engine keeps a delay in whole seconds (pgmq.send's integer): a fraction is
+    rounded up, never down, so no message is visible sooner than asked."""
+    kept = {"1.5": 2, "500ms": 1, "30s": 30, "5m": 300, "2h": 7200, "0.25m": 15, "1000ms": 1}
+    for given in kept:
+        cli.ok("send", orders, json.dumps(given), "--delay", given)
+    delays = conn.execute(
+        sql.SQL("SELECT message, extract(epoch FROM vt - enqueued_at) FROM pgmq.{} ORDER BY msg_id").format(
+            sql.Identifier(f"q_{orders}")
+        )
+    ).fetchall()
+    assert [(given, int(seconds)) for given, seconds in delays] == list(kept.items())
+
+    for bad in ("5x", "1.5.2", "nan", "m", "1 h 2", "-1", "1e3"):
+        res = cli("send", orders, '"bad"', "--delay", bad)
+        assert res.returncode == 2, res.stderr
+        assert "argument --delay: " in res.stderr
+        if bad != "-1":
+            assert (
+                "expected a duration: seconds (30, 1.5) or a number with a unit (500ms, 30s, 5m, 2h, 7d)"
+                in (res.stderr)
+            )
+    assert "must be a duration >= 0, got -1" in cli("send", orders, '"bad"', "--delay", "-1").stderr
+    assert len(q_ids(conn, orders)) == len(kept)  # nothing of the bad ones sent
+
+
 def test_bad_json_line_stops_before_its_batch(cli: Cli, orders: str, conn: Conn) -> None:
     # Batches of 3: lines 1-3 are sent; line 5 is bad, so its batch (lines 4-5) is not.
     lines = '{"n": 1}\n{"n": 2}\n{"n": 3}\n{"n": 4}\n{"n": 5\n{"n": 6}\n'

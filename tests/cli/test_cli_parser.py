@@ -7,6 +7,7 @@ import argparse
 
 from pgbroker.cli.commands.worker import _workers
 from pgbroker.cli.main import build_parser
+from pgbroker.cli.support.arguments import positive_seconds, positive_whole_seconds, seconds, whole_seconds
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES, Worker
 from pgbroker.spark.jobs import build_parser as pipeline_parser
 
@@ -75,3 +76,27 @@ def test_worker_max_deliveries_reaches_the_workers_and_zero_means_none() -> None
     assert limit() == DEFAULT_MAX_DELIVERIES
     assert limit("--max-deliveries", "3") == 3
     assert limit("--max-deliveries", "0") is None
+
+
+DURATION_TYPES = {seconds, positive_seconds, whole_seconds, positive_whole_seconds}
+
+
+def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> None:
+    """A delay, lease, wait or timeout took whole seconds (send --delay, read --vt), a number of
+    seconds (--wait, --connect-timeout) or a whole number with a unit (policy --dedup-window 5m),
+    by option, each parsed its own way. Now every one is a DURATION, parsed by one parser: 1.5,
+    500ms and 5m mean the same everywhere."""
+    commands = {"pgbroker": build_parser(), **_commands(build_parser())}
+    timed = {
+        f"{command} {action.option_strings[-1]}": action
+        for command, parser in commands.items()
+        for action in parser._actions
+        if action.type in DURATION_TYPES or action.metavar in ("SECONDS", "DURATION", "S")
+    }
+    assert len(timed) > 40
+    assert {where: action.metavar for where, action in timed.items() if action.metavar != "DURATION"} == {}
+    assert {where for where, action in timed.items() if action.type not in DURATION_TYPES} == set()
+    for where, action in timed.items():
+        parse = action.type
+        assert callable(parse)
+        assert [parse(text) for text in ("1.5", "500ms", "5m")] in ([1.5, 0.5, 300], [2, 1, 300]), where

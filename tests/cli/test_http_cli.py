@@ -107,11 +107,11 @@ def test_serve_parser() -> None:
         ("--burst", "0", "must be a number > 0, got 0"),
         ("--auth-failure-rate", "0", "must be a number > 0, got 0"),
         ("--auth-failure-burst", "-1", "must be a number > 0, got -1"),
-        ("--max-wait", "-1", "must be a number of seconds >= 0, got -1"),  # a read's wait: 'at most -1'
+        ("--max-wait", "-1", "must be a duration >= 0, got -1"),  # a read's wait: 'at most -1'
         # every connection closed at once: answered or not by a race
-        ("--head-timeout", "0", "must be a number of seconds > 0, got 0"),
-        ("--body-timeout", "nan", "must be a number of seconds >= 0, got nan"),
-        ("--keep-alive", "-1", "must be >= 0 seconds, got -1"),
+        ("--head-timeout", "0", "must be a duration > 0, got 0"),
+        ("--body-timeout", "nan", "expected a duration: seconds (30, 1.5) or a number with a unit"),
+        ("--keep-alive", "-1", "must be a duration >= 0, got -1"),
     ],
 )
 def test_serve_refuses_a_setting_it_cannot_serve_with(

@@ -111,7 +111,8 @@ def register(subcommands: Subcommands) -> None:
         "--replica-dsn",
         metavar="DSN",
         help="a streaming standby to read the statistics, /metrics, peek and listings from (with "
-        "its replay lag); writes still go to --dsn. It gets a pool of --connections too",
+        "its replay lag); writes still go to --dsn. It gets a pool of --connections too. While it "
+        "does not answer, they read from --dsn (said once in the log)",
     )
     add_codec_module_option(sub)  # the codecs HTTP sends may name
     add_loop_option(sub)

@@ -149,6 +149,20 @@ def test_version_and_a_mistyped_command_get_an_answer() -> None:
     assert "did you mean 'list'?" in run("dlq", "lsit").stderr
 
 
+def test_a_group_given_no_action_lists_its_actions() -> None:
+    """`pgbroker dlq` said only 'the following arguments are required: ACTION', and its usage line
+    ('pgbroker dlq [-h] ACTION ...') named none: a newcomer had to know to ask -h."""
+    for group, actions in (
+        ("dlq", "list, show, replay, purge"),
+        ("bridge", "out, in"),
+        ("keys", "create, list, revoke"),
+    ):
+        res = run(group)
+        assert res.returncode == 2
+        assert f"pgbroker {group}: error: the following arguments are required: " in res.stderr
+        assert f"(one of: {actions}; pgbroker {group} -h says what each does)" in res.stderr
+
+
 def test_a_command_s_bad_option_shows_that_command_s_usage() -> None:
     res = run("list", "--bogus")
     assert res.returncode == 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
@@ -51,7 +51,14 @@ Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 class Parser(argparse.ArgumentParser):
     """argparse's parser, with a suggestion for a mistyped choice (``pgbroker lst``: did you
-    mean 'list'?)."""
+    mean 'list'?), and the actions of a group given none (``pgbroker dlq``)."""
+
+    def error(self, message: str) -> NoReturn:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and message.endswith(f": {action.metavar}"):
+                names = ", ".join(action.choices)
+                message += f" (one of: {names}; {self.prog} -h says what each does)"
+        super().error(message)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         choices = action.choices

@@ -39,12 +39,15 @@ Conn = psycopg.Connection[Any]
 
 def test_install_is_idempotent_and_commands_before_it_say_so(empty_dsn: str) -> None:
     cli = Cli(empty_dsn)
-    _assert_error(cli("list"), 5, "not installed", "hint: ", "pgbroker install")
+    # Where it looked, too ('not installed in this database' named none): a newcomer who
+    # installed with another DATABASE_URL, or none (the embedded cluster), sees which it is.
+    where = f"in {conninfo_to_dict(empty_dsn)['dbname']} at "
+    for command in (["list"], ["send", "orders", "1"], ["keys", "list"]):
+        _assert_error(cli(*command), 5, f"pgbroker is not installed {where}", "hint: ", "pgbroker install")
 
     version = latest_version()
     # Where it installed, too: with no --dsn nor DATABASE_URL that is an embedded cluster the
     # command started, which it did not say.
-    where = f"in {conninfo_to_dict(empty_dsn)['dbname']} at "
     assert cli.ok("install").startswith(f"installed version {version} (was not installed) {where}")
     assert cli.ok("install").startswith(f"already at version {version} {where}")
     assert "no queues" in cli.ok("list")

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker._db.api_keys import create_key
 from pgbroker._event_loop import LOOP_ENV
@@ -84,7 +84,9 @@ def test_keys_and_serve_on_a_database_without_pgbroker_say_to_install(empty_dsn:
         pass
     said = str(refused.value)
     assert "exited with 5 before answering" in said
-    assert "pgbroker: error: pgbroker is not installed in this database" in said
+    assert (
+        f"pgbroker: error: pgbroker is not installed in {conninfo_to_dict(empty_dsn)['dbname']} at " in said
+    )
     assert "hint: Install the schema first: pgbroker install" in said
     assert "Traceback" not in said
 

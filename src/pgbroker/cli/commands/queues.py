@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Sequence
 
-from pgbroker._db.dsn import database_place
 from pgbroker._db.install import install_roles
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
+from pgbroker.cli.support.connecting import database_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import print_listing, print_result, timestamped_json, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
@@ -53,13 +52,14 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
         done = f"installed version {result.version} (was not installed)"
     else:
         done = f"installed version {result.version} (was {result.previous_version})"
-    lines = [f"{done} in {_installed_where(args, broker)}"]
+    lines = [f"{done} in {database_of(args.dsn, broker)}"]
     granted: dict[str, int] = {}
     if args.roles:
         with broker.connection() as conn:
             granted = install_roles(conn, args.role_prefix)
-        lines += [f"role {role}: execute on {n} functions, no table privileges"
-                  for role, n in granted.items()]
+        lines += [
+            f"role {role}: execute on {n} functions, no table privileges" for role, n in granted.items()
+        ]
     record = {
         "version": result.version,
         "previous_version": result.previous_version,
@@ -67,16 +67,6 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
         "roles": granted,  # role: the functions it may execute
     }
     return print_result(args, record, "\n".join(lines))
-
-
-def _installed_where(args: argparse.Namespace, broker: Broker) -> str:
-    """The database installed into, for a person: with neither --dsn nor DATABASE_URL, the
-    embedded cluster, which a newcomer may not know was started for them."""
-    with broker.connection() as conn:
-        where = database_place(conn.info.dsn)
-    if args.dsn or os.environ.get("DATABASE_URL"):
-        return where
-    return f"{where} (the embedded PostgreSQL: --dsn or DATABASE_URL for another server)"
 
 
 def _create(args: argparse.Namespace, broker: Broker) -> int:

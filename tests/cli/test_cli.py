@@ -69,6 +69,10 @@ def test_create_list_drop(cli: Cli) -> None:
     assert "orders" in cli.ok("list")
     assert "dropped" in cli.ok("drop", "orders", "--yes")
     _assert_error(cli("drop", "orders", "--yes"), 1, 'queue "orders" does not exist')
+    # Nothing to drop, nothing to confirm: it asked for --yes first ('cannot be undone'), and only
+    # then said the queue did not exist; the stream's drop too.
+    _assert_error(cli("drop", "orders"), 1, 'queue "orders" does not exist; nothing dropped')
+    _assert_error(cli("stream", "drop", "orders"), 4, 'stream "orders" does not exist')
     assert [q["queue_name"] for q in json.loads(cli.ok("list", "--json"))] == ["fast"]
 
 

@@ -313,7 +313,7 @@ def _by_msg_id(args: argparse.Namespace, operation: Callable[[list[int]], list[i
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
     queue = broker.queue(args.name)
     # Nothing to delete, nothing to confirm: said first (a missing queue too), without --yes.
-    if queue.metrics().queue_length == 0:
+    if not queue.peek(1):
         text = f'queue "{args.name}" is empty; nothing to purge'
         return print_result(args, {"queue": args.name, "purged": 0}, text)
     confirmed(

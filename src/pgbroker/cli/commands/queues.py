@@ -13,6 +13,7 @@ from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import print_listing, print_result, timestamped_json, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, metrics_table, table
+from pgbroker.errors import QueueNotFound
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Metrics, QueueInfo
 
@@ -83,19 +84,28 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
+    # Nothing to drop, nothing to confirm: a missing queue is said first, without --yes.
+    try:
+        broker.queue(args.name).policy()
+    except QueueNotFound:
+        raise _nothing_dropped(args.name) from None
     confirmed(
         args,
         f'drop deletes queue "{args.name}" with its messages and its archive',
         hint=f"Confirm with: pgbroker drop {args.name} --yes",
     )
     if not broker.drop_queue(args.name):
-        raise CliError(
-            f'queue "{args.name}" does not exist; nothing dropped',
-            code=Exit.NOTHING_DONE,
-            hint="See the queues with: pgbroker list",
-        )
+        raise _nothing_dropped(args.name)
     return print_result(
         args, {"queue": args.name, "dropped": True}, f'dropped queue "{args.name}" and its archive'
+    )
+
+
+def _nothing_dropped(name: str) -> CliError:
+    return CliError(
+        f'queue "{name}" does not exist; nothing dropped',
+        code=Exit.NOTHING_DONE,
+        hint="See the queues with: pgbroker list",
     )
 
 

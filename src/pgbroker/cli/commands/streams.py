@@ -112,12 +112,14 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
+    stream = Stream(broker, args.name)
+    stream.groups()  # a missing stream is said first (StreamNotFound), without --yes
     confirmed(
         args,
         f"drop deletes stream {args.name} with its messages, groups and cursors",
         hint=f"Confirm with: pgbroker stream drop {args.name} --yes",
     )
-    if not Stream(broker, args.name).drop():
+    if not stream.drop():
         raise CliError(f'stream "{args.name}" does not exist', code=Exit.QUEUE_NOT_FOUND)
     return print_result(args, {"stream": args.name, "dropped": True}, f"dropped stream {args.name}")
 

@@ -27,7 +27,12 @@ from typing import Any, Protocol
 
 from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import database_place
-from pgbroker.cli.support.arguments import positive_int, positive_whole_seconds, seconds, whole_seconds
+from pgbroker.cli.support.arguments import (
+    positive_int,
+    positive_seconds,
+    positive_whole_seconds,
+    whole_seconds,
+)
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import (
@@ -96,7 +101,7 @@ def register(subcommands: Subcommands) -> None:
     )
     sub.add_argument(
         "--confirm-timeout",
-        type=seconds,
+        type=positive_seconds,
         default=30.0,
         metavar="DURATION",
         help="wait for a confirm this long (30)",
@@ -128,7 +133,7 @@ def register(subcommands: Subcommands) -> None:
     )
     sub.add_argument(
         "--ack-wait",
-        type=seconds,
+        type=positive_seconds,
         default=30.0,
         metavar="DURATION",
         help="NATS, SQS, Redis: an unacked message goes to another consumer after this (30)",

@@ -12,7 +12,7 @@ from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT
 from pgbroker._event_loop import LOOP_ENV, LOOP_NAMES
-from pgbroker.cli.support.arguments import DURATION_FORMS, positive_seconds, seconds
+from pgbroker.cli.support.arguments import DURATION_FORMS, positive_seconds
 from pgbroker.queues._client import Broker
 
 EPILOG = f"""\
@@ -189,7 +189,7 @@ def add_loop_option(parser: argparse.ArgumentParser) -> None:
 def add_progress_option(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--progress",
-        type=seconds,
+        type=positive_seconds,
         nargs="?",
         const=5.0,
         metavar="DURATION",

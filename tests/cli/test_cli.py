@@ -39,12 +39,15 @@ Conn = psycopg.Connection[Any]
 
 def test_install_is_idempotent_and_commands_before_it_say_so(empty_dsn: str) -> None:
     cli = Cli(empty_dsn)
-    _assert_error(cli("list"), 5, "not installed", "hint: ", "pgbroker install")
+    # Where it looked, too ('not installed in this database' named none): a newcomer who
+    # installed with another DATABASE_URL, or none (the embedded cluster), sees which it is.
+    where = f"in {conninfo_to_dict(empty_dsn)['dbname']} at "
+    for command in (["list"], ["send", "orders", "1"], ["keys", "list"]):
+        _assert_error(cli(*command), 5, f"pgbroker is not installed {where}", "hint: ", "pgbroker install")
 
     version = latest_version()
     # Where it installed, too: with no --dsn nor DATABASE_URL that is an embedded cluster the
     # command started, which it did not say.
-    where = f"in {conninfo_to_dict(empty_dsn)['dbname']} at "
     assert cli.ok("install").startswith(f"installed version {version} (was not installed) {where}")
     assert cli.ok("install").startswith(f"already at version {version} {where}")
     assert "no queues" in cli.ok("list")
@@ -66,6 +69,10 @@ def test_create_list_drop(cli: Cli) -> None:
     assert "orders" in cli.ok("list")
     assert "dropped" in cli.ok("drop", "orders", "--yes")
     _assert_error(cli("drop", "orders", "--yes"), 1, 'queue "orders" does not exist')
+    # Nothing to drop, nothing to confirm: it asked for --yes first ('cannot be undone'), and only
+    # then said the queue did not exist; the stream's drop too.
+    _assert_error(cli("drop", "orders"), 1, 'queue "orders" does not exist; nothing dropped')
+    _assert_error(cli("stream", "drop", "orders"), 4, 'stream "orders" does not exist')
     assert [q["queue_name"] for q in json.loads(cli.ok("list", "--json"))] == ["fast"]
 
 
@@ -149,6 +156,20 @@ def test_version_and_a_mistyped_command_get_an_answer() -> None:
     assert "did you mean 'list'?" in run("dlq", "lsit").stderr
 
 
+def test_a_group_given_no_action_lists_its_actions() -> None:
+    """`pgbroker dlq` said only 'the following arguments are required: ACTION', and its usage line
+    ('pgbroker dlq [-h] ACTION ...') named none: a newcomer had to know to ask -h."""
+    for group, actions in (
+        ("dlq", "list, show, replay, purge"),
+        ("bridge", "out, in"),
+        ("keys", "create, list, revoke"),
+    ):
+        res = run(group)
+        assert res.returncode == 2
+        assert f"pgbroker {group}: error: the following arguments are required: " in res.stderr
+        assert f"(one of: {actions}; pgbroker {group} -h says what each does)" in res.stderr
+
+
 def test_a_command_s_bad_option_shows_that_command_s_usage() -> None:
     res = run("list", "--bogus")
     assert res.returncode == 2
@@ -177,6 +198,35 @@ def test_send_argument_then_stdin_lines_in_order(cli: Cli, orders: str, conn: Co
 def test_send_with_delay_hides_the_message(cli: Cli, orders: str) -> None:
     cli.ok("send", orders, '"later"', "--delay", "60")
     assert cli.ok("read", orders) == ""
+
+
+def test_send_delay_takes_fractions_and_units_rounded_up_to_the_engine_s_whole_seconds(
+    cli: Cli, orders: str, conn: Conn
+) -> None:
+    """--delay took whole seconds only: 1.5, 500ms, 30s and 5m were refused ('expected whole
+    seconds'). The engine keeps a delay in whole seconds (pgmq.send's integer): a fraction is
+    rounded up, never down, so no message is visible sooner than asked."""
+    kept = {"1.5": 2, "500ms": 1, "30s": 30, "5m": 300, "2h": 7200, "0.25m": 15, "1000ms": 1}
+    for given in kept:
+        cli.ok("send", orders, json.dumps(given), "--delay", given)
+    delays = conn.execute(
+        sql.SQL("SELECT message, extract(epoch FROM vt - enqueued_at) FROM pgmq.{} ORDER BY msg_id").format(
+            sql.Identifier(f"q_{orders}")
+        )
+    ).fetchall()
+    assert [(given, int(seconds)) for given, seconds in delays] == list(kept.items())
+
+    for bad in ("5x", "1.5.2", "nan", "m", "1 h 2", "-1", "1e3"):
+        res = cli("send", orders, '"bad"', "--delay", bad)
+        assert res.returncode == 2, res.stderr
+        assert "argument --delay: " in res.stderr
+        if bad != "-1":
+            assert (
+                "expected a duration: seconds (30, 1.5) or a number with a unit (500ms, 30s, 5m, 2h, 7d)"
+                in (res.stderr)
+            )
+    assert "must be a duration >= 0, got -1" in cli("send", orders, '"bad"', "--delay", "-1").stderr
+    assert len(q_ids(conn, orders)) == len(kept)  # nothing of the bad ones sent
 
 
 def test_bad_json_line_stops_before_its_batch(cli: Cli, orders: str, conn: Conn) -> None:
@@ -304,6 +354,29 @@ def test_purge_needs_yes(cli: Cli, orders: str, conn: Conn) -> None:
 
     assert cli.ok("purge", orders, "--yes").strip() == 'purged 3 messages from queue "orders"'
     assert q_ids(conn, orders) == []
+
+
+def test_purge_with_nothing_to_purge_says_so_without_asking(cli: Cli, orders: str) -> None:
+    """A purge that would delete nothing asked for --yes all the same ('cannot be undone', exit 2),
+    as if there were something to lose; it says so and succeeds now. The confirmation stays for a
+    purge that deletes something, and a missing queue is said to be missing before any of it."""
+    res = cli("purge", orders)
+    assert (res.returncode, res.stdout, res.stderr) == (0, 'queue "orders" is empty; nothing to purge\n', "")
+    res = cli("dlq", "purge", orders)
+    assert (res.returncode, res.stderr) == (0, "")
+    assert res.stdout == 'no dead letters from queue "orders"; nothing to purge\n'
+    assert json.loads(cli.ok("dlq", "purge", orders, "--json")) == {"queue": "orders", "purged": 0}
+    _assert_error(cli("dlq", "purge", orders, "7"), 1, 'no dead letter 7 from queue "orders"')
+    _assert_error(cli("purge", "nope"), 4, 'queue "nope" does not exist')
+    _assert_error(cli("dlq", "purge", "nope"), 4, 'queue "nope" does not exist')
+
+    cli.ok("policy", "set", orders, "--max-deliveries", "1")
+    cli.ok("send", orders, '{"n": 1}')
+    [leased] = _messages(cli.ok("read", orders))
+    cli.ok("nack", orders, leased["receipt"])
+    assert cli.ok("read", orders) == ""  # the read that dead-letters it (delivered once already)
+    _assert_error(cli("dlq", "purge", orders), 2, "--yes")
+    assert cli.ok("dlq", "purge", orders, "--yes").strip() == 'purged 1 dead letter from queue "orders"'
 
 
 # -- metrics --------------------------------------------------------------------------------------

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from pgbroker.cli.commands.worker import _workers
 from pgbroker.cli.main import build_parser
+from pgbroker.cli.support.arguments import positive_seconds, positive_whole_seconds, seconds, whole_seconds
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES, Worker
 from pgbroker.spark.jobs import build_parser as pipeline_parser
 
@@ -75,3 +78,47 @@ def test_worker_max_deliveries_reaches_the_workers_and_zero_means_none() -> None
     assert limit() == DEFAULT_MAX_DELIVERIES
     assert limit("--max-deliveries", "3") == 3
     assert limit("--max-deliveries", "0") is None
+
+
+DURATION_TYPES = {seconds, positive_seconds, whole_seconds, positive_whole_seconds}
+
+
+def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> None:
+    """A delay, lease, wait or timeout took whole seconds (send --delay, read --vt), a number of
+    seconds (--wait, --connect-timeout) or a whole number with a unit (policy --dedup-window 5m),
+    by option, each parsed its own way. Now every one is a DURATION, parsed by one parser: 1.5,
+    500ms and 5m mean the same everywhere."""
+    commands = {"pgbroker": build_parser(), **_commands(build_parser())}
+    timed = {
+        f"{command} {action.option_strings[-1]}": action
+        for command, parser in commands.items()
+        for action in parser._actions
+        if action.type in DURATION_TYPES or action.metavar in ("SECONDS", "DURATION", "S")
+    }
+    assert len(timed) > 40
+    assert {where: action.metavar for where, action in timed.items() if action.metavar != "DURATION"} == {}
+    assert {where for where, action in timed.items() if action.type not in DURATION_TYPES} == set()
+    for where, action in timed.items():
+        parse = action.type
+        assert callable(parse)
+        assert [parse(text) for text in ("1.5", "500ms", "5m")] in ([1.5, 0.5, 300], [2, 1, 300]), where
+
+
+def test_a_timeout_or_an_interval_of_zero_is_refused_by_its_option_s_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """These took 0, which no timeout or interval can mean: the worker then refused it by its
+    parameter's name ('maintain_every must be > 0 seconds'), which the command line does not
+    show, and the bridge and --progress took it as given."""
+    parser = build_parser()
+    for command in (
+        ["worker", "builtins:print", "--queue", "jobs", "--maintain-every", "0"],
+        ["worker", "builtins:print", "--queue", "jobs", "--poll-max", "0"],
+        ["worker", "builtins:print", "--queue", "jobs", "--progress", "0"],
+        ["bridge", "out", "--queue", "q", "--to", "redis://127.0.0.1:1", "--confirm-timeout", "0"],
+        ["bridge", "in", "--from", "redis://127.0.0.1:1", "--queue", "q", "--ack-wait", "0"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(command)
+        assert exited.value.code == 2, command
+        assert f"argument {command[-2]}: must be a duration > 0, got 0" in capsys.readouterr().err

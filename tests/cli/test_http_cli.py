@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker._db.api_keys import create_key
 from pgbroker._event_loop import LOOP_ENV
@@ -21,8 +22,9 @@ from pgbroker.cli.commands import keys as cli_keys
 from pgbroker.cli.commands import serve as cli_serve
 from pgbroker.cli.support.errors import CliError
 from pgbroker.queues._client import Broker
-from tests.http.live import pgbroker_serve
+from tests.http.live import LiveServer, free_port, pgbroker_serve
 from tests.support.cli import Cli, _assert_error
+from tests.support.forwarding import relaying
 
 
 def run(conn: psycopg.Connection[Any], *argv: str) -> int:
@@ -82,7 +84,9 @@ def test_keys_and_serve_on_a_database_without_pgbroker_say_to_install(empty_dsn:
         pass
     said = str(refused.value)
     assert "exited with 5 before answering" in said
-    assert "pgbroker: error: pgbroker is not installed in this database" in said
+    assert (
+        f"pgbroker: error: pgbroker is not installed in {conninfo_to_dict(empty_dsn)['dbname']} at " in said
+    )
     assert "hint: Install the schema first: pgbroker install" in said
     assert "Traceback" not in said
 
@@ -107,11 +111,11 @@ def test_serve_parser() -> None:
         ("--burst", "0", "must be a number > 0, got 0"),
         ("--auth-failure-rate", "0", "must be a number > 0, got 0"),
         ("--auth-failure-burst", "-1", "must be a number > 0, got -1"),
-        ("--max-wait", "-1", "must be a number of seconds >= 0, got -1"),  # a read's wait: 'at most -1'
+        ("--max-wait", "-1", "must be a duration >= 0, got -1"),  # a read's wait: 'at most -1'
         # every connection closed at once: answered or not by a race
-        ("--head-timeout", "0", "must be a number of seconds > 0, got 0"),
-        ("--body-timeout", "nan", "must be a number of seconds >= 0, got nan"),
-        ("--keep-alive", "-1", "must be >= 0 seconds, got -1"),
+        ("--head-timeout", "0", "must be a duration > 0, got 0"),
+        ("--body-timeout", "nan", "expected a duration: seconds (30, 1.5) or a number with a unit"),
+        ("--keep-alive", "-1", "must be a duration >= 0, got -1"),
     ],
 )
 def test_serve_refuses_a_setting_it_cannot_serve_with(
@@ -197,3 +201,63 @@ def test_serve_runs_on_the_loop_it_is_told(dsn: str, monkeypatch: pytest.MonkeyP
     said = str(refused.value)
     assert "exited with 2 before answering" in said
     assert f"pgbroker: error: ${LOOP_ENV} must be one of auto, asyncio, uvloop, got 'tokio'" in said
+
+
+def _lines_about(log: str, port: int) -> list[str]:
+    return [line for line in log.splitlines() if f"127.0.0.1:{port}" in line or f"port {port}" in line]
+
+
+def _wait_for_log(server: LiveServer, text: str, count: int) -> None:
+    deadline = time.monotonic() + 60
+    while server.log().count(text) < count:
+        assert time.monotonic() < deadline, f"no {count} x {text!r} in:\n{server.log()}"
+        time.sleep(0.1)
+
+
+def _from_the_primary(stats: httpx.Response) -> bool:
+    return stats.status_code == 200 and stats.json()["replica_lag_seconds"] is None
+
+
+def test_serve_with_a_replica_down_says_it_once_reads_from_the_primary_and_says_when_it_is_back(
+    dsn: str, conn: psycopg.Connection[Any]
+) -> None:
+    """With --replica-dsn naming a server that was down, serve logged psycopg_pool's 'error
+    connecting in pgbroker-http-replica' for each of its connections at every retry (about 40
+    warnings in the first seconds) and answered the reports 503 (or after --pool-timeout) until
+    it was back. Now one warning says the replica is unreachable and the reports read from the
+    primary; retries are quiet, with back-off; one line says when it answers again, and the
+    reports read from it then. A replica lost while serving is said once the same way."""
+    conn.execute("SELECT pgmq.create('jobs')")
+    _, token = create_key(conn, "reports", scopes=["send", "read"])
+    port = free_port()  # nobody listens on it: the replica is down
+    replica_dsn = make_conninfo(dsn, host="127.0.0.1", port=str(port))
+    with (
+        pgbroker_serve(dsn, "--replica-dsn", replica_dsn) as server,
+        httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {token}"}, timeout=60) as http,
+    ):
+        stats = http.get("/v1/stats")
+        assert _from_the_primary(stats), stats.text  # no lag to report: not from a replica
+        time.sleep(5)  # the retries of the first seconds, which were the noisiest
+        [said] = _lines_about(server.log(), port)
+        assert "serve.replica_unreachable" in said
+        assert "Connection refused" in said
+        assert "reports are read from the primary until the replica answers" in said
+        assert "error connecting" not in server.log()
+
+        with relaying(port, dsn):
+            _wait_for_log(server, "serve.replica_back", 1)
+            assert http.get("/v1/stats").json()["replica_lag_seconds"] == 0  # the replica's (a primary)
+            assert http.post("/v1/queues/jobs/messages", json={"message": {"n": 1}}).status_code == 201
+        # Lost while serving: said once, and the reports go back to the primary.
+        _wait_for_log(server, "serve.replica_unreachable", 2)
+        deadline = time.monotonic() + 60
+        while not _from_the_primary(http.get("/v1/stats")):
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.1)
+        time.sleep(3)
+        about = _lines_about(server.log(), port)
+        assert [line.split()[1] for line in about] == [
+            "serve.replica_unreachable", "serve.replica_back", "serve.replica_unreachable",
+        ], server.log()  # fmt: skip
+        assert "error connecting" not in server.log()
+        assert "Traceback" not in server.log(), server.log()

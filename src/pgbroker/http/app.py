@@ -33,6 +33,8 @@ from pgbroker.http.concurrency import ConcurrencyLimit
 from pgbroker.http.errors import ApiError, handle_exception
 from pgbroker.http.openapi import openapi_spec
 from pgbroker.http.operations import Operation, State, run
+from pgbroker.http.replica import POOL_NAME as REPLICA_POOL
+from pgbroker.http.replica import OpenedReplica, WatchedReplica
 from pgbroker.http.routes import all_operations
 from pgbroker.http.settings import Settings
 from pgbroker.queues._client_async import AsyncBroker
@@ -57,7 +59,8 @@ def create_app(
     opened for the application's lifetime) or as an opened ``replica`` broker (the caller closes
     it), the reporting operations (the statistics, /metrics, exact metrics, peek, dead-letter and
     schedule listings, the dashboard's feed) read from it and report its replay lag; every write
-    goes to the primary."""
+    goes to the primary. A ``replica_dsn`` that does not answer is said once in the log, and the
+    reports read from the primary until it answers again (pgbroker.http.replica)."""
     if (dsn is None) == (broker is None):
         raise ValueError("pass exactly one of dsn and broker")
     if replica_dsn is not None and replica is not None:
@@ -67,10 +70,15 @@ def create_app(
     timeouts = PoolTimeouts(pool=pool_timeout)
     pool = None if dsn is None else _server_pool(dsn, max_connections, mode, timeouts)
     the_broker = broker or AsyncBroker(pool=pool, pooler=mode)
-    replica_pool = (
-        None if replica_dsn is None else _server_pool(replica_dsn, max_connections, mode, timeouts, "replica")
-    )
-    the_replica = replica if replica_pool is None else AsyncBroker(pool=replica_pool, pooler=mode)
+    the_replica: OpenedReplica | WatchedReplica | None = None if replica is None else OpenedReplica(replica)
+    watched = None
+    if replica_dsn is not None:
+        watched = the_replica = WatchedReplica(
+            replica_dsn,
+            lambda: _server_pool(replica_dsn, max_connections, mode, timeouts, REPLICA_POOL),
+            timeouts,
+            mode,
+        )
     operations = all_operations()
     state = State(
         the_broker,
@@ -87,9 +95,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if pool is not None:
             await pool.open(wait=True)
-        if replica_pool is not None:
-            # Not waited for: a replica that is down fails the reports (503), never the writes.
-            await replica_pool.open()
+        if watched is not None:
+            # A replica that is down is said once; the reports read from the primary meanwhile.
+            await watched.start()
         sampling = _start_sampling(the_broker, cfg)
         try:
             yield
@@ -100,9 +108,8 @@ def create_app(
             if pool is not None:  # ours: the broker (its listener) and the pool under it
                 await the_broker.close()
                 await pool.close()
-            if the_replica is not None and replica_pool is not None:  # ours too
-                await the_replica.close()
-                await replica_pool.close()
+            if watched is not None:  # ours too
+                await watched.close()
 
     return Starlette(
         routes=_routes(operations, state),
@@ -157,7 +164,7 @@ def _start_sampling(broker: AsyncBroker, cfg: Settings) -> asyncio.Task[None] | 
 
 
 def _server_pool(
-    dsn: str, size: int, pooler: PoolerMode, timeouts: PoolTimeouts, role: str = "primary"
+    dsn: str, size: int, pooler: PoolerMode, timeouts: PoolTimeouts, name: str = "pgbroker-http-primary"
 ) -> AsyncConnectionPool[Any]:
     """A fixed-size pool that hands out connections without a round trip to check them:
     AsyncBroker passes over those the server has closed (pgbroker._db.liveness), so a restart of
@@ -168,7 +175,7 @@ def _server_pool(
         max_size=size,
         kwargs=timeouts.connection_kwargs(dsn, pooler),
         open=False,
-        name=f"pgbroker-http-{role}",
+        name=name,
         timeout=timeouts.pool,
         reconnect_timeout=RECONNECT_CEILING,
         configure=configure_async,

@@ -39,14 +39,14 @@ import typing
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, TypeVar, Unpack
+from typing import Any, Literal, Protocol, TypedDict, TypeVar, Unpack
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from pgbroker._db.api_keys import ApiKey
-from pgbroker._db.liveness import NoAnswer, answered_within
+from pgbroker._db.liveness import NoAnswer, answered_within, is_transient
 from pgbroker._db.names import check_queue_name
 from pgbroker.http.access import authenticate, require
 from pgbroker.http.auth import FailureLimiter, KeyStore, RateLimiter
@@ -165,6 +165,16 @@ class Router:
         return declare
 
 
+class Replica(Protocol):
+    """The replica the reporting operations read from (pgbroker.http.replica): ``broker`` is None
+    while it does not answer."""
+
+    @property
+    def broker(self) -> AsyncBroker | None: ...
+
+    def suspect(self) -> None: ...
+
+
 @dataclass
 class State:
     """What every request of one application shares: ``broker`` on the primary, ``replica`` (if
@@ -177,7 +187,7 @@ class State:
     settings: Settings
     operations: tuple[Operation, ...] = ()
     spec: dict[str, Any] = field(default_factory=dict)
-    replica: AsyncBroker | None = None
+    replica: Replica | None = None
     in_flight: dict[int, int] = field(default_factory=dict)  # requests in hand, by key id
 
 
@@ -194,7 +204,7 @@ class Call:
     def broker(self) -> AsyncBroker:
         """The replica's broker for a reporting operation on a server that has one, else the
         primary's."""
-        replica = self.state.replica
+        replica = None if self.state.replica is None else self.state.replica.broker
         return replica if self.reporting and replica is not None else self.state.broker
 
     @property
@@ -292,7 +302,12 @@ async def _run(
             operation.query, query, RequestContext(state.settings), "invalid_query"
         )
     call = Call(request, state, key, operation.reporting)
-    result = await answered_within(within, operation.handler(call, **arguments))
+    try:
+        result = await answered_within(within, operation.handler(call, **arguments))
+    except Exception as exc:
+        if state.replica is not None and call.from_replica and is_transient(exc):
+            state.replica.suspect()  # gone, perhaps: the reports read from the primary once it is said
+        raise
     if operation.answer is None:
         assert isinstance(result, Response)
         return result

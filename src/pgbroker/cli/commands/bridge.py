@@ -27,7 +27,12 @@ from typing import Any, Protocol
 
 from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import database_place
-from pgbroker.cli.support.arguments import duration, positive_int, seconds
+from pgbroker.cli.support.arguments import (
+    positive_int,
+    positive_seconds,
+    positive_whole_seconds,
+    whole_seconds,
+)
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import (
@@ -92,13 +97,13 @@ def register(subcommands: Subcommands) -> None:
         "--windows", type=positive_int, default=2, metavar="N", help="batches in flight at once (2)"
     )
     sub.add_argument(
-        "--lease", type=positive_int, default=30, metavar="SECONDS", help="lease per message (30)"
+        "--lease", type=positive_whole_seconds, default=30, metavar="DURATION", help="lease per message (30)"
     )
     sub.add_argument(
         "--confirm-timeout",
-        type=seconds,
+        type=positive_seconds,
         default=30.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="wait for a confirm this long (30)",
     )
     sub.add_argument(
@@ -121,16 +126,16 @@ def register(subcommands: Subcommands) -> None:
     )
     sub.add_argument(
         "--dedup-window",
-        type=duration,
+        type=whole_seconds,
         default=86_400,
         metavar="DURATION",
         help="remember message_ids this long, e.g. 1h or 7d (1d)",
     )
     sub.add_argument(
         "--ack-wait",
-        type=seconds,
+        type=positive_seconds,
         default=30.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="NATS, SQS, Redis: an unacked message goes to another consumer after this (30)",
     )
 

@@ -129,12 +129,18 @@ def _replay(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
+    queue = broker.queue(args.queue)
+    # Nothing to delete, nothing to confirm: said first (a missing queue too), without --yes.
+    if args.msg_ids and not any(queue.dead_letter(letter_id) for letter_id in set(args.msg_ids)):
+        _report_missing(args, set())
+    if not args.msg_ids and not queue.dead_letters(1):
+        text = f'no dead letters from queue "{args.queue}"; nothing to purge'
+        return print_result(args, {"queue": args.queue, "purged": 0}, text)
     confirmed(
         args,
         f'purge deletes dead letters from queue "{args.queue}"',
         hint=f"Look first (pgbroker dlq list {args.queue}), then confirm with --yes.",
     )
-    queue = broker.queue(args.queue)
     purged = queue.purge_dead_letters(args.msg_ids or None)
     if args.msg_ids and purged < len(set(args.msg_ids)):
         # Which ones were missing is no longer knowable after the delete; say how many.

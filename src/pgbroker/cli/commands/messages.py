@@ -9,7 +9,13 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
-from pgbroker.cli.support.arguments import msg_id, positive_int, seconds, whole_seconds
+from pgbroker.cli.support.arguments import (
+    msg_id,
+    positive_int,
+    positive_whole_seconds,
+    seconds,
+    whole_seconds,
+)
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
@@ -35,7 +41,13 @@ def register(subcommands: Subcommands) -> None:
         help="the message as JSON; without it, one message per stdin line",
     )
     sub.add_argument("--headers", metavar="JSON", help="headers for every message sent, a JSON object")
-    sub.add_argument("--delay", type=whole_seconds, metavar="SECONDS", help="invisible for this long")
+    sub.add_argument(
+        "--delay",
+        type=whole_seconds,
+        metavar="DURATION",
+        help="invisible for this long, such as 90, 1.5, 30s, 5m or 2h (whole seconds: a fraction, "
+        "500ms say, is rounded up)",
+    )
     sub.add_argument("--priority", type=int, metavar="N", help="higher is read first (0)")
     sub.add_argument("--dedup-key", metavar="KEY", help="not stored again while the key is taken")
     sub.add_argument("--concurrency-key", metavar="KEY", help="the key max_in_flight_per_key counts by")
@@ -52,9 +64,9 @@ def register(subcommands: Subcommands) -> None:
 
     sub = add_command(subcommands, "read", "lease messages; prints JSON lines with receipts", _read)
     sub.add_argument("name", metavar="QUEUE", help="queue name")
-    sub.add_argument("--vt", type=whole_seconds, default=30, metavar="SECONDS", help="lease length (30)")
+    sub.add_argument("--vt", type=whole_seconds, default=30, metavar="DURATION", help="lease length (30)")
     sub.add_argument("--qty", type=positive_int, default=1, metavar="N", help="at most this many (1)")
-    sub.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait for messages (0)")
+    sub.add_argument("--wait", type=seconds, default=0.0, metavar="DURATION", help="wait for messages (0)")
 
     sub = add_command(subcommands, "pop", "read and delete messages at once (at most once)", _pop)
     sub.add_argument("name", metavar="QUEUE", help="queue name")
@@ -68,7 +80,7 @@ def register(subcommands: Subcommands) -> None:
     sub = add_command(subcommands, "nack", "give read messages back by receipt (visible again)", _nack)
     sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("receipts", nargs="+", metavar="RECEIPT", help="receipts as printed by read")
-    sub.add_argument("--delay", type=whole_seconds, default=0, metavar="SECONDS", help="visible after (0)")
+    sub.add_argument("--delay", type=whole_seconds, default=0, metavar="DURATION", help="visible after (0)")
 
     sub = add_command(
         subcommands, "extend", "lengthen the leases of read messages; prints the new receipts", _extend
@@ -76,7 +88,11 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("name", metavar="QUEUE", help="queue name")
     sub.add_argument("receipts", nargs="+", metavar="RECEIPT", help="receipts as printed by read")
     sub.add_argument(
-        "--vt", type=positive_int, required=True, metavar="SECONDS", help="the lease ends this long from now"
+        "--vt",
+        type=positive_whole_seconds,
+        required=True,
+        metavar="DURATION",
+        help="the lease ends this long from now",
     )
 
     sub = add_command(subcommands, "archive", "move messages to the archive by msg_id (unfenced)", _archive)
@@ -295,11 +311,16 @@ def _by_msg_id(args: argparse.Namespace, operation: Callable[[list[int]], list[i
 
 
 def _purge(args: argparse.Namespace, broker: Broker) -> int:
+    queue = broker.queue(args.name)
+    # Nothing to delete, nothing to confirm: said first (a missing queue too), without --yes.
+    if not queue.peek(1):
+        text = f'queue "{args.name}" is empty; nothing to purge'
+        return print_result(args, {"queue": args.name, "purged": 0}, text)
     confirmed(
         args,
         f'purge deletes every message in queue "{args.name}"',
         hint=f"Confirm with: pgbroker purge {args.name} --yes",
     )
-    purged = broker.queue(args.name).purge()
+    purged = queue.purge()
     text = f'purged {plural(purged, "message")} from queue "{args.name}"'
     return print_result(args, {"queue": args.name, "purged": purged}, text)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
-from pgbroker.cli.support.arguments import DURATION_UNITS, duration, positive_int, rate_limit, whole
+from pgbroker.cli.support.arguments import DURATION_UNITS, positive_int, rate_limit, whole, whole_seconds
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import notices_to, plural, print_listing, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
@@ -34,8 +34,10 @@ def register(subcommands: Subcommands) -> None:
         "--max-deliveries", type=whole, metavar="N", help="dead-letter after N failed deliveries"
     )
     sub.add_argument("--backoff", choices=["fixed", "exponential"], help="retry delay kind")
-    sub.add_argument("--backoff-base", type=duration, metavar="DURATION", help="first retry delay (1s)")
-    sub.add_argument("--backoff-max", type=duration, metavar="DURATION", help="longest retry delay (300s)")
+    sub.add_argument("--backoff-base", type=whole_seconds, metavar="DURATION", help="first retry delay (1s)")
+    sub.add_argument(
+        "--backoff-max", type=whole_seconds, metavar="DURATION", help="longest retry delay (300s)"
+    )
     sub.add_argument("--jitter", action=argparse.BooleanOptionalAction, help="spread retry delays")
     target = sub.add_mutually_exclusive_group()
     target.add_argument(
@@ -51,7 +53,7 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--ack-mode", choices=["archive", "delete"], help="what an ack does with a message")
     sub.add_argument("--max-depth", type=whole, metavar="N", help="refuse sends past N messages")
     sub.add_argument(
-        "--archive-retention", type=duration, metavar="DURATION", help="e.g. 7d (pgbroker maintain)"
+        "--archive-retention", type=whole_seconds, metavar="DURATION", help="e.g. 7d (pgbroker maintain)"
     )
     sub.add_argument("--archive-max-rows", type=whole, metavar="N", help="keep at most N archived messages")
     sub.add_argument(
@@ -63,7 +65,7 @@ def register(subcommands: Subcommands) -> None:
         help="build (or drop) the priority index now; a first prioritized send builds it",
     )
     sub.add_argument(
-        "--dedup-window", type=duration, metavar="DURATION", help="how long a dedup key holds (5m)"
+        "--dedup-window", type=whole_seconds, metavar="DURATION", help="how long a dedup key holds (5m)"
     )
     sub.add_argument(
         "--dedup-mode",

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Sequence
 
-from pgbroker._db.dsn import database_place
 from pgbroker._db.install import install_roles
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
+from pgbroker.cli.support.connecting import database_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import print_listing, print_result, timestamped_json, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, metrics_table, table
+from pgbroker.errors import QueueNotFound
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Metrics, QueueInfo
 
@@ -53,13 +53,14 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
         done = f"installed version {result.version} (was not installed)"
     else:
         done = f"installed version {result.version} (was {result.previous_version})"
-    lines = [f"{done} in {_installed_where(args, broker)}"]
+    lines = [f"{done} in {database_of(args.dsn, broker)}"]
     granted: dict[str, int] = {}
     if args.roles:
         with broker.connection() as conn:
             granted = install_roles(conn, args.role_prefix)
-        lines += [f"role {role}: execute on {n} functions, no table privileges"
-                  for role, n in granted.items()]
+        lines += [
+            f"role {role}: execute on {n} functions, no table privileges" for role, n in granted.items()
+        ]
     record = {
         "version": result.version,
         "previous_version": result.previous_version,
@@ -67,16 +68,6 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
         "roles": granted,  # role: the functions it may execute
     }
     return print_result(args, record, "\n".join(lines))
-
-
-def _installed_where(args: argparse.Namespace, broker: Broker) -> str:
-    """The database installed into, for a person: with neither --dsn nor DATABASE_URL, the
-    embedded cluster, which a newcomer may not know was started for them."""
-    with broker.connection() as conn:
-        where = database_place(conn.info.dsn)
-    if args.dsn or os.environ.get("DATABASE_URL"):
-        return where
-    return f"{where} (the embedded PostgreSQL: --dsn or DATABASE_URL for another server)"
 
 
 def _create(args: argparse.Namespace, broker: Broker) -> int:
@@ -93,19 +84,28 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
+    # Nothing to drop, nothing to confirm: a missing queue is said first, without --yes.
+    try:
+        broker.queue(args.name).policy()
+    except QueueNotFound:
+        raise _nothing_dropped(args.name) from None
     confirmed(
         args,
         f'drop deletes queue "{args.name}" with its messages and its archive',
         hint=f"Confirm with: pgbroker drop {args.name} --yes",
     )
     if not broker.drop_queue(args.name):
-        raise CliError(
-            f'queue "{args.name}" does not exist; nothing dropped',
-            code=Exit.NOTHING_DONE,
-            hint="See the queues with: pgbroker list",
-        )
+        raise _nothing_dropped(args.name)
     return print_result(
         args, {"queue": args.name, "dropped": True}, f'dropped queue "{args.name}" and its archive'
+    )
+
+
+def _nothing_dropped(name: str) -> CliError:
+    return CliError(
+        f'queue "{name}" does not exist; nothing dropped',
+        code=Exit.NOTHING_DONE,
+        hint="See the queues with: pgbroker list",
     )
 
 

@@ -14,12 +14,11 @@ from types import FrameType
 
 from pgbroker import _event_loop as event_loop
 from pgbroker.cli.support.arguments import (
-    duration,
     port,
-    positive_duration,
     positive_int,
     positive_number,
     positive_seconds,
+    positive_whole_seconds,
     seconds,
     whole_seconds,
 )
@@ -46,27 +45,27 @@ def register(subcommands: Subcommands) -> None:
     )
     sub.add_argument("--burst", type=positive_number, default=200.0, metavar="N", help="per-key burst (200)")
     sub.add_argument(
-        "--max-wait", type=seconds, default=20.0, metavar="SECONDS", help="longest long-poll of a read (20)"
+        "--max-wait", type=seconds, default=20.0, metavar="DURATION", help="longest long-poll of a read (20)"
     )
     sub.add_argument(
         "--head-timeout",
         type=positive_seconds,
         default=10.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="close a connection whose request line and headers take longer (10)",
     )
     sub.add_argument(
         "--body-timeout",
         type=positive_seconds,
         default=30.0,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="answer 408 and close when a request's body takes longer (30)",
     )
     sub.add_argument(
         "--keep-alive",
         type=whole_seconds,
         default=5,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="close a kept-alive connection idle this long (5)",
     )
     sub.add_argument(
@@ -101,14 +100,14 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--public-metrics", action="store_true", help="serve /metrics without a key")
     sub.add_argument(
         "--history-retention",
-        type=duration,
+        type=whole_seconds,
         default=24 * 3600,
         metavar="DURATION",
         help="keep the dashboard's stats history this long, such as 6h or 7d; 0: no history (24h)",
     )
     sub.add_argument(
         "--history-interval",
-        type=positive_duration,
+        type=positive_whole_seconds,
         default=10,
         metavar="DURATION",
         help="sample the stats history this often (10s)",
@@ -120,7 +119,8 @@ def register(subcommands: Subcommands) -> None:
         "--replica-dsn",
         metavar="DSN",
         help="a streaming standby to read the statistics, /metrics, peek and listings from (with "
-        "its replay lag); writes still go to --dsn. It gets a pool of --connections too",
+        "its replay lag); writes still go to --dsn. It gets a pool of --connections too. While it "
+        "does not answer, they read from --dsn (said once in the log)",
     )
     add_codec_module_option(sub)  # the codecs HTTP sends may name
     add_loop_option(sub)

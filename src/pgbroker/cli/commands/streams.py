@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from pgbroker.cli.commands.messages import send_lines
-from pgbroker.cli.support.arguments import duration, positive_int, seconds
+from pgbroker.cli.support.arguments import positive_int, seconds, whole_seconds
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
@@ -34,7 +34,9 @@ def register(subcommands: Subcommands) -> None:
     sub = add_command(actions, "create", "create a stream (idempotent)", _create)
     sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("--partitions", type=positive_int, default=4, metavar="N", help="key partitions (4)")
-    sub.add_argument("--retention", type=duration, metavar="DURATION", help="drop messages older than this")
+    sub.add_argument(
+        "--retention", type=whole_seconds, metavar="DURATION", help="drop messages older than this"
+    )
     sub.add_argument("--retention-bytes", type=positive_int, metavar="N", help="keep the log under N bytes")
     sub.add_argument(
         "--keep-consumed", action="store_true", help="keep what every group has read (until the retention)"
@@ -69,7 +71,7 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("group", metavar="GROUP", help="consumer group")
     sub.add_argument("--qty", type=positive_int, default=10, metavar="N", help="at most this many (10)")
-    sub.add_argument("--wait", type=seconds, default=0.0, metavar="SECONDS", help="wait for messages (0)")
+    sub.add_argument("--wait", type=seconds, default=0.0, metavar="DURATION", help="wait for messages (0)")
     sub.add_argument("--no-ack", action="store_true", help="leave the batch unacknowledged (a peek)")
 
     sub = add_command(actions, "create-group", "create a consumer group (idempotent)", _create_group)
@@ -110,12 +112,14 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _drop(args: argparse.Namespace, broker: Broker) -> int:
+    stream = Stream(broker, args.name)
+    stream.groups()  # a missing stream is said first (StreamNotFound), without --yes
     confirmed(
         args,
         f"drop deletes stream {args.name} with its messages, groups and cursors",
         hint=f"Confirm with: pgbroker stream drop {args.name} --yes",
     )
-    if not Stream(broker, args.name).drop():
+    if not stream.drop():
         raise CliError(f'stream "{args.name}" does not exist', code=Exit.QUEUE_NOT_FOUND)
     return print_result(args, {"stream": args.name, "dropped": True}, f"dropped stream {args.name}")
 

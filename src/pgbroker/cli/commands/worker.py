@@ -28,7 +28,13 @@ from typing import Any
 import pgbroker
 from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import database_place
-from pgbroker.cli.support.arguments import positive_int, seconds, whole
+from pgbroker.cli.support.arguments import (
+    positive_int,
+    positive_seconds,
+    positive_whole_seconds,
+    seconds,
+    whole,
+)
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option, add_progress_option
@@ -75,7 +81,7 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument(
         "--batch-size", type=positive_int, metavar="N", help="most messages per read (concurrency)"
     )
-    sub.add_argument("--vt", type=positive_int, metavar="SECONDS", help="lease length (30)")
+    sub.add_argument("--vt", type=positive_whole_seconds, metavar="DURATION", help="lease length (30)")
     sub.add_argument(
         "--no-heartbeat", dest="heartbeat", action="store_false", default=None, help="do not extend leases"
     )
@@ -86,10 +92,15 @@ def register(subcommands: Subcommands) -> None:
         default=None,
         help="do not enable notify on the queue",
     )
-    sub.add_argument("--poll-max", type=seconds, metavar="SECONDS", help="longest pause between polls (5)")
-    sub.add_argument("--grace", dest="grace_period", type=seconds, metavar="SECONDS", help="drain time (30)")
     sub.add_argument(
-        "--maintain-every", type=seconds, metavar="SECONDS", help="also apply archive retention this often"
+        "--poll-max", type=positive_seconds, metavar="DURATION", help="longest pause between polls (5)"
+    )
+    sub.add_argument("--grace", dest="grace_period", type=seconds, metavar="DURATION", help="drain time (30)")
+    sub.add_argument(
+        "--maintain-every",
+        type=positive_seconds,
+        metavar="DURATION",
+        help="also apply archive retention this often",
     )
     sub.add_argument(
         "--max-deliveries",

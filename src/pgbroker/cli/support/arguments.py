@@ -1,4 +1,4 @@
-"""The argument types of the commands' options: whole numbers, seconds, durations, msg_ids."""
+"""The argument types of the commands' options: whole numbers, durations, msg_ids."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from fractions import Fraction
 from typing import TypeVar
+
+from pgbroker.queues._arguments import INTEGER_MAX
 
 T = TypeVar("T")
 
@@ -22,27 +25,6 @@ def positive_int(text: str) -> int:
     value = _converted(text, int, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def whole_seconds(text: str) -> int:
-    value = _converted(text, int, "whole seconds")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {value}")
-    return value
-
-
-def seconds(text: str) -> float:
-    value = _converted(text, float, "seconds")
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    value = seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
     return value
 
 
@@ -80,20 +62,62 @@ def whole(text: str) -> int:
     return int(text)
 
 
-DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# Every option that takes a length of time (a delay, a lease, a wait, a timeout, a retention) takes
+# it in one of these forms, parsed here alone. The value is exact (a Fraction) until it is
+# rounded: the options whose value the engine keeps in whole seconds (an SQL integer: a send's
+# delay, a lease, a retention, a window) round a fraction up, so that nothing becomes visible,
+# expires or is dropped sooner than asked; pgbroker --help says so (parsers.EPILOG).
+DURATION_UNITS = {
+    "ms": Fraction(1, 1000),
+    "": Fraction(1),
+    "s": Fraction(1),
+    "m": Fraction(60),
+    "h": Fraction(3600),
+    "d": Fraction(86400),
+}
+DURATION_FORMS = "seconds (30, 1.5) or a number with a unit (500ms, 30s, 5m, 2h, 7d)"
+_DURATION = re.compile(r"\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?P<unit>ms|s|m|h|d|)\s*")
 
 
-def duration(text: str) -> int:
-    """Whole seconds from '90', '90s', '15m', '12h' or '7d'."""
-    match = re.fullmatch(r"\s*(\d+)\s*([smhd]?)\s*", text)
+def _duration(text: str) -> Fraction:
+    """Seconds >= 0 from one of DURATION_FORMS."""
+    match = _DURATION.fullmatch(text)
     if match is None:
-        raise argparse.ArgumentTypeError(f"expected a duration such as 30s, 15m, 12h or 7d, got {text!r}")
-    return int(match[1]) * DURATION_UNITS[match[2]]
-
-
-def positive_duration(text: str) -> int:
-    value = duration(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be a duration > 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a duration: {DURATION_FORMS}, got {text!r}")
+    value = Fraction(match["number"]) * DURATION_UNITS[match["unit"]]
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a duration >= 0, got {text}")
     return value
 
+
+def _positive(value: Fraction, text: str) -> Fraction:
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a duration > 0, got {text}")
+    return value
+
+
+def _whole(value: Fraction, text: str) -> int:
+    whole_value = math.ceil(value)
+    if whole_value > INTEGER_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {INTEGER_MAX} seconds (68 years), got {text}")
+    return whole_value
+
+
+def seconds(text: str) -> float:
+    """A duration >= 0, in seconds (a wait, a timeout kept by this process)."""
+    return float(_duration(text))
+
+
+def positive_seconds(text: str) -> float:
+    """A duration > 0, in seconds."""
+    return float(_positive(_duration(text), text))
+
+
+def whole_seconds(text: str) -> int:
+    """A duration >= 0 the engine keeps in whole seconds: a fraction rounded up."""
+    return _whole(_duration(text), text)
+
+
+def positive_whole_seconds(text: str) -> int:
+    """A duration > 0 the engine keeps in whole seconds: a fraction rounded up (500ms: 1)."""
+    return _whole(_positive(_duration(text), text), text)

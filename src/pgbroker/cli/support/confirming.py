@@ -1,5 +1,7 @@
 """Destructive commands (drop, purge): nothing is done without ``--yes``, so that a command
-recalled from the shell's history or mistyped does not lose data."""
+recalled from the shell's history or mistyped does not lose data. A purge with nothing to delete
+says so and succeeds, a drop of what does not exist says so and fails, without asking (each
+command checks before it calls ``confirmed``)."""
 
 from __future__ import annotations
 

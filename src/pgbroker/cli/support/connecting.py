@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgbroker._db.dsn import PoolerMode, connection_kwargs, resolve_dsn
+from pgbroker._db.dsn import PoolerMode, connection_kwargs, database_place, resolve_dsn
 from pgbroker._db.install import is_installed
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, connect_timeout_for
 from pgbroker.cli.support.errors import CliError, Exit, first_line
@@ -26,12 +26,14 @@ WHERE_THE_DSN_COMES_FROM = "the DSN (--dsn, else DATABASE_URL)"
 CONNECT_HINTS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(r'role "(?P<name>[^"]*)" does not exist'),
-        'The server has no role "{name}": check the user in ' + WHERE_THE_DSN_COMES_FROM
+        'The server has no role "{name}": check the user in '
+        + WHERE_THE_DSN_COMES_FROM
         + ", or create the role (CREATE ROLE ... LOGIN).",
     ),
     (
         re.compile(r'database "(?P<name>[^"]*)" does not exist'),
-        'The server has no database "{name}": check its name in ' + WHERE_THE_DSN_COMES_FROM
+        'The server has no database "{name}": check its name in '
+        + WHERE_THE_DSN_COMES_FROM
         + ", or create the database (createdb).",
     ),
     (
@@ -66,6 +68,25 @@ def connected(
         ) from exc
     with conn:
         yield Broker(connection=conn, pooler=pooler)
+
+
+def database_of(dsn: str | None, broker: Broker) -> str:
+    """The database of ``broker``, for a person (``app at db:5432``): with neither --dsn (``dsn``)
+    nor DATABASE_URL, the embedded cluster, which a newcomer may not know was started for them."""
+    with broker.connection() as conn:
+        where = database_place(conn.info.dsn)
+    if dsn or os.environ.get("DATABASE_URL"):
+        return where
+    return f"{where} (the embedded PostgreSQL: --dsn or DATABASE_URL for another server)"
+
+
+def not_installed(exc: NotInstalled, where: str = "this database") -> CliError:
+    """The error of a command run on a database without pgbroker, saying which database."""
+    return CliError(
+        f"pgbroker is not installed in {where} ({exc.message})",
+        code=Exit.DATABASE,
+        hint="Install the schema first: pgbroker install",
+    )
 
 
 def require_installed(broker: Broker) -> None:

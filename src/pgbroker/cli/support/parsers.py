@@ -6,16 +6,16 @@ from __future__ import annotations
 import argparse
 import difflib
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT
 from pgbroker._event_loop import LOOP_ENV, LOOP_NAMES
-from pgbroker.cli.support.arguments import positive_seconds, seconds
+from pgbroker.cli.support.arguments import DURATION_FORMS, positive_seconds
 from pgbroker.queues._client import Broker
 
-EPILOG = """\
+EPILOG = f"""\
 exit codes:
   0   success (an empty read is a success with no output)
   1   not found or nothing done (drop of a missing queue, archive/delete of a
@@ -28,6 +28,9 @@ exit codes:
   6   a broker (bridge) unreachable, login refused, or an exchange, queue or stream missing
   70  unexpected error (run again with -v and report it)
   130 interrupted (Ctrl-C)
+
+DURATION: {DURATION_FORMS}. A
+delay, lease, retention or window is kept in whole seconds: a fraction is rounded up.
 
 The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL
 (started on first use; see `pgbroker db status`).
@@ -48,7 +51,14 @@ Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 class Parser(argparse.ArgumentParser):
     """argparse's parser, with a suggestion for a mistyped choice (``pgbroker lst``: did you
-    mean 'list'?)."""
+    mean 'list'?), and the actions of a group given none (``pgbroker dlq``)."""
+
+    def error(self, message: str) -> NoReturn:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and message.endswith(f": {action.metavar}"):
+                names = ", ".join(action.choices)
+                message += f" (one of: {names}; {self.prog} -h says what each does)"
+        super().error(message)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
         choices = action.choices
@@ -100,7 +110,7 @@ def add_global_options(
             "--connect-timeout",
             type=positive_seconds,
             default=DEFAULT_CONNECT_TIMEOUT if top_level else argparse.SUPPRESS,
-            metavar="SECONDS",
+            metavar="DURATION",
             help="give up a connection attempt after this long, in this command and the pools of "
             f"a worker, server or bridge (default: {DEFAULT_CONNECT_TIMEOUT:g}; a connect_timeout "
             "in the DSN or $PGCONNECT_TIMEOUT wins)",
@@ -109,7 +119,7 @@ def add_global_options(
             "--pool-timeout",
             type=positive_seconds,
             default=DEFAULT_POOL_TIMEOUT if top_level else argparse.SUPPRESS,
-            metavar="SECONDS",
+            metavar="DURATION",
             help="how long a worker, server, bridge or scheduler waits for a free pooled connection "
             f"before the call fails (default: {DEFAULT_POOL_TIMEOUT:g})",
         )
@@ -179,10 +189,9 @@ def add_loop_option(parser: argparse.ArgumentParser) -> None:
 def add_progress_option(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--progress",
-        type=seconds,
+        type=positive_seconds,
         nargs="?",
         const=5.0,
-        metavar="SECONDS",
-        help=f"print {what} every SECONDS (5)",
+        metavar="DURATION",
+        help=f"print {what} every DURATION (5s)",
     )
-

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from pgbroker.cli.support.connecting import connected
+from pgbroker.cli.support.connecting import connected, database_of, not_installed
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.cli.support.parsers import Handler, LocalHandler
 from pgbroker.codecs.errors import CodecError
@@ -58,7 +58,10 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             return local(args)
         with connected(args.dsn, args.connect_timeout, args.pooler) as broker:
             handler: Handler = args.handler
-            return handler(args, broker)
+            try:
+                return handler(args, broker)
+            except NotInstalled as exc:
+                raise not_installed(exc, database_of(args.dsn, broker)) from exc
     except KeyboardInterrupt:
         print("pgbroker: interrupted", file=sys.stderr)
         return Exit.INTERRUPTED
@@ -91,8 +94,7 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
         elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict | CodecError):
             code = Exit.USAGE
         elif isinstance(exc, NotInstalled):
-            message = f"pgbroker is not installed in this database ({exc.message})"
-            return code, message, "Install the schema first: pgbroker install"
+            return classify(not_installed(exc))
         elif exc.sqlstate == INSUFFICIENT_PRIVILEGE and not exc.hint:
             return code, exc.message, NO_RIGHTS_HINT
         return code, exc.message, exc.hint
@@ -131,4 +133,3 @@ def missing_extra(extra: str, package: str | None) -> CliError:
         code=Exit.USAGE,
         hint=f"Install it: pip install 'pgbroker[{extra}]'",
     )
-

@@ -183,3 +183,26 @@ async def test_requests_on_a_database_that_hangs_answer_503_past_their_bound_and
         # The given-up send may have been run once its session went on: 0 may be there too.
         drained, _ = await read("jobs", 0)
         assert {1, 2, 3} <= {m["message"]["n"] for m in drained.json()["messages"]}
+
+
+def test_serve_answer_within_sets_the_bound_of_a_request_on_a_database_that_hangs(dsn: str) -> None:
+    """`pgbroker serve --answer-within 1`: a request whose sessions hang answers 503 about 1 s
+    past its wait (and the driver's 5 s for the cancel), not the default 30 s; the option was
+    missing, so the bound could be set only from Python."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SELECT pgmq.create('jobs')")
+    with (
+        pgbroker_serve(
+            freezable(dsn), "--public-metrics", "--connections", "2", "--answer-within", "1"
+        ) as server,
+        httpx.Client(base_url=server.url, timeout=90) as client,
+    ):
+        assert client.get("/metrics").status_code == 200
+        with sessions_frozen(dsn) as frozen:
+            assert frozen
+            started = time.monotonic()
+            hung = client.get("/metrics")
+            took = time.monotonic() - started
+        assert hung.status_code == 503, hung.text
+        assert hung.json()["error"]["code"] == "database_unavailable", hung.text
+        assert took < 25, f"answered after {took:.1f} s: the default bound (30 s), not 1 s"

@@ -69,6 +69,14 @@ def register(subcommands: Subcommands) -> None:
         help="close a kept-alive connection idle this long (5)",
     )
     sub.add_argument(
+        "--answer-within",
+        type=positive_seconds,
+        default=30.0,
+        metavar="DURATION",
+        help="give up a request's database calls unanswered this long past its own long-poll wait"
+        " (a hung server or pooler): 503 with Retry-After, the session closed (30)",
+    )
+    sub.add_argument(
         "--max-concurrency",
         type=positive_int,
         default=256,
@@ -143,6 +151,7 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
         rate_per_second=args.rate,
         rate_burst=args.burst,
         max_wait_seconds=args.max_wait,
+        answer_within_seconds=args.answer_within,
         metrics_public=args.public_metrics,
         max_concurrency=args.max_concurrency,
         max_concurrency_per_key=args.max_concurrency_per_key,

@@ -113,8 +113,11 @@ def _list(args: argparse.Namespace, broker: Broker) -> int:
 def _revoke(args: argparse.Namespace, broker: Broker) -> int:
     require_installed(broker)
     with broker.connection() as conn:
-        if not revoke_key(conn, args.id):
+        if revoke_key(conn, args.id):
+            return print_result(args, {"revoked": args.id}, f"revoked key {args.id}")
+        # Revoked already: nothing to do, like a pause of a paused queue; no such key: not found.
+        if all(key.id != args.id for key in list_keys(conn, include_revoked=True)):
             raise CliError(
-                f"no live key with id {args.id}", code=Exit.NOTHING_DONE, hint="See pgbroker keys list --all."
+                f"no key with id {args.id}", code=Exit.NOT_FOUND, hint="See pgbroker keys list --all."
             )
-    return print_result(args, {"revoked": args.id}, f"revoked key {args.id}")
+    return print_result(args, {"revoked": args.id}, f"key {args.id} was revoked already")

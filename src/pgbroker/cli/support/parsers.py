@@ -17,13 +17,14 @@ from pgbroker.queues._client import Broker
 
 EPILOG = f"""\
 exit codes:
-  0   success (an empty read is a success with no output)
-  1   not found or nothing done (drop of a missing queue, archive/delete of a
-      missing msg_id, send with no input, embedded cluster not running)
+  0   success, or nothing to do (an empty read, purge or replay; a create, pause
+      or resume already done)
+  1   nothing done: msg_ids that are not there (archive, delete, dlq), send with
+      no input, embedded cluster not running
   2   usage error or invalid input (bad JSON, malformed receipt, bad queue name),
       or the command's optional extra not installed
   3   stale receipt: the ack changed nothing
-  4   queue not found
+  4   not found: the named queue, stream, group, schedule, API key or grant
   5   database unreachable, refused the operation, or pgbroker not installed
   6   a broker (bridge) unreachable, login refused, or an exchange, queue or stream missing
   70  unexpected error (run again with -v and report it)

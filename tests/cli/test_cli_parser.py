@@ -122,3 +122,17 @@ def test_a_timeout_or_an_interval_of_zero_is_refused_by_its_option_s_name(
             parser.parse_args(command)
         assert exited.value.code == 2, command
         assert f"argument {command[-2]}: must be a duration > 0, got 0" in capsys.readouterr().err
+
+
+def test_a_key_s_rate_is_a_finite_number_above_zero_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """keys create --rate was a plain float: the command refused 0, -1 and nan only once it ran,
+    with the database opened, and took inf (a limit that limits nothing)."""
+    parser = build_parser()
+    for rate in ("0", "-1", "nan", "inf", "fast"):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(["keys", "create", "ci", "--scope", "read", "--rate", rate])
+        assert exited.value.code == 2, rate
+        assert "argument --rate: " in capsys.readouterr().err
+    assert parser.parse_args(["keys", "create", "ci", "--scope", "read", "--rate", "2.5"]).rate == 2.5

@@ -54,7 +54,6 @@ def test_keys_commands(conn: psycopg.Connection[Any], capsys: pytest.CaptureFixt
     assert run(conn, "keys", "revoke", str(listed["id"] + 1000)) == 4
     assert run(conn, "keys", "list") == 0
     assert "ci" not in capsys.readouterr().out.split("revoked key")[-1]
-    assert run(conn, "keys", "create", "x", "--scope", "read", "--rate", "0") == 2
 
 
 def test_a_key_is_revoked_by_its_token_too_and_a_token_is_never_echoed(

@@ -12,6 +12,7 @@ from pgbroker.cli.main import build_parser
 from pgbroker.cli.support.arguments import positive_seconds, positive_whole_seconds, seconds, whole_seconds
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES, Worker
 from pgbroker.spark.jobs import build_parser as pipeline_parser
+from tests.support.cli import run
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -88,7 +89,11 @@ def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> No
     seconds (--wait, --connect-timeout) or a whole number with a unit (policy --dedup-window 5m),
     by option, each parsed its own way. Now every one is a DURATION, parsed by one parser: 1.5,
     500ms and 5m mean the same everywhere."""
-    commands = {"pgbroker": build_parser(), **_commands(build_parser())}
+    commands = {
+        "pgbroker": build_parser(),
+        **_commands(build_parser()),
+        **_commands(pipeline_parser(), "pipeline "),
+    }
     timed = {
         f"{command} {action.option_strings[-1]}": action
         for command, parser in commands.items()
@@ -136,3 +141,19 @@ def test_a_key_s_rate_is_a_finite_number_above_zero_refused_before_connecting(
         assert exited.value.code == 2, rate
         assert "argument --rate: " in capsys.readouterr().err
     assert parser.parse_args(["keys", "create", "ci", "--scope", "read", "--rate", "2.5"]).rate == 2.5
+
+
+def test_the_pipeline_trigger_is_a_duration_above_zero_refused_by_its_name() -> None:
+    """pipeline drain|route --trigger-seconds was a plain float: -1 and nan were taken, and went on
+    to Spark as a trigger of '-1.0 seconds' or 'nan seconds'. It is a DURATION now, parsed by the
+    CLI's one parser (pgbroker._durations, below both the CLI and Spark), run here as a user would."""
+    for value, said in (
+        ("-1", "argument --trigger-seconds: must be a duration >= 0, got -1"),
+        ("nan", "argument --trigger-seconds: expected a duration: seconds (30, 1.5) or a number with a unit"),
+        ("0", "argument --trigger-seconds: must be a duration > 0, got 0"),
+    ):
+        res = run("pipeline", "drain", "jobs", "--output", "out", "--follow", "--trigger-seconds", value)
+        assert (res.returncode, res.stdout) == (2, ""), res.stderr
+        assert said in res.stderr
+    parse = pipeline_parser().parse_args
+    assert parse(["drain", "jobs", "--output", "out", "--trigger-seconds", "500ms"]).trigger_seconds == 0.5

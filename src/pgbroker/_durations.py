@@ -3,7 +3,8 @@ the CLI's (pgbroker.cli.support.arguments) and the Spark jobs' (pgbroker.spark.j
 
 A value is exact (a Fraction) until it is rounded: the options whose value the engine keeps in
 whole seconds round a fraction up (pgbroker.cli.support.arguments), so that nothing becomes
-visible, expires or is dropped sooner than asked.
+visible, expires or is dropped sooner than asked. The units are one each and in any case (5m,
+5M): there is no month, so no M to tell from m.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ DURATION_UNITS = {
     "d": Fraction(86400),
 }
 DURATION_FORMS = "seconds (30, 1.5) or a number with a unit (500ms, 30s, 5m, 2h, 7d)"
-_DURATION = re.compile(r"\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?P<unit>ms|s|m|h|d|)\s*")
+_DURATION = re.compile(
+    r"\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?P<unit>ms|s|m|h|d|)\s*", flags=re.IGNORECASE
+)
 
 
 def duration(text: str) -> Fraction:
@@ -31,7 +34,7 @@ def duration(text: str) -> Fraction:
     match = _DURATION.fullmatch(text)
     if match is None:
         raise argparse.ArgumentTypeError(f"expected a duration: {DURATION_FORMS}, got {text!r}")
-    value = Fraction(match["number"]) * DURATION_UNITS[match["unit"]]
+    value = Fraction(match["number"]) * DURATION_UNITS[match["unit"].lower()]
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a duration >= 0, got {text}")
     return value

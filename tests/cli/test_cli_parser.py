@@ -4,6 +4,7 @@ same way, and says where an App's settings win over the defaults it shows."""
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
 
@@ -157,3 +158,20 @@ def test_the_pipeline_trigger_is_a_duration_above_zero_refused_by_its_name() -> 
         assert said in res.stderr
     parse = pipeline_parser().parse_args
     assert parse(["drain", "jobs", "--output", "out", "--trigger-seconds", "500ms"]).trigger_seconds == 0.5
+
+
+def test_a_duration_s_unit_is_taken_in_any_case() -> None:
+    """2H, 30S and 500MS were refused ('expected a duration'): the units are ms, s, m, h and d
+    only, so upper case means nothing else (no month to tell M from m)."""
+    for text, value in (
+        ("2H", 7200),
+        ("30S", 30),
+        ("500MS", 0.5),
+        ("5M", 300),
+        ("7D", 604800),
+        ("1Ms", 0.001),
+    ):
+        assert seconds(text) == value, text
+        assert positive_seconds(text) == value, text
+        assert whole_seconds(text) == math.ceil(value), text
+    assert build_parser().parse_args(["read", "jobs", "--vt", "2H", "--wait", "500MS"]).vt == 7200

@@ -10,7 +10,13 @@ import pytest
 
 from pgbroker.cli.commands.worker import _workers
 from pgbroker.cli.main import build_parser
-from pgbroker.cli.support.arguments import positive_seconds, positive_whole_seconds, seconds, whole_seconds
+from pgbroker.cli.support.arguments import (
+    connect_seconds,
+    positive_seconds,
+    positive_whole_seconds,
+    seconds,
+    whole_seconds,
+)
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES, Worker
 from pgbroker.spark.jobs import build_parser as pipeline_parser
 from tests.support.cli import run
@@ -82,7 +88,7 @@ def test_worker_max_deliveries_reaches_the_workers_and_zero_means_none() -> None
     assert limit("--max-deliveries", "0") is None
 
 
-DURATION_TYPES = {seconds, positive_seconds, whole_seconds, positive_whole_seconds}
+DURATION_TYPES = {seconds, positive_seconds, whole_seconds, positive_whole_seconds, connect_seconds}
 
 
 def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> None:
@@ -107,6 +113,9 @@ def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> No
     for where, action in timed.items():
         parse = action.type
         assert callable(parse)
+        if parse is connect_seconds:  # libpq's: whole seconds, at least 2
+            assert [parse(text) for text in ("2.5", "2500ms", "5m")] == [3, 3, 300], where
+            continue
         assert [parse(text) for text in ("1.5", "500ms", "5m")] in ([1.5, 0.5, 300], [2, 1, 300]), where
 
 
@@ -175,3 +184,22 @@ def test_a_duration_s_unit_is_taken_in_any_case() -> None:
         assert positive_seconds(text) == value, text
         assert whole_seconds(text) == math.ceil(value), text
     assert build_parser().parse_args(["read", "jobs", "--vt", "2H", "--wait", "500MS"]).vt == 7200
+
+
+def test_the_connect_timeout_is_whole_seconds_of_at_least_2() -> None:
+    """--connect-timeout took any duration > 0 and said nothing of libpq's rule: 1, 1.5 or 500ms
+    became a wait of 2 s, 2.5 one of 3 s. Below 2 is now a usage error, before connecting; a
+    fraction is rounded up as its help says."""
+    for value in ("1", "1.5", "500ms", "0"):
+        res = run("--connect-timeout", value, "list")
+        assert (res.returncode, res.stdout) == (2, ""), res.stderr
+        assert (
+            f"argument --connect-timeout: must be at least 2 seconds (libpq's minimum), got {value}"
+            in res.stderr
+        )
+    parser = build_parser()
+    taken = [parser.parse_args(["--connect-timeout", v, "list"]).connect_timeout for v in ("2", "2.5", "1m")]
+    assert taken == [2, 3, 60]
+    assert "in whole seconds of at least 2 as libpq takes it: a fraction is rounded up" in " ".join(
+        run("list", "--help").stdout.split()
+    )

@@ -15,6 +15,7 @@ from pgbroker.queues._arguments import INTEGER_MAX
 __all__ = [
     "DURATION_FORMS",
     "DURATION_UNITS",
+    "connect_seconds",
     "msg_id",
     "port",
     "positive_int",
@@ -100,3 +101,17 @@ def whole_seconds(text: str) -> int:
 def positive_whole_seconds(text: str) -> int:
     """A duration > 0 the engine keeps in whole seconds: a fraction rounded up (500ms: 1)."""
     return _whole(positive(duration(text), text), text)
+
+
+LIBPQ_MIN_CONNECT_TIMEOUT = 2
+
+
+def connect_seconds(text: str) -> int:
+    """libpq's connect_timeout: whole seconds, a fraction rounded up (2.5: 3), at least 2, as libpq
+    takes nothing shorter (it would wait 2 s for a 1)."""
+    value = duration(text)
+    if value < LIBPQ_MIN_CONNECT_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {LIBPQ_MIN_CONNECT_TIMEOUT} seconds (libpq's minimum), got {text}"
+        )
+    return _whole(value, text)

@@ -12,7 +12,7 @@ from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT
 from pgbroker._event_loop import LOOP_ENV, LOOP_NAMES
-from pgbroker.cli.support.arguments import DURATION_FORMS, positive_seconds
+from pgbroker.cli.support.arguments import DURATION_FORMS, connect_seconds, positive_seconds
 from pgbroker.queues._client import Broker
 
 EPILOG = f"""\
@@ -109,12 +109,13 @@ def add_global_options(
         )
         parser.add_argument(
             "--connect-timeout",
-            type=positive_seconds,
+            type=connect_seconds,
             default=DEFAULT_CONNECT_TIMEOUT if top_level else argparse.SUPPRESS,
             metavar="DURATION",
             help="give up a connection attempt after this long, in this command and the pools of "
-            f"a worker, server or bridge (default: {DEFAULT_CONNECT_TIMEOUT:g}; a connect_timeout "
-            "in the DSN or $PGCONNECT_TIMEOUT wins)",
+            "a worker, server or bridge, in whole seconds of at least 2 as libpq takes it: a "
+            f"fraction is rounded up (default: {DEFAULT_CONNECT_TIMEOUT:g}; a connect_timeout in "
+            "the DSN or $PGCONNECT_TIMEOUT wins)",
         )
         parser.add_argument(
             "--pool-timeout",

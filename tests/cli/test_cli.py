@@ -68,10 +68,10 @@ def test_create_list_drop(cli: Cli) -> None:
     _assert_error(cli("drop", "orders"), 2, "cannot be undone", "pgbroker drop orders --yes")
     assert "orders" in cli.ok("list")
     assert "dropped" in cli.ok("drop", "orders", "--yes")
-    _assert_error(cli("drop", "orders", "--yes"), 1, 'queue "orders" does not exist')
+    _assert_error(cli("drop", "orders", "--yes"), 4, 'queue "orders" does not exist')
     # Nothing to drop, nothing to confirm: it asked for --yes first ('cannot be undone'), and only
     # then said the queue did not exist; the stream's drop too.
-    _assert_error(cli("drop", "orders"), 1, 'queue "orders" does not exist; nothing dropped')
+    _assert_error(cli("drop", "orders"), 4, 'queue "orders" does not exist; nothing dropped')
     _assert_error(cli("stream", "drop", "orders"), 4, 'stream "orders" does not exist')
     assert [q["queue_name"] for q in json.loads(cli.ok("list", "--json"))] == ["fast"]
 
@@ -84,6 +84,57 @@ def test_global_options_work_after_the_command(dsn: str, orders: str) -> None:
 def test_queue_not_found_exits_4_with_a_hint(cli: Cli) -> None:
     for args in (["send", "nope", "1"], ["read", "nope"], ["metrics", "nope"], ["purge", "nope", "--yes"]):
         _assert_error(cli(*args), 4, 'queue "nope" does not exist', "hint: ", "pgbroker create nope")
+
+
+def test_every_command_exits_as_the_table_says(cli: Cli, orders: str) -> None:
+    """The exit-code table (pgbroker --help): a named object that does not exist is 4 for every
+    command, and nothing to do is 0. drop of a missing queue exited 1 where stream drop exited 4,
+    schedule remove|pause|resume, keys revoke and revoke (grants) of a missing one 1 where every
+    queue command exits 4; dlq replay with nothing to replay exited 1 where purge and dlq purge
+    with nothing to purge exit 0, and keys revoke of a revoked key 1 where pause of a paused queue
+    exits 0."""
+    cli.ok("stream", "create", "clicks")
+    key = json.loads(cli.ok("keys", "create", "ci", "--scope", "read", "--json"))["id"]
+    cli.ok("keys", "revoke", str(key))
+    role = str(conninfo_to_dict(cli.dsn).get("user") or "postgres")
+    not_found: list[list[str]] = [
+        ["drop", "nope"],
+        ["drop", "nope", "--yes"],
+        ["purge", "nope", "--yes"],
+        ["dlq", "replay", "nope"],
+        ["dlq", "purge", "nope", "--yes"],
+        ["stream", "drop", "nope"],
+        ["stream", "drop-group", "clicks", "nope"],
+        ["schedule", "remove", "nope"],
+        ["schedule", "pause", "nope"],
+        ["schedule", "resume", "nope"],
+        ["keys", "revoke", str(key + 1000)],
+        ["revoke", "consumer", role, "--queue", "nope*"],
+    ]
+    nothing_to_do: list[list[str]] = [
+        ["purge", orders],
+        ["dlq", "purge", orders],
+        ["dlq", "replay", orders],
+        ["create", orders],
+        ["resume", orders],
+        ["keys", "revoke", str(key)],
+    ]
+    nothing_done: list[list[str]] = [
+        ["archive", orders, "999"],
+        ["delete", orders, "999"],
+        ["dlq", "show", orders, "999"],
+        ["dlq", "replay", orders, "999"],
+        ["dlq", "purge", orders, "999"],
+    ]
+    expected = {
+        **{" ".join(c): Exit.NOT_FOUND for c in not_found},
+        **{" ".join(c): Exit.OK for c in nothing_to_do},
+        **{" ".join(c): Exit.NOTHING_DONE for c in nothing_done},
+    }
+    got = {" ".join(c): cli(*c).returncode for c in [*not_found, *nothing_to_do, *nothing_done]}
+    assert got == expected
+    assert "nothing to replay" in cli.ok("dlq", "replay", orders)
+    assert f"key {key} was revoked already" in cli.ok("keys", "revoke", str(key))
 
 
 def test_bad_queue_name_exits_2(cli: Cli) -> None:
@@ -139,7 +190,7 @@ def test_database_url_is_used_without_dsn(dsn: str, orders: str) -> None:
 def test_help_documents_the_exit_codes() -> None:
     res = run("--help")
     assert res.returncode == 0
-    for line in ("3   stale receipt", "4   queue not found", "5   database unreachable"):
+    for line in ("3   stale receipt", "4   not found: the named queue", "5   database unreachable"):
         assert line in res.stdout
     # Every code a command exits with, Ctrl-C's too (a script may rely on them).
     for code in Exit:

@@ -4,14 +4,22 @@ same way, and says where an App's settings win over the defaults it shows."""
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
 
 from pgbroker.cli.commands.worker import _workers
 from pgbroker.cli.main import build_parser
-from pgbroker.cli.support.arguments import positive_seconds, positive_whole_seconds, seconds, whole_seconds
+from pgbroker.cli.support.arguments import (
+    connect_seconds,
+    positive_seconds,
+    positive_whole_seconds,
+    seconds,
+    whole_seconds,
+)
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES, Worker
 from pgbroker.spark.jobs import build_parser as pipeline_parser
+from tests.support.cli import run
 
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -80,7 +88,7 @@ def test_worker_max_deliveries_reaches_the_workers_and_zero_means_none() -> None
     assert limit("--max-deliveries", "0") is None
 
 
-DURATION_TYPES = {seconds, positive_seconds, whole_seconds, positive_whole_seconds}
+DURATION_TYPES = {seconds, positive_seconds, whole_seconds, positive_whole_seconds, connect_seconds}
 
 
 def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> None:
@@ -88,7 +96,11 @@ def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> No
     seconds (--wait, --connect-timeout) or a whole number with a unit (policy --dedup-window 5m),
     by option, each parsed its own way. Now every one is a DURATION, parsed by one parser: 1.5,
     500ms and 5m mean the same everywhere."""
-    commands = {"pgbroker": build_parser(), **_commands(build_parser())}
+    commands = {
+        "pgbroker": build_parser(),
+        **_commands(build_parser()),
+        **_commands(pipeline_parser(), "pipeline "),
+    }
     timed = {
         f"{command} {action.option_strings[-1]}": action
         for command, parser in commands.items()
@@ -101,6 +113,9 @@ def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> No
     for where, action in timed.items():
         parse = action.type
         assert callable(parse)
+        if parse is connect_seconds:  # libpq's: whole seconds, at least 2
+            assert [parse(text) for text in ("2.5", "2500ms", "5m")] == [3, 3, 300], where
+            continue
         assert [parse(text) for text in ("1.5", "500ms", "5m")] in ([1.5, 0.5, 300], [2, 1, 300]), where
 
 
@@ -122,3 +137,69 @@ def test_a_timeout_or_an_interval_of_zero_is_refused_by_its_option_s_name(
             parser.parse_args(command)
         assert exited.value.code == 2, command
         assert f"argument {command[-2]}: must be a duration > 0, got 0" in capsys.readouterr().err
+
+
+def test_a_key_s_rate_is_a_finite_number_above_zero_refused_before_connecting(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """keys create --rate was a plain float: the command refused 0, -1 and nan only once it ran,
+    with the database opened, and took inf (a limit that limits nothing)."""
+    parser = build_parser()
+    for rate in ("0", "-1", "nan", "inf", "fast"):
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args(["keys", "create", "ci", "--scope", "read", "--rate", rate])
+        assert exited.value.code == 2, rate
+        assert "argument --rate: " in capsys.readouterr().err
+    assert parser.parse_args(["keys", "create", "ci", "--scope", "read", "--rate", "2.5"]).rate == 2.5
+
+
+def test_the_pipeline_trigger_is_a_duration_above_zero_refused_by_its_name() -> None:
+    """pipeline drain|route --trigger-seconds was a plain float: -1 and nan were taken, and went on
+    to Spark as a trigger of '-1.0 seconds' or 'nan seconds'. It is a DURATION now, parsed by the
+    CLI's one parser (pgbroker._durations, below both the CLI and Spark), run here as a user would."""
+    for value, said in (
+        ("-1", "argument --trigger-seconds: must be a duration >= 0, got -1"),
+        ("nan", "argument --trigger-seconds: expected a duration: seconds (30, 1.5) or a number with a unit"),
+        ("0", "argument --trigger-seconds: must be a duration > 0, got 0"),
+    ):
+        res = run("pipeline", "drain", "jobs", "--output", "out", "--follow", "--trigger-seconds", value)
+        assert (res.returncode, res.stdout) == (2, ""), res.stderr
+        assert said in res.stderr
+    parse = pipeline_parser().parse_args
+    assert parse(["drain", "jobs", "--output", "out", "--trigger-seconds", "500ms"]).trigger_seconds == 0.5
+
+
+def test_a_duration_s_unit_is_taken_in_any_case() -> None:
+    """2H, 30S and 500MS were refused ('expected a duration'): the units are ms, s, m, h and d
+    only, so upper case means nothing else (no month to tell M from m)."""
+    for text, value in (
+        ("2H", 7200),
+        ("30S", 30),
+        ("500MS", 0.5),
+        ("5M", 300),
+        ("7D", 604800),
+        ("1Ms", 0.001),
+    ):
+        assert seconds(text) == value, text
+        assert positive_seconds(text) == value, text
+        assert whole_seconds(text) == math.ceil(value), text
+    assert build_parser().parse_args(["read", "jobs", "--vt", "2H", "--wait", "500MS"]).vt == 7200
+
+
+def test_the_connect_timeout_is_whole_seconds_of_at_least_2() -> None:
+    """--connect-timeout took any duration > 0 and said nothing of libpq's rule: 1, 1.5 or 500ms
+    became a wait of 2 s, 2.5 one of 3 s. Below 2 is now a usage error, before connecting; a
+    fraction is rounded up as its help says."""
+    for value in ("1", "1.5", "500ms", "0"):
+        res = run("--connect-timeout", value, "list")
+        assert (res.returncode, res.stdout) == (2, ""), res.stderr
+        assert (
+            f"argument --connect-timeout: must be at least 2 seconds (libpq's minimum), got {value}"
+            in res.stderr
+        )
+    parser = build_parser()
+    taken = [parser.parse_args(["--connect-timeout", v, "list"]).connect_timeout for v in ("2", "2.5", "1m")]
+    assert taken == [2, 3, 60]
+    assert "in whole seconds of at least 2 as libpq takes it: a fraction is rounded up" in " ".join(
+        run("list", "--help").stdout.split()
+    )

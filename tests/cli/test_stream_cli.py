@@ -50,7 +50,7 @@ def test_create_send_read_groups_lag_maintain(
     assert run(capsys, dsn, "stream", "drop-group", "clicks", "billing")[0] == Exit.OK
     # Again: said as every other missing group is, with where to look (it had no hint).
     code, _, err = run(capsys, dsn, "stream", "drop-group", "clicks", "billing")
-    assert code == Exit.QUEUE_NOT_FOUND
+    assert code == Exit.NOT_FOUND
     assert err.endswith(
         'pgbroker: error: stream "clicks" has no consumer group "billing"\n'
         "hint: List its groups: pgbroker stream groups clicks\n"
@@ -64,7 +64,7 @@ def test_create_send_read_groups_lag_maintain(
 
 def test_a_missing_stream_says_how_to_make_it(capsys: pytest.CaptureFixture[str], dsn: str) -> None:
     code, _, err = run(capsys, dsn, "stream", "send", "nope", "{}")
-    assert code == Exit.QUEUE_NOT_FOUND
+    assert code == Exit.NOT_FOUND
     assert 'stream "nope" does not exist' in err
     assert "pgbroker stream create nope" in err
     code, _, err = run(capsys, dsn, "stream", "create", "x", "--partitions", "999")

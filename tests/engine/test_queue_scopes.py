@@ -449,7 +449,7 @@ def test_cli_grant_list_revoke(
     assert cli_main(["--dsn", dsn, "grants"]) == 0
     assert "no queue grants" in capsys.readouterr().out
     assert refusal(login(dsn, user), "SELECT * FROM pgmq.read('orders-eu', 30, 1)") == "42501"
-    assert cli_main(["--dsn", dsn, "revoke", "consumer", user, "--queue", "orders*"]) == 1
+    assert cli_main(["--dsn", dsn, "revoke", "consumer", user, "--queue", "orders*"]) == 4
     assert cli_main(["--dsn", dsn, "grant", "consumer", "no_such_role_anywhere", "--queue", "x"]) == 2
 
 

@@ -92,11 +92,11 @@ def test_schedule_commands(dsn: str) -> None:
     assert "next tick" in cli(dsn, "schedule", "resume", "nightly").stdout
     assert "nightly" in cli(dsn, "schedule", "list").stdout
     assert cli(dsn, "schedule", "remove", "nightly").returncode == 0
-    assert cli(dsn, "schedule", "remove", "nightly").returncode == 1
-    # A name that is not there is "not found" (exit 1) for every command, not a usage error (2).
+    assert cli(dsn, "schedule", "remove", "nightly").returncode == 4
+    # A name that is not there is "not found" (exit 4) for every command, not a usage error (2).
     for action in ("remove", "pause", "resume"):
         gone = cli(dsn, "schedule", action, "nightly")
-        assert gone.returncode == 1, (action, gone.stderr)
+        assert gone.returncode == 4, (action, gone.stderr)
         said = 'pgbroker: error: schedule "nightly" does not exist\nhint: List them: pgbroker schedule list\n'
         assert gone.stderr == said
     assert "no schedules" in cli(dsn, "schedule", "list").stdout

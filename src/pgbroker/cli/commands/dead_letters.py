@@ -123,7 +123,9 @@ def _replay(args: argparse.Namespace, broker: Broker) -> int:
     replayed = broker.queue(args.queue).replay_dead_letters(args.msg_ids or None)
     _report_missing(args, set(replayed))
     if not replayed:
-        raise CliError(f'no dead letters from queue "{args.queue}"; nothing replayed', code=Exit.NOTHING_DONE)
+        # Nothing to do, as a purge with nothing to purge: said, exit 0.
+        text = f'no dead letters from queue "{args.queue}"; nothing to replay'
+        return print_result(args, {"queue": args.queue, "replayed": 0}, text)
     text = f'replayed {plural(len(replayed), "dead letter")} to queue "{args.queue}" as new messages'
     return print_result(args, {"queue": args.queue, "replayed": len(replayed)}, text)
 

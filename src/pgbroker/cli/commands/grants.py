@@ -75,7 +75,7 @@ def _revoke(args: argparse.Namespace, broker: Broker) -> int:
     if not removed:
         raise CliError(
             f"{args.role} has no such {args.kind} grant; nothing revoked",
-            code=Exit.NOTHING_DONE,
+            code=Exit.NOT_FOUND,
             hint="See pgbroker grants.",
         )
     text = f"revoked {plural(removed, args.kind + ' grant')} from {args.role}"

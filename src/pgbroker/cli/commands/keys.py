@@ -10,6 +10,7 @@ import argparse
 import re
 
 from pgbroker._db.api_keys import SCOPES, ApiKey, create_key, list_keys, revoke_key
+from pgbroker.cli.support.arguments import positive_number
 from pgbroker.cli.support.connecting import require_installed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import print_each, print_result, wants_json
@@ -41,7 +42,10 @@ def register(subcommands: Subcommands) -> None:
         help="queues it may use, a glob pattern (repeat; default: every queue)",
     )
     sub.add_argument(
-        "--rate", type=float, metavar="PER_SECOND", help="its own rate limit (default: the server's)"
+        "--rate",
+        type=positive_number,
+        metavar="PER_SECOND",
+        help="its own rate limit, requests a second > 0 (default: the server's)",
     )
 
     sub = add_command(actions, "list", "list the keys (never their tokens)", _list)
@@ -74,8 +78,6 @@ def _key_json(key: ApiKey) -> dict[str, object]:
 
 
 def _create(args: argparse.Namespace, broker: Broker) -> int:
-    if args.rate is not None and not args.rate > 0:
-        raise CliError(f"--rate must be > 0, got {args.rate}", code=Exit.USAGE)
     require_installed(broker)
     with broker.connection() as conn:
         try:
@@ -113,8 +115,11 @@ def _list(args: argparse.Namespace, broker: Broker) -> int:
 def _revoke(args: argparse.Namespace, broker: Broker) -> int:
     require_installed(broker)
     with broker.connection() as conn:
-        if not revoke_key(conn, args.id):
+        if revoke_key(conn, args.id):
+            return print_result(args, {"revoked": args.id}, f"revoked key {args.id}")
+        # Revoked already: nothing to do, like a pause of a paused queue; no such key: not found.
+        if all(key.id != args.id for key in list_keys(conn, include_revoked=True)):
             raise CliError(
-                f"no live key with id {args.id}", code=Exit.NOTHING_DONE, hint="See pgbroker keys list --all."
+                f"no key with id {args.id}", code=Exit.NOT_FOUND, hint="See pgbroker keys list --all."
             )
-    return print_result(args, {"revoked": args.id}, f"revoked key {args.id}")
+    return print_result(args, {"revoked": args.id}, f"key {args.id} was revoked already")

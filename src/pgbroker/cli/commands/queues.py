@@ -104,7 +104,7 @@ def _drop(args: argparse.Namespace, broker: Broker) -> int:
 def _nothing_dropped(name: str) -> CliError:
     return CliError(
         f'queue "{name}" does not exist; nothing dropped',
-        code=Exit.NOTHING_DONE,
+        code=Exit.NOT_FOUND,
         hint="See the queues with: pgbroker list",
     )
 

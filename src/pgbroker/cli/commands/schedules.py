@@ -109,9 +109,9 @@ def _schedule_table(schedules: Sequence[Schedule]) -> str:
 
 
 def _missing(name: str) -> CliError:
-    """A schedule not found: nothing done (exit 1), whichever command named it."""
+    """A schedule not found (exit 4, as a missing queue or stream), whichever command named it."""
     return CliError(
-        f'schedule "{name}" does not exist', code=Exit.NOTHING_DONE, hint="List them: pgbroker schedule list"
+        f'schedule "{name}" does not exist', code=Exit.NOT_FOUND, hint="List them: pgbroker schedule list"
     )
 
 

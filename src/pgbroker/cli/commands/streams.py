@@ -120,7 +120,7 @@ def _drop(args: argparse.Namespace, broker: Broker) -> int:
         hint=f"Confirm with: pgbroker stream drop {args.name} --yes",
     )
     if not stream.drop():
-        raise CliError(f'stream "{args.name}" does not exist', code=Exit.QUEUE_NOT_FOUND)
+        raise CliError(f'stream "{args.name}" does not exist', code=Exit.NOT_FOUND)
     return print_result(args, {"stream": args.name, "dropped": True}, f"dropped stream {args.name}")
 
 
@@ -235,7 +235,7 @@ def _drop_group(args: argparse.Namespace, broker: Broker) -> int:
     if not Stream(broker, args.name).drop_group(args.group):
         raise CliError(
             f'stream "{args.name}" has no consumer group "{args.group}"',
-            code=Exit.QUEUE_NOT_FOUND,
+            code=Exit.NOT_FOUND,
             hint=f"List its groups: pgbroker stream groups {args.name}",
         )
     record = {"stream": args.name, "group": args.group, "dropped": True}

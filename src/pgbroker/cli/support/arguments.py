@@ -9,7 +9,24 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import TypeVar
 
+from pgbroker._durations import DURATION_FORMS, DURATION_UNITS, duration, positive, positive_seconds, seconds
 from pgbroker.queues._arguments import INTEGER_MAX
+
+__all__ = [
+    "DURATION_FORMS",
+    "DURATION_UNITS",
+    "connect_seconds",
+    "msg_id",
+    "port",
+    "positive_int",
+    "positive_number",
+    "positive_seconds",
+    "positive_whole_seconds",
+    "rate_limit",
+    "seconds",
+    "whole",
+    "whole_seconds",
+]
 
 T = TypeVar("T")
 
@@ -63,37 +80,10 @@ def whole(text: str) -> int:
 
 
 # Every option that takes a length of time (a delay, a lease, a wait, a timeout, a retention) takes
-# it in one of these forms, parsed here alone. The value is exact (a Fraction) until it is
-# rounded: the options whose value the engine keeps in whole seconds (an SQL integer: a send's
-# delay, a lease, a retention, a window) round a fraction up, so that nothing becomes visible,
-# expires or is dropped sooner than asked; pgbroker --help says so (parsers.EPILOG).
-DURATION_UNITS = {
-    "ms": Fraction(1, 1000),
-    "": Fraction(1),
-    "s": Fraction(1),
-    "m": Fraction(60),
-    "h": Fraction(3600),
-    "d": Fraction(86400),
-}
-DURATION_FORMS = "seconds (30, 1.5) or a number with a unit (500ms, 30s, 5m, 2h, 7d)"
-_DURATION = re.compile(r"\s*(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(?P<unit>ms|s|m|h|d|)\s*")
-
-
-def _duration(text: str) -> Fraction:
-    """Seconds >= 0 from one of DURATION_FORMS."""
-    match = _DURATION.fullmatch(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"expected a duration: {DURATION_FORMS}, got {text!r}")
-    value = Fraction(match["number"]) * DURATION_UNITS[match["unit"]]
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a duration >= 0, got {text}")
-    return value
-
-
-def _positive(value: Fraction, text: str) -> Fraction:
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be a duration > 0, got {text}")
-    return value
+# it in one of DURATION_FORMS, parsed by pgbroker._durations alone (the Spark jobs' options too).
+# The options whose value the engine keeps in whole seconds (an SQL integer: a send's delay, a
+# lease, a retention, a window) round a fraction up, so that nothing becomes visible, expires or is
+# dropped sooner than asked; pgbroker --help says so (parsers.EPILOG).
 
 
 def _whole(value: Fraction, text: str) -> int:
@@ -103,21 +93,25 @@ def _whole(value: Fraction, text: str) -> int:
     return whole_value
 
 
-def seconds(text: str) -> float:
-    """A duration >= 0, in seconds (a wait, a timeout kept by this process)."""
-    return float(_duration(text))
-
-
-def positive_seconds(text: str) -> float:
-    """A duration > 0, in seconds."""
-    return float(_positive(_duration(text), text))
-
-
 def whole_seconds(text: str) -> int:
     """A duration >= 0 the engine keeps in whole seconds: a fraction rounded up."""
-    return _whole(_duration(text), text)
+    return _whole(duration(text), text)
 
 
 def positive_whole_seconds(text: str) -> int:
     """A duration > 0 the engine keeps in whole seconds: a fraction rounded up (500ms: 1)."""
-    return _whole(_positive(_duration(text), text), text)
+    return _whole(positive(duration(text), text), text)
+
+
+LIBPQ_MIN_CONNECT_TIMEOUT = 2
+
+
+def connect_seconds(text: str) -> int:
+    """libpq's connect_timeout: whole seconds, a fraction rounded up (2.5: 3), at least 2, as libpq
+    takes nothing shorter (it would wait 2 s for a 1)."""
+    value = duration(text)
+    if value < LIBPQ_MIN_CONNECT_TIMEOUT:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {LIBPQ_MIN_CONNECT_TIMEOUT} seconds (libpq's minimum), got {text}"
+        )
+    return _whole(value, text)

@@ -2,14 +2,16 @@
 
 Exit codes (a shell script may rely on them):
 
-  0   success (an empty read is a success with no output)
-  1   not found or nothing done: drop of a missing queue, archive/delete of missing msg_ids,
-      send with no input, ``db stop``/``db url`` when the cluster is not running, and
+  0   success; also nothing to do: an empty read prints nothing, and a purge, ``dlq purge`` or
+      ``dlq replay`` with nothing to act on, a create, pause or resume already done, say so
+  1   nothing done: archive/delete/``dlq show``/``dlq replay``/``dlq purge`` of msg_ids that are
+      not there, send with no input, ``db stop``/``db url`` when the cluster is not running, and
       ``db status`` when it is not running
   2   usage error or invalid input: bad option, bad JSON, malformed receipt, invalid queue name;
       also a command whose optional extra is not installed (``serve``: http, ``bridge``: bridge)
   3   stale receipt: the lease ran out or the message was redelivered, so the ack changed nothing
-  4   queue not found
+  4   not found: the named queue, stream, consumer group, schedule, API key or grant does not
+      exist (``drop``, ``stream drop``, ``schedule remove``, ``keys revoke``, ``revoke`` ... of it)
   5   database unreachable, refused the operation, or pgbroker not installed (``pgbroker install``)
   6   a broker (``bridge``: RabbitMQ, Redis, NATS, MQTT, SQS): unreachable, login refused, or an
       exchange, queue or stream missing
@@ -29,7 +31,7 @@ class Exit(IntEnum):
     NOTHING_DONE = 1
     USAGE = 2
     STALE_RECEIPT = 3
-    QUEUE_NOT_FOUND = 4
+    NOT_FOUND = 4
     DATABASE = 5
     AMQP = 6
     UNEXPECTED = 70
@@ -48,4 +50,3 @@ class CliError(Exception):
 
 def first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "(no message)"
-

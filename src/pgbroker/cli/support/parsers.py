@@ -12,18 +12,19 @@ from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT
 from pgbroker._event_loop import LOOP_ENV, LOOP_NAMES
-from pgbroker.cli.support.arguments import DURATION_FORMS, positive_seconds
+from pgbroker.cli.support.arguments import DURATION_FORMS, connect_seconds, positive_seconds
 from pgbroker.queues._client import Broker
 
 EPILOG = f"""\
 exit codes:
-  0   success (an empty read is a success with no output)
-  1   not found or nothing done (drop of a missing queue, archive/delete of a
-      missing msg_id, send with no input, embedded cluster not running)
+  0   success, or nothing to do (an empty read, purge or replay; a create, pause
+      or resume already done)
+  1   nothing done: msg_ids that are not there (archive, delete, dlq), send with
+      no input, embedded cluster not running
   2   usage error or invalid input (bad JSON, malformed receipt, bad queue name),
       or the command's optional extra not installed
   3   stale receipt: the ack changed nothing
-  4   queue not found
+  4   not found: the named queue, stream, group, schedule, API key or grant
   5   database unreachable, refused the operation, or pgbroker not installed
   6   a broker (bridge) unreachable, login refused, or an exchange, queue or stream missing
   70  unexpected error (run again with -v and report it)
@@ -108,12 +109,13 @@ def add_global_options(
         )
         parser.add_argument(
             "--connect-timeout",
-            type=positive_seconds,
+            type=connect_seconds,
             default=DEFAULT_CONNECT_TIMEOUT if top_level else argparse.SUPPRESS,
             metavar="DURATION",
             help="give up a connection attempt after this long, in this command and the pools of "
-            f"a worker, server or bridge (default: {DEFAULT_CONNECT_TIMEOUT:g}; a connect_timeout "
-            "in the DSN or $PGCONNECT_TIMEOUT wins)",
+            "a worker, server or bridge, in whole seconds of at least 2 as libpq takes it: a "
+            f"fraction is rounded up (default: {DEFAULT_CONNECT_TIMEOUT:g}; a connect_timeout in "
+            "the DSN or $PGCONNECT_TIMEOUT wins)",
         )
         parser.add_argument(
             "--pool-timeout",

@@ -90,7 +90,7 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
         if isinstance(exc, StaleReceipt):
             code = Exit.STALE_RECEIPT
         elif isinstance(exc, QueueNotFound | StreamNotFound | StreamGroupNotFound):
-            code = Exit.QUEUE_NOT_FOUND
+            code = Exit.NOT_FOUND
         elif isinstance(exc, InvalidQueueName | InvalidArgument | QueueNameConflict | CodecError):
             code = Exit.USAGE
         elif isinstance(exc, NotInstalled):

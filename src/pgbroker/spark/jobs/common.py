@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pgbroker._db.dsn import resolve_dsn
+from pgbroker._durations import DURATION_FORMS, positive_seconds
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.spark.connect import connect, queue_table
@@ -114,10 +115,10 @@ def add_stream_arguments(parser: argparse.ArgumentParser, *, checkpoint_required
     )
     group.add_argument(
         "--trigger-seconds",
-        type=float,
+        type=positive_seconds,
         default=1.0,
-        metavar="S",
-        help="with --follow: a batch every S seconds",
+        metavar="DURATION",
+        help=f"with --follow: a batch every DURATION, {DURATION_FORMS} (1)",
     )
 
 

@@ -25,6 +25,7 @@ refused.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, LiteralString
 
 import psycopg
@@ -36,15 +37,19 @@ from pgbroker._db.install_rules import (
     Installed,
     InstallResult,
     QueueGrant,
+    RoleCheck,
     named,
     refuse_dev_history,
     refuse_foreign_pgmq,
     refuse_release_history,
+    role_check,
     version_rows,
 )
 from pgbroker.errors import InstallError, from_postgres
 
 Rows = list[tuple[Any, ...]]
+
+log = logging.getLogger("pgbroker.install")
 
 
 async def install_async(conn: psycopg.AsyncConnection[Any]) -> InstallResult:
@@ -95,10 +100,14 @@ async def _install(conn: psycopg.AsyncConnection[Any]) -> InstallResult:
         await _new_install(conn)
     else:
         upgraded = await _upgrade(conn, installed)
-        await _apply_functions(conn, force=upgraded)
+        applied = await _apply_functions(conn, force=upgraded)
+        roles = await _check_roles(conn, regrant=applied)
+        for warning in roles.warnings:
+            log.warning("install.roles_missing %s", warning)
         # The queue grants' roles get their privileges again (a re-applied function lost them),
         # and the grants of dropped roles are forgotten.
         await _rows(conn, named("install_sync_queue_grants"))
+        return InstallResult(installed.version, sql.current_version(), roles)
     return InstallResult(installed.version, sql.current_version())
 
 
@@ -136,16 +145,25 @@ async def _upgrade(conn: psycopg.AsyncConnection[Any], installed: Installed) -> 
     return bool(installed.dev or pending)
 
 
-async def _apply_functions(conn: psycopg.AsyncConnection[Any], *, force: bool) -> None:
-    """Run the function files again when they changed (or after an upgrade), then restore what
-    CREATE OR REPLACE resets: the role model's SECURITY DEFINER settings and search_path."""
+async def _apply_functions(conn: psycopg.AsyncConnection[Any], *, force: bool) -> bool:
+    """Run the function files again when they changed (or after an upgrade); whether they ran."""
     rows = await _rows(conn, named("install_functions_checksum"))
     if not force and rows == [(sql.functions_checksum(),)]:
-        return
+        return False
     for function_file in sql.functions():
         await _rows(conn, function_file.sql)
     await _rows(conn, named("install_record_functions"), (sql.functions_checksum(),))
-    await _rows(conn, named("install_regrant_role_sets"))
+    return True
+
+
+async def _check_roles(conn: psycopg.AsyncConnection[Any], *, regrant: bool) -> RoleCheck:
+    """Restore what re-applied functions reset (the role model's SECURITY DEFINER settings and
+    grants) and what a restore without privileges lost, for the role sets whose roles exist; take
+    EXECUTE from PUBLIC on SECURITY DEFINER functions; name the roles missing (a dump restored on
+    another server: roles are the server's)."""
+    rows = await _rows(conn, named("install_check_role_sets"), (regrant,))
+    revoked = (await _rows(conn, named("install_revoke_public_definers")))[0][0]
+    return role_check(rows, int(revoked), routine=regrant)
 
 
 async def install_roles(conn: psycopg.AsyncConnection[Any], prefix: str = "pgbroker") -> dict[str, int]:

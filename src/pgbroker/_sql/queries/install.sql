@@ -40,9 +40,14 @@ SELECT checksum FROM pgbroker.schema_functions
 INSERT INTO pgbroker.schema_functions (checksum) VALUES (%s)
 ON CONFLICT (singleton) DO UPDATE SET checksum = excluded.checksum, applied_at = now()
 
--- name: install_regrant_role_sets
--- Give every role set its grants again, which re-applied functions lost.
-SELECT pgbroker.grant_roles(prefix) FROM pgbroker.role_sets ORDER BY prefix
+-- name: install_check_role_sets
+-- Give the role sets whose roles exist their grants again when they lost some (or the functions were
+-- re-applied); name the roles missing.
+SELECT prefix, missing_roles, regranted FROM pgbroker._check_role_sets(%s)
+
+-- name: install_revoke_public_definers
+-- Take EXECUTE from PUBLIC on every SECURITY DEFINER function; how many had it.
+SELECT pgbroker._revoke_public_definers()
 
 -- name: install_sync_queue_grants
 -- Give the queue grants' roles their privileges again and forget the grants of dropped roles.

@@ -53,19 +53,29 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
         done = f"installed version {result.version} (was not installed)"
     else:
         done = f"installed version {result.version} (was {result.previous_version})"
-    lines = [f"{done} in {_installed_where(args, broker)}"]
+    lines = [f"{done} in {_installed_where(args, broker)}", *result.roles.repairs]
     granted: dict[str, int] = {}
     if args.roles:
         with broker.connection() as conn:
             granted = install_roles(conn, args.role_prefix)
-        lines += [f"role {role}: execute on {n} functions, no table privileges"
-                  for role, n in granted.items()]
+        lines += [
+            f"role {role}: execute on {n} functions, no table privileges" for role, n in granted.items()
+        ]
+    # A restored database's role sets whose roles this server lacks, less the one just made.
+    warnings = [
+        warning
+        for (prefix, _), warning in zip(result.roles.missing, result.roles.warnings, strict=True)
+        if not (args.roles and prefix == args.role_prefix)
+    ]
     record = {
         "version": result.version,
         "previous_version": result.previous_version,
         "changed": result.changed,
         "roles": granted,  # role: the functions it may execute
+        "repairs": list(result.roles.repairs),
+        "warnings": warnings,
     }
+    lines += [f"warning: {warning}" for warning in warnings]
     return print_result(args, record, "\n".join(lines))
 
 

@@ -40,6 +40,7 @@ from pgbroker._db.install_rules import (
     InstallResult,
     QueueGrant,
     RoleCheck,
+    lock_pause,
     named,
     refuse_dev_history,
     refuse_foreign_pgmq,
@@ -52,6 +53,11 @@ from pgbroker.errors import InstallError, from_postgres
 Rows = list[tuple[Any, ...]]
 
 log = logging.getLogger("pgbroker.install")
+
+# How long one attempt at install_lock_tables waits, and how many are made (a minute or so, with
+# the pauses between them: lock_pause).
+LOCK_ATTEMPT_TIMEOUT = "200ms"
+LOCK_ATTEMPTS = 100
 
 
 def install(conn: psycopg.Connection[Any]) -> InstallResult:
@@ -101,6 +107,8 @@ def _install(conn: psycopg.Connection[Any]) -> InstallResult:
     if installed.version is None:
         _new_install(conn)
     else:
+        if installed.dev or _pending(installed) or not _functions_current(conn):
+            _lock_tables(conn)
         upgraded = _upgrade(conn, installed)
         applied = _apply_functions(conn, force=upgraded)
         roles = _check_roles(conn, regrant=applied)
@@ -139,18 +147,58 @@ def _upgrade(conn: psycopg.Connection[Any], installed: Installed) -> bool:
     if installed.dev:
         _rows(conn, sql.dev_upgrade().sql)
         _rows(conn, named("install_record_versions"), version_rows((sql.BASELINE,)))
-    done = {v for v, _, _ in installed.releases} | ({sql.BASELINE} if installed.dev else set())
-    pending = [u for u in sql.upgrades() if u.to_version not in done]
+    pending = _pending(installed)
     for upgrade in pending:
         _rows(conn, upgrade.file.sql)
         _rows(conn, named("install_record_versions"), version_rows((upgrade.to_version,)))
     return bool(installed.dev or pending)
 
 
+def _pending(installed: Installed) -> list[sql.Upgrade]:
+    """The release upgrades the database lacks (a development one is at the baseline once mapped)."""
+    done = {v for v, _, _ in installed.releases} | ({sql.BASELINE} if installed.dev else set())
+    return [u for u in sql.upgrades() if u.to_version not in done]
+
+
+def _functions_current(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the function files the database last ran are this package's."""
+    return _rows(conn, named("install_functions_checksum")) == [(sql.functions_checksum(),)]
+
+
+def _lock_tables(conn: psycopg.Connection[Any]) -> None:
+    """Before an upgrade or new functions change anything: every table of the engine, taken at once.
+
+    An upgrade renames, alters and drops tables that workers use, and re-applied functions may
+    alter queue tables. Taken as it went, each lock waited for the workers' transactions on that
+    table while the upgrade held the tables it had already changed, which the same workers went on
+    to ask for: a deadlock, the worker or the upgrade cancelled (tests/system/
+    test_upgrade_under_load.py, most runs). Taken first, in one statement, within a short
+    lock_timeout, and all given back to try again when not had in time: the upgrade then holds
+    everything it changes before it changes anything; sends, reads and acks wait for it (about a
+    second) and go on. A transaction that keeps a table through LOCK_ATTEMPTS attempts (one left
+    idle in transaction) fails the install with what to do."""
+    previous = (_rows(conn, named("install_lock_timeout")))[0][0]
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            with conn.transaction():
+                _rows(conn, named("install_set_lock_timeout"), (LOCK_ATTEMPT_TIMEOUT,))
+                _rows(conn, named("install_lock_tables"))
+                _rows(conn, named("install_set_lock_timeout"), (previous,))
+            return
+        except psycopg.errors.LockNotAvailable:
+            log.info("install.waiting_for_locks attempt=%d", attempt)
+            _rows(conn, named("install_lock_pause"), (lock_pause(attempt),))
+    raise InstallError(
+        f"could not lock pgbroker's tables for the upgrade in {LOCK_ATTEMPTS} attempts (about a "
+        "minute): a transaction keeps using them",
+        hint="Look for sessions idle in transaction or long queries on the queue tables "
+        "(pg_stat_activity), end them, and run pgbroker install again; nothing was changed.",
+    )
+
+
 def _apply_functions(conn: psycopg.Connection[Any], *, force: bool) -> bool:
     """Run the function files again when they changed (or after an upgrade); whether they ran."""
-    rows = _rows(conn, named("install_functions_checksum"))
-    if not force and rows == [(sql.functions_checksum(),)]:
+    if not force and _functions_current(conn):
         return False
     for function_file in sql.functions():
         _rows(conn, function_file.sql)

@@ -34,6 +34,12 @@ CREATE TABLE IF NOT EXISTS pgbroker.schema_functions (
 # named statements read, before anything else.
 
 
+def lock_pause(attempt: int) -> float:
+    """Seconds between two attempts to lock the engine's tables for an upgrade (the install's
+    _lock_tables): longer each time, half a second at most."""
+    return min(0.05 * attempt, 0.5)
+
+
 def named(name: str) -> LiteralString:
     """The statement of that name in _sql/queries/install.sql."""
     return sql.queries("install")[name]

@@ -1,11 +1,11 @@
-"""Backup and restore with Postgres' own tools (docs/operations.md, "Backup, restore and moving a
+"""Backup, restore and removal with Postgres' own tools (docs/operations.md, "Backup, restore and moving a
 database"): a database in use, installed by a non-superuser owner with the roles of
 ``install --roles``, dumped by pg_dump (custom and plain format) and restored as that owner into a
 fresh database, on the same server and on another one. Roles belong to the server, not to the
 dump: ``pgbroker install`` gives back what the roles lost where they exist, takes PUBLIC's EXECUTE
 off the SECURITY DEFINER entry points, and names the roles that are missing; afterwards sends get
 new ids above the old, leases, fences, dead letters, the stream group's cursor, schedules and keys
-are as they were.
+are as they were. The removal docs/operations.md describes leaves nothing of pgbroker behind.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker, StaleReceipt
 from pgbroker._db.api_keys import create_key
@@ -247,3 +248,53 @@ def test_a_plain_dump_restored_without_privileges_gets_them_back_from_install(
     for login in ("worker", "reader"):
         with psycopg.connect(_login(target, f"{source.owner}_{login}"), autocommit=True) as worker:
             assert worker.execute("SELECT msg_id FROM pgmq.read('jobs', 0, 100)").fetchall()[-1:] == [sent]
+
+
+def _removal_statements() -> list[str]:
+    """The SQL of docs/operations.md, "Removing pgbroker", one statement a line."""
+    page = (Path(__file__).parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = page.split("### Removing pgbroker", 1)[1]
+    block = section.split("```sql\n", 1)[1].split("```", 1)[0]
+    return [line.split(";", 1)[0] for line in block.splitlines() if line.strip()]
+
+
+def test_the_documented_removal_leaves_nothing_of_pgbroker(source: Source, pg_admin_dsn: str) -> None:
+    """docs/operations.md's procedure, run as the owner (CREATEROLE, no superuser) on a database in
+    use: no schema, function, event trigger, default privilege or role of pgbroker's is left, and the
+    scoped reader keeps no privilege."""
+    database = str(conninfo_to_dict(source.dsn)["dbname"])
+    setting = sql.SQL("ALTER DATABASE {} SET pgbroker.max_message_bytes = 4096")
+    with _admin(pg_admin_dsn) as admin, psycopg.connect(source.dsn, autocommit=True) as conn:
+        # A setting of no built-in parameter: a superuser's to set and to reset (PostgreSQL 15).
+        admin.execute(setting.format(sql.Identifier(database)))
+        statements = _removal_statements()
+        assert conn.execute(statements[0]).fetchall() == [(source.owner,)]
+        for statement in statements[1:]:
+            done = statement.replace("app_", f"{source.owner}_").replace("mydb", database)
+            (admin if done.startswith("ALTER DATABASE") else conn).execute(done)
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin, psycopg.connect(source.dsn) as conn:
+        assert (
+            conn.execute("SELECT nspname FROM pg_namespace WHERE nspname IN ('pgmq', 'pgbroker')").fetchall()
+            == []
+        )
+        assert conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE prosrc ILIKE '%pgbroker%' OR proname LIKE 'pgmq%'"
+        ).fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pg_event_trigger").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pg_default_acl").fetchone() == (0,)
+        roles = admin.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s", [f"{source.owner}%"])
+        logins = [source.owner, *(f"{source.owner}_{login}" for login in ("app", "reader", "worker"))]
+        assert sorted(r for (r,) in roles.fetchall()) == logins
+        # The logins and the scoped reader hold nothing in the database any more.
+        left = admin.execute(
+            "SELECT count(*) FROM pg_shdepend d JOIN pg_roles r ON r.oid = d.refobjid"
+            " WHERE r.rolname LIKE %s AND r.rolname <> %s AND d.deptype = 'a'",
+            [f"{source.owner}%", source.owner],
+        )
+        assert left.fetchone() == (0,)
+        settings = admin.execute(
+            "SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase"
+            " WHERE d.datname = %s",
+            [database],
+        )
+        assert settings.fetchone() == (0,)

@@ -588,6 +588,38 @@ END;
 $$;
 
 --
+-- Name: _check_role_sets(boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._check_role_sets(regrant boolean) RETURNS TABLE(prefix text, missing_roles text[], regranted boolean)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    kinds constant text[] := ARRAY['producer', 'consumer', 'monitor'];
+BEGIN
+    FOR prefix IN SELECT s.prefix FROM pgbroker.role_sets s ORDER BY s.prefix LOOP
+        SELECT coalesce(array_agg(_check_role_sets.prefix || '_' || u.k ORDER BY u.o), '{}') INTO missing_roles
+        FROM unnest(kinds) WITH ORDINALITY AS u(k, o)
+        WHERE to_regrole(_check_role_sets.prefix || '_' || u.k) IS NULL;
+        regranted := missing_roles = '{}' AND (regrant OR EXISTS (
+            SELECT 1 FROM unnest(kinds) k
+            WHERE NOT has_schema_privilege(_check_role_sets.prefix || '_' || k, 'pgmq', 'USAGE')
+               OR NOT has_schema_privilege(_check_role_sets.prefix || '_' || k, 'pgbroker', 'USAGE')
+               OR EXISTS (SELECT 1 FROM pgbroker._role_procs(k) r(oid) JOIN pg_proc p ON p.oid = r.oid
+                          WHERE NOT p.prosecdef
+                             OR NOT has_function_privilege(_check_role_sets.prefix || '_' || k, p.oid,
+                                                           'EXECUTE'))));
+        IF regranted THEN
+            PERFORM pgbroker.grant_roles(_check_role_sets.prefix);
+        END IF;
+        IF regranted OR missing_roles <> '{}' THEN
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+--
 -- Name: _check_topic_text(text, text, text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -3013,6 +3045,30 @@ CREATE FUNCTION pgbroker._rel(parent text) RETURNS regclass
     LANGUAGE sql STABLE
     AS $$
     SELECT format('%I.%I', split_part(parent, '.', 1), substr(parent, position('.' IN parent) + 1))::regclass;
+$$;
+
+--
+-- Name: _revoke_public_definers(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._revoke_public_definers() RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    fn regprocedure;
+    revoked integer := 0;
+BEGIN
+    FOR fn IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace IN ('pgmq'::regnamespace, 'pgbroker'::regnamespace) AND p.prosecdef
+          AND has_function_privilege('public', p.oid, 'EXECUTE')
+        ORDER BY p.oid
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', fn);
+        revoked := revoked + 1;
+    END LOOP;
+    RETURN revoked;
+END;
 $$;
 
 --
@@ -10332,10 +10388,22 @@ ALTER TABLE ONLY pgmq.topic_bindings
 GRANT USAGE ON SCHEMA pgmq TO pg_monitor;
 
 --
+-- Name: FUNCTION _check_role_sets(regrant boolean); Type: ACL; Schema: pgbroker; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgbroker._check_role_sets(regrant boolean) FROM PUBLIC;
+
+--
 -- Name: FUNCTION _forget_dropped_grantees(); Type: ACL; Schema: pgbroker; Owner: -
 --
 
 REVOKE ALL ON FUNCTION pgbroker._forget_dropped_grantees() FROM PUBLIC;
+
+--
+-- Name: FUNCTION _revoke_public_definers(); Type: ACL; Schema: pgbroker; Owner: -
+--
+
+REVOKE ALL ON FUNCTION pgbroker._revoke_public_definers() FROM PUBLIC;
 
 --
 -- Name: FUNCTION _routes_changed(); Type: ACL; Schema: pgbroker; Owner: -

@@ -27,6 +27,7 @@ refused.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, LiteralString
 
 import psycopg
@@ -38,15 +39,25 @@ from pgbroker._db.install_rules import (
     Installed,
     InstallResult,
     QueueGrant,
+    RoleCheck,
+    lock_pause,
     named,
     refuse_dev_history,
     refuse_foreign_pgmq,
     refuse_release_history,
+    role_check,
     version_rows,
 )
 from pgbroker.errors import InstallError, from_postgres
 
 Rows = list[tuple[Any, ...]]
+
+log = logging.getLogger("pgbroker.install")
+
+# How long one attempt at install_lock_tables waits, and how many are made (a minute or so, with
+# the pauses between them: lock_pause).
+LOCK_ATTEMPT_TIMEOUT = "200ms"
+LOCK_ATTEMPTS = 100
 
 
 def install(conn: psycopg.Connection[Any]) -> InstallResult:
@@ -96,11 +107,17 @@ def _install(conn: psycopg.Connection[Any]) -> InstallResult:
     if installed.version is None:
         _new_install(conn)
     else:
+        if installed.dev or _pending(installed) or not _functions_current(conn):
+            _lock_tables(conn)
         upgraded = _upgrade(conn, installed)
-        _apply_functions(conn, force=upgraded)
+        applied = _apply_functions(conn, force=upgraded)
+        roles = _check_roles(conn, regrant=applied)
+        for warning in roles.warnings:
+            log.warning("install.roles_missing %s", warning)
         # The queue grants' roles get their privileges again (a re-applied function lost them),
         # and the grants of dropped roles are forgotten.
         _rows(conn, named("install_sync_queue_grants"))
+        return InstallResult(installed.version, sql.current_version(), roles)
     return InstallResult(installed.version, sql.current_version())
 
 
@@ -130,24 +147,73 @@ def _upgrade(conn: psycopg.Connection[Any], installed: Installed) -> bool:
     if installed.dev:
         _rows(conn, sql.dev_upgrade().sql)
         _rows(conn, named("install_record_versions"), version_rows((sql.BASELINE,)))
-    done = {v for v, _, _ in installed.releases} | ({sql.BASELINE} if installed.dev else set())
-    pending = [u for u in sql.upgrades() if u.to_version not in done]
+    pending = _pending(installed)
     for upgrade in pending:
         _rows(conn, upgrade.file.sql)
         _rows(conn, named("install_record_versions"), version_rows((upgrade.to_version,)))
     return bool(installed.dev or pending)
 
 
-def _apply_functions(conn: psycopg.Connection[Any], *, force: bool) -> None:
-    """Run the function files again when they changed (or after an upgrade), then restore what
-    CREATE OR REPLACE resets: the role model's SECURITY DEFINER settings and search_path."""
-    rows = _rows(conn, named("install_functions_checksum"))
-    if not force and rows == [(sql.functions_checksum(),)]:
-        return
+def _pending(installed: Installed) -> list[sql.Upgrade]:
+    """The release upgrades the database lacks (a development one is at the baseline once mapped)."""
+    done = {v for v, _, _ in installed.releases} | ({sql.BASELINE} if installed.dev else set())
+    return [u for u in sql.upgrades() if u.to_version not in done]
+
+
+def _functions_current(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the function files the database last ran are this package's."""
+    return _rows(conn, named("install_functions_checksum")) == [(sql.functions_checksum(),)]
+
+
+def _lock_tables(conn: psycopg.Connection[Any]) -> None:
+    """Before an upgrade or new functions change anything: every table of the engine, taken at once.
+
+    An upgrade renames, alters and drops tables that workers use, and re-applied functions may
+    alter queue tables. Taken as it went, each lock waited for the workers' transactions on that
+    table while the upgrade held the tables it had already changed, which the same workers went on
+    to ask for: a deadlock, the worker or the upgrade cancelled (tests/system/
+    test_upgrade_under_load.py, most runs). Taken first, in one statement, within a short
+    lock_timeout, and all given back to try again when not had in time: the upgrade then holds
+    everything it changes before it changes anything; sends, reads and acks wait for it (about a
+    second) and go on. A transaction that keeps a table through LOCK_ATTEMPTS attempts (one left
+    idle in transaction) fails the install with what to do."""
+    previous = (_rows(conn, named("install_lock_timeout")))[0][0]
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            with conn.transaction():
+                _rows(conn, named("install_set_lock_timeout"), (LOCK_ATTEMPT_TIMEOUT,))
+                _rows(conn, named("install_lock_tables"))
+                _rows(conn, named("install_set_lock_timeout"), (previous,))
+            return
+        except psycopg.errors.LockNotAvailable:
+            log.info("install.waiting_for_locks attempt=%d", attempt)
+            _rows(conn, named("install_lock_pause"), (lock_pause(attempt),))
+    raise InstallError(
+        f"could not lock pgbroker's tables for the upgrade in {LOCK_ATTEMPTS} attempts (about a "
+        "minute): a transaction keeps using them",
+        hint="Look for sessions idle in transaction or long queries on the queue tables "
+        "(pg_stat_activity), end them, and run pgbroker install again; nothing was changed.",
+    )
+
+
+def _apply_functions(conn: psycopg.Connection[Any], *, force: bool) -> bool:
+    """Run the function files again when they changed (or after an upgrade); whether they ran."""
+    if not force and _functions_current(conn):
+        return False
     for function_file in sql.functions():
         _rows(conn, function_file.sql)
     _rows(conn, named("install_record_functions"), (sql.functions_checksum(),))
-    _rows(conn, named("install_regrant_role_sets"))
+    return True
+
+
+def _check_roles(conn: psycopg.Connection[Any], *, regrant: bool) -> RoleCheck:
+    """Restore what re-applied functions reset (the role model's SECURITY DEFINER settings and
+    grants) and what a restore without privileges lost, for the role sets whose roles exist; take
+    EXECUTE from PUBLIC on SECURITY DEFINER functions; name the roles missing (a dump restored on
+    another server: roles are the server's)."""
+    rows = _rows(conn, named("install_check_role_sets"), (regrant,))
+    revoked = (_rows(conn, named("install_revoke_public_definers")))[0][0]
+    return role_check(rows, int(revoked), routine=regrant)
 
 
 def install_roles(conn: psycopg.Connection[Any], prefix: str = "pgbroker") -> dict[str, int]:

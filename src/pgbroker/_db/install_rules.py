@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import LiteralString
+from typing import Any, LiteralString
 
 from pgbroker import _sql as sql
 from pgbroker.errors import InstallError
@@ -34,15 +34,67 @@ CREATE TABLE IF NOT EXISTS pgbroker.schema_functions (
 # named statements read, before anything else.
 
 
+def lock_pause(attempt: int) -> float:
+    """Seconds between two attempts to lock the engine's tables for an upgrade (the install's
+    _lock_tables): longer each time, half a second at most."""
+    return min(0.05 * attempt, 0.5)
+
+
 def named(name: str) -> LiteralString:
     """The statement of that name in _sql/queries/install.sql."""
     return sql.queries("install")[name]
 
 
 @dataclass(frozen=True)
+class RoleCheck:
+    """What an install into an existing database found of the roles of ``install --roles`` and set
+    right, and what it could not: mostly after a restore from a dump (docs/operations.md, "Backup,
+    restore and moving a database")."""
+
+    regranted: tuple[str, ...] = ()  # role prefixes whose roles were granted their functions again
+    missing: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (prefix, its roles that do not exist)
+    public_revoked: int = 0  # SECURITY DEFINER functions that PUBLIC could call, and no longer can
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """What the operator must do: make the missing roles again."""
+        return tuple(
+            f"role set {prefix!r} is recorded in this database but its roles {', '.join(names)} do "
+            "not exist on this server (roles belong to the server: a database dump does not hold "
+            f"them); run `pgbroker install --roles --role-prefix {prefix}` as a role with CREATEROLE "
+            "to make them again, then grant them to the login roles (and give queue grants again: "
+            f"`pgbroker grant`); if they were dropped on purpose, delete the row {prefix!r} of "
+            "pgbroker.role_sets"
+            for prefix, names in self.missing
+        )
+
+    @property
+    def repairs(self) -> tuple[str, ...]:
+        """What the install set right."""
+        done = [f"role set {prefix!r}: its roles lacked grants, granted again" for prefix in self.regranted]
+        if self.public_revoked:
+            done.append(
+                f"took EXECUTE from PUBLIC on {self.public_revoked} SECURITY DEFINER functions "
+                "(as after a restore without privileges)"
+            )
+        return tuple(done)
+
+
+def role_check(rows: list[tuple[Any, ...]], public_revoked: int, *, routine: bool) -> RoleCheck:
+    """The RoleCheck of pgbroker._check_role_sets' rows (prefix, missing_roles, regranted);
+    ``routine``: the functions were re-applied, so granting the roles again is no repair."""
+    return RoleCheck(
+        regranted=() if routine else tuple(str(prefix) for prefix, _, regranted in rows if regranted),
+        missing=tuple((str(prefix), tuple(missing)) for prefix, missing, _ in rows if missing),
+        public_revoked=public_revoked,
+    )
+
+
+@dataclass(frozen=True)
 class InstallResult:
     previous_version: str | None  # None: pgbroker was not installed; "0.1.0.devN": a development one
     version: str
+    roles: RoleCheck = RoleCheck()
 
     @property
     def changed(self) -> bool:

@@ -50,7 +50,7 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription
-from pgbroker._db.liveness import answered_within, is_transient
+from pgbroker._db.liveness import SCHEMA_CHANGED_HINT, answered_within, is_schema_gone, is_transient
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, StreamConsumerSuperseded
 from pgbroker.queues._client_async import AsyncBroker
@@ -145,6 +145,7 @@ class StreamWorker:
         self.consumer = consumer or consumer_name()
         self.maintain_every = maintain_every
         self.stats = WorkerStats()
+        self._has_read = False  # a read has answered: the schema was there (is_schema_gone)
         call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
         self._stopping = asyncio.Event()
@@ -355,6 +356,7 @@ class StreamWorker:
                     await self._ride_out(exc, trouble)
                     continue
                 trouble.reset()
+                self._has_read = True
                 for held in riding:
                     self._count(held)
                 riding = []
@@ -387,8 +389,18 @@ class StreamWorker:
         return any(s.name == self.stream and s.notify for s in await list_streams(broker))
 
     async def _ride_out(self, exc: Exception, trouble: Backoff) -> None:
-        """A call failed: a lost connection is counted, logged and waited out; anything else
-        stops the worker."""
+        """A call failed: a lost connection is counted, logged and waited out, as is a function
+        gone once the worker has read (an upgrade); anything else stops the worker."""
+        if self._has_read and is_schema_gone(exc):
+            log_event(
+                logging.WARNING,
+                "stream_worker.schema_changed",
+                stream=self.stream,
+                error=exc,
+                hint=SCHEMA_CHANGED_HINT,
+            )
+            await self._nap(None, trouble.next())
+            return
         if not is_transient(exc):
             raise exc
         self.stats.connection_errors += 1

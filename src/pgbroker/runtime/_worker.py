@@ -54,7 +54,13 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import answered_within, is_lost_connection, is_transient
+from pgbroker._db.liveness import (
+    SCHEMA_CHANGED_HINT,
+    answered_within,
+    is_lost_connection,
+    is_schema_gone,
+    is_transient,
+)
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
@@ -217,6 +223,7 @@ class Worker:
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
         self._unavailable = False  # the last call lost its connection
+        self._has_read = False  # a read has answered: the schema was there (is_schema_gone)
         self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
         self._stopping = asyncio.Event()
         self._hurry = False
@@ -422,6 +429,7 @@ class Worker:
             if not self._lost_connection(exc, outcomes):
                 raise
             return None
+        self._has_read = True
         if self._unavailable:
             log_event(logging.WARNING, "worker.database_available", queue=self.queue)
             self._unavailable = False
@@ -438,6 +446,15 @@ class Worker:
         The outcomes the call carried go back to the outbox either way: its sender tries them
         again (fenced receipts make a second ack safe)."""
         self._outbox.put_back(outcomes)
+        if self._has_read and is_schema_gone(exc):
+            log_event(
+                logging.WARNING,
+                "worker.schema_changed",
+                queue=self.queue,
+                error=exc,
+                hint=SCHEMA_CHANGED_HINT,
+            )
+            return True
         if not is_transient(exc):
             return False
         self.stats.connection_errors += 1

@@ -29,7 +29,7 @@ from typing import TypeVar
 
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import answered_within, is_transient
+from pgbroker._db.liveness import SCHEMA_CHANGED_HINT, answered_within, is_schema_gone, is_transient
 from pgbroker.errors import NotInstalled, PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker
 
@@ -84,6 +84,7 @@ class Scheduler:
         # Why it stopped by itself (a database without the schema, a role without the right),
         # else None: the process running it goes on, unless the scheduler was all it had to run.
         self.gave_up: PgbrokerError | None = None
+        self._has_worked = False  # a call has answered: the schema was there (is_schema_gone)
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -101,6 +102,9 @@ class Scheduler:
                 await self._send_due(broker)
                 wake = await self._answered(broker.schedule_next_wake())
             except PgbrokerError as exc:
+                if self._has_worked and is_schema_gone(exc):
+                    await self._retry_later(f"{exc.message} ({SCHEMA_CHANGED_HINT})", retry)
+                    continue
                 if _cannot_schedule(exc):
                     self.gave_up = exc
                     return
@@ -115,6 +119,7 @@ class Scheduler:
                 await self._retry_later(str(exc), retry)
                 continue
             retry.reset()
+            self._has_worked = True
             await self._nap(subscription, self._sleep_for(wake))
         log.info("scheduler.stopped sent=%d", self.stats.sent)
 

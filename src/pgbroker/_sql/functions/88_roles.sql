@@ -22,8 +22,10 @@
 -- Re-applying the function files redefines every entry point, which resets
 -- it to SECURITY INVOKER without its search_path (safe: the roles then lose
 -- the operation, they gain nothing); the installer calls grant_roles again
--- for every prefix in pgbroker.role_sets each time it re-applies them, so the
--- roles keep working.
+-- for every prefix in pgbroker.role_sets whose roles exist each time it
+-- re-applies them, so the roles keep working, and at every install of an
+-- existing database it checks that they hold their grants
+-- (pgbroker._check_role_sets, below).
 --
 -- A SECURITY DEFINER entry point trusts nothing of its caller's session
 -- (0025; tests/engine/test_security.py):
@@ -92,3 +94,72 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- What the installer checks at every install into an existing database
+-- (pgbroker._db.install), for a database restored from a dump above all:
+-- roles belong to the server, not to the database, so a dump restored on
+-- another server refers to roles that may not exist there, and one restored
+-- without privileges (pg_dump or pg_restore --no-acl, or pg_restore's
+-- failed grant to a missing role, which takes the REVOKE from PUBLIC of the
+-- same function with it) leaves entry points SECURITY DEFINER that PUBLIC
+-- may call, and the roles without their grants (docs/operations.md, "Backup,
+-- restore and moving a database").
+--   * For each prefix in pgbroker.role_sets whose three roles exist,
+--     grant_roles runs again when `regrant` (the function files were just
+--     re-applied) or when one of them lacks USAGE on the schemas or
+--     EXECUTE on one of its functions, or one of those is not SECURITY
+--     DEFINER.
+--   * A prefix with a missing role is left as it is: creating roles is
+--     `pgbroker install --roles`' (it needs CREATEROLE), never a plain
+--     install's.
+-- Returns each prefix granted again or missing roles, with the names missing.
+CREATE OR REPLACE FUNCTION pgbroker._check_role_sets(regrant boolean)
+RETURNS TABLE (prefix text, missing_roles text[], regranted boolean) LANGUAGE plpgsql AS $$
+DECLARE
+    kinds constant text[] := ARRAY['producer', 'consumer', 'monitor'];
+BEGIN
+    FOR prefix IN SELECT s.prefix FROM pgbroker.role_sets s ORDER BY s.prefix LOOP
+        SELECT coalesce(array_agg(_check_role_sets.prefix || '_' || u.k ORDER BY u.o), '{}') INTO missing_roles
+        FROM unnest(kinds) WITH ORDINALITY AS u(k, o)
+        WHERE to_regrole(_check_role_sets.prefix || '_' || u.k) IS NULL;
+        regranted := missing_roles = '{}' AND (regrant OR EXISTS (
+            SELECT 1 FROM unnest(kinds) k
+            WHERE NOT has_schema_privilege(_check_role_sets.prefix || '_' || k, 'pgmq', 'USAGE')
+               OR NOT has_schema_privilege(_check_role_sets.prefix || '_' || k, 'pgbroker', 'USAGE')
+               OR EXISTS (SELECT 1 FROM pgbroker._role_procs(k) r(oid) JOIN pg_proc p ON p.oid = r.oid
+                          WHERE NOT p.prosecdef
+                             OR NOT has_function_privilege(_check_role_sets.prefix || '_' || k, p.oid,
+                                                           'EXECUTE'))));
+        IF regranted THEN
+            PERFORM pgbroker.grant_roles(_check_role_sets.prefix);
+        END IF;
+        IF regranted OR missing_roles <> '{}' THEN
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END;
+$$;
+
+-- No SECURITY DEFINER function of pgmq or pgbroker may be called by PUBLIC
+-- (a restore without privileges leaves them so, above): EXECUTE is revoked
+-- from PUBLIC on each one that can be; returns how many.
+CREATE OR REPLACE FUNCTION pgbroker._revoke_public_definers()
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    fn regprocedure;
+    revoked integer := 0;
+BEGIN
+    FOR fn IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace IN ('pgmq'::regnamespace, 'pgbroker'::regnamespace) AND p.prosecdef
+          AND has_function_privilege('public', p.oid, 'EXECUTE')
+        ORDER BY p.oid
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', fn);
+        revoked := revoked + 1;
+    END LOOP;
+    RETURN revoked;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION pgbroker._check_role_sets(boolean), pgbroker._revoke_public_definers() FROM PUBLIC;

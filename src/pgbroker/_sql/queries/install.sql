@@ -13,6 +13,36 @@ SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq'),
        to_regclass('pgbroker.schema_version') IS NOT NULL
            OR to_regclass('pgbroker.schema_migrations') IS NOT NULL
 
+-- name: install_lock_tables
+-- Take every table of pgmq and pgbroker (partitions through their parents) in ACCESS EXCLUSIVE mode,
+-- in one statement: before an upgrade changes anything, so that it never waits for a lock while
+-- holding others (pgbroker._db.install).
+DO $$
+DECLARE
+    tables text;
+BEGIN
+    SELECT string_agg(c.oid::regclass::text, ', ' ORDER BY c.oid) INTO tables
+    FROM pg_catalog.pg_class c
+    WHERE c.relnamespace IN (to_regnamespace('pgmq'), to_regnamespace('pgbroker'))
+      AND c.relkind IN ('r', 'p') AND NOT c.relispartition;
+    IF tables IS NOT NULL THEN
+        EXECUTE 'LOCK TABLE ' || tables || ' IN ACCESS EXCLUSIVE MODE';
+    END IF;
+END;
+$$
+
+-- name: install_lock_timeout
+-- The session's lock_timeout, to restore after install_lock_tables.
+SELECT current_setting('lock_timeout')
+
+-- name: install_lock_pause
+-- Wait between two attempts of install_lock_tables (holding no table: the attempt was rolled back).
+SELECT pg_sleep(%s)
+
+-- name: install_set_lock_timeout
+-- Set lock_timeout for the rest of the transaction.
+SELECT set_config('lock_timeout', %s, true)
+
 -- name: install_history_tables
 -- Whether the database records releases (schema_version) or a development history (schema_migrations).
 SELECT to_regclass('pgbroker.schema_version') IS NOT NULL,
@@ -40,9 +70,14 @@ SELECT checksum FROM pgbroker.schema_functions
 INSERT INTO pgbroker.schema_functions (checksum) VALUES (%s)
 ON CONFLICT (singleton) DO UPDATE SET checksum = excluded.checksum, applied_at = now()
 
--- name: install_regrant_role_sets
--- Give every role set its grants again, which re-applied functions lost.
-SELECT pgbroker.grant_roles(prefix) FROM pgbroker.role_sets ORDER BY prefix
+-- name: install_check_role_sets
+-- Give the role sets whose roles exist their grants again when they lost some (or the functions were
+-- re-applied); name the roles missing.
+SELECT prefix, missing_roles, regranted FROM pgbroker._check_role_sets(%s)
+
+-- name: install_revoke_public_definers
+-- Take EXECUTE from PUBLIC on every SECURITY DEFINER function; how many had it.
+SELECT pgbroker._revoke_public_definers()
 
 -- name: install_sync_queue_grants
 -- Give the queue grants' roles their privileges again and forget the grants of dropped roles.

@@ -53,7 +53,7 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
         done = f"installed version {result.version} (was not installed)"
     else:
         done = f"installed version {result.version} (was {result.previous_version})"
-    lines = [f"{done} in {database_of(args.dsn, broker)}"]
+    lines = [f"{done} in {database_of(args.dsn, broker)}", *result.roles.repairs]
     granted: dict[str, int] = {}
     if args.roles:
         with broker.connection() as conn:
@@ -61,12 +61,21 @@ def _install(args: argparse.Namespace, broker: Broker) -> int:
         lines += [
             f"role {role}: execute on {n} functions, no table privileges" for role, n in granted.items()
         ]
+    # A restored database's role sets whose roles this server lacks, less the one just made.
+    warnings = [
+        warning
+        for (prefix, _), warning in zip(result.roles.missing, result.roles.warnings, strict=True)
+        if not (args.roles and prefix == args.role_prefix)
+    ]
     record = {
         "version": result.version,
         "previous_version": result.previous_version,
         "changed": result.changed,
         "roles": granted,  # role: the functions it may execute
+        "repairs": list(result.roles.repairs),
+        "warnings": warnings,
     }
+    lines += [f"warning: {warning}" for warning in warnings]
     return print_result(args, record, "\n".join(lines))
 
 

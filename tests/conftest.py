@@ -10,4 +10,5 @@ pytest_plugins = [
     "tests.plugins.bridge_brokers",
     "tests.plugins.pgbouncer",
     "tests.plugins.browser",
+    "tests.plugins.spark_jvm",
 ]

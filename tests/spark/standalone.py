@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.jvm import SHORT_LIVED_JVM_OPTIONS, spark_defaults
+
 WORKER_MEMORY = "1g"
 EXECUTOR_MEMORY = "512m"
 DAEMON_MEMORY = "256m"  # heap of the master and worker daemons themselves
@@ -160,7 +162,8 @@ class StandaloneCluster:
     def _write_conf(self) -> None:
         self.conf_dir.mkdir(parents=True)
         # No REST submission server (it would listen on 6066 on every interface).
-        (self.conf_dir / "spark-defaults.conf").write_text("spark.master.rest.enabled false\n")
+        defaults = "spark.master.rest.enabled false\n" + spark_defaults()  # and short-lived JVMs
+        (self.conf_dir / "spark-defaults.conf").write_text(defaults)
 
     def _make_pythons(self) -> None:
         env_dir = self.executor_python.parent.parent
@@ -192,6 +195,7 @@ class StandaloneCluster:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOCAL_DIRS": str(cwd / "local"),
             "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+            "SPARK_DAEMON_JAVA_OPTS": SHORT_LIVED_JVM_OPTIONS,
             "PGBROKER_TEST_WORKER_PYTHON": str(self.executor_python),
         }
         if "JAVA_HOME" in os.environ:

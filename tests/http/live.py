@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.support.processes import stop_gracefully
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -68,11 +70,5 @@ def pgbroker_serve(dsn: str, *options: str) -> Iterator[LiveServer]:
             time.sleep(0.1)
         yield LiveServer(url, process, log_path)
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_gracefully(process, 15)
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -24,7 +24,6 @@ import asyncio
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -48,6 +47,7 @@ from pgbroker.errors import PgbrokerError
 from tests.http.live import LiveServer, pgbroker_serve
 from tests.support.bridge_processes import BridgeProcess
 from tests.support.paths import ROOT
+from tests.support.processes import stop_gracefully
 from tests.support.rabbit import Rabbit
 
 HANDLED_FILE = "PGBROKER_FAILOVER_HANDLED"
@@ -313,13 +313,7 @@ class Traffic:
 
     @staticmethod
     def _end(process: subprocess.Popen[Any]) -> None:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_gracefully(process, 60)
 
     def _handled(self) -> Iterator[tuple[int, float, float]]:
         """The worker's deliveries: (n, wall time of the send, of the delivery)."""

@@ -19,6 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.http.live import free_port
 from tests.support.postgres import scratch_dir, wait_until_accepting
+from tests.support.processes import stop_gracefully
 
 PGBOUNCER = shutil.which("pgbouncer", path=os.environ.get("PATH", "") + ":/usr/sbin")
 INSTALL_HINT = "pgbouncer is not installed: run `make pgbouncer` (as root: apt-get install pgbouncer)"
@@ -73,12 +74,7 @@ def transaction_pooler(server_dsn: str, pool_size: int = 4) -> Iterator[str]:
             ) from None
         yield dsn
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_gracefully(process, 10)
         shutil.rmtree(directory, ignore_errors=True)
 
 

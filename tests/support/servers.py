@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.processes import stop_gracefully
+
 HOST = "127.0.0.1"
 
 
@@ -134,13 +136,8 @@ class PrivateServer:
 
     def stop(self) -> None:
         """A graceful stop (SIGTERM): the server saves what it keeps."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGTERM)
-            try:
-                self._process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            stop_gracefully(self._process, 20)
         self._process = None
 
     def close(self) -> None:

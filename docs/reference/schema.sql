@@ -9524,6 +9524,7 @@ CREATE TABLE pgbroker.api_keys (
     rate_per_second real,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     revoked_at timestamp with time zone,
+    groups text[] DEFAULT '{*}'::text[] NOT NULL,
     CONSTRAINT api_keys_hash_check CHECK ((octet_length(hash) = 32)),
     CONSTRAINT api_keys_name_check CHECK ((name <> ''::text)),
     CONSTRAINT api_keys_rate_per_second_check CHECK (((rate_per_second IS NULL) OR (rate_per_second > (0)::double precision))),

@@ -4175,14 +4175,26 @@ BEGIN
     SELECT * INTO g FROM pgbroker.stream_group t
     WHERE t.stream_name = lower(_stream_group_row.stream_name) AND t.group_name = _stream_group_row.group_name;
     IF NOT FOUND THEN
-        PERFORM pgbroker._stream_row(stream_name);
-        RAISE EXCEPTION 'stream "%" has no consumer group "%"', stream_name, group_name
-            USING ERRCODE = 'PB021',
-                  HINT = format('Create it first: SELECT pgbroker.create_stream_group(%L, %L); '
-                                'or: pgbroker stream create-group %s %s',
-                                stream_name, group_name, stream_name, group_name);
+        PERFORM pgbroker._stream_no_group(stream_name, group_name);
     END IF;
     RETURN g;
+END;
+$$;
+
+--
+-- Name: _stream_no_group(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_no_group(stream_name text, group_name text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    PERFORM pgbroker._stream_row(stream_name);
+    RAISE EXCEPTION 'stream "%" has no consumer group "%"', stream_name, group_name
+        USING ERRCODE = 'PB021',
+              HINT = format('Create it first: SELECT pgbroker.create_stream_group(%L, %L); '
+                            'or: pgbroker stream create-group %s %s',
+                            stream_name, group_name, stream_name, group_name);
 END;
 $$;
 
@@ -9524,6 +9536,7 @@ CREATE TABLE pgbroker.api_keys (
     rate_per_second real,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     revoked_at timestamp with time zone,
+    groups text[] DEFAULT '{*}'::text[] NOT NULL,
     CONSTRAINT api_keys_hash_check CHECK ((octet_length(hash) = 32)),
     CONSTRAINT api_keys_name_check CHECK ((name <> ''::text)),
     CONSTRAINT api_keys_rate_per_second_check CHECK (((rate_per_second IS NULL) OR (rate_per_second > (0)::double precision))),

@@ -56,6 +56,31 @@ def test_keys_commands(conn: psycopg.Connection[Any], capsys: pytest.CaptureFixt
     assert "ci" not in capsys.readouterr().out.split("revoked key")[-1]
 
 
+def test_keys_take_and_show_group_patterns(
+    conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["keys", "create", "billing", "--scope", "read", "--queue", "clicks", "--group", "billing"]
+    assert run(conn, *argv, "--group", "billing-*", "--json") == 0
+    made = json.loads(capsys.readouterr().out)
+    assert (made["queues"], made["groups"]) == (["clicks"], ["billing", "billing-*"])
+    assert run(conn, "keys", "create", "any", "--scope", "read") == 0  # without --group: every group
+    capsys.readouterr()
+    assert run(conn, "keys", "list", "--json") == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(k["name"], k["groups"]) for k in listed] == [
+        ("billing", ["billing", "billing-*"]),
+        ("any", ["*"]),
+    ]
+    assert run(conn, "keys", "list") == 0
+    header, first, second = capsys.readouterr().out.splitlines()
+    assert header.split()[:5] == ["id", "name", "scopes", "queues", "groups"]
+    assert first.split()[1:5] == ["billing", "read", "clicks", "billing,billing-*"]
+    assert second.split()[1:5] == ["any", "read", "*", "*"]
+    with pytest.raises(SystemExit):  # --group takes a pattern
+        run(conn, "keys", "create", "x", "--scope", "read", "--group")
+    assert run(conn, "keys", "create", "x", "--scope", "read", "--group", "") == 2
+
+
 def test_a_key_is_revoked_by_its_token_too_and_a_token_is_never_echoed(
     conn: psycopg.Connection[Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

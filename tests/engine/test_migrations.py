@@ -27,6 +27,7 @@ import pytest
 from psycopg import sql
 
 from pgbroker import _sql as engine
+from pgbroker._db.api_keys import list_keys
 from pgbroker._db.install import install, install_roles
 from pgbroker._db.install_async import install_async
 from pgbroker._db.install_rules import InstallResult, latest_version
@@ -435,6 +436,21 @@ def test_an_upgraded_stream_has_only_the_read_function_of_this_release(empty_dsn
         rows = conn.execute("SELECT message FROM pgbroker.stream_read('clicks', 'g', 'c')").fetchall()
         assert rows == [({"n": 1},)]
         assert conn.execute("SELECT pgbroker.drop_stream('clicks')").fetchone() == (True,)
+
+
+def test_an_api_key_made_before_group_patterns_keeps_every_group(empty_dsn: str) -> None:
+    """0.2.0 limits HTTP keys to consumer groups by patterns; a key made before has every group,
+    as it had: the consumers that run on it go on after the upgrade."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install_dev(conn)
+        conn.execute(
+            "INSERT INTO pgbroker.api_keys (name, hash, queues, scopes)"
+            " VALUES ('old', %s, '{clicks}', '{read}')",
+            [bytes(32)],
+        )
+        install(conn)
+        [key] = list_keys(conn)
+        assert (key.queues, key.groups, key.sees_group("analytics")) == (("clicks",), ("*",), True)
 
 
 def test_a_development_database_keeps_pg_monitor_reading_payloads_when_it_was_allowed(empty_dsn: str) -> None:

@@ -289,7 +289,12 @@ async def test_an_http_consumer_reports_failures_kept_with_the_message(
 
 async def test_whoami(client: httpx.AsyncClient, keys: dict[str, str]) -> None:
     r = await client.get("/v1/key", headers=auth(keys["other"]))
-    assert r.json() == {"name": "other", "scopes": ["admin", "read", "send"], "queues": ["other-*"]}
+    assert r.json() == {
+        "name": "other",
+        "scopes": ["admin", "read", "send"],
+        "queues": ["other-*"],
+        "groups": ["*"],
+    }
     assert (await client.get("/v1/key")).status_code == 401
 
 

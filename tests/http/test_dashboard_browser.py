@@ -79,7 +79,7 @@ def test_dashboard_in_a_real_browser(
     browser: WebDriver, server: LiveServer, conn: psycopg.Connection[Any]
 ) -> None:
     _, admin = create_key(conn, "dashboard-admin", scopes=["admin"])
-    _, reader = create_key(conn, "dashboard-reader", scopes=["read"])
+    _, reader = create_key(conn, "dashboard-reader", scopes=["read"], groups=["billing"])
     conn.execute("SELECT pgmq.create(%s)", (QUEUE,))
 
     browser.get(f"{server.url}/dashboard?refresh=400")
@@ -89,6 +89,7 @@ def test_dashboard_in_a_real_browser(
     before = wait_for(browser, "the depth line", lambda d: series(d, "chart-depth", "depth"))
     assert before["last"] == 0
     assert "admin" in browser.find_element(By.ID, "who").text
+    assert "groups" not in browser.find_element(By.ID, "who").text  # every group: not worth a word
 
     conn.execute("SELECT pgmq.send_batch(%s, array_fill('{\"n\": 1}'::jsonb, ARRAY[25]))", (QUEUE,))
     after = wait_for(
@@ -136,6 +137,7 @@ def test_dashboard_in_a_real_browser(
     # A read-only key sees the queue but gets no admin buttons.
     use_key(browser, reader)
     wait_for(browser, "the reader's view", lambda d: "dashboard-reader" in d.find_element(By.ID, "who").text)
+    assert "(groups billing)" in browser.find_element(By.ID, "who").text
     wait_for(browser, "the queue's row", lambda d: row_text(d, f'tr[data-queue="{QUEUE}"]'))
     assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action=purge]")
     assert not browser.find_elements(By.CSS_SELECTOR, "button[data-action=replay]")

@@ -11,7 +11,7 @@ import pytest
 
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client_async import AsyncStream
-from tests.support.http import auth
+from tests.support.http import auth, stream_acks
 
 pytestmark = pytest.mark.anyio
 
@@ -44,13 +44,7 @@ async def test_stream_lifecycle(client: httpx.AsyncClient, keys: dict[str, str])
     epochs = {m["partition"]: m["epoch"] for m in batch}
     assert r.json() == {"partitions": [{"partition": p, "epoch": epochs[p]} for p in (0, 1)]}, r.text
     assert next(m for m in batch if m["id"] == 1)["headers"] == {"trace": "t1"}
-    acks: dict[int, dict[str, int]] = {}
-    for m in batch:
-        top = acks.setdefault(
-            m["partition"], {"partition": m["partition"], "epoch": m["epoch"], "last_id": 0}
-        )
-        top["last_id"] = max(top["last_id"], m["id"])
-    body = {"consumer": "c1", "acks": list(acks.values()), "failed": [{"id": 3, "error": "boom"}]}
+    body = {"consumer": "c1", "acks": stream_acks(batch), "failed": [{"id": 3, "error": "boom"}]}
     r = await client.post("/v1/streams/clicks/groups/billing/ack", json=body, headers=consumer)
     assert all(p["acked"] for p in r.json()["partitions"]), r.text
     r = await client.get("/v1/queues/clicks_billing_retry/metrics", headers=admin)

@@ -1,7 +1,9 @@
 """Helpers of the HTTP API tests: an in-process client on the ASGI app (httpx, no socket, no
-mocks), bearer headers, a queue made through the API."""
+mocks), bearer headers, a queue made through the API, the acks of a stream batch."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import httpx
 
@@ -27,3 +29,15 @@ def auth(token: str) -> dict[str, str]:
 async def make_queue(client: httpx.AsyncClient, admin: str, name: str = "jobs") -> None:
     r = await client.post("/v1/queues", json={"name": name}, headers=auth(admin))
     assert r.status_code == 201, r.text
+
+
+def stream_acks(batch: list[dict[str, Any]]) -> list[dict[str, int]]:
+    """What acknowledges a batch a stream read answered: each partition up to its last id, under
+    the epoch it was read."""
+    acks: dict[int, dict[str, int]] = {}
+    for m in batch:
+        top = acks.setdefault(
+            m["partition"], {"partition": m["partition"], "epoch": m["epoch"], "last_id": 0}
+        )
+        top["last_id"] = max(top["last_id"], m["id"])
+    return list(acks.values())

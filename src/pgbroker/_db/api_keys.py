@@ -39,6 +39,7 @@ class ApiKey:
     id: int
     name: str
     queues: tuple[str, ...]
+    groups: tuple[str, ...]  # the consumer groups of its streams it may use
     scopes: frozenset[str]
     rate_per_second: float | None
     created_at: datetime
@@ -59,12 +60,35 @@ class ApiKey:
         return queue is None or self.sees(queue)
 
     def sees(self, queue: str) -> bool:
-        folded = fold_case(queue, self.lowered)
-        return any(fnmatch.fnmatchcase(folded, fold_case(pattern, self.lowered)) for pattern in self.queues)
+        """Whether a pattern covers the queue (or stream), its name folded as the database folds it."""
+        return _matches(queue, self.queues, self.lowered)
+
+    def sees_group(self, group: str) -> bool:
+        """Whether a group pattern covers the consumer group: globs as for queues, folded as the
+        database folds group names, which is not at all (``billing`` and ``Billing`` are two groups
+        of a stream, perhaps two teams')."""
+        return _matches(group, self.groups, _KEEP_CASE)
+
+    def sees_stream_group(self, stream: str, group: str) -> bool:
+        """Whether the key sees both the stream and its group: what lists of groups show it."""
+        return self.sees(stream) and self.sees_group(group)
+
+    @property
+    def sees_every_group(self) -> bool:
+        """Whether a pattern covers any group name there can be (``*``)."""
+        return any(set(pattern) == {"*"} for pattern in self.groups)
 
 
 _UPPER = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _LOWER = "abcdefghijklmnopqrstuvwxyz"
+_KEEP_CASE = _UPPER  # what a lower() that folds nothing makes of A-Z
+
+
+def _matches(name: str, patterns: Sequence[str], lowered: str) -> bool:
+    """Whether a glob of ``patterns`` covers ``name``, both folded by what the database's lower()
+    makes of A-Z (``lowered``)."""
+    folded = fold_case(name, lowered)
+    return any(fnmatch.fnmatchcase(folded, fold_case(pattern, lowered)) for pattern in patterns)
 
 
 @functools.cache
@@ -93,9 +117,11 @@ def hash_token(token: str) -> bytes:
 
 
 def key_from_row(row: Sequence[Any], lowered: str = _LOWER) -> ApiKey:
-    """The key of a row of ``pgbroker.api_keys``: id, name, queues, scopes, rate_per_second,
-    created_at, revoked_at; ``lowered``, what its database's lower() makes of A-Z."""
-    return ApiKey(row[0], row[1], tuple(row[2]), frozenset(row[3]), row[4], row[5], row[6], lowered)
+    """The key of a row of ``pgbroker.api_keys``: id, name, queues, groups, scopes,
+    rate_per_second, created_at, revoked_at; ``lowered``, what its database's lower() makes of A-Z."""
+    return ApiKey(
+        row[0], row[1], tuple(row[2]), tuple(row[3]), frozenset(row[4]), row[5], row[6], row[7], lowered
+    )
 
 
 def create_key(
@@ -104,14 +130,19 @@ def create_key(
     *,
     scopes: Sequence[str],
     queues: Sequence[str] = ("*",),
+    groups: Sequence[str] = ("*",),
     rate_per_second: float | None = None,
 ) -> tuple[ApiKey, str]:
-    """Store a new key; returns it and its token, which is never stored nor shown again."""
+    """Store a new key; returns it and its token, which is never stored nor shown again.
+
+    ``groups``: the consumer groups of its streams it may read, ack, heartbeat, make and see;
+    every group by default, as for keys made before group patterns existed."""
     bad = sorted(set(scopes) - set(SCOPES))
     if bad or not scopes:
         raise ValueError(f"scopes must be some of {', '.join(SCOPES)}; got {', '.join(scopes) or 'none'}")
-    if not queues or any(not pattern for pattern in queues):
-        raise ValueError("give at least one non-empty queue pattern")
+    for kind, patterns in (("queue", queues), ("group", groups)):
+        if not patterns or any(not pattern for pattern in patterns):
+            raise ValueError(f"give at least one non-empty {kind} pattern")
     secret = secrets.token_urlsafe(32)
     with conn.transaction():
         # The id is part of the token, so it is taken first and the hash set once it is known.
@@ -120,7 +151,15 @@ def create_key(
         token = f"pgb_{key_id[0]}_{secret}"
         row = conn.execute(
             _QUERIES["key_insert"],
-            (key_id[0], name, hash_token(token), list(queues), sorted(set(scopes)), rate_per_second),
+            (
+                key_id[0],
+                name,
+                hash_token(token),
+                list(queues),
+                list(groups),
+                sorted(set(scopes)),
+                rate_per_second,
+            ),
         ).fetchone()
     assert row is not None
     return key_from_row(row), token

@@ -69,9 +69,9 @@ class KeyStore:
         async with self._broker.connection() as conn:
             cur = await conn.execute(sql.queries("keys")["key_for_authentication"], (key_id,))
             row = await cur.fetchone()
-        if row is None or row[7] is not None:
+        if row is None or row[8] is not None:
             return bytes(32), None
-        return bytes(row[0]), key_from_row(row[1:8], row[8])
+        return bytes(row[0]), key_from_row(row[1:9], row[9])
 
 
 @dataclass

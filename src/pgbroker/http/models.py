@@ -394,7 +394,8 @@ class HistoryQuery(BaseModel):
         int, Field(ge=1, le=43_200, description="the last this many minutes"), BeforeValidator(query_digits)
     ] = 60
     points: Annotated[
-        int, Field(ge=1, le=2000, description="at most about this many samples per queue"),
+        int,
+        Field(ge=1, le=2000, description="at most about this many samples per queue"),
         BeforeValidator(query_digits),
     ] = 300
 
@@ -480,6 +481,7 @@ class KeyInfo(Answer):
     name: str
     scopes: list[str]
     queues: list[str]
+    groups: Annotated[list[str], Field(description="the consumer groups of its streams it may use")]
 
 
 class Health(Answer):

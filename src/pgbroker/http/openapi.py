@@ -46,7 +46,7 @@ def _json(schema: Any, media_type: str = "application/json") -> dict[str, Any]:
 # The failures of each kind of operation, beyond those it declares.
 _KEYED = {
     401: "no key, or an invalid or revoked key (code unauthorized)",
-    403: "the key lacks the scope or the queue (code forbidden)",
+    403: "the key lacks the scope, the queue or the group (code forbidden)",
     429: "the key's rate limit is exceeded (code rate_limited; see Retry-After)",
     503: "database unavailable or pgbroker not installed",
 }

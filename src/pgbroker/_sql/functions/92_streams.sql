@@ -174,14 +174,25 @@ BEGIN
     SELECT * INTO g FROM pgbroker.stream_group t
     WHERE t.stream_name = lower(_stream_group_row.stream_name) AND t.group_name = _stream_group_row.group_name;
     IF NOT FOUND THEN
-        PERFORM pgbroker._stream_row(stream_name);
-        RAISE EXCEPTION 'stream "%" has no consumer group "%"', stream_name, group_name
-            USING ERRCODE = 'PB021',
-                  HINT = format('Create it first: SELECT pgbroker.create_stream_group(%L, %L); '
-                                'or: pgbroker stream create-group %s %s',
-                                stream_name, group_name, stream_name, group_name);
+        PERFORM pgbroker._stream_no_group(stream_name, group_name);
     END IF;
     RETURN g;
+END;
+$$;
+
+-- Refuse a group as one the stream does not have: PB021 naming the fix, or
+-- PB020 when there is no such stream either. Also what the HTTP API answers
+-- for a group its key may not use, whether the group exists or not (the key
+-- learns nothing of it).
+CREATE OR REPLACE FUNCTION pgbroker._stream_no_group(stream_name text, group_name text)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM pgbroker._stream_row(stream_name);
+    RAISE EXCEPTION 'stream "%" has no consumer group "%"', stream_name, group_name
+        USING ERRCODE = 'PB021',
+              HINT = format('Create it first: SELECT pgbroker.create_stream_group(%L, %L); '
+                            'or: pgbroker stream create-group %s %s',
+                            stream_name, group_name, stream_name, group_name);
 END;
 $$;
 

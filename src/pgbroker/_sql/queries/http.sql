@@ -41,6 +41,10 @@ ORDER BY 1, 2, 3
 SELECT g.retry_queue FROM pgbroker.stream_group g
 WHERE g.stream_name = lower(%(stream)s) AND g.group_name = %(group)s
 
+-- name: stream_group_unseen
+-- What a key is told of a group it may not use: the engine's refusal of a group that does not exist.
+SELECT pgbroker._stream_no_group(%(stream)s, %(group)s)
+
 -- name: stream_group_stats_for_metrics
 -- Every stream's groups with their lag, oldest unacked age in seconds, consumers and retry queue.
 SELECT s.stream_name, g.group_name, g.lag,

@@ -2,9 +2,10 @@
 --
 -- pgbroker.api_keys holds only the SHA-256 of each key's token: the token
 -- itself is shown once, by `pgbroker keys create`, and a stolen table grants
--- nothing. A key is scoped to queues by glob patterns (fnmatch syntax, matched
--- in the application) and to operations by scopes. The application reads and
--- writes this table directly; the engine has no function for it.
+-- nothing. A key is scoped to queues (and streams) by glob patterns (fnmatch
+-- syntax, matched in the application), to the consumer groups of its streams
+-- by glob patterns too, and to operations by scopes. The application reads
+-- and writes this table directly; the engine has no function for it.
 
 CREATE TABLE pgbroker.api_keys (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -15,5 +16,7 @@ CREATE TABLE pgbroker.api_keys (
         CHECK (cardinality(scopes) > 0 AND scopes <@ ARRAY['send', 'read', 'admin']),
     rate_per_second real CHECK (rate_per_second IS NULL OR rate_per_second > 0),  -- NULL: the server's default
     created_at  timestamptz NOT NULL DEFAULT now(),
-    revoked_at  timestamptz
+    revoked_at  timestamptz,
+    -- Last, as the upgrade that added it (0.2.0) put it; '{*}': every group, as before it existed.
+    groups      text[] NOT NULL DEFAULT '{*}'
 );

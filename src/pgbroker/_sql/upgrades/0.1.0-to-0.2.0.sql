@@ -225,3 +225,8 @@ DROP FUNCTION IF EXISTS pgbroker._stream_renew(text, text, text, integer);
 -- each once; the epochs come along to say which ranges those are.
 DROP FUNCTION IF EXISTS pgbroker._stream_retry_failed(pgbroker.stream_group, text, integer[], bigint[], bigint[],
                                                       text[]);
+
+-- Group scopes of API keys (structure/84_keys.sql): a key that may read a
+-- stream could read, ack and hold the partitions of every group of it, other
+-- teams' too. Keys made before keep every group ('{*}'), as they had.
+ALTER TABLE pgbroker.api_keys ADD COLUMN groups text[] NOT NULL DEFAULT '{*}';

@@ -39,7 +39,15 @@ def register(subcommands: Subcommands) -> None:
         action="append",
         dest="queues",
         metavar="GLOB",
-        help="queues it may use, a glob pattern (repeat; default: every queue)",
+        help="queues (and streams) it may use, a glob pattern (repeat; default: every queue)",
+    )
+    sub.add_argument(
+        "--group",
+        action="append",
+        dest="groups",
+        metavar="GLOB",
+        help="consumer groups of its streams it may use (read, ack, make, see), a glob pattern matched"
+        " with letter case, as group names are (repeat; default: every group)",
     )
     sub.add_argument(
         "--rate",
@@ -70,6 +78,7 @@ def _key_json(key: ApiKey) -> dict[str, object]:
         "id": key.id,
         "name": key.name,
         "queues": list(key.queues),
+        "groups": list(key.groups),
         "scopes": sorted(key.scopes),
         "rate_per_second": key.rate_per_second,
         "created_at": key.created_at.isoformat(),
@@ -82,7 +91,12 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
     with broker.connection() as conn:
         try:
             key, token = create_key(
-                conn, args.name, scopes=args.scopes, queues=args.queues or ["*"], rate_per_second=args.rate
+                conn,
+                args.name,
+                scopes=args.scopes,
+                queues=args.queues or ["*"],
+                groups=args.groups or ["*"],
+                rate_per_second=args.rate,
             )
         except ValueError as exc:
             raise CliError(str(exc), code=Exit.USAGE) from None
@@ -102,13 +116,20 @@ def _list(args: argparse.Namespace, broker: Broker) -> int:
             k.name,
             ",".join(sorted(k.scopes)),
             ",".join(k.queues),
+            ",".join(k.groups),
             "" if k.rate_per_second is None else f"{k.rate_per_second:g}/s",
             local_time(k.created_at),
             local_time(k.revoked_at) if k.revoked_at else "",
         ]
         for k in keys
     ]
-    print(table(["id", "name", "scopes", "queues", "rate", "created", "revoked"], rows, right_aligned=[0]))
+    print(
+        table(
+            ["id", "name", "scopes", "queues", "groups", "rate", "created", "revoked"],
+            rows,
+            right_aligned=[0],
+        )
+    )
     return Exit.OK
 
 

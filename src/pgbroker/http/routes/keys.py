@@ -8,7 +8,7 @@ from pgbroker.http.operations import Call, Router
 router = Router()
 
 
-@router.get("/v1/key", "the calling key: its name, scopes and queue patterns")
+@router.get("/v1/key", "the calling key: its name, scopes, queue and group patterns")
 async def whoami(call: Call) -> KeyInfo:
     key = call.caller
-    return KeyInfo(name=key.name, scopes=sorted(key.scopes), queues=list(key.queues))
+    return KeyInfo(name=key.name, scopes=sorted(key.scopes), queues=list(key.queues), groups=list(key.groups))

@@ -27,7 +27,8 @@ async def stats_history(call: Call, query: HistoryQuery) -> History:
 
 @router.get(
     "/v1/workers",
-    "the queue workers and stream consumers of what the key can see, and their heartbeats",
+    "the queue workers and stream consumers (of the groups the key may use) of what the key can see, and"
+    " their heartbeats",
     reporting=True,
 )
 async def workers(call: Call) -> Workers:
@@ -35,5 +36,5 @@ async def workers(call: Call) -> Workers:
     consumers = await monitoring.stream_consumers(call.broker)
     return Workers(
         queue_workers=[w for w in queue_workers if call.caller.sees(w.queue_name)],
-        stream_consumers=[c for c in consumers if call.caller.sees(c.stream)],
+        stream_consumers=[c for c in consumers if call.caller.sees_stream_group(c.stream, c.group)],
     )

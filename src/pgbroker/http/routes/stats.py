@@ -42,6 +42,6 @@ async def metrics(call: Call) -> Response:
     if call.key is not None:
         found = [s for s in found if call.key.sees(s.queue_name)]
         schedules = [s for s in schedules if call.key.sees(s.queue_name)]
-        streams = [s for s in streams if call.key.sees(s.stream)]
+        streams = [s for s in streams if call.key.sees_stream_group(s.stream, s.group)]
     text = prom.render(found, schedules, await _replica_lag(call)) + stream_metrics.render(streams)
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

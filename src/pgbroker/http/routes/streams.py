@@ -1,14 +1,20 @@
 """Streams (docs/streams.md): list, create, drop, send, groups with their lag, and a group's
-consumers reading batches and acknowledging them. A key's queue patterns apply to stream names."""
+consumers reading batches and acknowledging them. A key's queue patterns apply to stream names,
+its group patterns to the groups: a group it may not use is answered as one that does not exist,
+and left out of every list."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 from datetime import UTC, datetime
+from typing import NoReturn
+
+import psycopg
 
 from pgbroker import _sql as sql
 from pgbroker._db.names import check_stream_name
+from pgbroker.errors import from_postgres
 from pgbroker.http import stream_metrics
 from pgbroker.http.errors import ApiError
 from pgbroker.http.idempotency import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, SEND_HEADERS
@@ -58,21 +64,40 @@ def _stream(call: Call, scope: str) -> AsyncStream:
     return AsyncStream(call.broker, name)
 
 
-def _group(call: Call) -> str:
+async def _group(call: Call, stream: AsyncStream) -> str:
+    """The group of the path, once the key may use it: one its group patterns do not cover is
+    answered as a group the stream does not have, whether it has it or not."""
     group: str = call.request.path_params["group"]
     if not re.match(GROUP_NAME_PATTERN, group):
         raise ApiError(404, "stream_group_not_found", f"no group may be named {group!r}")
+    if not call.caller.sees_group(group):
+        await _refuse_as_missing(call, stream.name, group)
     return group
 
 
-@router.get("/v1/streams/stats", "lag per stream and group, for the streams the key can see", reporting=True)
+async def _refuse_as_missing(call: Call, stream: str, group: str) -> NoReturn:
+    """The engine's own refusal of a group the stream does not have (of the stream, when it does
+    not exist either), word for word."""
+    async with call.broker.connection() as conn:
+        try:
+            await conn.execute(_QUERIES["stream_group_unseen"], {"stream": stream, "group": group})
+        except psycopg.Error as exc:
+            raise from_postgres(exc) from exc
+    raise AssertionError("pgbroker._stream_no_group refuses every group")
+
+
+@router.get(
+    "/v1/streams/stats",
+    "lag per stream and group, for the streams and groups the key can see",
+    reporting=True,
+)
 async def stream_stats(call: Call) -> StreamStatsList:
     found = await stream_metrics.stream_group_stats(call.broker)
     return StreamStatsList(
         groups=[
             dataclasses.replace(s, retry_queue=_seen(call, s.retry_queue))
             for s in found
-            if call.caller.sees(s.stream)
+            if call.caller.sees_stream_group(s.stream, s.group)
         ]
     )
 
@@ -117,14 +142,26 @@ async def create_stream(call: Call, body: CreateStream) -> Info:
 
 
 _NO_STREAM = {404: "stream_not_found"}
-_NO_GROUP = {404: "stream_not_found, stream_group_not_found"}
+_NO_GROUP = {404: "stream_not_found, stream_group_not_found (also for a group the key may not use)"}
 
 
 @router.delete(
-    "/v1/streams/{stream}", "drop a stream, its groups and cursors", scope="admin", errors=_NO_STREAM
+    "/v1/streams/{stream}",
+    "drop a stream, its groups and cursors; the key's group patterns must cover every group ('*')",
+    scope="admin",
+    errors=_NO_STREAM,
 )
 async def drop_stream(call: Call) -> StreamDropped:
     stream = _stream(call, "admin")
+    if not call.caller.sees_every_group:
+        # Every group goes with the stream: a key for some groups would drop the others' too.
+        raise ApiError(
+            403,
+            "forbidden",
+            f"key {call.caller.name!r} may not drop stream {stream.name!r}: its groups go with it, and"
+            " the key's group patterns do not cover every group",
+            hint="Drop it with a key whose group patterns include '*'.",
+        )
     if not await stream.drop():
         raise ApiError(404, "stream_not_found", f'stream "{stream.name}" does not exist')
     return StreamDropped(dropped=stream.name)
@@ -149,7 +186,10 @@ async def stream_send(call: Call, body: StreamSendBatch) -> StreamIds:
 
 
 @router.get(
-    "/v1/streams/{stream}/groups", "the stream's groups with their lag", scope="read", errors=_NO_STREAM
+    "/v1/streams/{stream}/groups",
+    "the stream's groups the key may use, with their lag",
+    scope="read",
+    errors=_NO_STREAM,
 )
 async def stream_groups(call: Call) -> GroupList:
     found = await _stream(call, "read").groups()
@@ -157,19 +197,28 @@ async def stream_groups(call: Call) -> GroupList:
         groups=[
             GroupInfo.model_validate(g).model_copy(update={"retry_queue": _seen(call, g.retry_queue)})
             for g in found
+            if call.caller.sees_group(g.name)
         ]
     )
 
 
 @router.post(
     "/v1/streams/{stream}/groups",
-    "create a consumer group (idempotent); the key must see its retry queue, <stream>_<group>_retry",
+    "create a consumer group (idempotent); the key's group patterns must cover it, and its queue"
+    " patterns the group's retry queue, <stream>_<group>_retry",
     scope="admin",
     status=201,
     errors=_NO_STREAM,
 )
 async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
     stream = _stream(call, "admin")
+    if not call.caller.sees_group(body.group):
+        raise ApiError(
+            403,
+            "forbidden",
+            f"key {call.caller.name!r} may not admin on group {body.group!r}: its group patterns do not"
+            " cover it",
+        )
     # The group's failures go to its retry queue, which it takes over if the queue exists: a key
     # that may not use that queue would send into it (as failures) what it liked.
     retry_queue = f"{stream.name}_{body.group}_retry"
@@ -198,7 +247,11 @@ async def stream_read(call: Call, body: StreamRead) -> StreamBatch:
     # by its lease: a pooled session holding a lock for every consumer name it was given filled the
     # server's lock table.
     consumer = stream.consumer(
-        _group(call), name=body.consumer, lease=body.lease_seconds, fenced=False, lease_only=True
+        await _group(call, stream),
+        name=body.consumer,
+        lease=body.lease_seconds,
+        fenced=False,
+        lease_only=True,
     )
     batch = await consumer.read(body.qty, wait=body.wait)
     return StreamBatch(messages=batch.messages)
@@ -213,7 +266,7 @@ async def stream_read(call: Call, body: StreamRead) -> StreamBatch:
 )
 async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
     stream = _stream(call, "read")
-    group = _group(call)
+    group = await _group(call, stream)
     if body.failed:
         await _refuse_unseen_retry_queue(call, stream.name, group)
     consumer = stream.consumer(group, name=body.consumer)
@@ -251,7 +304,8 @@ async def _refuse_unseen_retry_queue(call: Call, stream: str, group: str) -> Non
 )
 async def stream_heartbeat(call: Call, body: StreamHeartbeat) -> HeartbeatAnswer:
     stream = _stream(call, "read")
-    consumer = stream.consumer(_group(call), name=body.consumer, lease=body.lease_seconds, lease_only=True)
+    group = await _group(call, stream)
+    consumer = stream.consumer(group, name=body.consumer, lease=body.lease_seconds, lease_only=True)
     owned = await consumer.heartbeat()
     return HeartbeatAnswer(
         partitions=[OwnedPartition(partition=p, epoch=e) for p, e in sorted(owned.items())]

@@ -761,7 +761,9 @@ async function poll() {
   try {
     if (state.me === null) {
       state.me = await api("/v1/key");
-      $("who").textContent = `key ${state.me.name}: ${state.me.scopes.join(", ")} on ${state.me.queues.join(", ")}`;
+      const groups = state.me.groups.join(", ");
+      $("who").textContent = `key ${state.me.name}: ${state.me.scopes.join(", ")} on ${state.me.queues.join(", ")}`
+        + (groups === "*" ? "" : ` (groups ${groups})`);
       reopenView();
     }
     if (Date.now() - state.historyLoadedAt > HISTORY_REFRESH_MS) await loadHistory();

@@ -1520,6 +1520,16 @@ CREATE FUNCTION pgbroker._insert_channel(stored_name text) RETURNS text
 $$;
 
 --
+-- Name: _instant_literal(timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._instant_literal(instant timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT quote_nullable(to_json(instant) #>> '{}');
+$$;
+
+--
 -- Name: _jsonb_array(jsonb, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -2977,8 +2987,9 @@ BEGIN
               || CASE WHEN NOT pop AND NOT (conditional IS NULL OR conditional = '{}'::jsonb)
                       THEN CASE WHEN p.priorities THEN 'c' ELSE '_c' END ELSE '' END;
         RETURN QUERY EXECUTE pgbroker._statement_call(qtable, op, quote_nullable(b.budget),
-            quote_nullable(conditional), quote_nullable(b.clock), quote_nullable(vt), quote_nullable(ready_from),
-            quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+            quote_nullable(conditional), pgbroker._instant_literal(b.clock), quote_nullable(vt),
+            quote_nullable(ready_from),
+            pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
     END IF;
     GET DIAGNOSTICS got = ROW_COUNT;
     PERFORM pgbroker._limit_charge(stored_name, b.available, b.clock, got);
@@ -3497,9 +3508,9 @@ BEGIN
                       stored_name, ready_from, qty);
     END IF;
     RETURN pgbroker._statement_call(lower('q_' || stored_name), CASE WHEN mode = 'priority' THEN 'pop_p' ELSE 'pop' END,
-                                    quote_nullable(qty), NULL, quote_nullable(clock_timestamp()), NULL,
+                                    quote_nullable(qty), NULL, pgbroker._instant_literal(clock_timestamp()), NULL,
                                     quote_nullable(ready_from),
-                                    quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+                                    pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
 END;
 $$;
 
@@ -3529,8 +3540,9 @@ BEGIN
                       stored_name, ready_from, vt, qty, conditional);
     END IF;
     RETURN pgbroker._statement_call(qtable, op, quote_nullable(qty), quote_nullable(conditional),
-                                    quote_nullable(clock_timestamp()), quote_nullable(vt), quote_nullable(ready_from),
-                                    quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+                                    pgbroker._instant_literal(clock_timestamp()), quote_nullable(vt),
+                                    quote_nullable(ready_from),
+                                    pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
 END;
 $$;
 

@@ -277,6 +277,37 @@ def test_the_sessions_own_prepared_statement_is_kept_from_call_to_call(conn: Con
     assert conn.execute(prepared).fetchall() == first
 
 
+# Date settings under which a timestamptz's text does not read back as the same instant: the zone
+# is printed by its abbreviation, which is read back by the abbreviation table: Asia/Kolkata's IST as
+# Israel's (the time read back 3 h 30 min late), the POSIX zone EST-10's EST as New York's (15 h).
+SKEWING_SETTINGS = [
+    "SET TimeZone = 'Asia/Kolkata'; SET DateStyle = 'SQL, DMY'",
+    "SET TimeZone = 'EST-10'; SET DateStyle = 'Postgres'",
+]
+
+
+@pytest.mark.parametrize("settings", SKEWING_SETTINGS)
+@pytest.mark.parametrize("who", ["consumer", "owner"])
+def test_the_dynamic_path_reads_at_the_servers_clock_whatever_the_sessions_date_settings(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn, dsn: str, who: str, settings: str
+) -> None:
+    """The dynamic path writes the clock into the statement's text (as a typed literal): under
+    these settings the clock read back was hours ahead, so a read took messages leased to another
+    consumer and messages still delayed."""
+    send = "SELECT * FROM pgmq.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', n) FROM unnest(%s) n), %s)"
+    for name in queues:
+        conn.execute("SELECT * FROM pgmq.read(%s, 600, 100)", [name])  # leased to another consumer
+        conn.execute(send, [name, [1, 2, 3], 3600])  # delayed
+    ready = {row[0] for name in queues for row in conn.execute(send, [name, [1, 2, 3, 1], 0])}
+    with psycopg.connect(users["consumer"] if who == "consumer" else dsn, autocommit=True) as c:
+        c.execute(settings.encode())
+        for call in CALLS:
+            # (msg_id alone: psycopg reads no timestamp under these settings)
+            got = [row[0] for row in c.execute(call.replace("*", "msg_id", 1).encode()).fetchall()]
+            assert len(got) == 1, (call, got)
+            assert got[0] in ready, (call, got)
+
+
 #: A caller's own schema and pg_temp shadowing what the engine calls, each shadow writing a row into
 #: public.marker as whoever runs it; then the search_path that puts them first.
 SHADOW = """

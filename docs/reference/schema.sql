@@ -913,6 +913,28 @@ END;
 $_$;
 
 --
+-- Name: _database_limit(text, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._database_limit(name text, fallback bigint) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    database_text text;
+BEGIN
+    SELECT substr(c.setting, length(name) + 2) INTO database_text
+    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
+    WHERE s.setrole = 0
+      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+      AND pg_catalog.starts_with(c.setting, name || '=');
+    IF database_text IS NULL THEN
+        RETURN fallback;
+    END IF;
+    RETURN pgbroker._limit_number(name, database_text);
+END;
+$$;
+
+--
 -- Name: _dead_letter(text, bigint[], text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -1610,18 +1632,9 @@ CREATE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none bool
     LANGUAGE plpgsql STABLE
     AS $$
 DECLARE
-    database_text text;
-    database_value bigint := fallback;
+    database_value constant bigint := pgbroker._database_limit(name, fallback);
     session_value bigint;
 BEGIN
-    SELECT substr(c.setting, length(name) + 2) INTO database_text
-    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
-    WHERE s.setrole = 0
-      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
-      AND pg_catalog.starts_with(c.setting, name || '=');
-    IF database_text IS NOT NULL THEN
-        database_value := pgbroker._limit_number(name, database_text);
-    END IF;
     session_value := pgbroker._session_limit(name);
     IF session_value IS NULL THEN
         RETURN database_value;
@@ -5238,7 +5251,9 @@ CREATE FUNCTION pgbroker._write_routes() RETURNS void
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 DECLARE
-    route_limit constant bigint := pgbroker._limit('pgbroker.route_limit', 128, false);
+    route_limit constant bigint := CASE WHEN session_user = current_user
+                                        THEN pgbroker._limit('pgbroker.route_limit', 128, false)
+                                        ELSE pgbroker._database_limit('pgbroker.route_limit', 128) END;
     keys text[];
     names text[];
     tables text[];

@@ -556,6 +556,26 @@ def test_a_session_with_its_own_rights_takes_its_own_size_limit(dsn: str, conn: 
     assert conn.execute("SELECT count(*) FROM pgmq.q_plain WHERE message ? 'blob'").fetchone() == (1,)
 
 
+def test_a_producer_cannot_shrink_the_routes_of_every_queue(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn
+) -> None:
+    """The routes are the database's, written by whichever session changes a queue's policy: a
+    producer does with its first prioritized send to a queue (pgbroker._prepare_job_headers). With
+    its own pgbroker.route_limit of 0 it wrote routes holding no queue, and every queue of the
+    database took the dynamic path for every session, until the owner's next change."""
+    routed = _route_keys(conn)
+    assert routed == ["plain", "capped", "limited"]
+    with psycopg.connect(users["producer"], autocommit=True) as producer:
+        producer.execute("SET pgbroker.route_limit = 0")
+        producer.execute("""SELECT pgmq.send('plain', '{}', '{"x-pgbroker-priority": 5}'::jsonb)""")
+    assert conn.execute("SELECT priorities FROM pgbroker.policy('plain')").fetchone() == (True,)
+    assert _route_keys(conn) == routed
+    # The owner's own session may still route fewer queues, as before.
+    conn.execute("SET pgbroker.route_limit = 1")
+    conn.execute("SELECT pgbroker.set_policy('capped', max_deliveries => 4)")
+    assert _route_keys(conn) == ["plain"]
+
+
 def test_a_hostile_session_cannot_hold_a_stream_back(users: dict[str, str], conn: Conn) -> None:
     # Any session of the database may take any advisory lock: the reads of a stream rest on none.
     # Those the engine once used to order the safe id's advances and the takers of a group, held

@@ -913,6 +913,28 @@ END;
 $_$;
 
 --
+-- Name: _database_limit(text, bigint); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._database_limit(name text, fallback bigint) RETURNS bigint
+    LANGUAGE plpgsql STABLE
+    AS $$
+DECLARE
+    database_text text;
+BEGIN
+    SELECT substr(c.setting, length(name) + 2) INTO database_text
+    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
+    WHERE s.setrole = 0
+      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+      AND pg_catalog.starts_with(c.setting, name || '=');
+    IF database_text IS NULL THEN
+        RETURN fallback;
+    END IF;
+    RETURN pgbroker._limit_number(name, database_text);
+END;
+$$;
+
+--
 -- Name: _dead_letter(text, bigint[], text, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -1520,6 +1542,16 @@ CREATE FUNCTION pgbroker._insert_channel(stored_name text) RETURNS text
 $$;
 
 --
+-- Name: _instant_literal(timestamp with time zone); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._instant_literal(instant timestamp with time zone) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT quote_nullable(to_json(instant) #>> '{}');
+$$;
+
+--
 -- Name: _jsonb_array(jsonb, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -1600,18 +1632,9 @@ CREATE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none bool
     LANGUAGE plpgsql STABLE
     AS $$
 DECLARE
-    database_text text;
-    database_value bigint := fallback;
+    database_value constant bigint := pgbroker._database_limit(name, fallback);
     session_value bigint;
 BEGIN
-    SELECT substr(c.setting, length(name) + 2) INTO database_text
-    FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
-    WHERE s.setrole = 0
-      AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
-      AND pg_catalog.starts_with(c.setting, name || '=');
-    IF database_text IS NOT NULL THEN
-        database_value := pgbroker._limit_number(name, database_text);
-    END IF;
     session_value := pgbroker._session_limit(name);
     IF session_value IS NULL THEN
         RETURN database_value;
@@ -2977,8 +3000,9 @@ BEGIN
               || CASE WHEN NOT pop AND NOT (conditional IS NULL OR conditional = '{}'::jsonb)
                       THEN CASE WHEN p.priorities THEN 'c' ELSE '_c' END ELSE '' END;
         RETURN QUERY EXECUTE pgbroker._statement_call(qtable, op, quote_nullable(b.budget),
-            quote_nullable(conditional), quote_nullable(b.clock), quote_nullable(vt), quote_nullable(ready_from),
-            quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+            quote_nullable(conditional), pgbroker._instant_literal(b.clock), quote_nullable(vt),
+            quote_nullable(ready_from),
+            pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
     END IF;
     GET DIAGNOSTICS got = ROW_COUNT;
     PERFORM pgbroker._limit_charge(stored_name, b.available, b.clock, got);
@@ -3497,9 +3521,9 @@ BEGIN
                       stored_name, ready_from, qty);
     END IF;
     RETURN pgbroker._statement_call(lower('q_' || stored_name), CASE WHEN mode = 'priority' THEN 'pop_p' ELSE 'pop' END,
-                                    quote_nullable(qty), NULL, quote_nullable(clock_timestamp()), NULL,
+                                    quote_nullable(qty), NULL, pgbroker._instant_literal(clock_timestamp()), NULL,
                                     quote_nullable(ready_from),
-                                    quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+                                    pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
 END;
 $$;
 
@@ -3529,8 +3553,9 @@ BEGIN
                       stored_name, ready_from, vt, qty, conditional);
     END IF;
     RETURN pgbroker._statement_call(qtable, op, quote_nullable(qty), quote_nullable(conditional),
-                                    quote_nullable(clock_timestamp()), quote_nullable(vt), quote_nullable(ready_from),
-                                    quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+                                    pgbroker._instant_literal(clock_timestamp()), quote_nullable(vt),
+                                    quote_nullable(ready_from),
+                                    pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
 END;
 $$;
 
@@ -5238,7 +5263,9 @@ CREATE FUNCTION pgbroker._write_routes() RETURNS void
     SET search_path TO 'pg_catalog', 'pg_temp'
     AS $_$
 DECLARE
-    route_limit constant bigint := pgbroker._limit('pgbroker.route_limit', 128, false);
+    route_limit constant bigint := CASE WHEN session_user = current_user
+                                        THEN pgbroker._limit('pgbroker.route_limit', 128, false)
+                                        ELSE pgbroker._database_limit('pgbroker.route_limit', 128) END;
     keys text[];
     names text[];
     tables text[];

@@ -277,6 +277,37 @@ def test_the_sessions_own_prepared_statement_is_kept_from_call_to_call(conn: Con
     assert conn.execute(prepared).fetchall() == first
 
 
+# Date settings under which a timestamptz's text does not read back as the same instant: the zone
+# is printed by its abbreviation, which is read back by the abbreviation table: Asia/Kolkata's IST as
+# Israel's (the time read back 3 h 30 min late), the POSIX zone EST-10's EST as New York's (15 h).
+SKEWING_SETTINGS = [
+    "SET TimeZone = 'Asia/Kolkata'; SET DateStyle = 'SQL, DMY'",
+    "SET TimeZone = 'EST-10'; SET DateStyle = 'Postgres'",
+]
+
+
+@pytest.mark.parametrize("settings", SKEWING_SETTINGS)
+@pytest.mark.parametrize("who", ["consumer", "owner"])
+def test_the_dynamic_path_reads_at_the_servers_clock_whatever_the_sessions_date_settings(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn, dsn: str, who: str, settings: str
+) -> None:
+    """The dynamic path writes the clock into the statement's text (as a typed literal): under
+    these settings the clock read back was hours ahead, so a read took messages leased to another
+    consumer and messages still delayed."""
+    send = "SELECT * FROM pgmq.send_batch(%s, ARRAY(SELECT jsonb_build_object('n', n) FROM unnest(%s) n), %s)"
+    for name in queues:
+        conn.execute("SELECT * FROM pgmq.read(%s, 600, 100)", [name])  # leased to another consumer
+        conn.execute(send, [name, [1, 2, 3], 3600])  # delayed
+    ready = {row[0] for name in queues for row in conn.execute(send, [name, [1, 2, 3, 1], 0])}
+    with psycopg.connect(users["consumer"] if who == "consumer" else dsn, autocommit=True) as c:
+        c.execute(settings.encode())
+        for call in CALLS:
+            # (msg_id alone: psycopg reads no timestamp under these settings)
+            got = [row[0] for row in c.execute(call.replace("*", "msg_id", 1).encode()).fetchall()]
+            assert len(got) == 1, (call, got)
+            assert got[0] in ready, (call, got)
+
+
 #: A caller's own schema and pg_temp shadowing what the engine calls, each shadow writing a row into
 #: public.marker as whoever runs it; then the search_path that puts them first.
 SHADOW = """
@@ -523,6 +554,26 @@ def test_a_session_with_its_own_rights_takes_its_own_size_limit(dsn: str, conn: 
         with refused("PB007"):
             owner.execute(SMALL)
     assert conn.execute("SELECT count(*) FROM pgmq.q_plain WHERE message ? 'blob'").fetchone() == (1,)
+
+
+def test_a_producer_cannot_shrink_the_routes_of_every_queue(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn
+) -> None:
+    """The routes are the database's, written by whichever session changes a queue's policy: a
+    producer does with its first prioritized send to a queue (pgbroker._prepare_job_headers). With
+    its own pgbroker.route_limit of 0 it wrote routes holding no queue, and every queue of the
+    database took the dynamic path for every session, until the owner's next change."""
+    routed = _route_keys(conn)
+    assert routed == ["plain", "capped", "limited"]
+    with psycopg.connect(users["producer"], autocommit=True) as producer:
+        producer.execute("SET pgbroker.route_limit = 0")
+        producer.execute("""SELECT pgmq.send('plain', '{}', '{"x-pgbroker-priority": 5}'::jsonb)""")
+    assert conn.execute("SELECT priorities FROM pgbroker.policy('plain')").fetchone() == (True,)
+    assert _route_keys(conn) == routed
+    # The owner's own session may still route fewer queues, as before.
+    conn.execute("SET pgbroker.route_limit = 1")
+    conn.execute("SELECT pgbroker.set_policy('capped', max_deliveries => 4)")
+    assert _route_keys(conn) == ["plain"]
 
 
 def test_a_hostile_session_cannot_hold_a_stream_back(users: dict[str, str], conn: Conn) -> None:

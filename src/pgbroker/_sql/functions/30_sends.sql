@@ -75,24 +75,34 @@ BEGIN
 END;
 $$;
 
--- A limit's value (see above): the database's setting, fallback without one,
--- or the session's value where it is stricter: smaller, and, where 0 means
--- no limit (zero_means_none), positive.
-CREATE OR REPLACE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none boolean)
+-- A limit's value for the database (ALTER DATABASE ... SET, read from the
+-- catalog), fallback without one; nothing of the session.
+CREATE OR REPLACE FUNCTION pgbroker._database_limit(name text, fallback bigint)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 DECLARE
     database_text text;
-    database_value bigint := fallback;
-    session_value bigint;
 BEGIN
     SELECT substr(c.setting, length(name) + 2) INTO database_text
     FROM pg_catalog.pg_db_role_setting s CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(setting)
     WHERE s.setrole = 0
       AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
       AND pg_catalog.starts_with(c.setting, name || '=');
-    IF database_text IS NOT NULL THEN
-        database_value := pgbroker._limit_number(name, database_text);
+    IF database_text IS NULL THEN
+        RETURN fallback;
     END IF;
+    RETURN pgbroker._limit_number(name, database_text);
+END;
+$$;
+
+-- A limit's value (see above): the database's setting, fallback without one,
+-- or the session's value where it is stricter: smaller, and, where 0 means
+-- no limit (zero_means_none), positive.
+CREATE OR REPLACE FUNCTION pgbroker._limit(name text, fallback bigint, zero_means_none boolean)
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    database_value constant bigint := pgbroker._database_limit(name, fallback);
+    session_value bigint;
+BEGIN
     session_value := pgbroker._session_limit(name);
     IF session_value IS NULL THEN
         RETURN database_value;

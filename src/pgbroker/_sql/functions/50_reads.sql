@@ -25,7 +25,9 @@
 --     still fails with PB002, since the dynamic path probes pgmq.meta first.
 --   * Parameters of EXECUTE can only be values written into its text, so
 --     values travel as literals (format %L); their text forms round-trip
---     exactly (jsonb, timestamptz, integers).
+--     exactly (jsonb, integers), and timestamps travel in ISO 8601 with a
+--     numeric offset (pgbroker._instant_literal), whatever the session's date
+--     settings.
 --   * The hot functions run with plan_cache_mode = force_generic_plan: with
 --     LIMIT $n, the server would otherwise judge the generic plan dearer than
 --     a custom one (it guesses 10% of the table for the limit) and replan on
@@ -356,8 +358,21 @@ BEGIN
 END;
 $$;
 
+-- A timestamp as a literal that reads back as the same instant in any
+-- session: its JSON form, ISO 8601 with a numeric offset. Its text form does
+-- not: under DateStyle SQL or Postgres it names the zone by its abbreviation,
+-- which is read back by the abbreviation table, so under Asia/Kolkata the
+-- clock written into a read came back 3 h 30 min late (IST read as Israel's),
+-- and the read took messages leased to other consumers and messages still
+-- delayed (tests/engine/test_security.py).
+CREATE OR REPLACE FUNCTION pgbroker._instant_literal(instant timestamptz)
+RETURNS text LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT quote_nullable(to_json(instant) #>> '{}');
+$$;
+
 -- A queue's hot statement for op with its parameters bound to args (SQL
--- literals, one per parameter: quote_nullable), as the text to run; the
+-- literals, one per parameter: quote_nullable, pgbroker._instant_literal for
+-- a timestamp), as the text to run; the
 -- dynamic path of reads, pops and acks (a queue the routes do not hold, a
 -- conditional read, a limited queue).
 --
@@ -645,8 +660,9 @@ BEGIN
                       stored_name, ready_from, vt, qty, conditional);
     END IF;
     RETURN pgbroker._statement_call(qtable, op, quote_nullable(qty), quote_nullable(conditional),
-                                    quote_nullable(clock_timestamp()), quote_nullable(vt), quote_nullable(ready_from),
-                                    quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+                                    pgbroker._instant_literal(clock_timestamp()), quote_nullable(vt),
+                                    quote_nullable(ready_from),
+                                    pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
 END;
 $$;
 
@@ -661,9 +677,9 @@ BEGIN
                       stored_name, ready_from, qty);
     END IF;
     RETURN pgbroker._statement_call(lower('q_' || stored_name), CASE WHEN mode = 'priority' THEN 'pop_p' ELSE 'pop' END,
-                                    quote_nullable(qty), NULL, quote_nullable(clock_timestamp()), NULL,
+                                    quote_nullable(qty), NULL, pgbroker._instant_literal(clock_timestamp()), NULL,
                                     quote_nullable(ready_from),
-                                    quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+                                    pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
 END;
 $$;
 

@@ -215,8 +215,9 @@ BEGIN
               || CASE WHEN NOT pop AND NOT (conditional IS NULL OR conditional = '{}'::jsonb)
                       THEN CASE WHEN p.priorities THEN 'c' ELSE '_c' END ELSE '' END;
         RETURN QUERY EXECUTE pgbroker._statement_call(qtable, op, quote_nullable(b.budget),
-            quote_nullable(conditional), quote_nullable(b.clock), quote_nullable(vt), quote_nullable(ready_from),
-            quote_nullable((pgbroker._queue_bounds(stored_name)).timed_from));
+            quote_nullable(conditional), pgbroker._instant_literal(b.clock), quote_nullable(vt),
+            quote_nullable(ready_from),
+            pgbroker._instant_literal((pgbroker._queue_bounds(stored_name)).timed_from));
     END IF;
     GET DIAGNOSTICS got = ROW_COUNT;
     PERFORM pgbroker._limit_charge(stored_name, b.available, b.clock, got);

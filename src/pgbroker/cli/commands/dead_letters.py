@@ -6,14 +6,13 @@ their headers. A letter's id is the msg_id it had in the queue: the one the work
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from pgbroker.cli.support.arguments import msg_id, positive_int
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.output import message_json, plural, print_result, wants_json
+from pgbroker.cli.support.output import json_text, message_json, plural, print_result, shown, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.codecs.json_view import json_view
@@ -68,7 +67,7 @@ def _letter_table(letters: Sequence[Message]) -> str:
 def _letter_row(letter: Message) -> list[str]:
     why: dict[str, Any] = (letter.headers or {}).get(DEAD_LETTER, {})
     error = str(why.get("error") or "-")
-    payload = json.dumps(json_view(letter.message), ensure_ascii=False)
+    payload = json_text(json_view(letter.message))
     when = _when(why.get("dead_lettered_at"))
     return [str(letter.msg_id), str(why.get("deliveries", "-")), when, _cut(error, 60), _cut(payload, 40)]
 
@@ -98,8 +97,8 @@ def _letter_text(queue: str, letter: Message) -> str:
         f"  enqueued:       {_when(why.get('enqueued_at'))}",
         f"  dead-lettered:  {_when(why.get('dead_lettered_at'))}",
         f"  last error:     {why.get('error') or '-'}",
-        f"  headers:        {json.dumps(headers, ensure_ascii=False) if headers else '-'}",
-        f"  message:        {json.dumps(json_view(letter.message), ensure_ascii=False)}",
+        f"  headers:        {json_text(headers) if headers else '-'}",
+        f"  message:        {json_text(json_view(letter.message))}",
     ]
     if not attempts:
         lines.append("no failed attempt recorded (its deliveries ended without a failure report)")
@@ -107,7 +106,7 @@ def _letter_text(queue: str, letter: Message) -> str:
         when = _when(attempt.get("failed_at"))
         lines.append(f"attempt {attempt.get('delivery')} at {when}: {attempt.get('error')}")
         lines.extend("    " + line for line in str(attempt.get("traceback") or "").splitlines())
-    return "\n".join(lines)
+    return "\n".join(shown(line) for line in lines)
 
 
 def _when(timestamp: object) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from pgbroker.cli.support.arguments import msg_id, positive_int
 from pgbroker.cli.support.errors import Exit
-from pgbroker.cli.support.output import message_json, wants_json
+from pgbroker.cli.support.output import json_text, message_json, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
@@ -78,7 +78,7 @@ def _peek(args: argparse.Namespace, broker: Broker) -> int:
     if wants_json(args):
         for message in found:
             line = json.loads(message_json(message))
-            print(json.dumps({**line, "state": message.state}, ensure_ascii=False))
+            print(json_text({**line, "state": message.state}))
     elif not found:
         print(f'no messages in queue "{args.queue}" that match')
     else:
@@ -95,8 +95,8 @@ def _peek_table(found: Sequence[PeekedMessage]) -> str:
             m.state,
             str(m.read_ct),
             local_time(m.enqueued_at),
-            _cut(json.dumps(m.headers, ensure_ascii=False) if m.headers else "-", 40),
-            _cut(json.dumps(m.message, ensure_ascii=False), 50),
+            _cut(json_text(m.headers) if m.headers else "-", 40),
+            _cut(json_text(m.message), 50),
         ]
         for m in found
     ]

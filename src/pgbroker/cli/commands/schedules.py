@@ -8,7 +8,6 @@ many run, each tick is sent once.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -19,7 +18,7 @@ from pgbroker._db.dsn import database_place
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
-from pgbroker.cli.support.output import print_result, wants_json
+from pgbroker.cli.support.output import json_text, print_result, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group, add_loop_option
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
@@ -85,7 +84,7 @@ def _add(args: argparse.Namespace, broker: Broker) -> int:
 def _list(args: argparse.Namespace, broker: Broker) -> int:
     schedules = broker.schedules()
     if wants_json(args):
-        print(json.dumps([_schedule_json(s) for s in schedules], ensure_ascii=False, indent=2))
+        print(json_text([_schedule_json(s) for s in schedules], indent=2))
     elif not schedules:
         print("no schedules (add one with: pgbroker schedule add NAME --queue Q --cron CRON --message JSON)")
     else:

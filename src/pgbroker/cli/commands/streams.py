@@ -5,7 +5,6 @@ partition), maintain (retention)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -17,7 +16,7 @@ from pgbroker.cli.support.arguments import positive_int, seconds, whole_seconds
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
-from pgbroker.cli.support.output import plural, print_each, print_listing, print_result
+from pgbroker.cli.support.output import json_text, plural, print_each, print_listing, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
 from pgbroker.cli.support.tables import table
 from pgbroker.queues._client import Broker
@@ -210,7 +209,7 @@ def _message_json(m: StreamMessage) -> str:
         "headers": m.headers,
         "message": m.message,
     }
-    return json.dumps(record, ensure_ascii=False)
+    return json_text(record)
 
 
 def _create_group(args: argparse.Namespace, broker: Broker) -> int:

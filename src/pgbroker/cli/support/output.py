@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
@@ -17,6 +18,12 @@ from pgbroker.queues._records import Message
 T = TypeVar("T")
 
 NO_QUEUES = "no queues (create one with: pgbroker create NAME)"
+
+# What a terminal would act on instead of showing: the C0 and C1 controls and DEL (escape sequences
+# move the cursor, clear the screen, retitle the window, write the clipboard) and the bidirectional
+# overrides (text shown in another order than it is). Text from the database is anyone's: a
+# producer's message, a consumer's error report or name.
+_UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def print_listing(
@@ -66,9 +73,22 @@ def notices_to(args: argparse.Namespace) -> TextIO:
     return sys.stderr if wants_json(args) else sys.stdout
 
 
+def shown(text: str) -> str:
+    """Text from the database as a terminal should show it: each control character written as its
+    escape (``\\x1b``, ``\\n``), so that no value can drive the terminal or fake other output."""
+    return _UNSHOWABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """``value`` as JSON, letters beyond ASCII as themselves, but no control character: the JSON
+    encoder escapes the C0 ones, and the others are written as ``\\uXXXX``, the same JSON."""
+    text = json.dumps(value, ensure_ascii=False, **options)
+    return _UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def to_json(record: Mapping[str, Any]) -> str:
     """One JSON line; timestamps in ISO 8601."""
-    return json.dumps(record, default=_iso_or_text, ensure_ascii=False)
+    return json_text(record, default=_iso_or_text)
 
 
 def _iso_or_text(value: object) -> str:
@@ -83,7 +103,7 @@ def timestamped_json(record: Any, field: str) -> dict[str, Any]:
 
 def message_json(message: Message) -> str:
     """One message as a JSON line; ``receipt`` is what `pgbroker ack` needs (null when popped)."""
-    return json.dumps(
+    return json_text(
         {
             "msg_id": message.msg_id,
             "read_ct": message.read_ct,
@@ -93,12 +113,10 @@ def message_json(message: Message) -> str:
             "message": json_view(message.message),  # a binary codec's value in its JSON form
             "headers": message.headers,
             "receipt": str(message.receipt) if message.receipt else None,
-        },
-        ensure_ascii=False,
+        }
     )
 
 
 def plural(n: int, noun: str) -> str:
     """``1 message``, ``2 messages``."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
-

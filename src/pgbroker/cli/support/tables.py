@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from pgbroker.cli.support.output import shown
 from pgbroker.queues._records import Metrics
 
 __all__ = ["age", "local_time", "metrics_table", "table"]
@@ -14,7 +15,9 @@ __all__ = ["age", "local_time", "metrics_table", "table"]
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]], right_aligned: Sequence[int] = ()) -> str:
     """``header`` and ``rows`` in columns two spaces apart; the columns in ``right_aligned`` (by
-    index) are aligned right, as numbers read best."""
+    index) are aligned right, as numbers read best. Control characters in a cell are shown as
+    escapes (``shown``): a cell is a line of its column."""
+    rows = [[shown(cell) for cell in row] for row in rows]
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:

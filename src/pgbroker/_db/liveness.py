@@ -102,11 +102,37 @@ async def answered_within(seconds: float, call: Awaitable[T]) -> T:
     """``call``, failed as a lost connection (NoAnswer, a psycopg.OperationalError: is_transient)
     when the server has not answered within ``seconds`` (the workers pass a lease: past it the
     answer is of no use, the leases it acts on or hands out having run out), since a hung server,
-    a stuck pooler or a connection cut without a word may never answer. psycopg asks the server to
-    cancel the query and, with no answer to that within 5 s either, closes the connection (the
-    pool replaces it): it is never used again."""
+    a stuck pooler or a connection cut without a word may never answer.
+
+    The call given up is cancelled and left to end on its own (_abandon): psycopg asks the server
+    to cancel the query and, with no answer to that within 5 s either, closes the connection (the
+    pool replaces it, and it is never used again). Waiting for that here delayed the NoAnswer by
+    those 5 s. A caller that is cancelled itself cancels the call and waits for it, as if awaited
+    directly."""
+    task = asyncio.ensure_future(call)
     try:
-        async with asyncio.timeout(seconds):
-            return await call
-    except TimeoutError:
-        raise NoAnswer(seconds) from None
+        done, _ = await asyncio.wait([task], timeout=seconds)
+    except BaseException:
+        task.cancel()
+        await asyncio.wait([task])
+        raise
+    if not done:
+        _abandon(task)
+        raise NoAnswer(seconds)
+    return task.result()
+
+
+# The calls given up and still ending: held here, since the event loop keeps only weak references.
+_abandoned: set[asyncio.Future[Any]] = set()
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(_ended)
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: it failed after it was given up, which NoAnswer said already

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgbroker.errors import DatabaseError, NotInstalled, connection_lost
+from pgbroker.errors import DatabaseError, connection_lost
 
 T = TypeVar("T")
 
@@ -48,26 +48,6 @@ def is_transient(exc: BaseException) -> bool:
     raised by a query in pgbroker's types, with the psycopg error as the cause.
     """
     return isinstance(_psycopg_error(exc), psycopg.OperationalError) or is_read_only_server(exc)
-
-
-def is_schema_gone(exc: BaseException) -> bool:
-    """Whether ``exc`` says a function or schema of pgbroker's is not there (NotInstalled), or a
-    column (42703: the runtime's calls name no column of the caller's). To a caller that made the
-    same calls on this database before, that is an upgrade: `pgbroker install` drops or
-    re-signatures functions and moves columns, and a call running when it commits goes on with the
-    functions it started with, on the new tables, so it may fail once; the next call finds the new
-    ones. The runtime's loops wait it out as a lost connection once they have worked (before, a
-    database without pgbroker stops them with what to do)."""
-    return isinstance(exc, NotInstalled) or (
-        isinstance(exc, DatabaseError) and exc.sqlstate == _UNDEFINED_COLUMN
-    )
-
-
-_UNDEFINED_COLUMN = "42703"
-
-
-# What the runtime logs beside an error is_schema_gone admits.
-SCHEMA_CHANGED_HINT = "the schema changed under a running call (an upgrade?): trying again"
 
 
 def is_lost_connection(exc: BaseException) -> bool:

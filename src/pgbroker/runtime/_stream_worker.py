@@ -176,12 +176,15 @@ class StreamWorker:
         stream = AsyncStream(broker, self.stream)
         consumer = stream.consumer(self.group, name=self.consumer, lease=self.lease)
         self._retries_failure = None
-        # The look-ups first: one that fails leaves no thread or task behind.
+        # The look-ups first: one that fails leaves no thread or task behind. Bounded by the lease
+        # as the reads are: on a hung server the worker never started, saying nothing.
         trouble = Backoff(*_RECONNECT)
         while True:
             try:
-                announced = await self._announced(broker)
-                retry_queue = await self._retry_queue(stream) if self.retries else None
+                announced = await answered_within(self.lease, self._announced(broker))
+                retry_queue = None
+                if self.retries:
+                    retry_queue = await answered_within(self.lease, self._retry_queue(stream))
                 break
             except Exception as exc:
                 await self._ride_out(exc, trouble)  # a lost connection is waited out, as for reads
@@ -212,8 +215,8 @@ class StreamWorker:
             heartbeat_task.cancel()
             with suppress(Exception, asyncio.CancelledError):
                 await heartbeat_task
-            with suppress(Exception):
-                await consumer.release()
+            with suppress(Exception):  # else the lease runs out: the partitions go to others then
+                await answered_within(self.lease, consumer.release())
             if maintain_task is not None:
                 maintain_task.cancel()
             if self._retry_worker is not None:

@@ -307,12 +307,13 @@ class Worker:
 
     async def _enable_notify(self, queue: AsyncQueue) -> None:
         """Turn notify on. A lost connection (the database restarting as the worker starts) is
-        waited out as for reads: it stopped the worker, or left it without notify. A lock or
+        waited out as for reads: it stopped the worker, or left it without notify; so is a call
+        unanswered within the lease (a hung server: the worker never started). A lock or
         statement timeout is not: the worker reads meanwhile, without notify."""
         trouble = Backoff(*RECONNECT)
         while not self._stopping.is_set():
             try:
-                await queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True)
+                await answered_within(self.vt, queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True))
                 return
             except QueueNotFound:
                 raise

@@ -614,6 +614,78 @@ def test_a_stream_worker_whose_sessions_hang_says_so_and_goes_on_once_they_are_g
     assert handled == set(range(-1, 10))
 
 
+def test_a_stream_worker_that_starts_on_sessions_that_hang_gives_them_up_and_starts(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session of the stream worker's pool stops answering before it starts (frozen with
+    SIGSTOP): its first look-ups (the stream's settings, its group's retry queue) are given up
+    within the lease (warned) and made again on new sessions, and it handles the stream while the
+    old sessions still hang. They waited for as long as the hang lasted (for good behind a stuck
+    pooler): the worker never started, saying nothing."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    clicks.send({"n": 1})
+    handled, done, handle = numbers_until(1)
+    worker = StreamWorker("clicks", "g", handle, lease=2, poll_max=0.2)
+
+    async def main() -> None:
+        # Every connection the pool will hand out is open before the hang, so the first call meets it.
+        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as frozen_pool:
+            await asyncio.gather(*(frozen_pool.list_queues() for _ in range(4)))
+            with sessions_frozen(dsn) as frozen:
+                assert len(frozen) >= 2
+                task = asyncio.create_task(
+                    serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+                )
+                try:
+                    await while_serving(task, done.is_set, "not handled while the sessions hang")
+                finally:
+                    worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(main())
+    assert handled == {1}
+    assert any(r.getMessage().startswith("stream_worker.database_unavailable") for r in caplog.records)
+
+
+def test_a_stream_worker_stopped_while_its_sessions_hang_returns(dsn: str, broker: Broker) -> None:
+    """Every session of the stream worker's pool stops answering, then it is stopped: it returns
+    (its partitions' release given up within the lease: the lease runs out instead), where the
+    release waited for its answer for as long as the hang lasted (for good behind a stuck pooler)
+    and the worker never stopped."""
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    clicks.send({"n": 1})
+    _, done, handle = numbers_until(1)
+    worker = StreamWorker("clicks", "g", handle, lease=2, poll_max=0.2, retries=False)
+
+    async def main() -> None:
+        # Every connection the pool will hand out is open before the hang, so the release meets it.
+        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as frozen_pool:
+            task = asyncio.create_task(
+                serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+            )
+            try:
+                await while_serving(task, done.is_set, "the message not handled")
+                with sessions_frozen(dsn, between_statements=True) as frozen:
+                    assert len(frozen) >= 2
+                    worker.stop()
+                    finished, _ = await asyncio.wait([task], timeout=STOPS_WITHIN)
+                    assert finished, f"not returned {STOPS_WITHIN} s after its stop"
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(main())
+
+
+# A stopped stream worker returns within this while its sessions hang: a few leases, and slack.
+STOPS_WITHIN = 30.0
+
+
 def test_a_stream_worker_whose_maintenance_hangs_gives_the_round_up_and_maintains_again(
     dsn: str, broker: Broker, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:

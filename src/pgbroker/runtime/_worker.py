@@ -54,13 +54,8 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import (
-    SCHEMA_CHANGED_HINT,
-    answered_within,
-    is_lost_connection,
-    is_schema_gone,
-    is_transient,
-)
+from pgbroker._db.liveness import answered_within, is_lost_connection, is_transient
+from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
@@ -223,7 +218,7 @@ class Worker:
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
         self._unavailable = False  # the last call lost its connection
-        self._has_read = False  # a read has answered: the schema was there (is_schema_gone)
+        self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
         self._stopping = asyncio.Event()
         self._hurry = False
@@ -312,12 +307,13 @@ class Worker:
 
     async def _enable_notify(self, queue: AsyncQueue) -> None:
         """Turn notify on. A lost connection (the database restarting as the worker starts) is
-        waited out as for reads: it stopped the worker, or left it without notify. A lock or
+        waited out as for reads: it stopped the worker, or left it without notify; so is a call
+        unanswered within the lease (a hung server: the worker never started). A lock or
         statement timeout is not: the worker reads meanwhile, without notify."""
         trouble = Backoff(*RECONNECT)
         while not self._stopping.is_set():
             try:
-                await queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True)
+                await answered_within(self.vt, queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True))
                 return
             except QueueNotFound:
                 raise
@@ -376,7 +372,7 @@ class Worker:
                     continue
                 if subscription is None:
                     try:
-                        subscription = await queue.listen(_LISTEN_TIMEOUT)
+                        subscription = await self._schema.call(broker, queue.listen(_LISTEN_TIMEOUT))
                     except Exception as exc:
                         if not self._lost_connection(exc, []):
                             raise
@@ -429,7 +425,6 @@ class Worker:
             if not self._lost_connection(exc, outcomes):
                 raise
             return None
-        self._has_read = True
         if self._unavailable:
             log_event(logging.WARNING, "worker.database_available", queue=self.queue)
             self._unavailable = False
@@ -446,7 +441,7 @@ class Worker:
         The outcomes the call carried go back to the outbox either way: its sender tries them
         again (fenced receipts make a second ack safe)."""
         self._outbox.put_back(outcomes)
-        if self._has_read and is_schema_gone(exc):
+        if isinstance(exc, SchemaChanged):
             log_event(
                 logging.WARNING,
                 "worker.schema_changed",
@@ -488,7 +483,8 @@ class Worker:
         """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages
         (a span of them, when tracing: pgbroker.tracing)."""
         started = tracing.clock()
-        read = await answered_within(self.vt, self._round_trip(broker, outcomes, qty))
+        round_trip = self._schema.call(broker, self._round_trip(broker, outcomes, qty))
+        read = await answered_within(self.vt, round_trip)
         tracing.exchanged(self.queue, started, read, len(outcomes))
         return read
 

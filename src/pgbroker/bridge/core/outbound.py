@@ -114,9 +114,11 @@ class OutboundBridge:
         self._stopping.set()
 
     async def run(self) -> None:
-        await self._queue.policy()  # QueueNotFound now rather than on the first read
+        # QueueNotFound now rather than on the first read; a database that does not answer is
+        # reported as one that cannot be reached (bounded as every call is).
+        await self._answered(self._queue.policy())
         if self.settings.enable_notify:
-            await self._queue.enable_notify(keep_existing=True)
+            await self._answered(self._queue.enable_notify(keep_existing=True))
         await run_connected(
             self._endpoint,
             self._serve,

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString
 
+from psycopg import sql as pgsql
+
 from pgbroker import _sql as sql
 from pgbroker.errors import InstallError
 
@@ -38,6 +40,27 @@ def lock_pause(attempt: int) -> float:
     """Seconds between two attempts to lock the engine's tables for an upgrade (the install's
     _lock_tables): longer each time, half a second at most."""
     return min(0.05 * attempt, 0.5)
+
+
+def lock_statement(tables: list[tuple[Any, ...]]) -> pgsql.Composed:
+    """LOCK TABLE of install_lock_set's rows (schema, table), all in one statement."""
+    names = pgsql.SQL(", ").join(pgsql.Identifier(str(schema), str(table)) for schema, table in tables)
+    return pgsql.SQL(named("install_lock_tables")).format(tables=names)
+
+
+def lock_table_full(per_transaction: int, slots: int, locks: int) -> InstallError:
+    """The server's lock table had no room for the upgrade's locks (out of shared memory): about
+    how many it holds at once (``locks``, install_lock_capacity's estimate), and the
+    max_locks_per_transaction that makes room for them beside what the server's sessions hold now
+    (the table is shared: per_transaction x slots locks in all, and what shared memory is spare)."""
+    needed = per_transaction + -(-locks // slots)
+    return InstallError(
+        f"the server's lock table is full: the upgrade holds about {locks} locks at once (its "
+        f"functions and the engine's tables), and max_locks_per_transaction = {per_transaction} "
+        f"(x {slots} connections and prepared transactions, shared by every session) left no room",
+        hint=f"Set max_locks_per_transaction to at least {needed} (ALTER SYSTEM, then restart the "
+        "server), or run pgbroker install again when fewer locks are held; nothing was changed.",
+    )
 
 
 def named(name: str) -> LiteralString:

@@ -46,6 +46,7 @@ from pgbroker._db.install_rules import (
     named,
     refuse_dev_history,
     refuse_foreign_pgmq,
+    refuse_other_owner,
     refuse_release_history,
     role_check,
     version_rows,
@@ -105,6 +106,7 @@ def _rows(
 
 def _install(conn: psycopg.Connection[Any]) -> InstallResult:
     _rows(conn, named("install_lock"), (INSTALL_LOCK,))
+    refuse_other_owner(_rows(conn, named("install_schema_owner")))
     refuse_foreign_pgmq(*(_rows(conn, named("install_foreign_pgmq")))[0])
     installed = _installed(conn)
     if installed.dev:

@@ -44,6 +44,7 @@ from pgbroker._db.install_rules import (
     named,
     refuse_dev_history,
     refuse_foreign_pgmq,
+    refuse_other_owner,
     refuse_release_history,
     role_check,
     version_rows,
@@ -103,6 +104,7 @@ async def _rows(
 
 async def _install(conn: psycopg.AsyncConnection[Any]) -> InstallResult:
     await _rows(conn, named("install_lock"), (INSTALL_LOCK,))
+    refuse_other_owner(await _rows(conn, named("install_schema_owner")))
     refuse_foreign_pgmq(*(await _rows(conn, named("install_foreign_pgmq")))[0])
     installed = await _installed(conn)
     if installed.dev:

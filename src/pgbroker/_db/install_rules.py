@@ -227,6 +227,21 @@ class QueueGrant:
     granted_at: datetime
 
 
+def refuse_other_owner(owner_rows: list[tuple[Any, ...]]) -> None:
+    """Refuse an install by a role without the privileges of the one that owns pgbroker's schema
+    (install_schema_owner's rows): it could neither read the versions nor change a table or
+    function, and failed on the first ('permission denied for table schema_version')."""
+    for owner, has_privileges, user in owner_rows:
+        if not has_privileges:
+            raise InstallError(
+                f"pgbroker in this database belongs to role {owner!r}: role {user!r} cannot install "
+                "or upgrade it (an upgrade changes the tables and functions that role owns); "
+                "nothing was changed",
+                hint=f"Run pgbroker install as {owner!r} (or a role granted it, or the server's "
+                "admin role); give applications the roles of `pgbroker install --roles` instead.",
+            )
+
+
 def refuse_foreign_pgmq(has_extension: bool, has_schema: bool, has_pgbroker: bool) -> None:
     if has_extension:
         raise InstallError(

@@ -13,6 +13,13 @@ SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq'),
        to_regclass('pgbroker.schema_version') IS NOT NULL
            OR to_regclass('pgbroker.schema_migrations') IS NOT NULL
 
+-- name: install_schema_owner
+-- Who owns schema pgbroker (no row before the first install), whether the current user has that
+-- role's privileges (an upgrade alters and replaces what it owns), and who the current user is.
+SELECT n.nspowner::regrole::text, pg_catalog.pg_has_role(n.nspowner, 'USAGE'), current_user::text
+FROM pg_catalog.pg_namespace n
+WHERE n.nspname = 'pgbroker'
+
 -- name: install_lock_set
 -- The tables an upgrade or re-applied functions lock, to take at once before they change anything
 -- (pgbroker._db.install): the engine's own tables and views of pgmq and pgbroker, and not a queue's or a

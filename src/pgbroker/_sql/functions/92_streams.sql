@@ -1060,10 +1060,15 @@ BEGIN
         IF NOT consumer = ANY (coalesce(live, '{}')) THEN
             live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
         END IF;
-        -- Forget consumers long gone (a lease and a minute past expiry).
+        -- Forget consumers long gone (a lease and a minute past expiry), but
+        -- one whose last read is still in an open transaction: its row stays
+        -- to a later read, which never waits for it.
         DELETE FROM pgbroker.stream_consumer c
-        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-          AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
+        WHERE (c.stream_name, c.group_name, c.consumer) IN (
+            SELECT x.stream_name, x.group_name, x.consumer FROM pgbroker.stream_consumer x
+            WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
+              AND x.expires_at < now() - make_interval(secs => lease_seconds + 60)
+            FOR UPDATE SKIP LOCKED);
     END IF;
 
     SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
@@ -1090,10 +1095,16 @@ BEGIN
         -- taken from it while it handles what it read (duplicates without a
         -- death). After the lock, a new statement sees every taker before us.
         -- The group's row, not an advisory lock, which any session could hold
-        -- to keep every newcomer waiting (see _stream_safe_id).
-        PERFORM FROM pgbroker.stream_group t
-        WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
-        FOR NO KEY UPDATE;
+        -- to keep every newcomer waiting (see _stream_safe_id). Waited for
+        -- briefly: a taker's transaction is one read, unless its client left
+        -- it open (idle in transaction), and then every reader of the group
+        -- waited behind it for as long; not had, this read takes nothing and
+        -- a later one tries again (tests/engine/test_stream_idle_reader.py).
+        IF NOT pgbroker._lock_within(format(
+                'SELECT FROM pgbroker.stream_group t WHERE t.stream_name = %L AND t.group_name = %L '
+                'FOR NO KEY UPDATE', s.stream_name, group_name), '100ms') THEN
+            RETURN 0;
+        END IF;
         -- (This consumer's row is there: registered above, in this transaction.)
         SELECT array_agg(c.consumer ORDER BY c.consumer) INTO live
         FROM pgbroker.stream_consumer c

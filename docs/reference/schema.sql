@@ -4396,7 +4396,7 @@ BEGIN
     -- batch: then a consumer keeping up, the usual case, walked every partition
     -- twice a call, once for nothing. The advance is a probe of the log's lock
     -- unless a producer is at work: a consumer catching up pays it once a batch.)
-    safe := pgbroker._stream_safe_id(s.stream_name);
+    safe := pgbroker._stream_read_safe_id(s.stream_name);
     -- Lock the consumer's cursor rows with messages to read, or acked by this call
     -- (not the log's): a partition cannot change hands between this read and the
     -- write of its position. Then their positions, read after the lock (see
@@ -4569,6 +4569,32 @@ CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream) RETURNS text
 $_$;
 
 --
+-- Name: _stream_read_safe_id(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_read_safe_id(stream_name text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    safe_id bigint := pgbroker._stream_safe_id_advanced(stream_name);
+    last_id bigint;
+BEGIN
+    IF safe_id IS NOT NULL THEN
+        RETURN safe_id;
+    END IF;
+    safe_id := (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+    IF safe_id IS NULL OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN safe_id;
+    END IF;
+    last_id := pg_sequence_last_value(format('pgbroker.%I', 's_' || stream_name || '_seq')::regclass);
+    IF last_id > safe_id AND pgbroker._stream_unwritten(stream_name) THEN
+        RETURN last_id;
+    END IF;
+    RETURN safe_id;
+END;
+$$;
+
+--
 -- Name: _stream_renew(text, text, text, integer, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -4691,6 +4717,19 @@ $$;
 CREATE FUNCTION pgbroker._stream_safe_id(stream_name text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
+BEGIN
+    RETURN coalesce(pgbroker._stream_safe_id_advanced(stream_name),
+                    (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t));
+END;
+$$;
+
+--
+-- Name: _stream_safe_id_advanced(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_safe_id_advanced(stream_name text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
 DECLARE
     w pgbroker.stream_watermark;
     last_id bigint;
@@ -4698,11 +4737,11 @@ DECLARE
     changed boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id.stream_name
+        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id_advanced.stream_name
         FOR NO KEY UPDATE SKIP LOCKED;
     END IF;
     IF NOT FOUND THEN  -- another caller advances, or not READ COMMITTED (FOUND starts false)
-        RETURN (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+        RETURN NULL;
     END IF;
     SELECT * INTO w FROM pgbroker._stream_watermark(stream_name);
     IF NOT FOUND THEN

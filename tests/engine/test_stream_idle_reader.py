@@ -87,3 +87,24 @@ def test_a_reader_idle_in_transaction_long_past_its_lease_holds_up_no_other_cons
     with psycopg.connect(dsn, autocommit=True) as conn:
         consumers = conn.execute("SELECT consumer FROM pgbroker.stream_consumer ORDER BY 1").fetchall()
     assert consumers == [("other",)]
+
+
+def test_a_reader_idle_in_transaction_holds_up_no_group_of_its_stream(dsn: str) -> None:
+    """Each read may advance the stream's safe id (how far every group may read), one reader at a
+    time, holding the stream's row to its commit: a reader left idle in transaction must not keep
+    the new messages from every other group."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgbroker.create_stream('events', 4)")
+        conn.execute("SELECT pgbroker.create_stream_group('events', 'g', 'start')")
+        conn.execute("SELECT pgbroker.create_stream_group('events', 'h', 'start')")
+        conn.execute("SELECT pgbroker.stream_send_many('events', array_fill('{}'::jsonb, ARRAY[40]))")
+    with psycopg.connect(dsn) as idle, psycopg.connect(dsn, autocommit=True) as other:
+        read = idle.execute("SELECT count(*) FROM pgbroker.stream_read('events', 'h', 'idle', 100, 30)")
+        assert read.fetchone() == (40,)
+        other.execute("SET statement_timeout = '20s'")
+        other.execute("SELECT pgbroker.stream_send_many('events', array_fill('{}'::jsonb, ARRAY[60]))")
+
+        waited, rows = timed_read(other, "other", 30)
+
+        assert waited < ANSWERED_WITHIN
+        assert len(rows) == 100

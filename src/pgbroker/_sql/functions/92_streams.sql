@@ -645,18 +645,62 @@ BEGIN
 END;
 $$;
 
--- Advance the stream's safe id if it can, and return it (see the header).
--- One caller at a time advances: the stream's row locked (SKIP LOCKED), held
--- to the end of its transaction, orders the appends, so the newest row is
--- the last advance; the others use the newest committed row, at most one
--- call behind. A row lock, not an advisory one: any session of the database
+-- The safe id a read goes up to: the stream's, advanced by this call when
+-- it holds the stream's row (_stream_safe_id_advanced). Else another reader
+-- holds the row, to the end of its transaction: one left idle in transaction
+-- held it for as long, and every group of the stream read nothing newer than
+-- the watermark before it (tests/engine/test_stream_idle_reader.py). Then the
+-- newest committed watermark; or, when ids were drawn beyond it and no
+-- transaction writes the log at this instant, the last id drawn, as the
+-- advancer's first step would find it (L first, then the writers), for this
+-- read only (only the row's holder appends). Such a read may move a group's
+-- positions past the newest watermark: the reads after it find nothing there
+-- until the watermark passes them. Not for Spark's bounds, which must not go
+-- back (spark_stream_bound).
+CREATE OR REPLACE FUNCTION pgbroker._stream_read_safe_id(stream_name text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    safe_id bigint := pgbroker._stream_safe_id_advanced(stream_name);
+    last_id bigint;
+BEGIN
+    IF safe_id IS NOT NULL THEN
+        RETURN safe_id;
+    END IF;
+    safe_id := (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+    IF safe_id IS NULL OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN safe_id;
+    END IF;
+    last_id := pg_sequence_last_value(format('pgbroker.%I', 's_' || stream_name || '_seq')::regclass);
+    IF last_id > safe_id AND pgbroker._stream_unwritten(stream_name) THEN
+        RETURN last_id;
+    END IF;
+    RETURN safe_id;
+END;
+$$;
+
+-- The stream's safe id: advanced by this call if it can, else the newest
+-- committed watermark (at most one call behind).
+CREATE OR REPLACE FUNCTION pgbroker._stream_safe_id(stream_name text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN coalesce(pgbroker._stream_safe_id_advanced(stream_name),
+                    (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t));
+END;
+$$;
+
+-- Advance the stream's safe id if it can, and return it (see the header);
+-- NULL when another caller advances (or not READ COMMITTED, or no such
+-- stream). One caller at a time advances: the stream's row locked (SKIP
+-- LOCKED), held to the end of its transaction, orders the appends, so the
+-- newest row is the last advance; the others use the newest committed row,
+-- at most one call behind. A row lock, not an advisory one: any session of the database
 -- may take an advisory lock, and one that held this one would stop every
 -- read of the stream for good; locking the row needs the owner's rights.
 -- (No UPDATE touches the row; FOREIGN KEY checks' KEY SHARE does not
 -- conflict.) Only in READ COMMITTED, whose every statement sees the last
 -- advance committed: an older snapshot could append on top of a state
 -- already replaced.
-CREATE OR REPLACE FUNCTION pgbroker._stream_safe_id(stream_name text)
+CREATE OR REPLACE FUNCTION pgbroker._stream_safe_id_advanced(stream_name text)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     w pgbroker.stream_watermark;
@@ -665,11 +709,11 @@ DECLARE
     changed boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id.stream_name
+        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id_advanced.stream_name
         FOR NO KEY UPDATE SKIP LOCKED;
     END IF;
     IF NOT FOUND THEN  -- another caller advances, or not READ COMMITTED (FOUND starts false)
-        RETURN (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+        RETURN NULL;
     END IF;
     SELECT * INTO w FROM pgbroker._stream_watermark(stream_name);
     IF NOT FOUND THEN
@@ -1312,7 +1356,7 @@ BEGIN
     -- batch: then a consumer keeping up, the usual case, walked every partition
     -- twice a call, once for nothing. The advance is a probe of the log's lock
     -- unless a producer is at work: a consumer catching up pays it once a batch.)
-    safe := pgbroker._stream_safe_id(s.stream_name);
+    safe := pgbroker._stream_read_safe_id(s.stream_name);
     -- Lock the consumer's cursor rows with messages to read, or acked by this call
     -- (not the log's): a partition cannot change hands between this read and the
     -- write of its position. Then their positions, read after the lock (see

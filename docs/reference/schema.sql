@@ -5705,6 +5705,32 @@ END;
 $$;
 
 --
+-- Name: blocking_sessions(interval); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.blocking_sessions(older_than interval DEFAULT '00:01:00'::interval) RETURNS TABLE(pid integer, role_name text, application_name text, client_addr inet, state text, transaction_age_sec double precision, state_age_sec double precision, tables text[], holds_horizon boolean, query text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT x.pid, x.usename::text, x.application_name, x.client_addr, x.state,
+           extract(epoch FROM clock_timestamp() - x.xact_start)::float8,
+           extract(epoch FROM clock_timestamp() - x.state_change)::float8,
+           x.tables, x.holds_horizon, x.query
+    FROM (SELECT a.*, a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL AS holds_horizon,
+                 ARRAY(SELECT DISTINCT c.oid::regclass::text
+                       FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_class c ON c.oid = l.relation
+                       WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted
+                         AND c.relkind IN ('r', 'p')
+                         AND c.relnamespace IN (to_regnamespace('pgmq'), to_regnamespace('pgbroker'))
+                       ORDER BY 1) AS tables
+          FROM pg_catalog.pg_stat_activity a
+          WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+            AND a.backend_type = 'client backend'
+            AND a.xact_start < clock_timestamp() - older_than) x
+    WHERE cardinality(x.tables) > 0 OR x.holds_horizon
+    ORDER BY x.xact_start, x.pid;
+$$;
+
+--
 -- Name: complete(text, text[]); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 

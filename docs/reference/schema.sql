@@ -5705,10 +5705,10 @@ END;
 $$;
 
 --
--- Name: blocking_sessions(interval); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: blocking_sessions(interval, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.blocking_sessions(older_than interval DEFAULT '00:01:00'::interval) RETURNS TABLE(pid integer, role_name text, application_name text, client_addr inet, state text, transaction_age_sec double precision, state_age_sec double precision, tables text[], holds_horizon boolean, query text)
+CREATE FUNCTION pgbroker.blocking_sessions(older_than interval DEFAULT '00:01:00'::interval, stream_name text DEFAULT NULL::text) RETURNS TABLE(pid integer, role_name text, application_name text, client_addr inet, state text, transaction_age_sec double precision, state_age_sec double precision, tables text[], holds_horizon boolean, query text)
     LANGUAGE sql STABLE
     AS $$
     SELECT x.pid, x.usename::text, x.application_name, x.client_addr, x.state,
@@ -5721,12 +5721,20 @@ CREATE FUNCTION pgbroker.blocking_sessions(older_than interval DEFAULT '00:01:00
                        WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted
                          AND c.relkind IN ('r', 'p')
                          AND c.relnamespace IN (to_regnamespace('pgmq'), to_regnamespace('pgbroker'))
-                       ORDER BY 1) AS tables
+                       ORDER BY 1) AS tables,
+                 ARRAY(SELECT l.relation FROM pg_catalog.pg_locks l
+                       WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted) AS relations
           FROM pg_catalog.pg_stat_activity a
           WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
             AND a.backend_type = 'client backend'
             AND a.xact_start < clock_timestamp() - older_than) x
-    WHERE cardinality(x.tables) > 0 OR x.holds_horizon
+    WHERE CASE WHEN blocking_sessions.stream_name IS NULL THEN cardinality(x.tables) > 0 OR x.holds_horizon
+               ELSE x.relations && ARRAY(
+                   SELECT t.relid::oid FROM pg_catalog.pg_partition_tree(format('pgbroker.%I',
+                       's_' || (pgbroker._stream_row(blocking_sessions.stream_name)).stream_name)::regclass) t
+                   UNION ALL SELECT t.relid::oid FROM pg_catalog.pg_partition_tree('pgbroker.stream_position') t
+                   UNION ALL SELECT t.relid::oid FROM pg_catalog.pg_partition_tree('pgbroker.stream_watermark') t)
+          END
     ORDER BY x.xact_start, x.pid;
 $$;
 

@@ -1,4 +1,4 @@
-"""``pgbroker sessions``: the sessions that hold the engine up (pgbroker._db.sessions).
+"""``pgbroker sessions``: the sessions that hold the engine up (pgbroker.blocking_sessions).
 
 A client that calls pgmq.set_vt or a stream read inside an explicit transaction and leaves it open
 (idle in transaction) keeps the rows it locked from the other consumers, a stream's tables from its
@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Sequence
+from dataclasses import asdict
 
-from pgbroker._db.sessions import BlockingSession, blocking_sessions
 from pgbroker.cli.support.arguments import seconds
 from pgbroker.cli.support.output import print_listing
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.tables import age, table
-from pgbroker.queues._client import Broker
+from pgbroker.queues._client import Broker, blocking_sessions
+from pgbroker.queues._records import BlockingSession
 
 __all__ = ["register"]
 
@@ -39,12 +40,11 @@ def register(subcommands: Subcommands) -> None:
 
 
 def _sessions(args: argparse.Namespace, broker: Broker) -> int:
-    with broker.connection() as conn:
-        found = blocking_sessions(conn, args.older_than)
+    found = blocking_sessions(broker, args.older_than)
     return print_listing(
         args,
         found,
-        lambda session: vars(session),
+        asdict,
         _table,
         empty=f"no transaction open longer than {age(int(args.older_than))} holds queues, streams or vacuum",
     )

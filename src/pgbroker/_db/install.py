@@ -41,6 +41,7 @@ from pgbroker._db.install_rules import (
     QueueGrant,
     RoleCheck,
     lock_pause,
+    lock_refused,
     lock_statement,
     lock_table_full,
     named,
@@ -207,12 +208,8 @@ def _lock_tables(conn: psycopg.Connection[Any], *, dev: bool) -> None:
         except psycopg.errors.LockNotAvailable:
             log.info("install.waiting_for_locks attempt=%d", attempt)
             _rows(conn, named("install_lock_pause"), (lock_pause(attempt),))
-    raise InstallError(
-        f"could not lock pgbroker's tables for the upgrade in {LOCK_ATTEMPTS} attempts (about a "
-        "minute): a transaction keeps using them",
-        hint="Look for sessions idle in transaction or long queries on the queue tables "
-        "(pg_stat_activity), end them, and run pgbroker install again; nothing was changed.",
-    )
+    schemas, names = ([str(row[i]) for row in tables] for i in (0, 1))
+    raise lock_refused(LOCK_ATTEMPTS, _rows(conn, named("install_lock_holders"), (schemas, names)))
 
 
 def _apply_functions(conn: psycopg.Connection[Any], *, force: bool) -> bool:

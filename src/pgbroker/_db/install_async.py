@@ -39,6 +39,7 @@ from pgbroker._db.install_rules import (
     QueueGrant,
     RoleCheck,
     lock_pause,
+    lock_refused,
     lock_statement,
     lock_table_full,
     named,
@@ -205,12 +206,8 @@ async def _lock_tables(conn: psycopg.AsyncConnection[Any], *, dev: bool) -> None
         except psycopg.errors.LockNotAvailable:
             log.info("install.waiting_for_locks attempt=%d", attempt)
             await _rows(conn, named("install_lock_pause"), (lock_pause(attempt),))
-    raise InstallError(
-        f"could not lock pgbroker's tables for the upgrade in {LOCK_ATTEMPTS} attempts (about a "
-        "minute): a transaction keeps using them",
-        hint="Look for sessions idle in transaction or long queries on the queue tables "
-        "(pg_stat_activity), end them, and run pgbroker install again; nothing was changed.",
-    )
+    schemas, names = ([str(row[i]) for row in tables] for i in (0, 1))
+    raise lock_refused(LOCK_ATTEMPTS, await _rows(conn, named("install_lock_holders"), (schemas, names)))
 
 
 async def _apply_functions(conn: psycopg.AsyncConnection[Any], *, force: bool) -> bool:

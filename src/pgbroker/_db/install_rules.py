@@ -48,6 +48,24 @@ def lock_statement(tables: list[tuple[Any, ...]]) -> pgsql.Composed:
     return pgsql.SQL(named("install_lock_tables")).format(tables=names)
 
 
+def lock_refused(attempts: int, holders: list[tuple[Any, ...]]) -> InstallError:
+    """The upgrade could not lock its tables in ``attempts`` tries: the sessions that hold them
+    (install_lock_holders' rows: pid, state, application, seconds in their transaction), named so
+    that the operator can end them."""
+    held_by = "; ".join(
+        f"pid {pid} ({state or 'state unknown'} for {age if age is not None else '?'} s"
+        f"{f', application {application!r}' if application else ''})"
+        for pid, state, application, age in holders
+    )
+    return InstallError(
+        f"could not lock pgbroker's tables for the upgrade in {attempts} attempts (about a minute): "
+        + (f"held by {held_by}" if holders else "a transaction kept using them"),
+        hint="End those sessions (SELECT pg_terminate_backend(pid)) or let them finish: a client left "
+        "idle in transaction after a read or set_vt holds them until it commits (pgbroker sessions "
+        "lists them); then run pgbroker install again. Nothing was changed.",
+    )
+
+
 def lock_table_full(per_transaction: int, slots: int, locks: int) -> InstallError:
     """The server's lock table had no room for the upgrade's locks (out of shared memory): about
     how many it holds at once (``locks``, install_lock_capacity's estimate), and the

@@ -38,6 +38,18 @@ ORDER BY c.oid
 -- Take the tables of install_lock_set in one statement ({tables}: their names, composed in Python).
 LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE
 
+-- name: install_lock_holders
+-- The other sessions holding a lock on a table of install_lock_set (given as two arrays, schemas and
+-- names), the oldest transaction first: pid, state, application, seconds in their transaction.
+SELECT a.pid, a.state, a.application_name, extract(epoch FROM clock_timestamp() - a.xact_start)::integer
+FROM pg_catalog.pg_stat_activity a
+WHERE a.pid IN (SELECT l.pid FROM pg_catalog.pg_locks l
+                JOIN pg_catalog.pg_class c ON c.oid = l.relation
+                JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid()
+                  AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[])))
+ORDER BY a.xact_start, a.pid
+
 -- name: install_lock_capacity
 -- What sizes the server's lock table (max_locks_per_transaction for each of max_connections and
 -- max_prepared_transactions), and about how many locks an upgrade holds at once: one for each

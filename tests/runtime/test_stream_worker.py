@@ -28,6 +28,7 @@ from pgbroker.streams._client import Stream
 from pgbroker.streams._client_async import AsyncStreamConsumer
 from pgbroker.streams._records import StreamBatch, StreamMessage
 from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
+from tests.support.worker import run_until as serve_until
 from tests.support.worker import while_serving
 
 
@@ -832,3 +833,32 @@ def test_a_stream_worker_rides_out_a_failed_look_up_at_its_start(dsn: str, broke
         holder.join()
     assert handled == set(range(20))
     assert worker.stats.connection_errors >= 1  # the lock was met
+
+
+def test_the_worker_names_a_session_that_holds_its_retention_up(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that read the stream in a transaction and left it open keeps retention from the
+    child tables it holds and the ring from rotating: the worker's maintenance says who, each round."""
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    clicks.create_group("audit", start="start")
+    clicks.send_many([{"n": i} for i in range(10)])
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+
+    async def handle(message: StreamMessage) -> None:
+        pass
+
+    def held_up() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("stream_worker.held_up")]
+
+    with psycopg.connect(dsn, application_name="audit-reader") as idle:
+        idle.execute("SELECT * FROM pgbroker.stream_read('clicks', 'audit', 'auditor', 10, 30)").fetchall()
+        worker = StreamWorker("clicks", "g", handle, lease=1, maintain_every=0.5)
+        asyncio.run(serve_until(dsn, [worker], lambda: bool(held_up()), timeout=30))
+        pid = idle.info.backend_pid
+    message = held_up()[0].getMessage()
+    assert f"pid={pid}" in message
+    assert "application=audit-reader" in message
+    assert "pgbroker sessions" in message

@@ -54,7 +54,7 @@ from pgbroker._db.liveness import answered_within, is_transient
 from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, StreamConsumerSuperseded
-from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._client_async import AsyncBroker, blocking_sessions
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._log_events import log_event, log_failure
@@ -76,6 +76,13 @@ StreamHandler: TypeAlias = Callable[[StreamMessage], Any]
 
 _RECONNECT = (0.05, 2.0)
 _LISTEN_TIMEOUT = 1.0
+# What to do about a session that holds the stream's tables up (docs/operations.md, "Long
+# transactions").
+_HELD_UP_HINT = (
+    "its transaction, open longer than a lease, holds the stream's tables: retention cannot empty "
+    "them nor the ring of positions rotate until it ends; see `pgbroker sessions`, end it with "
+    "SELECT pg_terminate_backend(pid)"
+)
 
 
 def stream_message_of(message: Message) -> StreamMessage:
@@ -492,6 +499,20 @@ class StreamWorker:
         async def one_round() -> None:
             if emptied := await answered_within(within, stream.maintain()):
                 log_event(logging.INFO, "stream_worker.retention", stream=self.stream, emptied=emptied)
+            # Retention skips a child table another transaction holds, and the ring's rotation
+            # gives up: without a word, the log and the ring grew for as long as a client left a
+            # read open (idle in transaction). Name such a session, once a round.
+            for held in await answered_within(within, blocking_sessions(stream, self.lease, self.stream)):
+                log_event(
+                    logging.WARNING,
+                    "stream_worker.held_up",
+                    stream=self.stream,
+                    pid=held.pid,
+                    state=held.state,
+                    transaction_age_sec=round(held.transaction_age_sec),
+                    application=held.application_name,
+                    hint=_HELD_UP_HINT,
+                )
 
         command = f"pgbroker stream maintain {self.stream}"
         await maintenance_rounds(every, one_round, "stream_worker.maintenance", command, stream=self.stream)

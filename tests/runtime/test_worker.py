@@ -23,6 +23,7 @@ from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.runtime import _registration, _worker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
+from pgbroker.schedules._scheduler import Scheduler
 from tests.support.faults import freezable, impatient, sessions_frozen, table_locked
 from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
@@ -919,3 +920,56 @@ def test_a_worker_stopped_while_its_connections_hang_stops(
 
     asyncio.run(scenario())
     assert any(r.getMessage().startswith("worker.registration_failed") for r in caplog.records)
+
+
+def test_a_worker_s_helper_that_dies_of_a_bug_says_so_at_once(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat (like the other helpers: the ack sender, the registration, maintenance)
+    catches what it meets; anything else is a bug, which ended it without a word while the worker
+    ran on, its slow handlers' leases left to run out."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    broker.create_queue("jobs").send("slow")
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("a bug in the heartbeat")
+
+    monkeypatch.setattr(_worker, "extend_leases", broken)
+
+    async def slow(message: Message) -> None:
+        await asyncio.sleep(2)
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("worker.bug")]
+
+    worker = Worker("jobs", slow, vt=3)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 1 and bool(said())))
+    [bug] = said()
+    assert bug.levelno == logging.ERROR
+    assert "task=pgbroker-beat-jobs" in bug.getMessage()
+    assert bug.exc_info is not None
+    assert bug.exc_info[0] is RuntimeError
+
+
+def test_a_scheduler_that_dies_of_a_bug_beside_workers_says_so_at_once(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve()'s scheduler catches what it meets; anything else ended it without a word (its
+    error swallowed at the stop) while the workers ran on and no schedule was sent."""
+    caplog.set_level(logging.WARNING)
+    broker.create_queue("jobs")
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("a bug in the scheduler")
+
+    monkeypatch.setattr(Scheduler, "_send_due", broken)
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("scheduler.failed")]
+
+    worker = Worker("jobs", lambda message: None)
+    asyncio.run(run_until(dsn, [worker], lambda: bool(said())))
+    [failed] = said()
+    assert failed.levelno == logging.ERROR
+    assert failed.exc_info is not None
+    assert failed.exc_info[0] is RuntimeError

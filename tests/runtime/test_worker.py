@@ -24,7 +24,7 @@ from pgbroker.runtime import _registration, _worker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
 from pgbroker.schedules._scheduler import Scheduler
-from tests.support.faults import freezable, impatient, sessions_frozen, table_locked
+from tests.support.faults import freezable, impatient, listener_pid, sessions_frozen, table_locked
 from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until, while_serving
@@ -497,6 +497,37 @@ def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
 
     sent_at = asyncio.run(scenario())
     assert handled_at[0] - sent_at < 1.0  # a notification, not the 10 s poll
+
+
+def test_a_sleeping_worker_whose_listen_session_is_terminated_still_wakes_on_a_send(
+    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The LISTEN session ends under an idle worker (pg_terminate_backend: a restart, a failover, an
+    idle_session_timeout cut it the same way): the listener says so, connects again and LISTENs
+    anew, and the next send still wakes the worker at once, not at its next poll (30 s here)."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.listen")
+    queue = broker.create_queue("jobs")
+    handled_at: list[float] = []
+    worker = Worker("jobs", lambda message: handled_at.append(time.monotonic()), poll_min=30, poll_max=30)
+
+    async def scenario() -> float:
+        async def cut_then_send() -> float:
+            first = await asyncio.to_thread(listener_pid, conn)
+            await asyncio.sleep(1.0)  # the worker read, found nothing, and sleeps for 30 s
+            await asyncio.to_thread(conn.execute, "SELECT pg_terminate_backend(%s)", [first])
+            await asyncio.to_thread(listener_pid, conn, first)  # connected and LISTENing again
+            await asyncio.sleep(1.0)  # woken by the new LISTEN, the worker read again and sleeps
+            sent_at = time.monotonic()
+            await asyncio.to_thread(queue.send, "wake up")
+            return sent_at
+
+        sender = asyncio.create_task(cut_then_send())
+        await run_until(dsn, [worker], lambda: bool(handled_at), timeout=25)
+        return await sender
+
+    sent_at = asyncio.run(scenario())
+    assert handled_at[0] - sent_at < 1.0  # a notification on the new session, not the 30 s poll
+    assert any("listener lost its connection" in r.getMessage() for r in caplog.records)
 
 
 def test_a_send_soon_after_an_announced_one_wakes_the_worker_too(broker: Broker, dsn: str) -> None:

@@ -57,7 +57,7 @@ from pgbroker.errors import InvalidArgument, StreamConsumerSuperseded
 from pgbroker.queues._client_async import AsyncBroker, blocking_sessions
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
-from pgbroker.runtime._log_events import log_event, log_failure
+from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
 
@@ -207,7 +207,10 @@ class StreamWorker:
             retry_task.add_done_callback(self._retries_ended)
         if self.maintain_every is not None:
             maintain_task = asyncio.create_task(self._maintain(stream, self.maintain_every))
-        heartbeat_task = asyncio.create_task(self._heartbeats(consumer))
+        heartbeat_task = asyncio.create_task(self._heartbeats(consumer), name=f"pgbroker-beat-{self.stream}")
+        for task in (heartbeat_task, maintain_task):
+            if task is not None:
+                task.add_done_callback(on_bug("stream_worker.bug", stream=self.stream, group=self.group))
         log_event(
             logging.INFO,
             "stream_worker.started",

@@ -64,7 +64,7 @@ from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
-from pgbroker.runtime._log_events import log_event, log_failure
+from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
@@ -225,6 +225,7 @@ class Worker:
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
         self._outbox = Outbox(queue)
         self._closing = asyncio.Event()  # the outbox's sender sends what is left, then ends
+        self._bug = on_bug("worker.bug", queue=queue)  # a task of the worker's that ended in error
 
     def __repr__(self) -> str:
         return f"Worker({self.queue!r}, {getattr(self.handler, '__qualname__', self.handler)!r})"
@@ -263,6 +264,8 @@ class Worker:
         helpers.append(
             asyncio.create_task(registration.keep(broker, self._beat), name=f"pgbroker-register-{self.queue}")
         )
+        for task in (flusher, *helpers):
+            task.add_done_callback(self._bug)
         log_event(
             logging.INFO,
             "worker.started",
@@ -642,8 +645,7 @@ class Worker:
         self._in_flight.pop(task, None)
         self._start_ahead()
         self._changed.set()
-        if not task.cancelled() and task.exception() is not None:
-            log_event(logging.ERROR, "worker.bug", queue=self.queue, error=repr(task.exception()))
+        self._bug(task)
 
     async def _process(self, threads: HandlerThreads | None, message: Message, lease: Lease) -> None:
         started = time.perf_counter()

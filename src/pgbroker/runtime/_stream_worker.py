@@ -49,7 +49,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
-from pgbroker._db.listen_async import AsyncSubscription
+from pgbroker._db.listen_async import AsyncSubscription, nap
 from pgbroker._db.liveness import answered_within, is_transient
 from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker._event_loop import running_loop
@@ -521,9 +521,5 @@ class StreamWorker:
         await maintenance_rounds(every, one_round, "stream_worker.maintenance", command, stream=self.stream)
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
-        sleepers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stopping.wait())]
-        if subscription is not None:
-            sleepers.append(asyncio.ensure_future(subscription.wait(seconds)))
-        await asyncio.wait(sleepers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        for sleeper in sleepers:
-            sleeper.cancel()
+        """Sleep until a notification of a send, stop(), or ``seconds`` have passed."""
+        await nap(self._stopping, subscription, seconds)

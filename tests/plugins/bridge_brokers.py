@@ -1,5 +1,6 @@
 """Brokers for bridge round trips: ``broker_urls``, once per broker kind (RabbitMQ, a private Redis,
-NATS, MQTT server, moto's SQS), a factory of (out URL, in URL) contexts on it."""
+NATS, MQTT server, moto's SQS), a factory of (out URL, in URL) contexts on it; and ``redis_server``,
+a private Redis for a module's tests."""
 
 from __future__ import annotations
 
@@ -49,5 +50,16 @@ def broker_urls(
             yield found.url(name), found.url(name)
 
         yield urls
+    finally:
+        node.close()
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[PrivateServer]:
+    """A private Redis, shared by the tests of a module."""
+    node = PrivateServer(KINDS["redis"], scratch_dir("pgbroker-redis-"))
+    node.start()
+    try:
+        yield node
     finally:
         node.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -18,7 +18,7 @@ import pytest
 
 from pgbroker import Broker, Queue
 from pgbroker.embedded import EmbeddedPostgres
-from tests.support.postgres import create_db, drop_db, dsn_for_db, fresh_database, scratch_dir
+from tests.support.postgres import create_db, drop_db, dsn_for_db, fresh_database, scratch_dir, socket_link
 
 
 @pytest.fixture(scope="session")
@@ -148,3 +148,11 @@ def replicated() -> Iterator[tuple[EmbeddedPostgres, EmbeddedPostgres]]:
 
     with replicated_pair() as pair:
         yield pair
+
+
+@pytest.fixture(name="socket_link")
+def socket_link_fixture(dsn: str) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """The test's database through a link to the server's socket, with what cuts and restores the
+    link (tests.support.postgres.socket_link)."""
+    with socket_link(dsn) as linked:
+        yield linked

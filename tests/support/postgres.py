@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker.embedded import EmbeddedPostgres
 
@@ -97,3 +97,23 @@ def _rows(dsn: str, query: str) -> list[tuple[Any, ...]]:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def server_socket(dsn: str) -> Path:
+    """The Unix socket of the server ``dsn`` reaches (its host a socket directory)."""
+    params = conninfo_to_dict(dsn)
+    return Path(str(params["host"])) / f".s.PGSQL.{params['port']}"
+
+
+@contextmanager
+def socket_link(dsn: str) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """A DSN reaching ``dsn``'s server through a link to its socket, and what cuts the link
+    (new connections are refused, as while a server restarts; those made go on) and restores it."""
+    target = server_socket(dsn)
+    scratch = Path(tempfile.mkdtemp(prefix="pgb-link-"))  # short: a socket path has a size limit
+    link = scratch / target.name
+    link.symlink_to(target)
+    try:
+        yield make_conninfo(dsn, host=str(scratch)), link.unlink, lambda: link.symlink_to(target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -22,12 +22,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker, Message, Queue, Stream
 from pgbroker._event_loop import LOOP_ENV
 from pgbroker.demo.stage import Demo
 from pgbroker.demo.workers import workers_stage
+from tests.support.postgres import server_socket
 from tests.support.tables import Conn, a_rows, q_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -289,11 +290,6 @@ def test_the_supervisor_restarts_a_killed_worker_process_and_stops_them_all(
     assert len(a_rows(conn, "jobs")) == 100
 
 
-def _server_socket(dsn: str) -> Path:
-    params = conninfo_to_dict(dsn)
-    return Path(str(params["host"])) / f".s.PGSQL.{params['port']}"
-
-
 def test_a_worker_process_restarted_while_the_database_is_out_of_reach_waits_for_it(
     dsn: str,
     conn: Conn,
@@ -301,9 +297,9 @@ def test_a_worker_process_restarted_while_the_database_is_out_of_reach_waits_for
     workers: Callable[..., WorkerProcess],
     socket_link: tuple[str, Callable[[], None], Callable[[], None]],
 ) -> None:
-    """A first start fails at once (a wrong DSN), but a worker process the supervisor starts again
-    (one was killed) while the database is away (restarting, failing over) waits for it, as the
-    running ones do: the supervisor used to stop every worker process and exit 5 then, for good."""
+    """A worker process the supervisor starts again (one was killed) while the database is away
+    (restarting, failing over) waits for it, as the running ones do: the supervisor used to stop
+    every worker process and exit 5 then, for good."""
     linked, cut, restore = socket_link
     jobs.send_many([{"sleep": 0.05} for _ in range(100)])
     supervisor = workers(
@@ -320,7 +316,7 @@ def test_a_worker_process_restarted_while_the_database_is_out_of_reach_waits_for
     os.kill(min(first), signal.SIGKILL)
 
     def replacement_waits() -> bool:  # (the running worker's own line names its queue, not a pause)
-        return any("worker.database_unavailable error=" in line and "retry_in=" in line for line in said)
+        return any("start.database_unavailable error=" in line and "retry_in=" in line for line in said)
 
     wait_for(
         lambda: replacement_waits() or supervisor.process.poll() is not None, timeout=60, what="a replacement"
@@ -339,33 +335,19 @@ def test_a_worker_process_restarted_while_the_database_is_out_of_reach_waits_for
 
 
 @pytest.fixture
-def socket_link(dsn: str) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
-    """A DSN reaching the test's server through a link to its socket, and what cuts the link
-    (new connections are refused, as while a server restarts; those made go on) and restores it."""
-    server_socket = _server_socket(dsn)
-    scratch = Path(tempfile.mkdtemp(prefix="pgb-link-"))  # short: a socket path has a size limit
-    link = scratch / server_socket.name
-    link.symlink_to(server_socket)
-    try:
-        yield make_conninfo(dsn, host=str(scratch)), link.unlink, lambda: link.symlink_to(server_socket)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-@pytest.fixture
 def two_hosts(dsn: str) -> Iterator[tuple[str, Callable[[], None]]]:
     """A multi-host DSN (two socket directories, the first answering) on the test's server, and
     a failover: the first host goes, the second answers. The sockets are links to the server's."""
-    server_socket = _server_socket(dsn)
+    target = server_socket(dsn)
     scratch = Path(tempfile.mkdtemp(prefix="pgb-hosts-"))  # short: a socket path has a size limit
     first, second = scratch / "first", scratch / "second"
     first.mkdir()
     second.mkdir()
-    (first / server_socket.name).symlink_to(server_socket)
+    (first / target.name).symlink_to(target)
 
     def fail_over() -> None:
-        (first / server_socket.name).unlink()
-        (second / server_socket.name).symlink_to(server_socket)
+        (first / target.name).unlink()
+        (second / target.name).symlink_to(target)
 
     try:
         yield make_conninfo(dsn, host=f"{first},{second}"), fail_over

@@ -40,8 +40,8 @@ from pgbroker.cli.support.parsers import (
     Subcommands,
     add_command,
     add_group,
-    add_loop_option,
     add_progress_option,
+    add_service_options,
 )
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
@@ -68,7 +68,7 @@ def register(subcommands: Subcommands) -> None:
             "--batch-size", type=positive_int, default=500, metavar="N", help="messages per batch (500)"
         )
         add_progress_option(sub, "counts")
-        add_loop_option(sub)
+        add_service_options(sub)
         return sub
 
     sub = command("out", "publish a pgbroker queue to a broker, acking each message after its confirm", _out)

@@ -19,7 +19,7 @@ from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
 from pgbroker.cli.support.output import json_text, print_result, wants_json
-from pgbroker.cli.support.parsers import Subcommands, add_command, add_group, add_loop_option
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_group, add_service_options
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Schedule
@@ -48,7 +48,7 @@ def register(subcommands: Subcommands) -> None:
         sub.add_argument("name", metavar="NAME", help="the schedule's name")
 
     summary = "send the ticks of the schedules (workers run one too)"
-    add_loop_option(add_command(subcommands, "scheduler", summary, _scheduler, json_output=False))
+    add_service_options(add_command(subcommands, "scheduler", summary, _scheduler, json_output=False))
 
 
 def _schedule_json(schedule: Schedule) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from pgbroker.cli.support.arguments import (
 from pgbroker.cli.support.codec_modules import add_codec_module_option, load_codec_modules
 from pgbroker.cli.support.connecting import dsn_of, require_installed
 from pgbroker.cli.support.errors import CliError, Exit
-from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option
+from pgbroker.cli.support.parsers import Subcommands, add_command, add_service_options
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
 
@@ -131,7 +131,7 @@ def register(subcommands: Subcommands) -> None:
         "does not answer, they read from --dsn (said once in the log)",
     )
     add_codec_module_option(sub)  # the codecs HTTP sends may name
-    add_loop_option(sub)
+    add_service_options(sub)
 
 
 def _serve(args: argparse.Namespace, broker: Broker) -> int:

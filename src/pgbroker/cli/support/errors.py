@@ -13,7 +13,11 @@ Exit codes (a shell script may rely on them):
   3   stale receipt: the lease ran out or the message was redelivered, so the ack changed nothing
   4   not found: the named queue, stream, consumer group, schedule, API key or grant does not
       exist (``drop``, ``stream drop``, ``schedule remove``, ``keys revoke``, ``revoke`` ... of it)
-  5   database unreachable, refused the operation, or pgbroker not installed (``pgbroker install``)
+  5   database unreachable, refused the operation, or pgbroker not installed (``pgbroker install``);
+      the long-running commands (worker, serve, bridge, scheduler) wait for a database out of reach
+      at their start instead, for ``--wait-for-database`` at most (default: for ever; 0: exit 5 at
+      once), and exit 0 on SIGTERM or SIGINT meanwhile; a refusal that stays (login, no such
+      database, pgbroker not installed) exits 5 at once
   6   a broker (``bridge``: RabbitMQ, Redis, NATS, MQTT, SQS): unreachable, login refused, or an
       exchange, queue or stream missing
   70  unexpected error (a bug: please report it with the output of ``-v``)

@@ -12,7 +12,7 @@ from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT
 from pgbroker._event_loop import LOOP_ENV, LOOP_NAMES
-from pgbroker.cli.support.arguments import DURATION_FORMS, connect_seconds, positive_seconds
+from pgbroker.cli.support.arguments import DURATION_FORMS, connect_seconds, positive_seconds, seconds
 from pgbroker.queues._client import Broker
 
 EPILOG = f"""\
@@ -25,7 +25,9 @@ exit codes:
       or the command's optional extra not installed
   3   stale receipt: the ack changed nothing
   4   not found: the named queue, stream, group, schedule, API key or grant
-  5   database unreachable, refused the operation, or pgbroker not installed
+  5   database unreachable, refused the operation, or pgbroker not installed;
+      worker, serve, bridge and scheduler wait for an unreachable database at
+      their start (--wait-for-database bounds the wait) and exit 0 if stopped then
   6   a broker (bridge) unreachable, login refused, or an exchange, queue or stream missing
   70  unexpected error (run again with -v and report it)
   130 interrupted (Ctrl-C)
@@ -178,13 +180,24 @@ def add_group(subcommands: Subcommands, name: str, summary: str, *, metavar: str
     return group.add_subparsers(dest=f"{name}_action", metavar=metavar, required=True)
 
 
-def add_loop_option(parser: argparse.ArgumentParser) -> None:
-    """--loop: the event loop a long-running command runs on (pgbroker._event_loop)."""
+def add_service_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a long-running command: --loop, the event loop it runs on
+    (pgbroker._event_loop), and --wait-for-database (cli.support.waiting)."""
     parser.add_argument(
         "--loop",
         choices=LOOP_NAMES,
         default=None,
         help=f"the event loop: uvloop when installed (auto), or asyncio's own (${LOOP_ENV}, else auto)",
+    )
+    parser.add_argument(
+        "--wait-for-database",
+        type=seconds,
+        default=None,
+        metavar="DURATION",
+        help="at the start, wait this long at most for a database out of reach (down, starting up, "
+        "in recovery, out of connection slots), trying again with pauses doubling to 10 s and a "
+        "warning each try; 0: exit 5 at once (default: for ever). A refusal that stays (a wrong "
+        "password, no such database) exits at once",
     )
 
 

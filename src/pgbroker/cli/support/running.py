@@ -9,13 +9,14 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import psycopg
 
 from pgbroker.cli.support.connecting import connected, database_of, not_installed
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.cli.support.parsers import Handler, LocalHandler
+from pgbroker.cli.support.waiting import until_reachable
 from pgbroker.codecs.errors import CodecError
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import (
@@ -29,6 +30,7 @@ from pgbroker.errors import (
     StreamGroupNotFound,
     StreamNotFound,
 )
+from pgbroker.queues._client import Broker
 
 # How log lines look, in the command and in the worker processes it starts.
 LOG_FORMAT = "pgbroker: %(message)s"
@@ -56,7 +58,10 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         if not args.needs_database:
             local: LocalHandler = args.handler
             return local(args)
-        with connected(args.dsn, args.connect_timeout, args.pooler) as broker:
+        with ExitStack() as stack:
+            broker = _connect(args, stack)
+            if broker is None:  # stopped while it waited for the database
+                return Exit.OK
             handler: Handler = args.handler
             try:
                 return handler(args, broker)
@@ -79,6 +84,18 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             hint = "This is a bug in pgbroker; run again with -v and report the traceback."
         print_error(message, hint)
         return code
+
+
+def _connect(args: argparse.Namespace, stack: ExitStack) -> Broker | None:
+    """The command's Broker, closed with ``stack``; a long-running command (one that takes
+    --wait-for-database) waits for a database out of reach, and gets None if stopped meanwhile."""
+
+    def connect() -> Broker:
+        return stack.enter_context(connected(args.dsn, args.connect_timeout, args.pooler))
+
+    if "wait_for_database" not in args:
+        return connect()
+    return until_reachable(connect, within=args.wait_for_database)
 
 
 def classify(exc: Exception) -> tuple[int, str, str | None]:

@@ -1,0 +1,235 @@
+"""The long-running commands (worker, serve, bridge out|in, scheduler) started while the database is
+out of reach, as in a restart or a failover: each waits (start.database_unavailable at WARNING each try),
+starts once the database answers and does its work, and exits 0 on SIGTERM or SIGINT meanwhile.
+They used to exit 5 at once. A refusal that stays (a database that does not exist) still exits 5
+at once, and --wait-for-database bounds the wait.
+
+The database is out of reach through a link to its server's socket that the test cuts and
+restores (tests.support.postgres.socket_link): connecting fails as while a server is down.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from pgbroker import Broker, Message
+from tests.support.servers import PrivateServer, free_port
+from tests.support.tables import Conn, a_rows, q_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+UNREACHABLE = "postgresql://nobody@127.0.0.1:1/nothing?connect_timeout=2"
+HERE = "tests.system.test_start_unreachable"
+NOWHERE = "redis://127.0.0.1:1?stream=s"  # never reached: these commands stop before the broker
+
+# What each long-running command needs besides the database; the queue "jobs" exists.
+COMMANDS = {
+    "worker": ["worker", f"{HERE}:consume", "--queue", "jobs"],
+    "worker --processes 2": ["worker", f"{HERE}:consume", "--queue", "jobs", "--processes", "2"],
+    "serve": ["serve", "--port", "0"],
+    "bridge out": ["bridge", "out", "--queue", "jobs", "--to", NOWHERE],
+    "bridge in": ["bridge", "in", "--from", NOWHERE, "--queue", "jobs"],
+    "scheduler": ["scheduler"],
+}
+
+Link = tuple[str, Callable[[], None], Callable[[], None]]
+
+
+def consume(message: Message) -> None:
+    """The workers' handler: the message is archived once it returns."""
+
+
+class Command:
+    """`pgbroker --dsn DSN ARGS...` in the background, its stderr in a file (a pipe could fill)."""
+
+    def __init__(self, dsn: str, args: list[str], logs: Path) -> None:
+        self.log = logs / f"command-{time.monotonic_ns()}.err"
+        with self.log.open("wb") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, *args],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, "DATABASE_URL": UNREACHABLE},
+            )
+
+    def said(self) -> str:
+        return self.log.read_text()
+
+    def waiting(self) -> bool:
+        """Whether it said it waits for the database; it must not have exited."""
+        if self.process.poll() is not None:
+            raise AssertionError(f"exited {self.process.returncode} while it should wait:\n{self.said()}")
+        return "start.database_unavailable error=" in self.said() and "retry_in=" in self.said()
+
+    def started(self) -> bool:
+        assert self.process.poll() is None, f"exited {self.process.returncode}:\n{self.said()}"
+        return "started" in self.said()
+
+    def stop(self, signum: int = signal.SIGTERM) -> int:
+        self.process.send_signal(signum)
+        return self.process.wait(timeout=60)
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Command]]:
+    started: list[Command] = []
+
+    def start(dsn: str, args: list[str]) -> Command:
+        started.append(Command(dsn, args, tmp_path))
+        return started[-1]
+
+    yield start
+    for command in started:
+        if command.process.poll() is None:
+            command.process.kill()
+            command.process.wait()
+
+
+@pytest.fixture
+def jobs(dsn: str) -> None:
+    with Broker(dsn) as broker:
+        broker.create_queue("jobs")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not after {timeout} s")
+        time.sleep(0.1)
+
+
+def started_while_away(run: Callable[[str, list[str]], Command], link: Link, args: list[str]) -> Command:
+    """The command started with the database out of reach, seen waiting, then the database back."""
+    linked, cut, restore = link
+    cut()
+    command = run(linked, args)
+    wait_for(command.waiting, "the command waiting for the database")
+    restore()
+    return command
+
+
+def test_a_worker_started_while_the_database_is_away_consumes_once_it_is_back(
+    dsn: str, conn: Conn, jobs: None, socket_link: Link, run: Callable[[str, list[str]], Command]
+) -> None:
+    worker = started_while_away(run, socket_link, COMMANDS["worker"])
+    with Broker(dsn) as broker:
+        broker.queue("jobs").send({"n": 1})
+    wait_for(lambda: len(a_rows(conn, "jobs")) == 1, "the message consumed")
+    assert q_rows(conn, "jobs") == []
+    assert worker.stop() == 0, worker.said()
+
+
+def test_serve_started_while_the_database_is_away_answers_once_it_is_back(
+    socket_link: Link, run: Callable[[str, list[str]], Command]
+) -> None:
+    port = free_port()
+    server = started_while_away(run, socket_link, ["serve", "--port", str(port)])
+
+    def answers() -> bool:
+        assert server.process.poll() is None, server.said()
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(answers, "an answer to GET /healthz")
+    assert server.stop() == 0, server.said()
+
+
+def test_bridges_started_while_the_database_is_away_move_messages_once_it_is_back(
+    dsn: str,
+    conn: Conn,
+    socket_link: Link,
+    redis_server: PrivateServer,
+    run: Callable[[str, list[str]], Command],
+) -> None:
+    """outbox -> bridge out -> a Redis stream -> bridge in -> inbox, both bridges started while away."""
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+        broker.create_queue("inbox")
+    url = f"redis://127.0.0.1:{redis_server.port}?stream=relay"
+    linked, cut, restore = socket_link
+    cut()
+    bridges = [
+        run(linked, ["-v", "bridge", "out", "--queue", "outbox", "--to", url]),
+        run(linked, ["-v", "bridge", "in", "--from", url, "--queue", "inbox", "--declare"]),
+    ]
+    wait_for(lambda: all(bridge.waiting() for bridge in bridges), "both bridges waiting for the database")
+    restore()
+    # (bridge in reads the entries added after it has started: none is sent before)
+    try:
+        wait_for(lambda: all(bridge.started() for bridge in bridges), "both bridges started")
+        with Broker(dsn) as broker:
+            broker.queue("outbox").send({"n": 1})
+        wait_for(lambda: [row[3] for row in q_rows(conn, "inbox")] == [{"n": 1}], "the message bridged")
+    except TimeoutError:
+        raise AssertionError("\n".join(bridge.said() for bridge in bridges)) from None
+    for bridge in bridges:
+        assert bridge.stop() == 0, bridge.said()
+
+
+@pytest.mark.slow
+def test_a_scheduler_started_while_the_database_is_away_ticks_once_it_is_back(
+    dsn: str, conn: Conn, jobs: None, socket_link: Link, run: Callable[[str, list[str]], Command]
+) -> None:
+    with Broker(dsn) as broker:
+        broker.add_schedule("every-minute", queue="jobs", cron="* * * * *", message={"tick": True})
+    scheduler = started_while_away(run, socket_link, ["scheduler"])
+    wait_for(lambda: len(q_rows(conn, "jobs")) >= 1, "a tick sent", timeout=120)  # the next minute
+    assert scheduler.stop() == 0, scheduler.said()
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_while_waiting_for_the_database_exits_0(
+    name: str, signum: int, jobs: None, socket_link: Link, run: Callable[[str, list[str]], Command]
+) -> None:
+    linked, cut, _ = socket_link
+    cut()
+    command = run(linked, COMMANDS[name])
+    wait_for(command.waiting, "the command waiting for the database")
+    assert command.stop(signum) == 0, command.said()
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_a_database_that_does_not_exist_still_fails_at_once(dsn: str, name: str) -> None:
+    missing = make_conninfo(dsn, dbname="pgbroker_no_such_database")
+    done = subprocess.run(
+        [sys.executable, "-m", "pgbroker.cli", "--dsn", missing, *COMMANDS[name]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DATABASE_URL": UNREACHABLE},
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 5, done.stderr
+    assert 'database "pgbroker_no_such_database" does not exist' in done.stderr
+    assert "start.database_unavailable" not in done.stderr
+
+
+def test_wait_for_database_bounds_the_wait(
+    jobs: None, socket_link: Link, run: Callable[[str, list[str]], Command]
+) -> None:
+    linked, cut, _ = socket_link
+    cut()
+    began = time.monotonic()
+    command = run(linked, [*COMMANDS["worker"], "--wait-for-database", "2s"])
+    assert command.process.wait(timeout=60) == 5, command.said()
+    assert time.monotonic() - began >= 2
+    assert "start.database_unavailable error=" in command.said()
+    assert "pgbroker: error: cannot connect to the database" in command.said()
+    instantly = run(linked, [*COMMANDS["serve"], "--wait-for-database", "0"])
+    assert instantly.process.wait(timeout=60) == 5, instantly.said()
+    assert "start.database_unavailable" not in instantly.said()

@@ -1,8 +1,9 @@
 """The long-running commands (worker, serve, bridge out|in, scheduler) started while the database is
-out of reach, as in a restart or a failover: each waits (start.database_unavailable at WARNING each try),
-starts once the database answers and does its work, and exits 0 on SIGTERM or SIGINT meanwhile.
-They used to exit 5 at once. A refusal that stays (a database that does not exist) still exits 5
-at once, and --wait-for-database bounds the wait.
+out of reach, as in a restart or a failover: each waits (start.database_unavailable at WARNING each
+try), starts once the database answers and does its work, and exits 0 on SIGTERM or SIGINT
+meanwhile. They used to exit 5 at once. A role's connection limit reached for now is waited out
+too. A refusal that stays (a database that does not exist) still exits 5 at once, and
+--wait-for-database bounds the wait.
 
 The database is out of reach through a link to its server's socket that the test cuts and
 restores (tests.support.postgres.socket_link): connecting fails as while a server is down.
@@ -15,11 +16,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker, Message
@@ -233,3 +237,27 @@ def test_wait_for_database_bounds_the_wait(
     instantly = run(linked, [*COMMANDS["serve"], "--wait-for-database", "0"])
     assert instantly.process.wait(timeout=60) == 5, instantly.said()
     assert "start.database_unavailable" not in instantly.said()
+
+
+def test_a_connection_limit_reached_at_the_start_is_waited_out(
+    dsn: str, conn: Conn, run: Callable[[str, list[str]], Command]
+) -> None:
+    """Another transient refusal, from a live server: the role's connection limit is reached
+    (`too many connections for role`) by other sessions; the scheduler waits until they end."""
+    role = f"limited_{uuid.uuid4().hex[:12]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 5").format(sql.Identifier(role)))
+    try:
+        conn.execute(sql.SQL("GRANT postgres TO {}").format(sql.Identifier(role)))  # pgbroker's rights
+        as_role = make_conninfo(dsn, user=role)
+        holders = [psycopg.connect(as_role) for _ in range(5)]
+        try:
+            scheduler = run(as_role, ["scheduler"])
+            wait_for(scheduler.waiting, "the scheduler waiting for a free connection")
+            assert "too many connections for role" in scheduler.said()
+        finally:
+            for holder in holders:
+                holder.close()
+        wait_for(scheduler.started, "the scheduler started")
+        assert scheduler.stop() == 0, scheduler.said()
+    finally:
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -48,6 +48,7 @@ _PASSING = re.compile(
             r"the database system is (starting up|shutting down|in recovery mode"
             r"|not yet accepting connections|not accepting connections)",
             r"too many clients",
+            r"too many connections for (role|database)",  # a CONNECTION LIMIT, reached for now
             r"remaining connection slots are reserved",
             r"session is read-only",  # target_session_attrs=read-write and a standby not yet promoted
             r"server is in hot standby mode",

@@ -4171,6 +4171,16 @@ CREATE FUNCTION pgbroker._stream_consumers_per_group() RETURNS integer
     AS $$ SELECT 1000 $$;
 
 --
+-- Name: _stream_default_retry_queue(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_default_retry_queue(stream_name text, group_name text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT lower(stream_name) || '_' || group_name || '_retry';
+$$;
+
+--
 -- Name: _stream_functions_refresh(); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -5819,7 +5829,7 @@ BEGIN
         'start: every message the stream still keeps; end: messages sent from now on; time: from start_time.');
     PERFORM pgbroker._check_arg((start_from = 'time') = (start_time IS NOT NULL),
         'start_time goes with start_from => ''time'', and only with it');
-    retry_queue := coalesce(retry_queue, s.stream_name || '_' || group_name || '_retry');
+    retry_queue := coalesce(retry_queue, pgbroker._stream_default_retry_queue(s.stream_name, group_name));
     PERFORM pgbroker._check_arg(length(retry_queue) <= 47,
         format('the retry queue''s name %L is longer than a queue name may be (47)', retry_queue),
         'Name it yourself: create_stream_group(..., retry_queue => ''short_name'').');
@@ -5829,6 +5839,17 @@ BEGIN
     WHERE t.stream_name = s.stream_name AND t.group_name = create_stream_group.group_name;
     IF FOUND THEN
         RETURN g;
+    END IF;
+    -- The queue's turn: groups of other streams that would take it wait here, then see this one.
+    PERFORM pgbroker._queue_turn(retry_queue);
+    IF EXISTS (SELECT FROM pgbroker.stream_group t WHERE lower(t.retry_queue) = lower(create_stream_group.retry_queue))
+    THEN
+        -- Neither the other group nor its stream is named: an API key may not be allowed to see them.
+        RAISE EXCEPTION 'queue "%" is already the retry queue of another consumer group', retry_queue
+            USING ERRCODE = 'PB004',
+                  HINT = 'A retry queue takes the failures of one group. Name this group''s own: '
+                         'create_stream_group(..., retry_queue => ''name''), or --retry-queue, or '
+                         '"retry_queue" in the HTTP request.';
     END IF;
     IF pgbroker._stored_name(retry_queue) IS NULL THEN
         PERFORM pgmq.create(retry_queue);

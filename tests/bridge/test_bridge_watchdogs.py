@@ -33,16 +33,6 @@ pytestmark = pytest.mark.redis
 FAULT_SECONDS = 3  # longer than the bridge's idle read interval, so a read meets the fault
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[PrivateServer]:
-    node = PrivateServer(KINDS["redis"], scratch_dir("pgbroker-redis-"))
-    node.start()
-    try:
-        yield node
-    finally:
-        node.close()
-
-
 async def until(done: Callable[[], Awaitable[bool]], task: asyncio.Task[None], what: str) -> None:
     deadline = time.monotonic() + 120
     while not await done():

@@ -28,10 +28,9 @@ from pgbroker.queues._records import message_identity
 from pgbroker.streams._client import Stream
 from pgbroker.streams._client_async import AsyncStream
 from tests.support.bridge_processes import BridgeProcess, wait_for
-from tests.support.postgres import scratch_dir
 from tests.support.probes import RedisProbe, unique
 from tests.support.rabbit import Rabbit
-from tests.support.servers import KINDS, PrivateServer
+from tests.support.servers import PrivateServer
 from tests.support.services import service_params
 
 JSON = "application/json"
@@ -40,16 +39,6 @@ SOURCE, TARGET, GROUP = "orders", "mirror", "bridge"
 
 # A broker's (out URL, in URL) and a way to publish an item (message id, body, key) into it.
 Publish = Callable[[str, bytes, str], Any]
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[PrivateServer]:
-    node = PrivateServer(KINDS["redis"], scratch_dir("pgbroker-redis-"))
-    node.start()
-    try:
-        yield node
-    finally:
-        node.close()
 
 
 @pytest.fixture

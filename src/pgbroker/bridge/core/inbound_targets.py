@@ -49,7 +49,10 @@ class QueueTarget:
         self._queue = broker.queue(queue)
 
     async def check(self) -> None:
-        await self._queue.policy()  # QueueNotFound
+        # The bridge's own write, of no message: QueueNotFound, or a refusal naming what this login
+        # lacks. It is all an inbound bridge needs, so a producer login runs it (policy() is a
+        # consumer's).
+        await self._queue.receive_many([], [], [], seen_within=0)
 
     async def append(
         self,

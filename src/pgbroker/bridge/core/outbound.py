@@ -52,13 +52,14 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from pgbroker._db.backoff import Backoff
-from pgbroker._db.liveness import answered_within
+from pgbroker._db.liveness import answered_within, is_denied
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
 from pgbroker.bridge.core.endpoints import outbound_endpoint
 from pgbroker.bridge.core.reconnect import is_transient, run_connected
 from pgbroker.bridge.errors import BrokerConnectionLost
 from pgbroker.bridge.settings import OutboundSettings
+from pgbroker.errors import PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._records import Message, Receipt
 
@@ -116,7 +117,7 @@ class OutboundBridge:
     async def run(self) -> None:
         await self._queue.policy()  # QueueNotFound now rather than on the first read
         if self.settings.enable_notify:
-            await self._queue.enable_notify(keep_existing=True)
+            await self._enable_notify()
         await run_connected(
             self._endpoint,
             self._serve,
@@ -127,6 +128,22 @@ class OutboundBridge:
 
     def _count_reconnect(self) -> None:
         self.stats.reconnects += 1
+
+    async def _enable_notify(self) -> None:
+        """Turn notify on. That is the owner's (a trigger on the queue's table): a role that may
+        not, the consumer's, publishes all the same, as a worker does, waking on the notifications
+        the owner turned on, or reading again every idle_wait."""
+        try:
+            await self._queue.enable_notify(keep_existing=True)
+        except PgbrokerError as exc:
+            if not is_denied(exc):
+                raise
+            log.warning(
+                "bridge.out.notify_unavailable queue=%s error=%s (the queue's owner may turn it on:"
+                " pgmq.enable_notify_insert)",
+                self._queue.name,
+                exc.message,
+            )
 
     async def _serve(self, publisher: Publisher) -> None:
         log.info("bridge.out.started queue=%s broker=%s", self._queue.name, self.where)

@@ -1,0 +1,111 @@
+"""The bridges under the least-privilege roles (docs/operations.md, "Database roles"), run as
+`pgbroker bridge ...` processes against a private Redis: an inbound bridge only writes into its
+queue, so a producer login runs it; an outbound bridge reads, acks and fails, so a consumer login
+runs it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from pgbroker import Broker
+from tests.support.bridge_processes import BridgeProcess, pgbroker, wait_for
+from tests.support.roles import role_logins
+from tests.support.servers import PrivateServer
+
+Conn = psycopg.Connection[Any]
+
+
+@pytest.fixture
+def logins(dsn: str, conn: Conn, pg_admin_dsn: str) -> Iterator[dict[str, str]]:
+    with role_logins(dsn, conn, pg_admin_dsn) as dsns:
+        yield dsns
+
+
+def run_bridge(*args: str, dsn: str, logs: Path) -> BridgeProcess:
+    process = BridgeProcess(*args, dsn=dsn, logs=logs, env={})
+    try:
+        wait_for(process.started, "bridge started", 60)
+    except BaseException:
+        if process.process.poll() is None:
+            process.kill()
+        raise
+    return process
+
+
+def depth(conn: Conn, queue: str) -> int:
+    row = conn.execute("SELECT queue_length FROM pgmq.metrics(%s)", (queue,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_an_inbound_bridge_runs_under_a_producer_login(
+    dsn: str, conn: Conn, logins: dict[str, str], redis_server: PrivateServer, tmp_path: Path
+) -> None:
+    # It checked its queue at the start with pgbroker.policy, a consumer's function: a login with
+    # only the producer role (which receive_many and prune_inbound_seen are granted to, for it)
+    # exited at once with "permission denied for function policy".
+    conn.execute("SELECT pgmq.create('inbox')")
+    name = f"in-{uuid.uuid4().hex[:8]}"
+    url = f"redis://127.0.0.1:{redis_server.port}?stream={name}"
+    bridge = run_bridge(
+        "bridge", "in", "--from", url, "--queue", "inbox", "--declare", dsn=logins["producer"], logs=tmp_path
+    )
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    try:
+        for n in range(3):
+            client.xadd(
+                name, {"body": f'{{"n": {n}}}', "content_type": "application/json", "message_id": f"m{n}"}
+            )
+        wait_for(lambda: depth(conn, "inbox") == 3, "3 messages received", 60)
+    finally:
+        client.close()
+        code, log = bridge.stop()
+    assert code == 0, log
+    messages = conn.execute("SELECT message FROM pgmq.q_inbox ORDER BY msg_id").fetchall()
+    assert [m[0] for m in messages] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_an_inbound_bridge_refuses_at_the_start_a_queue_the_login_may_not_write(
+    dsn: str, conn: Conn, logins: dict[str, str], redis_server: PrivateServer, tmp_path: Path
+) -> None:
+    # The start's check is the bridge's own write (of no message): a consumer login is told at once.
+    conn.execute("SELECT pgmq.create('inbox')")
+    url = f"redis://127.0.0.1:{redis_server.port}?stream=in-{uuid.uuid4().hex[:8]}"
+    done = pgbroker("bridge", "in", "--from", url, "--queue", "inbox", "--declare", dsn=logins["consumer"])
+    try:
+        _, err = done.communicate(timeout=60)  # it ran on, to fail at its first batch
+    finally:
+        if done.poll() is None:
+            done.kill()
+            done.communicate()
+    assert done.returncode == 5, err
+    assert "permission denied for function receive_many" in err
+
+
+def test_an_outbound_bridge_runs_under_a_consumer_login(
+    dsn: str, conn: Conn, logins: dict[str, str], redis_server: PrivateServer, tmp_path: Path
+) -> None:
+    # Enabling notify on the queue is the owner's: the bridge logs that it polls instead, as a
+    # worker does (it exited with "permission denied for table notify_insert_throttle").
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+        broker.queue("outbox").send_many([{"n": n} for n in range(3)])
+    name = f"out-{uuid.uuid4().hex[:8]}"
+    url = f"redis://127.0.0.1:{redis_server.port}?stream={name}"
+    bridge = run_bridge(
+        "bridge", "out", "--queue", "outbox", "--to", url, dsn=logins["consumer"], logs=tmp_path
+    )
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    try:
+        wait_for(lambda: client.xlen(name) == 3 and depth(conn, "outbox") == 0, "3 messages published", 60)
+    finally:
+        client.close()
+        code, log = bridge.stop()
+    assert code == 0, log
+    assert "bridge.out.notify_unavailable" in log

@@ -208,7 +208,7 @@ async def stream_groups(call: Call) -> GroupList:
     " patterns the group's retry queue (<stream>_<group>_retry unless named), which no other group may have",
     scope="admin",
     status=201,
-    errors=_NO_STREAM,
+    errors={**_NO_STREAM, 409: "queue_name_conflict (the retry queue is another group's)"},
 )
 async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
     stream = _stream(call, "admin")

@@ -65,7 +65,8 @@ class QueueTarget:
         return len(await self._queue.receive_many(ids, payloads, headers, seen_within=seen_within))
 
     async def prune(self, seen_within: float) -> int:
-        return await self._broker.prune_inbound_seen(seen_within)
+        # Its own queue's: another bridge's may keep its ids longer (its own --dedup-window).
+        return await self._broker.prune_inbound_seen(seen_within, queue=self.name)
 
 
 class StreamTarget:

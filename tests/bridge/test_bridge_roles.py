@@ -5,6 +5,7 @@ runs it."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +14,13 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker
+from pgbroker._db.install import grant_queue_access
+from pgbroker.bridge.core.inbound_targets import QueueTarget
+from pgbroker.queues._client_async import AsyncBroker
 from tests.support.bridge_processes import BridgeProcess, pgbroker, wait_for
 from tests.support.roles import role_logins
 from tests.support.servers import PrivateServer
@@ -69,6 +75,48 @@ def test_an_inbound_bridge_runs_under_a_producer_login(
     assert code == 0, log
     messages = conn.execute("SELECT message FROM pgmq.q_inbox ORDER BY msg_id").fetchall()
     assert [m[0] for m in messages] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_an_inbound_bridge_runs_under_a_producer_granted_its_queue_only(
+    dsn: str,
+    conn: Conn,
+    logins: dict[str, str],
+    redis_server: PrivateServer,
+    tmp_path: Path,
+    pg_admin_dsn: str,
+) -> None:
+    # It received, but its pruning (of every queue's ids, which no queue grant covers) was refused
+    # every minute (bridge.in.prune_failed), and its queue's ids piled up.
+    conn.execute("SELECT pgmq.create('inbox')")
+    user = f"t{uuid.uuid4().hex[:10]}_inbox_only"  # a queue grant needs the roles (logins) made
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(user)))
+    try:
+        assert grant_queue_access(conn, "producer", user, "inbox")
+        scoped = make_conninfo(dsn, user=user)
+        name = f"in-{uuid.uuid4().hex[:8]}"
+        url = f"redis://127.0.0.1:{redis_server.port}?stream={name}"
+        bridge = run_bridge(
+            "bridge", "in", "--from", url, "--queue", "inbox", "--declare", dsn=scoped, logs=tmp_path
+        )
+        client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+        try:
+            client.xadd(name, {"body": '{"n": 1}', "content_type": "application/json", "message_id": "m1"})
+            wait_for(lambda: depth(conn, "inbox") == 1, "1 message received", 60)
+        finally:
+            client.close()
+            code, log = bridge.stop()
+        assert code == 0, log
+        conn.execute("UPDATE pgbroker.inbound_seen SET seen_at = now() - interval '2 minutes'")
+
+        async def prune() -> int:
+            async with AsyncBroker(scoped) as broker:
+                return await QueueTarget(broker, "inbox").prune(60)  # what the bridge does every minute
+
+        assert asyncio.run(prune()) == 1
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(user)))
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(user)))
 
 
 def test_an_inbound_bridge_refuses_at_the_start_a_queue_the_login_may_not_write(

@@ -230,3 +230,8 @@ DROP FUNCTION IF EXISTS pgbroker._stream_retry_failed(pgbroker.stream_group, tex
 -- stream could read, ack and hold the partitions of every group of it, other
 -- teams' too. Keys made before keep every group ('{*}'), as they had.
 ALTER TABLE pgbroker.api_keys ADD COLUMN groups text[] NOT NULL DEFAULT '{*}';
+
+-- An inbound bridge under a producer granted some queues only (pgbroker grant
+-- producer) prunes its own queue's message ids (86_bridge.sql): it could not.
+INSERT INTO pgbroker.queue_scoped_function (role_kind, function_schema, function_name)
+VALUES ('producer', 'pgbroker', 'prune_inbound_seen');

@@ -19,7 +19,7 @@ from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker
 from pgbroker._db.install import grant_queue_access
-from pgbroker.bridge.core.inbound_targets import QueueTarget
+from pgbroker.bridge.core.inbound_targets import QueueTarget, StreamTarget
 from pgbroker.queues._client_async import AsyncBroker
 from tests.support.bridge_processes import BridgeProcess, pgbroker, wait_for
 from tests.support.roles import role_logins
@@ -75,6 +75,43 @@ def test_an_inbound_bridge_runs_under_a_producer_login(
     assert code == 0, log
     messages = conn.execute("SELECT message FROM pgmq.q_inbox ORDER BY msg_id").fetchall()
     assert [m[0] for m in messages] == [{"n": 0}, {"n": 1}, {"n": 2}]
+
+
+def test_an_inbound_bridge_into_a_stream_runs_under_a_producer_login(
+    dsn: str, conn: Conn, logins: dict[str, str], redis_server: PrivateServer, tmp_path: Path
+) -> None:
+    # It checked the stream with stream_groups (a consumer's), and stream_receive_many and
+    # prune_stream_inbound_seen were granted to no role: only the owner could run it.
+    conn.execute("SELECT pgbroker.create_stream('mirror', 1)")
+    name = f"in-{uuid.uuid4().hex[:8]}"
+    url = f"redis://127.0.0.1:{redis_server.port}?stream={name}"
+    options = ("bridge", "in", "--from", url, "--stream", "mirror", "--declare")
+    bridge = run_bridge(*options, dsn=logins["producer"], logs=tmp_path)
+    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    try:
+        for n in range(2):
+            client.xadd(
+                name, {"body": f'{{"n": {n}}}', "content_type": "application/json", "message_id": f"m{n}"}
+            )
+        wait_for(lambda: stream_length(conn, "mirror") == 2, "2 messages appended", 60)
+    finally:
+        client.close()
+        code, log = bridge.stop()
+    assert code == 0, log
+    conn.execute("UPDATE pgbroker.stream_inbound_seen SET seen_at = now() - interval '2 minutes'")
+
+    async def prune() -> int:
+        async with AsyncBroker(logins["producer"]) as broker:
+            return await StreamTarget(broker, "mirror").prune(60)  # what the bridge does every minute
+
+    assert asyncio.run(prune()) == 2
+
+
+def stream_length(conn: Conn, stream: str) -> int:
+    row = conn.execute(
+        sql.SQL("SELECT count(*) FROM pgbroker.{}").format(sql.Identifier(f"s_{stream}"))
+    ).fetchone()
+    return int(row[0]) if row else 0
 
 
 def test_an_inbound_bridge_runs_under_a_producer_granted_its_queue_only(

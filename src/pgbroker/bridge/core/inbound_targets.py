@@ -77,7 +77,8 @@ class StreamTarget:
         self._stream = AsyncStream(broker, stream)
 
     async def check(self) -> None:
-        await self._stream.groups()  # StreamNotFound
+        # As QueueTarget's: StreamNotFound, or what this login lacks (a producer has all it needs).
+        await self._stream.receive_many([], [], [], [], seen_within=0)
 
     async def append(
         self,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker
 from pgbroker._db.install import grant_queue_access
-from pgbroker.bridge.core.inbound_targets import QueueTarget, StreamTarget
+from pgbroker.bridge.core.inbound_targets import InboundTarget, QueueTarget, StreamTarget
 from pgbroker.queues._client_async import AsyncBroker
 from tests.support.bridge_processes import BridgeProcess, pgbroker, wait_for
 from tests.support.roles import role_logins
@@ -50,6 +51,44 @@ def depth(conn: Conn, queue: str) -> int:
     return int(row[0]) if row else 0
 
 
+def stream_length(conn: Conn, stream: str) -> int:
+    query = sql.SQL("SELECT count(*) FROM pgbroker.{}").format(sql.Identifier(f"s_{stream}"))
+    row = conn.execute(query).fetchone()
+    return int(row[0]) if row else 0
+
+
+def receive(
+    into: tuple[str, str], count: int, arrived: Callable[[], int], *, dsn: str, port: int, logs: Path
+) -> None:
+    """Run `bridge in` as ``dsn`` from a new Redis stream ``into`` ("--queue", name) or
+    ("--stream", name), publish ``count`` messages there, wait until ``arrived()`` counts them,
+    and stop the bridge, which must exit 0."""
+    name = f"in-{uuid.uuid4().hex[:8]}"
+    url = f"redis://127.0.0.1:{port}?stream={name}"
+    bridge = run_bridge("bridge", "in", "--from", url, *into, "--declare", dsn=dsn, logs=logs)
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        for n in range(count):
+            client.xadd(
+                name, {"body": f'{{"n": {n}}}', "content_type": "application/json", "message_id": f"m{n}"}
+            )
+        wait_for(lambda: arrived() == count, f"{count} messages received", 60)
+    finally:
+        client.close()
+        code, log = bridge.stop()
+    assert code == 0, log
+
+
+def prune_as(dsn: str, target: Callable[[AsyncBroker], InboundTarget]) -> int:
+    """One pruning, as the bridge makes every minute, by ``dsn``, with a window of a minute."""
+
+    async def prune() -> int:
+        async with AsyncBroker(dsn) as broker:
+            return await target(broker).prune(60)
+
+    return asyncio.run(prune())
+
+
 def test_an_inbound_bridge_runs_under_a_producer_login(
     dsn: str, conn: Conn, logins: dict[str, str], redis_server: PrivateServer, tmp_path: Path
 ) -> None:
@@ -57,22 +96,8 @@ def test_an_inbound_bridge_runs_under_a_producer_login(
     # only the producer role (which receive_many and prune_inbound_seen are granted to, for it)
     # exited at once with "permission denied for function policy".
     conn.execute("SELECT pgmq.create('inbox')")
-    name = f"in-{uuid.uuid4().hex[:8]}"
-    url = f"redis://127.0.0.1:{redis_server.port}?stream={name}"
-    bridge = run_bridge(
-        "bridge", "in", "--from", url, "--queue", "inbox", "--declare", dsn=logins["producer"], logs=tmp_path
-    )
-    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
-    try:
-        for n in range(3):
-            client.xadd(
-                name, {"body": f'{{"n": {n}}}', "content_type": "application/json", "message_id": f"m{n}"}
-            )
-        wait_for(lambda: depth(conn, "inbox") == 3, "3 messages received", 60)
-    finally:
-        client.close()
-        code, log = bridge.stop()
-    assert code == 0, log
+    arrived = partial(depth, conn, "inbox")
+    receive(("--queue", "inbox"), 3, arrived, dsn=logins["producer"], port=redis_server.port, logs=tmp_path)
     messages = conn.execute("SELECT message FROM pgmq.q_inbox ORDER BY msg_id").fetchall()
     assert [m[0] for m in messages] == [{"n": 0}, {"n": 1}, {"n": 2}]
 
@@ -83,35 +108,10 @@ def test_an_inbound_bridge_into_a_stream_runs_under_a_producer_login(
     # It checked the stream with stream_groups (a consumer's), and stream_receive_many and
     # prune_stream_inbound_seen were granted to no role: only the owner could run it.
     conn.execute("SELECT pgbroker.create_stream('mirror', 1)")
-    name = f"in-{uuid.uuid4().hex[:8]}"
-    url = f"redis://127.0.0.1:{redis_server.port}?stream={name}"
-    options = ("bridge", "in", "--from", url, "--stream", "mirror", "--declare")
-    bridge = run_bridge(*options, dsn=logins["producer"], logs=tmp_path)
-    client = redis.Redis(host="127.0.0.1", port=redis_server.port)
-    try:
-        for n in range(2):
-            client.xadd(
-                name, {"body": f'{{"n": {n}}}', "content_type": "application/json", "message_id": f"m{n}"}
-            )
-        wait_for(lambda: stream_length(conn, "mirror") == 2, "2 messages appended", 60)
-    finally:
-        client.close()
-        code, log = bridge.stop()
-    assert code == 0, log
+    arrived = partial(stream_length, conn, "mirror")
+    receive(("--stream", "mirror"), 2, arrived, dsn=logins["producer"], port=redis_server.port, logs=tmp_path)
     conn.execute("UPDATE pgbroker.stream_inbound_seen SET seen_at = now() - interval '2 minutes'")
-
-    async def prune() -> int:
-        async with AsyncBroker(logins["producer"]) as broker:
-            return await StreamTarget(broker, "mirror").prune(60)  # what the bridge does every minute
-
-    assert asyncio.run(prune()) == 2
-
-
-def stream_length(conn: Conn, stream: str) -> int:
-    row = conn.execute(
-        sql.SQL("SELECT count(*) FROM pgbroker.{}").format(sql.Identifier(f"s_{stream}"))
-    ).fetchone()
-    return int(row[0]) if row else 0
+    assert prune_as(logins["producer"], lambda broker: StreamTarget(broker, "mirror")) == 2
 
 
 def test_an_inbound_bridge_runs_under_a_producer_granted_its_queue_only(
@@ -130,26 +130,10 @@ def test_an_inbound_bridge_runs_under_a_producer_granted_its_queue_only(
     try:
         assert grant_queue_access(conn, "producer", user, "inbox")
         scoped = make_conninfo(dsn, user=user)
-        name = f"in-{uuid.uuid4().hex[:8]}"
-        url = f"redis://127.0.0.1:{redis_server.port}?stream={name}"
-        bridge = run_bridge(
-            "bridge", "in", "--from", url, "--queue", "inbox", "--declare", dsn=scoped, logs=tmp_path
-        )
-        client = redis.Redis(host="127.0.0.1", port=redis_server.port)
-        try:
-            client.xadd(name, {"body": '{"n": 1}', "content_type": "application/json", "message_id": "m1"})
-            wait_for(lambda: depth(conn, "inbox") == 1, "1 message received", 60)
-        finally:
-            client.close()
-            code, log = bridge.stop()
-        assert code == 0, log
+        arrived = partial(depth, conn, "inbox")
+        receive(("--queue", "inbox"), 1, arrived, dsn=scoped, port=redis_server.port, logs=tmp_path)
         conn.execute("UPDATE pgbroker.inbound_seen SET seen_at = now() - interval '2 minutes'")
-
-        async def prune() -> int:
-            async with AsyncBroker(scoped) as broker:
-                return await QueueTarget(broker, "inbox").prune(60)  # what the bridge does every minute
-
-        assert asyncio.run(prune()) == 1
+        assert prune_as(scoped, lambda broker: QueueTarget(broker, "inbox")) == 1
     finally:
         conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(user)))
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:

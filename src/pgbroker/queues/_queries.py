@@ -577,7 +577,7 @@ def inbound_seen_prune(
         "batch_size": arg.count(batch_size, "batch_size"),
         "queue": queue,
     }
-    return Query(_named("inbound_seen_prune"), params, decoded.scalar)
+    return Query(_named("inbound_seen_prune"), params, decoded.scalar, _queue_or_every_queue)
 
 
 # -- schedules (sql/functions/78_schedules.sql) ------------------------------------------

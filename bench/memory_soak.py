@@ -3,12 +3,15 @@
     python -m bench.memory_soak [--dsn DSN] [--phases 12] [--messages 40000] [--requests 3000]
     python -m bench.memory_soak --quick
 
-Three processes run as an operator runs them (the real CLI, each a process of its own, on one
-database): ``pgbroker worker`` on a queue, ``pgbroker worker`` on a stream group (an App), and
-``pgbroker serve``. Each phase sends ``--messages`` messages to the queue and as many to the
-stream (every stream message under a key never used before, so that anything kept per key shows),
-and makes ``--requests`` HTTP requests through serve: sends (each with an Idempotency-Key never
-used before), reads and acks of 10, a /metrics scrape now and then, spread over three API keys.
+Four processes run as an operator runs them (the real CLI, each a process of its own, on one
+database): ``pgbroker worker`` on a queue, ``pgbroker worker`` on a stream group (an App),
+``pgbroker serve``, and ``pgbroker bridge out`` from a queue to Redis Streams (a private
+redis-server the bench starts on a free loopback port, tests/support/servers.py). Each phase
+sends ``--messages`` messages to the worker's queue, as many to the stream (every stream message
+under a key never used before, so that anything kept per key shows) and as many to the bridge's
+queue, and makes ``--requests`` HTTP requests through serve: sends (each with an Idempotency-Key
+never used before), reads and acks of 10, a /metrics scrape now and then, spread over three API
+keys. The bench empties the Redis stream after each phase.
 Once every message is handled, the resident set size (VmRSS) of each process is read from /proc.
 
 The first ``--warm-up`` phases fill caches, pools and the allocator's arenas. After them a
@@ -37,42 +40,27 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 from tests.http.live import pgbroker_serve
 from tests.support.processes import stop_gracefully
+from tests.support.servers import KINDS, PrivateServer
 
 from bench.harness import Progress, Server, _drop_database, _recreate_database
-from pgbroker import App, Broker, Stream, StreamMessage
+from bench.memory_soak_handlers import GROUP, STREAM
+from pgbroker import Broker, Stream
 from pgbroker._db.api_keys import create_key
-from pgbroker.queues._records import Message
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "pgbroker_bench_memory"
 QUEUE = "soak"
 HTTP_QUEUE = "soak_http"
-STREAM = "soak_stream"
-GROUP = "soak"
+BRIDGE_QUEUE = "soak_bridge"
 SEND_BATCH = 500
 #: about the size of a small event: a few fields and some text
 PAYLOAD_TEXT = "x" * 160
 HTTP_CLIENTS = 3  # one API key each
 #: MB per million messages (or requests) past which the growth after the warm-up reads as a leak
 LEAK_MB_PER_MILLION = 20.0
-
-
-# -- what the worker processes run (imported by them from this module) ----------------------------
-
-
-async def queue_handler(message: Message) -> None:
-    """The queue worker's handler: reads the payload and does nothing more."""
-    _ = message.message["n"]
-
-
-stream_app = App()
-
-
-@stream_app.stream_handler(STREAM, GROUP, concurrency=16, batch_size=500)
-async def stream_handler(message: StreamMessage) -> None:
-    _ = message.message["n"]
 
 
 # -- the processes and their memory ------------------------------------------------------------------
@@ -134,18 +122,34 @@ def _payloads(start: int, count: int) -> list[dict[str, Any]]:
 
 
 def send_messages(broker: Broker, start: int, count: int) -> None:
-    """``count`` messages to the queue and as many to the stream, each under a key of its own."""
-    queue, stream = broker.queue(QUEUE), Stream(broker, STREAM)
+    """``count`` messages to each queue and as many to the stream, each under a key of its own."""
+    queues, stream = [broker.queue(QUEUE), broker.queue(BRIDGE_QUEUE)], Stream(broker, STREAM)
     for first in range(start, start + count, SEND_BATCH):
         batch = _payloads(first, min(SEND_BATCH, start + count - first))
-        queue.send_many(batch)
+        for queue in queues:
+            queue.send_many(batch)
         stream.send_many(batch, keys=[f"key-{p['n']}" for p in batch])
 
 
 def backlog(broker: Broker) -> int:
-    """Messages of the queue and of the stream's group not yet handled."""
-    queued = broker.metrics(QUEUE).queue_length
+    """Messages of the queues and of the stream's group not yet handled (or published)."""
+    queued = sum(broker.metrics(name).queue_length for name in (QUEUE, BRIDGE_QUEUE))
     return queued + sum(partition.lag for partition in Stream(broker, STREAM).lag())
+
+
+@contextmanager
+def private_redis() -> Iterator[PrivateServer]:
+    server = PrivateServer(KINDS["redis"], Path(tempfile.mkdtemp(prefix="pgbroker-bench-redis-")))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def empty_redis_stream(port: int) -> None:
+    with redis.Redis(host="127.0.0.1", port=port) as client:
+        client.xtrim(BRIDGE_QUEUE, maxlen=0)
 
 
 def http_traffic(url: str, token: str, requests: int, numbers: Iterator[int]) -> None:
@@ -194,7 +198,7 @@ def wait_until_handled(broker: Broker, processes: list[subprocess.Popen[bytes]],
     """Wait for the backlog to empty, however long the machine takes, while the workers live."""
     while backlog(broker):
         if any(p.poll() is not None for p in processes):
-            raise RuntimeError(f"a worker exited; its log is under {logs}")
+            raise RuntimeError(f"a worker or the bridge exited; the logs are under {logs}")
         time.sleep(0.2)
 
 
@@ -207,6 +211,7 @@ def prepare(dsn: str) -> list[str]:
         broker.install()
         broker.create_queue(QUEUE)
         broker.create_queue(HTTP_QUEUE)
+        broker.create_queue(BRIDGE_QUEUE)
         stream = Stream(broker, STREAM)
         stream.create(partitions=4)
         stream.create_group(GROUP, start="start")
@@ -230,17 +235,31 @@ def run(dsn: str, args: argparse.Namespace, progress: Progress) -> list[Watched]
                 QUEUE,
                 "--concurrency",
                 "16",
-                "bench.memory_soak:queue_handler",
+                "bench.memory_soak_handlers:queue_handler",
             )
         )
         streams = stack.enter_context(
-            cli_process(dsn, logs / "stream-worker.log", "worker", "bench.memory_soak:stream_app")
+            cli_process(dsn, logs / "stream-worker.log", "worker", "bench.memory_soak_handlers:stream_app")
         )
         serve = stack.enter_context(pgbroker_serve(dsn, "--connections", "4"))
+        redis_server = stack.enter_context(private_redis())
+        bridge = stack.enter_context(
+            cli_process(
+                dsn,
+                logs / "bridge.log",
+                "bridge",
+                "out",
+                "--queue",
+                BRIDGE_QUEUE,
+                "--to",
+                f"redis://127.0.0.1:{redis_server.port}?stream={BRIDGE_QUEUE}",
+            )
+        )
         watched = [
             Watched("pgbroker worker (queue)", "messages", worker.pid),
             Watched("pgbroker worker (stream group)", "messages", streams.pid),
             Watched("pgbroker serve", "requests", serve.process.pid),
+            Watched("pgbroker bridge out (Redis)", "messages", bridge.pid),
         ]
         numbers = itertools.count()
         sent = requests = 0
@@ -253,7 +272,8 @@ def run(dsn: str, args: argparse.Namespace, progress: Progress) -> list[Watched]
             )
             sent += args.messages
             requests += args.requests
-            wait_until_handled(broker, [worker, streams], logs)
+            wait_until_handled(broker, [worker, streams, bridge], logs)
+            empty_redis_stream(redis_server.port)
             for process in watched:
                 process.sample(requests if process.unit == "requests" else sent)
             rss = ", ".join(f"{w.rss_mb[-1]:.1f}" for w in watched)
@@ -291,7 +311,7 @@ def plot(watched: list[Watched], warm_up: int, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(watched), figsize=(4.2 * len(watched), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(watched), figsize=(3.6 * len(watched), 3.4), squeeze=False)
     for ax, w in zip(axes[0], watched, strict=True):
         ax.plot([x / 1000 for x in w.work], w.rss_mb, marker="o", markersize=3)
         if warm_up < len(w.work):

@@ -3989,10 +3989,15 @@ BEGIN
         IF NOT consumer = ANY (coalesce(live, '{}')) THEN
             live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
         END IF;
-        -- Forget consumers long gone (a lease and a minute past expiry).
+        -- Forget consumers long gone (a lease and a minute past expiry), but
+        -- one whose last read is still in an open transaction: its row stays
+        -- to a later read, which never waits for it.
         DELETE FROM pgbroker.stream_consumer c
-        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-          AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
+        WHERE (c.stream_name, c.group_name, c.consumer) IN (
+            SELECT x.stream_name, x.group_name, x.consumer FROM pgbroker.stream_consumer x
+            WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
+              AND x.expires_at < now() - make_interval(secs => lease_seconds + 60)
+            FOR UPDATE SKIP LOCKED);
     END IF;
 
     SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
@@ -4019,10 +4024,16 @@ BEGIN
         -- taken from it while it handles what it read (duplicates without a
         -- death). After the lock, a new statement sees every taker before us.
         -- The group's row, not an advisory lock, which any session could hold
-        -- to keep every newcomer waiting (see _stream_safe_id).
-        PERFORM FROM pgbroker.stream_group t
-        WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
-        FOR NO KEY UPDATE;
+        -- to keep every newcomer waiting (see _stream_safe_id). Waited for
+        -- briefly: a taker's transaction is one read, unless its client left
+        -- it open (idle in transaction), and then every reader of the group
+        -- waited behind it for as long; not had, this read takes nothing and
+        -- a later one tries again (tests/engine/test_stream_idle_reader.py).
+        IF NOT pgbroker._lock_within(format(
+                'SELECT FROM pgbroker.stream_group t WHERE t.stream_name = %L AND t.group_name = %L '
+                'FOR NO KEY UPDATE', s.stream_name, group_name), '100ms') THEN
+            RETURN 0;
+        END IF;
         -- (This consumer's row is there: registered above, in this transaction.)
         SELECT array_agg(c.consumer ORDER BY c.consumer) INTO live
         FROM pgbroker.stream_consumer c
@@ -4436,7 +4447,7 @@ BEGIN
     -- batch: then a consumer keeping up, the usual case, walked every partition
     -- twice a call, once for nothing. The advance is a probe of the log's lock
     -- unless a producer is at work: a consumer catching up pays it once a batch.)
-    safe := pgbroker._stream_safe_id(s.stream_name);
+    safe := pgbroker._stream_read_safe_id(s.stream_name);
     -- Lock the consumer's cursor rows with messages to read, or acked by this call
     -- (not the log's): a partition cannot change hands between this read and the
     -- write of its position. Then their positions, read after the lock (see
@@ -4609,6 +4620,32 @@ CREATE FUNCTION pgbroker._stream_read_function(s pgbroker.stream) RETURNS text
 $_$;
 
 --
+-- Name: _stream_read_safe_id(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_read_safe_id(stream_name text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    safe_id bigint := pgbroker._stream_safe_id_advanced(stream_name);
+    last_id bigint;
+BEGIN
+    IF safe_id IS NOT NULL THEN
+        RETURN safe_id;
+    END IF;
+    safe_id := (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+    IF safe_id IS NULL OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN safe_id;
+    END IF;
+    last_id := pg_sequence_last_value(format('pgbroker.%I', 's_' || stream_name || '_seq')::regclass);
+    IF last_id > safe_id AND pgbroker._stream_unwritten(stream_name) THEN
+        RETURN last_id;
+    END IF;
+    RETURN safe_id;
+END;
+$$;
+
+--
 -- Name: _stream_renew(text, text, text, integer, boolean); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -4731,6 +4768,19 @@ $$;
 CREATE FUNCTION pgbroker._stream_safe_id(stream_name text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
+BEGIN
+    RETURN coalesce(pgbroker._stream_safe_id_advanced(stream_name),
+                    (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t));
+END;
+$$;
+
+--
+-- Name: _stream_safe_id_advanced(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_safe_id_advanced(stream_name text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
 DECLARE
     w pgbroker.stream_watermark;
     last_id bigint;
@@ -4738,11 +4788,11 @@ DECLARE
     changed boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id.stream_name
+        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id_advanced.stream_name
         FOR NO KEY UPDATE SKIP LOCKED;
     END IF;
     IF NOT FOUND THEN  -- another caller advances, or not READ COMMITTED (FOUND starts false)
-        RETURN (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+        RETURN NULL;
     END IF;
     SELECT * INTO w FROM pgbroker._stream_watermark(stream_name);
     IF NOT FOUND THEN
@@ -5705,6 +5755,40 @@ BEGIN
     SELECT bind_topic_amqp.pattern, pgbroker._stored_name(bind_topic_amqp.queue_name)
     ON CONFLICT DO NOTHING;
 END;
+$$;
+
+--
+-- Name: blocking_sessions(interval, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker.blocking_sessions(older_than interval DEFAULT '00:01:00'::interval, stream_name text DEFAULT NULL::text) RETURNS TABLE(pid integer, role_name text, application_name text, client_addr inet, state text, transaction_age_sec double precision, state_age_sec double precision, tables text[], holds_horizon boolean, query text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT x.pid, x.usename::text, x.application_name, x.client_addr, x.state,
+           extract(epoch FROM clock_timestamp() - x.xact_start)::float8,
+           extract(epoch FROM clock_timestamp() - x.state_change)::float8,
+           x.tables, x.holds_horizon, x.query
+    FROM (SELECT a.*, a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL AS holds_horizon,
+                 ARRAY(SELECT DISTINCT c.oid::regclass::text
+                       FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_class c ON c.oid = l.relation
+                       WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted
+                         AND c.relkind IN ('r', 'p')
+                         AND c.relnamespace IN (to_regnamespace('pgmq'), to_regnamespace('pgbroker'))
+                       ORDER BY 1) AS tables,
+                 ARRAY(SELECT l.relation FROM pg_catalog.pg_locks l
+                       WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted) AS relations
+          FROM pg_catalog.pg_stat_activity a
+          WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+            AND a.backend_type = 'client backend'
+            AND a.xact_start < clock_timestamp() - older_than) x
+    WHERE CASE WHEN blocking_sessions.stream_name IS NULL THEN cardinality(x.tables) > 0 OR x.holds_horizon
+               ELSE x.relations && ARRAY(
+                   SELECT t.relid::oid FROM pg_catalog.pg_partition_tree(format('pgbroker.%I',
+                       's_' || (pgbroker._stream_row(blocking_sessions.stream_name)).stream_name)::regclass) t
+                   UNION ALL SELECT t.relid::oid FROM pg_catalog.pg_partition_tree('pgbroker.stream_position') t
+                   UNION ALL SELECT t.relid::oid FROM pg_catalog.pg_partition_tree('pgbroker.stream_watermark') t)
+          END
+    ORDER BY x.xact_start, x.pid;
 $$;
 
 --

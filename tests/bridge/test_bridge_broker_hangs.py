@@ -16,7 +16,8 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -25,6 +26,9 @@ from yarl import URL
 
 from pgbroker import Broker
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
+from pgbroker.bridge.connector import Endpoint
+from pgbroker.bridge.connectors import rabbitmq
+from pgbroker.bridge.errors import AmqpConnectionLost
 from pgbroker.queues._client_async import AsyncBroker
 from tests.support.postgres import scratch_dir
 from tests.support.probes import Probe, RabbitProbe, body_of, probe, unique
@@ -40,6 +44,8 @@ TOLD_WITHIN = 20.0
 STOPS_WITHIN = 15.0
 CONFIRM_TIMEOUT = 1.0
 CONNECT_TIMEOUT = 2.0
+# A check at connect that meets the hang fails within this: the connect timeout, and the close.
+CHECKED_WITHIN = 15.0
 
 
 @dataclass
@@ -137,6 +143,23 @@ def numbers(dsn: str, table: str) -> list[int]:
         return [m["n"] for (m,) in conn.execute(query).fetchall()]
 
 
+@asynccontextmanager
+async def outbound_running(
+    dsn: str, url: str, settings: OutboundSettings
+) -> AsyncIterator[tuple[OutboundBridge, asyncio.Task[None], AsyncBroker]]:
+    """An outbound bridge from the queue outbox to ``url``, started; stopped on the way out."""
+    async with AsyncBroker(dsn, max_connections=4) as abroker:
+        await abroker.create_queue("outbox")
+        bridge = OutboundBridge(abroker, "outbox", url, settings)
+        task = asyncio.create_task(bridge.run())
+        try:
+            await until(bridge.started.is_set, task, "started", 60)
+            yield bridge, task, abroker
+        finally:
+            bridge.stop()
+            task.cancel()
+
+
 def test_the_outbound_bridge_gives_up_on_a_broker_that_hangs_carries_on_and_stops(
     dsn: str, hanging: Hanging, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -150,30 +173,21 @@ def test_the_outbound_bridge_gives_up_on_a_broker_that_hangs_carries_on_and_stop
     settings = OutboundSettings(
         idle_wait=0.5, confirm_timeout=CONFIRM_TIMEOUT, connect_timeout=CONNECT_TIMEOUT
     )
-    with Broker(dsn) as broker:
-        broker.create_queue("outbox")
 
     async def scenario() -> None:
-        async with AsyncBroker(dsn, max_connections=4) as abroker:
-            bridge = OutboundBridge(abroker, "outbox", hanging.probe.url(target), settings)
-            task = asyncio.create_task(bridge.run())
+        async with outbound_running(dsn, hanging.probe.url(target), settings) as (bridge, task, abroker):
             outbox = abroker.queue("outbox")
 
             async def empty() -> bool:
                 return (await abroker.metrics("outbox")).queue_length == 0
 
-            try:
-                await until(bridge.started.is_set, task, "started", 60)
-                await told_while_it_hangs(
-                    hanging, caplog, task, lambda: outbox.send_many([{"n": n} for n in range(20)])
-                )
-                await until(empty, task, "published after the broker answered again", 120)
-                await stopped_while_it_hangs(
-                    hanging, bridge.stop, task, lambda: outbox.send_many([{"n": n} for n in range(20, 30)])
-                )
-            finally:
-                bridge.stop()
-                task.cancel()
+            await told_while_it_hangs(
+                hanging, caplog, task, lambda: outbox.send_many([{"n": n} for n in range(20)])
+            )
+            await until(empty, task, "published after the broker answered again", 120)
+            await stopped_while_it_hangs(
+                hanging, bridge.stop, task, lambda: outbox.send_many([{"n": n} for n in range(20, 30)])
+            )
 
     asyncio.run(scenario())
     got = asyncio.run(hanging.probe.published(target, expect=20))
@@ -223,3 +237,69 @@ def test_the_inbound_bridge_gives_up_on_a_broker_that_hangs_carries_on_and_stops
 
     asyncio.run(scenario())
     assert sorted(numbers(dsn, "q_inbox")) == list(range(20))
+
+
+# A window of this many messages of PADDING bytes each is more than the kernel's socket buffers
+# take on the way to a broker that reads nothing (about 4 MB each way here): its writes block.
+BIG_WINDOW = 12
+PADDING = 900_000
+SLOW_LIVENESS_CONNECT_TIMEOUT = 10.0
+
+
+def test_a_window_larger_than_the_socket_buffers_sent_into_a_hang_is_given_up_and_the_bridge_stops(
+    dsn: str, hanging: Hanging, caplog: pytest.LogCaptureFixture
+) -> None:
+    """12 messages of 900 kB sent while the broker hangs: the window's writes block, since the
+    hung broker reads nothing; the bridge still says it lost the connection (not confirmed within
+    the confirm timeout), and returns from run() when stopped, nothing lost. A NATS bridge waited
+    on the write for good (nats-py's publish timeout counts from the write's end), then on its
+    close."""
+    caplog.set_level(logging.INFO, logger="pgbroker.bridge.out")
+    target = unique("bighang")
+    asyncio.run(hanging.probe.prepare_out(target))
+    # The client's own liveness checks (every half connect timeout) slow enough that the bridge
+    # closes the connection before they give it up: the close meets the hang.
+    settings = OutboundSettings(
+        idle_wait=0.5, confirm_timeout=CONFIRM_TIMEOUT, connect_timeout=SLOW_LIVENESS_CONNECT_TIMEOUT
+    )
+
+    async def scenario() -> None:
+        async with outbound_running(dsn, hanging.probe.url(target), settings) as (bridge, task, abroker):
+
+            async def sent_and_told() -> None:
+                await abroker.queue("outbox").send_many(
+                    [{"n": n, "pad": "x" * PADDING} for n in range(BIG_WINDOW)]
+                )
+                await until(lambda: said(caplog, "bridge.connection_lost"), task, "told", TOLD_WITHIN)
+
+            await stopped_while_it_hangs(hanging, bridge.stop, task, sent_and_told)
+
+    asyncio.run(scenario())
+    assert sorted(numbers(dsn, "a_outbox") + numbers(dsn, "q_outbox")) == list(range(BIG_WINDOW))
+
+
+@pytest.mark.parametrize("direction", ["out", "in"])
+def test_a_rabbitmq_check_at_connect_that_meets_a_hang_fails_within_the_connect_timeout(
+    amqp: str, direction: str
+) -> None:
+    """The path to RabbitMQ hangs at the check the bridge makes once connected (out: the
+    exchange's passive declare; in: the queue's), the URL's own heartbeat 60 s: opening fails
+    within the connect timeout as a lost connection. It waited for the heartbeat to give the
+    connection up (over a minute; for good with heartbeat=0)."""
+    name = unique("checkhang")
+    with Relay(URL(amqp).port or 5672) as relay:
+        relay.freeze_on(name.encode())
+        url = str(URL(amqp).with_port(relay.port) % {"heartbeat": "60", "exchange": name, "queue": name})
+        endpoint: Endpoint[object] = (
+            rabbitmq.outbound(url, "q", OutboundSettings(connect_timeout=CONNECT_TIMEOUT))
+            if direction == "out"
+            else rabbitmq.inbound(url, None, "q", InboundSettings(connect_timeout=CONNECT_TIMEOUT))
+        )
+
+        async def opening() -> None:
+            started = time.monotonic()
+            with pytest.raises(AmqpConnectionLost, match=f"no answer within {CONNECT_TIMEOUT:g} s"):
+                await asyncio.wait_for(endpoint.open(), CHECKED_WITHIN)
+            assert time.monotonic() - started < CHECKED_WITHIN
+
+        asyncio.run(opening())

@@ -17,6 +17,7 @@ import pytest
 from psycopg import sql
 
 from pgbroker import Broker
+from pgbroker._db.liveness import NoAnswer
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
 from pgbroker.bridge.core.inbound import StreamInboundBridge
 from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
@@ -416,6 +417,48 @@ def _outbound_carries_on_through_hung_sessions(
     assert {json.loads(body)["n"] for _, body in got} == set(range(-1, 20))
 
 
+# A bridge whose start meets hung sessions fails within this: its bound (HUNG_LEASE), and slack.
+STARTS_WITHIN = 30.0
+
+Bridge = OutboundBridge | StreamOutboundBridge | InboundBridge
+BRIDGES_STARTING: dict[str, Callable[[AsyncBroker, str], Bridge]] = {
+    "out": lambda abroker, url: OutboundBridge(abroker, "outbox", url, OutboundSettings(lease=HUNG_LEASE)),
+    "stream out": lambda abroker, url: StreamOutboundBridge(
+        abroker, "clicks", "out", url, OutboundSettings(lease=HUNG_LEASE, declare=True)
+    ),
+    "in": lambda abroker, url: InboundBridge(
+        abroker, None, "inbox", url, InboundSettings(ack_wait=HUNG_LEASE)
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(BRIDGES_STARTING))
+def test_a_bridge_that_starts_on_database_sessions_that_hang_fails_within_its_bound(
+    dsn: str, redis_server: PrivateServer, kind: str
+) -> None:
+    """Every session of the bridge's pool stops answering before it starts: its first database
+    call (the queue's check and notify trigger out, the group's declaration for a stream, the
+    queue's check in) fails as a lost connection within the lease (out) or the ack wait (in), as
+    a first connection that cannot be made does; run() waited for the answer for as long as the
+    hang lasted (for good behind a stuck pooler), saying nothing."""
+    with Broker(dsn) as broker:
+        broker.create_queue("outbox")
+        broker.create_queue("inbox")
+        Stream(broker, "clicks").create(partitions=1)
+    url = RedisProbe(redis_server.port).url(unique("start"))
+
+    async def scenario() -> None:
+        # Every connection the pool will hand out is open before the hang, so the first call meets it.
+        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as abroker:
+            await asyncio.gather(*(abroker.list_queues() for _ in range(4)))
+            with sessions_frozen(dsn) as frozen:
+                assert len(frozen) >= 2
+                with pytest.raises(NoAnswer):
+                    await asyncio.wait_for(BRIDGES_STARTING[kind](abroker, url).run(), STARTS_WITHIN)
+
+    asyncio.run(scenario())
+
+
 def test_the_inbound_bridge_gives_up_on_database_sessions_that_hang_and_carries_on(
     dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -470,6 +513,32 @@ def test_a_lease_extension_that_fails_while_a_window_waits_is_tried_again(
     window once Redis confirms it, each message published once. The lease keeper ended at the
     first failure: the leases ran out, the confirmed window went unacked, and every message of
     it was published a second time."""
+    _window_meets_a_lock(dsn, frozen_redis, caplog, confirmed_during_the_lock=False)
+    assert said(caplog, "bridge.out.extend_failed")
+
+
+def test_an_ack_that_fails_on_a_passing_fault_is_tried_again_within_the_lease(
+    dsn: str, frozen_redis: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A window's confirms come while the queue table is locked (maintenance; the bridge's role
+    with a 200 ms lock_timeout), so its ack fails: the bridge tries the ack again while the leases
+    hold, and each message is published once. It gave the window up at the first failure (as a
+    lost connection: a reconnect to the broker), and every message of it was published a second
+    time once its lease ran out."""
+    _window_meets_a_lock(dsn, frozen_redis, caplog, confirmed_during_the_lock=True)
+    assert said(caplog, "bridge.out.ack_failed")
+
+
+def _window_meets_a_lock(
+    dsn: str,
+    frozen_redis: PrivateServer,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    confirmed_during_the_lock: bool,
+) -> None:
+    """A window of 20 waits for its confirms (Redis frozen) when a lock on the queue table comes
+    for half a lease; Redis confirms during the lock or after it. Every message must be published
+    once, the bridge never reconnecting."""
     caplog.set_level(logging.INFO, logger="pgbroker.bridge.out")
     target = unique("extend")
     probe = RedisProbe(frozen_redis.port)
@@ -505,6 +574,8 @@ def test_a_lease_extension_that_fails_while_a_window_waits_is_tried_again(
 
                     def lock() -> None:
                         with table_locked(dsn, "pgmq.q_outbox"):
+                            if confirmed_during_the_lock:
+                                frozen_redis.resume()
                             time.sleep(lease / 2)
 
                     await asyncio.to_thread(lock)
@@ -520,7 +591,6 @@ def test_a_lease_extension_that_fails_while_a_window_waits_is_tried_again(
     asyncio.run(scenario())
     got = asyncio.run(probe.published(target, expect=21, timeout=3))
     assert sorted(json.loads(body)["n"] for _, body in got) == list(range(20))
-    assert said(caplog, "bridge.out.extend_failed")
     assert not said(caplog, "bridge.connection_lost")
 
 

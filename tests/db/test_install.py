@@ -247,3 +247,29 @@ def test_install_refuses_a_newer_development_database(empty_dsn: str) -> None:
             install(conn)
         assert info.value.hint
         assert dev_applied(conn) == before
+
+
+def test_an_upgrade_held_up_by_a_client_idle_in_transaction_names_it_and_changes_nothing(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that called pgmq.set_vt in a transaction and left it open holds the queue's
+    engine tables: the upgrade cannot lock them, gives up, and says which session to end."""
+    import pgbroker._db.install as installer
+
+    monkeypatch.setattr(installer, "LOCK_ATTEMPTS", 3)  # a few tries, not a minute
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgmq.create('jobs')")
+        conn.execute("SELECT pgmq.send('jobs', '{}')")
+        conn.execute("UPDATE pgbroker.schema_functions SET checksum = 'of an older package'")
+        with psycopg.connect(dsn, application_name="billing-worker") as idle:
+            idle.execute("SELECT * FROM pgmq.set_vt('jobs', 1, 30)")
+            with pytest.raises(InstallError) as caught:
+                install(conn)
+            pid = idle.info.backend_pid
+        assert conn.execute("SELECT checksum FROM pgbroker.schema_functions").fetchone() == (
+            "of an older package",
+        )
+    message = str(caught.value)
+    assert f"held by pid {pid} (idle in transaction for " in message
+    assert "application 'billing-worker'" in message
+    assert "pg_terminate_backend" in (caught.value.hint or "")

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker import Broker
 from pgbroker._db.install import install, install_roles
@@ -132,3 +132,71 @@ def test_an_owner_without_createrole_installs_and_is_told_what_roles_need(
                 admin.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(f"{role}_{suffix}")))
         granted = install_roles(conn, role)
     assert set(granted) == {f"{role}_producer", f"{role}_consumer", f"{role}_monitor"}
+
+
+def _login_role(admin_dsn: str, database_dsn: str, *grants: str) -> Iterator[str]:
+    """A LOGIN role, no superuser, given ``grants`` on the database of ``database_dsn`` (which it
+    does not own: as in PostgreSQL 15, it may not create in schema public); its DSN."""
+    role = f"app_{uuid.uuid4().hex[:10]}"
+    database = sql.Identifier(str(conninfo_to_dict(database_dsn)["dbname"]))
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER").format(sql.Identifier(role)))
+        for grant in grants:
+            admin.execute(
+                sql.SQL("GRANT " + grant + " ON DATABASE {} TO {}").format(database, sql.Identifier(role))
+            )
+    try:
+        yield make_conninfo(database_dsn, user=role)
+    finally:
+        with psycopg.connect(database_dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture
+def schema_owner_dsn(pg_admin_dsn: str, empty_dsn: str) -> Iterator[str]:
+    """A role that may create schemas in the test's empty database, and nothing more."""
+    yield from _login_role(pg_admin_dsn, empty_dsn, "CONNECT, CREATE")
+
+
+@pytest.fixture
+def application_dsn(pg_admin_dsn: str, empty_dsn: str) -> Iterator[str]:
+    """Another role of the same database: an application's, which may connect."""
+    yield from _login_role(pg_admin_dsn, empty_dsn, "CONNECT")
+
+
+@pytest.mark.parametrize("grant", ["nothing", "the schemas' usage, as a queue grant gives"])
+def test_an_install_by_a_role_that_does_not_own_pgbroker_names_the_owner_and_changes_nothing(
+    schema_owner_dsn: str, application_dsn: str, grant: str
+) -> None:
+    owner, application = _role(schema_owner_dsn), _role(application_dsn)
+    with psycopg.connect(schema_owner_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT has_schema_privilege('public', 'CREATE')").fetchone() == (False,)
+        install_dev(conn)
+        assert install(conn) == InstallResult(f"{BASELINE}.dev{DEV_MINIMUM}", latest_version())
+        conn.execute("SELECT pgmq.create('jobs')")
+        conn.execute("UPDATE pgbroker.schema_functions SET checksum = 'of an older package'")
+        if grant != "nothing":
+            usage = sql.SQL("GRANT USAGE ON SCHEMA pgmq, pgbroker TO {}")
+            conn.execute(usage.format(sql.Identifier(application)))
+    # A deploy that runs `pgbroker install` as the application's role.
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pgbroker.cli", "--dsn", application_dsn, "install"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.startswith(
+        f"pgbroker: error: pgbroker in this database belongs to role '{owner}': role '{application}' "
+        "cannot install or upgrade it"
+    ), done.stderr
+    assert f"hint: Run pgbroker install as '{owner}'" in done.stderr
+    with psycopg.connect(schema_owner_dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT checksum FROM pgbroker.schema_functions").fetchone()
+        assert row == ("of an older package",)
+        assert install(conn) == InstallResult(latest_version(), latest_version())

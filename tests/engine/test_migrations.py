@@ -30,7 +30,7 @@ from pgbroker import _sql as engine
 from pgbroker._db.api_keys import list_keys
 from pgbroker._db.install import install, install_roles
 from pgbroker._db.install_async import install_async
-from pgbroker._db.install_rules import InstallResult, latest_version
+from pgbroker._db.install_rules import InstallResult, latest_version, named
 from pgbroker._sql import BASELINE, DEV_MINIMUM, SqlFile
 from tests.support.dev_schema import dev_migrations, install_dev
 from tests.support.postgres import fresh_database
@@ -307,12 +307,12 @@ class RecordingConnection:
 
     def __init__(self, conn: Conn) -> None:
         self.conn = conn
-        self.statements: list[str] = []
+        self.statements: list[str | sql.Composable] = []
 
     def transaction(self) -> AbstractContextManager[Any]:
         return self.conn.transaction()
 
-    def execute(self, query: str, params: Any = None) -> psycopg.Cursor[Any]:
+    def execute(self, query: str | sql.Composable, params: Any = None) -> psycopg.Cursor[Any]:
         self.statements.append(query)
         return self.conn.execute(cast(Any, query), params)
 
@@ -324,7 +324,7 @@ def no_setup(conn: Conn) -> None:
 def ran(recorder: RecordingConnection, files: tuple[SqlFile, ...]) -> list[str]:
     """The names of the files whose SQL the recorded install ran, in the order it ran them."""
     by_text = {f.sql: f.name for f in files}
-    return [by_text[s] for s in recorder.statements if s in by_text]
+    return [by_text[s] for s in recorder.statements if isinstance(s, str) and s in by_text]
 
 
 def install_new(dsn: str, setup: Callable[[Conn], None]) -> Conn:
@@ -585,3 +585,47 @@ def test_an_edited_stream_template_reaches_the_streams_there_are(
         assert "-- edited" in definition(conn, "pgbroker.s_events_send(jsonb[],jsonb[],text[])")[0]
         assert "-- edited" in definition(conn, "pgbroker._stream_send_to(text,jsonb[],jsonb[],text[])")[0]
         assert conn.execute("SELECT pgbroker.stream_send('events', '1')").fetchone() == (1,)
+
+
+# The tables a transaction of this backend holds a lock on, each as its table (an index or TOAST
+# table as the table it belongs to, a partition as its root), of the engine's schemas and
+# pg_partman's, that existed before it: (schema, table).
+LOCKED_TABLES = """
+    SELECT DISTINCT t.relnamespace::regnamespace::text, t.relname
+    FROM pg_locks l
+    JOIN pg_class c ON c.oid = l.relation
+    CROSS JOIN LATERAL (SELECT coalesce((SELECT i.indrelid FROM pg_index i WHERE i.indexrelid = c.oid),
+                                        (SELECT o.oid FROM pg_class o WHERE o.reltoastrelid = c.oid),
+                                        c.oid) AS owner) o
+    JOIN pg_class t ON t.oid = coalesce(pg_partition_root(o.owner), o.owner)
+    WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation'
+      AND t.relnamespace::regnamespace::text = ANY(%s) AND t.oid < %s::oid
+    ORDER BY 1, 2
+"""
+
+
+@pytest.mark.parametrize("upgrade", ["development database", "functions only"])
+def test_an_upgrade_locks_no_table_its_lock_phase_did_not_take_first(empty_dsn: str, upgrade: str) -> None:
+    """The upgrade takes the tables it locks at once, before it changes anything, so that it never
+    waits for a worker while holding a table that worker asks for next (a deadlock); it does not
+    take every queue's tables, a lock each, which filled a server's lock table
+    (tests/db/test_install_lock_table.py). So every table it holds a lock on when done must be one
+    of those it took first: not a queue's, a partitioned queue's, pg_partman's or a stream's."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        if has_partman_on_server(conn):
+            create_partman(conn)
+        install_dev(conn)
+        make_queues(conn, DEV_MINIMUM)
+        conn.execute("SELECT pgbroker.create_stream('events', 2)")
+        if upgrade == "functions only":
+            install(conn)
+            conn.execute("UPDATE pgbroker.schema_functions SET checksum = 'of an older package'")
+        newest = conn.execute("SELECT max(oid::bigint) + 1 FROM pg_class").fetchone()
+        newest_before = cast(tuple[int], newest)[0]
+        dev = upgrade == "development database"
+        with conn.transaction(force_rollback=True):
+            taken_first = set(conn.execute(named("install_lock_set"), [dev]).fetchall())
+            install(conn)
+            held = set(conn.execute(LOCKED_TABLES, [[*SCHEMAS, PARTMAN_SCHEMA], newest_before]).fetchall())
+    assert ("pgbroker", "queue_head") in held
+    assert held - taken_first == set()

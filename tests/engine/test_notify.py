@@ -26,6 +26,7 @@ from pgbroker._db.wakeups import conninfo_of, reconnect_delay
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.errors import from_postgres
 from pgbroker.queues._client_async import AsyncBroker
+from tests.support.faults import listener_pid
 from tests.support.replication import wait_caught_up
 from tests.support.tables import describe
 
@@ -326,21 +327,6 @@ def test_bad_poll_interval_is_an_invalid_argument(dsn: str) -> None:
     for bad in (0, -1, float("nan"), True):
         with pytest.raises(InvalidArgument, match="poll_interval"):
             Broker(dsn, poll_interval=bad)
-
-
-def listener_pid(conn: Conn, exclude: int | None = None, timeout: float = 10.0) -> int:
-    """The backend pid of the (only) pgbroker listener of this database, waiting for it to appear."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-            " AND query LIKE 'LISTEN %%' AND pid <> pg_backend_pid() AND pid IS DISTINCT FROM %s",
-            [exclude],
-        ).fetchone()
-        if row is not None:
-            return int(row[0])
-        time.sleep(0.05)
-    raise AssertionError("no listener connection")
 
 
 class Reader:

@@ -4,20 +4,30 @@ was running when it committed goes on with the functions it started with, so it 
 tests/system/test_upgrade_under_load.py met both. A Worker, a StreamWorker and the scheduler that
 have worked on the database wait that out as they wait out a lost connection, and go on; before
 they have, a database without pgbroker still stops them with what to do
-(tests/system/test_scheduler_processes.py).
+(tests/system/test_scheduler_processes.py). Only an upgrade is waited out
+(pgbroker._db.schema_watch): the same errors without one (a bug, a damaged install), or still
+there once the upgrade has settled, stop them with a hint that says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import pytest
 
 from pgbroker import AsyncBroker, AsyncStream, Message, StreamMessage
+from pgbroker import _sql as sql
+from pgbroker._db import schema_watch
+from pgbroker.errors import DatabaseError, NotInstalled
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
+from pgbroker.schedules._scheduler import Scheduler
 from tests.support.worker import while_serving
 
 # The calls each of them makes while idle: the Worker's read, the StreamWorker's read, the
@@ -33,6 +43,33 @@ def _rename(conn: psycopg.Connection[Any], suffix_from: str, suffix_to: str) -> 
         [suffix_from, suffix_to, [name + suffix_from for name in GONE]],
     ).fetchall():
         conn.execute(statement)
+
+
+def _upgrade(conn: psycopg.Connection[Any], change: Callable[[], object]) -> None:
+    """``change`` committed as an upgrade commits it: with the function files run again, as
+    `pgbroker install` runs them whenever it changes the schema."""
+    with conn.transaction():
+        for function_file in sql.functions():
+            conn.execute(function_file.sql)
+        change()
+
+
+def _rename_column(conn: psycopg.Connection[Any], old: str, new: str) -> None:
+    conn.execute(f"ALTER TABLE pgbroker.queue_head RENAME COLUMN {old} TO {new}")
+
+
+@contextmanager
+def _column_gone(conn: psycopg.Connection[Any], *, upgrade: bool) -> Iterator[None]:
+    """A column every read of a queue looks at renamed (as an upgrade moves one, or as a bug would
+    miss one), and back on the way out."""
+    if upgrade:
+        _upgrade(conn, lambda: _rename_column(conn, "ready_from", "ready_from_gone"))
+    else:
+        _rename_column(conn, "ready_from", "ready_from_gone")
+    try:
+        yield
+    finally:
+        _rename_column(conn, "ready_from_gone", "ready_from")
 
 
 def test_workers_and_the_scheduler_ride_out_functions_gone_for_a_moment(dsn: str) -> None:
@@ -63,18 +100,10 @@ def test_workers_and_the_scheduler_ride_out_functions_gone_for_a_moment(dsn: str
             try:
                 await while_serving(serving, lambda: handled == [1] and streamed == [1], "the first messages")
                 with psycopg.connect(dsn, autocommit=True) as conn:
-                    # A column every read of the queue looks at, as an upgrade moves one.
-                    conn.execute(
-                        "ALTER TABLE pgbroker.queue_head RENAME COLUMN ready_from TO ready_from_gone"
-                    )
-                    try:
+                    with _column_gone(conn, upgrade=True):
                         await asyncio.sleep(1.5)
                         assert not serving.done(), serving.exception()
-                    finally:
-                        conn.execute(
-                            "ALTER TABLE pgbroker.queue_head RENAME COLUMN ready_from_gone TO ready_from"
-                        )
-                    _rename(conn, "", "_gone")
+                    _upgrade(conn, lambda: _rename(conn, "", "_gone"))
                     try:
                         # Every idle call fails meanwhile; the scheduler is woken to make one.
                         conn.execute("SELECT pg_notify(pgbroker.schedules_channel(), '')")
@@ -107,3 +136,92 @@ def test_workers_and_the_scheduler_ride_out_functions_gone_for_a_moment(dsn: str
                 await serving
 
     asyncio.run(scenario())
+
+
+def _serving_stops(dsn: str, *, upgrade: bool) -> tuple[BaseException, float]:
+    """A Worker serving; the column its reads need renamed (committed as an upgrade, or not):
+    what stopped serve, and how long after the rename."""
+    handled: list[Any] = []
+    worker = Worker("jobs", lambda m: handled.append(m.message), poll_max=0.2)
+
+    async def scenario() -> tuple[BaseException, float]:
+        async with AsyncBroker(dsn) as broker:
+            await broker.create_queue("jobs")
+            await broker.queue("jobs").send(1)
+            serving = asyncio.create_task(serve([worker], dsn=dsn, handle_signals=False), name="serving")
+            try:
+                await while_serving(serving, lambda: handled == [1], "the first message")
+                with psycopg.connect(dsn, autocommit=True) as conn, _column_gone(conn, upgrade=upgrade):
+                    renamed = time.monotonic()
+                    done, _ = await asyncio.wait([serving], timeout=STOPS_WITHIN)
+                    assert done, f"the worker still waits it out after {STOPS_WITHIN} s"
+                    stopped = time.monotonic() - renamed
+                failure = serving.exception()
+                assert failure is not None
+                return failure, stopped
+            finally:
+                worker.stop()
+                await asyncio.wait([serving])
+
+    return asyncio.run(scenario())
+
+
+# A worker stops within this once it meets a schema wanting without an upgrade: at its next read
+# (the poll is 0.2 s), however loaded the machine.
+STOPS_WITHIN = 30.0
+
+
+def test_a_column_gone_without_an_upgrade_stops_the_worker_saying_so(dsn: str) -> None:
+    """The column its reads need renamed without an upgrade (the marker of the installed schema
+    unchanged: a bug, a damaged install): the worker stops at once with the error and a hint that
+    this is no upgrade. It waited it out for good, a worker.schema_changed warning at a time."""
+    failure, _ = _serving_stops(dsn, upgrade=False)
+    assert isinstance(failure, DatabaseError), repr(failure)
+    assert failure.sqlstate == "42703", repr(failure)
+    assert "no upgrade" in (failure.hint or ""), failure.hint
+
+
+def test_a_column_still_gone_once_an_upgrade_has_settled_stops_the_worker(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade that leaves the column its reads need missing (a bug of the new release): the
+    worker waits it out while the upgrade settles (UPGRADE_SETTLES, 2 s here), then stops with the
+    error. It waited it out for good."""
+    monkeypatch.setattr(schema_watch, "UPGRADE_SETTLES", 2.0)
+    failure, stopped = _serving_stops(dsn, upgrade=True)
+    assert isinstance(failure, DatabaseError), repr(failure)
+    assert failure.sqlstate == "42703", repr(failure)
+    assert stopped >= 2.0, f"stopped {stopped:.1f} s after the upgrade: not waited out"
+
+
+def test_the_scheduler_gives_up_on_a_function_gone_without_an_upgrade(dsn: str) -> None:
+    """The scheduler's idle call renamed away without an upgrade, once it has worked: it stops
+    (gave_up: NotInstalled, with the hint that this is no upgrade), where it retried for good."""
+    scheduler = Scheduler()
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn) as broker:
+            await broker.create_queue("ticks")
+            await broker.add_schedule("now", "ticks", "* * * * *", {"tick": True})
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("UPDATE pgbroker.schedules SET next_run = now() - interval '1 second'")
+            running = asyncio.create_task(scheduler.run(broker))
+            deadline = time.monotonic() + 60
+            while scheduler.stats.sent == 0:  # it has worked
+                assert not running.done(), scheduler.gave_up
+                assert time.monotonic() < deadline, "no tick sent"
+                await asyncio.sleep(0.05)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                _rename(conn, "", "_gone")
+                try:
+                    conn.execute("SELECT pg_notify(pgbroker.schedules_channel(), '')")
+                    done, _ = await asyncio.wait([running], timeout=STOPS_WITHIN)
+                finally:
+                    _rename(conn, "_gone", "")
+            scheduler.stop()
+            await asyncio.wait([running])
+            assert done, f"the scheduler still retries after {STOPS_WITHIN} s"
+
+    asyncio.run(scenario())
+    assert isinstance(scheduler.gave_up, NotInstalled), repr(scheduler.gave_up)
+    assert "no upgrade" in (scheduler.gave_up.hint or ""), scheduler.gave_up.hint

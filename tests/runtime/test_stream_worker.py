@@ -28,6 +28,7 @@ from pgbroker.streams._client import Stream
 from pgbroker.streams._client_async import AsyncStreamConsumer
 from pgbroker.streams._records import StreamBatch, StreamMessage
 from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
+from tests.support.worker import run_until as serve_until
 from tests.support.worker import while_serving
 
 
@@ -614,6 +615,78 @@ def test_a_stream_worker_whose_sessions_hang_says_so_and_goes_on_once_they_are_g
     assert handled == set(range(-1, 10))
 
 
+def test_a_stream_worker_that_starts_on_sessions_that_hang_gives_them_up_and_starts(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session of the stream worker's pool stops answering before it starts (frozen with
+    SIGSTOP): its first look-ups (the stream's settings, its group's retry queue) are given up
+    within the lease (warned) and made again on new sessions, and it handles the stream while the
+    old sessions still hang. They waited for as long as the hang lasted (for good behind a stuck
+    pooler): the worker never started, saying nothing."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    clicks.send({"n": 1})
+    handled, done, handle = numbers_until(1)
+    worker = StreamWorker("clicks", "g", handle, lease=2, poll_max=0.2)
+
+    async def main() -> None:
+        # Every connection the pool will hand out is open before the hang, so the first call meets it.
+        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as frozen_pool:
+            await asyncio.gather(*(frozen_pool.list_queues() for _ in range(4)))
+            with sessions_frozen(dsn) as frozen:
+                assert len(frozen) >= 2
+                task = asyncio.create_task(
+                    serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+                )
+                try:
+                    await while_serving(task, done.is_set, "not handled while the sessions hang")
+                finally:
+                    worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(main())
+    assert handled == {1}
+    assert any(r.getMessage().startswith("stream_worker.database_unavailable") for r in caplog.records)
+
+
+def test_a_stream_worker_stopped_while_its_sessions_hang_returns(dsn: str, broker: Broker) -> None:
+    """Every session of the stream worker's pool stops answering, then it is stopped: it returns
+    (its partitions' release given up within the lease: the lease runs out instead), where the
+    release waited for its answer for as long as the hang lasted (for good behind a stuck pooler)
+    and the worker never stopped."""
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    clicks.send({"n": 1})
+    _, done, handle = numbers_until(1)
+    worker = StreamWorker("clicks", "g", handle, lease=2, poll_max=0.2, retries=False)
+
+    async def main() -> None:
+        # Every connection the pool will hand out is open before the hang, so the release meets it.
+        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as frozen_pool:
+            task = asyncio.create_task(
+                serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+            )
+            try:
+                await while_serving(task, done.is_set, "the message not handled")
+                with sessions_frozen(dsn, between_statements=True) as frozen:
+                    assert len(frozen) >= 2
+                    worker.stop()
+                    finished, _ = await asyncio.wait([task], timeout=STOPS_WITHIN)
+                    assert finished, f"not returned {STOPS_WITHIN} s after its stop"
+            finally:
+                worker.stop()
+                await asyncio.wait_for(task, 60)
+
+    asyncio.run(main())
+
+
+# A stopped stream worker returns within this while its sessions hang: a few leases, and slack.
+STOPS_WITHIN = 30.0
+
+
 def test_a_stream_worker_whose_maintenance_hangs_gives_the_round_up_and_maintains_again(
     dsn: str, broker: Broker, conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -760,3 +833,32 @@ def test_a_stream_worker_rides_out_a_failed_look_up_at_its_start(dsn: str, broke
         holder.join()
     assert handled == set(range(20))
     assert worker.stats.connection_errors >= 1  # the lock was met
+
+
+def test_the_worker_names_a_session_that_holds_its_retention_up(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that read the stream in a transaction and left it open keeps retention from the
+    child tables it holds and the ring from rotating: the worker's maintenance says who, each round."""
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    clicks.create_group("audit", start="start")
+    clicks.send_many([{"n": i} for i in range(10)])
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+
+    async def handle(message: StreamMessage) -> None:
+        pass
+
+    def held_up() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("stream_worker.held_up")]
+
+    with psycopg.connect(dsn, application_name="audit-reader") as idle:
+        idle.execute("SELECT * FROM pgbroker.stream_read('clicks', 'audit', 'auditor', 10, 30)").fetchall()
+        worker = StreamWorker("clicks", "g", handle, lease=1, maintain_every=0.5)
+        asyncio.run(serve_until(dsn, [worker], lambda: bool(held_up()), timeout=30))
+        pid = idle.info.backend_pid
+    message = held_up()[0].getMessage()
+    assert f"pid={pid}" in message
+    assert "application=audit-reader" in message
+    assert "pgbroker sessions" in message

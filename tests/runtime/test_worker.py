@@ -23,7 +23,8 @@ from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.runtime import _registration, _worker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
-from tests.support.faults import freezable, impatient, sessions_frozen, table_locked
+from pgbroker.schedules._scheduler import Scheduler
+from tests.support.faults import freezable, impatient, listener_pid, sessions_frozen, table_locked
 from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until, while_serving
@@ -498,6 +499,37 @@ def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
     assert handled_at[0] - sent_at < 1.0  # a notification, not the 10 s poll
 
 
+def test_a_sleeping_worker_whose_listen_session_is_terminated_still_wakes_on_a_send(
+    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The LISTEN session ends under an idle worker (pg_terminate_backend: a restart, a failover, an
+    idle_session_timeout cut it the same way): the listener says so, connects again and LISTENs
+    anew, and the next send still wakes the worker at once, not at its next poll (30 s here)."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.listen")
+    queue = broker.create_queue("jobs")
+    handled_at: list[float] = []
+    worker = Worker("jobs", lambda message: handled_at.append(time.monotonic()), poll_min=30, poll_max=30)
+
+    async def scenario() -> float:
+        async def cut_then_send() -> float:
+            first = await asyncio.to_thread(listener_pid, conn)
+            await asyncio.sleep(1.0)  # the worker read, found nothing, and sleeps for 30 s
+            await asyncio.to_thread(conn.execute, "SELECT pg_terminate_backend(%s)", [first])
+            await asyncio.to_thread(listener_pid, conn, first)  # connected and LISTENing again
+            await asyncio.sleep(1.0)  # woken by the new LISTEN, the worker read again and sleeps
+            sent_at = time.monotonic()
+            await asyncio.to_thread(queue.send, "wake up")
+            return sent_at
+
+        sender = asyncio.create_task(cut_then_send())
+        await run_until(dsn, [worker], lambda: bool(handled_at), timeout=25)
+        return await sender
+
+    sent_at = asyncio.run(scenario())
+    assert handled_at[0] - sent_at < 1.0  # a notification on the new session, not the 30 s poll
+    assert any("listener lost its connection" in r.getMessage() for r in caplog.records)
+
+
 def test_a_send_soon_after_an_announced_one_wakes_the_worker_too(broker: Broker, dsn: str) -> None:
     """The worker turns notify on with a throttle of milliseconds, not pgmq's 250: a send 100 ms
     after one that woke it is announced as well (it was not, and waited for the 10 s poll)."""
@@ -831,6 +863,39 @@ def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
     assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
 
 
+def test_a_worker_that_starts_on_sessions_that_hang_gives_them_up_and_starts(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every session of the worker's pool stops answering before it starts (frozen with SIGSTOP):
+    its first call, turning notify on, is given up within the lease (warned) and made again on a
+    new session, and the worker handles the queue while the old sessions still hang. The call
+    waited for as long as the hang lasted (for good behind a stuck pooler): the worker never
+    started, saying nothing."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    queue.send(1)
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), vt=2, poll_max=0.2)
+
+    async def scenario() -> None:
+        # Every connection the pool will hand out is open before the hang, so the first call meets it.
+        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as frozen_pool:
+            await asyncio.gather(*(frozen_pool.metrics("jobs") for _ in range(4)))
+            with sessions_frozen(dsn) as frozen:
+                assert len(frozen) >= 2
+                task = asyncio.create_task(
+                    serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+                )
+                try:
+                    await while_serving(task, lambda: handled == [1], "not handled while the sessions hang")
+                finally:
+                    worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+    assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
+
+
 def test_a_worker_whose_maintenance_hangs_gives_the_round_up_and_maintains_again(
     broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -919,3 +984,56 @@ def test_a_worker_stopped_while_its_connections_hang_stops(
 
     asyncio.run(scenario())
     assert any(r.getMessage().startswith("worker.registration_failed") for r in caplog.records)
+
+
+def test_a_worker_s_helper_that_dies_of_a_bug_says_so_at_once(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat (like the other helpers: the ack sender, the registration, maintenance)
+    catches what it meets; anything else is a bug, which ended it without a word while the worker
+    ran on, its slow handlers' leases left to run out."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    broker.create_queue("jobs").send("slow")
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("a bug in the heartbeat")
+
+    monkeypatch.setattr(_worker, "extend_leases", broken)
+
+    async def slow(message: Message) -> None:
+        await asyncio.sleep(2)
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("worker.bug")]
+
+    worker = Worker("jobs", slow, vt=3)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed == 1 and bool(said())))
+    [bug] = said()
+    assert bug.levelno == logging.ERROR
+    assert "task=pgbroker-beat-jobs" in bug.getMessage()
+    assert bug.exc_info is not None
+    assert bug.exc_info[0] is RuntimeError
+
+
+def test_a_scheduler_that_dies_of_a_bug_beside_workers_says_so_at_once(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """serve()'s scheduler catches what it meets; anything else ended it without a word (its
+    error swallowed at the stop) while the workers ran on and no schedule was sent."""
+    caplog.set_level(logging.WARNING)
+    broker.create_queue("jobs")
+
+    async def broken(*args: object) -> None:
+        raise RuntimeError("a bug in the scheduler")
+
+    monkeypatch.setattr(Scheduler, "_send_due", broken)
+
+    def said() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("scheduler.failed")]
+
+    worker = Worker("jobs", lambda message: None)
+    asyncio.run(run_until(dsn, [worker], lambda: bool(said())))
+    [failed] = said()
+    assert failed.levelno == logging.ERROR
+    assert failed.exc_info is not None
+    assert failed.exc_info[0] is RuntimeError

@@ -3,7 +3,8 @@ maintenance transaction while the loop runs as a role with a short lock_timeout 
 with 55P03, as under a real ALTER, VACUUM FULL or partition maintenance), every session of
 the loop's database terminated (as a restart or a failover cuts them), and the loop's sessions
 frozen (as a hung server, a stuck pooler or a network dropping packets without a word leaves
-them: connected, never answering)."""
+them: connected, never answering); and which session is a client's LISTEN connection, to
+terminate it alone."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -71,6 +73,21 @@ def terminate_sessions(dsn: str) -> int:
             assert time.monotonic() < deadline, "terminated sessions did not end"
             time.sleep(0.02)
     return len(pids)
+
+
+def listener_pid(conn: psycopg.Connection[Any], exclude: int | None = None, timeout: float = 10.0) -> int:
+    """The backend pid of the (only) pgbroker listener of this database, waiting for it to appear."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query LIKE 'LISTEN %%' AND pid <> pg_backend_pid() AND pid IS DISTINCT FROM %s",
+            [exclude],
+        ).fetchone()
+        if row is not None:
+            return int(row[0])
+        time.sleep(0.05)
+    raise AssertionError("no listener connection")
 
 
 # The application_name of a loop's sessions that sessions_frozen freezes (the test's own go on).

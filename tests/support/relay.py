@@ -35,6 +35,8 @@ class Relay:
         self._closing = threading.Event()
         # socket -> (its peer, bytes read from it not yet written to the peer)
         self._pairs: dict[socket.socket, tuple[socket.socket, bytearray]] = {}
+        self._clients: set[socket.socket] = set()
+        self._marker: bytes | None = None
         self._thread = threading.Thread(target=self._run, name=f"relay-{self.port}", daemon=True)
 
     def __enter__(self) -> Relay:
@@ -46,6 +48,11 @@ class Relay:
 
     def freeze(self) -> None:
         self._flowing.clear()
+
+    def freeze_on(self, marker: bytes) -> None:
+        """Freeze once a client sends ``marker`` (a name only one request carries), before it is
+        forwarded: the path hangs at that request, after what went before (a handshake) worked."""
+        self._marker = marker
 
     def thaw(self) -> None:
         self._flowing.set()
@@ -64,6 +71,7 @@ class Relay:
         for sock in [self._listener, *self._pairs]:
             sock.close()
         self._pairs.clear()
+        self._clients.clear()
 
     def _run(self) -> None:
         with selectors.DefaultSelector() as selector:
@@ -96,6 +104,7 @@ class Relay:
             sock.setblocking(False)
             self._pairs[sock] = (peer, bytearray())
             selector.register(sock, selectors.EVENT_READ)
+        self._clients.add(client)
 
     def _pump(self, selector: selectors.BaseSelector, sock: socket.socket) -> None:
         peer, waiting = self._pairs[sock]
@@ -110,9 +119,14 @@ class Relay:
                 if s in self._pairs:
                     selector.unregister(s)
                     del self._pairs[s]
+                self._clients.discard(s)
                 s.close()
             return
         waiting += data
+        if self._marker is not None and sock in self._clients and self._marker in data:
+            self._marker = None
+            self.freeze()  # what was read waits, forwarded once thawed
+            return
         self._flush()
 
     def _flush(self) -> None:

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,8 +51,8 @@ def record(message: Message) -> None:
 # -- running the command --------------------------------------------------------------------------
 
 
-def _env(dsn: str) -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": UNREACHABLE, "WORKER_TEST_DSN": dsn}
+def _env(dsn: str, handler_dsn: str | None = None) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": UNREACHABLE, "WORKER_TEST_DSN": handler_dsn or dsn}
 
 
 def cli(dsn: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -81,16 +82,17 @@ def assert_error(res: subprocess.CompletedProcess[str], code: int, *fragments: s
 
 
 class WorkerProcess:
-    """`pgbroker worker ...` running in the background."""
+    """`pgbroker worker ...` running in the background; its handlers reach ``handler_dsn`` (by
+    default the worker's DSN)."""
 
-    def __init__(self, dsn: str, *args: str, verbose: bool = True) -> None:
+    def __init__(self, dsn: str, *args: str, verbose: bool = True, handler_dsn: str | None = None) -> None:
         verbosity = ["-v"] if verbose else []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, *verbosity, "worker", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_env(dsn),
+            env=_env(dsn, handler_dsn),
             cwd=ROOT,
         )
 
@@ -126,8 +128,8 @@ class WorkerProcess:
 def workers() -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(dsn: str, *args: str, verbose: bool = True) -> WorkerProcess:
-        started.append(WorkerProcess(dsn, *args, verbose=verbose))
+    def start(dsn: str, *args: str, verbose: bool = True, handler_dsn: str | None = None) -> WorkerProcess:
+        started.append(WorkerProcess(dsn, *args, verbose=verbose, handler_dsn=handler_dsn))
         return started[-1]
 
     yield start
@@ -287,12 +289,74 @@ def test_the_supervisor_restarts_a_killed_worker_process_and_stops_them_all(
     assert len(a_rows(conn, "jobs")) == 100
 
 
+def _server_socket(dsn: str) -> Path:
+    params = conninfo_to_dict(dsn)
+    return Path(str(params["host"])) / f".s.PGSQL.{params['port']}"
+
+
+def test_a_worker_process_restarted_while_the_database_is_out_of_reach_waits_for_it(
+    dsn: str,
+    conn: Conn,
+    jobs: Queue,
+    workers: Callable[..., WorkerProcess],
+    socket_link: tuple[str, Callable[[], None], Callable[[], None]],
+) -> None:
+    """A first start fails at once (a wrong DSN), but a worker process the supervisor starts again
+    (one was killed) while the database is away (restarting, failing over) waits for it, as the
+    running ones do: the supervisor used to stop every worker process and exit 5 then, for good."""
+    linked, cut, restore = socket_link
+    jobs.send_many([{"sleep": 0.05} for _ in range(100)])
+    supervisor = workers(
+        linked, f"{HERE}:record", "--queue", "jobs", "--processes", "2", "--vt", "2", handler_dsn=dsn
+    )
+    wait_for(lambda: len({r[2] for r in handled(conn)}) == 2, what="both worker processes handling")
+    said: list[str] = []
+    stderr = supervisor.process.stderr
+    assert stderr is not None
+    reader = threading.Thread(target=lambda: said.extend(iter(stderr.readline, "")))
+    reader.start()
+    first = supervisor.children()
+    cut()
+    os.kill(min(first), signal.SIGKILL)
+
+    def replacement_waits() -> bool:  # (the running worker's own line names its queue, not a pause)
+        return any("worker.database_unavailable error=" in line and "retry_in=" in line for line in said)
+
+    wait_for(
+        lambda: replacement_waits() or supervisor.process.poll() is not None, timeout=60, what="a replacement"
+    )
+    assert supervisor.process.poll() is None, "".join(said)
+    restore()
+    jobs.send_many([{"sleep": 0.05} for _ in range(100)])
+    replacement = supervisor.children() - first
+    wait_for(lambda: replacement <= {r[2] for r in handled(conn)}, timeout=60, what="the replacement working")
+    wait_for(lambda: q_rows(conn, "jobs") == [], timeout=60, what="the queue to drain")
+    supervisor.signal(signal.SIGTERM)
+    code, _ = supervisor.finish()
+    reader.join(30)
+    assert code == 0, "".join(said)
+    assert len(a_rows(conn, "jobs")) == 200
+
+
+@pytest.fixture
+def socket_link(dsn: str) -> Iterator[tuple[str, Callable[[], None], Callable[[], None]]]:
+    """A DSN reaching the test's server through a link to its socket, and what cuts the link
+    (new connections are refused, as while a server restarts; those made go on) and restores it."""
+    server_socket = _server_socket(dsn)
+    scratch = Path(tempfile.mkdtemp(prefix="pgb-link-"))  # short: a socket path has a size limit
+    link = scratch / server_socket.name
+    link.symlink_to(server_socket)
+    try:
+        yield make_conninfo(dsn, host=str(scratch)), link.unlink, lambda: link.symlink_to(server_socket)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 @pytest.fixture
 def two_hosts(dsn: str) -> Iterator[tuple[str, Callable[[], None]]]:
     """A multi-host DSN (two socket directories, the first answering) on the test's server, and
     a failover: the first host goes, the second answers. The sockets are links to the server's."""
-    params = conninfo_to_dict(dsn)
-    server_socket = Path(str(params["host"])) / f".s.PGSQL.{params['port']}"
+    server_socket = _server_socket(dsn)
     scratch = Path(tempfile.mkdtemp(prefix="pgb-hosts-"))  # short: a socket path has a size limit
     first, second = scratch / "first", scratch / "second"
     first.mkdir()

@@ -39,9 +39,13 @@ from pgbroker._db.install_rules import (
     QueueGrant,
     RoleCheck,
     lock_pause,
+    lock_refused,
+    lock_statement,
+    lock_table_full,
     named,
     refuse_dev_history,
     refuse_foreign_pgmq,
+    refuse_other_owner,
     refuse_release_history,
     role_check,
     version_rows,
@@ -64,6 +68,12 @@ async def install_async(conn: psycopg.AsyncConnection[Any]) -> InstallResult:
     try:
         async with conn.transaction():
             return await _install(conn)
+    except psycopg.errors.OutOfMemory as exc:
+        if "max_locks_per_transaction" not in (exc.diag.message_hint or ""):
+            raise from_postgres(exc) from exc
+        async with conn.transaction():
+            capacity = (await _rows(conn, named("install_lock_capacity")))[0]
+        raise lock_table_full(*capacity) from exc
     except psycopg.Error as exc:
         raise from_postgres(exc) from exc
 
@@ -95,6 +105,7 @@ async def _rows(
 
 async def _install(conn: psycopg.AsyncConnection[Any]) -> InstallResult:
     await _rows(conn, named("install_lock"), (INSTALL_LOCK,))
+    refuse_other_owner(await _rows(conn, named("install_schema_owner")))
     refuse_foreign_pgmq(*(await _rows(conn, named("install_foreign_pgmq")))[0])
     installed = await _installed(conn)
     if installed.dev:
@@ -106,7 +117,7 @@ async def _install(conn: psycopg.AsyncConnection[Any]) -> InstallResult:
         await _new_install(conn)
     else:
         if installed.dev or _pending(installed) or not await _functions_current(conn):
-            await _lock_tables(conn)
+            await _lock_tables(conn, dev=bool(installed.dev))
         upgraded = await _upgrade(conn, installed)
         applied = await _apply_functions(conn, force=upgraded)
         roles = await _check_roles(conn, regrant=applied)
@@ -163,35 +174,40 @@ async def _functions_current(conn: psycopg.AsyncConnection[Any]) -> bool:
     return await _rows(conn, named("install_functions_checksum")) == [(sql.functions_checksum(),)]
 
 
-async def _lock_tables(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Before an upgrade or new functions change anything: every table of the engine, taken at once.
+async def _lock_tables(conn: psycopg.AsyncConnection[Any], *, dev: bool) -> None:
+    """Before an upgrade or new functions change anything: every table they lock, taken at once.
 
-    An upgrade renames, alters and drops tables that workers use, and re-applied functions may
-    alter queue tables. Taken as it went, each lock waited for the workers' transactions on that
-    table while the upgrade held the tables it had already changed, which the same workers went on
-    to ask for: a deadlock, the worker or the upgrade cancelled (tests/system/
-    test_upgrade_under_load.py, most runs). Taken first, in one statement, within a short
-    lock_timeout, and all given back to try again when not had in time: the upgrade then holds
-    everything it changes before it changes anything; sends, reads and acks wait for it (about a
-    second) and go on. A transaction that keeps a table through LOCK_ATTEMPTS attempts (one left
-    idle in transaction) fails the install with what to do."""
+    An upgrade renames, alters and drops the engine's tables that workers use. Taken as it went,
+    each lock waited for the workers' transactions on that table while the upgrade held the tables
+    it had already changed, which the same workers went on to ask for: a deadlock, the worker or
+    the upgrade cancelled (tests/system/test_upgrade_under_load.py, most runs). Taken first, in
+    one statement, within a short lock_timeout, and all given back to try again when not had in
+    time: the upgrade then holds everything it changes before it changes anything; sends, reads
+    and acks wait for it (about a second) and go on. A transaction that keeps a table through
+    LOCK_ATTEMPTS attempts (one left idle in transaction) fails the install with what to do.
+
+    Not the tables of every queue and stream, which no upgrade or function file touches (but a
+    development database's notify triggers: install_lock_set), and which took a lock each: a
+    database of a few hundred queues filled the server's lock table (tests/db/
+    test_install_lock_table.py). A worker waiting on an engine table the upgrade holds may hold
+    its queue's table meanwhile: the upgrade never asks for it, so that is no deadlock.
+    tests/engine/test_migrations.py checks that the upgrade locks no other table."""
+    tables = await _rows(conn, named("install_lock_set"), (dev,))
+    if not tables:
+        return
     previous = (await _rows(conn, named("install_lock_timeout")))[0][0]
     for attempt in range(1, LOCK_ATTEMPTS + 1):
         try:
             async with conn.transaction():
                 await _rows(conn, named("install_set_lock_timeout"), (LOCK_ATTEMPT_TIMEOUT,))
-                await _rows(conn, named("install_lock_tables"))
+                await conn.execute(lock_statement(tables))
                 await _rows(conn, named("install_set_lock_timeout"), (previous,))
             return
         except psycopg.errors.LockNotAvailable:
             log.info("install.waiting_for_locks attempt=%d", attempt)
             await _rows(conn, named("install_lock_pause"), (lock_pause(attempt),))
-    raise InstallError(
-        f"could not lock pgbroker's tables for the upgrade in {LOCK_ATTEMPTS} attempts (about a "
-        "minute): a transaction keeps using them",
-        hint="Look for sessions idle in transaction or long queries on the queue tables "
-        "(pg_stat_activity), end them, and run pgbroker install again; nothing was changed.",
-    )
+    schemas, names = ([str(row[i]) for row in tables] for i in (0, 1))
+    raise lock_refused(LOCK_ATTEMPTS, await _rows(conn, named("install_lock_holders"), (schemas, names)))
 
 
 async def _apply_functions(conn: psycopg.AsyncConnection[Any], *, force: bool) -> bool:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, LiteralString
 
+from psycopg import sql as pgsql
+
 from pgbroker import _sql as sql
 from pgbroker.errors import InstallError
 
@@ -38,6 +40,45 @@ def lock_pause(attempt: int) -> float:
     """Seconds between two attempts to lock the engine's tables for an upgrade (the install's
     _lock_tables): longer each time, half a second at most."""
     return min(0.05 * attempt, 0.5)
+
+
+def lock_statement(tables: list[tuple[Any, ...]]) -> pgsql.Composed:
+    """LOCK TABLE of install_lock_set's rows (schema, table), all in one statement."""
+    names = pgsql.SQL(", ").join(pgsql.Identifier(str(schema), str(table)) for schema, table in tables)
+    return pgsql.SQL(named("install_lock_tables")).format(tables=names)
+
+
+def lock_refused(attempts: int, holders: list[tuple[Any, ...]]) -> InstallError:
+    """The upgrade could not lock its tables in ``attempts`` tries: the sessions that hold them
+    (install_lock_holders' rows: pid, state, application, seconds in their transaction), named so
+    that the operator can end them."""
+    held_by = "; ".join(
+        f"pid {pid} ({state or 'state unknown'} for {age if age is not None else '?'} s"
+        f"{f', application {application!r}' if application else ''})"
+        for pid, state, application, age in holders
+    )
+    return InstallError(
+        f"could not lock pgbroker's tables for the upgrade in {attempts} attempts (about a minute): "
+        + (f"held by {held_by}" if holders else "a transaction kept using them"),
+        hint="End those sessions (SELECT pg_terminate_backend(pid)) or let them finish: a client left "
+        "idle in transaction after a read or set_vt holds them until it commits (pgbroker sessions "
+        "lists them); then run pgbroker install again. Nothing was changed.",
+    )
+
+
+def lock_table_full(per_transaction: int, slots: int, locks: int) -> InstallError:
+    """The server's lock table had no room for the upgrade's locks (out of shared memory): about
+    how many it holds at once (``locks``, install_lock_capacity's estimate), and the
+    max_locks_per_transaction that makes room for them beside what the server's sessions hold now
+    (the table is shared: per_transaction x slots locks in all, and what shared memory is spare)."""
+    needed = per_transaction + -(-locks // slots)
+    return InstallError(
+        f"the server's lock table is full: the upgrade holds about {locks} locks at once (its "
+        f"functions and the engine's tables), and max_locks_per_transaction = {per_transaction} "
+        f"(x {slots} connections and prepared transactions, shared by every session) left no room",
+        hint=f"Set max_locks_per_transaction to at least {needed} (ALTER SYSTEM, then restart the "
+        "server), or run pgbroker install again when fewer locks are held; nothing was changed.",
+    )
 
 
 def named(name: str) -> LiteralString:
@@ -202,6 +243,21 @@ class QueueGrant:
     role_kind: str
     pattern: str
     granted_at: datetime
+
+
+def refuse_other_owner(owner_rows: list[tuple[Any, ...]]) -> None:
+    """Refuse an install by a role without the privileges of the one that owns pgbroker's schema
+    (install_schema_owner's rows): it could neither read the versions nor change a table or
+    function, and failed on the first ('permission denied for table schema_version')."""
+    for owner, has_privileges, user in owner_rows:
+        if not has_privileges:
+            raise InstallError(
+                f"pgbroker in this database belongs to role {owner!r}: role {user!r} cannot install "
+                "or upgrade it (an upgrade changes the tables and functions that role owns); "
+                "nothing was changed",
+                hint=f"Run pgbroker install as {owner!r} (or a role granted it, or the server's "
+                "admin role); give applications the roles of `pgbroker install --roles` instead.",
+            )
 
 
 def refuse_foreign_pgmq(has_extension: bool, has_schema: bool, has_pgbroker: bool) -> None:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgbroker.errors import DatabaseError, NotInstalled, PgbrokerError, connection_lost
+from pgbroker.errors import DatabaseError, PgbrokerError, connection_lost
 
 T = TypeVar("T")
 
@@ -48,26 +48,6 @@ def is_transient(exc: BaseException) -> bool:
     raised by a query in pgbroker's types, with the psycopg error as the cause.
     """
     return isinstance(_psycopg_error(exc), psycopg.OperationalError) or is_read_only_server(exc)
-
-
-def is_schema_gone(exc: BaseException) -> bool:
-    """Whether ``exc`` says a function or schema of pgbroker's is not there (NotInstalled), or a
-    column (42703: the runtime's calls name no column of the caller's). To a caller that made the
-    same calls on this database before, that is an upgrade: `pgbroker install` drops or
-    re-signatures functions and moves columns, and a call running when it commits goes on with the
-    functions it started with, on the new tables, so it may fail once; the next call finds the new
-    ones. The runtime's loops wait it out as a lost connection once they have worked (before, a
-    database without pgbroker stops them with what to do)."""
-    return isinstance(exc, NotInstalled) or (
-        isinstance(exc, DatabaseError) and exc.sqlstate == _UNDEFINED_COLUMN
-    )
-
-
-_UNDEFINED_COLUMN = "42703"
-
-
-# What the runtime logs beside an error is_schema_gone admits.
-SCHEMA_CHANGED_HINT = "the schema changed under a running call (an upgrade?): trying again"
 
 
 def is_lost_connection(exc: BaseException) -> bool:
@@ -112,11 +92,37 @@ async def answered_within(seconds: float, call: Awaitable[T]) -> T:
     """``call``, failed as a lost connection (NoAnswer, a psycopg.OperationalError: is_transient)
     when the server has not answered within ``seconds`` (the workers pass a lease: past it the
     answer is of no use, the leases it acts on or hands out having run out), since a hung server,
-    a stuck pooler or a connection cut without a word may never answer. psycopg asks the server to
-    cancel the query and, with no answer to that within 5 s either, closes the connection (the
-    pool replaces it): it is never used again."""
+    a stuck pooler or a connection cut without a word may never answer.
+
+    The call given up is cancelled and left to end on its own (_abandon): psycopg asks the server
+    to cancel the query and, with no answer to that within 5 s either, closes the connection (the
+    pool replaces it, and it is never used again). Waiting for that here delayed the NoAnswer by
+    those 5 s. A caller that is cancelled itself cancels the call and waits for it, as if awaited
+    directly."""
+    task = asyncio.ensure_future(call)
     try:
-        async with asyncio.timeout(seconds):
-            return await call
-    except TimeoutError:
-        raise NoAnswer(seconds) from None
+        done, _ = await asyncio.wait([task], timeout=seconds)
+    except BaseException:
+        task.cancel()
+        await asyncio.wait([task])
+        raise
+    if not done:
+        _abandon(task)
+        raise NoAnswer(seconds)
+    return task.result()
+
+
+# The calls given up and still ending: held here, since the event loop keeps only weak references.
+_abandoned: set[asyncio.Future[Any]] = set()
+
+
+def _abandon(task: asyncio.Future[Any]) -> None:
+    task.cancel()
+    _abandoned.add(task)
+    task.add_done_callback(_ended)
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: it failed after it was given up, which NoAnswer said already

@@ -20,6 +20,7 @@ from pgbroker.cli.commands import (
     queues,
     schedules,
     serve,
+    sessions,
     streams,
     worker,
 )
@@ -32,7 +33,7 @@ __all__ = ["build_parser", "main"]
 # (bridge, serve, pipeline) imports it only when the command runs.
 COMMAND_MODULES = (
     queues, pause, messages, peek, streams, db, pipeline, worker, schedules, dead_letters, policy,
-    bridge, keys, grants, serve,
+    sessions, bridge, keys, grants, serve,
 )
 
 

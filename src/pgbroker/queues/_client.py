@@ -50,6 +50,7 @@ from pgbroker.queues._arguments import Delay, Receivable
 from pgbroker.queues._job_headers import with_job_headers
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import (
+    BlockingSession,
     Message,
     Metrics,
     PeekedMessage,
@@ -726,3 +727,15 @@ class Broker:
         return self._listener.subscribe(
             _SCHEDULES_KEY, lambda: self._executor.run(q.schedules_channel()), timeout
         )
+
+
+def blocking_sessions(
+    owner: Any, older_than: float = 60.0, stream: str | None = None
+) -> list[BlockingSession]:
+    """The sessions whose transaction has been open longer than ``older_than`` seconds and that
+    hold the engine's tables or the xmin horizon, the oldest first (pgbroker.blocking_sessions);
+    with ``stream``, those that hold its log's tables or the ring of positions, which its
+    retention and the ring's rotation cannot then empty. ``owner``: an Broker, or a
+    transaction of one."""
+    executor: Executor = owner._executor
+    return executor.run(q.blocking_sessions(older_than, stream))

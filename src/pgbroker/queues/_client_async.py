@@ -52,6 +52,7 @@ from pgbroker.queues._arguments import Delay, Receivable
 from pgbroker.queues._job_headers import with_job_headers
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import (
+    BlockingSession,
     Message,
     Metrics,
     PeekedMessage,
@@ -794,3 +795,15 @@ class AsyncBroker:
         return await self._listener.subscribe(
             _SCHEDULES_KEY, lambda: self._executor.run(q.schedules_channel()), timeout
         )
+
+
+async def blocking_sessions(
+    owner: Any, older_than: float = 60.0, stream: str | None = None
+) -> list[BlockingSession]:
+    """The sessions whose transaction has been open longer than ``older_than`` seconds and that
+    hold the engine's tables or the xmin horizon, the oldest first (pgbroker.blocking_sessions);
+    with ``stream``, those that hold its log's tables or the ring of positions, which its
+    retention and the ring's rotation cannot then empty. ``owner``: an AsyncBroker, or a
+    transaction of one."""
+    executor: AsyncExecutor = owner._executor
+    return await executor.run(q.blocking_sessions(older_than, stream))

@@ -24,6 +24,7 @@ from pgbroker.queues import _decoders as decoded
 from pgbroker.queues._arguments import Delay, Receivable
 from pgbroker.queues._query import Query, Row
 from pgbroker.queues._records import (
+    BlockingSession,
     Message,
     Metrics,
     PeekedMessage,
@@ -61,6 +62,11 @@ def queue_drop(queue: str) -> Query[bool]:
 
 def queue_list() -> Query[list[QueueInfo]]:
     return Query(_named("queue_list"), {}, decoded.queue_infos)
+
+
+def blocking_sessions(older_than: float, stream: str | None) -> Query[list[BlockingSession]]:
+    params = {"older_than": older_than, "of_stream": stream}
+    return Query(_named("blocking_sessions"), params, lambda rows: [BlockingSession(*row) for row in rows])
 
 
 def queue_metrics(queue: str) -> Query[Metrics]:

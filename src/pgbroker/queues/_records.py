@@ -131,6 +131,23 @@ class QueueInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockingSession:
+    """A row of pgbroker.blocking_sessions(): a session whose long transaction holds the engine's
+    tables or the xmin horizon (docs/operations.md, "Long transactions")."""
+
+    pid: int
+    role_name: str | None
+    application_name: str | None
+    client_addr: str | None
+    state: str | None  # 'idle in transaction' for a client that left its transaction open
+    transaction_age_sec: float
+    state_age_sec: float | None
+    tables: list[str]  # the engine's tables it holds a lock on
+    holds_horizon: bool  # it keeps vacuum from removing dead tuples
+    query: str | None  # its last statement (hidden from a role without pg_read_all_stats)
+
+
+@dataclass(frozen=True, slots=True)
 class Metrics:
     """A row of pgmq.metrics(); ages in whole seconds, None when the queue is empty."""
 

@@ -36,13 +36,16 @@ from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, PoolTimeouts
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
-from pgbroker.runtime._log_events import log_event
+from pgbroker.runtime._log_events import log_event, on_bug
 from pgbroker.runtime._signals import on_stop_signals
 from pgbroker.runtime._stream_worker import StreamHandler, StreamWorker
 from pgbroker.runtime._worker import Handler, Worker, WorkerStats
 from pgbroker.schedules._scheduler import Scheduler
 
 __all__ = ["App", "WorkerOptions", "serve", "serve_scheduler"]
+
+# What a scheduler that died of a bug beside the workers leaves: said with its error.
+_SCHEDULER_GONE = "the workers go on; this process sends no schedule ticks until restarted"
 
 H = TypeVar("H", bound=Handler)
 SH = TypeVar("SH", bound=StreamHandler)
@@ -212,6 +215,7 @@ async def serve(
         ]
         if scheduler is not None:
             scheduling = asyncio.create_task(scheduler.run(broker), name="pgbroker-scheduler")
+            scheduling.add_done_callback(on_bug("scheduler.failed", hint=_SCHEDULER_GONE))
             stack.push_async_callback(_stopped, scheduler, scheduling)
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = next((task for task in done if not task.cancelled() and task.exception()), None)

@@ -3,10 +3,13 @@ queue and stream workers share (a log configuration names it)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["log_event", "log_failure"]
+__all__ = ["log_event", "log_failure", "on_bug"]
 
 log = logging.getLogger("pgbroker.worker")
 
@@ -21,6 +24,19 @@ def log_failure(event: str, failure: BaseException, /, **fields: object) -> None
     """A warning's log line, as log_event writes it, with the failure's traceback below."""
     if log.isEnabledFor(logging.WARNING):
         log.warning("%s %s", event, _pairs(fields), exc_info=failure)
+
+
+def on_bug(event: str, **fields: object) -> Callable[[asyncio.Task[Any]], None]:
+    """A task's done callback that logs the exception it ended with at ERROR as ``event`` (the
+    task's name, the fields, the traceback). The runtime's loops catch what they meet, so that is
+    a bug; said at once, where it was swallowed at the stop while the process ran on without the
+    loop."""
+
+    def said(task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and (failure := task.exception()) is not None:
+            log.error("%s %s", event, _pairs({"task": task.get_name(), **fields}), exc_info=failure)
+
+    return said
 
 
 def _pairs(fields: dict[str, object]) -> str:

@@ -41,22 +41,23 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from datetime import datetime
 from functools import partial
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
-from pgbroker._db.listen_async import AsyncSubscription
-from pgbroker._db.liveness import SCHEMA_CHANGED_HINT, answered_within, is_schema_gone, is_transient
+from pgbroker._db.listen_async import AsyncSubscription, nap
+from pgbroker._db.liveness import answered_within, is_transient
+from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, StreamConsumerSuperseded
-from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._client_async import AsyncBroker, blocking_sessions
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
-from pgbroker.runtime._log_events import log_event, log_failure
+from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
 
@@ -68,11 +69,20 @@ from pgbroker.streams._records import StreamBatch, StreamMessage
 
 __all__ = ["StreamHandler", "StreamWorker", "stream_message_of"]
 
+T = TypeVar("T")
+
 # Called with each message; a coroutine function is awaited, anything else runs on a thread.
 StreamHandler: TypeAlias = Callable[[StreamMessage], Any]
 
 _RECONNECT = (0.05, 2.0)
 _LISTEN_TIMEOUT = 1.0
+# What to do about a session that holds the stream's tables up (docs/operations.md, "Long
+# transactions").
+_HELD_UP_HINT = (
+    "its transaction, open longer than a lease, holds the stream's tables: retention cannot empty "
+    "them nor the ring of positions rotate until it ends; see `pgbroker sessions`, end it with "
+    "SELECT pg_terminate_backend(pid)"
+)
 
 
 def stream_message_of(message: Message) -> StreamMessage:
@@ -145,7 +155,7 @@ class StreamWorker:
         self.consumer = consumer or consumer_name()
         self.maintain_every = maintain_every
         self.stats = WorkerStats()
-        self._has_read = False  # a read has answered: the schema was there (is_schema_gone)
+        self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         call = getattr(handler, "__call__", None)  # noqa: B004 - a callable object with an async __call__
         self._is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
         self._stopping = asyncio.Event()
@@ -173,12 +183,15 @@ class StreamWorker:
         stream = AsyncStream(broker, self.stream)
         consumer = stream.consumer(self.group, name=self.consumer, lease=self.lease)
         self._retries_failure = None
-        # The look-ups first: one that fails leaves no thread or task behind.
+        # The look-ups first: one that fails leaves no thread or task behind. Bounded by the lease
+        # as the reads are: on a hung server the worker never started, saying nothing.
         trouble = Backoff(*_RECONNECT)
         while True:
             try:
-                announced = await self._announced(broker)
-                retry_queue = await self._retry_queue(stream) if self.retries else None
+                announced = await answered_within(self.lease, self._announced(broker))
+                retry_queue = None
+                if self.retries:
+                    retry_queue = await answered_within(self.lease, self._retry_queue(stream))
                 break
             except Exception as exc:
                 await self._ride_out(exc, trouble)  # a lost connection is waited out, as for reads
@@ -194,7 +207,10 @@ class StreamWorker:
             retry_task.add_done_callback(self._retries_ended)
         if self.maintain_every is not None:
             maintain_task = asyncio.create_task(self._maintain(stream, self.maintain_every))
-        heartbeat_task = asyncio.create_task(self._heartbeats(consumer))
+        heartbeat_task = asyncio.create_task(self._heartbeats(consumer), name=f"pgbroker-beat-{self.stream}")
+        for task in (heartbeat_task, maintain_task):
+            if task is not None:
+                task.add_done_callback(on_bug("stream_worker.bug", stream=self.stream, group=self.group))
         log_event(
             logging.INFO,
             "stream_worker.started",
@@ -204,13 +220,13 @@ class StreamWorker:
             loop=running_loop(),
         )
         try:
-            await self._consume(stream, consumer, threads, announced)
+            await self._consume(broker, stream, consumer, threads, announced)
         finally:
             heartbeat_task.cancel()
             with suppress(Exception, asyncio.CancelledError):
                 await heartbeat_task
-            with suppress(Exception):
-                await consumer.release()
+            with suppress(Exception):  # else the lease runs out: the partitions go to others then
+                await answered_within(self.lease, consumer.release())
             if maintain_task is not None:
                 maintain_task.cancel()
             if self._retry_worker is not None:
@@ -244,6 +260,7 @@ class StreamWorker:
 
     async def _consume(
         self,
+        broker: AsyncBroker,
         stream: AsyncStream,
         consumer: AsyncStreamConsumer,
         threads: HandlerThreads | None,
@@ -293,11 +310,11 @@ class StreamWorker:
                         # rewind, which then hands out again only what was read after (an ack
                         # again is harmless).
                         while done:
-                            await answered_within(self.lease, consumer.ack(done[0].batch))
+                            await self._answered(broker, consumer.ack(done[0].batch))
                             self._count(done.pop(0))
                         if stopping:
                             return
-                        await answered_within(self.lease, consumer.rewind())
+                        await self._answered(broker, consumer.rewind())
                     except Exception as exc:
                         await self._ride_out(exc, trouble)
                         continue
@@ -306,7 +323,7 @@ class StreamWorker:
                 elif reading is None and not stopping and not unsettled and (not dispatch.held or ahead):
                     try:
                         if subscription is None:
-                            subscription = await stream.listen(_LISTEN_TIMEOUT)
+                            subscription = await self._schema.call(broker, stream.listen(_LISTEN_TIMEOUT))
                     except Exception as exc:
                         await self._ride_out(exc, trouble)
                         continue
@@ -325,7 +342,7 @@ class StreamWorker:
                     # server or pooler, a connection cut without a word): its partitions are
                     # another's by then, and it might never be answered.
                     reading = asyncio.create_task(
-                        answered_within(self.lease, consumer.ack_and_read(acked, self.batch_size))
+                        self._answered(broker, consumer.ack_and_read(acked, self.batch_size))
                     )
                     reading.add_done_callback(lambda _: dispatch.changed.set())
                 if reading is None or not reading.done():
@@ -356,7 +373,6 @@ class StreamWorker:
                     await self._ride_out(exc, trouble)
                     continue
                 trouble.reset()
-                self._has_read = True
                 for held in riding:
                     self._count(held)
                 riding = []
@@ -380,6 +396,10 @@ class StreamWorker:
                 with suppress(Exception, asyncio.CancelledError):
                     await pending
 
+    async def _answered(self, broker: AsyncBroker, call: Coroutine[Any, Any, T]) -> T:
+        """A call of the consuming loop, bounded by the lease; an upgrade's errors told (SchemaWatch)."""
+        return await answered_within(self.lease, self._schema.call(broker, call))
+
     async def _retry_queue(self, stream: AsyncStream) -> str | None:
         return next((g.retry_queue for g in await stream.groups() if g.name == self.group), None)
 
@@ -390,8 +410,8 @@ class StreamWorker:
 
     async def _ride_out(self, exc: Exception, trouble: Backoff) -> None:
         """A call failed: a lost connection is counted, logged and waited out, as is a function
-        gone once the worker has read (an upgrade); anything else stops the worker."""
-        if self._has_read and is_schema_gone(exc):
+        or column an upgrade just moved (SchemaChanged); anything else stops the worker."""
+        if isinstance(exc, SchemaChanged):
             log_event(
                 logging.WARNING,
                 "stream_worker.schema_changed",
@@ -482,14 +502,24 @@ class StreamWorker:
         async def one_round() -> None:
             if emptied := await answered_within(within, stream.maintain()):
                 log_event(logging.INFO, "stream_worker.retention", stream=self.stream, emptied=emptied)
+            # Retention skips a child table another transaction holds, and the ring's rotation
+            # gives up: without a word, the log and the ring grew for as long as a client left a
+            # read open (idle in transaction). Name such a session, once a round.
+            for held in await answered_within(within, blocking_sessions(stream, self.lease, self.stream)):
+                log_event(
+                    logging.WARNING,
+                    "stream_worker.held_up",
+                    stream=self.stream,
+                    pid=held.pid,
+                    state=held.state,
+                    transaction_age_sec=round(held.transaction_age_sec),
+                    application=held.application_name,
+                    hint=_HELD_UP_HINT,
+                )
 
         command = f"pgbroker stream maintain {self.stream}"
         await maintenance_rounds(every, one_round, "stream_worker.maintenance", command, stream=self.stream)
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
-        sleepers: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._stopping.wait())]
-        if subscription is not None:
-            sleepers.append(asyncio.ensure_future(subscription.wait(seconds)))
-        await asyncio.wait(sleepers, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        for sleeper in sleepers:
-            sleeper.cancel()
+        """Sleep until a notification of a send, stop(), or ``seconds`` have passed."""
+        await nap(self._stopping, subscription, seconds)

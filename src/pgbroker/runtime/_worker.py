@@ -54,13 +54,8 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import (
-    SCHEMA_CHANGED_HINT,
-    answered_within,
-    is_lost_connection,
-    is_schema_gone,
-    is_transient,
-)
+from pgbroker._db.liveness import answered_within, is_lost_connection, is_transient
+from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.queues import _queries as q
@@ -69,7 +64,7 @@ from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
-from pgbroker.runtime._log_events import log_event, log_failure
+from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
@@ -223,13 +218,14 @@ class Worker:
         self._threads: HandlerThreads | None = None
         self._asked = 0  # messages asked for by the reads in flight
         self._unavailable = False  # the last call lost its connection
-        self._has_read = False  # a read has answered: the schema was there (is_schema_gone)
+        self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
         self._outbox = Outbox(queue)
         self._closing = asyncio.Event()  # the outbox's sender sends what is left, then ends
+        self._bug = on_bug("worker.bug", queue=queue)  # a task of the worker's that ended in error
 
     def __repr__(self) -> str:
         return f"Worker({self.queue!r}, {getattr(self.handler, '__qualname__', self.handler)!r})"
@@ -268,6 +264,8 @@ class Worker:
         helpers.append(
             asyncio.create_task(registration.keep(broker, self._beat), name=f"pgbroker-register-{self.queue}")
         )
+        for task in (flusher, *helpers):
+            task.add_done_callback(self._bug)
         log_event(
             logging.INFO,
             "worker.started",
@@ -312,12 +310,13 @@ class Worker:
 
     async def _enable_notify(self, queue: AsyncQueue) -> None:
         """Turn notify on. A lost connection (the database restarting as the worker starts) is
-        waited out as for reads: it stopped the worker, or left it without notify. A lock or
+        waited out as for reads: it stopped the worker, or left it without notify; so is a call
+        unanswered within the lease (a hung server: the worker never started). A lock or
         statement timeout is not: the worker reads meanwhile, without notify."""
         trouble = Backoff(*RECONNECT)
         while not self._stopping.is_set():
             try:
-                await queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True)
+                await answered_within(self.vt, queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True))
                 return
             except QueueNotFound:
                 raise
@@ -376,7 +375,7 @@ class Worker:
                     continue
                 if subscription is None:
                     try:
-                        subscription = await queue.listen(_LISTEN_TIMEOUT)
+                        subscription = await self._schema.call(broker, queue.listen(_LISTEN_TIMEOUT))
                     except Exception as exc:
                         if not self._lost_connection(exc, []):
                             raise
@@ -429,7 +428,6 @@ class Worker:
             if not self._lost_connection(exc, outcomes):
                 raise
             return None
-        self._has_read = True
         if self._unavailable:
             log_event(logging.WARNING, "worker.database_available", queue=self.queue)
             self._unavailable = False
@@ -446,7 +444,7 @@ class Worker:
         The outcomes the call carried go back to the outbox either way: its sender tries them
         again (fenced receipts make a second ack safe)."""
         self._outbox.put_back(outcomes)
-        if self._has_read and is_schema_gone(exc):
+        if isinstance(exc, SchemaChanged):
             log_event(
                 logging.WARNING,
                 "worker.schema_changed",
@@ -488,7 +486,8 @@ class Worker:
         """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages
         (a span of them, when tracing: pgbroker.tracing)."""
         started = tracing.clock()
-        read = await answered_within(self.vt, self._round_trip(broker, outcomes, qty))
+        round_trip = self._schema.call(broker, self._round_trip(broker, outcomes, qty))
+        read = await answered_within(self.vt, round_trip)
         tracing.exchanged(self.queue, started, read, len(outcomes))
         return read
 
@@ -646,8 +645,7 @@ class Worker:
         self._in_flight.pop(task, None)
         self._start_ahead()
         self._changed.set()
-        if not task.cancelled() and task.exception() is not None:
-            log_event(logging.ERROR, "worker.bug", queue=self.queue, error=repr(task.exception()))
+        self._bug(task)
 
     async def _process(self, threads: HandlerThreads | None, message: Message, lease: Lease) -> None:
         started = time.perf_counter()

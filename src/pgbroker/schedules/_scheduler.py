@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import SCHEMA_CHANGED_HINT, answered_within, is_schema_gone, is_transient
+from pgbroker._db.liveness import answered_within, is_transient
+from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker.errors import NotInstalled, PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker
 
@@ -84,7 +85,7 @@ class Scheduler:
         # Why it stopped by itself (a database without the schema, a role without the right),
         # else None: the process running it goes on, unless the scheduler was all it had to run.
         self.gave_up: PgbrokerError | None = None
-        self._has_worked = False  # a call has answered: the schema was there (is_schema_gone)
+        self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         self._stopping = asyncio.Event()
 
     def stop(self) -> None:
@@ -98,11 +99,11 @@ class Scheduler:
         while not self._stopping.is_set():
             try:
                 if subscription is None:
-                    subscription = await self._answered(broker.listen_schedules(_LISTEN_TIMEOUT))
+                    subscription = await self._answered(broker, broker.listen_schedules(_LISTEN_TIMEOUT))
                 await self._send_due(broker)
-                wake = await self._answered(broker.schedule_next_wake())
+                wake = await self._answered(broker, broker.schedule_next_wake())
             except PgbrokerError as exc:
-                if self._has_worked and is_schema_gone(exc):
+                if isinstance(exc, SchemaChanged):
                     await self._retry_later(f"{exc.message} ({SCHEMA_CHANGED_HINT})", retry)
                     continue
                 if _cannot_schedule(exc):
@@ -119,7 +120,6 @@ class Scheduler:
                 await self._retry_later(str(exc), retry)
                 continue
             retry.reset()
-            self._has_worked = True
             await self._nap(subscription, self._sleep_for(wake))
         log.info("scheduler.stopped sent=%d", self.stats.sent)
 
@@ -136,7 +136,7 @@ class Scheduler:
         return min(wake + _PAST_THE_TICK, self.max_sleep)
 
     async def _send_due(self, broker: AsyncBroker) -> None:
-        for tick in await self._answered(broker.run_due_schedules()):
+        for tick in await self._answered(broker, broker.run_due_schedules()):
             if tick.error is None:
                 self.stats.sent += 1
                 log.info(
@@ -148,8 +148,8 @@ class Scheduler:
                     "schedule.refused name=%s tick=%s error=%r", tick.schedule_name, tick.tick, tick.error
                 )
 
-    async def _answered(self, call: Awaitable[T]) -> T:
-        return await answered_within(self.answer_within, call)
+    async def _answered(self, broker: AsyncBroker, call: Coroutine[Any, Any, T]) -> T:
+        return await answered_within(self.answer_within, self._schema.call(broker, call))
 
     async def _nap(self, subscription: AsyncSubscription | None, seconds: float) -> None:
         """Sleep until a change to the schedules is announced, stop(), or ``seconds`` have passed."""

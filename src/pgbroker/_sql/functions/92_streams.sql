@@ -656,18 +656,62 @@ BEGIN
 END;
 $$;
 
--- Advance the stream's safe id if it can, and return it (see the header).
--- One caller at a time advances: the stream's row locked (SKIP LOCKED), held
--- to the end of its transaction, orders the appends, so the newest row is
--- the last advance; the others use the newest committed row, at most one
--- call behind. A row lock, not an advisory one: any session of the database
+-- The safe id a read goes up to: the stream's, advanced by this call when
+-- it holds the stream's row (_stream_safe_id_advanced). Else another reader
+-- holds the row, to the end of its transaction: one left idle in transaction
+-- held it for as long, and every group of the stream read nothing newer than
+-- the watermark before it (tests/engine/test_stream_idle_reader.py). Then the
+-- newest committed watermark; or, when ids were drawn beyond it and no
+-- transaction writes the log at this instant, the last id drawn, as the
+-- advancer's first step would find it (L first, then the writers), for this
+-- read only (only the row's holder appends). Such a read may move a group's
+-- positions past the newest watermark: the reads after it find nothing there
+-- until the watermark passes them. Not for Spark's bounds, which must not go
+-- back (spark_stream_bound).
+CREATE OR REPLACE FUNCTION pgbroker._stream_read_safe_id(stream_name text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    safe_id bigint := pgbroker._stream_safe_id_advanced(stream_name);
+    last_id bigint;
+BEGIN
+    IF safe_id IS NOT NULL THEN
+        RETURN safe_id;
+    END IF;
+    safe_id := (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+    IF safe_id IS NULL OR current_setting('transaction_isolation') <> 'read committed' THEN
+        RETURN safe_id;
+    END IF;
+    last_id := pg_sequence_last_value(format('pgbroker.%I', 's_' || stream_name || '_seq')::regclass);
+    IF last_id > safe_id AND pgbroker._stream_unwritten(stream_name) THEN
+        RETURN last_id;
+    END IF;
+    RETURN safe_id;
+END;
+$$;
+
+-- The stream's safe id: advanced by this call if it can, else the newest
+-- committed watermark (at most one call behind).
+CREATE OR REPLACE FUNCTION pgbroker._stream_safe_id(stream_name text)
+RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN coalesce(pgbroker._stream_safe_id_advanced(stream_name),
+                    (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t));
+END;
+$$;
+
+-- Advance the stream's safe id if it can, and return it (see the header);
+-- NULL when another caller advances (or not READ COMMITTED, or no such
+-- stream). One caller at a time advances: the stream's row locked (SKIP
+-- LOCKED), held to the end of its transaction, orders the appends, so the
+-- newest row is the last advance; the others use the newest committed row,
+-- at most one call behind. A row lock, not an advisory one: any session of the database
 -- may take an advisory lock, and one that held this one would stop every
 -- read of the stream for good; locking the row needs the owner's rights.
 -- (No UPDATE touches the row; FOREIGN KEY checks' KEY SHARE does not
 -- conflict.) Only in READ COMMITTED, whose every statement sees the last
 -- advance committed: an older snapshot could append on top of a state
 -- already replaced.
-CREATE OR REPLACE FUNCTION pgbroker._stream_safe_id(stream_name text)
+CREATE OR REPLACE FUNCTION pgbroker._stream_safe_id_advanced(stream_name text)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     w pgbroker.stream_watermark;
@@ -676,11 +720,11 @@ DECLARE
     changed boolean := false;
 BEGIN
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id.stream_name
+        PERFORM FROM pgbroker.stream t WHERE t.stream_name = _stream_safe_id_advanced.stream_name
         FOR NO KEY UPDATE SKIP LOCKED;
     END IF;
     IF NOT FOUND THEN  -- another caller advances, or not READ COMMITTED (FOUND starts false)
-        RETURN (SELECT t.safe_id FROM pgbroker._stream_watermark(stream_name) t);
+        RETURN NULL;
     END IF;
     SELECT * INTO w FROM pgbroker._stream_watermark(stream_name);
     IF NOT FOUND THEN
@@ -1095,10 +1139,15 @@ BEGIN
         IF NOT consumer = ANY (coalesce(live, '{}')) THEN
             live := ARRAY(SELECT x FROM unnest(live || consumer) x ORDER BY x);
         END IF;
-        -- Forget consumers long gone (a lease and a minute past expiry).
+        -- Forget consumers long gone (a lease and a minute past expiry), but
+        -- one whose last read is still in an open transaction: its row stays
+        -- to a later read, which never waits for it.
         DELETE FROM pgbroker.stream_consumer c
-        WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-          AND c.expires_at < now() - make_interval(secs => lease_seconds + 60);
+        WHERE (c.stream_name, c.group_name, c.consumer) IN (
+            SELECT x.stream_name, x.group_name, x.consumer FROM pgbroker.stream_consumer x
+            WHERE x.stream_name = s.stream_name AND x.group_name = _stream_balance.group_name
+              AND x.expires_at < now() - make_interval(secs => lease_seconds + 60)
+            FOR UPDATE SKIP LOCKED);
     END IF;
 
     SELECT count(*) INTO owned FROM pgbroker.stream_cursor t
@@ -1125,10 +1174,16 @@ BEGIN
         -- taken from it while it handles what it read (duplicates without a
         -- death). After the lock, a new statement sees every taker before us.
         -- The group's row, not an advisory lock, which any session could hold
-        -- to keep every newcomer waiting (see _stream_safe_id).
-        PERFORM FROM pgbroker.stream_group t
-        WHERE t.stream_name = s.stream_name AND t.group_name = _stream_balance.group_name
-        FOR NO KEY UPDATE;
+        -- to keep every newcomer waiting (see _stream_safe_id). Waited for
+        -- briefly: a taker's transaction is one read, unless its client left
+        -- it open (idle in transaction), and then every reader of the group
+        -- waited behind it for as long; not had, this read takes nothing and
+        -- a later one tries again (tests/engine/test_stream_idle_reader.py).
+        IF NOT pgbroker._lock_within(format(
+                'SELECT FROM pgbroker.stream_group t WHERE t.stream_name = %L AND t.group_name = %L '
+                'FOR NO KEY UPDATE', s.stream_name, group_name), '100ms') THEN
+            RETURN 0;
+        END IF;
         -- (This consumer's row is there: registered above, in this transaction.)
         SELECT array_agg(c.consumer ORDER BY c.consumer) INTO live
         FROM pgbroker.stream_consumer c
@@ -1336,7 +1391,7 @@ BEGIN
     -- batch: then a consumer keeping up, the usual case, walked every partition
     -- twice a call, once for nothing. The advance is a probe of the log's lock
     -- unless a producer is at work: a consumer catching up pays it once a batch.)
-    safe := pgbroker._stream_safe_id(s.stream_name);
+    safe := pgbroker._stream_read_safe_id(s.stream_name);
     -- Lock the consumer's cursor rows with messages to read, or acked by this call
     -- (not the log's): a partition cannot change hands between this read and the
     -- write of its position. Then their positions, read after the lock (see

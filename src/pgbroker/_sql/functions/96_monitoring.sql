@@ -217,3 +217,59 @@ LANGUAGE sql STABLE AS $$
     WHERE k.stream_name = (pgbroker._stream_row($1)).stream_name AND k.expires_at > now()
     ORDER BY k.group_name, k.consumer;
 $$;
+
+------------------------------------------------------------------------------
+-- Sessions
+------------------------------------------------------------------------------
+
+-- The sessions of this database whose transaction has been open longer than
+-- older_than and that hold a lock on a table of a queue, a stream or the
+-- engine, or hold back the xmin horizon: what keeps other consumers from the
+-- rows it locked (a stream's partitions it read, a message it set_vt), the
+-- retention and ring rotation of a stream from its tables, a partition drop
+-- from its queue, and vacuum from every dead tuple newer than it. A client
+-- that called set_vt or a stream read in an explicit transaction and left it
+-- open shows here as idle in transaction, with its last query. End it with
+-- pg_terminate_backend(pid). A role without pg_read_all_stats (pg_monitor)
+-- sees the query and client of its own sessions only.
+-- Arguments: older_than: how long a transaction has been open to be listed;
+--   stream_name: only the sessions that hold a lock on that stream's log (its
+--   retention cannot empty the child tables they hold) or on the ring of
+--   positions (no rotation can empty it).
+-- Returns: one row a session, the oldest transaction first: tables, the
+--   engine's tables it holds a lock on (a partition by its own name);
+--   holds_horizon, whether it keeps vacuum from removing dead tuples.
+-- Errors: PB020 for a stream that does not exist.
+-- Since: 0.2.0
+CREATE OR REPLACE FUNCTION pgbroker.blocking_sessions(older_than interval DEFAULT '1 minute',
+                                           stream_name text DEFAULT NULL)
+RETURNS TABLE (pid integer, role_name text, application_name text, client_addr inet, state text,
+               transaction_age_sec double precision, state_age_sec double precision, tables text[],
+               holds_horizon boolean, query text)
+LANGUAGE sql STABLE AS $$
+    SELECT x.pid, x.usename::text, x.application_name, x.client_addr, x.state,
+           extract(epoch FROM clock_timestamp() - x.xact_start)::float8,
+           extract(epoch FROM clock_timestamp() - x.state_change)::float8,
+           x.tables, x.holds_horizon, x.query
+    FROM (SELECT a.*, a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL AS holds_horizon,
+                 ARRAY(SELECT DISTINCT c.oid::regclass::text
+                       FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_class c ON c.oid = l.relation
+                       WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted
+                         AND c.relkind IN ('r', 'p')
+                         AND c.relnamespace IN (to_regnamespace('pgmq'), to_regnamespace('pgbroker'))
+                       ORDER BY 1) AS tables,
+                 ARRAY(SELECT l.relation FROM pg_catalog.pg_locks l
+                       WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted) AS relations
+          FROM pg_catalog.pg_stat_activity a
+          WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+            AND a.backend_type = 'client backend'
+            AND a.xact_start < clock_timestamp() - older_than) x
+    WHERE CASE WHEN blocking_sessions.stream_name IS NULL THEN cardinality(x.tables) > 0 OR x.holds_horizon
+               ELSE x.relations && ARRAY(
+                   SELECT t.relid::oid FROM pg_catalog.pg_partition_tree(format('pgbroker.%I',
+                       's_' || (pgbroker._stream_row(blocking_sessions.stream_name)).stream_name)::regclass) t
+                   UNION ALL SELECT t.relid::oid FROM pg_catalog.pg_partition_tree('pgbroker.stream_position') t
+                   UNION ALL SELECT t.relid::oid FROM pg_catalog.pg_partition_tree('pgbroker.stream_watermark') t)
+          END
+    ORDER BY x.xact_start, x.pid;
+$$;

@@ -13,23 +13,56 @@ SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pgmq'),
        to_regclass('pgbroker.schema_version') IS NOT NULL
            OR to_regclass('pgbroker.schema_migrations') IS NOT NULL
 
+-- name: install_schema_owner
+-- Who owns schema pgbroker (no row before the first install), whether the current user has that
+-- role's privileges (an upgrade alters and replaces what it owns), and who the current user is.
+SELECT n.nspowner::regrole::text, pg_catalog.pg_has_role(n.nspowner, 'USAGE'), current_user::text
+FROM pg_catalog.pg_namespace n
+WHERE n.nspname = 'pgbroker'
+
+-- name: install_lock_set
+-- The tables an upgrade or re-applied functions lock, to take at once before they change anything
+-- (pgbroker._db.install): the engine's own tables and views of pgmq and pgbroker, and not a queue's or a
+-- stream's (pgmq.q_*, pgmq.a_*, pgbroker.s_*), which neither touches, but for the queues whose notify
+-- trigger a development database's mapping makes again (%s: mapping one).
+SELECT n.nspname, c.relname
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname IN ('pgmq', 'pgbroker') AND c.relkind IN ('r', 'p', 'v', 'm') AND NOT c.relispartition
+  AND (NOT (n.nspname = 'pgmq' AND c.relname ~ '^[qa]_' OR n.nspname = 'pgbroker' AND c.relname ~ '^s_')
+       OR %s AND EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+                         WHERE t.tgrelid = c.oid AND t.tgname = 'pgbroker_notify_insert'))
+ORDER BY c.oid
+
 -- name: install_lock_tables
--- Take every table of pgmq and pgbroker (partitions through their parents) in ACCESS EXCLUSIVE mode,
--- in one statement: before an upgrade changes anything, so that it never waits for a lock while
--- holding others (pgbroker._db.install).
-DO $$
-DECLARE
-    tables text;
-BEGIN
-    SELECT string_agg(c.oid::regclass::text, ', ' ORDER BY c.oid) INTO tables
-    FROM pg_catalog.pg_class c
-    WHERE c.relnamespace IN (to_regnamespace('pgmq'), to_regnamespace('pgbroker'))
-      AND c.relkind IN ('r', 'p') AND NOT c.relispartition;
-    IF tables IS NOT NULL THEN
-        EXECUTE 'LOCK TABLE ' || tables || ' IN ACCESS EXCLUSIVE MODE';
-    END IF;
-END;
-$$
+-- Take the tables of install_lock_set in one statement ({tables}: their names, composed in Python).
+LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE
+
+-- name: install_lock_holders
+-- The other sessions holding a lock on a table of install_lock_set (given as two arrays, schemas and
+-- names), the oldest transaction first: pid, state, application, seconds in their transaction.
+SELECT a.pid, a.state, a.application_name, extract(epoch FROM clock_timestamp() - a.xact_start)::integer
+FROM pg_catalog.pg_stat_activity a
+WHERE a.pid IN (SELECT l.pid FROM pg_catalog.pg_locks l
+                JOIN pg_catalog.pg_class c ON c.oid = l.relation
+                JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                WHERE l.granted AND l.locktype = 'relation' AND l.pid <> pg_backend_pid()
+                  AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[])))
+ORDER BY a.xact_start, a.pid
+
+-- name: install_lock_capacity
+-- What sizes the server's lock table (max_locks_per_transaction for each of max_connections and
+-- max_prepared_transactions), and about how many locks an upgrade holds at once: one for each
+-- function of the engine it writes again, one or two for each table, index and sequence of the
+-- engine (not a queue's or a stream's), and some for what it makes (from 477 to 695 measured).
+SELECT current_setting('max_locks_per_transaction')::int,
+       current_setting('max_connections')::int + current_setting('max_prepared_transactions')::int,
+       (SELECT count(*) FROM pg_catalog.pg_proc
+        WHERE pronamespace IN (to_regnamespace('pgmq'), to_regnamespace('pgbroker')))
+       + 2 * (SELECT count(*) FROM pg_catalog.pg_class
+              WHERE relnamespace IN (to_regnamespace('pgmq'), to_regnamespace('pgbroker'))
+                AND relname !~ '^[qas]_')
+       + 200
 
 -- name: install_lock_timeout
 -- The session's lock_timeout, to restore after install_lock_tables.

@@ -19,6 +19,12 @@ SELECT pgmq.drop_queue(%(queue)s)
 -- Every queue with its kind and creation time.
 SELECT queue_name, is_partitioned, is_unlogged, created_at FROM pgmq.list_queues()
 
+-- name: blocking_sessions
+-- The sessions whose long transaction holds the engine's tables or the xmin horizon (of one stream, or all).
+SELECT pid, role_name, application_name, client_addr::text, state, transaction_age_sec, state_age_sec, tables,
+       holds_horizon, query
+FROM pgbroker.blocking_sessions(make_interval(secs => %(older_than)s), %(of_stream)s)
+
 -- name: queue_metrics
 -- One queue's depth and age metrics.
 SELECT * FROM pgmq.metrics(%(queue)s)

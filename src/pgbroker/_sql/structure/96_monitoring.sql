@@ -50,7 +50,7 @@ INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY['worker_heartbeat', 'worker_stopped']) f
 UNION ALL
 SELECT 'monitor', 'pgbroker', f FROM unnest(ARRAY['queue_history', 'queue_workers', 'queue_activity',
-                                               'stream_consumers']) f;
+                                               'stream_consumers', 'blocking_sessions']) f;
 -- The entry points of one queue are granted to roles scoped to it too (15_scopes.sql).
 INSERT INTO pgbroker.queue_scoped_function (role_kind, function_schema, function_name)
 SELECT 'consumer', 'pgbroker', f FROM unnest(ARRAY['worker_heartbeat', 'worker_stopped']) f

@@ -24,6 +24,9 @@ terminated (+TERM: never delivered again) and logged.
 
 Both ways the client pings the server every half connect timeout and gives the connection up
 after two pings unanswered: a server that hangs is found while the bridge waits for messages.
+A publish is bounded by the confirm timeout, and a close, an ack or a termination by the connect
+timeout, their writes included: a server that hangs reads nothing, and a write waits for good
+once the socket's buffers are full.
 """
 
 from __future__ import annotations
@@ -128,6 +131,24 @@ async def _connect(url: BrokerUrl, timeout: float) -> Client:
         ) from None
 
 
+async def _close(nc: Client, within: float) -> None:
+    """Close ``nc`` within ``within`` seconds. nats-py's close first writes what it still has
+    pending and waits for the socket to close, for good when the server hangs (it reads nothing)
+    and the socket's buffers are full; past the bound the socket is aborted, what was not written
+    lost with it, as with any lost connection."""
+    if nc.is_closed:
+        return
+    try:
+        async with asyncio.timeout(within):
+            await nc.close()
+    except TimeoutError:
+        # nats-py has no abort: the asyncio transport under its writer (else left open, with
+        # what it could not write, for the life of the process).
+        writer = getattr(getattr(nc, "_transport", None), "_io_writer", None)
+        if isinstance(writer, asyncio.StreamWriter):
+            writer.transport.abort()
+
+
 async def _stream_for(nc: Client, url: BrokerUrl, subject: str, declare: bool) -> str:
     """The stream that captures ``subject``: the URL's, else found, else (declare) created."""
     js = nc.jetstream()
@@ -165,25 +186,29 @@ class _OutEndpoint:
         try:
             await _stream_for(nc, self._url, self._subject, self._settings.declare)
         except BaseException:
-            await nc.close()
+            await _close(nc, self._settings.connect_timeout)
             raise
-        return _Publisher(nc, self._subject)
+        return _Publisher(nc, self._subject, self._settings.connect_timeout)
 
 
 class _Publisher:
-    def __init__(self, nc: Client, subject: str) -> None:
+    def __init__(self, nc: Client, subject: str, close_within: float) -> None:
         self._nc = nc
         self._js = nc.jetstream()
         self._subject = subject
+        self._close_within = close_within
 
     async def close(self) -> None:
-        if not self._nc.is_closed:
-            await self._nc.close()
+        await _close(self._nc, self._close_within)
 
     async def publish(self, messages: Sequence[OutMessage], timeout: float) -> list[Outcome]:
+        # nats-py's timeout counts from the write's end, and a write to a server that reads
+        # nothing (it hangs) waits for good once the socket's buffers are full: bounded whole.
         results = await asyncio.gather(
             *(
-                self._js.publish(self._subject, m.body, timeout=timeout, headers=_headers(m))
+                asyncio.wait_for(
+                    self._js.publish(self._subject, m.body, timeout=timeout, headers=_headers(m)), timeout
+                )
                 for m in messages
             ),
             return_exceptions=True,
@@ -252,22 +277,22 @@ class _InEndpoint:
                 self._subject, durable=self._durable, stream=stream, config=config
             )
         except BaseException:
-            await nc.close()
+            await _close(nc, self._settings.connect_timeout)
             raise
-        return _Receiver(nc, subscription, stream)
+        return _Receiver(nc, subscription, stream, self._settings.connect_timeout)
 
 
 class _Receiver:
     header_prefix = PREFIX
 
-    def __init__(self, nc: Client, subscription: Any, stream: str) -> None:
+    def __init__(self, nc: Client, subscription: Any, stream: str, within: float) -> None:
         self._nc = nc
         self._subscription = subscription
         self._stream = stream
+        self._within = within  # the bound of a close, an ack or a termination
 
     async def close(self) -> None:
-        if not self._nc.is_closed:
-            await self._nc.close()
+        await _close(self._nc, self._within)
 
     async def receive(self, limit: int, wait: float) -> list[Received]:
         try:
@@ -301,15 +326,18 @@ class _Receiver:
 
     async def ack(self, messages: Sequence[Received]) -> None:
         try:
-            for m in messages:
-                await m.token.ack()
-            await self._nc.flush()
+            # A write waits for good on a server that hangs once the socket's buffers are full.
+            async with asyncio.timeout(self._within):
+                for m in messages:
+                    await m.token.ack()
+                await self._nc.flush()
         except (*_GONE, nats.errors.FlushTimeoutError) as exc:
             raise BrokerConnectionLost(f"NATS connection lost while acking: {type(exc).__name__}") from exc
 
     async def reject(self, message: Received) -> None:
         try:
-            await message.token.term()
+            async with asyncio.timeout(self._within):
+                await message.token.term()
         except _GONE as exc:
             raise BrokerConnectionLost(
                 f"NATS connection lost while terminating: {type(exc).__name__}"

@@ -116,8 +116,9 @@ def lost(reason: BaseException | None, doing: str) -> AmqpConnectionLost:
 class Connection:
     """An open AMQP connection on the running loop; ``await Connection.open(url, timeout=...)``."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, timeout: float) -> None:
         self.url = url
+        self.timeout = timeout  # the connect's, also the bound of each call's answer (Channel._wait)
         self.closed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self._pika: Any = None
 
@@ -137,7 +138,7 @@ class Connection:
             # without a word) closes the connection within a few timeouts (pika's check waits
             # the heartbeat and 5 s more), where a bridge waiting for deliveries waited for good.
             parameters.heartbeat = liveness_interval(timeout)
-        self = cls(url)
+        self = cls(url, timeout)
         loop = asyncio.get_running_loop()
         opened: asyncio.Future[None] = loop.create_future()
 
@@ -246,13 +247,20 @@ class Channel:
                 future.set_exception(closed)
 
     async def _wait(self, future: asyncio.Future[Any], doing: str) -> Any:
-        """The result of an RPC's future; ChannelClosed if the channel closed before it came."""
+        """The result of an RPC's future; ChannelClosed if the channel closed before it came,
+        AmqpConnectionLost if it did not come within the connection's timeout: a broker that hangs
+        (or a network dropping packets without a word) is found by the heartbeat only, slower
+        (more than a minute with a URL's heartbeat=60, never with heartbeat=0)."""
         if self.closed.done():
             future.cancel()
             raise self.closed.result()
         self._pending.add(future)
+        within = self.connection.timeout
         try:
-            return await future
+            async with asyncio.timeout(within):
+                return await future
+        except TimeoutError:
+            raise lost(TimeoutError(f"no answer within {within:g} s"), doing) from None
         finally:
             self._pending.discard(future)
 

@@ -103,7 +103,9 @@ class InboundBridge:
         self._stopping.set()
 
     async def run(self) -> None:
-        await self._target.check()  # QueueNotFound (StreamNotFound) now rather than on the first batch
+        # QueueNotFound (StreamNotFound) now rather than on the first batch, within the bound of
+        # every database call.
+        await answered_within(self.settings.ack_wait, self._target.check())
         pruner = asyncio.create_task(self._prune())
         try:
             await run_connected(

@@ -33,8 +33,11 @@ costs nothing and a new message is picked up within milliseconds; the first read
 catches up with everything sent while no bridge ran.
 
 Connection loss: the window's unconfirmed messages fail (retry), the bridge reconnects with
-back-off and carries on. A database call unanswered within the lease (a hung server, a stuck
-pooler, a network that drops packets without a word: pgbroker._db.liveness.answered_within) is a
+back-off and carries on. An ack or fail of a window that meets a passing database fault (a lost
+connection, a lock or statement timeout) is tried again while the window's leases hold (fenced
+receipts make a second try safe), so a database restart or a maintenance lock does not have a
+confirmed window published again. A database call unanswered within the lease (a hung server, a
+stuck pooler, a network that drops packets without a word: pgbroker._db.liveness.answered_within) is a
 lost connection too, since the leases it acts on have run out by then; the bridge would otherwise
 wait for the answer for as long as the hang lasts. The first connection is not retried: a wrong
 URL, bad credentials or an unreachable broker is reported at once.
@@ -45,13 +48,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import TypeVar
 
-from pgbroker._db.backoff import Backoff
+from pgbroker._db.backoff import Backoff, Patience
 from pgbroker._db.liveness import answered_within, is_denied
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
@@ -73,6 +77,8 @@ T = TypeVar("T")
 KEY_HEADER = "x-pgmq-group"
 # A failed lease extension is tried again after these pauses (doubling), at most lease/3 apart.
 _EXTEND_RETRY = (0.2, 5.0)
+# A failed ack or fail of a window is tried again after these pauses (doubling), within a lease.
+_SETTLE_RETRY = (0.1, 2.0)
 
 
 @dataclass(slots=True)
@@ -115,7 +121,9 @@ class OutboundBridge:
         self._stopping.set()
 
     async def run(self) -> None:
-        await self._queue.policy()  # QueueNotFound now rather than on the first read
+        # QueueNotFound now rather than on the first read; a database that does not answer is
+        # reported as one that cannot be reached (bounded as every call is).
+        await self._answered(self._queue.policy())
         if self.settings.enable_notify:
             await self._enable_notify()
         await run_connected(
@@ -134,7 +142,7 @@ class OutboundBridge:
         not, the consumer's, publishes all the same, as a worker does, waking on the notifications
         the owner turned on, or reading again every idle_wait."""
         try:
-            await self._queue.enable_notify(keep_existing=True)
+            await self._answered(self._queue.enable_notify(keep_existing=True))
         except PgbrokerError as exc:
             if not is_denied(exc):
                 raise
@@ -229,11 +237,12 @@ class OutboundBridge:
         if not held:
             self.stats.stale += len(confirmed)
             return
-        acked = await self._answered(
-            self._queue.ack_published_many(
-                [receipts[msg_id] for msg_id, _ in held], [record for _, record in held]
-            )
+        acking = partial(
+            self._queue.ack_published_many,
+            [receipts[msg_id] for msg_id, _ in held],
+            [record for _, record in held],
         )
+        acked = await self._settled("ack", acking, len(held))
         self.stats.published += len(acked)
         stale = len(confirmed) - len(acked)
         if stale:
@@ -248,7 +257,8 @@ class OutboundBridge:
     async def _fail(self, failures: dict[str, list[int]], receipts: dict[int, Receipt]) -> None:
         for error, msg_ids in failures.items():
             held = [receipts[i] for i in msg_ids if i in receipts]
-            outcomes = await self._answered(self._queue.fail_many(held, error=error)) if held else {}
+            failing = partial(self._queue.fail_many, held, error=error)
+            outcomes = await self._settled("fail", failing, len(held)) if held else {}
             retried = sum(1 for o in outcomes.values() if o == "retry")
             self.stats.retried += retried
             self.stats.dead_lettered += len(outcomes) - retried
@@ -265,6 +275,29 @@ class OutboundBridge:
     async def _answered(self, call: Awaitable[T]) -> T:
         """A database call, failed as a lost connection when unanswered within the lease."""
         return await answered_within(self.settings.lease, call)
+
+    async def _settled(self, what: str, call: Callable[[], Awaitable[T]], count: int) -> T:
+        """``call()``, the ack or fail of a window's messages, tried again after a passing fault
+        (bridge.out.ack_failed / fail_failed) for up to a lease: past it the receipts no longer
+        hold, and a late ack only counts them stale. Giving up at once left a confirmed window to
+        be published again once its leases ran out."""
+        retry = Patience(*_SETTLE_RETRY, within=self.settings.lease)
+        while True:
+            try:
+                return await self._answered(call())
+            except Exception as exc:
+                pause = retry.next() if is_transient(exc) else None
+                if pause is None:
+                    raise
+                log.warning(
+                    "bridge.out.%s_failed queue=%s count=%d retry_in=%.2f error=%s",
+                    what,
+                    self._queue.name,
+                    count,
+                    pause,
+                    exc,
+                )
+                await asyncio.sleep(pause)
 
     async def _keep_leases(self, receipts: dict[int, Receipt], done: asyncio.Event) -> None:
         """Extend the window's leases every lease/3 seconds until done (never cut off mid-call:

@@ -106,7 +106,7 @@ class StreamOutboundBridge:
 
     async def run(self) -> None:
         if self.settings.declare:
-            await self._stream.create_group(self._group, start="start")
+            await self._answered(self._stream.create_group(self._group, start="start"))
         else:
             await self._answered(self._consumer.rewind())  # StreamNotFound / StreamGroupNotFound now
         try:

@@ -35,13 +35,14 @@ def _db(args: argparse.Namespace) -> int:
         text = f"embedded PostgreSQL {status.server_version} {verb} in {status.data_dir} (pid {status.pid})"
         return print_result(args, {**asdict(status), "started": not was_running}, f"{text}\ndsn: {dsn}")
     if args.action == "stop":
-        if not cluster.stop():
-            raise CliError(
-                f"embedded PostgreSQL in {cluster.data_dir} is not running; nothing stopped",
-                code=Exit.NOTHING_DONE,
-            )
-        text = f"stopped embedded PostgreSQL in {cluster.data_dir}"
-        return print_result(args, {"data_dir": cluster.data_dir, "stopped": True}, text)
+        # Stopping a stopped cluster is nothing to do (0), as starting a running one.
+        stopped = cluster.stop()
+        text = (
+            f"stopped embedded PostgreSQL in {cluster.data_dir}"
+            if stopped
+            else f"embedded PostgreSQL in {cluster.data_dir} is not running: nothing to stop"
+        )
+        return print_result(args, {"data_dir": cluster.data_dir, "stopped": stopped}, text)
     if args.action == "url":
         status = cluster.status()
         if status.dsn is None:

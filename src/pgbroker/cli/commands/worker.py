@@ -3,7 +3,9 @@
 MODULE:ATTR is imported from the current directory (it is put on the import path): a
 pgbroker.App runs every handler it registered (or those of --queue), a function is run as the
 handler of each --queue. With --processes N, a supervisor starts N worker processes, restarts
-one that is killed, and passes SIGTERM and SIGINT on to them.
+one that is killed, and passes SIGTERM and SIGINT on to them. A worker process that cannot reach
+the database at its start exits (a wrong DSN is said at once), unless it replaces a killed one:
+that one waits for the database (restarting, failing over), as the running ones do.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import Any
 
 import pgbroker
 from pgbroker import _event_loop as event_loop
+from pgbroker._db.backoff import Backoff
 from pgbroker._db.dsn import database_place
+from pgbroker._db.liveness import is_lost_connection
 from pgbroker.cli.support.arguments import (
     positive_int,
     positive_seconds,
@@ -40,10 +44,12 @@ from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_loop_option, add_progress_option
 from pgbroker.cli.support.running import LOG_FORMAT, classify, print_error
 from pgbroker.cli.support.user_modules import importable_from_cwd
-from pgbroker.errors import StreamNotFound
+from pgbroker.errors import DatabaseError, StreamNotFound
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._app import App, serve
+from pgbroker.runtime._log_events import log_event
+from pgbroker.runtime._signals import STOP_SIGNALS
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
 from pgbroker.streams._client import Stream
@@ -55,6 +61,9 @@ log = logging.getLogger("pgbroker.worker")
 # A worker process that was killed is started again after this pause, so that one that
 # dies at once (out of memory, say) does not spin.
 _RESTART_PAUSE = 1.0
+# A replacement worker process that cannot reach the database tries again after these pauses
+# (doubling, jittered), as the running workers' reconnects do.
+_REACH_RETRY = (0.5, 10.0)
 
 
 def register(subcommands: Subcommands) -> None:
@@ -260,8 +269,8 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     stopping = False
     result: int = Exit.OK
 
-    def start() -> None:
-        child = context.Process(target=_child, args=(args, dsn, level), name="pgbroker-worker")
+    def start(*, replacement: bool = False) -> None:
+        child = context.Process(target=_child, args=(args, dsn, level, replacement), name="pgbroker-worker")
         child.start()
         children.append(child)
 
@@ -288,7 +297,7 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
                 if code < 0:
                     log.warning("supervisor.restarting pid=%s signal=%s", child.pid, -code)
                     time.sleep(_RESTART_PAUSE)
-                    start()
+                    start(replacement=True)
                 else:
                     result = code
                     stop_all()
@@ -298,18 +307,48 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     return result
 
 
-def _child(args: argparse.Namespace, dsn: str, level: int) -> None:
+def _child(args: argparse.Namespace, dsn: str, level: int, replacement: bool) -> None:
     """A worker process under the supervisor, which alone decides when it stops."""
     # Out of the terminal's process group: Ctrl-C reaches the supervisor only, which passes it on.
     os.setpgrp()
     _stop_with(os.getppid())
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
     try:
-        code = _serve(_workers(args), dsn, args)
+        code = _serve_once_reachable(args, dsn) if replacement else _serve(_workers(args), dsn, args)
     except Exception as exc:
         code, message, hint = classify(exc)
         print_error(message, hint)
     sys.exit(code)
+
+
+def _serve_once_reachable(args: argparse.Namespace, dsn: str) -> int:
+    """Serve, waiting for a database out of reach at the start (said at WARNING each try) until
+    it answers or a stop signal comes. A replacement that exited instead made the supervisor stop
+    every worker process for good, when a worker was killed while the database restarted."""
+    retry = Backoff(*_REACH_RETRY)
+    while True:
+        try:
+            return _serve(_workers(args), dsn, args)
+        except DatabaseError as exc:
+            if not is_lost_connection(exc):
+                raise
+            pause = retry.next()
+            log_event(
+                logging.WARNING, "worker.database_unavailable", error=exc.message, retry_in=f"{pause:.1f}"
+            )
+            if _stop_signal_within(pause):
+                return Exit.OK
+
+
+def _stop_signal_within(seconds: float) -> bool:
+    """Whether SIGTERM or SIGINT came within ``seconds`` (then at once)."""
+    stopped = threading.Event()
+    previous = {signum: signal.signal(signum, lambda *_: stopped.set()) for signum in STOP_SIGNALS}
+    try:
+        return stopped.wait(seconds)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _stop_with(parent: int) -> None:

@@ -3,9 +3,10 @@
 Exit codes (a shell script may rely on them):
 
   0   success; also nothing to do: an empty read prints nothing, and a purge, ``dlq purge`` or
-      ``dlq replay`` with nothing to act on, a create, pause or resume already done, say so
+      ``dlq replay`` with nothing to act on, a create, pause or resume already done, ``db start``
+      of a running cluster and ``db stop`` of a stopped one, say so
   1   nothing done: archive/delete/``dlq show``/``dlq replay``/``dlq purge`` of msg_ids that are
-      not there, send with no input, ``db stop``/``db url`` when the cluster is not running, and
+      not there, send with no input, ``db url`` when the cluster is not running, and
       ``db status`` when it is not running
   2   usage error or invalid input: bad option, bad JSON, malformed receipt, invalid queue name;
       also a command whose optional extra is not installed (``serve``: http, ``bridge``: bridge)

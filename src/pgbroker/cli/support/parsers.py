@@ -17,10 +17,10 @@ from pgbroker.queues._client import Broker
 
 EPILOG = f"""\
 exit codes:
-  0   success, or nothing to do (an empty read, purge or replay; a create, pause
-      or resume already done)
+  0   success, or nothing to do (an empty read, purge or replay; a create, pause,
+      resume, db start or db stop already done)
   1   nothing done: msg_ids that are not there (archive, delete, dlq), send with
-      no input, embedded cluster not running
+      no input, db url or db status of an embedded cluster not running
   2   usage error or invalid input (bad JSON, malformed receipt, bad queue name),
       or the command's optional extra not installed
   3   stale receipt: the ack changed nothing

@@ -275,13 +275,17 @@ BEGIN
                     AND pg_has_role(session_user, g.grantee, 'MEMBER')) THEN
         RETURN true;
     END IF;
-    RAISE EXCEPTION 'permission denied: role "%" has no %access to queue "%"',
-                    session_user, coalesce(kind || ' ', ''), queue_name
+    -- A NULL queue: an operation on every queue (pgbroker.prune_inbound_seen's), which no grant covers.
+    RAISE EXCEPTION 'permission denied: role "%" has no %access to %',
+                    session_user, coalesce(kind || ' ', ''), coalesce('queue "' || queue_name || '"', 'every queue')
         USING ERRCODE = 'insufficient_privilege',
-              HINT = format('The schema owner grants it: SELECT pgbroker.grant_queue_access(%L, %L, %L); '
-                            'or: pgbroker grant %s %s --queue %s',
-                            coalesce(kind, 'consumer'), session_user, lower(queue_name),
-                            coalesce(kind, 'consumer'), session_user, lower(queue_name));
+              HINT = CASE WHEN queue_name IS NULL
+                     THEN format('Every queue is the broad role''s: GRANT <prefix>_%s TO %I '
+                                 '(roles of pgbroker install --roles).', coalesce(kind, 'consumer'), session_user)
+                     ELSE format('The schema owner grants it: SELECT pgbroker.grant_queue_access(%L, %L, %L); '
+                                 'or: pgbroker grant %s %s --queue %s',
+                                 coalesce(kind, 'consumer'), session_user, lower(queue_name),
+                                 coalesce(kind, 'consumer'), session_user, lower(queue_name)) END;
 END;
 $$;
 
@@ -4182,6 +4186,16 @@ CREATE FUNCTION pgbroker._stream_consumers_per_group() RETURNS integer
     AS $$ SELECT 1000 $$;
 
 --
+-- Name: _stream_default_retry_queue(text, text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_default_retry_queue(stream_name text, group_name text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT lower(stream_name) || '_' || group_name || '_retry';
+$$;
+
+--
 -- Name: _stream_functions_refresh(); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
@@ -5903,7 +5917,7 @@ BEGIN
         'start: every message the stream still keeps; end: messages sent from now on; time: from start_time.');
     PERFORM pgbroker._check_arg((start_from = 'time') = (start_time IS NOT NULL),
         'start_time goes with start_from => ''time'', and only with it');
-    retry_queue := coalesce(retry_queue, s.stream_name || '_' || group_name || '_retry');
+    retry_queue := coalesce(retry_queue, pgbroker._stream_default_retry_queue(s.stream_name, group_name));
     PERFORM pgbroker._check_arg(length(retry_queue) <= 47,
         format('the retry queue''s name %L is longer than a queue name may be (47)', retry_queue),
         'Name it yourself: create_stream_group(..., retry_queue => ''short_name'').');
@@ -5913,6 +5927,17 @@ BEGIN
     WHERE t.stream_name = s.stream_name AND t.group_name = create_stream_group.group_name;
     IF FOUND THEN
         RETURN g;
+    END IF;
+    -- The queue's turn: groups of other streams that would take it wait here, then see this one.
+    PERFORM pgbroker._queue_turn(retry_queue);
+    IF EXISTS (SELECT FROM pgbroker.stream_group t WHERE lower(t.retry_queue) = lower(create_stream_group.retry_queue))
+    THEN
+        -- Neither the other group nor its stream is named: an API key may not be allowed to see them.
+        RAISE EXCEPTION 'queue "%" is already the retry queue of another consumer group', retry_queue
+            USING ERRCODE = 'PB004',
+                  HINT = 'A retry queue takes the failures of one group. Name this group''s own: '
+                         'create_stream_group(..., retry_queue => ''name''), or --retry-queue, or '
+                         '"retry_queue" in the HTTP request.';
     END IF;
     IF pgbroker._stored_name(retry_queue) IS NULL THEN
         PERFORM pgmq.create(retry_queue);
@@ -6560,6 +6585,9 @@ CREATE FUNCTION pgbroker.prune_inbound_seen(seen_within interval, batch_size int
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    -- A queue's ids are forgotten by those who may send to it (its inbound bridge prunes them);
+    -- every queue's only by a producer of every queue: no grant covers NULL.
+    authorized constant boolean := pgbroker._authorize('producer', queue_name);
     stored varchar;
     pruned bigint;
 BEGIN
@@ -6578,19 +6606,24 @@ END;
 $$;
 
 --
--- Name: prune_stream_inbound_seen(interval, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: prune_stream_inbound_seen(interval, integer, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.prune_stream_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000) RETURNS bigint
+CREATE FUNCTION pgbroker.prune_stream_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000, stream_name text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
+    stored text;
     pruned bigint;
 BEGIN
     PERFORM pgbroker._check_prune_args(seen_within, batch_size);
-    DELETE FROM pgbroker.stream_inbound_seen WHERE (stream_name, message_id) IN (
+    IF stream_name IS NOT NULL THEN
+        stored := (pgbroker._stream_row(stream_name)).stream_name;
+    END IF;
+    DELETE FROM pgbroker.stream_inbound_seen WHERE (stream_inbound_seen.stream_name, message_id) IN (
         SELECT seen.stream_name, seen.message_id FROM pgbroker.stream_inbound_seen seen
-        WHERE seen.seen_at < now() - seen_within ORDER BY seen.seen_at LIMIT batch_size);
+        WHERE seen.seen_at < now() - seen_within AND (stored IS NULL OR seen.stream_name = stored)
+        ORDER BY seen.seen_at LIMIT batch_size);
     GET DIAGNOSTICS pruned = ROW_COUNT;
     RETURN pruned;
 END;
@@ -8382,15 +8415,18 @@ BEGIN
     PERFORM pgbroker._check_arg(length(host) <= 255, 'host must be given, at most 255 characters',
         'Pass the worker''s hostname.');
     PERFORM pgbroker._forget_stale_workers();
+    -- The queue's stored name, not the caller's spelling: the panel lists each queue once.
     INSERT INTO pgbroker.queue_workers AS w
-    VALUES (worker_id, queue_name, host, pid, concurrency, now(), now(), in_flight, completed, retried,
-            dead_lettered)
+    VALUES (worker_id, pgbroker._stored_name(queue_name), host, pid, concurrency, now(), now(), in_flight,
+            completed, retried, dead_lettered)
     ON CONFLICT ON CONSTRAINT queue_workers_pkey DO UPDATE
-        SET heartbeat_at = now(), concurrency = excluded.concurrency, in_flight = excluded.in_flight,
-            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered
+        SET heartbeat_at = now(), queue_name = excluded.queue_name, concurrency = excluded.concurrency,
+            in_flight = excluded.in_flight, completed = excluded.completed, retried = excluded.retried,
+            dead_lettered = excluded.dead_lettered
         -- Only a row of the queue this call was authorized for: a worker of another queue is
-        -- not the caller's to renew, whatever id it gives.
-        WHERE w.queue_name = excluded.queue_name
+        -- not the caller's to renew, whatever id it gives. (A row an earlier build wrote may
+        -- hold another spelling of the queue's name: renewed, it takes the stored one.)
+        WHERE lower(w.queue_name) = lower(excluded.queue_name)
     RETURNING w.xmax = 0 INTO registered;  -- (a new row: no updater)
     IF registered THEN
         PERFORM pgbroker._check_arg(
@@ -8413,7 +8449,7 @@ DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
 BEGIN
     DELETE FROM pgbroker.queue_workers w
-    WHERE w.worker_id = worker_stopped.worker_id AND w.queue_name = worker_stopped.queue_name;
+    WHERE w.worker_id = worker_stopped.worker_id AND lower(w.queue_name) = lower(worker_stopped.queue_name);
 END;
 $$;
 

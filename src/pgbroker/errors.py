@@ -46,7 +46,8 @@ class QueueNotFound(PgbrokerError):
 
 
 class QueueNameConflict(PgbrokerError):
-    """A queue with the same name in another letter case exists."""
+    """A queue with the same name in another letter case exists, or the retry queue a stream group
+    would take (named, or by default) is already another group's."""
 
     sqlstate = "PB004"
 

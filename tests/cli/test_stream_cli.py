@@ -70,3 +70,18 @@ def test_a_missing_stream_says_how_to_make_it(capsys: pytest.CaptureFixture[str]
     code, _, err = run(capsys, dsn, "stream", "create", "x", "--partitions", "999")
     assert code == Exit.USAGE
     assert "partitions" in err
+
+
+def test_a_group_whose_retry_queue_is_another_group_s_is_refused(
+    capsys: pytest.CaptureFixture[str], dsn: str
+) -> None:
+    # Group Billing's default retry queue is billing's (queue names fold to lower case): it took
+    # that queue, and each group's failures went to the other's handler.
+    run(capsys, dsn, "stream", "create", "clicks")
+    run(capsys, dsn, "stream", "create-group", "clicks", "billing")
+    code, _, err = run(capsys, dsn, "stream", "create-group", "clicks", "Billing")
+    assert code == Exit.USAGE
+    assert 'queue "clicks_Billing_retry" is already the retry queue of another consumer group' in err
+    assert "--retry-queue" in err
+    code, out, _ = run(capsys, dsn, "stream", "create-group", "clicks", "Billing", "--retry-queue", "c_2")
+    assert (code, "failed messages go to queue c_2" in out) == (Exit.OK, True)

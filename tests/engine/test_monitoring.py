@@ -145,6 +145,24 @@ def test_a_worker_registers_beats_and_goes_and_a_dead_one_is_forgotten(conn: Con
     assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (0,)
 
 
+def test_workers_are_listed_under_the_queue_s_stored_name_whatever_spelling_they_beat_with(
+    conn: Conn, queue: Queue
+) -> None:
+    # Queue names fold; the beat stored the caller's spelling, so one queue's workers showed under
+    # two names in /v1/workers and the dashboard, and a stop under another spelling left the row.
+    conn.execute("DELETE FROM pgbroker.queue_workers")
+    first, second = uuid.uuid4(), uuid.uuid4()
+    beat = "SELECT pgbroker.worker_heartbeat(%s, %s, 'host-a', 42, 8, 0, %s, 0, 0)"
+    conn.execute(beat, (queue.name.upper(), first, 1))
+    conn.execute(beat, (queue.name.title(), second, 1))
+    conn.execute(beat, (queue.name.swapcase().title(), first, 2))  # renewed under a third spelling
+    rows = conn.execute("SELECT queue_name, worker_id, completed FROM pgbroker.queue_workers()").fetchall()
+    assert sorted(rows, key=str) == sorted([(queue.name, first, 2), (queue.name, second, 1)], key=str)
+    conn.execute("SELECT pgbroker.worker_stopped(%s, %s)", (queue.name.upper(), second))
+    listed = conn.execute("SELECT worker_id FROM pgbroker.queue_workers()").fetchall()
+    assert listed == [(first,)]
+
+
 def test_a_heartbeat_names_a_queue_that_exists_and_a_host_of_a_hostname_s_length(
     conn: Conn, queue: Queue
 ) -> None:

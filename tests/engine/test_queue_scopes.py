@@ -170,7 +170,7 @@ def test_receipts_of_another_queue_give_a_scoped_consumer_nothing(
     assert billing_state(conn) == before
 
 
-def _refusing_call(schema: str, name: str, arg_types: list[str]) -> sql.Composed:
+def _refusing_call(schema: str, name: str, arg_types: list[str], arg_names: list[str]) -> sql.Composed:
     """A call of one overload on queue billing (a topic send: a routing key reaching billing),
     every other argument a typed NULL: the refusal comes before any argument is looked at."""
     if name in TOPIC_SENDS:
@@ -179,7 +179,8 @@ def _refusing_call(schema: str, name: str, arg_types: list[str]) -> sql.Composed
         given["timestamp with time zone"] = "now()"
         values = ["'orders.new'", given[arg_types[1]]] + [given.get(t, f"NULL::{t}") for t in arg_types[2:]]
     else:
-        values = ["'billing'::text"] + [f"NULL::{t}" for t in arg_types[1:]]
+        values = [f"NULL::{t}" for t in arg_types]
+        values[arg_names.index("queue_name")] = "'billing'::text"
     return sql.SQL("SELECT * FROM {}.{}({})").format(
         sql.Identifier(schema), sql.Identifier(name), sql.SQL(", ".join(values))
     )
@@ -192,7 +193,7 @@ def test_every_scoped_entry_point_refuses_a_queue_outside_the_grants(
     conn.execute("SELECT pgmq.bind_topic('orders.*', 'billing')")
     overloads = conn.execute(
         "SELECT f.role_kind, n.nspname, p.proname,"
-        "       array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t)"
+        "       array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t), p.proargnames"
         " FROM pgbroker.queue_scoped_function f"
         " JOIN pg_namespace n ON n.nspname = f.function_schema"
         " JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = f.function_name"
@@ -200,8 +201,8 @@ def test_every_scoped_entry_point_refuses_a_queue_outside_the_grants(
     ).fetchall()
     assert len(overloads) >= 60
     before = billing_state(conn)
-    for kind, schema, name, arg_types in overloads:
-        statement = _refusing_call(schema, name, arg_types)
+    for kind, schema, name, arg_types, arg_names in overloads:
+        statement = _refusing_call(schema, name, arg_types, arg_names)
         assert refusal(login(dsn, scoped[kind]), statement) == "42501", statement.as_string(conn)
     assert billing_state(conn) == before
     assert conn.execute('SELECT count(*) FROM pgmq."q_orders-eu"').fetchone() == (1,)
@@ -241,6 +242,33 @@ def test_a_scoped_producer_sends_only_to_its_queues(dsn: str, conn: Conn, scoped
         assert refusal(producer, statement) == "42501", statement
     assert billing_state(conn) == before
     assert conn.execute('SELECT count(*) FROM pgmq."q_orders-eu"').fetchone() == (4,)
+
+
+def test_a_scoped_producer_forgets_the_inbound_ids_of_its_queues_only(
+    dsn: str, conn: Conn, scoped: dict[str, str]
+) -> None:
+    # Its inbound bridge prunes its queue's message ids every minute: a producer granted orders*
+    # could not (prune_inbound_seen was the broad producer's alone), and logged
+    # bridge.in.prune_failed every minute while the ids piled up.
+    for queue in ("orders-eu", "billing"):
+        conn.execute(
+            "SELECT * FROM pgbroker.receive_many(%s, ARRAY['old'], ARRAY['{}'::jsonb], ARRAY[NULL::jsonb],"
+            " '1 day')",
+            (queue,),
+        )
+    conn.execute("UPDATE pgbroker.inbound_seen SET seen_at = now() - interval '2 hours'")
+    producer = login(dsn, scoped["producer"])
+    with psycopg.connect(producer, autocommit=True) as c:
+        pruned = c.execute("SELECT pgbroker.prune_inbound_seen('1 hour', 10, 'ORDERS-EU')").fetchone()
+        assert pruned == (1,)
+        for other in ("billing", None):  # another queue's, every queue's
+            with pytest.raises(psycopg.errors.InsufficientPrivilege) as err:
+                c.execute("SELECT pgbroker.prune_inbound_seen('1 hour', 10, %s)", (other,))
+            where = f'queue "{other}"' if other else "every queue"
+            expected = f'permission denied: role "{scoped["producer"]}" has no producer access to {where}'
+            assert err.value.diag.message_primary == expected
+    remembered = conn.execute("SELECT queue_name FROM pgbroker.inbound_seen").fetchall()
+    assert remembered == [("billing",)]
 
 
 def test_a_topic_send_reaching_a_queue_outside_the_grants_sends_nothing(

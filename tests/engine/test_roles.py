@@ -17,41 +17,18 @@ from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker, StreamMessage, StreamWorker, Worker
 from pgbroker._db.install import install, install_roles
-from pgbroker.cli.main import main as cli_main
 from pgbroker.streams._client import Stream
+from tests.support.roles import KINDS, role_logins
 from tests.support.worker import run_until
 
 Conn = psycopg.Connection[Any]
-KINDS = ("producer", "consumer", "monitor")
 
 
 @pytest.fixture
 def users(dsn: str, conn: Conn, pg_admin_dsn: str) -> Iterator[dict[str, str]]:
-    """A DSN per role kind, for a LOGIN user that is a member of that role (and nothing else).
-
-    Roles belong to the whole server: the prefix is unique to the test, and the roles are
-    dropped after it.
-    """
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-    # Made the way an operator makes them: through the CLI.
-    assert cli_main(["--dsn", dsn, "install", "--roles", "--role-prefix", prefix]) == 0
-    dsns = {}
-    for kind in KINDS:
-        user = f"{prefix}_{kind}_user"
-        conn.execute(
-            sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
-                sql.Identifier(user), sql.Identifier(f"{prefix}_{kind}")
-            )
-        )
-        dsns[kind] = make_conninfo(dsn, user=user)
-    try:
+    """A DSN per role kind, for a LOGIN user that is a member of that role (and nothing else)."""
+    with role_logins(dsn, conn, pg_admin_dsn) as dsns:
         yield dsns
-    finally:
-        roles = [sql.Identifier(f"{prefix}_{kind}{suffix}") for kind in KINDS for suffix in ("_user", "")]
-        # Their grants live in this database: taken back here before the roles can go.
-        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.SQL(", ").join(roles)))
-        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP ROLE {}").format(sql.SQL(", ").join(roles)))
 
 
 def denied(dsn: str, statement: str) -> bool:

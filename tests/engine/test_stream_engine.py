@@ -266,6 +266,83 @@ def test_failed_messages_go_to_the_retry_queue_with_their_error(conn: Conn) -> N
     assert read(conn, "clicks", "g", "c").rows == []  # the batch is settled
 
 
+def groups_and_queues(conn: Conn) -> tuple[list[tuple[str, str, str]], list[str]]:
+    groups = conn.execute(
+        "SELECT stream_name, group_name, retry_queue FROM pgbroker.stream_group ORDER BY 1, 2"
+    ).fetchall()
+    return groups, [r[0] for r in conn.execute("SELECT queue_name FROM pgmq.meta ORDER BY 1")]
+
+
+def test_two_groups_never_share_a_retry_queue(conn: Conn) -> None:
+    # Each group's workers hand what they read from its retry queue to that group's handler. Group
+    # names keep their case and queue names fold: group Billing took billing's clicks_billing_retry,
+    # and the failures of each went to the other's handler. So did group b_c of stream a and group
+    # c of stream a_b (a_b_c_retry), and a group named another's queue by hand.
+    make_stream(conn, partitions=1)
+    make_stream(conn, "a_b", partitions=1)
+    make_stream(conn, "a", partitions=1)
+    make_group(conn, "billing")
+    make_group(conn, "c", stream="a_b")
+    before = groups_and_queues(conn)
+    for stream, group, retry_queue, taken in [
+        ("clicks", "Billing", None, "clicks_Billing_retry"),
+        ("clicks", "BILLING", None, "clicks_BILLING_retry"),
+        ("a", "b_c", None, "a_b_c_retry"),
+        ("a", "mine", "CLICKS_billing_retry", "CLICKS_billing_retry"),
+        ("clicks", "other", "a_b_c_retry", "a_b_c_retry"),
+    ]:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute(
+                "SELECT pgbroker.create_stream_group(%s, %s, retry_queue => %s)", (stream, group, retry_queue)
+            )
+        assert err.value.sqlstate == "PB004", (stream, group)
+        diag = err.value.diag
+        assert diag.message_primary == f'queue "{taken}" is already the retry queue of another consumer group'
+        assert "retry_queue => " in str(diag.message_hint)
+        assert groups_and_queues(conn) == before  # nothing made
+    # A queue of its own, named by hand, makes the group; an existing group is returned as it was.
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'Billing', retry_queue => 'clicks_b2_retry')")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'billing')")
+    groups, _ = groups_and_queues(conn)
+    assert [g for g in groups if g[0] == "clicks"] == [
+        ("clicks", "Billing", "clicks_b2_retry"),
+        ("clicks", "billing", "clicks_billing_retry"),
+    ]
+    # A plain queue that no group has is still a group's to take, named or by default.
+    conn.execute("SELECT pgmq.create('a_x_retry')")
+    make_group(conn, "x", stream="a")
+    assert groups_and_queues(conn)[0][0] == ("a", "x", "a_x_retry")
+
+
+def test_groups_of_two_streams_made_at_once_never_share_a_retry_queue(dsn: str, conn: Conn) -> None:
+    """Group c of stream a_b and group b_c of stream a, made by two sessions at once: each takes
+    its own stream's turn, so only the retry queue's turn orders them."""
+    make_stream(conn, "a_b", partitions=1)
+    make_stream(conn, "a", partitions=1)
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn, autocommit=True) as second:
+        first.execute("SELECT pgbroker.create_stream_group('a_b', 'c')")  # its transaction stays open
+        outcome: list[BaseException | None] = []
+
+        def make_second() -> None:
+            try:
+                second.execute("SELECT pgbroker.create_stream_group('a', 'b_c')")
+                outcome.append(None)
+            except psycopg.Error as exc:
+                outcome.append(exc)
+
+        thread = threading.Thread(target=make_second)
+        thread.start()
+        waiting = "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s"
+        while thread.is_alive() and conn.execute(waiting, (second.info.backend_pid,)).fetchone() != (True,):
+            time.sleep(0.05)
+        first.commit()
+        thread.join(60)
+    (error,) = outcome
+    assert isinstance(error, psycopg.Error), "the second group took the first one's retry queue"
+    assert error.sqlstate == "PB004", error
+    assert groups_and_queues(conn)[0] == [("a_b", "c", "a_b_c_retry")]
+
+
 def test_a_retry_queue_with_max_deliveries_1_dead_letters_at_once(conn: Conn) -> None:
     make_stream(conn, partitions=1)
     conn.execute("SELECT pgmq.create('clicks_dlq')")

@@ -29,10 +29,10 @@ async def other_teams(broker: AsyncBroker) -> tuple[AsyncStream, dict[str, dict[
     await stream.create(partitions=2)
     await stream.create_group("billing", start="start")
     await stream.create_group("analytics", start="start")
-    for group in OTHERS[1:]:
-        # Named by hand (Billing's default is billing's own queue), within our key's queue patterns:
-        # only the group check can keep their failures from it.
-        await stream.create_group(group, start="start", retry_queue="clicks_billing_theirs_retry")
+    for n, group in enumerate(OTHERS[1:]):
+        # Named by hand (Billing's default is billing's own queue, which no other group may have),
+        # within our key's queue patterns: only the group check can keep their failures from it.
+        await stream.create_group(group, start="start", retry_queue=f"clicks_billing_theirs{n}_retry")
     await stream.send_many([{"n": n} for n in range(10)], keys=[f"k{n}" for n in range(10)])
     held = {}
     for group in OTHERS:

@@ -178,6 +178,12 @@ async def test_a_key_cannot_make_a_group_whose_retry_queue_it_does_not_see(
     wider = auth(create_key(conn, "clicks-all", scopes=["admin"], queues=["clicks", "clicks_*"])[1])
     r = await client.post("/v1/streams/clicks/groups", json={"group": "G"}, headers=wider)
     assert (r.status_code, r.json()) == (201, {"group": "G", "retry_queue": "clicks_g_retry"}), r.text
+    # A retry queue named in the body is checked as the default is: another team's, refused.
+    await broker.create_queue("us-payroll")
+    body = {"group": "H", "retry_queue": "us-payroll"}
+    r = await client.post("/v1/streams/clicks/groups", json=body, headers=wider)
+    assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden"), r.text
+    assert [g.name for g in await stream.groups()] == ["G"]
 
 
 async def payroll_group(
@@ -247,14 +253,14 @@ async def test_a_key_cannot_fail_messages_into_a_retry_queue_it_does_not_see(
     r = await client.post("/v1/streams/eu-clicks/groups/g/ack", json=ack, headers=eu)
     assert r.json() == {"partitions": [{"partition": 0, "acked": True}]}, r.text
     await broker.queue("us-payroll-retry").purge()
-    both = auth(create_key(conn, "both", scopes=["read"], queues=["eu-*", "us-payroll-retry"])[1])
-    await stream.create_group("g2", start="start", retry_queue="us-payroll-retry")
+    both = auth(create_key(conn, "both", scopes=["read"], queues=["eu-*", "us-payroll-retry*"])[1])
+    await stream.create_group("g2", start="start", retry_queue="us-payroll-retry-2")
     r = await client.post("/v1/streams/eu-clicks/groups/g2/read", json={"consumer": "c"}, headers=both)
     epoch = r.json()["messages"][0]["epoch"]
     body = {**failed, "acks": [{"partition": 0, "epoch": epoch, "last_id": 2}]}
     r = await client.post("/v1/streams/eu-clicks/groups/g2/ack", json=body, headers=both)
     assert r.json() == {"partitions": [{"partition": 0, "acked": True}]}, r.text
-    assert (await broker.metrics("us-payroll-retry")).queue_length == 1
+    assert (await broker.metrics("us-payroll-retry-2")).queue_length == 1
 
 
 async def test_making_a_group_again_names_no_retry_queue_the_key_does_not_see(

@@ -111,3 +111,21 @@ async def test_reads_under_made_up_consumer_names_hold_no_lock_of_the_server(
     # Live by their leases: each read of one leaves the others registered, and they share the partitions.
     [group] = await stream.groups()
     assert group.consumers == 80
+
+
+async def test_a_group_whose_retry_queue_is_another_group_s_is_refused(
+    client: httpx.AsyncClient, keys: dict[str, str], broker: AsyncBroker
+) -> None:
+    # Group names keep their case, queue names fold: Billing's default retry queue was billing's,
+    # and each group's failures went to the other's handler. Over HTTP the group names its own.
+    admin = auth(keys["admin"])
+    stream = AsyncStream(broker, "clicks")
+    await stream.create(partitions=1)
+    await stream.create_group("billing")
+    r = await client.post("/v1/streams/clicks/groups", json={"group": "Billing"}, headers=admin)
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "queue_name_conflict"), r.text
+    assert "clicks_Billing_retry" in r.json()["error"]["message"]
+    assert [g.name for g in await stream.groups()] == ["billing"]
+    body = {"group": "Billing", "retry_queue": "clicks_billing_2_retry"}
+    r = await client.post("/v1/streams/clicks/groups", json=body, headers=admin)
+    assert (r.status_code, r.json()) == (201, body), r.text

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from pgbroker import Broker
-from pgbroker.errors import InvalidArgument, StreamGroupNotFound, StreamNotFound
+from pgbroker.errors import InvalidArgument, QueueNameConflict, StreamGroupNotFound, StreamNotFound
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream, list_streams
 from pgbroker.streams._client_async import AsyncStream
@@ -78,6 +78,11 @@ def test_errors_are_typed_and_name_the_fix(broker: Broker) -> None:
         Stream(broker, "clicks").consumer("nope").read()
     with pytest.raises(InvalidArgument, match="start"):
         Stream(broker, "clicks").create_group("g", start="middle")
+    # Two groups never share a retry queue (tests/engine/test_stream_engine.py).
+    Stream(broker, "clicks").create_group("g")
+    with pytest.raises(QueueNameConflict, match="clicks_G_retry") as conflict:
+        Stream(broker, "clicks").create_group("G")
+    assert "retry_queue" in str(conflict.value.hint)
     with pytest.raises(InvalidArgument, match="partitions"):
         Stream(broker, "other").create(partitions=0)
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from pgbroker.errors import DatabaseError, connection_lost
+from pgbroker.errors import DatabaseError, PgbrokerError, connection_lost
 
 T = TypeVar("T")
 
@@ -56,6 +56,16 @@ def is_lost_connection(exc: BaseException) -> bool:
     refused on a live connection (a lock or statement timeout, a deadlock)."""
     cause = _psycopg_error(exc)
     return (isinstance(cause, psycopg.Error) and connection_lost(cause)) or is_read_only_server(exc)
+
+
+def is_denied(exc: BaseException) -> bool:
+    """Whether ``exc`` says the role may not do that (42501): trying again changes nothing."""
+    if isinstance(exc, PgbrokerError):
+        return exc.sqlstate == _INSUFFICIENT_PRIVILEGE
+    return isinstance(exc, psycopg.errors.InsufficientPrivilege)
+
+
+_INSUFFICIENT_PRIVILEGE = "42501"
 
 
 def is_read_only_server(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from pgbroker.http import stream_metrics
 
 # integral: a JSON number with no fraction (64.0) is an integer, as JSON Schema says.
 from pgbroker.http.models import Answer, Body
-from pgbroker.http.validation import BIGINT_MAX, BatchOf, JsonObject, JsonValue, Limit, integral
+from pgbroker.http.validation import BIGINT_MAX, BatchOf, JsonObject, JsonValue, Limit, QueueName, integral
 from pgbroker.streams import _records as core
 
 STREAM_NAME_PATTERN = "^[a-z0-9_][a-z0-9_-]{0,39}$"
@@ -56,6 +56,13 @@ class StreamSendBatch(Body):
 class CreateGroup(Body):
     group: GroupName
     start: Literal["start", "end"] | Annotated[datetime, Field(strict=False)] = "end"
+    retry_queue: Annotated[
+        QueueName | None,
+        Field(
+            description="where the group's failed messages go (<stream>_<group>_retry by default); no other"
+            " group's retry queue"
+        ),
+    ] = None
 
 
 class StreamRead(Body):

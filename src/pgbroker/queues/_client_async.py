@@ -729,9 +729,12 @@ class AsyncBroker:
 
     if ASYNC:
 
-        async def prune_inbound_seen(self, seen_within: float, batch_size: int = q.DEFAULT_TRIM_BATCH) -> int:
-            """Forget inbound message ids older than ``seen_within`` seconds, one batch; returns how many."""
-            return await self._executor.run(q.inbound_seen_prune(seen_within, batch_size))
+        async def prune_inbound_seen(
+            self, seen_within: float, batch_size: int = q.DEFAULT_TRIM_BATCH, *, queue: str | None = None
+        ) -> int:
+            """Forget inbound message ids older than ``seen_within`` seconds, of ``queue`` or (None) of
+            every queue, one batch; returns how many."""
+            return await self._executor.run(q.inbound_seen_prune(seen_within, batch_size, queue))
 
     async def policies(self) -> list[Policy]:
         """Every queue's policy, by queue name."""

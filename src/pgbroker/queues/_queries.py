@@ -573,13 +573,17 @@ def message_receive_many(
     return Query(_named("message_receive_many"), params, lambda rows: [(r[0], r[1]) for r in rows])
 
 
-def inbound_seen_prune(seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
-    """One arg.batch of forgetting inbound message ids older than ``seen_within`` seconds (repeat until 0)."""
+def inbound_seen_prune(
+    seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH, queue: str | None = None
+) -> Query[int]:
+    """One arg.batch of forgetting inbound message ids older than ``seen_within`` seconds, of
+    ``queue`` or (None) of every queue (repeat until 0)."""
     params = {
         "seen_within": arg.duration(seen_within, "seen_within"),
         "batch_size": arg.count(batch_size, "batch_size"),
+        "queue": queue,
     }
-    return Query(_named("inbound_seen_prune"), params, decoded.scalar)
+    return Query(_named("inbound_seen_prune"), params, decoded.scalar, _queue_or_every_queue)
 
 
 # -- schedules (sql/functions/78_schedules.sql) ------------------------------------------

@@ -15,14 +15,10 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-import psycopg
-
-from pgbroker.errors import PgbrokerError
+from pgbroker._db.liveness import is_denied
 from pgbroker.runtime._log_events import log_event
 
 __all__ = ["maintenance_bound", "maintenance_rounds"]
-
-_DENIED = "42501"  # insufficient_privilege
 
 
 def maintenance_bound(every: float, lease: float) -> float:
@@ -42,14 +38,8 @@ async def maintenance_rounds(
         try:
             await one_round()
         except Exception as exc:
-            if _denied(exc):
+            if is_denied(exc):
                 hint = f"the role may not maintain; run `{command}` as the owner, or turn maintenance off"
                 log_event(logging.WARNING, f"{event}_off", **fields, error=exc, hint=hint)
                 return
             log_event(logging.WARNING, f"{event}_failed", **fields, error=exc)
-
-
-def _denied(exc: Exception) -> bool:
-    if isinstance(exc, PgbrokerError):
-        return exc.sqlstate == _DENIED
-    return isinstance(exc, psycopg.errors.InsufficientPrivilege)

@@ -148,9 +148,10 @@ class AsyncStream:
             return await self._executor.run(query)
 
         async def prune_inbound_seen(self, seen_within: float) -> int:
-            """Forget every stream's inbound message ids older than ``seen_within`` seconds, one
-            batch; returns how many."""
-            return await self._executor.run(sq.stream_inbound_seen_prune(seen_within))
+            """Forget this stream's inbound message ids older than ``seen_within`` seconds, one
+            batch; returns how many. (Every stream's went: an inbound bridge whose window was
+            shorter than another's shortened the other's.)"""
+            return await self._executor.run(sq.stream_inbound_seen_prune(self.name, seen_within))
 
     # groups
 

@@ -145,9 +145,11 @@ def stream_receive_many(
     return Query(_named("stream_receive_many"), params, lambda rows: [(r[0], r[1]) for r in rows])
 
 
-def stream_inbound_seen_prune(seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH) -> Query[int]:
-    """One batch of forgetting streams' inbound message ids older than ``seen_within`` seconds."""
-    params = {"seen_within": duration(seen_within, "seen_within"), "batch_size": batch_size}
+def stream_inbound_seen_prune(
+    stream: str, seen_within: float, batch_size: int = DEFAULT_TRIM_BATCH
+) -> Query[int]:
+    """One batch of forgetting ``stream``'s inbound message ids older than ``seen_within`` seconds."""
+    params = {"stream": stream, "seen_within": duration(seen_within, "seen_within"), "batch_size": batch_size}
     return Query(_named("stream_inbound_seen_prune"), params, _scalar)
 
 

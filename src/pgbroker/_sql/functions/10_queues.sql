@@ -40,7 +40,8 @@ $$;
 -- Internal helpers (schema pgbroker). pgbroker's errors have codes of class
 -- PB so that every client, in any language, can tell them apart:
 --   PB001 invalid queue name      PB002 queue not found
---   PB003 stale receipt           PB004 queue name conflict (case)
+--   PB003 stale receipt           PB004 queue name conflict (case, or
+--                                       another group's retry queue)
 --   PB005 message too large       PB006 queue full (max_depth)
 --   PB007 invalid argument        PB008 missing extension (pg_partman)
 -- The functions of schema pgbroker raise them as SQLSTATEs; those of schema

@@ -90,13 +90,17 @@ BEGIN
                     AND pg_has_role(session_user, g.grantee, 'MEMBER')) THEN
         RETURN true;
     END IF;
-    RAISE EXCEPTION 'permission denied: role "%" has no %access to queue "%"',
-                    session_user, coalesce(kind || ' ', ''), queue_name
+    -- A NULL queue: an operation on every queue (pgbroker.prune_inbound_seen's), which no grant covers.
+    RAISE EXCEPTION 'permission denied: role "%" has no %access to %',
+                    session_user, coalesce(kind || ' ', ''), coalesce('queue "' || queue_name || '"', 'every queue')
         USING ERRCODE = 'insufficient_privilege',
-              HINT = format('The schema owner grants it: SELECT pgbroker.grant_queue_access(%L, %L, %L); '
-                            'or: pgbroker grant %s %s --queue %s',
-                            coalesce(kind, 'consumer'), session_user, lower(queue_name),
-                            coalesce(kind, 'consumer'), session_user, lower(queue_name));
+              HINT = CASE WHEN queue_name IS NULL
+                     THEN format('Every queue is the broad role''s: GRANT <prefix>_%s TO %I '
+                                 '(roles of pgbroker install --roles).', coalesce(kind, 'consumer'), session_user)
+                     ELSE format('The schema owner grants it: SELECT pgbroker.grant_queue_access(%L, %L, %L); '
+                                 'or: pgbroker grant %s %s --queue %s',
+                                 coalesce(kind, 'consumer'), session_user, lower(queue_name),
+                                 coalesce(kind, 'consumer'), session_user, lower(queue_name)) END;
 END;
 $$;
 

@@ -135,11 +135,16 @@ $$;
 -- Forget inbound message ids seen longer than seen_within ago, of one queue
 -- or (queue_name NULL) of all, at most batch_size per call (a short
 -- transaction); returns how many went. Callers repeat until 0.
+-- Errors: 42501 for a role granted some queues only (pgbroker grant producer)
+--   and another queue, or every queue (NULL).
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.prune_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000,
                                             queue_name text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+    -- A queue's ids are forgotten by those who may send to it (its inbound bridge prunes them);
+    -- every queue's only by a producer of every queue: no grant covers NULL.
+    authorized constant boolean := pgbroker._authorize('producer', queue_name);
     stored varchar;
     pruned bigint;
 BEGIN

@@ -916,6 +916,13 @@ $$;
 -- (messages enqueued at or after it), and its retry queue (by default
 -- <stream>_<group>_retry) is made if it does not exist. Idempotent: an
 -- existing group is returned as it is.
+-- A retry queue is one group's: a group's workers hand whatever they read
+-- there to that group's handler, so a queue two groups shared delivered each
+-- group's failures to the other. Queue names fold to lower case and group
+-- names do not, so the defaults of groups billing and Billing of a stream
+-- are one queue, as are those of group c of stream a_b and group b_c of a.
+-- Errors: PB004 when the retry queue, named or by default, is already
+--   another group's (its name is the only one the error gives): name another.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.create_stream_group(stream_name text, group_name text, start_from text DEFAULT 'end',
                                              start_time timestamptz DEFAULT NULL, retry_queue text DEFAULT NULL)
@@ -932,7 +939,7 @@ BEGIN
         'start: every message the stream still keeps; end: messages sent from now on; time: from start_time.');
     PERFORM pgbroker._check_arg((start_from = 'time') = (start_time IS NOT NULL),
         'start_time goes with start_from => ''time'', and only with it');
-    retry_queue := coalesce(retry_queue, s.stream_name || '_' || group_name || '_retry');
+    retry_queue := coalesce(retry_queue, pgbroker._stream_default_retry_queue(s.stream_name, group_name));
     PERFORM pgbroker._check_arg(length(retry_queue) <= 47,
         format('the retry queue''s name %L is longer than a queue name may be (47)', retry_queue),
         'Name it yourself: create_stream_group(..., retry_queue => ''short_name'').');
@@ -942,6 +949,17 @@ BEGIN
     WHERE t.stream_name = s.stream_name AND t.group_name = create_stream_group.group_name;
     IF FOUND THEN
         RETURN g;
+    END IF;
+    -- The queue's turn: groups of other streams that would take it wait here, then see this one.
+    PERFORM pgbroker._queue_turn(retry_queue);
+    IF EXISTS (SELECT FROM pgbroker.stream_group t WHERE lower(t.retry_queue) = lower(create_stream_group.retry_queue))
+    THEN
+        -- Neither the other group nor its stream is named: an API key may not be allowed to see them.
+        RAISE EXCEPTION 'queue "%" is already the retry queue of another consumer group', retry_queue
+            USING ERRCODE = 'PB004',
+                  HINT = 'A retry queue takes the failures of one group. Name this group''s own: '
+                         'create_stream_group(..., retry_queue => ''name''), or --retry-queue, or '
+                         '"retry_queue" in the HTTP request.';
     END IF;
     IF pgbroker._stored_name(retry_queue) IS NULL THEN
         PERFORM pgmq.create(retry_queue);
@@ -970,6 +988,12 @@ BEGIN
         array_fill(start_id, ARRAY[s.partitions]), array_fill(NULL::timestamptz, ARRAY[s.partitions]));
     RETURN g;
 END;
+$$;
+
+-- The retry queue of a group that names none.
+CREATE OR REPLACE FUNCTION pgbroker._stream_default_retry_queue(stream_name text, group_name text)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT lower(stream_name) || '_' || group_name || '_retry';
 $$;
 
 -- Drop a group (its cursors and consumers; its retry queue stays). Returns

@@ -67,18 +67,27 @@ BEGIN
 END;
 $$;
 
--- Forget stream inbound message ids seen longer than seen_within ago, at most
--- batch_size per call; returns how many went. Callers repeat until 0.
+-- Forget stream inbound message ids seen longer than seen_within ago, of one
+-- stream or (stream_name NULL) of all, at most batch_size per call; returns
+-- how many went. Callers repeat until 0. An inbound bridge prunes its own
+-- stream's: another's bridge may keep its ids longer.
+-- Errors: PB020 for a stream that does not exist.
 -- Since: 0.1.0
-CREATE OR REPLACE FUNCTION pgbroker.prune_stream_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000)
+CREATE OR REPLACE FUNCTION pgbroker.prune_stream_inbound_seen(seen_within interval, batch_size integer DEFAULT 10000,
+                                                   stream_name text DEFAULT NULL)
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
+    stored text;
     pruned bigint;
 BEGIN
     PERFORM pgbroker._check_prune_args(seen_within, batch_size);
-    DELETE FROM pgbroker.stream_inbound_seen WHERE (stream_name, message_id) IN (
+    IF stream_name IS NOT NULL THEN
+        stored := (pgbroker._stream_row(stream_name)).stream_name;
+    END IF;
+    DELETE FROM pgbroker.stream_inbound_seen WHERE (stream_inbound_seen.stream_name, message_id) IN (
         SELECT seen.stream_name, seen.message_id FROM pgbroker.stream_inbound_seen seen
-        WHERE seen.seen_at < now() - seen_within ORDER BY seen.seen_at LIMIT batch_size);
+        WHERE seen.seen_at < now() - seen_within AND (stored IS NULL OR seen.stream_name = stored)
+        ORDER BY seen.seen_at LIMIT batch_size);
     GET DIAGNOSTICS pruned = ROW_COUNT;
     RETURN pruned;
 END;

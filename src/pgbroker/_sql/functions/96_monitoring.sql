@@ -155,15 +155,18 @@ BEGIN
     PERFORM pgbroker._check_arg(length(host) <= 255, 'host must be given, at most 255 characters',
         'Pass the worker''s hostname.');
     PERFORM pgbroker._forget_stale_workers();
+    -- The queue's stored name, not the caller's spelling: the panel lists each queue once.
     INSERT INTO pgbroker.queue_workers AS w
-    VALUES (worker_id, queue_name, host, pid, concurrency, now(), now(), in_flight, completed, retried,
-            dead_lettered)
+    VALUES (worker_id, pgbroker._stored_name(queue_name), host, pid, concurrency, now(), now(), in_flight,
+            completed, retried, dead_lettered)
     ON CONFLICT ON CONSTRAINT queue_workers_pkey DO UPDATE
-        SET heartbeat_at = now(), concurrency = excluded.concurrency, in_flight = excluded.in_flight,
-            completed = excluded.completed, retried = excluded.retried, dead_lettered = excluded.dead_lettered
+        SET heartbeat_at = now(), queue_name = excluded.queue_name, concurrency = excluded.concurrency,
+            in_flight = excluded.in_flight, completed = excluded.completed, retried = excluded.retried,
+            dead_lettered = excluded.dead_lettered
         -- Only a row of the queue this call was authorized for: a worker of another queue is
-        -- not the caller's to renew, whatever id it gives.
-        WHERE w.queue_name = excluded.queue_name
+        -- not the caller's to renew, whatever id it gives. (A row an earlier build wrote may
+        -- hold another spelling of the queue's name: renewed, it takes the stored one.)
+        WHERE lower(w.queue_name) = lower(excluded.queue_name)
     RETURNING w.xmax = 0 INTO registered;  -- (a new row: no updater)
     IF registered THEN
         PERFORM pgbroker._check_arg(
@@ -183,7 +186,7 @@ DECLARE
     authorized constant boolean := pgbroker._authorize('consumer', queue_name);
 BEGIN
     DELETE FROM pgbroker.queue_workers w
-    WHERE w.worker_id = worker_stopped.worker_id AND w.queue_name = worker_stopped.queue_name;
+    WHERE w.worker_id = worker_stopped.worker_id AND lower(w.queue_name) = lower(worker_stopped.queue_name);
 END;
 $$;
 

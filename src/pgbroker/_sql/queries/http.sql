@@ -41,6 +41,10 @@ ORDER BY 1, 2, 3
 SELECT g.retry_queue FROM pgbroker.stream_group g
 WHERE g.stream_name = lower(%(stream)s) AND g.group_name = %(group)s
 
+-- name: stream_group_default_retry_queue
+-- The retry queue the engine gives a group that names none.
+SELECT pgbroker._stream_default_retry_queue(%(stream)s, %(group)s)
+
 -- name: stream_group_unseen
 -- What a key is told of a group it may not use: the engine's refusal of a group that does not exist.
 SELECT pgbroker._stream_no_group(%(stream)s, %(group)s)

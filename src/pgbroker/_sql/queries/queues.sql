@@ -242,9 +242,9 @@ SELECT message_id, msg_id FROM pgbroker.receive_many(
     make_interval(secs => %(seen_within)s::double precision))
 
 -- name: inbound_seen_prune
--- Forget a bridge's old inbound message ids.
+-- Forget a bridge's old inbound message ids, of one queue or (NULL) of every queue.
 SELECT pgbroker.prune_inbound_seen(make_interval(secs => %(seen_within)s::double precision),
-                                   %(batch_size)s::integer)
+                                   %(batch_size)s::integer, %(queue)s::text)
 
 -- Schedules (sql/functions/78_schedules.sql) --------------------------------------
 

@@ -97,6 +97,6 @@ SELECT message_id, id FROM pgbroker.stream_receive_many(
     make_interval(secs => %(seen_within)s::double precision))
 
 -- name: stream_inbound_seen_prune
--- Forget a stream bridge's old inbound message ids.
+-- Forget a stream bridge's old inbound message ids, of its stream.
 SELECT pgbroker.prune_stream_inbound_seen(make_interval(secs => %(seen_within)s::double precision),
-                                          %(batch_size)s::integer)
+                                          %(batch_size)s::integer, %(stream)s::text)

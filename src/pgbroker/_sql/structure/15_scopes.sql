@@ -32,6 +32,9 @@ SELECT 'producer', 'pgmq', f FROM unnest(ARRAY['send', 'send_batch', 'send_topic
 UNION ALL
 SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['receive_many', 'queue_codec']) f
 UNION ALL
+-- Its own queue's inbound ids, which a scoped producer's inbound bridge prunes (86_bridge.sql).
+SELECT 'producer', 'pgbroker', 'prune_inbound_seen'
+UNION ALL
 SELECT 'consumer', 'pgmq', f FROM unnest(ARRAY[
     'read', 'read_with_poll', 'read_grouped', 'read_grouped_with_poll', 'read_grouped_head',
     'read_grouped_head_with_poll', 'read_grouped_rr', 'read_grouped_rr_with_poll',

@@ -12,3 +12,8 @@ CREATE TABLE pgbroker.stream_inbound_seen (
 );
 -- Pruning walks the oldest entries first.
 CREATE INDEX stream_inbound_seen_seen_at ON pgbroker.stream_inbound_seen (seen_at);
+
+-- An inbound bridge into a stream produces, and prunes what it recorded, as one into a queue
+-- (structure/88_roles.sql).
+INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
+SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['stream_receive_many', 'prune_stream_inbound_seen']) f;

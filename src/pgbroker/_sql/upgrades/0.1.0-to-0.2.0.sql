@@ -230,3 +230,16 @@ DROP FUNCTION IF EXISTS pgbroker._stream_retry_failed(pgbroker.stream_group, tex
 -- stream could read, ack and hold the partitions of every group of it, other
 -- teams' too. Keys made before keep every group ('{*}'), as they had.
 ALTER TABLE pgbroker.api_keys ADD COLUMN groups text[] NOT NULL DEFAULT '{*}';
+
+-- An inbound bridge under a producer granted some queues only (pgbroker grant
+-- producer) prunes its own queue's message ids (86_bridge.sql): it could not.
+INSERT INTO pgbroker.queue_scoped_function (role_kind, function_schema, function_name)
+VALUES ('producer', 'pgbroker', 'prune_inbound_seen');
+
+-- An inbound bridge into a stream under a producer login (94_stream_bridge.sql):
+-- the producer receives into streams and prunes the ids of one stream, the
+-- bridge's own, which the prune now names (the ids of every stream went, with
+-- the window of whichever bridge pruned).
+DROP FUNCTION IF EXISTS pgbroker.prune_stream_inbound_seen(interval, integer);
+INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
+SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['stream_receive_many', 'prune_stream_inbound_seen']) f;

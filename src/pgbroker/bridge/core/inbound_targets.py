@@ -49,7 +49,10 @@ class QueueTarget:
         self._queue = broker.queue(queue)
 
     async def check(self) -> None:
-        await self._queue.policy()  # QueueNotFound
+        # The bridge's own write, of no message: QueueNotFound, or a refusal naming what this login
+        # lacks. It is all an inbound bridge needs, so a producer login runs it (policy() is a
+        # consumer's).
+        await self._queue.receive_many([], [], [], seen_within=0)
 
     async def append(
         self,
@@ -62,7 +65,8 @@ class QueueTarget:
         return len(await self._queue.receive_many(ids, payloads, headers, seen_within=seen_within))
 
     async def prune(self, seen_within: float) -> int:
-        return await self._broker.prune_inbound_seen(seen_within)
+        # Its own queue's: another bridge's may keep its ids longer (its own --dedup-window).
+        return await self._broker.prune_inbound_seen(seen_within, queue=self.name)
 
 
 class StreamTarget:
@@ -73,7 +77,8 @@ class StreamTarget:
         self._stream = AsyncStream(broker, stream)
 
     async def check(self) -> None:
-        await self._stream.groups()  # StreamNotFound
+        # As QueueTarget's: StreamNotFound, or what this login lacks (a producer has all it needs).
+        await self._stream.receive_many([], [], [], [], seen_within=0)
 
     async def append(
         self,

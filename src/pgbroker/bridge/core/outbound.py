@@ -56,13 +56,14 @@ from functools import partial
 from typing import TypeVar
 
 from pgbroker._db.backoff import Backoff, Patience
-from pgbroker._db.liveness import answered_within
+from pgbroker._db.liveness import answered_within, is_denied
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
 from pgbroker.bridge.core.endpoints import outbound_endpoint
 from pgbroker.bridge.core.reconnect import is_transient, run_connected
 from pgbroker.bridge.errors import BrokerConnectionLost
 from pgbroker.bridge.settings import OutboundSettings
+from pgbroker.errors import PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._records import Message, Receipt
 
@@ -124,7 +125,7 @@ class OutboundBridge:
         # reported as one that cannot be reached (bounded as every call is).
         await self._answered(self._queue.policy())
         if self.settings.enable_notify:
-            await self._answered(self._queue.enable_notify(keep_existing=True))
+            await self._enable_notify()
         await run_connected(
             self._endpoint,
             self._serve,
@@ -135,6 +136,22 @@ class OutboundBridge:
 
     def _count_reconnect(self) -> None:
         self.stats.reconnects += 1
+
+    async def _enable_notify(self) -> None:
+        """Turn notify on. That is the owner's (a trigger on the queue's table): a role that may
+        not, the consumer's, publishes all the same, as a worker does, waking on the notifications
+        the owner turned on, or reading again every idle_wait."""
+        try:
+            await self._answered(self._queue.enable_notify(keep_existing=True))
+        except PgbrokerError as exc:
+            if not is_denied(exc):
+                raise
+            log.warning(
+                "bridge.out.notify_unavailable queue=%s error=%s (the queue's owner may turn it on:"
+                " pgmq.enable_notify_insert)",
+                self._queue.name,
+                exc.message,
+            )
 
     async def _serve(self, publisher: Publisher) -> None:
         log.info("bridge.out.started queue=%s broker=%s", self._queue.name, self.where)

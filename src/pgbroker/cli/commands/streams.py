@@ -80,7 +80,9 @@ def register(subcommands: Subcommands) -> None:
         "--start", default="end", metavar="WHERE", help="start, end (default), or an ISO time with its zone"
     )
     sub.add_argument(
-        "--retry-queue", metavar="QUEUE", help="where failed messages go (<stream>_<group>_retry)"
+        "--retry-queue",
+        metavar="QUEUE",
+        help="where failed messages go (<stream>_<group>_retry); no other group's",
     )
 
     sub = add_command(actions, "drop-group", "drop a consumer group (its retry queue stays)", _drop_group)

@@ -205,10 +205,10 @@ async def stream_groups(call: Call) -> GroupList:
 @router.post(
     "/v1/streams/{stream}/groups",
     "create a consumer group (idempotent); the key's group patterns must cover it, and its queue"
-    " patterns the group's retry queue, <stream>_<group>_retry",
+    " patterns the group's retry queue (<stream>_<group>_retry unless named), which no other group may have",
     scope="admin",
     status=201,
-    errors=_NO_STREAM,
+    errors={**_NO_STREAM, 409: "queue_name_conflict (the retry queue is another group's)"},
 )
 async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
     stream = _stream(call, "admin")
@@ -221,17 +221,17 @@ async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
         )
     # The group's failures go to its retry queue, which it takes over if the queue exists: a key
     # that may not use that queue would send into it (as failures) what it liked.
-    retry_queue = f"{stream.name}_{body.group}_retry"
+    retry_queue = body.retry_queue or await _default_retry_queue(call, stream.name, body.group)
     if not call.caller.allows("admin", retry_queue):
         raise ApiError(
             403,
             "forbidden",
             f"key {call.caller.name!r} may not admin on queue {retry_queue!r}, the group's retry queue",
             hint=f"A key that makes groups of stream {stream.name!r} needs a pattern such as "
-            f"'{stream.name}_*' too.",
+            f"'{stream.name}_*' too, or a retry queue named within its patterns (\"retry_queue\").",
         )
     # An existing group is answered as it is, its retry queue perhaps named by hand.
-    made = await stream.create_group(body.group, start=body.start)
+    made = await stream.create_group(body.group, start=body.start, retry_queue=retry_queue)
     return GroupCreated(group=body.group, retry_queue=_seen(call, made))
 
 
@@ -277,6 +277,15 @@ async def stream_ack(call: Call, body: StreamAck) -> StreamAcked:
     )
     held = await consumer.ack(batch)
     return StreamAcked(partitions=[AckResult(partition=p, acked=ok) for p, ok in sorted(held.items())])
+
+
+async def _default_retry_queue(call: Call, stream: str, group: str) -> str:
+    """The retry queue the engine gives a group that names none."""
+    async with call.broker.connection() as conn:
+        params = {"stream": stream, "group": group}
+        cur = await conn.execute(_QUERIES["stream_group_default_retry_queue"], params)
+        ((name,),) = await cur.fetchall()
+    return str(name)
 
 
 async def _refuse_unseen_retry_queue(call: Call, stream: str, group: str) -> None:

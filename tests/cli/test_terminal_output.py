@@ -77,3 +77,16 @@ def test_a_json_line_keeps_its_meaning(cli: Cli, hostile: int) -> None:
     message as it was sent."""
     [line] = cli.ok("read", "orders").splitlines()
     assert json.loads(line)["message"] == {"note": f"{TITLE}{CSI_C1}{BIDI}\x7f"}
+
+
+def test_an_indented_json_document_stays_json(cli: Cli, hostile: int) -> None:
+    """`schedule list --json` prints one indented document: the newlines between its tokens are
+    the document's own, and only the text inside its strings is escaped."""
+    message = json.dumps({"note": f"{TITLE}{CSI_C1}{BIDI}"})
+    cli.ok("schedule", "add", "nightly", "--queue", "orders", "--cron", "0 3 * * *", "--message", message)
+    out = cli.ok("schedule", "list", "--json")
+    assert "\n  " in out  # indented
+    for line in out.split("\n"):
+        assert CONTROL.search(line) is None, line
+    [schedule] = json.loads(out)
+    assert schedule["message"] == {"note": f"{TITLE}{CSI_C1}{BIDI}"}

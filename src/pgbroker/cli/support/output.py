@@ -24,6 +24,9 @@ NO_QUEUES = "no queues (create one with: pgbroker create NAME)"
 # overrides (text shown in another order than it is). Text from the database is anyone's: a
 # producer's message, a consumer's error report or name.
 _UNSHOWABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Those the JSON encoder leaves alone: it escapes C0 in strings itself, and the newlines of an
+# indented document (between tokens) must stay newlines.
+_UNSHOWABLE_IN_JSON = re.compile(r"[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def print_listing(
@@ -83,7 +86,7 @@ def json_text(value: Any, **options: Any) -> str:
     """``value`` as JSON, letters beyond ASCII as themselves, but no control character: the JSON
     encoder escapes the C0 ones, and the others are written as ``\\uXXXX``, the same JSON."""
     text = json.dumps(value, ensure_ascii=False, **options)
-    return _UNSHOWABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _UNSHOWABLE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def to_json(record: Mapping[str, Any]) -> str:

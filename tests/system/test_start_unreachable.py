@@ -251,13 +251,15 @@ def test_a_connection_limit_reached_at_the_start_is_waited_out(
         as_role = make_conninfo(dsn, user=role)
         holders = [psycopg.connect(as_role) for _ in range(5)]
         try:
-            scheduler = run(as_role, ["scheduler"])
+            scheduler = run(as_role, ["scheduler", "-v"])
             wait_for(scheduler.waiting, "the scheduler waiting for a free connection")
             assert "too many connections for role" in scheduler.said()
         finally:
             for holder in holders:
                 holder.close()
-        wait_for(scheduler.started, "the scheduler started")
+        # Its loop's own line, not the command's announcement: the stop signals are handled from
+        # then on (a SIGTERM between the two found the default action: exit -15).
+        wait_for(lambda: "scheduler.started" in scheduler.said(), "the scheduler's loop started")
         assert scheduler.stop() == 0, scheduler.said()
     finally:
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

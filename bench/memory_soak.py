@@ -43,7 +43,7 @@ import httpx
 import redis
 from tests.http.live import pgbroker_serve
 from tests.support.processes import stop_gracefully
-from tests.support.servers import KINDS, PrivateServer
+from tests.support.servers import private_server
 
 from bench.harness import Progress, Server, _drop_database, _recreate_database
 from bench.memory_soak_handlers import GROUP, STREAM
@@ -135,16 +135,6 @@ def backlog(broker: Broker) -> int:
     """Messages of the queues and of the stream's group not yet handled (or published)."""
     queued = sum(broker.metrics(name).queue_length for name in (QUEUE, BRIDGE_QUEUE))
     return queued + sum(partition.lag for partition in Stream(broker, STREAM).lag())
-
-
-@contextmanager
-def private_redis() -> Iterator[PrivateServer]:
-    server = PrivateServer(KINDS["redis"], Path(tempfile.mkdtemp(prefix="pgbroker-bench-redis-")))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 def empty_redis_stream(port: int) -> None:
@@ -242,7 +232,7 @@ def run(dsn: str, args: argparse.Namespace, progress: Progress) -> list[Watched]
             cli_process(dsn, logs / "stream-worker.log", "worker", "bench.memory_soak_handlers:stream_app")
         )
         serve = stack.enter_context(pgbroker_serve(dsn, "--connections", "4"))
-        redis_server = stack.enter_context(private_redis())
+        redis_server = stack.enter_context(private_server("redis"))
         bridge = stack.enter_context(
             cli_process(
                 dsn,

@@ -30,10 +30,9 @@ from pgbroker.bridge.connector import Endpoint
 from pgbroker.bridge.connectors import rabbitmq
 from pgbroker.bridge.errors import AmqpConnectionLost
 from pgbroker.queues._client_async import AsyncBroker
-from tests.support.postgres import scratch_dir
 from tests.support.probes import Probe, RabbitProbe, body_of, probe, unique
 from tests.support.relay import Relay
-from tests.support.servers import KINDS, PrivateServer
+from tests.support.servers import private_server
 from tests.support.services import service_params
 
 # How long the broker hangs once the bridge said it lost it: its reconnects meet the hang too.
@@ -69,13 +68,8 @@ def hanging(request: pytest.FixtureRequest) -> Iterator[Hanging]:
                 relay.thaw()
                 asyncio.run(rabbit.close())
         return
-    node = PrivateServer(KINDS[request.param], scratch_dir(f"pgbroker-{request.param}-"))
-    node.start()
-    try:
+    with private_server(request.param) as node:
         yield Hanging(probe(request.param, node.port), node.pause, node.resume)
-    finally:
-        node.resume()
-        node.close()
 
 
 def said(caplog: pytest.LogCaptureFixture, event: str) -> bool:

@@ -25,9 +25,8 @@ from pgbroker.errors import ConnectionLost
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream
 from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
-from tests.support.postgres import scratch_dir
 from tests.support.probes import RedisProbe, body_of, unique
-from tests.support.servers import KINDS, PrivateServer
+from tests.support.servers import PrivateServer, private_server
 
 pytestmark = pytest.mark.redis
 
@@ -215,13 +214,8 @@ def _inbound_rides_out_the_faults(
 @pytest.fixture
 def frozen_redis() -> Iterator[PrivateServer]:
     """A Redis of the test's own, which the test may freeze (resumed and stopped after)."""
-    node = PrivateServer(KINDS["redis"], scratch_dir("pgbroker-redis-"))
-    node.start()
-    try:
+    with private_server("redis") as node:
         yield node
-    finally:
-        node.resume()
-        node.close()
 
 
 def said(caplog: pytest.LogCaptureFixture, event: str) -> bool:

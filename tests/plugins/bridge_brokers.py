@@ -13,7 +13,7 @@ import pytest
 from tests.support.postgres import scratch_dir
 from tests.support.probes import probe, unique
 from tests.support.rabbit import Rabbit
-from tests.support.servers import KINDS, PrivateServer
+from tests.support.servers import KINDS, PrivateServer, private_server
 from tests.support.services import service_params
 
 # (out URL, in URL) for one broker, made by a context that also cleans up after the test.
@@ -57,9 +57,5 @@ def broker_urls(
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[PrivateServer]:
     """A private Redis, shared by the tests of a module."""
-    node = PrivateServer(KINDS["redis"], scratch_dir("pgbroker-redis-"))
-    node.start()
-    try:
+    with private_server("redis") as node:
         yield node
-    finally:
-        node.close()

@@ -23,10 +23,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.postgres import scratch_dir
 from tests.support.processes import stop_gracefully
 
 HOST = "127.0.0.1"
@@ -159,3 +161,16 @@ class PrivateServer:
     def resume(self) -> None:
         assert self._process is not None
         self._process.send_signal(signal.SIGCONT)
+
+
+@contextmanager
+def private_server(kind: str) -> Iterator[PrivateServer]:
+    """A private server of ``kind`` (KINDS), started; at the end resumed (a test may have frozen
+    it), stopped and its directory removed."""
+    node = PrivateServer(KINDS[kind], scratch_dir(f"pgbroker-{kind}-"))
+    node.start()
+    try:
+        yield node
+    finally:
+        node.resume()
+        node.close()

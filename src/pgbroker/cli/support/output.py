@@ -84,7 +84,7 @@ def shown(text: str) -> str:
 
 def json_text(value: Any, **options: Any) -> str:
     """``value`` as JSON, letters beyond ASCII as themselves, but no control character: the JSON
-    encoder escapes the C0 ones, and the others are written as ``\\uXXXX``, the same JSON."""
+    encoder escapes the C0 ones, and the others are written as JSON's \\u escapes, the same JSON."""
     text = json.dumps(value, ensure_ascii=False, **options)
     return _UNSHOWABLE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 

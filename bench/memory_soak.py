@@ -231,7 +231,10 @@ def run(dsn: str, args: argparse.Namespace, progress: Progress) -> list[Watched]
         streams = stack.enter_context(
             cli_process(dsn, logs / "stream-worker.log", "worker", "bench.memory_soak_handlers:stream_app")
         )
-        serve = stack.enter_context(pgbroker_serve(dsn, "--connections", "4"))
+        # The server's per-key rate limit (100 a second) is not what this measures: lifted.
+        serve = stack.enter_context(
+            pgbroker_serve(dsn, "--connections", "4", "--rate", "100000", "--burst", "100000")
+        )
         redis_server = stack.enter_context(private_server("redis"))
         bridge = stack.enter_context(
             cli_process(

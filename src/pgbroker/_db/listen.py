@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -25,7 +26,7 @@ from psycopg import sql
 
 from pgbroker import _sql
 from pgbroker._db.dsn import behind_transaction_pooler, listen_dsn
-from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval, reconnect_delay
+from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, WakeBudget, check_poll_interval, reconnect_delay
 
 __all__ = ["Listener", "Subscription"]
 
@@ -131,16 +132,23 @@ class _Loop:
 
 class Subscription:
     """One reader's view of a channel: wait() returns once it has news, that is once the channel's
-    count moved since the reader last looked."""
+    count moved since the reader last looked, within the wake-ups' budget (wakeups.WakeBudget)."""
 
     def __init__(self, listener: Listener, channel: str) -> None:
         self._listener = listener
         self._channel = channel
         self._seen = listener._count(channel)
+        self._budget = WakeBudget()
 
     def wait(self, timeout: float) -> bool:
-        """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came."""
+        """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came.
+        Past the budget of wake-ups, news waits its turn (within the timeout)."""
+        deadline = time.monotonic() + timeout
         heard = self._listener._until(self.has_news, timeout)
+        if heard:
+            turn = min(self._budget.take(), deadline - time.monotonic())
+            if turn > 0:
+                time.sleep(turn)
         self.catch_up()
         return heard
 

@@ -628,7 +628,7 @@ def test_an_idle_worker_sends_nothing_but_rare_polls(
 
 
 def test_a_notify_flood_by_any_login_does_not_make_an_idle_worker_spin(
-    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str
+    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """PostgreSQL has no privilege on channels: a login with no pgbroker role at all NOTIFYs a
     queue's channel as often as it likes. Every wake-up cost the worker a read: under a flood of
@@ -667,7 +667,8 @@ def test_a_notify_flood_by_any_login_does_not_make_an_idle_worker_spin(
 
     flooder = threading.Thread(target=flood)
     try:
-        reads = asyncio.run(scenario())
+        with caplog.at_level(logging.WARNING, logger="pgbroker.listen"):
+            reads = asyncio.run(scenario())
     finally:
         stop.set()
         if flooder.is_alive():
@@ -676,6 +677,45 @@ def test_a_notify_flood_by_any_login_does_not_make_an_idle_worker_spin(
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(outsider)))
     assert handled == ["real"]
     assert reads <= WAKE_BURST + window * WAKE_RATE + 1, f"{reads} reads in {window} s of NOTIFY flood"
+    # Said, once: the operator learns that someone floods the channel.
+    held = [r.getMessage() for r in caplog.records if "listen.wakeups_held" in r.getMessage()]
+    assert len(held) == 1, held
+    assert 'channel="pgmq.q_jobs.INSERT"' in held[0]
+
+
+def test_sends_at_a_hundred_a_second_wake_an_idle_worker_without_holding_a_wake_up(
+    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wake-up budget that stops a NOTIFY flood counts only wake-ups that bring nothing. A
+    worker kept idle between sends arriving 100 a second (each its own wake-up: 1,000 jobs a
+    second sent 10 a call) is woken by each at once; a budget charged for every wake-up held them
+    to 20 a second, each send waiting up to 50 ms."""
+    queue = broker.create_queue("jobs")
+    sends = 150
+    handled: list[Any] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), poll_min=10, poll_max=10)
+
+    def produce() -> None:
+        for i in range(sends):
+            queue.send(i)
+            time.sleep(0.01)
+
+    async def scenario() -> None:
+        async def paced() -> None:
+            await asyncio.to_thread(listener_pid, conn)
+            await asyncio.sleep(0.5)  # it read, found nothing, and sleeps until a send
+            await asyncio.to_thread(produce)
+
+        producer = asyncio.create_task(paced())
+        await run_until(dsn, [worker], lambda: len(handled) == sends, timeout=120)
+        await producer
+
+    with caplog.at_level(logging.WARNING, logger="pgbroker.listen"):
+        asyncio.run(scenario())
+    assert sorted(handled) == list(range(sends))
+    assert worker.stats.reads >= sends / 2, "the sends came faster than the worker napped: no test"
+    held = [r.getMessage() for r in caplog.records if "listen.wakeups_held" in r.getMessage()]
+    assert held == []
 
 
 def test_workers_run_an_apps_handlers_together(broker: Broker, dsn: str) -> None:

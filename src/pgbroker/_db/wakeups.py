@@ -40,9 +40,9 @@ DEFAULT_POLL_INTERVAL = 0.5
 # The wake-ups by news a subscriber takes: WAKE_BURST at once, then WAKE_RATE a second. Any login
 # may NOTIFY any channel (PostgreSQL has no privilege on channels), and each wake-up costs a read:
 # a flood of NOTIFY from a login with no pgbroker role made an idle worker read back to back (897
-# empty reads in 3 s). Real sends are announced at most once per throttle interval of their queue
-# (a worker's 5 ms included), and a read that finds messages is followed by another without
-# waiting, so the budget delays only wake-ups that come faster than a read can use them.
+# empty reads in 3 s). Only wake-ups that bring nothing count (listen_async.AsyncSubscription says
+# which): sends at any rate wake a worker at once (1,000 a second in batches of 10 are 100
+# wake-ups a second), and a flood costs each subscriber WAKE_RATE reads a second.
 WAKE_BURST = 5
 WAKE_RATE = 20.0
 
@@ -110,6 +110,10 @@ class WakeBudget:
         self._tokens = max(min(self._burst, self._tokens + (now - self._at) * self._rate) - 1, -1.0)
         self._at = now
         return max(0.0, -self._tokens / self._rate)
+
+    def give_back(self) -> None:
+        """The last wake-up brought messages: it does not count."""
+        self._tokens = min(self._burst, self._tokens + 1)
 
 
 class Waiting:

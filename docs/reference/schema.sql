@@ -5764,11 +5764,13 @@ $$;
 CREATE FUNCTION pgbroker.blocking_sessions(older_than interval DEFAULT '00:01:00'::interval, stream_name text DEFAULT NULL::text) RETURNS TABLE(pid integer, role_name text, application_name text, client_addr inet, state text, transaction_age_sec double precision, state_age_sec double precision, tables text[], holds_horizon boolean, query text)
     LANGUAGE sql STABLE
     AS $$
-    SELECT x.pid, x.usename::text, x.application_name, x.client_addr, x.state,
+    SELECT x.pid, x.usename::text, x.application_name, CASE WHEN x.visible THEN x.client_addr END, x.state,
            extract(epoch FROM clock_timestamp() - x.xact_start)::float8,
            extract(epoch FROM clock_timestamp() - x.state_change)::float8,
-           x.tables, x.holds_horizon, x.query
+           x.tables, x.holds_horizon, CASE WHEN x.visible THEN x.query ELSE '<insufficient privilege>' END
     FROM (SELECT a.*, a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL AS holds_horizon,
+                 pg_has_role(session_user, 'pg_read_all_stats', 'MEMBER')
+                     OR pg_has_role(session_user, a.usesysid, 'MEMBER') AS visible,
                  ARRAY(SELECT DISTINCT c.oid::regclass::text
                        FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_class c ON c.oid = l.relation
                        WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted

@@ -8,7 +8,14 @@ import time
 import pytest
 
 from pgbroker._db.listen import Listener, Subscription, _Loop
-from pgbroker._db.wakeups import Waiting, check_poll_interval, reconnect_delay
+from pgbroker._db.wakeups import (
+    WAKE_BURST,
+    WAKE_RATE,
+    Waiting,
+    WakeBudget,
+    check_poll_interval,
+    reconnect_delay,
+)
 from pgbroker.errors import InvalidArgument
 
 
@@ -57,3 +64,11 @@ def test_a_subscriber_has_news_when_its_channel_was_heard_since_it_last_looked()
     assert place.has_news()
     place.catch_up()
     assert not place.has_news()
+
+
+def test_wake_ups_by_news_come_in_a_burst_then_at_the_budgets_rate() -> None:
+    budget = WakeBudget()
+    assert [budget.take() for _ in range(WAKE_BURST)] == [0.0] * WAKE_BURST
+    turns = [budget.take() for _ in range(3)]
+    # Past the burst a wake-up waits its turn; at most one is owed, however many were asked for.
+    assert all(0 < turn <= 1 / WAKE_RATE for turn in turns)

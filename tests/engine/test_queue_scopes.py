@@ -208,6 +208,46 @@ def test_every_scoped_entry_point_refuses_a_queue_outside_the_grants(
     assert conn.execute('SELECT count(*) FROM pgmq."q_orders-eu"').fetchone() == (1,)
 
 
+def test_a_role_granted_every_queue_reaches_no_stream_and_nothing_of_every_queue_at_once(
+    dsn: str, conn: Conn, roles: dict[str, str]
+) -> None:
+    # What docs/security.md says a scoped role does not get, with the widest grant there is ('*'):
+    # every entry point of the broad roles that takes no queue to check (the streams', and those
+    # that cover every queue at once) is refused it, whatever it is called with, and no stream
+    # changes. Streams are granted to the broad roles only.
+    conn.execute("SELECT pgbroker.create_stream('orders_log', 2)")
+    conn.execute("SELECT pgbroker.create_stream_group('orders_log', 'billing', 'start')")
+    conn.execute("""SELECT pgbroker.stream_send('orders_log', '{"n": 1}', NULL, 'k')""")
+    for kind, user in roles.items():
+        assert grant_queue_access(conn, kind, user, "*")
+    lag = "SELECT * FROM pgbroker.stream_lag('orders_log')"
+    before = conn.execute(lag).fetchall()
+    overloads = conn.execute(
+        "SELECT f.role_kind, p.oid::regprocedure::text, n.nspname, p.proname,"
+        "       array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) t)"
+        " FROM (SELECT * FROM pgbroker.role_function EXCEPT SELECT * FROM pgbroker.queue_scoped_function) f"
+        " JOIN pg_namespace n ON n.nspname = f.function_schema"
+        " JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = f.function_name"
+        " ORDER BY 1, 2"
+    ).fetchall()
+    names = {name for _, _, _, name, _ in overloads}
+    assert {"stream_send", "stream_read", "stream_ack", "stream_consume", "stream_rewind", "streams"} <= names
+    assert {"metrics_all", "list_queues", "queue_stats", "queue_workers", "blocking_sessions"} <= names
+    for kind in KINDS:
+        with psycopg.connect(login(dsn, roles[kind]), autocommit=True) as c:
+            for _, signature, schema, name, arg_types in overloads:
+                granted = c.execute("SELECT has_function_privilege(%s, 'EXECUTE')", (signature,)).fetchone()
+                assert granted == (False,), signature
+                call = sql.SQL("SELECT * FROM {}.{}({})").format(
+                    sql.Identifier(schema),
+                    sql.Identifier(name),
+                    sql.SQL(", ".join(f"NULL::{t}" for t in arg_types)),
+                )
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    c.execute(call)
+    assert conn.execute(lag).fetchall() == before
+
+
 def test_scoped_entry_points_are_role_entry_points_that_authorize_first(conn: Conn) -> None:
     unlisted = conn.execute(
         "SELECT * FROM pgbroker.queue_scoped_function EXCEPT SELECT * FROM pgbroker.role_function"

@@ -853,6 +853,31 @@ def test_a_consumer_cannot_fill_the_workers_panel(users: dict[str, str], conn: C
     assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (1000,)
 
 
+def test_a_monitor_reads_the_statements_of_its_own_sessions_only(
+    users: dict[str, str], dsn: str, conn: Conn
+) -> None:
+    # pgbroker.blocking_sessions runs as its owner, who sees every session's statement in
+    # pg_stat_activity: a monitor read another role's last statement there, a payload written in
+    # it included, while pg_stat_activity itself answered it "<insufficient privilege>". It sees
+    # its own sessions' statements, and the owner every session's, as before.
+    secret = uuid.uuid4().hex
+    conn.execute("SELECT pgmq.create('jobs')")
+    listed = "SELECT pid, query FROM pgbroker.blocking_sessions('0 seconds')"
+    with (
+        psycopg.connect(dsn) as victim,
+        psycopg.connect(users["monitor"]) as own,
+        psycopg.connect(users["monitor"], autocommit=True) as monitor,
+    ):
+        victim.execute(f"""SELECT pgmq.send('jobs', '{{"card": "{secret}"}}')""".encode())
+        own.execute(b"SELECT 'my own statement', txid_current()")
+        seen: dict[int, str] = dict(monitor.execute(listed).fetchall())
+        assert seen[victim.info.backend_pid] == "<insufficient privilege>"
+        assert seen[own.info.backend_pid] == "SELECT 'my own statement', txid_current()"
+        everything = monitor.execute("SELECT * FROM pgbroker.blocking_sessions('0 seconds')").fetchall()
+        assert secret not in str(everything)
+        assert secret in dict(conn.execute(listed).fetchall())[victim.info.backend_pid]
+
+
 def test_a_hostile_session_cannot_hold_up_the_changes_of_a_stream(users: dict[str, str], conn: Conn) -> None:
     # As for queues: a stream's changes took turns on an advisory lock keyed by its name, and an
     # outsider holding it held up every service that makes its stream and group at start.

@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -18,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, QueueNotFound, Worker
 from pgbroker._db.listen_async import AsyncSubscription
+from pgbroker._db.wakeups import WAKE_BURST, WAKE_RATE
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.runtime import _registration, _worker
@@ -623,6 +625,97 @@ def test_an_idle_worker_sends_nothing_but_rare_polls(
     ).fetchone()
     assert row == (CountingConnection.sent.count(READ),)
     assert row == (worker.stats.reads,)
+
+
+def test_a_notify_flood_by_any_login_does_not_make_an_idle_worker_spin(
+    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL has no privilege on channels: a login with no pgbroker role at all NOTIFYs a
+    queue's channel as often as it likes. Every wake-up cost the worker a read: under a flood of
+    some thousand NOTIFY a second an idle worker polling every 10 s read back to back, hundreds of
+    empty reads a second. Wake-ups by news are budgeted now (pgbroker._db.wakeups.WakeBudget), and
+    a real send still reaches the handler during the flood."""
+    queue = broker.create_queue("jobs")
+    outsider = f"outsider_{uuid.uuid4().hex[:10]}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(outsider)))
+    handled: list[Any] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), poll_min=10, poll_max=10)
+    flooding, stop = threading.Event(), threading.Event()
+    window = 3.0
+
+    def flood() -> None:
+        with psycopg.connect(make_conninfo(dsn, user=outsider), autocommit=True) as hostile:
+            while not stop.is_set():
+                hostile.execute(b'NOTIFY "pgmq.q_jobs.INSERT"')
+                flooding.set()
+
+    async def scenario() -> int:
+        async def measure() -> int:
+            await asyncio.to_thread(listener_pid, conn)
+            await asyncio.sleep(1.0)  # it read, found nothing, and sleeps for 10 s
+            flooder.start()
+            await asyncio.to_thread(flooding.wait, 10)
+            before = worker.stats.reads
+            await asyncio.sleep(window)
+            during = worker.stats.reads - before
+            await asyncio.to_thread(queue.send, "real")
+            return during
+
+        measurer = asyncio.create_task(measure())
+        await run_until(dsn, [worker], lambda: bool(handled), timeout=30)
+        return await measurer
+
+    flooder = threading.Thread(target=flood)
+    try:
+        with caplog.at_level(logging.WARNING, logger="pgbroker.listen"):
+            reads = asyncio.run(scenario())
+    finally:
+        stop.set()
+        if flooder.is_alive():
+            flooder.join()
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(outsider)))
+    assert handled == ["real"]
+    assert reads <= WAKE_BURST + window * WAKE_RATE + 1, f"{reads} reads in {window} s of NOTIFY flood"
+    # Said, once: the operator learns that someone floods the channel.
+    held = [r.getMessage() for r in caplog.records if "listen.wakeups_held" in r.getMessage()]
+    assert len(held) == 1, held
+    assert 'channel="pgmq.q_jobs.INSERT"' in held[0]
+
+
+def test_sends_at_a_hundred_a_second_wake_an_idle_worker_without_holding_a_wake_up(
+    broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wake-up budget that stops a NOTIFY flood counts only wake-ups that bring nothing. A
+    worker kept idle between sends arriving 100 a second (each its own wake-up: 1,000 jobs a
+    second sent 10 a call) is woken by each at once; a budget charged for every wake-up held them
+    to 20 a second, each send waiting up to 50 ms."""
+    queue = broker.create_queue("jobs")
+    sends = 150
+    handled: list[Any] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), poll_min=10, poll_max=10)
+
+    def produce() -> None:
+        for i in range(sends):
+            queue.send(i)
+            time.sleep(0.01)
+
+    async def scenario() -> None:
+        async def paced() -> None:
+            await asyncio.to_thread(listener_pid, conn)
+            await asyncio.sleep(0.5)  # it read, found nothing, and sleeps until a send
+            await asyncio.to_thread(produce)
+
+        producer = asyncio.create_task(paced())
+        await run_until(dsn, [worker], lambda: len(handled) == sends, timeout=120)
+        await producer
+
+    with caplog.at_level(logging.WARNING, logger="pgbroker.listen"):
+        asyncio.run(scenario())
+    assert sorted(handled) == list(range(sends))
+    assert worker.stats.reads >= sends / 2, "the sends came faster than the worker napped: no test"
+    held = [r.getMessage() for r in caplog.records if "listen.wakeups_held" in r.getMessage()]
+    assert held == []
 
 
 def test_workers_run_an_apps_handlers_together(broker: Broker, dsn: str) -> None:

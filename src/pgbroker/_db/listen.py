@@ -15,8 +15,10 @@ LISTENs again. What has no I/O in it is in pgbroker._db.wakeups.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -25,7 +27,13 @@ from psycopg import sql
 
 from pgbroker import _sql
 from pgbroker._db.dsn import behind_transaction_pooler, listen_dsn
-from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, check_poll_interval, reconnect_delay
+from pgbroker._db.wakeups import (
+    DEFAULT_POLL_INTERVAL,
+    WAKE_RATE,
+    WakeBudget,
+    check_poll_interval,
+    reconnect_delay,
+)
 
 __all__ = ["Listener", "Subscription"]
 
@@ -40,6 +48,8 @@ _ChannelOf: TypeAlias = Callable[[], str]
 _RECEIVE_SLICE = 0.05
 # Seconds the sync twin's close() waits for its thread to close the connection.
 _CLOSE_WAIT = 5.0
+# Seconds between two warnings that wake-ups are held (Subscription._held_back).
+_HELD_WARNING_EVERY = 60.0
 # LISTEN {channel}, the channel composed as an identifier.
 _LISTEN = sql.SQL(_sql.queries("listen")["listen_channel"])
 
@@ -131,18 +141,55 @@ class _Loop:
 
 class Subscription:
     """One reader's view of a channel: wait() returns once it has news, that is once the channel's
-    count moved since the reader last looked."""
+    count moved since the reader last looked, within the wake-ups' budget (wakeups.WakeBudget)."""
 
     def __init__(self, listener: Listener, channel: str) -> None:
         self._listener = listener
         self._channel = channel
         self._seen = listener._count(channel)
+        self._budget = WakeBudget()
+        # Only a wake-up after one that brought nothing counts against the budget, and one that
+        # then brings messages is given back (confirm()): sends at any rate wake a reader at once.
+        self._unconfirmed = False  # the last wake-up has brought no message so far
+        self._charged = False  # the last wake-up was counted
+        self._held = 0  # wake-ups the budget delayed since the last warning
+        self._warned_at: float | None = None
 
     def wait(self, timeout: float) -> bool:
-        """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came."""
+        """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came.
+        Past the budget of wake-ups, news waits its turn (within the timeout)."""
+        deadline = time.monotonic() + timeout
         heard = self._listener._until(self.has_news, timeout)
+        if heard:
+            self._charged = self._unconfirmed
+            turn = min(self._budget.take(), deadline - time.monotonic()) if self._charged else 0.0
+            if turn > 0:
+                self._held_back()
+                time.sleep(turn)
+            self._unconfirmed = True
         self.catch_up()
         return heard
+
+    def confirm(self) -> None:
+        """A read found messages: the last wake-up was news, and is not counted."""
+        if self._charged:
+            self._budget.give_back()
+        self._charged = self._unconfirmed = False
+
+    def _held_back(self) -> None:
+        """Say so when wake-ups are held: empty ones faster than the budget are not pgbroker's sends
+        (another login NOTIFYing the channel, most likely). Once a minute at most."""
+        self._held += 1
+        now = time.monotonic()
+        if self._warned_at is None or now - self._warned_at >= _HELD_WARNING_EVERY:
+            log.warning(
+                "listen.wakeups_held channel=%s held=%d: notifications that brought no message came "
+                "faster than %g a second (another login NOTIFYing this channel?); waking is slowed",
+                json.dumps(self._channel),
+                self._held,
+                WAKE_RATE,
+            )
+            self._warned_at, self._held = now, 0
 
     @property
     def announced(self) -> bool:

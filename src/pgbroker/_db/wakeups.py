@@ -4,7 +4,9 @@ reconnect delays, the poll interval's check, and the conninfo of a listener's ow
 A waiting read reads; if that found nothing and there is time left, it subscribes to its queue's
 channel (listen_async.AsyncListener, or its generated sync twin listen.Listener), reads again,
 and sleeps until a notification or the poll interval, then reads again. A notification is only a
-hint: one that never comes costs at most a poll interval of latency, never a message.
+hint: one that never comes costs at most a poll interval of latency, never a message, and one
+that comes for nothing costs a read, so a subscriber is woken by news within a budget
+(WakeBudget).
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from pgbroker.errors import InvalidArgument
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
+    "WAKE_BURST",
+    "WAKE_RATE",
     "Waiting",
+    "WakeBudget",
     "check_poll_interval",
     "conninfo_of",
     "listen_conninfo",
@@ -31,6 +36,15 @@ __all__ = [
 
 # Seconds between reads of a waiting reader that hears nothing.
 DEFAULT_POLL_INTERVAL = 0.5
+
+# The wake-ups by news a subscriber takes: WAKE_BURST at once, then WAKE_RATE a second. Any login
+# may NOTIFY any channel (PostgreSQL has no privilege on channels), and each wake-up costs a read:
+# a flood of NOTIFY from a login with no pgbroker role made an idle worker read back to back (897
+# empty reads in 3 s). Only wake-ups that bring nothing count (listen_async.AsyncSubscription says
+# which): sends at any rate wake a worker at once (1,000 a second in batches of 10 are 100
+# wake-ups a second), and a flood costs each subscriber WAKE_RATE reads a second.
+WAKE_BURST = 5
+WAKE_RATE = 20.0
 
 _RECONNECT_FIRST = 0.1
 _RECONNECT_MAX = 5.0
@@ -78,6 +92,28 @@ def check_poll_interval(poll_interval: float) -> float:
 def reconnect_delay(failures: int) -> float:
     """Seconds before the next connection attempt after ``failures`` failed ones in a row."""
     return min(_RECONNECT_MAX, _RECONNECT_FIRST * 2.0 ** min(failures, 16))
+
+
+class WakeBudget:
+    """A subscriber's wake-ups by news (a token bucket): take() says how long to wait before one."""
+
+    def __init__(self, burst: int = WAKE_BURST, rate: float = WAKE_RATE) -> None:
+        self._burst = float(burst)
+        self._rate = rate
+        self._tokens = float(burst)
+        self._at = time.monotonic()
+
+    def take(self) -> float:
+        """Spend a wake-up: 0 within the budget, else the seconds until it has one. At most one is
+        owed, so a wake-up cut short by its sleeper's timeout leaves no debt that grows."""
+        now = time.monotonic()
+        self._tokens = max(min(self._burst, self._tokens + (now - self._at) * self._rate) - 1, -1.0)
+        self._at = now
+        return max(0.0, -self._tokens / self._rate)
+
+    def give_back(self) -> None:
+        """The last wake-up brought messages: it does not count."""
+        self._tokens = min(self._burst, self._tokens + 1)
 
 
 class Waiting:

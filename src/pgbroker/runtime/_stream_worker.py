@@ -382,6 +382,8 @@ class StreamWorker:
                         await self._nap(subscription, idle.next())
                     continue
                 idle.reset()
+                if subscription is not None:
+                    subscription.confirm()  # the wake-up, if one led here, was news
                 if self._stopping.is_set():
                     # Read ahead, not started: delivered again to whoever takes the partitions
                     # (released on the way out, or once the lease ends).

@@ -362,6 +362,8 @@ class Worker:
                         idle.reset()
                         trouble.reset()
                         pause = None
+                        if subscription is not None:
+                            subscription.confirm()  # the wake-up, if one led here, was news
                     elif pause is None:
                         pause = idle.next()
                         trouble.reset()

@@ -230,8 +230,12 @@ $$;
 -- from its queue, and vacuum from every dead tuple newer than it. A client
 -- that called set_vt or a stream read in an explicit transaction and left it
 -- open shows here as idle in transaction, with its last query. End it with
--- pg_terminate_backend(pid). A role without pg_read_all_stats (pg_monitor)
--- sees the query and client of its own sessions only.
+-- pg_terminate_backend(pid). A caller without pg_read_all_stats (pg_monitor)
+-- sees the query and client of its own roles' sessions only, as in
+-- pg_stat_activity: the function runs as its owner, who may see every
+-- session's, so it decides for its caller (the login and the roles it may SET
+-- ROLE to); a monitor read every session's last statement here, literals and
+-- passwords in it included.
 -- Arguments: older_than: how long a transaction has been open to be listed;
 --   stream_name: only the sessions that hold a lock on that stream's log (its
 --   retention cannot empty the child tables they hold) or on the ring of
@@ -247,11 +251,13 @@ RETURNS TABLE (pid integer, role_name text, application_name text, client_addr i
                transaction_age_sec double precision, state_age_sec double precision, tables text[],
                holds_horizon boolean, query text)
 LANGUAGE sql STABLE AS $$
-    SELECT x.pid, x.usename::text, x.application_name, x.client_addr, x.state,
+    SELECT x.pid, x.usename::text, x.application_name, CASE WHEN x.visible THEN x.client_addr END, x.state,
            extract(epoch FROM clock_timestamp() - x.xact_start)::float8,
            extract(epoch FROM clock_timestamp() - x.state_change)::float8,
-           x.tables, x.holds_horizon, x.query
+           x.tables, x.holds_horizon, CASE WHEN x.visible THEN x.query ELSE '<insufficient privilege>' END
     FROM (SELECT a.*, a.backend_xmin IS NOT NULL OR a.backend_xid IS NOT NULL AS holds_horizon,
+                 pg_has_role(session_user, 'pg_read_all_stats', 'MEMBER')
+                     OR pg_has_role(session_user, a.usesysid, 'MEMBER') AS visible,
                  ARRAY(SELECT DISTINCT c.oid::regclass::text
                        FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_class c ON c.oid = l.relation
                        WHERE l.pid = a.pid AND l.locktype = 'relation' AND l.granted

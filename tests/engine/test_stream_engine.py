@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from tests.support.streams import Batch, ack, drain, read, send
@@ -312,6 +313,54 @@ def test_two_groups_never_share_a_retry_queue(conn: Conn) -> None:
     conn.execute("SELECT pgmq.create('a_x_retry')")
     make_group(conn, "x", stream="a")
     assert groups_and_queues(conn)[0][0] == ("a", "x", "a_x_retry")
+
+
+def retry_messages(conn: Conn, queue: str) -> list[Any]:
+    query = sql.SQL("SELECT message FROM pgmq.{} ORDER BY msg_id").format(sql.Identifier(f"q_{queue}"))
+    return [r[0] for r in conn.execute(query)]
+
+
+def queue_names(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT queue_name FROM pgmq.meta ORDER BY 1")]
+
+
+def test_dropping_a_group_drops_the_retry_queue_made_for_it(conn: Conn) -> None:
+    # The retry queue stayed: a group made again under the name took it over, the old group's
+    # failures with it, and its worker handed them to the new group's handler.
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"old": 1}])
+    ack(conn, "clicks", "g", "c", read(conn, "clicks", "g", "c"), failed=ids, errors=["old failure"])
+    assert retry_messages(conn, "clicks_g_retry") == [{"old": 1}]
+    assert conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'g')").fetchone() == (True,)
+    make_group(conn, "g")
+    assert retry_messages(conn, "clicks_g_retry") == []  # its own, new
+    conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'g')")
+    assert queue_names(conn) == []
+    make_group(conn, "g")
+    # So does dropping the stream, for each of its groups.
+    assert conn.execute("SELECT pgbroker.drop_stream('clicks')").fetchone() == (True,)
+    assert queue_names(conn) == []
+
+
+def test_dropping_a_group_keeps_a_retry_queue_that_was_there_before_it(conn: Conn) -> None:
+    # A queue the group took over was someone's before: it stays, its messages with it, for the
+    # group and for the stream alike. One dropped by hand meanwhile is no error.
+    make_stream(conn, partitions=1)
+    conn.execute("SELECT pgmq.create('shared_failures')")
+    conn.execute("SELECT pgmq.send('shared_failures', '{\"mine\": 1}')")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', retry_queue => 'Shared_Failures')")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'h', retry_queue => 'clicks_h_failures')")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'k')")
+    conn.execute("SELECT pgmq.drop_queue('clicks_k_retry')")
+    assert conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'g')").fetchone() == (True,)
+    assert conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'k')").fetchone() == (True,)
+    assert conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'k')").fetchone() == (False,)
+    assert queue_names(conn) == ["clicks_h_failures", "shared_failures"]
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', retry_queue => 'shared_failures')")
+    assert conn.execute("SELECT pgbroker.drop_stream('clicks')").fetchone() == (True,)
+    assert queue_names(conn) == ["shared_failures"]
+    assert retry_messages(conn, "shared_failures") == [{"mine": 1}]
 
 
 def test_groups_of_two_streams_made_at_once_never_share_a_retry_queue(dsn: str, conn: Conn) -> None:

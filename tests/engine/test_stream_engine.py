@@ -418,6 +418,55 @@ def test_a_stale_ack_sends_no_failure_to_the_retry_queue(conn: Conn) -> None:
     assert conn.execute("SELECT count(*) FROM pgmq.q_clicks_g_retry").fetchone() == (0,)
 
 
+def group_state(conn: Conn) -> tuple[Any, ...]:
+    """All an ack may change: the positions (every row appended), the cursors and the retry queue."""
+    return (
+        conn.execute("SELECT * FROM pgbroker.stream_position ORDER BY seq").fetchall(),
+        conn.execute("SELECT partition, owner, epoch FROM pgbroker.stream_cursor ORDER BY 1").fetchall(),
+        retry_messages(conn, "clicks_g_retry"),
+    )
+
+
+def test_an_ack_made_again_changes_nothing_and_errs_nothing(conn: Conn) -> None:
+    """An ack whose answer was lost may be made again (a bridge tries it again after a database
+    fault): the same positions and failures again append no position, copy no failure twice, and
+    say the partitions held while they do. Once the partitions moved on (a later ack, another
+    consumer after a lease loss, a rebalance back to the first), the old ack is fenced: it says
+    False where the partition changed hands and moves nothing back."""
+    make_stream(conn, partitions=2)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(6)])
+    first = read(conn, "clicks", "g", "a", lease=1)
+    assert ack(conn, "clicks", "g", "a", first, failed=ids[:1], errors=["x"]) == {0: True, 1: True}
+    once = group_state(conn)
+    assert len(once[2]) == 1
+    assert ack(conn, "clicks", "g", "a", first, failed=ids[:1], errors=["x"]) == {0: True, 1: True}
+    assert group_state(conn) == once
+    # The consumer moved on: the old ack again moves nothing back.
+    send(conn, "clicks", [{"n": i} for i in range(6, 12)])
+    second = read(conn, "clicks", "g", "a", lease=1)
+    ack(conn, "clicks", "g", "a", second)
+    moved_on = group_state(conn)
+    assert ack(conn, "clicks", "g", "a", first, failed=ids[:1], errors=["x"]) == {0: True, 1: True}
+    assert group_state(conn) == moved_on
+    # Its lease lost, another consumer took the partitions over and acked: both old acks are fenced.
+    send(conn, "clicks", [{"n": i} for i in range(12, 18)])
+    unacked = read(conn, "clicks", "g", "a", lease=1)
+    conn.execute("SELECT pg_sleep(1.2)")
+    ack(conn, "clicks", "g", "b", read(conn, "clicks", "g", "b", lease=1))
+    taken = group_state(conn)
+    for batch in (first, unacked):
+        assert ack(conn, "clicks", "g", "a", batch, failed=ids[:1], errors=["x"]) == {0: False, 1: False}
+        assert group_state(conn) == taken
+    # b's lease over too, a takes the partitions back under new epochs: its old acks stay fenced.
+    conn.execute("SELECT pg_sleep(1.2)")
+    assert read(conn, "clicks", "g", "a").rows == []
+    back = group_state(conn)
+    assert {owner for _, owner, _ in back[1]} == {"a"}
+    for batch in (first, unacked):
+        assert ack(conn, "clicks", "g", "a", batch, failed=ids[:1], errors=["x"]) == {0: False, 1: False}
+        assert group_state(conn) == back
+
 def test_lag_per_group(conn: Conn) -> None:
     make_stream(conn, partitions=2)
     make_group(conn, "fast")

@@ -3722,6 +3722,7 @@ CREATE TABLE pgbroker.stream_group (
     group_name text NOT NULL,
     retry_queue character varying NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    retry_queue_made boolean DEFAULT false NOT NULL,
     CONSTRAINT stream_group_group_name_check CHECK ((group_name ~ '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$'::text))
 );
 
@@ -4209,6 +4210,20 @@ BEGIN
         EXECUTE pgbroker._stream_send_function(s);
         EXECUTE pgbroker._stream_read_function(s);
     END LOOP;
+END;
+$$;
+
+--
+-- Name: _stream_group_retry_queue_drop(pgbroker.stream_group); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_group_retry_queue_drop(g pgbroker.stream_group) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF g.retry_queue_made AND pgbroker._stored_name(g.retry_queue) IS NOT NULL THEN
+        PERFORM pgmq.drop_queue(g.retry_queue);
+    END IF;
 END;
 $$;
 
@@ -5911,6 +5926,7 @@ DECLARE
     s pgbroker.stream := pgbroker._stream_row(stream_name);
     g pgbroker.stream_group;
     start_id bigint;
+    made boolean;
 BEGIN
     PERFORM pgbroker._check_arg(group_name ~ '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$',
         format('group name must be 1 to 63 letters, digits, _, . or -, got %L', group_name));
@@ -5941,7 +5957,8 @@ BEGIN
                          'create_stream_group(..., retry_queue => ''name''), or --retry-queue, or '
                          '"retry_queue" in the HTTP request.';
     END IF;
-    IF pgbroker._stored_name(retry_queue) IS NULL THEN
+    made := pgbroker._stored_name(retry_queue) IS NULL;
+    IF made THEN
         PERFORM pgmq.create(retry_queue);
     END IF;
 
@@ -5957,8 +5974,8 @@ BEGIN
             format('pgbroker.%I', 's_' || s.stream_name || '_seq')::regclass), 0);
     END IF;
 
-    INSERT INTO pgbroker.stream_group (stream_name, group_name, retry_queue)
-    VALUES (s.stream_name, group_name, pgbroker._stored_name(retry_queue))
+    INSERT INTO pgbroker.stream_group (stream_name, group_name, retry_queue, retry_queue_made)
+    VALUES (s.stream_name, group_name, pgbroker._stored_name(retry_queue), made)
     RETURNING * INTO g;
     INSERT INTO pgbroker.stream_cursor (stream_name, group_name, partition)
     SELECT s.stream_name, group_name, p FROM generate_series(0, s.partitions - 1) p;
@@ -6094,8 +6111,12 @@ CREATE FUNCTION pgbroker.drop_stream(stream_name text) RETURNS boolean
     AS $$
 DECLARE
     stored text := lower(drop_stream.stream_name);
+    g pgbroker.stream_group;
 BEGIN
     PERFORM pgbroker._stream_turn(stored);
+    FOR g IN DELETE FROM pgbroker.stream_group t WHERE t.stream_name = stored RETURNING * LOOP
+        PERFORM pgbroker._stream_group_retry_queue_drop(g);
+    END LOOP;
     DELETE FROM pgbroker.stream t WHERE t.stream_name = stored;
     IF NOT FOUND THEN
         RETURN false;
@@ -6116,10 +6137,18 @@ $$;
 CREATE FUNCTION pgbroker.drop_stream_group(stream_name text, group_name text) RETURNS boolean
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    g pgbroker.stream_group;
 BEGIN
+    PERFORM pgbroker._stream_turn(lower(stream_name));
     DELETE FROM pgbroker.stream_group t
-    WHERE t.stream_name = lower(drop_stream_group.stream_name) AND t.group_name = drop_stream_group.group_name;
-    RETURN FOUND;
+    WHERE t.stream_name = lower(drop_stream_group.stream_name) AND t.group_name = drop_stream_group.group_name
+    RETURNING * INTO g;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pgbroker._stream_group_retry_queue_drop(g);
+    RETURN true;
 END;
 $$;
 

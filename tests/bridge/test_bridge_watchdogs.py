@@ -20,10 +20,12 @@ from pgbroker import Broker
 from pgbroker._db.liveness import NoAnswer
 from pgbroker.bridge import InboundBridge, InboundSettings, OutboundBridge, OutboundSettings
 from pgbroker.bridge.core.inbound import StreamInboundBridge
+from pgbroker.bridge.core.outbound import OutboundStats
 from pgbroker.bridge.core.stream_outbound import StreamOutboundBridge
 from pgbroker.errors import ConnectionLost
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream
+from pgbroker.streams._client_async import AsyncStream
 from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
 from tests.support.probes import RedisProbe, body_of, unique
 from tests.support.servers import PrivateServer, private_server
@@ -587,6 +589,68 @@ def _window_meets_a_lock(
     assert sorted(json.loads(body)["n"] for _, body in got) == list(range(20))
     assert not said(caplog, "bridge.connection_lost")
 
+
+def test_a_stream_ack_that_fails_on_a_passing_fault_is_tried_again_within_the_lease(
+    dsn: str, frozen_redis: PrivateServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream window's confirms come while the group's cursors are locked (maintenance; the
+    bridge's role with a 200 ms lock_timeout), so its ack fails: the bridge tries the ack again
+    while its consumer lease holds (a stream ack made again changes nothing: test_stream_engine's
+    test_an_ack_made_again_changes_nothing_and_errs_nothing), and each message is published once.
+    It reconnected at the first failure, rewound and published the whole window a second time."""
+    caplog.set_level(logging.INFO, logger="pgbroker.bridge.out")
+    target = unique("stream-ack")
+    probe = RedisProbe(frozen_redis.port)
+    lease = 6  # the lock below lasts half of it
+    settings = OutboundSettings(lease=lease, confirm_timeout=120)
+    with Broker(dsn) as broker:
+        clicks = Stream(broker, "clicks")
+        clicks.create(partitions=1)
+        clicks.create_group("out", start="start")
+
+    def delivered() -> int:
+        with Broker(dsn) as broker, broker.connection() as conn:
+            query = "SELECT delivered_id FROM pgbroker._stream_positions('clicks', 'out', ARRAY[0])"
+            row = conn.execute(query).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    async def scenario() -> OutboundStats:
+        async with AsyncBroker(impatient(dsn), max_connections=4) as abroker:
+            bridge = StreamOutboundBridge(abroker, "clicks", "out", probe.url(target), settings)
+            task = asyncio.create_task(bridge.run())
+
+            async def window_waits() -> bool:
+                return await asyncio.to_thread(delivered) == 20
+
+            try:
+                await until_said(caplog, "bridge.out.started", task)
+                frozen_redis.pause()
+                try:
+                    await AsyncStream(abroker, "clicks").send_many([{"n": n} for n in range(20)])
+                    await until(window_waits, task, "the window read")
+
+                    def lock() -> None:
+                        with table_locked(dsn, "pgbroker.stream_cursor"):
+                            frozen_redis.resume()
+                            time.sleep(lease / 2)
+
+                    await asyncio.to_thread(lock)
+                finally:
+                    frozen_redis.resume()
+                await until(lambda: published_at_least(bridge, 20), task, "published")
+                await asyncio.sleep(2)  # a window read again after a reconnect is published by now
+            finally:
+                bridge.stop()
+                await asyncio.wait_for(task, 60)
+            return bridge.stats
+
+    stats = asyncio.run(scenario())
+    got = asyncio.run(probe.published(target, expect=21, timeout=3))
+    assert sorted(json.loads(body)["n"] for _, body in got) == list(range(20))
+    assert (stats.published, stats.reconnects) == (20, 0)
+    assert said(caplog, "bridge.out.ack_failed")
+    assert not said(caplog, "bridge.connection_lost")
 
 def test_a_database_fault_that_lasts_is_retried_with_growing_pauses(
     dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture

@@ -47,7 +47,12 @@ def test_create_send_read_groups_lag_maintain(
     assert "clicks" in out
     code, out, _ = run(capsys, dsn, "stream", "maintain")
     assert "clicks: emptied 0 child tables" in out
-    assert run(capsys, dsn, "stream", "drop-group", "clicks", "billing")[0] == Exit.OK
+    code, _, err = run(capsys, dsn, "stream", "drop-group", "clicks", "billing")
+    assert code == Exit.USAGE  # its retry queue goes with it
+    assert "pgbroker stream drop-group clicks billing --yes" in err
+    assert "clicks_billing_retry" in run(capsys, dsn, "list")[1]  # nothing dropped without --yes
+    assert run(capsys, dsn, "stream", "drop-group", "clicks", "billing", "--yes")[0] == Exit.OK
+    assert "clicks_billing_retry" not in run(capsys, dsn, "list")[1]
     # Again: said as every other missing group is, with where to look (it had no hint).
     code, _, err = run(capsys, dsn, "stream", "drop-group", "clicks", "billing")
     assert code == Exit.NOT_FOUND

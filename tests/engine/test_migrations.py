@@ -453,6 +453,24 @@ def test_an_api_key_made_before_group_patterns_keeps_every_group(empty_dsn: str)
         assert (key.queues, key.groups, key.sees_group("analytics")) == (("clicks",), ("*",), True)
 
 
+def test_an_upgraded_group_drops_the_retry_queue_it_made_and_keeps_the_one_it_took_over(
+    empty_dsn: str,
+) -> None:
+    """0.2.0 drops a group's retry queue with the group when the group made it, which 0.1.0 did not
+    record: the upgrade tells by the queue's creation time (a group made its queue in its own
+    transaction)."""
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        install_dev(conn)
+        conn.execute("SELECT pgbroker.create_stream('clicks', 1)")
+        conn.execute("SELECT pgmq.create('clicks_old_retry')")
+        conn.execute("SELECT pgbroker.create_stream_group('clicks', 'old')")
+        conn.execute("SELECT pgbroker.create_stream_group('clicks', 'made')")
+        install(conn)
+        made = "SELECT group_name, retry_queue_made FROM pgbroker.stream_group ORDER BY 1"
+        assert conn.execute(made).fetchall() == [("made", True), ("old", False)]
+        conn.execute("SELECT pgbroker.drop_stream('clicks')")
+        assert conn.execute("SELECT queue_name FROM pgmq.meta").fetchall() == [("clicks_old_retry",)]
+
 def test_a_development_database_keeps_pg_monitor_reading_payloads_when_it_was_allowed(empty_dsn: str) -> None:
     """Before 0025 pg_monitor read every queue table, and the upgrade takes that back (the catalog
     comparisons above); after it, reading them is an operator's choice, which the upgrade keeps."""

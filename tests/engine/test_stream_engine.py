@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from tests.support.streams import Batch, ack, drain, read, send
@@ -314,6 +315,54 @@ def test_two_groups_never_share_a_retry_queue(conn: Conn) -> None:
     assert groups_and_queues(conn)[0][0] == ("a", "x", "a_x_retry")
 
 
+def retry_messages(conn: Conn, queue: str) -> list[Any]:
+    query = sql.SQL("SELECT message FROM pgmq.{} ORDER BY msg_id").format(sql.Identifier(f"q_{queue}"))
+    return [r[0] for r in conn.execute(query)]
+
+
+def queue_names(conn: Conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT queue_name FROM pgmq.meta ORDER BY 1")]
+
+
+def test_dropping_a_group_drops_the_retry_queue_made_for_it(conn: Conn) -> None:
+    # The retry queue stayed: a group made again under the name took it over, the old group's
+    # failures with it, and its worker handed them to the new group's handler.
+    make_stream(conn, partitions=1)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"old": 1}])
+    ack(conn, "clicks", "g", "c", read(conn, "clicks", "g", "c"), failed=ids, errors=["old failure"])
+    assert retry_messages(conn, "clicks_g_retry") == [{"old": 1}]
+    assert conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'g')").fetchone() == (True,)
+    make_group(conn, "g")
+    assert retry_messages(conn, "clicks_g_retry") == []  # its own, new
+    conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'g')")
+    assert queue_names(conn) == []
+    make_group(conn, "g")
+    # So does dropping the stream, for each of its groups.
+    assert conn.execute("SELECT pgbroker.drop_stream('clicks')").fetchone() == (True,)
+    assert queue_names(conn) == []
+
+
+def test_dropping_a_group_keeps_a_retry_queue_that_was_there_before_it(conn: Conn) -> None:
+    # A queue the group took over was someone's before: it stays, its messages with it, for the
+    # group and for the stream alike. One dropped by hand meanwhile is no error.
+    make_stream(conn, partitions=1)
+    conn.execute("SELECT pgmq.create('shared_failures')")
+    conn.execute("SELECT pgmq.send('shared_failures', '{\"mine\": 1}')")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', retry_queue => 'Shared_Failures')")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'h', retry_queue => 'clicks_h_failures')")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'k')")
+    conn.execute("SELECT pgmq.drop_queue('clicks_k_retry')")
+    assert conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'g')").fetchone() == (True,)
+    assert conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'k')").fetchone() == (True,)
+    assert conn.execute("SELECT pgbroker.drop_stream_group('clicks', 'k')").fetchone() == (False,)
+    assert queue_names(conn) == ["clicks_h_failures", "shared_failures"]
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g', retry_queue => 'shared_failures')")
+    assert conn.execute("SELECT pgbroker.drop_stream('clicks')").fetchone() == (True,)
+    assert queue_names(conn) == ["shared_failures"]
+    assert retry_messages(conn, "shared_failures") == [{"mine": 1}]
+
+
 def test_groups_of_two_streams_made_at_once_never_share_a_retry_queue(dsn: str, conn: Conn) -> None:
     """Group c of stream a_b and group b_c of stream a, made by two sessions at once: each takes
     its own stream's turn, so only the retry queue's turn orders them."""
@@ -368,6 +417,55 @@ def test_a_stale_ack_sends_no_failure_to_the_retry_queue(conn: Conn) -> None:
     assert ack(conn, "clicks", "g", "a", stale, failed=ids, errors=["x"]) == {0: False}
     assert conn.execute("SELECT count(*) FROM pgmq.q_clicks_g_retry").fetchone() == (0,)
 
+
+def group_state(conn: Conn) -> tuple[Any, ...]:
+    """All an ack may change: the positions (every row appended), the cursors and the retry queue."""
+    return (
+        conn.execute("SELECT * FROM pgbroker.stream_position ORDER BY seq").fetchall(),
+        conn.execute("SELECT partition, owner, epoch FROM pgbroker.stream_cursor ORDER BY 1").fetchall(),
+        retry_messages(conn, "clicks_g_retry"),
+    )
+
+
+def test_an_ack_made_again_changes_nothing_and_errs_nothing(conn: Conn) -> None:
+    """An ack whose answer was lost may be made again (a bridge tries it again after a database
+    fault): the same positions and failures again append no position, copy no failure twice, and
+    say the partitions held while they do. Once the partitions moved on (a later ack, another
+    consumer after a lease loss, a rebalance back to the first), the old ack is fenced: it says
+    False where the partition changed hands and moves nothing back."""
+    make_stream(conn, partitions=2)
+    make_group(conn, "g")
+    ids = send(conn, "clicks", [{"n": i} for i in range(6)])
+    first = read(conn, "clicks", "g", "a", lease=1)
+    assert ack(conn, "clicks", "g", "a", first, failed=ids[:1], errors=["x"]) == {0: True, 1: True}
+    once = group_state(conn)
+    assert len(once[2]) == 1
+    assert ack(conn, "clicks", "g", "a", first, failed=ids[:1], errors=["x"]) == {0: True, 1: True}
+    assert group_state(conn) == once
+    # The consumer moved on: the old ack again moves nothing back.
+    send(conn, "clicks", [{"n": i} for i in range(6, 12)])
+    second = read(conn, "clicks", "g", "a", lease=1)
+    ack(conn, "clicks", "g", "a", second)
+    moved_on = group_state(conn)
+    assert ack(conn, "clicks", "g", "a", first, failed=ids[:1], errors=["x"]) == {0: True, 1: True}
+    assert group_state(conn) == moved_on
+    # Its lease lost, another consumer took the partitions over and acked: both old acks are fenced.
+    send(conn, "clicks", [{"n": i} for i in range(12, 18)])
+    unacked = read(conn, "clicks", "g", "a", lease=1)
+    conn.execute("SELECT pg_sleep(1.2)")
+    ack(conn, "clicks", "g", "b", read(conn, "clicks", "g", "b", lease=1))
+    taken = group_state(conn)
+    for batch in (first, unacked):
+        assert ack(conn, "clicks", "g", "a", batch, failed=ids[:1], errors=["x"]) == {0: False, 1: False}
+        assert group_state(conn) == taken
+    # b's lease over too, a takes the partitions back under new epochs: its old acks stay fenced.
+    conn.execute("SELECT pg_sleep(1.2)")
+    assert read(conn, "clicks", "g", "a").rows == []
+    back = group_state(conn)
+    assert {owner for _, owner, _ in back[1]} == {"a"}
+    for batch in (first, unacked):
+        assert ack(conn, "clicks", "g", "a", batch, failed=ids[:1], errors=["x"]) == {0: False, 1: False}
+        assert group_state(conn) == back
 
 def test_lag_per_group(conn: Conn) -> None:
     make_stream(conn, partitions=2)

@@ -170,7 +170,7 @@ async def test_every_route_is_in_the_spec_with_the_scope_it_enforces(
         for method in r.methods or ()
         if method != "HEAD"
     ]
-    assert len(served) == 50
+    assert len(served) == 51
     for path, method in served:
         operation = spec["paths"][path][method.lower()]
         scope = operation["x-pgbroker-scope"]

@@ -9,6 +9,7 @@ import httpx
 import psycopg
 import pytest
 
+from pgbroker._db.api_keys import create_key
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client_async import AsyncStream
 from tests.support.http import auth, stream_acks
@@ -129,3 +130,28 @@ async def test_a_group_whose_retry_queue_is_another_group_s_is_refused(
     body = {"group": "Billing", "retry_queue": "clicks_billing_2_retry"}
     r = await client.post("/v1/streams/clicks/groups", json=body, headers=admin)
     assert (r.status_code, r.json()) == (201, body), r.text
+
+
+async def test_dropping_a_group_drops_the_retry_queue_made_for_it(
+    client: httpx.AsyncClient, keys: dict[str, str], broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # The retry queue stayed when its group went, and a group made again under the name took the
+    # old failures over. Over HTTP a group could not be dropped at all, only its stream.
+    admin = auth(keys["admin"])
+    stream = AsyncStream(broker, "clicks")
+    await stream.create(partitions=1)
+    await stream.create_group("billing")
+    await broker.queue("clicks_billing_retry").send({"old": "failure"})
+    r = await client.delete("/v1/streams/clicks/groups/billing", headers=admin)
+    assert (r.status_code, r.json()) == (200, {"dropped": "billing"}), r.text
+    r = await client.delete("/v1/streams/clicks/groups/billing", headers=admin)
+    assert (r.status_code, r.json()["error"]["code"]) == (404, "stream_group_not_found")
+    assert (await client.get("/v1/queues/clicks_billing_retry/metrics", headers=admin)).status_code == 404
+    # A key that does not see a retry queue the group made may not drop it with the group or the stream.
+    await stream.create_group("billing")
+    narrow = auth(create_key(conn, "clicks-only", scopes=["admin"], queues=["clicks"])[1])
+    for url in ("/v1/streams/clicks/groups/billing", "/v1/streams/clicks"):
+        r = await client.delete(url, headers=narrow)
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "forbidden"), r.text
+    assert [g.name for g in await stream.groups()] == ["billing"]
+    assert (await broker.queue("clicks_billing_retry").metrics()).queue_length == 0

@@ -12,6 +12,7 @@ there once the upgrade has settled, stop them with a hint that says so.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,12 +36,14 @@ from tests.support.worker import while_serving
 GONE = ("read", "stream_read", "stream_consume", "schedule_next_wake")
 
 
-def _rename(conn: psycopg.Connection[Any], suffix_from: str, suffix_to: str) -> None:
+def _rename(
+    conn: psycopg.Connection[Any], suffix_from: str, suffix_to: str, names: tuple[str, ...] = GONE
+) -> None:
     for (statement,) in conn.execute(
         "SELECT format('ALTER FUNCTION %%s RENAME TO %%I', p.oid::regprocedure,"
         "              left(p.proname, length(p.proname) - length(%s)) || %s)"
         " FROM pg_proc p WHERE p.pronamespace = 'pgbroker'::regnamespace AND p.proname = ANY(%s)",
-        [suffix_from, suffix_to, [name + suffix_from for name in GONE]],
+        [suffix_from, suffix_to, [name + suffix_from for name in names]],
     ).fetchall():
         conn.execute(statement)
 
@@ -225,3 +228,45 @@ def test_the_scheduler_gives_up_on_a_function_gone_without_an_upgrade(dsn: str) 
     asyncio.run(scenario())
     assert isinstance(scheduler.gave_up, NotInstalled), repr(scheduler.gave_up)
     assert "no upgrade" in (scheduler.gave_up.hint or ""), scheduler.gave_up.hint
+
+
+def test_an_ack_that_meets_an_upgrade_is_sent_again_within_its_lease(dsn: str) -> None:
+    """A handler finishes just after an upgrade committed that re-made the ack's function: the ack
+    meets "function ... does not exist" once (SchemaChanged). The Worker's sender of lingering
+    acks tries it again while the lease holds, as the reads do, and the message is handled once.
+    It gave the ack up at once (worker.ack_refused, "the ack failed: function pgbroker.complete
+    ... does not exist"): the message came back after its lease and was handled a second time."""
+    handled: list[Any] = []
+    finish = threading.Event()
+
+    def handle(message: Message) -> None:
+        handled.append(message.message)
+        finish.wait(60)
+
+    vt = 4
+    worker = Worker("jobs", handle, vt=vt, poll_max=0.2)
+
+    async def scenario() -> None:
+        async with AsyncBroker(dsn) as broker:
+            await broker.create_queue("jobs")
+            await broker.queue("jobs").send(1)
+            serving = asyncio.create_task(serve([worker], dsn=dsn, handle_signals=False), name="serving")
+            try:
+                await while_serving(serving, lambda: handled == [1], "the message")
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    _upgrade(conn, lambda: _rename(conn, "", "_gone", ("complete",)))
+                    try:
+                        finish.set()  # the ack goes out and meets the upgrade
+                        await asyncio.sleep(1.5)
+                    finally:
+                        _rename(conn, "_gone", "", ("complete",))
+                await asyncio.sleep(vt + 2)  # a message whose ack was given up is read again by now
+                assert handled == [1]
+                assert (worker.stats.completed, worker.stats.stale) == (1, 0)
+                assert (await broker.queue("jobs").metrics()).queue_length == 0
+            finally:
+                finish.set()
+                worker.stop()
+                await serving
+
+    asyncio.run(scenario())

@@ -151,5 +151,9 @@ class StreamDropped(Answer):
     dropped: str
 
 
+class GroupDropped(Answer):
+    dropped: str
+
+
 class StreamStatsList(Answer):
     groups: list[stream_metrics.StreamGroupStats]

@@ -12,6 +12,7 @@ from typing import TypeVar
 
 from pgbroker._db.backoff import Patience
 from pgbroker._db.liveness import answered_within, is_transient
+from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged
 from pgbroker.errors import PgbrokerError
 from pgbroker.queues._client_async import AsyncQueue
 from pgbroker.queues._records import Receipt
@@ -42,7 +43,9 @@ class Lease:
 
 
 async def retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callable[[], Awaitable[T]]) -> T:
-    """``call()``, tried again after connection errors until ``lease_ends`` (Lease.ends).
+    """``call()``, tried again after connection errors until ``lease_ends`` (Lease.ends), and
+    after a function or column an upgrade just moved (SchemaChanged, from a call through the
+    worker's SchemaWatch), as the reads are: the same call finds the new ones.
 
     Past the lease a retry could only fail as stale, so the last error is raised instead.
     """
@@ -51,9 +54,12 @@ async def retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callab
         try:
             return await call()
         except Exception as exc:
-            if not is_transient(exc):
+            if isinstance(exc, SchemaChanged):
+                log_event(logging.WARNING, "worker.schema_changed", error=exc, hint=SCHEMA_CHANGED_HINT)
+            elif is_transient(exc):
+                stats.connection_errors += 1
+            else:
                 raise
-            stats.connection_errors += 1
             pause = retry.next()
             if pause is None:
                 raise

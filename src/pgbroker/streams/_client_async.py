@@ -93,7 +93,8 @@ class AsyncStream:
         return await self._executor.run(query)
 
     async def drop(self) -> bool:
-        """Drop the stream, its groups and cursors (retry queues stay); False when there was none."""
+        """Drop the stream, its groups and cursors, and each retry queue a group of it made (see
+        drop_group); False when there was none."""
         return await self._executor.run(sq.stream_drop(self.name))
 
     # sending
@@ -165,6 +166,10 @@ class AsyncStream:
         )
 
     async def drop_group(self, group: str) -> bool:
+        """Drop a group, its cursors and consumers, and its retry queue if the group made it (the
+        queue did not exist when the group was made), failures and all: a group made again under the
+        name starts with an empty one. A queue the group took over stays. False when there was no
+        such group."""
         return await self._executor.run(sq.stream_group_drop(self.name, group))
 
     async def groups(self) -> list[StreamGroupInfo]:

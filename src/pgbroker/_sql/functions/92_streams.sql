@@ -461,16 +461,20 @@ BEGIN
 END;
 $$;
 
--- Drop a stream: its log, its groups and their cursors. The groups' retry
--- queues stay (they are queues: pgmq.drop_queue). Returns false when there
--- was no such stream.
+-- Drop a stream: its log, its groups and their cursors, and each group's
+-- retry queue that the group made (as drop_stream_group). Returns false when
+-- there was no such stream.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.drop_stream(stream_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     stored text := lower(drop_stream.stream_name);
+    g pgbroker.stream_group;
 BEGIN
     PERFORM pgbroker._stream_turn(stored);
+    FOR g IN DELETE FROM pgbroker.stream_group t WHERE t.stream_name = stored RETURNING * LOOP
+        PERFORM pgbroker._stream_group_retry_queue_drop(g);
+    END LOOP;
     DELETE FROM pgbroker.stream t WHERE t.stream_name = stored;
     IF NOT FOUND THEN
         RETURN false;
@@ -914,8 +918,9 @@ $$;
 -- Make a consumer group: its cursors start at the start of the stream (every
 -- message still kept), at its end (messages sent from now on), or at a time
 -- (messages enqueued at or after it), and its retry queue (by default
--- <stream>_<group>_retry) is made if it does not exist. Idempotent: an
--- existing group is returned as it is.
+-- <stream>_<group>_retry) is made if it does not exist: a queue the group made
+-- is dropped with it (drop_stream_group), one that was there is taken over and
+-- stays. Idempotent: an existing group is returned as it is.
 -- A retry queue is one group's: a group's workers hand whatever they read
 -- there to that group's handler, so a queue two groups shared delivered each
 -- group's failures to the other. Queue names fold to lower case and group
@@ -931,6 +936,7 @@ DECLARE
     s pgbroker.stream := pgbroker._stream_row(stream_name);
     g pgbroker.stream_group;
     start_id bigint;
+    made boolean;
 BEGIN
     PERFORM pgbroker._check_arg(group_name ~ '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$',
         format('group name must be 1 to 63 letters, digits, _, . or -, got %L', group_name));
@@ -961,7 +967,8 @@ BEGIN
                          'create_stream_group(..., retry_queue => ''name''), or --retry-queue, or '
                          '"retry_queue" in the HTTP request.';
     END IF;
-    IF pgbroker._stored_name(retry_queue) IS NULL THEN
+    made := pgbroker._stored_name(retry_queue) IS NULL;
+    IF made THEN
         PERFORM pgmq.create(retry_queue);
     END IF;
 
@@ -977,8 +984,8 @@ BEGIN
             format('pgbroker.%I', 's_' || s.stream_name || '_seq')::regclass), 0);
     END IF;
 
-    INSERT INTO pgbroker.stream_group (stream_name, group_name, retry_queue)
-    VALUES (s.stream_name, group_name, pgbroker._stored_name(retry_queue))
+    INSERT INTO pgbroker.stream_group (stream_name, group_name, retry_queue, retry_queue_made)
+    VALUES (s.stream_name, group_name, pgbroker._stored_name(retry_queue), made)
     RETURNING * INTO g;
     INSERT INTO pgbroker.stream_cursor (stream_name, group_name, partition)
     SELECT s.stream_name, group_name, p FROM generate_series(0, s.partitions - 1) p;
@@ -996,15 +1003,37 @@ RETURNS text LANGUAGE sql IMMUTABLE AS $$
     SELECT lower(stream_name) || '_' || group_name || '_retry';
 $$;
 
--- Drop a group (its cursors and consumers; its retry queue stays). Returns
--- false when there was no such group.
+-- Drop a group: its cursors, its consumers, and its retry queue when the
+-- group made it (create_stream_group), failures and all. A queue that was
+-- there before the group stays. Returns false when there was no such group.
+-- The retry queue stayed until 0.2.0, and a group made again under the name
+-- took it over, handing the old group's failures to the new group's handler.
 -- Since: 0.1.0
 CREATE OR REPLACE FUNCTION pgbroker.drop_stream_group(stream_name text, group_name text)
 RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    g pgbroker.stream_group;
 BEGIN
+    PERFORM pgbroker._stream_turn(lower(stream_name));
     DELETE FROM pgbroker.stream_group t
-    WHERE t.stream_name = lower(drop_stream_group.stream_name) AND t.group_name = drop_stream_group.group_name;
-    RETURN FOUND;
+    WHERE t.stream_name = lower(drop_stream_group.stream_name) AND t.group_name = drop_stream_group.group_name
+    RETURNING * INTO g;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pgbroker._stream_group_retry_queue_drop(g);
+    RETURN true;
+END;
+$$;
+
+-- Drop a dropped group's retry queue if the group made it and it is still
+-- there (one dropped by hand meanwhile is no error).
+CREATE OR REPLACE FUNCTION pgbroker._stream_group_retry_queue_drop(g pgbroker.stream_group)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF g.retry_queue_made AND pgbroker._stored_name(g.retry_queue) IS NOT NULL THEN
+        PERFORM pgmq.drop_queue(g.retry_queue);
+    END IF;
 END;
 $$;
 

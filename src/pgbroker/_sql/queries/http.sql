@@ -41,6 +41,12 @@ ORDER BY 1, 2, 3
 SELECT g.retry_queue FROM pgbroker.stream_group g
 WHERE g.stream_name = lower(%(stream)s) AND g.group_name = %(group)s
 
+-- name: stream_retry_queues_made
+-- The retry queues that go when a stream's group (or, without one, every group) is dropped.
+SELECT g.retry_queue FROM pgbroker.stream_group g
+WHERE g.stream_name = lower(%(stream)s) AND g.group_name = coalesce(%(group)s, g.group_name)
+  AND g.retry_queue_made
+
 -- name: stream_group_default_retry_queue
 -- The retry queue the engine gives a group that names none.
 SELECT pgbroker._stream_default_retry_queue(%(stream)s, %(group)s)

@@ -33,11 +33,14 @@ CREATE TABLE pgbroker.stream_watermark_0 PARTITION OF pgbroker.stream_watermark 
 CREATE TABLE pgbroker.stream_watermark_1 PARTITION OF pgbroker.stream_watermark FOR VALUES IN (1);
 CREATE INDEX stream_watermark_newest ON pgbroker.stream_watermark (stream_name, seq);
 
+-- retry_queue_made: the group made its retry queue (it did not exist), which
+-- then goes with the group (functions/92_streams.sql, drop_stream_group).
 CREATE TABLE pgbroker.stream_group (
     stream_name text NOT NULL REFERENCES pgbroker.stream ON DELETE CASCADE,
     group_name text NOT NULL CHECK (group_name ~ '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,62}$'),
     retry_queue varchar NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
+    retry_queue_made boolean NOT NULL DEFAULT false,
     PRIMARY KEY (stream_name, group_name)
 );
 

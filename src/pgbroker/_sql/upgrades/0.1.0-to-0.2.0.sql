@@ -243,3 +243,13 @@ VALUES ('producer', 'pgbroker', 'prune_inbound_seen');
 DROP FUNCTION IF EXISTS pgbroker.prune_stream_inbound_seen(interval, integer);
 INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['stream_receive_many', 'prune_stream_inbound_seen']) f;
+
+-- A group's retry queue goes with the group when the group made it
+-- (functions/92_streams.sql, drop_stream_group): it stayed, and a group made
+-- again under the name took it over with the old group's failures. A group
+-- made its queue in its own transaction, so the queue's created_at is the
+-- group's (now() is the transaction's start): a queue older than its group
+-- was there before it and stays.
+ALTER TABLE pgbroker.stream_group ADD COLUMN retry_queue_made boolean NOT NULL DEFAULT false;
+UPDATE pgbroker.stream_group g SET retry_queue_made = true
+FROM pgmq.meta m WHERE m.queue_name = g.retry_queue AND m.created_at = g.created_at;

@@ -81,6 +81,27 @@ _EXTEND_RETRY = (0.2, 5.0)
 _SETTLE_RETRY = (0.1, 2.0)
 
 
+async def settled(what: str, call: Callable[[], Awaitable[T]], count: int, *, lease: float, source: str) -> T:
+    """``call()``, the ack or fail of a window's messages (``count``, read from ``source``), each
+    try failed as a lost connection when unanswered within ``lease``, tried again after a passing
+    fault (bridge.out.ack_failed / fail_failed) for up to a lease: past it the receipts (a queue's)
+    or the consumer's partitions (a stream's) may be another's, and a late ack only counts them
+    stale. A second try is safe because both are fenced: a receipt or an epoch acks once. Giving
+    up at once left a confirmed window to be published again."""
+    retry = Patience(*_SETTLE_RETRY, within=lease)
+    while True:
+        try:
+            return await answered_within(lease, call())
+        except Exception as exc:
+            pause = retry.next() if is_transient(exc) else None
+            if pause is None:
+                raise
+            log.warning(
+                "bridge.out.%s_failed %s count=%d retry_in=%.2f error=%s", what, source, count, pause, exc
+            )
+            await asyncio.sleep(pause)
+
+
 @dataclass(slots=True)
 class OutboundStats:
     published: int = 0  # confirmed and acked
@@ -277,27 +298,7 @@ class OutboundBridge:
         return await answered_within(self.settings.lease, call)
 
     async def _settled(self, what: str, call: Callable[[], Awaitable[T]], count: int) -> T:
-        """``call()``, the ack or fail of a window's messages, tried again after a passing fault
-        (bridge.out.ack_failed / fail_failed) for up to a lease: past it the receipts no longer
-        hold, and a late ack only counts them stale. Giving up at once left a confirmed window to
-        be published again once its leases ran out."""
-        retry = Patience(*_SETTLE_RETRY, within=self.settings.lease)
-        while True:
-            try:
-                return await self._answered(call())
-            except Exception as exc:
-                pause = retry.next() if is_transient(exc) else None
-                if pause is None:
-                    raise
-                log.warning(
-                    "bridge.out.%s_failed queue=%s count=%d retry_in=%.2f error=%s",
-                    what,
-                    self._queue.name,
-                    count,
-                    pause,
-                    exc,
-                )
-                await asyncio.sleep(pause)
+        return await settled(what, call, count, lease=self.settings.lease, source=f"queue={self._queue.name}")
 
     async def _keep_leases(self, receipts: dict[int, Receipt], done: asyncio.Event) -> None:
         """Extend the window's leases every lease/3 seconds until done (never cut off mid-call:

@@ -14,8 +14,13 @@ and acked (the group's cursors move past it) once every message in it was confir
   failover that lost appended ids reissues them, the time tells them apart), for consumers
   downstream to de-duplicate.
 - a lost connection (or a database error) mid-window acks nothing: after reconnecting, the
-  consumer rewinds (what it read and did not ack is handed out again) and publishes again. A
-  database call unanswered within the consumer lease (a hung server, a stuck pooler, a network
+  consumer rewinds (what it read and did not ack is handed out again) and publishes again. The
+  ack of a confirmed window is the exception: met by a passing database fault (a lost connection,
+  a lock or statement timeout) it is tried again within the consumer lease
+  (pgbroker.bridge.core.outbound.settled), since a stream ack made again changes nothing and one
+  from a consumer whose partitions changed hands is fenced by their epochs; so a database restart
+  or a maintenance lock does not have a confirmed window published again. A database call
+  unanswered within the consumer lease (a hung server, a stuck pooler, a network
   that drops packets without a word) counts as a lost connection (pgbroker._db.liveness.
   answered_within): past the lease the partitions may be another's, and the bridge would
   otherwise wait for as long as the hang lasts. A read given up that runs later is refused (the
@@ -38,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from functools import partial
 from typing import TypeVar
 
 from pgbroker._db.backoff import Backoff
@@ -45,7 +51,7 @@ from pgbroker._db.liveness import answered_within
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
 from pgbroker.bridge.core.endpoints import outbound_endpoint
-from pgbroker.bridge.core.outbound import KEY_HEADER, OutboundStats
+from pgbroker.bridge.core.outbound import KEY_HEADER, OutboundStats, settled
 from pgbroker.bridge.core.reconnect import run_connected
 from pgbroker.bridge.errors import BrokerConnectionLost
 from pgbroker.bridge.settings import OutboundSettings
@@ -124,6 +130,10 @@ class StreamOutboundBridge:
             except Exception as exc:  # the lease runs out instead
                 log.warning("bridge.out.release_failed stream=%s error=%s", self._stream.name, exc)
 
+    @property
+    def _source(self) -> str:
+        return f"stream={self._stream.name} group={self._group}"
+
     def _count_reconnect(self) -> None:
         self.stats.reconnects += 1
 
@@ -182,7 +192,10 @@ class StreamOutboundBridge:
                 batch.fail(message, outcome.reason)
                 self.stats.errors[outcome.reason] = self.stats.errors.get(outcome.reason, 0) + 1
                 refused += 1
-        held = await self._answered(self._consumer.ack(batch))
+        # Tried again after a passing database fault: a stream ack made again changes nothing, and
+        # one whose partitions changed hands meanwhile says so (held False: counted stale).
+        acking = partial(self._consumer.ack, batch)
+        held = await settled("ack", acking, len(batch), lease=self.settings.lease, source=self._source)
         lost_partitions = {p for p, kept in held.items() if not kept}
         stale = sum(1 for m in batch if m.partition in lost_partitions)
         self.stats.stale += stale

@@ -46,7 +46,9 @@ def register(subcommands: Subcommands) -> None:
     sub.add_argument("--segments", type=positive_int, default=4, metavar="N", help="child tables in the ring")
     sub.add_argument("--notify", action="store_true", help="wake waiting consumers on each send")
 
-    sub = add_command(actions, "drop", "drop a stream, its groups and cursors", _drop)
+    sub = add_command(
+        actions, "drop", "drop a stream, its groups and cursors, and the retry queues its groups made", _drop
+    )
     sub.add_argument("name", metavar="STREAM", help="stream name")
     add_yes_option(sub, "drop")
 
@@ -85,9 +87,12 @@ def register(subcommands: Subcommands) -> None:
         help="where failed messages go (<stream>_<group>_retry); no other group's",
     )
 
-    sub = add_command(actions, "drop-group", "drop a consumer group (its retry queue stays)", _drop_group)
+    sub = add_command(
+        actions, "drop-group", "drop a consumer group, and its retry queue if the group made it", _drop_group
+    )
     sub.add_argument("name", metavar="STREAM", help="stream name")
     sub.add_argument("group", metavar="GROUP", help="group name")
+    add_yes_option(sub, "drop-group")
 
     sub = add_command(actions, "groups", "a stream's groups with their lag", _groups)
     sub.add_argument("name", metavar="STREAM", help="stream name")
@@ -117,7 +122,8 @@ def _drop(args: argparse.Namespace, broker: Broker) -> int:
     stream.groups()  # a missing stream is said first (StreamNotFound), without --yes
     confirmed(
         args,
-        f"drop deletes stream {args.name} with its messages, groups and cursors",
+        f"drop deletes stream {args.name} with its messages, groups and cursors, and the retry queues"
+        " its groups made",
         hint=f"Confirm with: pgbroker stream drop {args.name} --yes",
     )
     if not stream.drop():
@@ -233,7 +239,15 @@ def _create_group(args: argparse.Namespace, broker: Broker) -> int:
 
 
 def _drop_group(args: argparse.Namespace, broker: Broker) -> int:
-    if not Stream(broker, args.name).drop_group(args.group):
+    stream = Stream(broker, args.name)
+    if args.group in (g.name for g in stream.groups()):  # a missing one is said first, without --yes
+        confirmed(
+            args,
+            f"drop-group deletes group {args.group} of stream {args.name} with its cursors, and its retry"
+            " queue with the failures in it if the group made it",
+            hint=f"Confirm with: pgbroker stream drop-group {args.name} {args.group} --yes",
+        )
+    if not stream.drop_group(args.group):
         raise CliError(
             f'stream "{args.name}" has no consumer group "{args.group}"',
             code=Exit.NOT_FOUND,

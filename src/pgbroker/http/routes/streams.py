@@ -26,6 +26,7 @@ from pgbroker.http.stream_models import (
     CreateGroup,
     CreateStream,
     GroupCreated,
+    GroupDropped,
     GroupInfo,
     GroupList,
     HeartbeatAnswer,
@@ -147,7 +148,8 @@ _NO_GROUP = {404: "stream_not_found, stream_group_not_found (also for a group th
 
 @router.delete(
     "/v1/streams/{stream}",
-    "drop a stream, its groups and cursors; the key's group patterns must cover every group ('*')",
+    "drop a stream, its groups and cursors, and the retry queues its groups made; the key's group patterns"
+    " must cover every group ('*'), its queue patterns those retry queues",
     scope="admin",
     errors=_NO_STREAM,
 )
@@ -162,6 +164,7 @@ async def drop_stream(call: Call) -> StreamDropped:
             " the key's group patterns do not cover every group",
             hint="Drop it with a key whose group patterns include '*'.",
         )
+    await _refuse_unseen_retry_queues_made(call, stream.name, None)
     if not await stream.drop():
         raise ApiError(404, "stream_not_found", f'stream "{stream.name}" does not exist')
     return StreamDropped(dropped=stream.name)
@@ -233,6 +236,40 @@ async def create_stream_group(call: Call, body: CreateGroup) -> GroupCreated:
     # An existing group is answered as it is, its retry queue perhaps named by hand.
     made = await stream.create_group(body.group, start=body.start, retry_queue=retry_queue)
     return GroupCreated(group=body.group, retry_queue=_seen(call, made))
+
+
+@router.delete(
+    "/v1/streams/{stream}/groups/{group}",
+    "drop a consumer group, its cursors and consumers, and its retry queue if the group made it; the key's"
+    " queue patterns must cover that queue",
+    scope="admin",
+    errors=_NO_GROUP,
+)
+async def drop_stream_group(call: Call) -> GroupDropped:
+    stream = _stream(call, "admin")
+    group = await _group(call, stream)
+    await _refuse_unseen_retry_queues_made(call, stream.name, group)
+    if not await stream.drop_group(group):
+        await _refuse_as_missing(call, stream.name, group)
+    return GroupDropped(dropped=group)
+
+
+async def _refuse_unseen_retry_queues_made(call: Call, stream: str, group: str | None) -> None:
+    """403 unless the key sees each retry queue that dropping ``group`` (None: every group of the
+    stream) drops with it: a queue its group made may be named by hand, outside the key's patterns.
+    The answer names no queue."""
+    async with call.broker.connection() as conn:
+        cur = await conn.execute(_QUERIES["stream_retry_queues_made"], {"stream": stream, "group": group})
+        made = [name for (name,) in await cur.fetchall()]
+    if not all(call.caller.sees(name) for name in made):
+        dropped = f"group {group!r} of stream {stream!r}" if group is not None else f"stream {stream!r}"
+        raise ApiError(
+            403,
+            "forbidden",
+            f"key {call.caller.name!r} may not drop {dropped}: a retry queue its group made goes with it,"
+            " and the key's patterns do not cover that queue",
+            hint="Drop it with a key whose patterns cover the group's retry queue.",
+        )
 
 
 @router.post(

@@ -1452,10 +1452,10 @@ END;
 $$;
 
 --
--- Name: _idempotency_claim(text, text, text, text, bytea, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _idempotency_claim(text, text, text, text, text, bytea, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._idempotency_claim(tbl text, owner_column text, owner text, idempotency_key text, digest bytea, window_seconds integer) RETURNS bigint[]
+CREATE FUNCTION pgbroker._idempotency_claim(tbl text, owner_column text, owner text, scope text, idempotency_key text, digest bytea, window_seconds integer) RETURNS bigint[]
     LANGUAGE plpgsql
     AS $_$
 DECLARE
@@ -1466,14 +1466,16 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
         'idempotency_key must be 1 to 255 characters');
+    PERFORM pgbroker._check_arg(scope IS NOT NULL AND length(scope) <= 255,
+        'idempotency scope must be at most 255 characters');
     PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
         format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
     LOOP
         EXECUTE format(
-            'INSERT INTO pgbroker.%I (%I, idempotency_key, request_digest, ids, expires_at)'
-            ' VALUES ($1, $2, $3, ''{}'', clock_timestamp() + make_interval(secs => $4))'
+            'INSERT INTO pgbroker.%I (%I, scope, idempotency_key, request_digest, ids, expires_at)'
+            ' VALUES ($1, $5, $2, $3, ''{}'', clock_timestamp() + make_interval(secs => $4))'
             ' ON CONFLICT DO NOTHING RETURNING true', tbl, owner_column)
-            INTO claimed USING owner, idempotency_key, digest, window_seconds;
+            INTO claimed USING owner, idempotency_key, digest, window_seconds, scope;
         IF claimed THEN
             RETURN NULL;
         END IF;
@@ -1481,12 +1483,12 @@ BEGIN
         -- the insert waited.
         EXECUTE format(
             'SELECT request_digest, ids, expires_at FROM pgbroker.%I'
-            ' WHERE %I = $1 AND idempotency_key = $2 FOR UPDATE', tbl, owner_column)
-            INTO held_digest, held_ids, held_expires USING owner, idempotency_key;
+            ' WHERE %I = $1 AND scope = $3 AND idempotency_key = $2 FOR UPDATE', tbl, owner_column)
+            INTO held_digest, held_ids, held_expires USING owner, idempotency_key, scope;
         CONTINUE WHEN held_digest IS NULL;  -- trimmed meanwhile: claim it afresh
         IF held_expires <= clock_timestamp() THEN
-            EXECUTE format('DELETE FROM pgbroker.%I WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
-                USING owner, idempotency_key;
+            EXECUTE format('DELETE FROM pgbroker.%I WHERE %I = $1 AND scope = $3 AND idempotency_key = $2',
+                tbl, owner_column) USING owner, idempotency_key, scope;
             CONTINUE;
         END IF;
         IF held_digest <> digest THEN
@@ -1522,15 +1524,15 @@ CREATE FUNCTION pgbroker._idempotency_headers(headers jsonb[]) RETURNS jsonb
 $$;
 
 --
--- Name: _idempotency_record(text, text, text, text, bigint[]); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: _idempotency_record(text, text, text, text, text, bigint[]); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker._idempotency_record(tbl text, owner_column text, owner text, idempotency_key text, sent bigint[]) RETURNS bigint[]
+CREATE FUNCTION pgbroker._idempotency_record(tbl text, owner_column text, owner text, scope text, idempotency_key text, sent bigint[]) RETURNS bigint[]
     LANGUAGE plpgsql
     AS $_$
 BEGIN
-    EXECUTE format('UPDATE pgbroker.%I SET ids = $3 WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
-        USING owner, idempotency_key, sent;
+    EXECUTE format('UPDATE pgbroker.%I SET ids = $3 WHERE %I = $1 AND scope = $4 AND idempotency_key = $2',
+        tbl, owner_column) USING owner, idempotency_key, sent, scope;
     RETURN sent;
 END;
 $_$;
@@ -7339,10 +7341,10 @@ CREATE FUNCTION pgbroker.schedules_channel() RETURNS text
 $$;
 
 --
--- Name: send_idempotent(text, text, jsonb[], jsonb[], integer, integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: send_idempotent(text, text, jsonb[], jsonb[], integer, integer, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.send_idempotent(queue_name text, idempotency_key text, msgs jsonb[], headers jsonb[] DEFAULT NULL::jsonb[], delay integer DEFAULT 0, window_seconds integer DEFAULT 86400) RETURNS SETOF bigint
+CREATE FUNCTION pgbroker.send_idempotent(queue_name text, idempotency_key text, msgs jsonb[], headers jsonb[] DEFAULT NULL::jsonb[], delay integer DEFAULT 0, window_seconds integer DEFAULT 86400, scope text DEFAULT NULL::text) RETURNS SETOF bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -7351,11 +7353,12 @@ DECLARE
 BEGIN
     PERFORM pgbroker._table(queue_name);
     stored := pgbroker._stored_name(queue_name);
-    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, idempotency_key,
-        pgbroker._idempotency_digest(to_jsonb(msgs), pgbroker._idempotency_headers(headers), to_jsonb(delay)), window_seconds);
+    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),
+        idempotency_key, pgbroker._idempotency_digest(
+            to_jsonb(msgs), pgbroker._idempotency_headers(headers), to_jsonb(delay)), window_seconds);
     IF held IS NULL THEN
-        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, idempotency_key,
-            ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
+        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),
+            idempotency_key, ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
     END IF;
     RETURN QUERY SELECT unnest(held);
 END;
@@ -8247,10 +8250,10 @@ END;
 $$;
 
 --
--- Name: stream_send_idempotent(text, text, jsonb[], jsonb[], text[], integer); Type: FUNCTION; Schema: pgbroker; Owner: -
+-- Name: stream_send_idempotent(text, text, jsonb[], jsonb[], text[], integer, text); Type: FUNCTION; Schema: pgbroker; Owner: -
 --
 
-CREATE FUNCTION pgbroker.stream_send_idempotent(stream_name text, idempotency_key text, messages jsonb[], headers jsonb[] DEFAULT NULL::jsonb[], keys text[] DEFAULT NULL::text[], window_seconds integer DEFAULT 86400) RETURNS SETOF bigint
+CREATE FUNCTION pgbroker.stream_send_idempotent(stream_name text, idempotency_key text, messages jsonb[], headers jsonb[] DEFAULT NULL::jsonb[], keys text[] DEFAULT NULL::text[], window_seconds integer DEFAULT 86400, scope text DEFAULT NULL::text) RETURNS SETOF bigint
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -8258,12 +8261,12 @@ DECLARE
     held bigint[];
 BEGIN
     held := pgbroker._idempotency_claim('stream_idempotency_keys', 'stream_name', s.stream_name,
-        idempotency_key, pgbroker._idempotency_digest(
+        coalesce(scope, ''), idempotency_key, pgbroker._idempotency_digest(
             to_jsonb(messages), pgbroker._idempotency_headers(headers), to_jsonb(keys)),
         window_seconds);
     IF held IS NULL THEN
         held := pgbroker._idempotency_record('stream_idempotency_keys', 'stream_name', s.stream_name,
-            idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
+            coalesce(scope, ''), idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
     END IF;
     RETURN QUERY SELECT unnest(held);
 END;
@@ -9751,6 +9754,7 @@ CREATE TABLE pgbroker.dedup_keys (
 
 CREATE TABLE pgbroker.idempotency_keys (
     queue_name character varying NOT NULL,
+    scope text DEFAULT ''::text NOT NULL,
     idempotency_key text NOT NULL,
     request_digest bytea NOT NULL,
     ids bigint[] NOT NULL,
@@ -9954,6 +9958,7 @@ WITH (fillfactor='30');
 
 CREATE TABLE pgbroker.stream_idempotency_keys (
     stream_name text NOT NULL,
+    scope text DEFAULT ''::text NOT NULL,
     idempotency_key text NOT NULL,
     request_digest bytea NOT NULL,
     ids bigint[] NOT NULL,
@@ -10108,7 +10113,7 @@ ALTER TABLE ONLY pgbroker.dedup_keys
 --
 
 ALTER TABLE ONLY pgbroker.idempotency_keys
-    ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue_name, idempotency_key);
+    ADD CONSTRAINT idempotency_keys_pkey PRIMARY KEY (queue_name, scope, idempotency_key);
 
 --
 -- Name: inbound_seen inbound_seen_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -
@@ -10262,7 +10267,7 @@ ALTER TABLE ONLY pgbroker.stream_group
 --
 
 ALTER TABLE ONLY pgbroker.stream_idempotency_keys
-    ADD CONSTRAINT stream_idempotency_keys_pkey PRIMARY KEY (stream_name, idempotency_key);
+    ADD CONSTRAINT stream_idempotency_keys_pkey PRIMARY KEY (stream_name, scope, idempotency_key);
 
 --
 -- Name: stream_inbound_seen stream_inbound_seen_pkey; Type: CONSTRAINT; Schema: pgbroker; Owner: -

@@ -243,6 +243,30 @@ def test_an_idempotent_send_answers_its_key_again_and_refuses_it_for_another_req
     assert _count(conn, "d") == 2
 
 
+def test_an_idempotency_key_is_its_scopes_own(conn: Conn) -> None:
+    """Two senders with scopes of their own (the HTTP API's API keys) may name requests alike: one's
+    key neither answers the other's send with its msg_ids nor refuses it."""
+    conn.execute("SELECT pgmq.create('d')")
+
+    def send(scope: str | None, *messages: Any) -> list[int]:
+        rows = conn.execute(
+            "SELECT * FROM pgbroker.send_idempotent('d', 'order-7', %s::jsonb[], scope => %s)",
+            [[Jsonb(m) for m in messages], scope],
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    mine = send("a", {"n": 1})
+    theirs = send("b", {"n": 1})  # the same request in another scope: sent, not answered
+    unscoped = send(None, {"n": 2})  # another request in no scope: sent, not refused
+    assert len({*mine, *theirs, *unscoped}) == 3
+    assert send("b", {"n": 1}) == theirs
+    with pytest.raises(psycopg.Error, match="idempotency scope must be at most 255 characters") as raised:
+        send("s" * 256, {"n": 3})
+    assert raised.value.sqlstate == "PB007"
+    conn.rollback()
+    assert _count(conn, "d") == 3
+
+
 def test_two_idempotent_senders_racing_on_one_key_store_one_batch(dsn: str, conn: Conn) -> None:
     """The second waits for the first's transaction, then answers its msg_ids."""
     conn.execute("SELECT pgmq.create('d')")

@@ -64,6 +64,33 @@ async def test_an_idempotency_key_with_another_request_is_refused_and_sends_noth
     assert await count(broker) == 2
 
 
+async def test_an_idempotency_key_is_its_api_keys_own(
+    client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]
+) -> None:
+    """Two API keys that send to one queue may name their requests alike (after the same order
+    ids, say). Another key's Idempotency-Key answered its msg_ids to a send it had not made, which
+    stored nothing (a message lost), or refused the send 422 for the key's 24 hours."""
+    await make_queue(client, keys["admin"])
+    first = {**auth(keys["both"]), "Idempotency-Key": "order-7"}
+    second = {**auth(keys["producer"]), "Idempotency-Key": "order-7"}
+    theirs = await client.post("/v1/queues/jobs/messages", json=BATCH, headers=first)
+    same_body = await client.post("/v1/queues/jobs/messages", json=BATCH, headers=second)
+    assert (theirs.status_code, same_body.status_code) == (201, 201), same_body.text
+    assert set(same_body.json()["msg_ids"]).isdisjoint(theirs.json()["msg_ids"])
+    assert await count(broker) == 4
+    other_body = {**BATCH, "messages": [{"n": 1}, {"n": 3}]}
+    again = await client.post("/v1/queues/jobs/messages", json=other_body, headers=first)
+    assert again.status_code == 422, again.text  # within one API key the key still holds
+    clicks = AsyncStream(broker, "clicks")
+    await clicks.create(partitions=1)
+    body = {"messages": [{"message": {"n": 1}}]}
+    ids = [
+        (await client.post("/v1/streams/clicks/messages", json=body, headers=headers)).json()["ids"]
+        for headers in (first, second)
+    ]
+    assert ids[0] != ids[1]
+
+
 async def test_an_idempotency_key_too_long_is_a_clear_400(
     client: httpx.AsyncClient, broker: AsyncBroker, keys: dict[str, str]
 ) -> None:

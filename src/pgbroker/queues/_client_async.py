@@ -209,6 +209,7 @@ class AsyncQueue:
         wait: float | timedelta = 0,
         codec: CodecLike | None = None,
         idempotency_key: str | None = None,
+        idempotency_scope: str | None = None,
     ) -> list[int]:
         """Send messages in one statement; returns their msg_ids in order.
 
@@ -222,6 +223,8 @@ class AsyncQueue:
         ``idempotency_key`` (1 to 255 characters): the same call again within 24 hours returns
         the first call's msg_ids and sends nothing; the key with other messages, headers or
         delay raises IdempotencyKeyReused. The retry for OutcomeUnknown (``delay`` in seconds).
+        ``idempotency_scope`` (up to 255 characters): whose keys they are; the same key in
+        another scope is another key (the HTTP API gives each API key its own).
         """
         chosen = await self._codec(codec)
         with tracing.span("send", self.name) as span:
@@ -233,6 +236,7 @@ class AsyncQueue:
                 delay=delay,
                 codec=chosen,
                 idempotency_key=idempotency_key,
+                idempotency_scope=idempotency_scope,
             )
             retry = Patience(*SEND_RETRY, within=arg.duration(wait, "wait"))
             run = self._executor.run_in_savepoint if wait else self._executor.run

@@ -122,9 +122,11 @@ def message_send_many(
     delay: Delay | None = None,
     codec: Codec | None = None,
     idempotency_key: str | None = None,
+    idempotency_scope: str | None = None,
 ) -> Query[list[int]]:
     """``codec`` None: JSON, as pgmq stores it; another codec stores each body in an envelope.
-    ``idempotency_key``: through pgbroker.send_idempotent (34_dedup.sql), delay in seconds only."""
+    ``idempotency_key`` (in ``idempotency_scope``): through pgbroker.send_idempotent (34_dedup.sql),
+    delay in seconds only."""
     encoded = [
         arg.encode_json(m) if codec is None else codecs.to_stored_text(m, codec)
         for m in arg.batch(messages, "messages")
@@ -156,7 +158,7 @@ def message_send_many(
                 hint="Pass delay as seconds (an int or a timedelta): a retry then sends the same request.",
             )
         seconds = 0 if delay is None else arg.whole_seconds(delay, "delay")
-        params = {**params, "key": idempotency_key, "delay": seconds}
+        params = {**params, "key": idempotency_key, "scope": idempotency_scope, "delay": seconds}
         return Query(_named("message_send_idempotent"), params, decoded.ids, sends=True)
     if delay is None:
         return Query(_named("message_send_many"), params, decoded.ids, sends=True)

@@ -113,6 +113,7 @@ class AsyncStream:
         keys: Sequence[str | None] | None = None,
         headers: Sequence[Mapping[str, Any] | None] | None = None,
         idempotency_key: str | None = None,
+        idempotency_scope: str | None = None,
     ) -> list[int]:
         """Send messages in one statement; returns their ids in order.
 
@@ -120,11 +121,18 @@ class AsyncStream:
         the first call's ids and appends nothing; the key with other messages, keys or headers
         raises IdempotencyKeyReused. The retry for OutcomeUnknown. The trace context headers
         (traceparent, tracestate) are not part of what makes a retry the same call.
+        ``idempotency_scope`` (up to 255 characters): whose keys they are; the same key in
+        another scope is another key (the HTTP API gives each API key its own).
         """
         with tracing.span("send", self.name) as span:
             messages, headers = tracing.carry(span, messages, headers)
             query = sq.stream_send_many(
-                self.name, messages, headers=headers, keys=keys, idempotency_key=idempotency_key
+                self.name,
+                messages,
+                headers=headers,
+                keys=keys,
+                idempotency_key=idempotency_key,
+                idempotency_scope=idempotency_scope,
             )
             sent = await self._executor.run(query)
             tracing.sent(span, sent)

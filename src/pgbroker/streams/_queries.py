@@ -95,8 +95,10 @@ def stream_send_many(
     headers: Sequence[Mapping[str, Any] | None] | None = None,
     keys: Sequence[str | None] | None = None,
     idempotency_key: str | None = None,
+    idempotency_scope: str | None = None,
 ) -> Query[list[int]]:
-    """``idempotency_key``: through pgbroker.stream_send_idempotent (92_streams.sql)."""
+    """``idempotency_key`` (in ``idempotency_scope``): through pgbroker.stream_send_idempotent
+    (92_streams.sql)."""
     encoded = [encode_json(m) for m in messages]
     if not encoded:
         raise InvalidArgument("messages must not be empty", hint="Pass at least one message.")
@@ -116,7 +118,8 @@ def stream_send_many(
         "keys": None if keys is None else list(keys),
     }
     if idempotency_key is not None:
-        return Query(_named("stream_send_idempotent"), {**params, "key": idempotency_key}, _ids, sends=True)
+        scoped = {**params, "key": idempotency_key, "scope": idempotency_scope}
+        return Query(_named("stream_send_idempotent"), scoped, _ids, sends=True)
     return Query(_named("stream_send_many"), params, _ids, sends=True)
 
 

@@ -152,16 +152,20 @@ $$;
 -- request (other messages, headers or delay) is refused with PB009, since
 -- answering with the first one's msg_ids would hide a different send. A
 -- key is held for window_seconds (24 hours by default); after that it may be
--- used again. Keys are per queue; pgbroker.trim_dedup_keys removes those
--- whose time is over.
+-- used again. Keys are per queue and scope: a sender may name a scope of its
+-- own (the HTTP API names the API key), so that one sender's keys neither
+-- answer nor refuse another's; pgbroker.trim_dedup_keys removes those whose
+-- time is over.
 
 -- Claim idempotency_key of a send to a queue (tbl pgbroker.idempotency_keys,
--- its owner named in column owner_column) or a stream (the stream's table):
--- NULL when the key was free or its time over (the caller sends and records
--- its ids with _idempotency_record), else the ids of the request that holds
--- it; PB009 when that request was another one.
+-- its owner named in column owner_column) or a stream (the stream's table),
+-- within the sender's scope ('' for none): NULL when the key was free or its
+-- time over (the caller sends and records its ids with _idempotency_record),
+-- else the ids of the request that holds it; PB009 when that request was
+-- another one.
 CREATE OR REPLACE FUNCTION pgbroker._idempotency_claim(
-    tbl text, owner_column text, owner text, idempotency_key text, digest bytea, window_seconds integer)
+    tbl text, owner_column text, owner text, scope text, idempotency_key text, digest bytea,
+    window_seconds integer)
 RETURNS bigint[] LANGUAGE plpgsql AS $$
 DECLARE
     claimed boolean;
@@ -171,14 +175,16 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
         'idempotency_key must be 1 to 255 characters');
+    PERFORM pgbroker._check_arg(scope IS NOT NULL AND length(scope) <= 255,
+        'idempotency scope must be at most 255 characters');
     PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
         format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
     LOOP
         EXECUTE format(
-            'INSERT INTO pgbroker.%I (%I, idempotency_key, request_digest, ids, expires_at)'
-            ' VALUES ($1, $2, $3, ''{}'', clock_timestamp() + make_interval(secs => $4))'
+            'INSERT INTO pgbroker.%I (%I, scope, idempotency_key, request_digest, ids, expires_at)'
+            ' VALUES ($1, $5, $2, $3, ''{}'', clock_timestamp() + make_interval(secs => $4))'
             ' ON CONFLICT DO NOTHING RETURNING true', tbl, owner_column)
-            INTO claimed USING owner, idempotency_key, digest, window_seconds;
+            INTO claimed USING owner, idempotency_key, digest, window_seconds, scope;
         IF claimed THEN
             RETURN NULL;
         END IF;
@@ -186,12 +192,12 @@ BEGIN
         -- the insert waited.
         EXECUTE format(
             'SELECT request_digest, ids, expires_at FROM pgbroker.%I'
-            ' WHERE %I = $1 AND idempotency_key = $2 FOR UPDATE', tbl, owner_column)
-            INTO held_digest, held_ids, held_expires USING owner, idempotency_key;
+            ' WHERE %I = $1 AND scope = $3 AND idempotency_key = $2 FOR UPDATE', tbl, owner_column)
+            INTO held_digest, held_ids, held_expires USING owner, idempotency_key, scope;
         CONTINUE WHEN held_digest IS NULL;  -- trimmed meanwhile: claim it afresh
         IF held_expires <= clock_timestamp() THEN
-            EXECUTE format('DELETE FROM pgbroker.%I WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
-                USING owner, idempotency_key;
+            EXECUTE format('DELETE FROM pgbroker.%I WHERE %I = $1 AND scope = $3 AND idempotency_key = $2',
+                tbl, owner_column) USING owner, idempotency_key, scope;
             CONTINUE;
         END IF;
         IF held_digest <> digest THEN
@@ -207,11 +213,11 @@ $$;
 
 -- Record the ids a claimed key's send got (see _idempotency_claim).
 CREATE OR REPLACE FUNCTION pgbroker._idempotency_record(
-    tbl text, owner_column text, owner text, idempotency_key text, sent bigint[])
+    tbl text, owner_column text, owner text, scope text, idempotency_key text, sent bigint[])
 RETURNS bigint[] LANGUAGE plpgsql AS $$
 BEGIN
-    EXECUTE format('UPDATE pgbroker.%I SET ids = $3 WHERE %I = $1 AND idempotency_key = $2', tbl, owner_column)
-        USING owner, idempotency_key, sent;
+    EXECUTE format('UPDATE pgbroker.%I SET ids = $3 WHERE %I = $1 AND scope = $4 AND idempotency_key = $2',
+        tbl, owner_column) USING owner, idempotency_key, sent, scope;
     RETURN sent;
 END;
 $$;
@@ -233,14 +239,17 @@ $$;
 
 -- Send msgs (headers, delay in seconds as pgmq.send_batch takes them) once
 -- for idempotency_key; the same call again returns the same msg_ids.
--- Arguments: window_seconds: how long the key is held (1 s to 30 days).
+-- Arguments: window_seconds: how long the key is held (1 s to 30 days);
+--   scope: whose key it is (up to 255 characters; NULL: the queue's
+--   senders without a scope): the same key in another scope is another key.
 -- Returns: the msg_ids, in the order of msgs: the first call's, each time.
 -- Errors: PB009 when the key was used for another request within its window;
---   PB007 for an empty key, one over 255 characters, or a window out of range.
+--   PB007 for an empty key, one over 255 characters, a scope over 255, or a
+--   window out of range.
 -- Since: 0.2.0
 CREATE OR REPLACE FUNCTION pgbroker.send_idempotent(
     queue_name text, idempotency_key text, msgs jsonb[], headers jsonb[] DEFAULT NULL,
-    delay integer DEFAULT 0, window_seconds integer DEFAULT 86400)
+    delay integer DEFAULT 0, window_seconds integer DEFAULT 86400, scope text DEFAULT NULL)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
     stored varchar;
@@ -248,11 +257,12 @@ DECLARE
 BEGIN
     PERFORM pgbroker._table(queue_name);
     stored := pgbroker._stored_name(queue_name);
-    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, idempotency_key,
-        pgbroker._idempotency_digest(to_jsonb(msgs), pgbroker._idempotency_headers(headers), to_jsonb(delay)), window_seconds);
+    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),
+        idempotency_key, pgbroker._idempotency_digest(
+            to_jsonb(msgs), pgbroker._idempotency_headers(headers), to_jsonb(delay)), window_seconds);
     IF held IS NULL THEN
-        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, idempotency_key,
-            ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
+        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),
+            idempotency_key, ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
     END IF;
     RETURN QUERY SELECT unnest(held);
 END;

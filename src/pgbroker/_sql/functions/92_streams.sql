@@ -555,25 +555,27 @@ $$;
 -- Send a batch once for idempotency_key (the queues' send_idempotent,
 -- 34_dedup.sql): the same call again within window_seconds returns the same
 -- ids and appends nothing.
+-- Arguments: scope: whose key it is, as for send_idempotent.
 -- Returns: the ids, in the order of the messages: the first call's, each time.
 -- Errors: PB009 when the key was used for another request within its window;
---   PB007 for an empty key, one over 255 characters, or a window out of range.
+--   PB007 for an empty key, one over 255 characters, a scope over 255, or a
+--   window out of range.
 -- Since: 0.2.0
 CREATE OR REPLACE FUNCTION pgbroker.stream_send_idempotent(
     stream_name text, idempotency_key text, messages jsonb[], headers jsonb[] DEFAULT NULL,
-    keys text[] DEFAULT NULL, window_seconds integer DEFAULT 86400)
+    keys text[] DEFAULT NULL, window_seconds integer DEFAULT 86400, scope text DEFAULT NULL)
 RETURNS SETOF bigint LANGUAGE plpgsql AS $$
 DECLARE
     s pgbroker.stream := pgbroker._stream_row(stream_name);
     held bigint[];
 BEGIN
     held := pgbroker._idempotency_claim('stream_idempotency_keys', 'stream_name', s.stream_name,
-        idempotency_key, pgbroker._idempotency_digest(
+        coalesce(scope, ''), idempotency_key, pgbroker._idempotency_digest(
             to_jsonb(messages), pgbroker._idempotency_headers(headers), to_jsonb(keys)),
         window_seconds);
     IF held IS NULL THEN
         held := pgbroker._idempotency_record('stream_idempotency_keys', 'stream_name', s.stream_name,
-            idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
+            coalesce(scope, ''), idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
     END IF;
     RETURN QUERY SELECT unnest(held);
 END;

@@ -62,8 +62,8 @@ SELECT * FROM pgmq.send_batch(%(queue)s, pgbroker._jsonb_array(%(messages)s::jso
 SELECT * FROM pgmq.send_batch(%(queue)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(delay)s::timestamptz)
 
 -- name: message_send_idempotent
--- Send a batch once per idempotency key: a retry with the key gets the first msg_ids again.
-SELECT * FROM pgbroker.send_idempotent(%(queue)s, %(key)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(delay)s::integer)
+-- Send a batch once per idempotency key (in its scope): a retry with the key gets the first msg_ids again.
+SELECT * FROM pgbroker.send_idempotent(%(queue)s, %(key)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(delay)s::integer, scope => %(scope)s::text)
 
 -- name: message_read_many
 -- Read up to n messages with receipts, hiding them for a visibility timeout.

@@ -25,8 +25,8 @@ FROM pgbroker.streams()
 SELECT pgbroker.stream_send_many(%(stream)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(keys)s::text[])
 
 -- name: stream_send_idempotent
--- Append a batch once per idempotency key: a retry with the key gets the first ids again.
-SELECT * FROM pgbroker.stream_send_idempotent(%(stream)s, %(key)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(keys)s::text[])
+-- Append a batch once per idempotency key (in its scope): a retry with the key gets the first ids again.
+SELECT * FROM pgbroker.stream_send_idempotent(%(stream)s, %(key)s, pgbroker._jsonb_array(%(messages)s::jsonb), pgbroker._jsonb_array(%(headers)s::jsonb, true), %(keys)s::text[], scope => %(scope)s::text)
 
 -- name: stream_notify_channel
 -- The LISTEN channel a stream's appends notify on.

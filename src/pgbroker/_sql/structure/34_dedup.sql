@@ -13,13 +13,16 @@ CREATE TABLE pgbroker.dedup_keys (
 
 -- Idempotency keys of sends (the HTTP header Idempotency-Key): a request's
 -- key, a digest of what it sent, and the msg_ids it got, kept in the send's
--- own transaction until expires_at (functions/34_dedup.sql).
+-- own transaction until expires_at (functions/34_dedup.sql). A key is the
+-- sender's within its scope ('' for none; the HTTP API's is the API key), so
+-- one sender's keys never answer or refuse another's.
 CREATE TABLE pgbroker.idempotency_keys (
     queue_name varchar NOT NULL
         REFERENCES pgmq.meta (queue_name) ON DELETE CASCADE ON UPDATE CASCADE,
+    scope text NOT NULL DEFAULT '',
     idempotency_key text NOT NULL,
     request_digest bytea NOT NULL,
     ids bigint[] NOT NULL,
     expires_at timestamptz NOT NULL,
-    PRIMARY KEY (queue_name, idempotency_key)
+    PRIMARY KEY (queue_name, scope, idempotency_key)
 );

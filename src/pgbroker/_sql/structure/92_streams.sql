@@ -96,11 +96,12 @@ CREATE TABLE pgbroker.stream_consumer (
 -- queues (structure/34_dedup.sql).
 CREATE TABLE pgbroker.stream_idempotency_keys (
     stream_name text NOT NULL REFERENCES pgbroker.stream ON DELETE CASCADE,
+    scope text NOT NULL DEFAULT '',
     idempotency_key text NOT NULL,
     request_digest bytea NOT NULL,
     ids bigint[] NOT NULL,
     expires_at timestamptz NOT NULL,
-    PRIMARY KEY (stream_name, idempotency_key)
+    PRIMARY KEY (stream_name, scope, idempotency_key)
 );
 
 INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from pgbroker.http.idempotency import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, SEND_HEADERS
+from pgbroker.http.idempotency import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, SEND_HEADERS, idempotency_scope
 from pgbroker.http.models import (
     AckBody,
     Acked,
@@ -72,6 +72,7 @@ async def send(call: Call, body: SendBody) -> MsgIdList:
         delay=body.delay,
         codec=body.codec,
         idempotency_key=call.request.headers.get(IDEMPOTENCY_KEY),
+        idempotency_scope=idempotency_scope(call.key),
     )
     return MsgIdList(msg_ids=ids)
 

@@ -17,7 +17,7 @@ from pgbroker._db.names import check_stream_name
 from pgbroker.errors import from_postgres
 from pgbroker.http import stream_metrics
 from pgbroker.http.errors import ApiError
-from pgbroker.http.idempotency import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, SEND_HEADERS
+from pgbroker.http.idempotency import IDEMPOTENCY_ERRORS, IDEMPOTENCY_KEY, SEND_HEADERS, idempotency_scope
 from pgbroker.http.operations import Call, Router
 from pgbroker.http.stream_models import (
     GROUP_NAME_PATTERN,
@@ -184,6 +184,7 @@ async def stream_send(call: Call, body: StreamSendBatch) -> StreamIds:
         keys=[m.key for m in body.messages],
         headers=[m.headers for m in body.messages],
         idempotency_key=call.request.headers.get(IDEMPOTENCY_KEY),
+        idempotency_scope=idempotency_scope(call.key),
     )
     return StreamIds(ids=ids)
 

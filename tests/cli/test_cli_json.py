@@ -105,7 +105,8 @@ def test_each_commands_json_output_is_its_result(dsn: str, capsys: pytest.Captur
     [clicked] = run("stream", "read", "clicks", "g")
     assert clicked["id"] == sent["id"]
     assert run("stream", "maintain", "clicks") == [{"stream": "clicks", "emptied": 0}]
-    assert run("stream", "drop-group", "clicks", "g") == [{"stream": "clicks", "group": "g", "dropped": True}]
+    dropped = run("stream", "drop-group", "clicks", "g", "--yes")
+    assert dropped == [{"stream": "clicks", "group": "g", "dropped": True}]
     assert run("stream", "drop", "clicks", "--yes") == [{"stream": "clicks", "dropped": True}]
 
     [key] = run("keys", "create", "ops", "--scope", "read")

@@ -49,6 +49,10 @@ def record(message: Message) -> None:
     time.sleep(message.message.get("sleep", 0) if isinstance(message.message, dict) else 0)
 
 
+def out_of_stock(message: Message) -> None:
+    raise ValueError(f"no stock for {message.message}")
+
+
 # -- running the command --------------------------------------------------------------------------
 
 
@@ -379,6 +383,49 @@ def test_a_worker_on_a_multi_host_dsn_follows_a_failover(
     assert code == 0, stderr
 
 
+def test_log_format_json_writes_every_line_of_the_supervisor_and_its_processes_as_one_object(
+    dsn: str, conn: Conn, jobs: Queue, workers: Callable[..., WorkerProcess]
+) -> None:
+    """A log pipeline takes JSON lines: the events with their fields as values (msg_id a number),
+    the traceback of a failure in its own field, and the command's own start line too."""
+    sent = jobs.send({"sku": 7})
+    supervisor = workers(
+        dsn,
+        f"{HERE}:out_of_stock",
+        "--queue",
+        "jobs",
+        "--processes",
+        "2",
+        "--max-deliveries",
+        "1",
+        "--log-format",
+        "json",
+    )
+    wait_for(lambda: len(a_rows(conn, "jobs")) == 1, what="the dead letter in the archive")
+    supervisor.signal(signal.SIGTERM)
+    code, stderr = supervisor.finish()
+    assert code == 0, stderr
+    entries = [json.loads(line) for line in stderr.splitlines()]  # each line one object
+    by_event = {entry.get("event"): entry for entry in entries}
+    assert by_event["command.started"]["command"] == "worker"
+    dead = by_event["worker.dead_lettered"]
+    assert (dead["level"], dead["queue"], dead["msg_id"]) == ("warning", "jobs", sent)
+    assert "ValueError: no stock for {'sku': 7}" in by_event["worker.handler_failed"]["exception"]
+    assert {entry["logger"] for entry in entries} >= {"pgbroker", "pgbroker.worker"}
+
+
+def test_a_log_format_the_environment_names_must_be_known(dsn: str) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, "list"],
+        capture_output=True,
+        text=True,
+        env={**_env(dsn), "PGBROKER_LOG_FORMAT": "yaml"},
+        timeout=120,
+        check=False,
+    )
+    assert_error(res, 2, "$PGBROKER_LOG_FORMAT must be one of text, json, got 'yaml'")
+
+
 def test_worker_mistakes_exit_with_the_cli_codes(dsn: str, jobs: Queue) -> None:
     assert_error(cli(dsn, "worker", f"{HERE}:record"), 2, "say which queue it consumes", "--queue")
     assert_error(cli(dsn, "worker", "tests.system.nothing_here:handler", "--queue", "jobs"), 2, "cannot load")
@@ -531,9 +578,7 @@ def test_dlq_list_replay_and_purge(dsn: str, jobs: Queue, conn: Conn) -> None:
     assert_error(cli(dsn, "dlq", "list", "nope"), 4)
 
 
-def test_dlq_show_and_replay_take_the_msg_id_the_worker_logged(
-    dsn: str, jobs: Queue, broker: Broker
-) -> None:
+def test_dlq_show_and_replay_take_the_msg_id_the_worker_logged(dsn: str, jobs: Queue, broker: Broker) -> None:
     dlq = broker.create_queue("jobs_dlq")
     dlq.send_many(["the dead-letter queue's own"] * 4)  # its ids run ahead of the queue's
     jobs.set_policy(max_deliveries=2, backoff="fixed", backoff_base_seconds=0, dead_letter_queue="jobs_dlq")
@@ -544,7 +589,7 @@ def test_dlq_show_and_replay_take_the_msg_id_the_worker_logged(
         jobs.fail(message, error=f"KeyError: 'sku' ({delivery})", traceback=trace)
     assert ok(dsn, "dlq", "list", "jobs").splitlines()[1].split()[0] == str(sent)
     shown = ok(dsn, "dlq", "show", "jobs", str(sent))
-    assert f"dead letter {sent} of queue \"jobs\"" in shown
+    assert f'dead letter {sent} of queue "jobs"' in shown
     for delivery in (1, 2):
         assert f"attempt {delivery} at " in shown
         assert f"KeyError: 'sku' ({delivery})" in shown

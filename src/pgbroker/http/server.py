@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sys
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pgbroker._event_loop import running_loop
+from pgbroker._log_lines import say
 
 __all__ = ["AnnouncingServer", "protocol_with_head_timeout"]
 
@@ -33,11 +33,12 @@ class AnnouncingServer(uvicorn.Server):
             for listening in server.sockets:
                 host, port = listening.getsockname()[:2]
                 url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-                print(
-                    f"pgbroker: serving the API at {url}/v1 and the dashboard at {url}/dashboard "
+                say(
+                    f"serving the API at {url}/v1 and the dashboard at {url}/dashboard "
                     f"(event loop {running_loop()}; stop: Ctrl-C or SIGTERM)",
-                    file=sys.stderr,
-                    flush=True,
+                    event="command.started",
+                    command="serve",
+                    url=url,
                 )
 
 

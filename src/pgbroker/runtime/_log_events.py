@@ -1,5 +1,7 @@
 """The runtime's log lines: an event, then key=value pairs, on the ``pgbroker.worker`` logger that
-queue and stream workers share (a log configuration names it)."""
+queue and stream workers share (a log configuration names it). Each record also carries the event
+and its fields as they are (``EVENT`` and ``FIELDS`` attributes), for a formatter that writes them
+as data (the JSON lines of pgbroker._log_lines)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pgbroker._log_lines import EVENT, FIELDS
+
 __all__ = ["log_event", "log_failure", "on_bug"]
 
 log = logging.getLogger("pgbroker.worker")
@@ -17,13 +21,13 @@ log = logging.getLogger("pgbroker.worker")
 def log_event(level: int, event: str, **fields: object) -> None:
     """One log line: the event, then key=value pairs (values with spaces are JSON-quoted)."""
     if log.isEnabledFor(level):
-        log.log(level, "%s %s", event, _pairs(fields))
+        log.log(level, "%s %s", event, _pairs(fields), extra=_extra(event, fields))
 
 
 def log_failure(event: str, failure: BaseException, /, **fields: object) -> None:
     """A warning's log line, as log_event writes it, with the failure's traceback below."""
     if log.isEnabledFor(logging.WARNING):
-        log.warning("%s %s", event, _pairs(fields), exc_info=failure)
+        log.warning("%s %s", event, _pairs(fields), exc_info=failure, extra=_extra(event, fields))
 
 
 def on_bug(event: str, **fields: object) -> Callable[[asyncio.Task[Any]], None]:
@@ -34,9 +38,14 @@ def on_bug(event: str, **fields: object) -> Callable[[asyncio.Task[Any]], None]:
 
     def said(task: asyncio.Task[Any]) -> None:
         if not task.cancelled() and (failure := task.exception()) is not None:
-            log.error("%s %s", event, _pairs({"task": task.get_name(), **fields}), exc_info=failure)
+            named = {"task": task.get_name(), **fields}
+            log.error("%s %s", event, _pairs(named), exc_info=failure, extra=_extra(event, named))
 
     return said
+
+
+def _extra(event: str, fields: dict[str, object]) -> dict[str, object]:
+    return {EVENT: event, FIELDS: fields}
 
 
 def _pairs(fields: dict[str, object]) -> str:

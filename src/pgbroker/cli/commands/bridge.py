@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import database_place
+from pgbroker._log_lines import say
 from pgbroker.cli.support.arguments import (
     positive_int,
     positive_seconds,
@@ -291,7 +292,7 @@ def _serve(
     async def announce(bridge: _Bridge) -> None:
         await bridge.started.wait()
         what = describe(bridge.where, database_place(dsn))
-        print(f"pgbroker: bridge started: {what} (stop: Ctrl-C or SIGTERM)", file=sys.stderr, flush=True)
+        say(f"bridge started: {what} (stop: Ctrl-C or SIGTERM)", event="command.started", command="bridge")
 
     async def run() -> None:
         async with AsyncBroker(
@@ -321,7 +322,7 @@ def _serve(
     try:
         event_loop.run(run(), args.loop)
     except asyncio.CancelledError:
-        print("pgbroker: interrupted", file=sys.stderr)
+        say("interrupted", event="command.interrupted")
         return Exit.INTERRUPTED
     except BridgeError as exc:
         raise CliError(exc.message, code=Exit.AMQP, hint=exc.hint) from exc

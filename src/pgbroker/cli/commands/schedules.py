@@ -8,13 +8,13 @@ many run, each tick is sent once.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import database_place
+from pgbroker._log_lines import say
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.json_input import json_argument
@@ -151,8 +151,8 @@ def _announce(schedules: Sequence[Schedule], dsn: str) -> None:
         if schedules
         else "no schedules yet (pgbroker schedule add ...; it takes them up as they come)"
     )
-    print(
-        f"pgbroker: scheduler started: {what} in {database_place(dsn)} (stop: Ctrl-C or SIGTERM)",
-        file=sys.stderr,
-        flush=True,
+    say(
+        f"scheduler started: {what} in {database_place(dsn)} (stop: Ctrl-C or SIGTERM)",
+        event="command.started",
+        command="scheduler",
     )

@@ -181,6 +181,8 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
             host=args.host,
             port=args.port,
             log_level="info" if getattr(args, "verbose", 0) else "warning",
+            # JSON lines: uvicorn's records go to the command's handler, not to uvicorn's own.
+            log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
             http=protocol_with_head_timeout(args.head_timeout),
             timeout_keep_alive=args.keep_alive,
             # Requests in flight are answered first; the longest is a long poll.

@@ -30,6 +30,7 @@ from typing import Any
 import pgbroker
 from pgbroker import _event_loop as event_loop
 from pgbroker._db.dsn import database_place
+from pgbroker._log_lines import say, set_up
 from pgbroker.cli.support.arguments import (
     positive_int,
     positive_seconds,
@@ -40,7 +41,7 @@ from pgbroker.cli.support.arguments import (
 from pgbroker.cli.support.connecting import dsn_of
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_progress_option, add_service_options
-from pgbroker.cli.support.running import LOG_FORMAT, classify, print_error
+from pgbroker.cli.support.running import classify, print_error
 from pgbroker.cli.support.user_modules import importable_from_cwd
 from pgbroker.cli.support.waiting import until_reachable
 from pgbroker.errors import StreamNotFound
@@ -158,11 +159,10 @@ def _announce(workers: Sequence[Worker | StreamWorker], dsn: str, processes: int
     """One line on stderr, shown without -v: what the worker consumes, from where, how to stop it."""
     consumed = ", ".join(f"{worker.queue} (concurrency {worker.concurrency})" for worker in workers)
     each = f"{processes} processes, each" if processes > 1 else "1 process"
-    print(
-        f"pgbroker: worker started: {each} consuming {consumed} from {database_place(dsn)} "
-        "(stop: Ctrl-C or SIGTERM)",
-        file=sys.stderr,
-        flush=True,
+    say(
+        f"worker started: {each} consuming {consumed} from {database_place(dsn)} (stop: Ctrl-C or SIGTERM)",
+        event="command.started",
+        command="worker",
     )
 
 
@@ -306,7 +306,7 @@ def _child(args: argparse.Namespace, dsn: str, level: int) -> None:
     # Out of the terminal's process group: Ctrl-C reaches the supervisor only, which passes it on.
     os.setpgrp()
     _stop_with(os.getppid())
-    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+    set_up(level, args.log_format)
     try:
         code = _serve_once_reachable(args, dsn)
     except Exception as exc:

@@ -12,6 +12,7 @@ from pgbroker import __version__
 from pgbroker._db.dsn import POOLER_MODES
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT
 from pgbroker._event_loop import LOOP_ENV, LOOP_NAMES
+from pgbroker._log_lines import LOG_FORMAT_ENV, LOG_FORMATS
 from pgbroker.cli.support.arguments import DURATION_FORMS, connect_seconds, positive_seconds, seconds
 from pgbroker.queues._client import Broker
 
@@ -135,6 +136,13 @@ def add_global_options(
             "or a proxy like it) runs statements unprepared and polls instead of LISTEN (default: "
             "$PGBROKER_POOLER, else none)",
         )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None if top_level else argparse.SUPPRESS,
+        help="log lines as text or as JSON lines, one object a record, for a log pipeline "
+        f"(default: ${LOG_FORMAT_ENV}, else text)",
+    )
     parser.add_argument(
         "-v",
         "--verbose",

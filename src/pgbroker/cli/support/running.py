@@ -13,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 
 import psycopg
 
+from pgbroker._log_lines import LOG_FORMATS, chosen_format, say, set_up, writes_json
 from pgbroker.cli.support.connecting import connected, database_of, not_installed
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.cli.support.parsers import Handler, LocalHandler
@@ -32,9 +33,6 @@ from pgbroker.errors import (
 )
 from pgbroker.queues._client import Broker
 
-# How log lines look, in the command and in the worker processes it starts.
-LOG_FORMAT = "pgbroker: %(message)s"
-
 # The server's words name an object ("permission denied for schema pgmq", "... for function
 # queue_codec"): what the user can do about it is to change the role or its rights.
 INSUFFICIENT_PRIVILEGE = "42501"
@@ -53,7 +51,12 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         parser.print_help(sys.stderr)
         return Exit.USAGE
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+    try:
+        args.log_format = chosen_format(args.log_format)
+    except InvalidArgument as exc:
+        print_error(str(exc), f"Unset it, or pass --log-format {' or '.join(LOG_FORMATS)}.")
+        return Exit.USAGE
+    set_up(level, args.log_format)
     try:
         if not args.needs_database:
             local: LocalHandler = args.handler
@@ -68,7 +71,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             except NotInstalled as exc:
                 raise not_installed(exc, database_of(args.dsn, broker)) from exc
     except KeyboardInterrupt:
-        print("pgbroker: interrupted", file=sys.stderr)
+        say("interrupted", event="command.interrupted")
         return Exit.INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`pgbroker read q --qty 100 | head -1`): not worth a message, but
@@ -125,6 +128,9 @@ def classify(exc: Exception) -> tuple[int, str, str | None]:
 
 
 def print_error(message: str, hint: str | None) -> None:
+    if writes_json():
+        say(message.strip(), event="command.failed", level="error", hint=hint)
+        return
     # Continuation lines (a server log tail, say) are indented so the first line stays greppable.
     print("pgbroker: error: " + message.strip().replace("\n", "\n  "), file=sys.stderr)
     if hint:

@@ -238,6 +238,8 @@ class Traffic:
         """Let every kind work, run ``fault`` (which returns the wall time of the promotion), wait
         until every kind works again, then stop sending, let everything drain and count."""
         self._until(lambda: all(self._successes(kind, 0.0) for kind in KINDS), "every kind at work")
+        # Both consumers own their share before the fault: a join later would move partitions.
+        self._until(lambda: self._stream_consumers_at_work() == 2, "both stream consumers owning partitions")
         time.sleep(warm_up)
         owners = partition_owners(self.dsn, STREAM, GROUP)
         self._fault_at = time.time()
@@ -456,6 +458,12 @@ class Traffic:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{what}: not within {bound:.0f} s; {self._logs()}")
             time.sleep(0.05)
+
+    def _stream_consumers_at_work(self) -> int:
+        try:
+            return len({owner for owner, _ in partition_owners(self.dsn, STREAM, GROUP).values() if owner})
+        except _TRANSIENT:
+            return 0
 
     def _drained(self) -> bool:
         """Every queue empty, the group caught up, the last tick given sent."""

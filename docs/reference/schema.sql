@@ -3956,6 +3956,7 @@ DECLARE
     owned integer;
     given integer;
     taken integer[];
+    since timestamptz;
 BEGIN
     -- Taken again on every read: a session's locks stack, and cost no shared memory more.
     IF NOT lease_only THEN
@@ -3963,12 +3964,13 @@ BEGIN
     END IF;
     -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
     -- its process ended or lost its connections. Only those within their lease are tried (the
-    -- others are not live anyway), and only those that renewed since the server started (a
-    -- restart ends every session, the live consumers' too; each renews at its first read
-    -- after it). The lock taken is held to the end of this transaction.
+    -- others are not live anyway), and only those that renewed since the server took writes (a
+    -- restart or a failover ends every session, the live consumers' too; each renews at its
+    -- first read after it). The lock taken is held to the end of this transaction.
+    since := pgbroker._stream_sessions_since();
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
+      AND c.expires_at > now() AND c.renewed_at > since
       -- (In the CASE, which keeps its order: a lease_only consumer's lock is never tried, and
       -- costs no entry of the lock table.)
       AND CASE WHEN c.consumer = _stream_balance.consumer OR c.lease_only THEN false
@@ -3979,7 +3981,7 @@ BEGIN
 
     SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
            bool_or(c.consumer = _stream_balance.consumer AND c.lease_only = _stream_balance.lease_only
-                   AND c.renewed_at > pg_postmaster_start_time()
+                   AND c.renewed_at > since
                    AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
                    AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
     INTO live, fresh
@@ -4948,6 +4950,16 @@ CREATE FUNCTION pgbroker._stream_send_to(stream_name text, messages jsonb[], hea
             END IF;
         END;
         $_$;
+
+--
+-- Name: _stream_sessions_since(); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._stream_sessions_since() RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT greatest(pg_postmaster_start_time(), pg_last_xact_replay_timestamp());
+$$;
 
 --
 -- Name: _stream_share(integer, text[], text); Type: FUNCTION; Schema: pgbroker; Owner: -

@@ -17,6 +17,8 @@ import pytest
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pgbroker.embedded import EmbeddedPostgres
+from tests.support.replication import promote, wait_caught_up
 from tests.support.streams import Batch, ack, drain, read, send
 
 Conn = psycopg.Connection[Any]
@@ -761,6 +763,27 @@ def test_a_consumer_not_seen_since_the_server_started_keeps_its_lease(dsn: str, 
     )
     assert read(conn, "clicks", "g", "b", lease=600).rows == []
     owners = conn.execute("SELECT DISTINCT owner FROM pgbroker.stream_cursor").fetchall()
+    assert owners == [("a",)]
+
+
+def test_a_consumer_not_seen_since_the_promotion_keeps_its_lease(
+    replicated: tuple[EmbeddedPostgres, EmbeddedPostgres],
+) -> None:
+    """A failover ends every session too: the promoted standby holds none of the consumers'
+    locks. The first consumer to read there took the others' partitions (and their batches in
+    hand, handed out again while they were handled), though they were alive and reconnecting."""
+    primary, standby = replicated
+    with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+        make_stream(conn, partitions=2)
+        make_group(conn, "g")
+        send(conn, "clicks", [{"n": i} for i in range(4)])
+        assert read(conn, "clicks", "g", "a", lease=600).ids  # "a" owns both partitions
+    wait_caught_up(primary, standby)
+    primary.stop()
+    promote(standby)
+    with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+        assert read(conn, "clicks", "g", "b", lease=600).rows == []
+        owners = conn.execute("SELECT DISTINCT owner FROM pgbroker.stream_cursor").fetchall()
     assert owners == [("a",)]
 
 

@@ -89,9 +89,10 @@
 -- free at that read, not at the end of its lease. A session that reads for
 -- several consumers holds each lock, so a consumer looks alive while any of
 -- its sessions does. A restart of the server ends every session, the live
--- consumers' too: a consumer is judged by its lock only once it has renewed
--- its heartbeat since the server started, which each does at its first read
--- after it. A pooler that hands one server session to many clients,
+-- consumers' too, and so does a failover (the promoted standby had none of
+-- them): a consumer is judged by its lock only once it has renewed its
+-- heartbeat since the server took writes (_stream_sessions_since), which each
+-- does at its first read after it. A pooler that hands one server session to many clients,
 -- or a pool that resets sessions (DISCARD ALL), makes the lock say less, and
 -- the lease decides as before. A caller whose sessions are shared by many
 -- consumers (the HTTP API's pool) reads with lease_only: it takes no lock,
@@ -1049,6 +1050,17 @@ RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
     SELECT hashtextextended('pgbroker.stream_consumer/' || stream_name || '/' || group_name || '/' || consumer, 0);
 $$;
 
+-- Since when this server holds the sessions that write to it: since it started, or since its
+-- recovery ended (a standby promoted). A consumer's lock says something only once it renewed
+-- after that: a promoted standby has none of the sessions the consumers held on the old primary,
+-- and judged every consumer but the first to read again dead, taking the partitions (and the
+-- batches in hand) of consumers alive and reconnecting. Every renewal replayed from the old
+-- primary began before the last transaction replayed committed; one made here, after.
+CREATE OR REPLACE FUNCTION pgbroker._stream_sessions_since()
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT greatest(pg_postmaster_start_time(), pg_last_xact_replay_timestamp());
+$$;
+
 -- Whether this session holds a consumer's liveness lock (then a try of it here succeeds
 -- whether or not the consumer's own sessions are there: a session never conflicts with itself).
 CREATE OR REPLACE FUNCTION pgbroker._stream_consumer_held_here(key bigint)
@@ -1134,6 +1146,7 @@ DECLARE
     owned integer;
     given integer;
     taken integer[];
+    since timestamptz;
 BEGIN
     -- Taken again on every read: a session's locks stack, and cost no shared memory more.
     IF NOT lease_only THEN
@@ -1141,12 +1154,13 @@ BEGIN
     END IF;
     -- A consumer none of whose sessions holds its lock (the exclusive try succeeds) is dead:
     -- its process ended or lost its connections. Only those within their lease are tried (the
-    -- others are not live anyway), and only those that renewed since the server started (a
-    -- restart ends every session, the live consumers' too; each renews at its first read
-    -- after it). The lock taken is held to the end of this transaction.
+    -- others are not live anyway), and only those that renewed since the server took writes (a
+    -- restart or a failover ends every session, the live consumers' too; each renews at its
+    -- first read after it). The lock taken is held to the end of this transaction.
+    since := pgbroker._stream_sessions_since();
     DELETE FROM pgbroker.stream_consumer c
     WHERE c.stream_name = s.stream_name AND c.group_name = _stream_balance.group_name
-      AND c.expires_at > now() AND c.renewed_at > pg_postmaster_start_time()
+      AND c.expires_at > now() AND c.renewed_at > since
       -- (In the CASE, which keeps its order: a lease_only consumer's lock is never tried, and
       -- costs no entry of the lock table.)
       AND CASE WHEN c.consumer = _stream_balance.consumer OR c.lease_only THEN false
@@ -1157,7 +1171,7 @@ BEGIN
 
     SELECT array_agg(c.consumer ORDER BY c.consumer) FILTER (WHERE c.expires_at > now() OR c.consumer = _stream_balance.consumer),
            bool_or(c.consumer = _stream_balance.consumer AND c.lease_only = _stream_balance.lease_only
-                   AND c.renewed_at > pg_postmaster_start_time()
+                   AND c.renewed_at > since
                    AND c.renewed_at >= now() - make_interval(secs => lease_seconds / 2.0)
                    AND c.expires_at >= now() + make_interval(secs => lease_seconds / 2.0))
     INTO live, fresh

@@ -107,13 +107,15 @@ def wait_for(condition: Any, timeout: float, what: str, *, query: Any = None) ->
 BATCH = 10_000
 
 
-def route_job(dsn: str, checkpoint: Path) -> subprocess.Popen[str]:
+def route_job(dsn: str, checkpoint: Path, *, follow: bool = False) -> subprocess.Popen[str]:
+    """The route job, src to dst; with ``follow``, --follow with a batch every half second."""
     # Its own process group: the kill takes the driver, its JVM and their Python workers at once,
     # as a crash of the driver's machine would.
     return subprocess.Popen(
         [sys.executable, "-m", "pgbroker.spark.jobs", "route", "src", "dst", "--dsn", dsn,
          "--checkpoint", str(checkpoint), "--max-rows-per-batch", str(BATCH), "--partitions", "2",
-         "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
+         "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         *(["--follow", "--trigger-seconds", "0.5"] if follow else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -23,6 +23,8 @@ Connection = psycopg.Connection[tuple[Any, ...]]
 
 APPLICATION_NAME = "pgbroker-spark"
 CONNECT_TIMEOUT_SECONDS = 10
+# How a failed connect begins its message (a job tells it from its own failures by it).
+CANNOT_CONNECT = "pgbroker data source cannot connect to the database"
 
 
 def open_connection(dsn: str, *, role: str) -> Connection:
@@ -41,7 +43,7 @@ def open_connection(dsn: str, *, role: str) -> Connection:
         conn = psycopg.connect(dsn, autocommit=True, **extra)
     except psycopg.OperationalError as exc:
         raise PgbrokerError(
-            f"pgbroker data source cannot connect to the database: {str(exc).strip()}",
+            f"{CANNOT_CONNECT}: {str(exc).strip()}",
             hint="Check option dsn (or DATABASE_URL); every executor must reach that server.",
         ) from exc
     try:

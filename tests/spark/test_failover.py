@@ -11,11 +11,6 @@ released batches, the sink's keys) with them: exactly once is not promised then 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +19,7 @@ import psycopg
 import pytest
 
 from pgbroker.embedded import EmbeddedPostgres
-from tests.spark.helpers import BATCH, Conn, count, create, fill, numbers, require_spark, route_job
+from tests.spark.helpers import BATCH, Conn, count, create, fill, following_route, numbers, require_spark
 from tests.support.replication import crash, multi_host_dsn, promote, set_synchronous
 
 TOTAL = 60_000
@@ -37,12 +32,8 @@ def on_primary(dsn: str, look: Callable[[Conn], Any]) -> Any:
         return look(conn)
 
 
-def wait_until(dsn: str, job: subprocess.Popen[str], output: list[str], done: Callable[[Conn], bool]) -> None:
-    deadline = time.monotonic() + 600
-    while not on_primary(dsn, done):
-        assert job.poll() is None, "the job ended:\n" + "".join(output)[-5000:]
-        assert time.monotonic() < deadline, "the job made no progress:\n" + "".join(output)[-5000:]
-        time.sleep(0.05)
+def count_on(dsn: str, table: str) -> int:
+    return on_primary(dsn, lambda conn: count(conn, table))  # type: ignore[no-any-return]
 
 
 @pytest.mark.slow
@@ -58,33 +49,17 @@ def test_a_following_route_rides_out_a_failover(
     with psycopg.connect(dsn, autocommit=True) as conn:
         create(conn, "src", "dst")
         fill(conn, "src", TOTAL)
-    job = route_job(dsn, tmp_path / "checkpoint", follow=True)
-    output: list[str] = []
-    reader = threading.Thread(target=lambda: output.extend(job.stdout or []), daemon=True)
-    reader.start()
-    try:
+    with following_route(dsn, tmp_path / "checkpoint") as job:
         # Inside a batch where it can be caught (one partition sent, the other not).
-        wait_until(dsn, job, output, lambda conn: count(conn, "q_dst") > 2 * BATCH)
+        job.wait_until(lambda: count_on(dsn, "q_dst") > 2 * BATCH, "two batches routed")
         crash(primary)
         promote(standby)
         on_primary(dsn, lambda conn: fill(conn, "src", LATER, start=TOTAL))
-        wait_until(dsn, job, output, lambda conn: count(conn, "q_dst") >= TOTAL + LATER)
+        job.wait_until(lambda: count_on(dsn, "q_dst") >= TOTAL + LATER, "every message routed")
         # The last batch is released at the next trigger.
-        wait_until(dsn, job, output, lambda conn: count(conn, "q_src") == 0)
-        os.kill(job.pid, signal.SIGINT)  # --follow stops after the current batch
-        job.wait(timeout=120)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    reader.join(timeout=10)
-    said = "".join(output)
-    restarts = [line for line in said.splitlines() if "pipeline.restarting" in line]
-    print(*restarts, sep="\n")
-    assert restarts, said[-5000:]
-    assert numbers_on(dsn, "q_dst") == list(range(TOTAL + LATER)), "lost or routed twice"
-    assert on_primary(dsn, lambda conn: count(conn, "q_src")) == 0
-
-
-def numbers_on(dsn: str, table: str) -> list[int]:
-    return on_primary(dsn, lambda conn: numbers(conn, table))  # type: ignore[no-any-return]
+        job.wait_until(lambda: count_on(dsn, "q_src") == 0, "the last batch released")
+        job.stop()
+    print(*job.restarts(), sep="\n")
+    assert job.restarts(), job.said()[-5000:]
+    numbers_now = on_primary(dsn, lambda conn: numbers(conn, "q_dst"))
+    assert numbers_now == list(range(TOTAL + LATER)), "lost or routed twice"

@@ -1,22 +1,28 @@
-"""The driver's background threads past a hung server: the lease renewer of claim mode and the
-releaser of log mode each keep a connection, and that session is frozen (SIGSTOP, as a hung server,
-a stuck pooler or a network dropping packets without a word leaves it: connected, never answering).
-Each gives the call up once its bound has passed, and makes it again on a new connection: the
-leases stay held, the release is done."""
+"""The driver's source process past a hung server: a session of it is frozen (SIGSTOP, as a hung
+server, a stuck pooler or a network dropping packets without a word leaves it: connected, never
+answering). The background threads (the lease renewer of claim mode and the releaser of log
+mode, each keeping a connection) give the call up once its bound has passed and make it again on
+a new connection: the leases stay held, the release is done. A call Spark makes (here the
+partitions of a batch) fails as a lost connection past its bound, instead of stalling the query."""
 
 from __future__ import annotations
 
 import logging
+import threading
+from contextlib import ExitStack
 from datetime import datetime
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+from pgbroker.errors import ConnectionLost
+from pgbroker.spark import bounded
 from pgbroker.spark.options import parse_read
 from pgbroker.spark.queue.release import BackgroundRelease
 from pgbroker.spark.queue.streaming_claim import ClaimStreamReader
+from pgbroker.spark.queue.streaming_log import LogStreamReader
 from tests.spark.helpers import Conn, count, create, fill, numbers, wait_for
-from tests.support.faults import FROZEN_APP, freezable, sessions_frozen
+from tests.support.faults import FROZEN_APP, freezable, sessions_frozen, table_locked
 
 
 def renewer_connected(conn: Conn) -> bool:
@@ -38,7 +44,7 @@ def test_leases_are_renewed_past_a_frozen_session(
 ) -> None:
     create(conn, "jobs")
     fill(conn, "jobs", 3)
-    options = {"queue": "jobs", "dsn": freezable(dsn), "mode": "claim", "consumer": "c1", "leaseSeconds": "3"}
+    options = {"queue": "jobs", "dsn": freezable(dsn), "mode": "claim", "consumer": "c1", "leaseSeconds": "6"}
     reader = ClaimStreamReader(parse_read(options))
     start = reader.initialOffset()
     reader.latestOffset(start, ReadMaxRows(3))  # a claim of 3, and the renewer started
@@ -55,6 +61,7 @@ def test_leases_are_renewed_past_a_frozen_session(
                 return row == (True,)
 
             wait_for(renewed, 60, "a renewal after the renewer's session froze")
+            # Renewed before the lease it had when the session froze ran out.
             leased = conn.execute("SELECT count(*) FROM pgmq.q_jobs WHERE vt > clock_timestamp()").fetchone()
             assert leased == (3,)
     finally:
@@ -85,3 +92,42 @@ def test_a_release_is_done_past_a_frozen_session(
     assert numbers(conn, "a_jobs") == list(range(20))
     said = [r.getMessage() for r in caplog.records if r.name == "pgbroker.spark"]
     assert any("releasing up to 20 failed (no answer from the server within 2 s)" in m for m in said), said
+
+
+def test_a_driver_call_fails_past_a_frozen_session(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The bound less than its 300 s, for a test that waits for it (raising=False: the old code ran
+    # without it).
+    monkeypatch.setattr(bounded, "DRIVER_ANSWER_SECONDS", 5.0, raising=False)
+    create(conn, "jobs")
+    fill(conn, "jobs", 5)
+    options = {"queue": "jobs", "dsn": freezable(dsn), "mode": "log", "watermarkWaitMs": "0"}
+    reader = LogStreamReader(parse_read(options))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    failed: list[BaseException] = []
+
+    def plan() -> None:
+        try:
+            reader.partitions(start, end)
+        except BaseException as exc:
+            failed.append(exc)
+
+    call = threading.Thread(target=plan, daemon=True)
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+    with ExitStack() as thawed_at_the_end:
+        # The planning statement waits for the table's lock; its session is frozen meanwhile, and
+        # stays frozen (granted the lock, never answering) once the lock is let go.
+        with table_locked(dsn, "pgmq.q_jobs"):
+            call.start()
+            wait_for(lambda: conn.execute(waiting, (FROZEN_APP,)).fetchone() != (0,), 60, "the plan to wait")
+            frozen = thawed_at_the_end.enter_context(sessions_frozen(dsn))
+            assert frozen
+        call.join(60)
+        assert not call.is_alive(), "the driver's call still waits for the frozen session"
+    reader.stop()
+    assert len(failed) == 1
+    assert isinstance(failed[0], ConnectionLost), failed
+    # 5 s, and the 5 s a watermark may wait on purpose (watermarkWaitMs below 1 s counts as 1 s).
+    assert "no answer from the server within 10 s" in str(failed[0])

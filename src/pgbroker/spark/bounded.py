@@ -2,11 +2,13 @@
 
 A hung server, a stuck pooler or a network that drops packets without a word leaves a call
 waiting forever: statement_timeout cannot end it (the server may not be running the statement at
-all), nor can TCP keepalives (a stopped backend's kernel still answers them). The threads of the
-driver's source process that run for the whole query (lease renewals, releases) bound their
-calls: past the bound the connection's socket is shut down, which wakes the call at once, and
-the call fails as a lost connection (NoAnswer, as the asyncio clients' answered_within in
-pgbroker._db.liveness), to be made again on a new connection (KeptConnection).
+all), nor can TCP keepalives (a stopped backend's kernel still answers them). So the calls of the
+driver's source process are bounded: past the bound the connection's socket is shut down, which
+wakes the call at once, and the call fails as a lost connection (NoAnswer, as the asyncio
+clients' answered_within in pgbroker._db.liveness; a ConnectionLost once pgbroker.spark.connect
+has it). The threads that run for the whole query (lease renewals, releases) make the call again
+on a new connection (connect.KeptConnection); a driver call that fails ends the query visibly
+(the jobs start it again) instead of stalling it without a word.
 """
 
 from __future__ import annotations
@@ -19,15 +21,24 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg.abc import Params, QueryNoTemplate
 
 from pgbroker._db.liveness import NoAnswer
-from pgbroker.errors import from_postgres
-from pgbroker.spark.connect import Connection, open_connection, scalar
+
+Cursor = psycopg.Cursor[tuple[Any, ...]]
+
+# How long a statement of the driver may go without an answer, beyond what it waits for on purpose
+# (a watermark waiting for senders): far more than any of them takes.
+DRIVER_ANSWER_SECONDS = 300.0
+
+
+def driver_answer_within(waits_seconds: float = 0.0) -> float:
+    """The bound of a driver statement that may wait ``waits_seconds`` in the server on purpose."""
+    return DRIVER_ANSWER_SECONDS + waits_seconds
 
 
 @contextmanager
-def answered_within(conn: Connection, seconds: float) -> Iterator[None]:
+def answered_within(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
     """Calls on ``conn`` inside fail with NoAnswer once ``seconds`` have passed without the
     block ending; the connection is then cut for good (close it)."""
     cut = _Cut(conn)
@@ -45,8 +56,26 @@ def answered_within(conn: Connection, seconds: float) -> Iterator[None]:
         cut.disarm()
 
 
+def answering_cursors(seconds: float) -> type[Cursor]:
+    """A cursor_factory whose every execute() is answered within ``seconds`` (or NoAnswer)."""
+
+    class AnsweringCursor(Cursor):
+        def execute(  # type: ignore[override]
+            self,
+            query: QueryNoTemplate,
+            params: Params | None = None,
+            *,
+            prepare: bool | None = None,
+            binary: bool | None = None,
+        ) -> AnsweringCursor:
+            with answered_within(self.connection, seconds):
+                return super().execute(query, params, prepare=prepare, binary=binary)
+
+    return AnsweringCursor
+
+
 class _Cut:
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
         self._lock = threading.Lock()
         self._armed = True
@@ -69,43 +98,3 @@ class _Cut:
     def disarm(self) -> None:
         with self._lock:
             self._armed = False
-
-
-class KeptConnection:
-    """The one connection a background thread makes its calls on, each bounded; made again on
-    the call after one that failed."""
-
-    def __init__(self, dsn: str, role: str) -> None:
-        self.dsn = dsn
-        self.role = role
-        self._conn: Connection | None = None
-
-    @property
-    def backend_pid(self) -> int | None:
-        conn = self._conn
-        return conn.info.backend_pid if conn is not None and not conn.closed else None
-
-    def open(self) -> None:
-        if self._conn is None or self._conn.closed:
-            self.close()
-            self._conn = open_connection(self.dsn, role=self.role)
-
-    def scalar(self, query: sql.Composable | str, params: tuple[Any, ...], *, within: float) -> Any:
-        """The first column of the first row of ``query``; PgbrokerError (ConnectionLost when the
-        server did not answer within ``within`` seconds) after closing the connection."""
-        try:
-            self.open()
-            assert self._conn is not None
-            with answered_within(self._conn, within):
-                return scalar(self._conn, query, params)
-        except psycopg.Error as exc:
-            self.close()
-            raise from_postgres(exc) from exc
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()

@@ -28,6 +28,7 @@ from typing import Any
 from pgbroker import _sql
 from pgbroker._db.backoff import Backoff
 from pgbroker.errors import PgbrokerError
+from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import connect, scalar
 from pgbroker.spark.jobs.common import JobFailed, lost_connection, watch
 
@@ -91,7 +92,7 @@ def _database_cause(failed: JobFailed, dsn: str, before: datetime | None) -> str
 def _server_started_at(dsn: str) -> datetime | None:
     """When the server the DSN reaches started; None while it cannot be reached."""
     try:
-        with connect(dsn, role="job") as conn:
+        with connect(dsn, role="job", answer_within=driver_answer_within()) as conn:
             started: datetime = scalar(conn, _sql.queries("spark")["spark_server_started_at"])
             return started
     except PgbrokerError:

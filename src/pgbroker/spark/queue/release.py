@@ -17,7 +17,7 @@ import threading
 
 from pgbroker import _sql
 from pgbroker._db.backoff import Backoff
-from pgbroker.spark.bounded import KeptConnection
+from pgbroker.spark.connect import KeptConnection
 
 log = logging.getLogger("pgbroker.spark")
 

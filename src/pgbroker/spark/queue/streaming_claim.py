@@ -35,8 +35,8 @@ from pyspark.sql.streaming.datasource import (
 from pgbroker import _sql
 from pgbroker._db.backoff import Backoff
 from pgbroker.spark.arrow_read import copy_batches
-from pgbroker.spark.bounded import KeptConnection
-from pgbroker.spark.connect import Connection, connect, queue_table, scalar
+from pgbroker.spark.bounded import driver_answer_within
+from pgbroker.spark.connect import Connection, KeptConnection, connect, queue_table, scalar
 from pgbroker.spark.options import MAX_CLAIM, ReadOptions
 from pgbroker.spark.queue.partitions import ClaimPartition, split
 from pgbroker.spark.queue.pause_log import PauseLog
@@ -57,10 +57,11 @@ RETRY_SECONDS = 1.0
 class LeaseRenewer:
     """Renews a consumer's claims every third of the lease, on its own connection and thread.
 
-    A renewal the server does not answer within a third of the lease (a hung server, a frozen
+    A renewal the server does not answer within a sixth of the lease (a hung server, a frozen
     session) fails as a lost connection; failed renewals are tried again on a new connection
-    after a pause that doubles from RETRY_SECONDS up to a third of the lease, so that the lease
-    still held has time for them."""
+    after a pause that doubles from RETRY_SECONDS (at most a sixth of the lease) up to a third of
+    it. A round that hangs then leaves, of the lease renewed a third of it earlier, a third for
+    the next try."""
 
     def __init__(self, dsn: str, consumer: str, lease_seconds: int) -> None:
         self.consumer = consumer
@@ -87,13 +88,13 @@ class LeaseRenewer:
         lost = self._conn.scalar(
             _sql.queries("spark_queue")["spark_queue_renew"],
             (self.consumer, self.lease_seconds),
-            within=self.lease_seconds / 3,
+            within=self.lease_seconds / 6,
         )
         return int(lost or 0)
 
     def _run(self) -> None:
         every = self.lease_seconds / 3
-        retries = Backoff(min(RETRY_SECONDS, every), every)
+        retries = Backoff(min(RETRY_SECONDS, self.lease_seconds / 6), every)
         pause = every
         while not self._stop.wait(pause):
             try:
@@ -217,7 +218,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _connect(self) -> Any:
-        return connect(self.options.dsn, role="stream source")
+        return connect(self.options.dsn, role="stream source", answer_within=driver_answer_within())
 
     def _table_name(self, conn: Connection) -> str:
         if self._table is None:

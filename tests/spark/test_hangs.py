@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import datetime
 
@@ -21,6 +22,7 @@ from pgbroker.spark.options import parse_read
 from pgbroker.spark.queue.release import BackgroundRelease
 from pgbroker.spark.queue.streaming_claim import ClaimStreamReader
 from pgbroker.spark.queue.streaming_log import LogStreamReader
+from pgbroker.spark.sink import forget
 from tests.spark.helpers import Conn, count, create, fill, numbers, wait_for
 from tests.support.faults import FROZEN_APP, freezable, sessions_frozen, table_locked
 
@@ -94,7 +96,31 @@ def test_a_release_is_done_past_a_frozen_session(
     assert any("releasing up to 20 failed (no answer from the server within 2 s)" in m for m in said), said
 
 
-def test_a_driver_call_fails_past_a_frozen_session(
+def stalled_call(dsn: str, conn: Conn, table: str, call: Callable[[], object]) -> BaseException | None:
+    """What ``call`` (on a freezable DSN) raises when its statement, waiting for a lock on
+    ``table``, has its session frozen, and the lock is then let go: the session stays frozen
+    (granted the lock, never answering). AssertionError if it still waits after 60 s."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+    with ExitStack() as thawed_at_the_end:
+        with table_locked(dsn, table):
+            thread.start()
+            wait_for(lambda: conn.execute(waiting, (FROZEN_APP,)).fetchone() != (0,), 60, "the call to wait")
+            assert thawed_at_the_end.enter_context(sessions_frozen(dsn))
+        thread.join(60)
+        assert not thread.is_alive(), "the driver's call still waits for the frozen session"
+    return failed[0] if failed else None
+
+
+def test_driver_calls_fail_past_a_frozen_session(
     dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The bound less than its 300 s, for a test that waits for it (raising=False: the old code ran
@@ -106,28 +132,17 @@ def test_a_driver_call_fails_past_a_frozen_session(
     reader = LogStreamReader(parse_read(options))
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadAllAvailable())
-    failed: list[BaseException] = []
 
-    def plan() -> None:
-        try:
-            reader.partitions(start, end)
-        except BaseException as exc:
-            failed.append(exc)
-
-    call = threading.Thread(target=plan, daemon=True)
-    waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
-    with ExitStack() as thawed_at_the_end:
-        # The planning statement waits for the table's lock; its session is frozen meanwhile, and
-        # stays frozen (granted the lock, never answering) once the lock is let go.
-        with table_locked(dsn, "pgmq.q_jobs"):
-            call.start()
-            wait_for(lambda: conn.execute(waiting, (FROZEN_APP,)).fetchone() != (0,), 60, "the plan to wait")
-            frozen = thawed_at_the_end.enter_context(sessions_frozen(dsn))
-            assert frozen
-        call.join(60)
-        assert not call.is_alive(), "the driver's call still waits for the frozen session"
-    reader.stop()
-    assert len(failed) == 1
-    assert isinstance(failed[0], ConnectionLost), failed
+    # Planning a batch (the statement that finds its msg_id bounds).
+    planning = stalled_call(dsn, conn, "pgmq.q_jobs", lambda: reader.partitions(start, end))
+    assert isinstance(planning, ConnectionLost), planning
     # 5 s, and the 5 s a watermark may wait on purpose (watermarkWaitMs below 1 s counts as 1 s).
-    assert "no answer from the server within 10 s" in str(failed[0])
+    assert "no answer from the server within 10 s" in str(planning)
+    reader.stop()
+
+    # A sink's commit of a micro-batch (dropping the keys of the batches before it).
+    committing = stalled_call(
+        dsn, conn, "pgbroker.spark_sink_commits", lambda: forget(freezable(dsn), "q", 1)
+    )
+    assert isinstance(committing, ConnectionLost), committing
+    assert "no answer from the server within 5 s" in str(committing)

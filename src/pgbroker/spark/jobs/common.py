@@ -17,6 +17,7 @@ from pgbroker._db.dsn import resolve_dsn
 from pgbroker._durations import DURATION_FORMS, positive_seconds
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
+from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import CANNOT_CONNECT, connect, queue_table
 from pgbroker.spark.requirements import MissingRequirement
 
@@ -212,7 +213,7 @@ def database(args: argparse.Namespace) -> str:
 
 def check_queue(dsn: str, queue: str) -> None:
     """Fail before Spark starts (which takes seconds) when the queue does not exist."""
-    with connect(dsn, role="job") as conn:
+    with connect(dsn, role="job", answer_within=driver_answer_within()) as conn:
         queue_table(conn, queue)
 
 

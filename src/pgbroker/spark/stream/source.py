@@ -224,7 +224,7 @@ class StreamRangeReader(DataSourceReader):
 
     def partitions(self) -> Sequence[StreamPartition]:
         opts = self.options
-        with connect(opts.dsn, role="planner") as conn:
+        with connect(opts.dsn, role="planner", answer_within=driver_answer_within()) as conn:
             bound, _ = safe_id(conn, opts.stream, opts.watermark_wait_ms)
             if opts.group is not None:
                 conn.execute(

@@ -112,14 +112,17 @@ def wait_for(condition: Any, timeout: float, what: str, *, query: Any = None) ->
 BATCH = 10_000
 
 
-def route_job(dsn: str, checkpoint: Path, *, follow: bool = False) -> subprocess.Popen[str]:
-    """The route job, src to dst; with ``follow``, --follow with a batch every half second."""
+def route_job(
+    dsn: str, checkpoint: Path, *, follow: bool = False, mode: str = "log"
+) -> subprocess.Popen[str]:
+    """The route job, src to dst, reading in ``mode``; with ``follow``, --follow with a batch every
+    half second."""
     # Its own process group: the kill takes the driver, its JVM and their Python workers at once,
     # as a crash of the driver's machine would.
     return subprocess.Popen(
         [sys.executable, "-m", "pgbroker.spark.jobs", "route", "src", "dst", "--dsn", dsn,
          "--checkpoint", str(checkpoint), "--max-rows-per-batch", str(BATCH), "--partitions", "2",
-         "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         "--master", "local[2]", "--conf", "spark.ui.enabled=false", "--mode", mode,
          *(["--follow", "--trigger-seconds", "0.5"] if follow else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -132,8 +135,8 @@ def route_job(dsn: str, checkpoint: Path, *, follow: bool = False) -> subprocess
 class FollowingRoute:
     """The route job with --follow (route_job), its output gathered as it comes."""
 
-    def __init__(self, dsn: str, checkpoint: Path) -> None:
-        self.process = route_job(dsn, checkpoint, follow=True)
+    def __init__(self, dsn: str, checkpoint: Path, mode: str) -> None:
+        self.process = route_job(dsn, checkpoint, follow=True, mode=mode)
         self._output: list[str] = []
         self._reader = threading.Thread(
             target=lambda: self._output.extend(self.process.stdout or []), daemon=True
@@ -168,9 +171,9 @@ class FollowingRoute:
 
 
 @contextmanager
-def following_route(dsn: str, checkpoint: Path) -> Iterator[FollowingRoute]:
+def following_route(dsn: str, checkpoint: Path, mode: str = "log") -> Iterator[FollowingRoute]:
     """A FollowingRoute, killed (its whole process group) on leaving if it still runs."""
-    job = FollowingRoute(dsn, checkpoint)
+    job = FollowingRoute(dsn, checkpoint, mode)
     try:
         yield job
     finally:

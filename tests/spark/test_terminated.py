@@ -2,7 +2,8 @@
 pooler ending idle sessions, an admin), exactly once: a streaming route job (micro-batches of
 10,000) has its every session terminated three times, inside batches, while the server stays up.
 The job reconnects and goes on by itself, follows messages sent afterwards, and every message
-arrives exactly once, none left unreleased in the source.
+arrives exactly once, none left unreleased in the source: in log mode, and in claim mode (the
+restarted query gets its claim back, its leases still held).
 """
 
 from __future__ import annotations
@@ -36,10 +37,13 @@ def routed_past(conn: Conn, at: int) -> Callable[[], bool]:
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(900)
-def test_a_following_route_rides_out_terminated_sessions(dsn: str, conn: Conn, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["log", "claim"])
+def test_a_following_route_rides_out_terminated_sessions(
+    dsn: str, conn: Conn, tmp_path: Path, mode: str
+) -> None:
     create(conn, "src", "dst")
     fill(conn, "src", TOTAL)
-    with following_route(dsn, tmp_path / "checkpoint") as job:
+    with following_route(dsn, tmp_path / "checkpoint", mode) as job:
         terminated = []
         for round_ in range(1, ROUNDS + 1):
             # Inside a batch where it can be caught (one partition sent, the other not).

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,16 +112,69 @@ def wait_for(condition: Any, timeout: float, what: str, *, query: Any = None) ->
 BATCH = 10_000
 
 
-def route_job(dsn: str, checkpoint: Path) -> subprocess.Popen[str]:
+def route_job(
+    dsn: str, checkpoint: Path, *, follow: bool = False, mode: str = "log"
+) -> subprocess.Popen[str]:
+    """The route job, src to dst, reading in ``mode``; with ``follow``, --follow with a batch every
+    half second."""
     # Its own process group: the kill takes the driver, its JVM and their Python workers at once,
     # as a crash of the driver's machine would.
     return subprocess.Popen(
         [sys.executable, "-m", "pgbroker.spark.jobs", "route", "src", "dst", "--dsn", dsn,
          "--checkpoint", str(checkpoint), "--max-rows-per-batch", str(BATCH), "--partitions", "2",
-         "--master", "local[2]", "--conf", "spark.ui.enabled=false"],
+         "--master", "local[2]", "--conf", "spark.ui.enabled=false", "--mode", mode,
+         *(["--follow", "--trigger-seconds", "0.5"] if follow else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
     )  # fmt: skip
+
+
+class FollowingRoute:
+    """The route job with --follow (route_job), its output gathered as it comes."""
+
+    def __init__(self, dsn: str, checkpoint: Path, mode: str) -> None:
+        self.process = route_job(dsn, checkpoint, follow=True, mode=mode)
+        self._output: list[str] = []
+        self._reader = threading.Thread(
+            target=lambda: self._output.extend(self.process.stdout or []), daemon=True
+        )
+        self._reader.start()
+
+    def said(self) -> str:
+        return "".join(self._output)
+
+    def restarts(self) -> list[str]:
+        """The lines that say the job started its query again."""
+        return [line for line in self.said().splitlines() if "pipeline.restarting" in line]
+
+    def wait_until(self, done: Callable[[], bool], what: str, timeout: float = 600) -> None:
+        """Poll ``done`` until it holds, failing at once (with the job's output) if the job ends."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert self.process.poll() is None, "the job ended:\n" + self.said()[-5000:]
+            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + self.said()[-5000:]
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Ctrl-C: --follow stops after the current batch."""
+        os.kill(self.process.pid, signal.SIGINT)
+        self.process.wait(timeout=120)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self._reader.join(timeout=10)
+
+
+@contextmanager
+def following_route(dsn: str, checkpoint: Path, mode: str = "log") -> Iterator[FollowingRoute]:
+    """A FollowingRoute, killed (its whole process group) on leaving if it still runs."""
+    job = FollowingRoute(dsn, checkpoint, mode)
+    try:
+        yield job
+    finally:
+        job.kill()

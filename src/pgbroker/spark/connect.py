@@ -18,18 +18,23 @@ from psycopg.conninfo import conninfo_to_dict
 from pgbroker import _sql
 from pgbroker._db.dsn import connection_kwargs
 from pgbroker.errors import PgbrokerError, from_postgres
+from pgbroker.spark.bounded import answered_within, answering_cursors
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
 APPLICATION_NAME = "pgbroker-spark"
 CONNECT_TIMEOUT_SECONDS = 10
+# How a failed connect begins its message (a job tells it from its own failures by it).
+CANNOT_CONNECT = "pgbroker data source cannot connect to the database"
 
 
-def open_connection(dsn: str, *, role: str) -> Connection:
+def open_connection(dsn: str, *, role: str, answer_within: float | None = None) -> Connection:
     """An autocommit connection, set up for the connector; the caller closes it.
 
     ``role`` names the connection in pg_stat_activity (application_name), so that an
-    operator can tell a Spark reader from a writer.
+    operator can tell a Spark reader from a writer. With ``answer_within``, every statement on it
+    fails as a lost connection when the server has not answered in that many seconds
+    (pgbroker.spark.bounded); the connection is then cut.
     """
     extra: dict[str, Any] = connection_kwargs()
     params = conninfo_to_dict(dsn)
@@ -39,9 +44,11 @@ def open_connection(dsn: str, *, role: str) -> Connection:
         extra["application_name"] = f"{APPLICATION_NAME} {role}"
     try:
         conn = psycopg.connect(dsn, autocommit=True, **extra)
+        if answer_within is not None:
+            conn.cursor_factory = answering_cursors(answer_within)
     except psycopg.OperationalError as exc:
         raise PgbrokerError(
-            f"pgbroker data source cannot connect to the database: {str(exc).strip()}",
+            f"{CANNOT_CONNECT}: {str(exc).strip()}",
             hint="Check option dsn (or DATABASE_URL); every executor must reach that server.",
         ) from exc
     try:
@@ -54,10 +61,10 @@ def open_connection(dsn: str, *, role: str) -> Connection:
 
 
 @contextmanager
-def connect(dsn: str, *, role: str) -> Iterator[Connection]:
+def connect(dsn: str, *, role: str, answer_within: float | None = None) -> Iterator[Connection]:
     """A connection for one task or call, closed after; errors from Postgres come out as
     PgbrokerError (with their SQLSTATE's class)."""
-    conn = open_connection(dsn, role=role)
+    conn = open_connection(dsn, role=role, answer_within=answer_within)
     try:
         with conn:
             yield conn
@@ -81,3 +88,43 @@ def table_ident(table: str) -> sql.Composable:
 def scalar(conn: Connection, query: sql.Composable | str, params: tuple[Any, ...] = ()) -> Any:
     row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
     return None if row is None else row[0]
+
+
+class KeptConnection:
+    """The one connection a background thread makes its calls on, each answered within a bound
+    (pgbroker.spark.bounded); made again on the call after one that failed."""
+
+    def __init__(self, dsn: str, role: str) -> None:
+        self.dsn = dsn
+        self.role = role
+        self._conn: Connection | None = None
+
+    @property
+    def backend_pid(self) -> int | None:
+        conn = self._conn
+        return conn.info.backend_pid if conn is not None and not conn.closed else None
+
+    def open(self) -> None:
+        if self._conn is None or self._conn.closed:
+            self.close()
+            self._conn = open_connection(self.dsn, role=self.role)
+
+    def scalar(self, query: sql.Composable | str, params: tuple[Any, ...], *, within: float) -> Any:
+        """The first column of the first row of ``query``; PgbrokerError (ConnectionLost when the
+        server did not answer within ``within`` seconds) after closing the connection."""
+        try:
+            self.open()
+            assert self._conn is not None
+            with answered_within(self._conn, within):
+                return scalar(self._conn, query, params)
+        except psycopg.Error as exc:
+            self.close()
+            raise from_postgres(exc) from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()

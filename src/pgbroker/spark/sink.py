@@ -17,6 +17,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from pgbroker import _sql
 from pgbroker.spark.arrow_write import send_batches
+from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import Connection, connect
 from pgbroker.spark.schema import WriteLayout
 
@@ -66,5 +67,5 @@ def write_keyed(dsn: str, target: str, key: SinkKey, send: Callable[[Connection]
 
 def forget(dsn: str, query_id: str, before_batch: int) -> None:
     """Drop the keys of batches before ``before_batch``: they can never be replayed."""
-    with connect(dsn, role="writer commit") as conn:
+    with connect(dsn, role="writer commit", answer_within=driver_answer_within()) as conn:
         conn.execute(_sql.queries("spark")["spark_sink_forget"], (query_id, before_batch))

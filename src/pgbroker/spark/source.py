@@ -23,6 +23,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import connect, queue_table
 from pgbroker.spark.options import OptionError, ReadOptions, WriteOptions, parse_read, parse_write
 from pgbroker.spark.queue.batch import BatchReader, BatchWriter
@@ -49,7 +50,7 @@ class PgbrokerDataSource(DataSource):
         if is_stream(self.options):
             return stream_schema(self.options)
         options = parse_read(self.options)
-        with connect(options.dsn, role="planner") as conn:
+        with connect(options.dsn, role="planner", answer_within=driver_answer_within()) as conn:
             queue_table(conn, options.queue, archive=options.archive)
         return spark_ddl(options.columns, options.body)
 
@@ -101,6 +102,6 @@ def _write_options(
         )
     options = parse_write(given)
     layout = write_layout(schema, options.body)
-    with connect(options.dsn, role="planner") as conn:
+    with connect(options.dsn, role="planner", answer_within=driver_answer_within()) as conn:
         queue_table(conn, options.queue)
     return options, layout

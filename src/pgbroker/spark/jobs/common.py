@@ -17,7 +17,8 @@ from pgbroker._db.dsn import resolve_dsn
 from pgbroker._durations import DURATION_FORMS, positive_seconds
 from pgbroker.embedded import EmbeddedError
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
-from pgbroker.spark.connect import connect, queue_table
+from pgbroker.spark.bounded import driver_answer_within
+from pgbroker.spark.connect import CANNOT_CONNECT, connect, queue_table
 from pgbroker.spark.requirements import MissingRequirement
 
 EXIT_OK = 0
@@ -182,6 +183,20 @@ def spark_error(exc: BaseException) -> tuple[str, str | None] | None:
     return None
 
 
+# What a task or driver call of the data source raises when its connection broke or was refused.
+_LOST_CONNECTION = ("pgbroker.errors.ConnectionLost", "pgbroker.errors.OutcomeUnknown")
+
+
+def lost_connection(failed: JobFailed) -> bool:
+    """Whether the Spark failure behind ``failed`` (watch's) is a connection of the data source
+    that broke (a terminated session, a restart) or could not be made."""
+    relayed = _RELAYED.findall(str(failed.__cause__ or ""))
+    if not relayed:
+        return False
+    name, message = relayed[-1]
+    return name in _LOST_CONNECTION or message.startswith(CANNOT_CONNECT)
+
+
 def check_requirements() -> None:
     """pyspark, pyarrow and Java, checked before anything else: each names its fix."""
     from pgbroker.spark import requirements, session
@@ -198,7 +213,7 @@ def database(args: argparse.Namespace) -> str:
 
 def check_queue(dsn: str, queue: str) -> None:
     """Fail before Spark starts (which takes seconds) when the queue does not exist."""
-    with connect(dsn, role="job") as conn:
+    with connect(dsn, role="job", answer_within=driver_answer_within()) as conn:
         queue_table(conn, queue)
 
 

@@ -23,6 +23,7 @@ from pyspark.sql.datasource import (
 
 from pgbroker import _sql
 from pgbroker.spark.arrow_read import copy_batches
+from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import connect, queue_table, table_ident
 from pgbroker.spark.options import ReadOptions, WriteOptions
 from pgbroker.spark.queue.partitions import RangePartition, split
@@ -36,7 +37,7 @@ class BatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[RangePartition]:
         opts = self.options
-        with connect(opts.dsn, role="planner") as conn:
+        with connect(opts.dsn, role="planner", answer_within=driver_answer_within()) as conn:
             table = queue_table(conn, opts.queue, archive=opts.archive)
             row = conn.execute(
                 sql.SQL(_sql.queries("spark_queue")["spark_queue_bounds"]).format(table=table_ident(table))

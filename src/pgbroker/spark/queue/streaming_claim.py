@@ -33,8 +33,10 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from pgbroker import _sql
+from pgbroker._db.backoff import Backoff
 from pgbroker.spark.arrow_read import copy_batches
-from pgbroker.spark.connect import Connection, connect, queue_table, scalar
+from pgbroker.spark.bounded import driver_answer_within
+from pgbroker.spark.connect import Connection, KeptConnection, connect, queue_table, scalar
 from pgbroker.spark.options import MAX_CLAIM, ReadOptions
 from pgbroker.spark.queue.partitions import ClaimPartition, split
 from pgbroker.spark.queue.pause_log import PauseLog
@@ -48,15 +50,23 @@ Offset = dict[str, Any]
 # and how often the wait is logged.
 LIMITED_RETRY_SECONDS = 0.2
 LIMITED_WARN_SECONDS = 30.0
+# The first pause before a failed lease renewal is tried again.
+RETRY_SECONDS = 1.0
 
 
 class LeaseRenewer:
-    """Renews a consumer's claims every third of the lease, on its own connection and thread."""
+    """Renews a consumer's claims every third of the lease, on its own connection and thread.
+
+    A renewal the server does not answer within a sixth of the lease (a hung server, a frozen
+    session) fails as a lost connection; failed renewals are tried again on a new connection
+    after a pause that doubles from RETRY_SECONDS (at most a sixth of the lease) up to a third of
+    it. A round that hangs then leaves, of the lease renewed a third of it earlier, a third for
+    the next try."""
 
     def __init__(self, dsn: str, consumer: str, lease_seconds: int) -> None:
-        self.dsn = dsn
         self.consumer = consumer
         self.lease_seconds = lease_seconds
+        self._conn = KeptConnection(dsn, role="lease renewer")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -71,22 +81,35 @@ class LeaseRenewer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self._conn.close()
 
     def renew(self) -> int:
         """Renew now; returns how many leases were found lost."""
-        with connect(self.dsn, role="lease renewer") as conn:
-            lost = scalar(
-                conn, _sql.queries("spark_queue")["spark_queue_renew"], (self.consumer, self.lease_seconds)
-            )
+        lost = self._conn.scalar(
+            _sql.queries("spark_queue")["spark_queue_renew"],
+            (self.consumer, self.lease_seconds),
+            within=self.lease_seconds / 6,
+        )
         return int(lost or 0)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.lease_seconds / 3):
+        every = self.lease_seconds / 3
+        retries = Backoff(min(RETRY_SECONDS, self.lease_seconds / 6), every)
+        pause = every
+        while not self._stop.wait(pause):
             try:
                 lost = self.renew()
-            except Exception as exc:  # the next round tries again; the lease has two more thirds
-                log.warning("pgbroker: consumer %r: renewing leases failed: %s", self.consumer, exc)
+            except Exception as exc:  # the lease still held leaves time to try again
+                pause = retries.next()
+                log.warning(
+                    "pgbroker: consumer %r: renewing leases failed (%s); trying again in %.1f s",
+                    self.consumer,
+                    exc,
+                    pause,
+                )
                 continue
+            retries.reset()
+            pause = every
             if lost:
                 log.warning(
                     "pgbroker: consumer %r lost the lease of %d claimed messages; another consumer "
@@ -195,7 +218,7 @@ class ClaimStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _connect(self) -> Any:
-        return connect(self.options.dsn, role="stream source")
+        return connect(self.options.dsn, role="stream source", answer_within=driver_answer_within())
 
     def _table_name(self, conn: Connection) -> str:
         if self._table is None:

@@ -40,6 +40,7 @@ from pyspark.sql.streaming.datasource import (
 from pgbroker import _sql
 from pgbroker.errors import PgbrokerError
 from pgbroker.spark.arrow_read import copy_batches
+from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import Connection, connect, queue_table, scalar, table_ident
 from pgbroker.spark.options import ReadOptions
 from pgbroker.spark.queue.partitions import RangePartition, split
@@ -176,7 +177,9 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _connect(self) -> Any:
-        return connect(self.options.dsn, role="stream source")
+        # A watermark waits for senders on purpose, up to TARGET_WAIT_FACTOR times the option.
+        waits = max(1000, self.options.watermark_wait_ms) * TARGET_WAIT_FACTOR / 1000
+        return connect(self.options.dsn, role="stream source", answer_within=driver_answer_within(waits))
 
     def _table_name(self, conn: Connection) -> str:
         if self._table is None:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pyspark.sql.types import StructType
 
 from pgbroker import _sql
+from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import connect
 from pgbroker.spark.options import OptionError
 from pgbroker.spark.schema import SPARK_TYPES, spark_ddl
@@ -57,7 +58,7 @@ def stream_write_options(
 
 
 def _check_stream(dsn: str, stream: str) -> None:
-    with connect(dsn, role="planner") as conn:
+    with connect(dsn, role="planner", answer_within=driver_answer_within()) as conn:
         conn.execute(
             _sql.queries("spark_stream")["spark_stream_check"], (stream,)
         )  # StreamNotFound names the fix

@@ -36,6 +36,7 @@ from pyspark.sql.streaming.datasource import (
 from pgbroker import _sql
 from pgbroker.errors import PgbrokerError
 from pgbroker.spark.arrow_read import copy_batches
+from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import Connection, connect
 from pgbroker.spark.queue.streaming_log import TARGET_WAIT_FACTOR, CheckpointMismatch
 from pgbroker.spark.stream.options import StreamReadOptions
@@ -185,7 +186,8 @@ class StreamOffsetReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _connect(self) -> Any:
-        return connect(self.options.dsn, role="stream source")
+        # The safe id is looked at again and again (safe_id): no statement waits on purpose.
+        return connect(self.options.dsn, role="stream source", answer_within=driver_answer_within())
 
     def _offset(self, ids: list[int]) -> Offset:
         return {"stream": self.options.stream, "group": self.group, "ids": ids}
@@ -222,7 +224,7 @@ class StreamRangeReader(DataSourceReader):
 
     def partitions(self) -> Sequence[StreamPartition]:
         opts = self.options
-        with connect(opts.dsn, role="planner") as conn:
+        with connect(opts.dsn, role="planner", answer_within=driver_answer_within()) as conn:
             bound, _ = safe_id(conn, opts.stream, opts.watermark_wait_ms)
             if opts.group is not None:
                 conn.execute(

@@ -4958,7 +4958,8 @@ CREATE FUNCTION pgbroker._stream_send_to(stream_name text, messages jsonb[], hea
 CREATE FUNCTION pgbroker._stream_sessions_since() RETURNS timestamp with time zone
     LANGUAGE sql STABLE
     AS $$
-    SELECT greatest(pg_postmaster_start_time(), pg_last_xact_replay_timestamp());
+    SELECT greatest(pg_postmaster_start_time(), pg_last_xact_replay_timestamp(),
+                    pg_stat_get_bgwriter_stat_reset_time());
 $$;
 
 --

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import os
 import random
+import signal
 import threading
 import time
 from typing import Any
@@ -782,6 +784,33 @@ def test_a_consumer_not_seen_since_the_promotion_keeps_its_lease(
     primary.stop()
     promote(standby)
     with psycopg.connect(standby.dsn(), autocommit=True) as conn:
+        assert read(conn, "clicks", "g", "b", lease=600).rows == []
+        owners = conn.execute("SELECT DISTINCT owner FROM pgbroker.stream_cursor").fetchall()
+    assert owners == [("a",)]
+
+
+def test_a_consumer_not_seen_since_a_crash_of_the_server_keeps_its_lease(cluster: EmbeddedPostgres) -> None:
+    """A backend that crashes (the OOM killer, a SIGKILL) makes the server end every session and
+    recover without a new start time: the first consumer to read after it took the others'
+    partitions (and their batches in hand), though they were alive and reconnecting."""
+    dsn = cluster.dsn()
+    with psycopg.connect(dsn, autocommit=True) as conn, psycopg.connect(dsn, autocommit=True) as victim:
+        make_stream(conn, partitions=2)
+        make_group(conn, "g")
+        send(conn, "clicks", [{"n": i} for i in range(4)])
+        assert read(conn, "clicks", "g", "a", lease=600).ids  # "a" owns both, its session holds its lock
+        pid = victim.info.backend_pid
+        os.kill(pid, signal.SIGKILL)  # the server's crash: every session ends, "a"'s too
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with psycopg.connect(dsn, autocommit=True) as back:
+                    back.execute("SELECT 1")
+                break
+            except psycopg.OperationalError:
+                assert time.monotonic() < deadline, "the server did not come back from its crash"
+                time.sleep(0.2)
+    with psycopg.connect(dsn, autocommit=True) as conn:
         assert read(conn, "clicks", "g", "b", lease=600).rows == []
         owners = conn.execute("SELECT DISTINCT owner FROM pgbroker.stream_cursor").fetchall()
     assert owners == [("a",)]

@@ -1050,15 +1050,20 @@ RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
     SELECT hashtextextended('pgbroker.stream_consumer/' || stream_name || '/' || group_name || '/' || consumer, 0);
 $$;
 
--- Since when this server holds the sessions that write to it: since it started, or since its
--- recovery ended (a standby promoted). A consumer's lock says something only once it renewed
--- after that: a promoted standby has none of the sessions the consumers held on the old primary,
--- and judged every consumer but the first to read again dead, taking the partitions (and the
--- batches in hand) of consumers alive and reconnecting. Every renewal replayed from the old
--- primary began before the last transaction replayed committed; one made here, after.
+-- Since when this server holds the sessions that write to it: since it started, since its
+-- recovery ended (a standby promoted), or since it recovered from a crash of one of its
+-- processes (the OOM killer, a SIGKILL: every session ends, the start time stays). A consumer's
+-- lock says something only once it renewed after that: a promoted standby, or a server back from
+-- a crash, has none of the sessions the consumers held, and judged every consumer but the first
+-- to read again dead, taking the partitions (and the batches in hand) of consumers alive and
+-- reconnecting. Every renewal replayed from the old primary began before the last transaction
+-- replayed committed; one made here, after. A crash's recovery discards the cumulative
+-- statistics, and so stamps their reset time (a clean start keeps it); a reset by hand
+-- (pg_stat_reset_shared) only makes the lease decide until each consumer's next read.
 CREATE OR REPLACE FUNCTION pgbroker._stream_sessions_since()
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
-    SELECT greatest(pg_postmaster_start_time(), pg_last_xact_replay_timestamp());
+    SELECT greatest(pg_postmaster_start_time(), pg_last_xact_replay_timestamp(),
+                    pg_stat_get_bgwriter_stat_reset_time());
 $$;
 
 -- Whether this session holds a consumer's liveness lock (then a try of it here succeeds

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -26,7 +24,7 @@ from pgbroker._db.liveness import is_read_only_server
 from pgbroker.cli.support.errors import CliError, first_line
 from pgbroker.errors import PgbrokerError
 from pgbroker.runtime._log_events import log_event
-from pgbroker.runtime._signals import STOP_SIGNALS
+from pgbroker.runtime._signals import stop_asked_within
 
 T = TypeVar("T")
 
@@ -73,7 +71,7 @@ def is_unreachable(exc: BaseException) -> bool:
 def until_reachable(attempt: Callable[[], T], *, within: float | None) -> T | None:
     """``attempt()``, tried again while it fails to reach the database (is_unreachable), with a
     WARNING each try (what failed, the next try in how long), for ``within`` seconds at most
-    (None: for ever; 0: no second try); None when SIGTERM or SIGINT comes during a pause."""
+    (None: for ever; 0: no second try); None when SIGTERM or SIGINT came before or during a pause."""
     retry = Backoff(*REACH_RETRY)
     deadline = None if within is None else time.monotonic() + within
     while True:
@@ -87,19 +85,8 @@ def until_reachable(attempt: Callable[[], T], *, within: float | None) -> T | No
             log_event(
                 logging.WARNING, "start.database_unavailable", error=_message(exc), retry_in=f"{pause:.1f}"
             )
-            if stop_signal_within(pause):
+            if stop_asked_within(pause):
                 return None
-
-
-def stop_signal_within(seconds: float) -> bool:
-    """Whether SIGTERM or SIGINT came within ``seconds`` (then at once)."""
-    stopped = threading.Event()
-    previous = {signum: signal.signal(signum, lambda *_: stopped.set()) for signum in STOP_SIGNALS}
-    try:
-        return stopped.wait(seconds)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _message(exc: Exception) -> str:

@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["STOP_SIGNALS", "hold_stop_signals", "on_stop_signals", "stop_asked_within", "take_held"]
+__all__ = [
+    "STOP_SIGNALS",
+    "hold_stop_signals",
+    "holding_stop_signals",
+    "on_stop_signals",
+    "stop_asked_within",
+    "take_held",
+]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -31,6 +38,27 @@ def hold_stop_signals() -> None:
     once (KeyboardInterrupt), for a start that hangs. Main thread only."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, _hold)
+
+
+@contextmanager
+def holding_stop_signals() -> Iterator[None]:
+    """hold_stop_signals for the block, from a clean slate; the handlers of before are back after
+    it, and nothing held stays (a command run in-process, main(argv), leaves its caller as it was)."""
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    _forget()
+    hold_stop_signals()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+        _forget()
+
+
+def _forget() -> None:
+    _held.clear()
+    _asked.clear()
 
 
 def _hold(signum: int, frame: FrameType | None) -> None:

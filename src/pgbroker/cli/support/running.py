@@ -31,7 +31,7 @@ from pgbroker.errors import (
     StreamNotFound,
 )
 from pgbroker.queues._client import Broker
-from pgbroker.runtime._signals import hold_stop_signals
+from pgbroker.runtime._signals import holding_stop_signals
 
 # How log lines look, in the command and in the worker processes it starts.
 LOG_FORMAT = "pgbroker: %(message)s"
@@ -53,9 +53,6 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return Exit.USAGE
-    if "wait_for_database" in args:
-        # A long-running command: a stop signal from now on is a clean stop, whenever it comes.
-        hold_stop_signals()
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
     logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
     try:
@@ -63,6 +60,9 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             local: LocalHandler = args.handler
             return local(args)
         with ExitStack() as stack:
+            if "wait_for_database" in args:
+                # A long-running command: a stop signal from now on is a clean stop, whenever it comes.
+                stack.enter_context(holding_stop_signals())
             broker = _connect(args, stack)
             if broker is None:  # stopped while it waited for the database
                 return Exit.OK

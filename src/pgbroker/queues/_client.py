@@ -572,8 +572,9 @@ class Broker:
                 configure=session.configure,
             )
             self._owned_pool = pool
-            self._open_owned_pool()
         self._pool = pool
+        if self._owned_pool is not None:
+            self._open_owned_pool()
         self._executor: Executor = (
             ConnectionExecutor(connection) if connection is not None else PoolExecutor(pool)  # type: ignore[arg-type]
         )
@@ -584,17 +585,28 @@ class Broker:
         password), not with a PoolTimeout that hides them on the first call."""
         pool = self._owned_pool
         assert pool is not None
-        assert isinstance(pool.conninfo, str)
-        assert isinstance(pool.kwargs, dict)
-        try:
-            probe = psycopg.Connection.connect(pool.conninfo, **pool.kwargs)
-        except psycopg.OperationalError as exc:
+        refused = self.connect_error()
+        if refused is not None:
             raise DatabaseError(
-                f"cannot connect to the database: {str(exc).strip()}",
+                f"cannot connect to the database: {str(refused).strip()}",
                 hint="Is the server running, and the DSN right (host, port, user, password)?",
-            ) from exc
-        probe.close()
+            ) from refused
         pool.open()
+
+    def connect_error(self) -> psycopg.OperationalError | None:
+        """Why a new connection to the broker's database fails now, in libpq's words (None when
+        one can be made, or the broker was given a single connection): a pool that found no
+        connection in time says only that (PoolTimeout), not that the server refused its login."""
+        if self._pool is None:
+            return None
+        assert isinstance(self._pool.conninfo, str)
+        assert isinstance(self._pool.kwargs, dict)
+        try:
+            probe = psycopg.Connection.connect(self._pool.conninfo, **self._pool.kwargs)
+        except psycopg.OperationalError as exc:
+            return exc
+        probe.close()
+        return None
 
     def __enter__(self) -> Broker:
         return self

@@ -619,11 +619,12 @@ class AsyncBroker:
                 configure=session.configure_async,  # sync: configure=session.configure,
             )
             self._owned_pool = pool
+        self._pool = pool
+        if self._owned_pool is not None:
             if ASYNC:
                 pass  # an async pool opens in open(), on a running event loop
             else:
                 self._open_owned_pool()
-        self._pool = pool
         self._executor: AsyncExecutor = (
             AsyncConnectionExecutor(connection) if connection is not None else AsyncPoolExecutor(pool)  # type: ignore[arg-type]
         )
@@ -643,17 +644,28 @@ class AsyncBroker:
         password), not with a PoolTimeout that hides them on the first call."""
         pool = self._owned_pool
         assert pool is not None
-        assert isinstance(pool.conninfo, str)
-        assert isinstance(pool.kwargs, dict)
-        try:
-            probe = await psycopg.AsyncConnection.connect(pool.conninfo, **pool.kwargs)
-        except psycopg.OperationalError as exc:
+        refused = await self.connect_error()
+        if refused is not None:
             raise DatabaseError(
-                f"cannot connect to the database: {str(exc).strip()}",
+                f"cannot connect to the database: {str(refused).strip()}",
                 hint="Is the server running, and the DSN right (host, port, user, password)?",
-            ) from exc
-        await probe.close()
+            ) from refused
         await pool.open()
+
+    async def connect_error(self) -> psycopg.OperationalError | None:
+        """Why a new connection to the broker's database fails now, in libpq's words (None when
+        one can be made, or the broker was given a single connection): a pool that found no
+        connection in time says only that (PoolTimeout), not that the server refused its login."""
+        if self._pool is None:
+            return None
+        assert isinstance(self._pool.conninfo, str)
+        assert isinstance(self._pool.kwargs, dict)
+        try:
+            probe = await psycopg.AsyncConnection.connect(self._pool.conninfo, **self._pool.kwargs)
+        except psycopg.OperationalError as exc:
+            return exc
+        await probe.close()
+        return None
 
     async def __aenter__(self) -> AsyncBroker:
         return await self.open()  # sync: return self

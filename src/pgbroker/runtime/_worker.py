@@ -68,6 +68,7 @@ from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
+from pgbroker.runtime._refusal_watch import RefusalWatch
 from pgbroker.runtime._registration import Registration
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
@@ -220,6 +221,7 @@ class Worker:
         self._unavailable = False  # the last call lost its connection
         self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
+        self._refusals = RefusalWatch(queue)  # asked why, at each of those warnings
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
@@ -264,6 +266,8 @@ class Worker:
         helpers.append(
             asyncio.create_task(registration.keep(broker, self._beat), name=f"pgbroker-register-{self.queue}")
         )
+        refusals = self._refusals.keep(broker)
+        helpers.append(asyncio.create_task(refusals, name=f"pgbroker-refusals-{self.queue}"))
         for task in (flusher, *helpers):
             task.add_done_callback(self._bug)
         log_event(
@@ -466,6 +470,7 @@ class Worker:
         warn = not self._unavailable or now - self._warned_at >= _UNAVAILABLE_REMINDER
         if warn:
             self._warned_at = now
+            self._refusals.ask()
         log_event(
             logging.WARNING if warn else logging.DEBUG,
             "worker.database_unavailable",

@@ -28,6 +28,7 @@ from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_service_options
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
+from pgbroker.runtime._signals import STOP_SIGNALS, take_held
 
 __all__ = ["register"]
 
@@ -174,8 +175,10 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
     # handler it found: with the default ones the process would die of SIGTERM (exit -15, no
     # cleanup) and exit 130 on Ctrl-C. Either is how a server is normally stopped, so it ends
     # here, as a success, as `pgbroker worker` does (a second Ctrl-C still cuts the wait short).
-    previous = {signum: signal.signal(signum, _stop) for signum in (signal.SIGTERM, signal.SIGINT)}
+    previous = {signum: signal.signal(signum, _stop) for signum in STOP_SIGNALS}
     try:
+        if take_held():  # a stop signal came while it started: it stops before it serves
+            return Exit.OK
         config = uvicorn.Config(
             app,
             host=args.host,

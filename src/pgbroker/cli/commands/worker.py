@@ -48,6 +48,7 @@ from pgbroker.errors import StreamNotFound
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._app import App, serve
+from pgbroker.runtime._signals import STOP_SIGNALS, hold_stop_signals, take_held
 from pgbroker.runtime._stream_worker import StreamWorker
 from pgbroker.runtime._worker import Worker
 from pgbroker.streams._client import Stream
@@ -264,9 +265,13 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     result: int = Exit.OK
 
     def start() -> None:
+        if stopping:
+            return
         child = context.Process(target=_child, args=(args, dsn, level), name="pgbroker-worker")
         child.start()
         children.append(child)
+        if stopping and child.pid is not None:  # the stop signal came while it was being started
+            os.kill(child.pid, signal.SIGTERM)
 
     def stop_all(*_: object) -> None:
         nonlocal stopping
@@ -275,8 +280,10 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
                 os.kill(child.pid, signal.SIGINT if stopping else signal.SIGTERM)
         stopping = True
 
-    previous = {signum: signal.signal(signum, stop_all) for signum in (signal.SIGTERM, signal.SIGINT)}
+    previous = {signum: signal.signal(signum, stop_all) for signum in STOP_SIGNALS}
     try:
+        if take_held():  # a stop signal came while it started: no worker process to start
+            return result
         for _ in range(args.processes):
             start()
         log.info("supervisor.started processes=%s pid=%s", args.processes, os.getpid())
@@ -305,6 +312,7 @@ def _child(args: argparse.Namespace, dsn: str, level: int) -> None:
     """A worker process under the supervisor, which alone decides when it stops."""
     # Out of the terminal's process group: Ctrl-C reaches the supervisor only, which passes it on.
     os.setpgrp()
+    hold_stop_signals()  # the supervisor's SIGTERM, come while this process starts, stops it cleanly
     _stop_with(os.getppid())
     set_up(level, args.log_format)
     try:

@@ -32,6 +32,7 @@ from pgbroker.errors import (
     StreamNotFound,
 )
 from pgbroker.queues._client import Broker
+from pgbroker.runtime._signals import holding_stop_signals
 
 # The server's words name an object ("permission denied for schema pgmq", "... for function
 # queue_codec"): what the user can do about it is to change the role or its rights.
@@ -62,6 +63,9 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             local: LocalHandler = args.handler
             return local(args)
         with ExitStack() as stack:
+            if "wait_for_database" in args:
+                # A long-running command: a stop signal from now on is a clean stop, whenever it comes.
+                stack.enter_context(holding_stop_signals())
             broker = _connect(args, stack)
             if broker is None:  # stopped while it waited for the database
                 return Exit.OK

@@ -12,68 +12,26 @@ installed, a DSN that cannot be used) still fails at once.
 from __future__ import annotations
 
 import logging
-import re
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-import psycopg
-
 from pgbroker._db.backoff import Backoff
-from pgbroker._db.liveness import is_read_only_server
+from pgbroker._db.refusals import passes
 from pgbroker.cli.support.errors import CliError, first_line
 from pgbroker.errors import PgbrokerError
 from pgbroker.runtime._log_events import log_event
-from pgbroker.runtime._signals import STOP_SIGNALS
+from pgbroker.runtime._signals import stop_asked_within
 
 T = TypeVar("T")
 
 # Pauses between tries: doubling (jittered, so that a fleet does not come back in step) up to 10 s.
 REACH_RETRY = (0.5, 10.0)
 
-# What libpq and the server say of a connection that failed for a while (a connection refused
-# carries no SQLSTATE, so the words are all there is; they are the English ones, lc_messages=C).
-_PASSING = re.compile(
-    "|".join(
-        (
-            r"Connection refused",
-            r'socket "[^"]*" failed: No such file or directory',  # the server is down
-            r"Connection reset by peer",
-            r"No route to host",
-            r"Network is unreachable",
-            r"timeout expired",
-            r"server closed the connection unexpectedly",
-            r"the database system is (starting up|shutting down|in recovery mode"
-            r"|not yet accepting connections|not accepting connections)",
-            r"too many clients",
-            r"too many connections for (role|database)",  # a CONNECTION LIMIT, reached for now
-            r"remaining connection slots are reserved",
-            r"session is read-only",  # target_session_attrs=read-write and a standby not yet promoted
-            r"server is in hot standby mode",
-        )
-    )
-)
-
-
-def is_unreachable(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an error it was raised from) is a failure to reach the database that
-    ends on its own, rather than a refusal that stays."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, psycopg.OperationalError) and _PASSING.search(str(seen)):
-            return True
-        if is_read_only_server(seen):
-            return True
-        seen = seen.__cause__
-    return False
-
-
 def until_reachable(attempt: Callable[[], T], *, within: float | None) -> T | None:
-    """``attempt()``, tried again while it fails to reach the database (is_unreachable), with a
+    """``attempt()``, tried again while it fails to reach the database (refusals.passes), with a
     WARNING each try (what failed, the next try in how long), for ``within`` seconds at most
-    (None: for ever; 0: no second try); None when SIGTERM or SIGINT comes during a pause."""
+    (None: for ever; 0: no second try); None when SIGTERM or SIGINT came before or during a pause."""
     retry = Backoff(*REACH_RETRY)
     deadline = None if within is None else time.monotonic() + within
     while True:
@@ -81,25 +39,14 @@ def until_reachable(attempt: Callable[[], T], *, within: float | None) -> T | No
             return attempt()
         except Exception as exc:
             left = float("inf") if deadline is None else deadline - time.monotonic()
-            if left <= 0 or not is_unreachable(exc):
+            if left <= 0 or not passes(exc):
                 raise
             pause = min(retry.next(), left)
             log_event(
                 logging.WARNING, "start.database_unavailable", error=_message(exc), retry_in=f"{pause:.1f}"
             )
-            if stop_signal_within(pause):
+            if stop_asked_within(pause):
                 return None
-
-
-def stop_signal_within(seconds: float) -> bool:
-    """Whether SIGTERM or SIGINT came within ``seconds`` (then at once)."""
-    stopped = threading.Event()
-    previous = {signum: signal.signal(signum, lambda *_: stopped.set()) for signum in STOP_SIGNALS}
-    try:
-        return stopped.wait(seconds)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _message(exc: Exception) -> str:

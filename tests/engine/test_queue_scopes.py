@@ -270,9 +270,14 @@ def test_a_scoped_producer_sends_only_to_its_queues(dsn: str, conn: Conn, scoped
     with Broker(producer) as broker:
         broker.queue("orders-eu").send({"n": 1})
         broker.queue("orders-eu").send_many([{"n": 2}, {"n": 3}])
+        broker.queue("orders-eu").send_many([{"n": 4}], idempotency_key="order-4")
+    # A key of billing's: a refused caller learns neither that it exists nor its msg_ids.
+    conn.execute("SELECT pgbroker.send_idempotent('billing', 'order-4', ARRAY['{}'::jsonb])")
     before = billing_state(conn)
     for statement in (
         "SELECT pgmq.send('billing', '{}')",
+        "SELECT * FROM pgbroker.send_idempotent('billing', 'order-4', ARRAY['{}'::jsonb])",
+        "SELECT * FROM pgbroker.send_idempotent('billing', 'order-4', ARRAY['{\"other\": 1}'::jsonb])",
         "SELECT pgmq.send_batch('billing', ARRAY['{}'::jsonb])",
         "SELECT * FROM pgbroker.receive_many('billing', ARRAY['id'], ARRAY['{}'::jsonb], ARRAY[NULL::jsonb],"
         " '1 hour')",
@@ -281,7 +286,7 @@ def test_a_scoped_producer_sends_only_to_its_queues(dsn: str, conn: Conn, scoped
     ):
         assert refusal(producer, statement) == "42501", statement
     assert billing_state(conn) == before
-    assert conn.execute('SELECT count(*) FROM pgmq."q_orders-eu"').fetchone() == (4,)
+    assert conn.execute('SELECT count(*) FROM pgmq."q_orders-eu"').fetchone() == (5,)
 
 
 def test_a_scoped_producer_forgets_the_inbound_ids_of_its_queues_only(

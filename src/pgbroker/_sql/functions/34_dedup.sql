@@ -255,6 +255,8 @@ DECLARE
     stored varchar;
     held bigint[];
 BEGIN
+    -- Before the key is looked at: a caller refused the queue learns nothing of its keys.
+    PERFORM pgbroker._authorize('producer', queue_name);
     PERFORM pgbroker._table(queue_name);
     stored := pgbroker._stored_name(queue_name);
     held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),

@@ -30,7 +30,7 @@ CREATE TABLE pgbroker.queue_scoped_function (
 INSERT INTO pgbroker.queue_scoped_function (role_kind, function_schema, function_name)
 SELECT 'producer', 'pgmq', f FROM unnest(ARRAY['send', 'send_batch', 'send_topic', 'send_batch_topic']) f
 UNION ALL
-SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['receive_many', 'queue_codec']) f
+SELECT 'producer', 'pgbroker', f FROM unnest(ARRAY['receive_many', 'queue_codec', 'send_idempotent']) f
 UNION ALL
 -- Its own queue's inbound ids, which a scoped producer's inbound bridge prunes (86_bridge.sql).
 SELECT 'producer', 'pgbroker', 'prune_inbound_seen'

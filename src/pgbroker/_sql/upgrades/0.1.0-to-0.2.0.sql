@@ -29,6 +29,9 @@ CREATE TABLE pgbroker.stream_idempotency_keys (
 );
 INSERT INTO pgbroker.role_function (role_kind, function_schema, function_name)
 VALUES ('producer', 'pgbroker', 'send_idempotent'), ('producer', 'pgbroker', 'stream_send_idempotent');
+-- A producer granted some queues (pgbroker grant) sends to them idempotently too.
+INSERT INTO pgbroker.queue_scoped_function (role_kind, function_schema, function_name)
+VALUES ('producer', 'pgbroker', 'send_idempotent');
 
 -- Attempt history (issue 24): pgbroker.fail takes the consumer's traceback,
 -- kept with the error of each failed attempt (65_failures.sql).

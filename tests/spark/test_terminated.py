@@ -30,6 +30,12 @@ def terminate_pipeline_sessions(conn: Conn) -> int:
     return int(row[0])
 
 
+def sessions_terminated(conn: Conn) -> Callable[[], bool]:
+    """A poll that terminates the pipeline's sessions, true once there were some: between two
+    triggers the data source may hold none (the full run at load 12 found none once in three)."""
+    return lambda: terminate_pipeline_sessions(conn) > 0
+
+
 def routed_past(conn: Conn, at: int) -> Callable[[], bool]:
     return lambda: count(conn, "q_dst") > at
 
@@ -48,15 +54,15 @@ def test_a_following_route_rides_out_terminated_sessions(
         for round_ in range(1, ROUNDS + 1):
             # Inside a batch where it can be caught (one partition sent, the other not).
             job.wait_until(routed_past(conn, round_ * BATCH), f"{round_ * BATCH:,} routed")
-            terminated.append((count(conn, "q_dst"), terminate_pipeline_sessions(conn)))
+            job.wait_until(sessions_terminated(conn), "a session of the pipeline to terminate")
+            terminated.append(count(conn, "q_dst"))
         fill(conn, "src", LATER, start=TOTAL)
         job.wait_until(lambda: count(conn, "q_dst") >= TOTAL + LATER, "every message routed")
         # The last batch is released at the next trigger.
         job.wait_until(lambda: count(conn, "q_src") == 0, "the last batch released")
         job.stop()
-    print("terminated (routed, sessions):", terminated)
+    print("sessions terminated with so many routed:", terminated)
     print(*job.restarts(), sep="\n")
-    assert all(sessions for _, sessions in terminated), terminated
     assert job.restarts(), job.said()[-5000:]
     assert all("cause=connection_lost" in line for line in job.restarts()), job.restarts()
     assert numbers(conn, "q_dst") == list(range(TOTAL + LATER)), "lost or routed twice"

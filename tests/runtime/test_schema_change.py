@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
@@ -230,43 +230,116 @@ def test_the_scheduler_gives_up_on_a_function_gone_without_an_upgrade(dsn: str) 
     assert "no upgrade" in (scheduler.gave_up.hint or ""), scheduler.gave_up.hint
 
 
+# The lease of the workers whose handler outlives an upgrade: short, for the message to come back
+# within the test when its lease is lost.
+_VT = 4
+
+
+class _SlowHandler:
+    """Records each message, and returns only once ``finish`` is set."""
+
+    def __init__(self) -> None:
+        self.handled: list[Any] = []
+        self.finish = threading.Event()
+
+    def __call__(self, message: Message) -> None:
+        self.handled.append(message.message)
+        self.finish.wait(60)
+
+
+@asynccontextmanager
+async def _one_message_in_hand(
+    dsn: str, worker: Worker, handler: _SlowHandler
+) -> AsyncIterator[tuple[AsyncBroker, asyncio.Task[None]]]:
+    """``worker`` serving, its handler running on the one message sent (1); the broker, and the
+    serving task."""
+    async with AsyncBroker(dsn) as broker:
+        await broker.create_queue("jobs")
+        await broker.queue("jobs").send(1)
+        serving = asyncio.create_task(serve([worker], dsn=dsn, handle_signals=False), name="serving")
+        try:
+            await while_serving(serving, lambda: handler.handled == [1], "the message")
+            yield broker, serving
+        finally:
+            handler.finish.set()
+            worker.stop()
+            await asyncio.wait([serving])
+
+
+@contextmanager
+def _upgraded_away(dsn: str, function: str) -> Iterator[None]:
+    """An upgrade committed that re-made pgbroker's ``function`` under another name (as an upgrade
+    re-signatures a function), undone on the way out."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _upgrade(conn, lambda: _rename(conn, "", "_gone", (function,)))
+        try:
+            yield
+        finally:
+            _rename(conn, "_gone", "", (function,))
+
+
 def test_an_ack_that_meets_an_upgrade_is_sent_again_within_its_lease(dsn: str) -> None:
     """A handler finishes just after an upgrade committed that re-made the ack's function: the ack
     meets "function ... does not exist" once (SchemaChanged). The Worker's sender of lingering
     acks tries it again while the lease holds, as the reads do, and the message is handled once.
     It gave the ack up at once (worker.ack_refused, "the ack failed: function pgbroker.complete
     ... does not exist"): the message came back after its lease and was handled a second time."""
-    handled: list[Any] = []
-    finish = threading.Event()
-
-    def handle(message: Message) -> None:
-        handled.append(message.message)
-        finish.wait(60)
-
-    vt = 4
-    worker = Worker("jobs", handle, vt=vt, poll_max=0.2)
+    handler = _SlowHandler()
+    worker = Worker("jobs", handler, vt=_VT, poll_max=0.2)
 
     async def scenario() -> None:
-        async with AsyncBroker(dsn) as broker:
-            await broker.create_queue("jobs")
-            await broker.queue("jobs").send(1)
-            serving = asyncio.create_task(serve([worker], dsn=dsn, handle_signals=False), name="serving")
-            try:
-                await while_serving(serving, lambda: handled == [1], "the message")
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    _upgrade(conn, lambda: _rename(conn, "", "_gone", ("complete",)))
-                    try:
-                        finish.set()  # the ack goes out and meets the upgrade
-                        await asyncio.sleep(1.5)
-                    finally:
-                        _rename(conn, "_gone", "", ("complete",))
-                await asyncio.sleep(vt + 2)  # a message whose ack was given up is read again by now
-                assert handled == [1]
-                assert (worker.stats.completed, worker.stats.stale) == (1, 0)
-                assert (await broker.queue("jobs").metrics()).queue_length == 0
-            finally:
-                finish.set()
-                worker.stop()
-                await serving
+        async with _one_message_in_hand(dsn, worker, handler) as (broker, _):
+            with _upgraded_away(dsn, "complete"):
+                handler.finish.set()  # the ack goes out and meets the upgrade
+                await asyncio.sleep(1.5)
+            await asyncio.sleep(_VT + 2)  # a message whose ack was given up is read again by now
+            assert handler.handled == [1]
+            assert (worker.stats.completed, worker.stats.stale) == (1, 0)
+            assert (await broker.queue("jobs").metrics()).queue_length == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_heartbeat_that_meets_an_upgrade_keeps_the_lease(dsn: str) -> None:
+    """A handler runs past a third of its lease while an upgrade re-makes the extend function:
+    the heartbeat's extend meets "function ... does not exist" once. It is tried again while the
+    lease holds, as the reads and acks are, and the message is handled once. The heartbeat called
+    outside the worker's SchemaWatch, so the error was no SchemaChanged and the lease was given up
+    at once (worker.lease_lost): the message came back after its lease and was handled again."""
+    handler = _SlowHandler()
+    worker = Worker("jobs", handler, vt=_VT, poll_max=0.2)
+
+    async def scenario() -> None:
+        async with _one_message_in_hand(dsn, worker, handler) as (_, serving):
+            with _upgraded_away(dsn, "extend"):
+                # The heartbeat (every vt/6) extends a lease past a third of vt: within this.
+                await asyncio.sleep(_VT / 2)
+            await asyncio.sleep(_VT + 2)  # a message whose lease was given up is read again by now
+            handler.finish.set()
+            await while_serving(serving, lambda: worker.stats.completed == 1, "the ack")
+            assert handler.handled == [1]
+            assert worker.stats.stale == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_give_back_at_shutdown_that_meets_an_upgrade_is_tried_again(dsn: str) -> None:
+    """A worker stopped without a grace period while an upgrade re-makes the nack function: its
+    give-back of the message in hand meets "function ... does not exist" once, is tried again
+    within the lease, and the message is visible again at once for the next consumer. It was
+    given up (worker.release_failed): the message stayed leased until its vt ran out."""
+    handler = _SlowHandler()
+    worker = Worker("jobs", handler, vt=60, poll_max=0.2)
+
+    async def scenario() -> None:
+        async with _one_message_in_hand(dsn, worker, handler) as (broker, serving):
+            with _upgraded_away(dsn, "nack"):
+                worker.stop(grace_period=0)  # the give-back goes out and meets the upgrade
+                await asyncio.sleep(1.5)
+            await asyncio.wait([serving], timeout=30)
+            assert worker.stats.released == 1
+            again = await broker.queue("jobs").read(vt=1)
+            assert again is not None, "the message is still leased"
+            assert again.message == 1
 
     asyncio.run(scenario())

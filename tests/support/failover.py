@@ -17,13 +17,16 @@ What runs, each on the same multi-host DSN and none restarted:
   as an operator changing a schedule would (the change is announced to the schedulers);
 - ``pgbroker serve``: an HTTP client sends to ``http`` and reads and acks its messages there;
 - ``pgbroker bridge out`` publishing ``outbox`` to a RabbitMQ queue this module consumes;
+- ``pgbroker bridge in`` receiving into ``inbox`` from another RabbitMQ queue, to which this
+  module publishes numbered messages (each with its message id, which the bridge de-duplicates
+  by); a publish RabbitMQ confirmed is an acknowledged send, to be stored once;
 - the listener: a waiting read of ``wake`` that only a notification wakes in time (its poll
   interval is 60 s), one send a second.
 
 Every send carries a number used once (``n``), so that what was acknowledged can be matched with
 what was delivered even when an asynchronous failover issues the same msg_id twice. (A message
-identity unique across failovers, and retry-safe HTTP sends, are another piece of work: issue 23,
-items 2 and 4.)
+identity unique across failovers is tested by tests/support/identity.py, retry-safe HTTP sends by
+tests/http/test_idempotency.py; the HTTP sends here carry no idempotency key.)
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -68,11 +71,12 @@ from tests.support.processes import stop_gracefully
 from tests.support.rabbit import Rabbit
 
 HANDLED_FILE = "PGBROKER_FAILOVER_HANDLED"
-KINDS = ("client", "worker", "serve", "bridge", "listener", "stream worker", "scheduler")
-QUEUES = ("jobs", "outbox", "http", "wake")
-PATHS = (*QUEUES, "events")  # the queues and the stream
+KINDS = ("client", "worker", "serve", "bridge out", "bridge in", "listener", "stream worker", "scheduler")
+QUEUES = ("jobs", "outbox", "http", "wake")  # consumed until empty
 EVENTS_FILE = "PGBROKER_FAILOVER_EVENTS"
-STREAM, GROUP, KEYS = PATHS[-1], "g", 8
+STREAM, GROUP, KEYS = "events", "g", 8
+INBOX = "inbox"  # bridge in's queue: nobody consumes it, what it holds is what was received
+PATHS = (*QUEUES, STREAM, INBOX)
 STREAM_BATCH = 20  # the stream handler's batch size; it runs 4 handlers at once
 SCHEDULE, TICKS = "tick", "ticks"  # the schedule, and the queue it sends to
 # Seconds of every lease (the worker's, serve's reads, the waiting read's): longer than the
@@ -114,12 +118,13 @@ def _append(file_variable: str, line: str) -> None:
 class Outcome:
     """What the run saw, per path a message takes (``jobs`` to the worker, ``outbox`` to
     RabbitMQ, ``http`` through serve, ``wake`` to the waiting read, ``events`` to the stream
-    worker), and of the schedule's ticks."""
+    worker, ``inbox`` from RabbitMQ: delivered there means stored, as often as it is), and of the
+    schedule's ticks."""
 
     # Seconds from the promotion to a kind's first success with a message sent after it (the
     # client's and serve's: a send begun after it), so that nothing in flight before counts.
     resume: dict[str, float]
-    acknowledged: dict[str, int]  # sends acknowledged, per queue
+    acknowledged: dict[str, int]  # sends acknowledged (inbox: publishes RabbitMQ confirmed), per queue
     lost: dict[str, int]  # acknowledged sends never delivered, per queue
     # Acknowledged sends the primary at the end does not hold (in the queue or its archive): gone
     # with the old primary, whether or not a consumer got them from it first.
@@ -161,7 +166,8 @@ class _Seen:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     successes: dict[str, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
-    sent: dict[str, dict[int, int]] = field(default_factory=lambda: defaultdict(dict))  # queue: n -> msg_id
+    # queue: n -> the id its sender got back (inbox: the AMQP message id the publisher gave it)
+    sent: dict[str, dict[int, int | str]] = field(default_factory=lambda: defaultdict(dict))
     delivered: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # queue: [n]
     wake_latencies: list[tuple[float, float]] = field(default_factory=list)  # (sent at, latency)
     http_acked: set[int] = field(default_factory=set)
@@ -188,14 +194,17 @@ class Traffic:
         self._numbers = itertools.count()
         self._threads: list[threading.Thread] = []
         self._stack = ExitStack()
-        self._target = ""
-        self._target_ready = threading.Event()
+        self._target = ""  # the RabbitMQ queue bridge out publishes to
+        self._source = ""  # the RabbitMQ queue bridge in receives from
+        self._source_ready = -1  # its messages ready (none delivered yet), as last seen
+        self._rabbit_ready = threading.Event()
         self._promoted_at = 0.0
         self._fault_at = 0.0
         self.events_file = directory / "events.txt"
         self.worker: subprocess.Popen[bytes] | None = None
         self.stream_workers: list[subprocess.Popen[bytes]] = []
         self.bridge: BridgeProcess | None = None
+        self.bridge_in: BridgeProcess | None = None
         self.server: LiveServer | None = None
 
     def __enter__(self) -> Traffic:
@@ -205,12 +214,13 @@ class Traffic:
             Stream(broker, STREAM).create(partitions=4, notify=True)
             Stream(broker, STREAM).create_group(GROUP, start="start")
             broker.create_queue(TICKS)
+            broker.create_queue(INBOX)
             broker.add_schedule(SCHEDULE, TICKS, "0 0 1 1 *", {})
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             _, token = create_key(conn, "failover", scopes=["send", "read"])
         self._stack.callback(self._stop_threads)
-        self._thread(self._consume_rabbit)
-        assert self._target_ready.wait(60), "no RabbitMQ queue to bridge to"
+        self._thread(self._use_rabbit)
+        assert self._rabbit_ready.wait(60), "no RabbitMQ queues to bridge to and from"
         self.server = self._stack.enter_context(pgbroker_serve(self.dsn, "--connections", "4"))
         self.worker = self._start_worker(
             "worker", "tests.support.failover:record", "--queue", "jobs", "--concurrency", "4",
@@ -224,6 +234,11 @@ class Traffic:
             "--lease", "3", "--batch-size", "50", dsn=self.dsn, logs=self.directory, env={},
         )  # fmt: skip
         self._stack.callback(self._end, self.bridge.process)
+        self.bridge_in = BridgeProcess(
+            "bridge", "in", "--from", f"{self.amqp}?queue={self._source}", "--queue", INBOX,
+            dsn=self.dsn, logs=self.directory, env={},
+        )  # fmt: skip
+        self._stack.callback(self._end, self.bridge_in.process)
         self._sending.set()
         self._thread(self._send_with_the_client)
         self._thread(self._use_serve, token)
@@ -242,8 +257,9 @@ class Traffic:
         self._until(lambda: self._stream_consumers_at_work() == 2, "both stream consumers owning partitions")
         time.sleep(warm_up)
         owners = partition_owners(self.dsn, STREAM, GROUP)
-        self._fault_at = time.time()
-        promoted_at = self._promoted_at = fault()
+        with self._inbox_write_in_flight():
+            self._fault_at = time.time()
+            promoted_at = self._promoted_at = fault()
         self._until(
             lambda: all(self._successes(kind, promoted_at) for kind in KINDS),
             "every kind at work after the promotion",
@@ -252,7 +268,7 @@ class Traffic:
         time.sleep(warm_up)
         self._sending.clear()
         self._until(self._drained, "every queue drained", DRAIN_BOUND)
-        time.sleep(4)  # the bridge's lease (3 s): a publish whose ack was cut comes again within it
+        time.sleep(4)  # bridge out's lease (3 s): a publish whose ack was cut comes again within it
         self._assert_never_restarted()
         outcome = self._outcome(promoted_at)
         outcome.partitions_moved = sorted(
@@ -261,6 +277,28 @@ class Traffic:
         return outcome
 
     # -- what runs ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _inbox_write_in_flight(self) -> Iterator[None]:
+        """Bridge in's write of a batch waiting, unanswered, when the fault comes, whatever the
+        timing: inbox's table locked until then (reading it is not held up). The batch is received
+        and unacked on RabbitMQ, so it must come again and be stored once; a bridge that acked
+        before its commit would lose it. The lock goes with the old primary's sessions."""
+        table = f"pgmq.q_{INBOX}"
+        waiting = sql.SQL("SELECT count(*) FROM pg_locks WHERE relation = {}::regclass AND NOT granted")
+        lock = psycopg.connect(self.dsn)
+        try:
+            lock.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(sql.Identifier(*table.split("."))))
+            with psycopg.connect(self.dsn, autocommit=True) as look:
+
+                def write_waits() -> bool:
+                    row = look.execute(waiting.format(sql.Literal(table))).fetchone()
+                    return row is not None and row[0] > 0
+
+                self._until(write_waits, "bridge in's write waiting for inbox")
+            yield
+        finally:
+            lock.close()  # its server is gone or stopped by now: nothing to commit
 
     def _start_worker(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         """``pgbroker worker ARGS``, logging to NAME.log (and running a scheduler, as by default)."""
@@ -384,25 +422,38 @@ class Traffic:
                 with self._seen.lock:
                     self._seen.ticks.append(tick)
 
-    def _consume_rabbit(self) -> None:
-        async def consume() -> None:
+    def _use_rabbit(self) -> None:
+        """Consume what bridge out publishes, and publish what bridge in receives."""
+
+        async def use() -> None:
             async with Rabbit(self.amqp) as rabbit:
-                self._target = await rabbit.queue()
-                self._target_ready.set()
+                self._target, self._source = await rabbit.queue(), await rabbit.queue()
+                self._rabbit_ready.set()
 
                 async def on_message(message: DeliveredMessage) -> None:
                     body = json.loads(message.body)
                     with self._seen.lock:
                         self._seen.delivered["outbox"].append(body["n"])
-                    self._seen.success("bridge", body["at"])
+                    self._seen.success("bridge out", body["at"])
                     assert message.delivery_tag is not None
                     await rabbit.channel.basic_ack(message.delivery_tag)
 
                 await rabbit.channel.basic_consume(self._target, on_message)
                 while not self._stop.is_set():
-                    await asyncio.sleep(0.05)
+                    if self._sending.is_set():
+                        await self._publish_to_bridge_in(rabbit)
+                    self._source_ready = await rabbit.count(self._source)
+                    await asyncio.sleep(0.02)
 
-        asyncio.run(consume())
+        asyncio.run(use())
+
+    async def _publish_to_bridge_in(self, rabbit: Rabbit) -> None:
+        n, began = next(self._numbers), time.time()
+        message_id = f"failover-{n}"
+        body = json.dumps({"n": n, "at": began}).encode()
+        if await rabbit.publish(self._source, body, message_id=message_id, content_type="application/json"):
+            with self._seen.lock:
+                self._seen.sent[INBOX][n] = message_id
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -448,6 +499,8 @@ class Traffic:
             return [at for _, began, at in self._handled() if began > after]
         if kind == "stream worker":
             return [event.at for event in self._handled_events() if event.sent_at > after]
+        if kind == "bridge in":
+            return self._first_received(after)
         with self._seen.lock:
             return [at for began, at in self._seen.successes[kind] if began > after]
 
@@ -466,7 +519,10 @@ class Traffic:
             return 0
 
     def _drained(self) -> bool:
-        """Every queue empty, the group caught up, the last tick given sent."""
+        """Every queue empty, the group caught up, the last tick given sent, bridge in's source
+        delivered (what bridge in holds unacked is written within moments)."""
+        if self._source_ready != 0:
+            return False
         try:
             with Broker(self.dsn, max_connections=1) as broker:
                 return (
@@ -487,14 +543,34 @@ class Traffic:
         with psycopg.connect(self.dsn) as conn:
             return {row[0] for row in conn.execute(query.format(*tables))}
 
+    def _first_received(self, after: float) -> list[float]:
+        """When bridge in first stored a message published after ``after`` (the server's stamp)."""
+        query = sql.SQL(
+            "SELECT min(extract(epoch FROM enqueued_at))::float8 FROM {} WHERE (message->>'at')::float8 > %s"
+        ).format(sql.Identifier("pgmq", f"q_{INBOX}"))
+        try:
+            with psycopg.connect(self.dsn) as conn:
+                row = conn.execute(query, (after,)).fetchone()
+        except _TRANSIENT:
+            return []
+        return [] if row is None or row[0] is None else [row[0]]
+
+    def _received(self) -> list[int]:
+        """The numbers of the messages bridge in stored, once per copy, on the primary at the end."""
+        query = sql.SQL("SELECT (message->>'n')::bigint FROM {}").format(sql.Identifier("pgmq", f"q_{INBOX}"))
+        with psycopg.connect(self.dsn) as conn:
+            return [row[0] for row in conn.execute(query)]
+
     def _assert_never_restarted(self) -> None:
         assert self.worker is not None
         assert self.bridge is not None
+        assert self.bridge_in is not None
         assert self.server is not None
         for name, process in (
             ("worker", self.worker),
             *(("stream worker", worker) for worker in self.stream_workers),
-            ("bridge", self.bridge.process),
+            ("bridge out", self.bridge.process),
+            ("bridge in", self.bridge_in.process),
             ("serve", self.server.process),
         ):
             assert process.poll() is None, f"{name} exited {process.returncode}; {self._logs()}"
@@ -505,6 +581,7 @@ class Traffic:
     def _logs(self) -> str:
         assert self.server is not None
         assert self.bridge is not None
+        assert self.bridge_in is not None
         tail = "\n".join(
             f"--- {name}:\n" + "\n".join(text.splitlines()[-30:])
             for name, text in (
@@ -514,7 +591,8 @@ class Traffic:
                     for name in ("stream-worker-1", "stream-worker-2")
                 ),
                 ("serve", self.server.log()),
-                ("bridge", self.bridge.log.read_text(errors="replace")),
+                ("bridge out", self.bridge.log.read_text(errors="replace")),
+                ("bridge in", self.bridge_in.log.read_text(errors="replace")),
             )
         )
         idle = [kind for kind in KINDS if not self._successes(kind, self._promoted_at)]
@@ -530,9 +608,11 @@ class Traffic:
         events = self._handled_events()
         delivered["jobs"] = [n for n, _, _ in self._handled()]
         delivered[STREAM] = [event.n for event in events]
+        delivered[INBOX] = self._received()
         in_log = log_order(self.dsn, STREAM)
         stored = {name: self._stored(name) for name in QUEUES}
         stored[STREAM] = {n for numbers in in_log.values() for n in numbers}
+        stored[INBOX] = set(delivered[INBOX])
         resume = {kind: min(self._successes(kind, promoted_at)) - promoted_at for kind in KINDS}
         resumed = promoted_at + max(resume.values())
         reissued = 0

@@ -109,12 +109,16 @@ class Rabbit:
         message_id: str | None = None,
         headers: Mapping[str, Any] | None = None,
         **properties: Any,
-    ) -> None:
-        """Publish to a queue through the default exchange, persistent."""
+    ) -> bool:
+        """Publish to a queue through the default exchange, persistent; whether RabbitMQ
+        confirmed it (its channel asks for publisher confirms)."""
         props = Basic.Properties(
             message_id=message_id, headers=dict(headers) if headers else None, delivery_mode=2, **properties
         )
-        await self.channel.basic_publish(body, exchange="", routing_key=queue, properties=props)
+        confirmation = await self.channel.basic_publish(
+            body, exchange="", routing_key=queue, properties=props
+        )
+        return isinstance(confirmation, Basic.Ack)
 
     async def count(self, queue: str) -> int:
         declared = await self.channel.queue_declare(queue, passive=True)

@@ -1,17 +1,21 @@
 """A worker's leases: one per message held, renewed by the heartbeat, given back at shutdown,
-and the calls made on them retried after a lost connection while the lease still holds."""
+and the calls made on them retried after a lost connection while the lease still holds.
+
+The heartbeat's extends and the give-back are made as the worker makes its reads and acks
+(``WorkerCall``: through its SchemaWatch, each bounded by the lease), so a function an upgrade
+just re-made is tried again, not taken for the lease lost."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pgbroker._db.backoff import Patience
-from pgbroker._db.liveness import answered_within, is_transient
+from pgbroker._db.liveness import is_transient
 from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged
 from pgbroker.errors import PgbrokerError
 from pgbroker.queues._client_async import AsyncQueue
@@ -19,11 +23,18 @@ from pgbroker.queues._records import Receipt
 from pgbroker.runtime._log_events import log_event
 from pgbroker.runtime._worker_stats import WorkerStats
 
-__all__ = ["RECONNECT", "Lease", "extend_leases", "release_leases", "retry_while_leased"]
+__all__ = ["RECONNECT", "Lease", "WorkerCall", "extend_leases", "release_leases", "retry_while_leased"]
 
 T = TypeVar("T")
 # Retries of calls that lost their connection: soon at first, then every few seconds.
 RECONNECT = (0.05, 2.0)
+
+
+class WorkerCall(Protocol):
+    """How a worker makes a database call (Worker._call): through its SchemaWatch, which tells an
+    upgrade's errors (SchemaChanged) from a bug's, its answer awaited at most the lease."""
+
+    def __call__(self, call: Coroutine[Any, Any, T], /) -> Awaitable[T]: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -67,7 +78,9 @@ async def retry_while_leased(stats: WorkerStats, lease_ends: float, call: Callab
             await asyncio.sleep(pause)
 
 
-async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: WorkerStats) -> None:
+async def extend_leases(
+    queue: AsyncQueue, leases: list[Lease], vt: int, stats: WorkerStats, worker_call: WorkerCall
+) -> None:
     """Extend ``leases`` in one call; a lease the server no longer holds is over (counted, logged)."""
     turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     for lease in leases:
@@ -78,7 +91,7 @@ async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: 
         renewed = await retry_while_leased(
             stats,
             min(lease.ends for lease in leases),
-            lambda: answered_within(vt, queue.extend_many(receipts, vt=vt)),
+            lambda: worker_call(queue.extend_many(receipts, vt=vt)),
         )
         error = "the lease had ended"
     except Exception as exc:
@@ -103,21 +116,26 @@ async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: 
     turn.set_result(None)
 
 
-async def release_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: WorkerStats) -> None:
-    """Nack the leases whose handler has not finished (or not started); a call unanswered within
-    ``vt`` is given up (the leases run out by then anyway), so a hung session cannot hold the
-    worker's stop."""
-    receipts = []
+async def release_leases(
+    queue: AsyncQueue, leases: list[Lease], stats: WorkerStats, worker_call: WorkerCall
+) -> None:
+    """Nack the leases whose handler has not finished (or not started), tried again while one of
+    them holds; a call unanswered within the lease is given up (they run out by then anyway), so a
+    hung session cannot hold the worker's stop for long."""
+    given_back = []
     for lease in leases:
         if lease.extending is not None:  # the receipt to give back is the one it hands out
             await asyncio.shield(lease.extending)
         if not lease.over:  # otherwise its outcome is being recorded
             lease.over = True
-            receipts.append(lease.receipt)
-    if not receipts:
+            given_back.append(lease)
+    if not given_back:
         return
+    receipts = [lease.receipt for lease in given_back]
     try:
-        released = await answered_within(vt, queue.nack_many(receipts))
+        released = await retry_while_leased(
+            stats, max(lease.ends for lease in given_back), lambda: worker_call(queue.nack_many(receipts))
+        )
     except Exception as exc:
         released = []
         log_event(logging.WARNING, "worker.release_failed", queue=queue.name, error=exc)
@@ -127,5 +145,5 @@ async def release_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats:
         "worker.released",
         queue=queue.name,
         messages=len(released),
-        unfinished=len(receipts),
+        unfinished=len(given_back),
     )

@@ -46,10 +46,10 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import suppress
 from functools import partial
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
@@ -63,7 +63,14 @@ from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
-from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
+from pgbroker.runtime._leases import (
+    RECONNECT,
+    Lease,
+    WorkerCall,
+    extend_leases,
+    release_leases,
+    retry_while_leased,
+)
 from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
@@ -78,6 +85,7 @@ __all__ = ["DEFAULT_MAX_DELIVERIES", "Handler", "Worker", "WorkerStats"]
 # Called with each message; a coroutine function is awaited, anything else runs on a thread.
 # Returning normally is success; raising is a failure (see pgbroker.fail).
 Handler: TypeAlias = Callable[[Message], Any]
+T = TypeVar("T")
 
 # Deliveries a message gets from a worker when its queue's policy sets no max_deliveries: the
 # count River and Sidekiq retry with, so finite that a poison message (or a first handler's bug)
@@ -258,7 +266,8 @@ class Worker:
         flusher = asyncio.create_task(self._send_lingering(broker), name=f"pgbroker-ack-{self.queue}")
         helpers = []
         if self.heartbeat:
-            helpers.append(asyncio.create_task(self._heartbeats(queue), name=f"pgbroker-beat-{self.queue}"))
+            beats = self._heartbeats(queue, partial(self._call, broker))
+            helpers.append(asyncio.create_task(beats, name=f"pgbroker-beat-{self.queue}"))
         if self.maintain_every is not None:
             maintaining = self._maintain(queue, self.maintain_every)
             helpers.append(asyncio.create_task(maintaining, name=f"pgbroker-maintain-{self.queue}"))
@@ -285,7 +294,7 @@ class Worker:
             await self._consume(broker, queue, threads)
         finally:
             self._stopping.set()
-            await self._drain(queue)
+            await self._drain(queue, partial(self._call, broker))
             # The outcomes still waiting are sent now, then the sender ends.
             self._closing.set()
             self._outbox.changed.set()
@@ -480,6 +489,12 @@ class Worker:
         self._unavailable = True
         return True
 
+    def _call(self, broker: AsyncBroker, call: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        """A call on the leases the worker holds (a read and its acks, an extend, a give-back):
+        through the SchemaWatch, which tells an upgrade from a bug, its answer awaited at most vt
+        (a lease: past it the call is of no use)."""
+        return answered_within(self.vt, self._schema.call(broker, call))
+
     async def _read(self, broker: AsyncBroker, outcomes: list[Outcome], qty: int) -> list[Message]:
         """An exchange that reads, its round trip timed (the read-ahead covers a few)."""
         started = time.perf_counter()
@@ -493,8 +508,7 @@ class Worker:
         """One round trip and one transaction: record ``outcomes`` and read up to ``qty`` messages
         (a span of them, when tracing: pgbroker.tracing)."""
         started = tracing.clock()
-        round_trip = self._schema.call(broker, self._round_trip(broker, outcomes, qty))
-        read = await answered_within(self.vt, round_trip)
+        read = await self._call(broker, self._round_trip(broker, outcomes, qty))
         tracing.exchanged(self.queue, started, read, len(outcomes))
         return read
 
@@ -699,7 +713,7 @@ class Worker:
             return exc
         return None
 
-    async def _heartbeats(self, queue: AsyncQueue) -> None:
+    async def _heartbeats(self, queue: AsyncQueue, worker_call: WorkerCall) -> None:
         """Extend, in one call, every lease of a handler still running past a third of its vt.
 
         Each extend hands out a new receipt and spends the old one: a handler that returns
@@ -711,11 +725,11 @@ class Worker:
             held = [*self._in_flight.values(), *(lease for _, lease in self._ahead)]
             due = [lease for lease in held if not lease.over and lease.ends - now < 2 * self.vt / 3]
             if due:
-                await extend_leases(queue, due, self.vt, self.stats)
+                await extend_leases(queue, due, self.vt, self.stats, worker_call)
 
     # -- stopping and maintenance ----------------------------------------------------------
 
-    async def _drain(self, queue: AsyncQueue) -> None:
+    async def _drain(self, queue: AsyncQueue, worker_call: WorkerCall) -> None:
         """Wait up to the grace period for the handlers in flight and what was read ahead (fast
         handlers, by construction: handling it spares its message a delivery count), then give
         back the rest."""
@@ -734,7 +748,7 @@ class Worker:
         ahead = [lease for _, lease in self._ahead]
         self._ahead.clear()
         leftover = list(self._in_flight.items())
-        await release_leases(queue, ahead + [lease for _, lease in leftover], self.vt, self.stats)
+        await release_leases(queue, ahead + [lease for _, lease in leftover], self.stats, worker_call)
         for task, _ in leftover:
             task.cancel()
         await asyncio.gather(*(task for task, _ in leftover), return_exceptions=True)

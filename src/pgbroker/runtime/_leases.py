@@ -84,6 +84,11 @@ async def extend_leases(queue: AsyncQueue, leases: list[Lease], vt: int, stats: 
     except Exception as exc:
         renewed = {}
         error = exc.message if isinstance(exc, PgbrokerError) else str(exc)
+    except asyncio.CancelledError:  # the worker stops: the leases keep their receipts, and are given back
+        for lease in leases:
+            lease.extending = None
+        turn.set_result(None)
+        raise
     for lease in leases:
         lease.extending = None
         held = lease.receipt

@@ -32,7 +32,9 @@ An empty queue is waited on with LISTEN/NOTIFY; polls are the fallback, less fre
 longer the queue stays empty (``poll_min`` doubling up to ``poll_max``). Worker.stop() (or
 SIGTERM/SIGINT under pgbroker.runtime._app.serve) stops reading, lets the handlers in flight (and the
 messages read ahead for them) finish within ``grace_period``, sends the outcomes still waiting,
-and gives back (nacks) the messages that could not be handled in time. A read-ahead message
+and gives back (nacks) the messages that could not be handled in time; once stopping, each of
+its database calls waits 3 s at most (pgbroker._db.liveness.stops_with), so that a database in
+trouble does not hold the stop: what such a call held comes back after its lease. A read-ahead message
 counts as delivered (read_ct), as one in flight does: a worker killed outright leaves both to
 come back after their vt, one delivery further towards the queue's max_deliveries.
 """
@@ -54,7 +56,7 @@ from typing import Any, TypeAlias
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import answered_within, is_lost_connection, is_transient
+from pgbroker._db.liveness import STOP_PATIENCE, answered_within, is_lost_connection, is_transient, stops_with
 from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
@@ -119,6 +121,10 @@ _READS_AHEAD = 3
 _READS_AT_ONCE = 2
 # Messages a slot handles one after the other before it lets the event loop run others.
 _SLOT_TURN = 32
+# Why an outcome was not recorded when the stop's patience ran out before the database answered.
+_STOPPED_UNANSWERED = (
+    f"stopped with no answer from the database within {STOP_PATIENCE:g} s: delivered again after its lease"
+)
 # Messages handled between two sizings of the capacity (_size_capacity; reads size it too): each
 # moves the handlers' average by a tenth of the way, so a few change little.
 _SIZE_EVERY = 32
@@ -249,6 +255,12 @@ class Worker:
 
     async def run(self, broker: AsyncBroker) -> None:
         """Consume until stop(), then drain. Raises what made consuming impossible (QueueNotFound)."""
+        # Once stopping, a call (a read, an ack, a release, the deregistration) waits for its
+        # answer STOP_PATIENCE seconds at most, whatever the database does.
+        with stops_with(self._stopping):
+            await self._run(broker)
+
+    async def _run(self, broker: AsyncBroker) -> None:
         queue = broker.queue(self.queue)
         self._unavailable = False
         if self.notify:
@@ -285,15 +297,15 @@ class Worker:
             await self._consume(broker, queue, threads)
         finally:
             self._stopping.set()
-            await self._drain(queue)
-            # The outcomes still waiting are sent now, then the sender ends.
-            self._closing.set()
-            self._outbox.changed.set()
-            await asyncio.gather(flusher, return_exceptions=True)
+            await self._wait_for_handlers()
+            # The heartbeat ends first: an extend in flight on a hung server would hold the release.
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            await registration.end(broker)
+            # Side by side: each waits up to STOP_PATIENCE on a database in trouble.
+            await asyncio.gather(
+                self._give_back(queue), self._send_the_rest(flusher), registration.end(broker)
+            )
             if threads is not None:
                 threads.close()
             log_event(logging.INFO, "worker.stopped", queue=self.queue, **self._counts())
@@ -398,7 +410,8 @@ class Worker:
                 task.add_done_callback(lambda _: self._changed.set())
                 reads[task] = (qty, outcomes, asked_at)
         finally:
-            # Reads still in flight: their messages are held, and given back by _drain.
+            # Reads still in flight (cut short at the stop's patience, stops_with): their messages are
+            # held, and given back by _give_back.
             await asyncio.gather(*reads, return_exceptions=True)
             for task, (qty, outcomes, asked_at) in reads.items():
                 self._asked -= qty
@@ -548,6 +561,10 @@ class Worker:
             except Exception as exc:
                 for outcome in outcomes:
                     not_recorded(self.queue, outcome, f"the ack failed: {exc}", self.stats)
+            except asyncio.CancelledError:  # the stop's patience ran out (_send_the_rest)
+                for outcome in [*outcomes, *outbox.take()]:
+                    not_recorded(self.queue, outcome, _STOPPED_UNANSWERED, self.stats)
+                raise
 
     async def _until(self, ready: Callable[[], bool]) -> None:
         while not (ready() or self._stopping.is_set()):
@@ -715,10 +732,9 @@ class Worker:
 
     # -- stopping and maintenance ----------------------------------------------------------
 
-    async def _drain(self, queue: AsyncQueue) -> None:
+    async def _wait_for_handlers(self) -> None:
         """Wait up to the grace period for the handlers in flight and what was read ahead (fast
-        handlers, by construction: handling it spares its message a delivery count), then give
-        back the rest."""
+        handlers, by construction: handling it spares its message a delivery count)."""
         if (self._in_flight or self._ahead) and not self._hurry:
             log_event(
                 logging.INFO,
@@ -731,6 +747,9 @@ class Worker:
             with suppress(TimeoutError):
                 async with asyncio.timeout(self.grace_period):
                     await self._until_drained()
+
+    async def _give_back(self, queue: AsyncQueue) -> None:
+        """Nack what was read ahead and the handlers still running (then cancelled)."""
         ahead = [lease for _, lease in self._ahead]
         self._ahead.clear()
         leftover = list(self._in_flight.items())
@@ -738,6 +757,17 @@ class Worker:
         for task, _ in leftover:
             task.cancel()
         await asyncio.gather(*(task for task, _ in leftover), return_exceptions=True)
+
+    async def _send_the_rest(self, flusher: asyncio.Task[None]) -> None:
+        """Let the outbox's sender send the outcomes still waiting, then end: within STOP_PATIENCE,
+        then it is cancelled (the database away or hung: those messages come back after their
+        lease, handled again: at-least-once)."""
+        self._closing.set()
+        self._outbox.changed.set()
+        done, _ = await asyncio.wait([flusher], timeout=STOP_PATIENCE)
+        if not done:
+            flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
 
     async def _until_drained(self) -> None:
         while (self._in_flight or self._ahead) and not self._hurry:

@@ -8,12 +8,16 @@ With nothing in flight, `pgbroker worker` took 42-53 s to exit 0: its read waite
 for the pool again (30 s) or the server (15 s). Each such call now gives up STOP_PATIENCE (3 s)
 after the stop (pgbroker._db.liveness.stops_with).
 
+While their login is refused, `serve`, `scheduler` and the bridges said nothing at ERROR (a worker
+has since c761386): each now says so, as the worker does (pgbroker.queues._refusal_watch).
+
 The cluster is a private one that asks the command's role for a password (scram-sha-256), found in
 a passfile; the command's sessions carry the application_name that sessions_frozen freezes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -120,6 +124,10 @@ class Command:
     def said(self) -> str:
         return self.log.read_text()
 
+    def logged(self) -> list[dict[str, object]]:
+        """Its log records (with --log-format json)."""
+        return [json.loads(line) for line in self.said().splitlines() if line.startswith("{")]
+
     def wait_started(self) -> None:
         deadline = time.monotonic() + 60
         while self.said().count(self.running) < self.processes:
@@ -194,3 +202,30 @@ def stopped_promptly(cluster: EmbeddedPostgres, running: Command, trouble: str) 
         code, took = running.stop()
     assert code == 0, running.said()
     assert took < PROMPT, f"{took:.1f} s from SIGTERM to exit:\n{running.said()[-3000:]}"
+
+
+@pytest.mark.parametrize("command", ["scheduler", "serve", "bridge out"])
+def test_a_command_says_at_error_that_its_login_is_refused_while_it_runs(
+    cluster: EmbeddedPostgres,
+    start: Callable[[tuple[list[str], str]], Command],
+    redis_server: PrivateServer,
+    command: str,
+) -> None:
+    """As a worker does (tests/runtime/test_worker_refused_login.py): the refusal in the server's
+    words, at ERROR, where they said only that no connection came, or nothing at all."""
+    url = f"redis://127.0.0.1:{redis_server.port}?stream=relay"
+    args, running_line = COMMANDS[command] if command in COMMANDS else BRIDGES[command](url)
+    running = start(([*args, "--log-format", "json"], running_line))
+    refuse_login(cluster, ROLE, "rotated")
+
+    def refused() -> list[dict[str, object]]:
+        event = f"{command.split()[0]}.database_refused"
+        return [r for r in running.logged() if r.get("event") == event and r["level"] == "error"]
+
+    deadline = time.monotonic() + 120  # a scheduler calls every 30 s when it has nothing to send
+    while not refused():
+        assert running.process.poll() is None, running.said()
+        assert time.monotonic() < deadline, f"no ERROR naming the refusal:\n{running.said()[-3000:]}"
+        time.sleep(0.5)
+    assert 'password authentication failed for user "app"' in str(refused()[0]["error"]), refused()
+    assert running.stop()[0] == 0, running.said()

@@ -64,13 +64,14 @@ from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
+from pgbroker.queues._refusal_watch import RefusalWatch
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._leases import RECONNECT, Lease, extend_leases, release_leases, retry_while_leased
+from pgbroker.runtime._log_events import log as worker_log
 from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
-from pgbroker.runtime._refusal_watch import RefusalWatch
 from pgbroker.runtime._registration import Registration
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
@@ -227,7 +228,8 @@ class Worker:
         self._unavailable = False  # the last call lost its connection
         self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
-        self._refusals = RefusalWatch(queue)  # asked why, at each of those warnings
+        # Says why at ERROR when the server refuses the worker's connections (a password changed).
+        self._refusals = RefusalWatch(worker_log, "worker.database_refused", "worker", queue=queue)
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
@@ -258,7 +260,8 @@ class Worker:
         # Once stopping, a call (a read, an ack, a release, the deregistration) waits for its
         # answer STOP_PATIENCE seconds at most, whatever the database does.
         with stops_with(self._stopping):
-            await self._run(broker)
+            async with self._refusals.watching(broker):
+                await self._run(broker)
 
     async def _run(self, broker: AsyncBroker) -> None:
         queue = broker.queue(self.queue)
@@ -278,8 +281,6 @@ class Worker:
         helpers.append(
             asyncio.create_task(registration.keep(broker, self._beat), name=f"pgbroker-register-{self.queue}")
         )
-        refusals = self._refusals.keep(broker)
-        helpers.append(asyncio.create_task(refusals, name=f"pgbroker-refusals-{self.queue}"))
         for task in (flusher, *helpers):
             task.add_done_callback(self._bug)
         log_event(
@@ -483,7 +484,6 @@ class Worker:
         warn = not self._unavailable or now - self._warned_at >= _UNAVAILABLE_REMINDER
         if warn:
             self._warned_at = now
-            self._refusals.ask()
         log_event(
             logging.WARNING if warn else logging.DEBUG,
             "worker.database_unavailable",

@@ -22,6 +22,7 @@ __all__ = [
     "TEXT_FORMAT",
     "JsonLines",
     "chosen_format",
+    "log_event_on",
     "say",
     "set_up",
     "writes_json",
@@ -89,6 +90,30 @@ def _value(value: object) -> object:
     if value is None or isinstance(value, bool | int | float | str):
         return value
     return str(value)
+
+
+def log_event_on(
+    logger: logging.Logger,
+    level: int,
+    event: str,
+    fields: dict[str, object],
+    failure: BaseException | None = None,
+) -> None:
+    """One log line on ``logger``: the event, then key=value pairs (values with spaces are
+    JSON-quoted), with ``failure``'s traceback below if given; the record carries the event and
+    its fields as they are (EVENT, FIELDS), for the JSON lines."""
+    if logger.isEnabledFor(level):
+        extra = {EVENT: event, FIELDS: fields}
+        logger.log(level, "%s %s", event, _pairs(fields), exc_info=failure, extra=extra)
+
+
+def _pairs(fields: dict[str, object]) -> str:
+    pairs = []
+    for key, value in fields.items():
+        text = str(value)
+        plain = text and not any(c in text for c in ' "=\n')
+        pairs.append(f"{key}={text if plain else json.dumps(text)}")
+    return " ".join(pairs)
 
 
 def chosen_format(given: str | None) -> str:

@@ -14,27 +14,15 @@ import asyncio
 import logging
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from pgbroker import Broker, Message, Worker
 from pgbroker.embedded import EmbeddedPostgres
 from pgbroker.runtime._app import serve
+from tests.support.passwords import refuse_login, with_passwords, write_passfile
 from tests.support.worker import while_serving
 
 ROLE = "rotated"
-
-
-def _with_passwords(cluster: EmbeddedPostgres) -> str:
-    """Ask every role but the superuser for a password; ROLE has 'first' and pgbroker's rights."""
-    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-        conn.execute(f"CREATE ROLE {ROLE} LOGIN PASSWORD 'first' IN ROLE postgres")
-        (cluster.data_dir / "pg_hba.conf").write_text(
-            "local all postgres trust\nlocal all all scram-sha-256\n"
-        )  # rewritten in place: the server's user keeps owning it
-        conn.execute("SELECT pg_reload_conf()")
-    return make_conninfo(cluster.dsn(), user=ROLE)
 
 
 def test_a_worker_says_at_error_that_its_login_is_refused_and_takes_the_new_password(
@@ -45,10 +33,9 @@ def test_a_worker_says_at_error_that_its_login_is_refused_and_takes_the_new_pass
 ) -> None:
     caplog.set_level(logging.WARNING)
     passfile = tmp_path / "pgpass"
-    passfile.write_text(f"*:*:*:{ROLE}:first\n")
-    passfile.chmod(0o600)
+    write_passfile(passfile, ROLE, "first")
     monkeypatch.setenv("PGPASSFILE", str(passfile))  # libpq reads it at every connection
-    dsn = _with_passwords(cluster)
+    dsn = with_passwords(cluster, ROLE, "first")
     with Broker(dsn) as broker:  # ROLE, with the passfile's password
         broker.create_queue("jobs")
     handled: list[int] = []
@@ -70,12 +57,9 @@ def test_a_worker_says_at_error_that_its_login_is_refused_and_takes_the_new_pass
         with Broker(cluster.dsn()) as admin:  # the superuser: trusted
             admin.queue("jobs").send({"n": 1})
             await while_serving(task, lambda: len(handled) == 1, "the first message handled")
-            with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
-                conn.execute(f"ALTER ROLE {ROLE} PASSWORD 'second'")
-                sessions = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s"
-                conn.execute(sessions, [ROLE])  # the worker's connections: made again, refused
+            refuse_login(cluster, ROLE, "second")  # the worker's connections: made again, refused
             await while_serving(task, lambda: bool(refused()), "an ERROR naming the refusal", seconds=120)
-            passfile.write_text(f"*:*:*:{ROLE}:second\n")  # the rotation reaches the passfile
+            write_passfile(passfile, ROLE, "second")  # the rotation reaches the passfile
             admin.queue("jobs").send({"n": 2})
             await while_serving(task, lambda: len(handled) == 2, "a message handled after it", seconds=120)
         worker.stop()

@@ -16,13 +16,19 @@ way, nor by a round trip before the TCP timeout: ``answered_within`` bounds the 
 answer instead. ``is_transient`` tells such a lost connection from other errors, for the workers'
 retries; a connection to a server that has become read-only counts as lost: the clients close it
 (the pool replaces it) when a call fails on it.
+
+A loop of a long-running process runs its calls under ``stops_with(its stop event)``: once it is
+stopping, answered_within gives a call STOP_PATIENCE more seconds at most, so that a stop is prompt
+whatever the database does (a pool that has no connection to give, a hung server).
 """
 
 from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import psycopg
@@ -88,11 +94,51 @@ class NoAnswer(psycopg.OperationalError):
         self.seconds = seconds
 
 
+class StopCut(NoAnswer):
+    """What answered_within raises when the loop stopping gave up waiting for the answer."""
+
+    def __init__(self) -> None:
+        psycopg.OperationalError.__init__(
+            self, f"given up at the stop: no answer from the server within {STOP_PATIENCE:g} s"
+        )
+        self.seconds = STOP_PATIENCE
+
+
+# Once a loop is stopping, how long a call of it may still wait for its answer. A healthy server
+# answers within milliseconds; a pool with no connection to give (the server down, a login
+# refused, no free slot) or a hung server would hold the stop for a pool timeout or a lease (30 s
+# each), past a process manager's patience (Kubernetes kills 30 s after SIGTERM).
+STOP_PATIENCE = 3.0
+
+# The stop event of the loop the current task works for (stops_with), inherited by the tasks it starts.
+_stopping: ContextVar[asyncio.Event | None] = ContextVar("pgbroker_stopping", default=None)
+
+
+@contextmanager
+def stops_with(stopping: asyncio.Event) -> Iterator[None]:
+    """In this block, and in the tasks started from it, answered_within cuts its calls short
+    STOP_PATIENCE seconds after ``stopping`` is set (at once for a call made after that), raising
+    StopCut: what those calls held comes back as after a lost connection (leases run out)."""
+    token = _stopping.set(stopping)
+    try:
+        yield
+    finally:
+        _stopping.reset(token)
+
+
+def stop_requested() -> bool:
+    """Whether the loop the current task works for is stopping (stops_with): a call that failed
+    is then not tried again."""
+    stopping = _stopping.get()
+    return stopping is not None and stopping.is_set()
+
+
 async def answered_within(seconds: float, call: Awaitable[T]) -> T:
     """``call``, failed as a lost connection (NoAnswer, a psycopg.OperationalError: is_transient)
     when the server has not answered within ``seconds`` (the workers pass a lease: past it the
     answer is of no use, the leases it acts on or hands out having run out), since a hung server,
-    a stuck pooler or a connection cut without a word may never answer.
+    a stuck pooler or a connection cut without a word may never answer; or, under stops_with,
+    within STOP_PATIENCE seconds of the stop (StopCut).
 
     The call given up is cancelled and left to end on its own (_abandon): psycopg asks the server
     to cancel the query and, with no answer to that within 5 s either, closes the connection (the
@@ -100,16 +146,35 @@ async def answered_within(seconds: float, call: Awaitable[T]) -> T:
     those 5 s. A caller that is cancelled itself cancels the call and waits for it, as if awaited
     directly."""
     task = asyncio.ensure_future(call)
+    stopping = _stopping.get()
     try:
-        done, _ = await asyncio.wait([task], timeout=seconds)
+        answered = await _answer(task, seconds, stopping)
     except BaseException:
         task.cancel()
         await asyncio.wait([task])
         raise
-    if not done:
+    if not answered:
         _abandon(task)
-        raise NoAnswer(seconds)
+        raise StopCut() if stopping is not None and stopping.is_set() else NoAnswer(seconds)
     return task.result()
+
+
+async def _answer(task: asyncio.Future[Any], seconds: float, stopping: asyncio.Event | None) -> bool:
+    """Wait for ``task`` up to ``seconds``, and no longer than STOP_PATIENCE once ``stopping`` is set."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    if stopping is not None and not stopping.is_set():
+        stopped = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait([task, stopped], timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+    left = deadline - loop.time()
+    if stopping is not None and stopping.is_set():
+        left = min(left, STOP_PATIENCE)
+    if not task.done() and left > 0:
+        await asyncio.wait([task], timeout=left)
+    return task.done()
 
 
 # The calls given up and still ending: held here, since the event loop keeps only weak references.

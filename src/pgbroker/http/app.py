@@ -9,6 +9,7 @@ OpenAPI spec is written from those declarations once, when the application is ma
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -38,6 +39,7 @@ from pgbroker.http.replica import OpenedReplica, WatchedReplica
 from pgbroker.http.routes import all_operations
 from pgbroker.http.settings import Settings
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._refusal_watch import RefusalWatch
 
 
 def create_app(
@@ -100,7 +102,8 @@ def create_app(
             await watched.start()
         sampling = _start_sampling(the_broker, cfg)
         try:
-            yield
+            async with _REFUSALS.watching(the_broker):
+                yield
         finally:
             if sampling is not None:
                 sampling.cancel()
@@ -131,6 +134,10 @@ def create_app(
         },
         middleware=[Middleware(ConcurrencyLimit, limit=cfg.max_concurrency)],
     )
+
+
+# Says why at ERROR when the server refuses the server's connections (a password changed).
+_REFUSALS = RefusalWatch(logging.getLogger("pgbroker.http"), "serve.database_refused", "server")
 
 
 def _routes(operations: Sequence[Operation], state: State) -> list[Route]:

@@ -667,6 +667,10 @@ class AsyncBroker:
         await probe.close()
         return None
 
+    def failed_connections(self) -> int:
+        """How many of its pool's connection attempts have failed since it opened (0 without a pool)."""
+        return 0 if self._pool is None else self._pool.get_stats().get("connections_errors", 0)
+
     async def __aenter__(self) -> AsyncBroker:
         return await self.open()  # sync: return self
 

@@ -36,6 +36,7 @@ from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, PoolTimeouts
 from pgbroker.errors import InvalidArgument
 from pgbroker.queues._client_async import AsyncBroker
+from pgbroker.queues._refusal_watch import RefusalWatch
 from pgbroker.runtime._log_events import log_event, on_bug
 from pgbroker.runtime._signals import on_stop_signals
 from pgbroker.runtime._stream_worker import StreamHandler, StreamWorker
@@ -286,8 +287,11 @@ async def serve_scheduler(
     """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT; raises what
     stopped it otherwise (NotInstalled, a role without the right): alone, it has nothing to do."""
     scheduler = Scheduler()
+    scheduler_log = logging.getLogger("pgbroker.scheduler")
+    refusals = RefusalWatch(scheduler_log, "scheduler.database_refused", "scheduler")
     async with AsyncBroker(dsn, max_connections=2, pooler=pooler, pool_timeout=pool_timeout) as broker:
         with on_stop_signals(lambda _: scheduler.stop(), enabled=handle_signals):
-            await scheduler.run(broker)
+            async with refusals.watching(broker):
+                await scheduler.run(broker)
     if scheduler.gave_up is not None:
         raise scheduler.gave_up

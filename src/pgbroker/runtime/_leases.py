@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from pgbroker._db.backoff import Patience
-from pgbroker._db.liveness import is_transient
+from pgbroker._db.liveness import STOP_PATIENCE, is_transient
 from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged
 from pgbroker.errors import PgbrokerError
 from pgbroker.queues._client_async import AsyncQueue
@@ -97,6 +97,11 @@ async def extend_leases(
     except Exception as exc:
         renewed = {}
         error = exc.message if isinstance(exc, PgbrokerError) else str(exc)
+    except asyncio.CancelledError:  # the worker stops: the leases keep their receipts, and are given back
+        for lease in leases:
+            lease.extending = None
+        turn.set_result(None)
+        raise
     for lease in leases:
         lease.extending = None
         held = lease.receipt
@@ -119,9 +124,9 @@ async def extend_leases(
 async def release_leases(
     queue: AsyncQueue, leases: list[Lease], stats: WorkerStats, worker_call: WorkerCall
 ) -> None:
-    """Nack the leases whose handler has not finished (or not started), tried again while one of
-    them holds; a call unanswered within the lease is given up (they run out by then anyway), so a
-    hung session cannot hold the worker's stop for long."""
+    """Nack the leases whose handler has not finished (or not started): at the worker's stop, so
+    tried again (an upgrade's moved function, a lost connection) for STOP_PATIENCE at most, and
+    never past the leases; a message not given back comes again once its lease ends."""
     given_back = []
     for lease in leases:
         if lease.extending is not None:  # the receipt to give back is the one it hands out
@@ -133,9 +138,8 @@ async def release_leases(
         return
     receipts = [lease.receipt for lease in given_back]
     try:
-        released = await retry_while_leased(
-            stats, max(lease.ends for lease in given_back), lambda: worker_call(queue.nack_many(receipts))
-        )
+        until = min(max(lease.ends for lease in given_back), time.monotonic() + STOP_PATIENCE)
+        released = await retry_while_leased(stats, until, lambda: worker_call(queue.nack_many(receipts)))
     except Exception as exc:
         released = []
         log_event(logging.WARNING, "worker.release_failed", queue=queue.name, error=exc)

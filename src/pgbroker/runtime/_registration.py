@@ -62,12 +62,17 @@ class Registration:
 
     async def _run(self, broker: AsyncBroker, query: Query[None]) -> None:
         try:
-            async with broker.connection() as conn:
-                # Bounded: a session that hangs must hold up neither the beats nor the stop.
-                await answered_within(BEAT_SECONDS, run_together(conn, [query]))
+            # Bounded, the wait for a pooled connection included: a pool with none to give or a
+            # session that hangs must hold up neither the beats nor the stop.
+            await answered_within(BEAT_SECONDS, self._call(broker, query))
         except Exception as exc:
             if not self._failing:
                 log_event(logging.WARNING, "worker.registration_failed", queue=self.queue, error=exc)
             self._failing = True
         else:
             self._failing = False
+
+    @staticmethod
+    async def _call(broker: AsyncBroker, query: Query[None]) -> None:
+        async with broker.connection() as conn:
+            await run_together(conn, [query])

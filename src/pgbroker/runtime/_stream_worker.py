@@ -50,7 +50,7 @@ from typing import Any, TypeAlias, TypeVar
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import answered_within, is_transient
+from pgbroker._db.liveness import answered_within, is_transient, stops_with
 from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, StreamConsumerSuperseded
@@ -180,6 +180,11 @@ class StreamWorker:
             self._retry_worker.stop(grace_period=grace_period)
 
     async def run(self, broker: AsyncBroker) -> None:
+        # Once stopping, a call waits for its answer STOP_PATIENCE seconds at most.
+        with stops_with(self._stopping):
+            await self._run(broker)
+
+    async def _run(self, broker: AsyncBroker) -> None:
         stream = AsyncStream(broker, self.stream)
         consumer = stream.consumer(self.group, name=self.consumer, lease=self.lease)
         self._retries_failure = None
@@ -317,6 +322,9 @@ class StreamWorker:
                         await self._answered(broker, consumer.rewind())
                     except Exception as exc:
                         await self._ride_out(exc, trouble)
+                        if stopping:  # tried once since the stop: the partitions' next owner has them
+                            self._unacked(done)
+                            return
                         continue
                     unsettled = False
                     continue
@@ -437,6 +445,13 @@ class StreamWorker:
         left = self._dispatch.in_flight
         self._dispatch.held.clear()
         log_event(logging.WARNING, "stream_worker.grace_period_over", stream=self.stream, unhandled=left)
+
+    def _unacked(self, done: list[HeldBatch]) -> None:
+        """The stop gave up acking the batches handled (the database away or hung): whoever
+        takes their partitions has them again (at-least-once)."""
+        if done:
+            messages = sum(len(held.batch) for held in done)
+            log_event(logging.WARNING, "stream_worker.unacked_at_stop", stream=self.stream, messages=messages)
 
     def _count(self, held: HeldBatch) -> None:
         batch = held.batch

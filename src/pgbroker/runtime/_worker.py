@@ -32,7 +32,9 @@ An empty queue is waited on with LISTEN/NOTIFY; polls are the fallback, less fre
 longer the queue stays empty (``poll_min`` doubling up to ``poll_max``). Worker.stop() (or
 SIGTERM/SIGINT under pgbroker.runtime._app.serve) stops reading, lets the handlers in flight (and the
 messages read ahead for them) finish within ``grace_period``, sends the outcomes still waiting,
-and gives back (nacks) the messages that could not be handled in time. A read-ahead message
+and gives back (nacks) the messages that could not be handled in time; once stopping, each of
+its database calls waits 3 s at most (pgbroker._db.liveness.stops_with), so that a database in
+trouble does not hold the stop: what such a call held comes back after its lease. A read-ahead message
 counts as delivered (read_ct), as one in flight does: a worker killed outright leaves both to
 come back after their vt, one delivery further towards the queue's max_deliveries.
 """
@@ -54,7 +56,7 @@ from typing import Any, TypeAlias, TypeVar
 from pgbroker import _tracing as tracing
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import answered_within, is_lost_connection, is_transient
+from pgbroker._db.liveness import STOP_PATIENCE, answered_within, is_lost_connection, is_transient, stops_with
 from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
@@ -62,6 +64,7 @@ from pgbroker.queues import _queries as q
 from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.queues._query import Query
 from pgbroker.queues._records import Message
+from pgbroker.queues._refusal_watch import RefusalWatch
 from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
 from pgbroker.runtime._leases import (
     RECONNECT,
@@ -71,11 +74,11 @@ from pgbroker.runtime._leases import (
     release_leases,
     retry_while_leased,
 )
+from pgbroker.runtime._log_events import log as worker_log
 from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._outbox import Outbox, Outcome, batch_of
 from pgbroker.runtime._outcomes import not_recorded, record_outcomes
-from pgbroker.runtime._refusal_watch import RefusalWatch
 from pgbroker.runtime._registration import Registration
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
@@ -127,6 +130,10 @@ _READS_AHEAD = 3
 _READS_AT_ONCE = 2
 # Messages a slot handles one after the other before it lets the event loop run others.
 _SLOT_TURN = 32
+# Why an outcome was not recorded when the stop's patience ran out before the database answered.
+_STOPPED_UNANSWERED = (
+    f"stopped with no answer from the database within {STOP_PATIENCE:g} s: delivered again after its lease"
+)
 # Messages handled between two sizings of the capacity (_size_capacity; reads size it too): each
 # moves the handlers' average by a tenth of the way, so a few change little.
 _SIZE_EVERY = 32
@@ -229,7 +236,8 @@ class Worker:
         self._unavailable = False  # the last call lost its connection
         self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
-        self._refusals = RefusalWatch(queue)  # asked why, at each of those warnings
+        # Says why at ERROR when the server refuses the worker's connections (a password changed).
+        self._refusals = RefusalWatch(worker_log, "worker.database_refused", "worker", queue=queue)
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
@@ -257,6 +265,13 @@ class Worker:
 
     async def run(self, broker: AsyncBroker) -> None:
         """Consume until stop(), then drain. Raises what made consuming impossible (QueueNotFound)."""
+        # Once stopping, a call (a read, an ack, a release, the deregistration) waits for its
+        # answer STOP_PATIENCE seconds at most, whatever the database does.
+        with stops_with(self._stopping):
+            async with self._refusals.watching(broker):
+                await self._run(broker)
+
+    async def _run(self, broker: AsyncBroker) -> None:
         queue = broker.queue(self.queue)
         self._unavailable = False
         if self.notify:
@@ -275,8 +290,6 @@ class Worker:
         helpers.append(
             asyncio.create_task(registration.keep(broker, self._beat), name=f"pgbroker-register-{self.queue}")
         )
-        refusals = self._refusals.keep(broker)
-        helpers.append(asyncio.create_task(refusals, name=f"pgbroker-refusals-{self.queue}"))
         for task in (flusher, *helpers):
             task.add_done_callback(self._bug)
         log_event(
@@ -294,15 +307,17 @@ class Worker:
             await self._consume(broker, queue, threads)
         finally:
             self._stopping.set()
-            await self._drain(queue, partial(self._call, broker))
-            # The outcomes still waiting are sent now, then the sender ends.
-            self._closing.set()
-            self._outbox.changed.set()
-            await asyncio.gather(flusher, return_exceptions=True)
+            await self._wait_for_handlers()
+            # The heartbeat ends first: an extend in flight on a hung server would hold the release.
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            await registration.end(broker)
+            # Side by side: each waits up to STOP_PATIENCE on a database in trouble.
+            await asyncio.gather(
+                self._give_back(queue, partial(self._call, broker)),
+                self._send_the_rest(flusher),
+                registration.end(broker),
+            )
             if threads is not None:
                 threads.close()
             log_event(logging.INFO, "worker.stopped", queue=self.queue, **self._counts())
@@ -407,7 +422,8 @@ class Worker:
                 task.add_done_callback(lambda _: self._changed.set())
                 reads[task] = (qty, outcomes, asked_at)
         finally:
-            # Reads still in flight: their messages are held, and given back by _drain.
+            # Reads still in flight (cut short at the stop's patience, stops_with): their messages are
+            # held, and given back by _give_back.
             await asyncio.gather(*reads, return_exceptions=True)
             for task, (qty, outcomes, asked_at) in reads.items():
                 self._asked -= qty
@@ -479,7 +495,6 @@ class Worker:
         warn = not self._unavailable or now - self._warned_at >= _UNAVAILABLE_REMINDER
         if warn:
             self._warned_at = now
-            self._refusals.ask()
         log_event(
             logging.WARNING if warn else logging.DEBUG,
             "worker.database_unavailable",
@@ -562,6 +577,10 @@ class Worker:
             except Exception as exc:
                 for outcome in outcomes:
                     not_recorded(self.queue, outcome, f"the ack failed: {exc}", self.stats)
+            except asyncio.CancelledError:  # the stop's patience ran out (_send_the_rest)
+                for outcome in [*outcomes, *outbox.take()]:
+                    not_recorded(self.queue, outcome, _STOPPED_UNANSWERED, self.stats)
+                raise
 
     async def _until(self, ready: Callable[[], bool]) -> None:
         while not (ready() or self._stopping.is_set()):
@@ -729,10 +748,9 @@ class Worker:
 
     # -- stopping and maintenance ----------------------------------------------------------
 
-    async def _drain(self, queue: AsyncQueue, worker_call: WorkerCall) -> None:
+    async def _wait_for_handlers(self) -> None:
         """Wait up to the grace period for the handlers in flight and what was read ahead (fast
-        handlers, by construction: handling it spares its message a delivery count), then give
-        back the rest."""
+        handlers, by construction: handling it spares its message a delivery count)."""
         if (self._in_flight or self._ahead) and not self._hurry:
             log_event(
                 logging.INFO,
@@ -745,6 +763,9 @@ class Worker:
             with suppress(TimeoutError):
                 async with asyncio.timeout(self.grace_period):
                     await self._until_drained()
+
+    async def _give_back(self, queue: AsyncQueue, worker_call: WorkerCall) -> None:
+        """Nack what was read ahead and the handlers still running (then cancelled)."""
         ahead = [lease for _, lease in self._ahead]
         self._ahead.clear()
         leftover = list(self._in_flight.items())
@@ -752,6 +773,17 @@ class Worker:
         for task, _ in leftover:
             task.cancel()
         await asyncio.gather(*(task for task, _ in leftover), return_exceptions=True)
+
+    async def _send_the_rest(self, flusher: asyncio.Task[None]) -> None:
+        """Let the outbox's sender send the outcomes still waiting, then end: within STOP_PATIENCE,
+        then it is cancelled (the database away or hung: those messages come back after their
+        lease, handled again: at-least-once)."""
+        self._closing.set()
+        self._outbox.changed.set()
+        done, _ = await asyncio.wait([flusher], timeout=STOP_PATIENCE)
+        if not done:
+            flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
 
     async def _until_drained(self) -> None:
         while (self._in_flight or self._ahead) and not self._hurry:

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.listen_async import AsyncSubscription, nap
-from pgbroker._db.liveness import answered_within, is_transient
+from pgbroker._db.liveness import answered_within, is_transient, stops_with
 from pgbroker._db.schema_watch import SCHEMA_CHANGED_HINT, SchemaChanged, SchemaWatch
 from pgbroker.errors import NotInstalled, PgbrokerError
 from pgbroker.queues._client_async import AsyncBroker
@@ -93,6 +93,11 @@ class Scheduler:
         self._stopping.set()
 
     async def run(self, broker: AsyncBroker) -> None:
+        # Once stopping, a call waits for its answer STOP_PATIENCE seconds at most.
+        with stops_with(self._stopping):
+            await self._run(broker)
+
+    async def _run(self, broker: AsyncBroker) -> None:
         subscription: AsyncSubscription | None = None
         retry = Backoff(0.1, 5.0)
         log.info("scheduler.started")
@@ -125,6 +130,8 @@ class Scheduler:
 
     async def _retry_later(self, error: str, retry: Backoff) -> None:
         self.stats.errors += 1
+        if self._stopping.is_set():  # a call given up at the stop (StopCut): nothing to retry
+            return
         log.warning("scheduler.retry error=%r", error)
         await self._nap(None, retry.next())
 

@@ -36,7 +36,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from pgbroker._db.backoff import SEND_RETRY, Backoff
-from pgbroker._db.liveness import answered_within
+from pgbroker._db.liveness import answered_within, stops_with
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Received, Receiver
 from pgbroker.bridge.core.endpoints import inbound_endpoint
@@ -103,6 +103,11 @@ class InboundBridge:
         self._stopping.set()
 
     async def run(self) -> None:
+        # Once stopping, a database call waits for its answer STOP_PATIENCE seconds at most.
+        with stops_with(self._stopping):
+            await self._run()
+
+    async def _run(self) -> None:
         # QueueNotFound (StreamNotFound) now rather than on the first batch, within the bound of
         # every database call.
         await answered_within(self.settings.ack_wait, self._target.check())

@@ -56,7 +56,7 @@ from functools import partial
 from typing import TypeVar
 
 from pgbroker._db.backoff import Backoff, Patience
-from pgbroker._db.liveness import answered_within, is_denied
+from pgbroker._db.liveness import answered_within, is_denied, stop_requested, stops_with
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
 from pgbroker.bridge.core.endpoints import outbound_endpoint
@@ -87,13 +87,15 @@ async def settled(what: str, call: Callable[[], Awaitable[T]], count: int, *, le
     fault (bridge.out.ack_failed / fail_failed) for up to a lease: past it the receipts (a queue's)
     or the consumer's partitions (a stream's) may be another's, and a late ack only counts them
     stale. A second try is safe because both are fenced: a receipt or an epoch acks once. Giving
-    up at once left a confirmed window to be published again."""
+    up at once left a confirmed window to be published again; a bridge stopping does so all the
+    same (a try made once stopping waits STOP_PATIENCE at most, and is not made again)."""
     retry = Patience(*_SETTLE_RETRY, within=lease)
     while True:
         try:
             return await answered_within(lease, call())
         except Exception as exc:
-            pause = retry.next() if is_transient(exc) else None
+            # Once stopping, tried no more: the window is published again (at-least-once).
+            pause = retry.next() if is_transient(exc) and not stop_requested() else None
             if pause is None:
                 raise
             log.warning(
@@ -142,6 +144,11 @@ class OutboundBridge:
         self._stopping.set()
 
     async def run(self) -> None:
+        # Once stopping, a database call waits for its answer STOP_PATIENCE seconds at most.
+        with stops_with(self._stopping):
+            await self._run()
+
+    async def _run(self) -> None:
         # QueueNotFound now rather than on the first read; a database that does not answer is
         # reported as one that cannot be reached (bounded as every call is).
         await self._answered(self._queue.policy())

@@ -47,7 +47,7 @@ from functools import partial
 from typing import TypeVar
 
 from pgbroker._db.backoff import Backoff
-from pgbroker._db.liveness import answered_within
+from pgbroker._db.liveness import answered_within, stops_with
 from pgbroker.bridge import body
 from pgbroker.bridge.connector import Confirmed, OutMessage, Publisher
 from pgbroker.bridge.core.endpoints import outbound_endpoint
@@ -111,6 +111,11 @@ class StreamOutboundBridge:
         self._stopping.set()
 
     async def run(self) -> None:
+        # Once stopping, a database call waits for its answer STOP_PATIENCE seconds at most.
+        with stops_with(self._stopping):
+            await self._run()
+
+    async def _run(self) -> None:
         if self.settings.declare:
             await self._answered(self._stream.create_group(self._group, start="start"))
         else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -46,6 +47,7 @@ from pgbroker.cli.support.parsers import (
 )
 from pgbroker.cli.support.running import needs_extra
 from pgbroker.queues._client import Broker
+from pgbroker.queues._refusal_watch import RefusalWatch
 from pgbroker.runtime._signals import on_stop_signals
 
 __all__ = ["register"]
@@ -275,6 +277,10 @@ def _in(args: argparse.Namespace, broker: Broker) -> int:
     )
 
 
+# Says why at ERROR when the server refuses the bridge's connections (a password changed).
+_REFUSALS = RefusalWatch(logging.getLogger("pgbroker.bridge"), "bridge.database_refused", "bridge")
+
+
 def _serve(
     broker: Broker,
     args: argparse.Namespace,
@@ -313,7 +319,8 @@ def _serve(
             announcer = asyncio.create_task(announce(bridge))
             try:
                 with on_stop_signals(on_signal):
-                    await task
+                    async with _REFUSALS.watching(abroker):
+                        await task
             finally:
                 announcer.cancel()
                 if reporter is not None:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
 
@@ -26,7 +27,14 @@ from pgbroker.errors import ConnectionLost
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream
 from pgbroker.streams._client_async import AsyncStream
-from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
+from tests.support.faults import (
+    FROZEN_APP,
+    freezable,
+    impatient,
+    sessions_frozen,
+    table_locked,
+    terminate_sessions,
+)
 from tests.support.probes import RedisProbe, body_of, unique
 from tests.support.servers import PrivateServer, private_server
 
@@ -428,6 +436,20 @@ BRIDGES_STARTING: dict[str, Callable[[AsyncBroker, str], Bridge]] = {
 }
 
 
+def sessions_open(dsn: str, count: int) -> None:
+    """Wait until ``count`` sessions of a freezable DSN are open (60 s at most)."""
+    deadline = time.monotonic() + 60
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (FROZEN_APP,)
+            ).fetchone()
+            if row is not None and row[0] >= count:
+                return
+            assert time.monotonic() < deadline, f"{count} sessions of the pool never opened"
+            time.sleep(0.05)
+
+
 @pytest.mark.parametrize("kind", list(BRIDGES_STARTING))
 def test_a_bridge_that_starts_on_database_sessions_that_hang_fails_within_its_bound(
     dsn: str, redis_server: PrivateServer, kind: str
@@ -447,6 +469,9 @@ def test_a_bridge_that_starts_on_database_sessions_that_hang_fails_within_its_bo
         # Every connection the pool will hand out is open before the hang, so the first call meets it.
         async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as abroker:
             await asyncio.gather(*(abroker.list_queues() for _ in range(4)))
+            # The pool opens its second connection in the background: both are open before the
+            # hang (the full run under load once froze one, and the bridge then met none).
+            await asyncio.to_thread(sessions_open, dsn, 2)
             with sessions_frozen(dsn) as frozen:
                 assert len(frozen) >= 2
                 with pytest.raises(NoAnswer):

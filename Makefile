@@ -166,6 +166,7 @@ test: venv pg-partman chromium rabbitmq brokers pgbouncer
 	cd "$(ROOT)"
 	.venv/bin/python scripts/async_to_sync.py --check
 	.venv/bin/ruff check src tests bench scripts
+	.venv/bin/ruff format --check src tests bench scripts
 	.venv/bin/mypy $(MYPY_PATHS)
 	.venv/bin/lint-imports --no-logo
 	# Four processes on two cores (many tests wait on clocks, hangs and restarts: with three, the
@@ -188,6 +189,7 @@ lint: venv
 	cd "$(ROOT)"
 	.venv/bin/python scripts/async_to_sync.py --check
 	.venv/bin/ruff check src tests bench scripts
+	.venv/bin/ruff format --check src tests bench scripts
 	.venv/bin/mypy $(MYPY_PATHS)
 	.venv/bin/lint-imports --no-logo
 

@@ -677,6 +677,7 @@ def test_a_stream_ack_that_fails_on_a_passing_fault_is_tried_again_within_the_le
     assert said(caplog, "bridge.out.ack_failed")
     assert not said(caplog, "bridge.connection_lost")
 
+
 def test_a_database_fault_that_lasts_is_retried_with_growing_pauses(
     dsn: str, redis_server: PrivateServer, caplog: pytest.LogCaptureFixture
 ) -> None:

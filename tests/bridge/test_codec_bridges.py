@@ -23,6 +23,7 @@ from tests.support.rabbit import Rabbit
 CODECS = ["json", "msgpack", PROTOBUF, AVRO]
 PER_CODEC = 5
 
+
 def test_every_codec_survives_a_round_trip_through_the_broker(
     dsn: str, broker_urls: Callable[[], Any]
 ) -> None:

@@ -112,7 +112,10 @@ def test_an_option_the_bridge_would_not_use_is_a_usage_error(broker: Broker, dsn
     broker.create_queue("outbox")
     nowhere = "redis://127.0.0.1:1/"  # refused before any broker is asked
     for options, said in [
-        (["--to", nowhere, "--exchange", "shop"], "--exchange: for RabbitMQ only, and the broker is redis://"),
+        (
+            ["--to", nowhere, "--exchange", "shop"],
+            "--exchange: for RabbitMQ only, and the broker is redis://",
+        ),
         (
             ["--to", nowhere, "--routing-key", "k", "--exchange-type", "direct"],
             "--routing-key, --exchange-type: for RabbitMQ only, and the broker is redis://",

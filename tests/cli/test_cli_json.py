@@ -119,9 +119,7 @@ def test_grant_and_revoke_print_json(dsn: str, capsys: pytest.CaptureFixture[str
     role = f"{prefix}_user"
     [installed] = _json(capsys, dsn, "install", "--roles", "--role-prefix", prefix)
     assert set(installed["roles"]) == {f"{prefix}_{kind}" for kind in ("producer", "consumer", "monitor")}
-    roles = sql.SQL(", ").join(
-        sql.Identifier(name) for name in [role, *installed["roles"]]
-    )
+    roles = sql.SQL(", ").join(sql.Identifier(name) for name in [role, *installed["roles"]])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
     try:

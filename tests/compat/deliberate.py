@@ -63,7 +63,7 @@ DELIBERATE_DIFFERENCES: dict[str, Difference] = {
         tests=("test_differential.py::test_deliberate_vt_equals_enqueued_at_without_delay",),
     ),
     "D10": Difference(
-        pgbroker='Notify on insert works for mixed-case queue names, on the channel of the name as given '
+        pgbroker="Notify on insert works for mixed-case queue names, on the channel of the name as given "
         '("pgmq.q_Orders.INSERT"), as in pgmq 1.13.1.',
         pgmq="1.13.0 (the reference SQL here): its trigger never fires for them.",
         reason="A weakness spec/pgmq-api.md says not to copy; pgmq 1.13.1 fixed it the same way.",

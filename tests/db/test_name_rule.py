@@ -19,9 +19,31 @@ Conn = psycopg.Connection[Any]
 FUNCTIONS = Path(__file__).resolve().parents[2] / "src" / "pgbroker" / "_sql" / "functions" / "10_queues.sql"
 
 CORPUS = [
-    "orders", "EU-orders_2", "x" * 47, "x" * 48, "é" * 23, "é" * 24, "", "a b", " leading", "trailing ",
-    "tab\there", "new\nline", "soh\x01", "del\x7f", "c1\x85", "nbsp\u00a0", "line\u2028sep",
-    "ideographic\u3000space", "zero\u200bwidth", "bom\ufeff", "ogham\u1680", "a$b", "a--b", "a;b", "a'b",
+    "orders",
+    "EU-orders_2",
+    "x" * 47,
+    "x" * 48,
+    "é" * 23,
+    "é" * 24,
+    "",
+    "a b",
+    " leading",
+    "trailing ",
+    "tab\there",
+    "new\nline",
+    "soh\x01",
+    "del\x7f",
+    "c1\x85",
+    "nbsp\u00a0",
+    "line\u2028sep",
+    "ideographic\u3000space",
+    "zero\u200bwidth",
+    "bom\ufeff",
+    "ogham\u1680",
+    "a$b",
+    "a--b",
+    "a;b",
+    "a'b",
 ]
 
 

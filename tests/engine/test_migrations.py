@@ -471,6 +471,7 @@ def test_an_upgraded_group_drops_the_retry_queue_it_made_and_keeps_the_one_it_to
         conn.execute("SELECT pgbroker.drop_stream('clicks')")
         assert conn.execute("SELECT queue_name FROM pgmq.meta").fetchall() == [("clicks_old_retry",)]
 
+
 def test_a_development_database_keeps_pg_monitor_reading_payloads_when_it_was_allowed(empty_dsn: str) -> None:
     """Before 0025 pg_monitor read every queue table, and the upgrade takes that back (the catalog
     comparisons above); after it, reading them is an operator's choice, which the upgrade keeps."""

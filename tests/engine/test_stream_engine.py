@@ -471,6 +471,7 @@ def test_an_ack_made_again_changes_nothing_and_errs_nothing(conn: Conn) -> None:
         assert ack(conn, "clicks", "g", "a", batch, failed=ids[:1], errors=["x"]) == {0: False, 1: False}
         assert group_state(conn) == back
 
+
 def test_lag_per_group(conn: Conn) -> None:
     make_stream(conn, partitions=2)
     make_group(conn, "fast")

@@ -50,7 +50,7 @@ def cells(driver: WebDriver, css: str) -> list[str]:
 def points(driver: WebDriver, chart: str, kind: str, queue: str) -> int:
     found: str | None = driver.execute_script(
         "const [chart, kind, queue] = arguments;"
-        " const p = document.querySelector(`#${chart} path.${kind}[data-queue=\"${queue}\"]`);"
+        ' const p = document.querySelector(`#${chart} path.${kind}[data-queue="${queue}"]`);'
         " return p ? p.dataset.points : null;",
         chart,
         kind,

@@ -11,7 +11,7 @@ import psycopg
 from pgbroker import Broker
 from pgbroker.streams import Stream
 
-BODIES: list[Any] = [None, {"a": 1}, "text with \"quotes\", commas and \\ backslashes", [1, 2.5, None], 0, {}]
+BODIES: list[Any] = [None, {"a": 1}, 'text with "quotes", commas and \\ backslashes', [1, 2.5, None], 0, {}]
 HEADERS: list[dict[str, Any] | None] = [None, {"h": "1"}, None, {"x": [1]}, {}, None]
 
 

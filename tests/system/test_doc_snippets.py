@@ -34,11 +34,15 @@ def _page_param(page: Path) -> Any:
 
 def test_every_block_has_a_language_and_every_skip_a_reason() -> None:
     wrong = [
-        f"{s.where}: language {s.language!r}" for page in PAGES for s in snippets_of(page)
+        f"{s.where}: language {s.language!r}"
+        for page in PAGES
+        for s in snippets_of(page)
         if s.language not in KNOWN_LANGUAGES
     ]
     wrong += [
-        f"{s.where}: a skip without a reason" for page in PAGES for s in snippets_of(page)
+        f"{s.where}: a skip without a reason"
+        for page in PAGES
+        for s in snippets_of(page)
         if s.skip_reason == ""
     ]
     assert wrong == []

@@ -281,6 +281,7 @@ def test_the_http_api_with_the_serve_pooler_option(pooled_dsn: str, dsn: str) ->
         pgbroker_serve(pooled_dsn, "--connections", "4", "--pooler", "transaction") as server,
         httpx.Client(base_url=server.url, headers={"authorization": f"Bearer {token}"}, timeout=10) as http,
     ):
+
         def send(i: int) -> int:
             return http.post("/v1/queues/jobs/messages", json={"message": {"i": i}}).status_code
 

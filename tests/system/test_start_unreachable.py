@@ -315,6 +315,7 @@ def test_a_refusal_that_stays_fails_at_once_whatever_its_words(
         assert "does not exist" in command.said() or "existiert nicht" in command.said()
         assert "start.database_unavailable" not in command.said()
 
+
 def stop_signal_while_starting(
     dsn: str, conn: Conn, run: Callable[[str, list[str]], Command], args: list[str], at_start_line: bool
 ) -> Command:

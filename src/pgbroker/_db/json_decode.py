@@ -46,4 +46,3 @@ def loads(data: str | bytes) -> Any:
 def decode_json_fast(context: AdaptContext) -> None:
     """Decode json and jsonb with :func:`loads` on this connection (a pool's ``configure``)."""
     set_json_loads(loads, context)
-

@@ -105,7 +105,6 @@ def _passing_state(sqlstate: str) -> bool:
     return sqlstate[:2] in _PASSING_CLASSES or sqlstate in _PASSING_STATES
 
 
-
 def refusal_sqlstates(failed: PGconn) -> frozenset[str] | None:
     """The SQLSTATEs the servers give when the connection that failed (``Error.pgconn``) is tried
     again: one per server that refused it with an error, none if none did (it was never reached:

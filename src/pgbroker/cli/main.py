@@ -32,8 +32,22 @@ __all__ = ["build_parser", "main"]
 # In the order `pgbroker --help` lists them. A module whose command needs an optional extra
 # (bridge, serve, pipeline) imports it only when the command runs.
 COMMAND_MODULES = (
-    queues, pause, messages, peek, streams, db, pipeline, worker, schedules, dead_letters, policy,
-    sessions, bridge, keys, grants, serve,
+    queues,
+    pause,
+    messages,
+    peek,
+    streams,
+    db,
+    pipeline,
+    worker,
+    schedules,
+    dead_letters,
+    policy,
+    sessions,
+    bridge,
+    keys,
+    grants,
+    serve,
 )
 
 

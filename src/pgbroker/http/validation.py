@@ -9,7 +9,6 @@ A refusal the API has always answered with its own status and code (an invalid q
 malformed receipt) is raised as a pydantic error of that name: REFUSALS maps it to its answer.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Callable

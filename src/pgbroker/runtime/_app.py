@@ -51,6 +51,7 @@ _SCHEDULER_GONE = "the workers go on; this process sends no schedule ticks until
 H = TypeVar("H", bound=Handler)
 SH = TypeVar("SH", bound=StreamHandler)
 
+
 class WorkerOptions(TypedDict, total=False):
     """Keyword options of Worker (see there)."""
 

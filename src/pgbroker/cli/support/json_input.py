@@ -33,4 +33,3 @@ def json_argument(text: str, what: str) -> Any:
             code=Exit.USAGE,
             hint="Quote it for the shell, for example '{\"order\": 1}' or '\"text\"'.",
         ) from None
-

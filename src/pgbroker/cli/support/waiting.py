@@ -28,6 +28,7 @@ T = TypeVar("T")
 # Pauses between tries: doubling (jittered, so that a fleet does not come back in step) up to 10 s.
 REACH_RETRY = (0.5, 10.0)
 
+
 def until_reachable(attempt: Callable[[], T], *, within: float | None) -> T | None:
     """``attempt()``, tried again while it fails to reach the database (refusals.passes), with a
     WARNING each try (what failed, the next try in how long), for ``within`` seconds at most

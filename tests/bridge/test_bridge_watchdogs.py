@@ -13,7 +13,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from psycopg import sql
 
@@ -28,10 +27,10 @@ from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.streams._client import Stream
 from pgbroker.streams._client_async import AsyncStream
 from tests.support.faults import (
-    FROZEN_APP,
     freezable,
     impatient,
     sessions_frozen,
+    sessions_open,
     table_locked,
     terminate_sessions,
 )
@@ -434,20 +433,6 @@ BRIDGES_STARTING: dict[str, Callable[[AsyncBroker, str], Bridge]] = {
         abroker, None, "inbox", url, InboundSettings(ack_wait=HUNG_LEASE)
     ),
 }
-
-
-def sessions_open(dsn: str, count: int) -> None:
-    """Wait until ``count`` sessions of a freezable DSN are open (60 s at most)."""
-    deadline = time.monotonic() + 60
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while True:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (FROZEN_APP,)
-            ).fetchone()
-            if row is not None and row[0] >= count:
-                return
-            assert time.monotonic() < deadline, f"{count} sessions of the pool never opened"
-            time.sleep(0.05)
 
 
 @pytest.mark.parametrize("kind", list(BRIDGES_STARTING))

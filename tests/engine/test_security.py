@@ -361,6 +361,35 @@ def test_shadowed_functions_operators_types_and_tables_are_never_reached(
     assert conn.execute(MARKER).fetchone() == (0,)
 
 
+def test_idempotent_sends_sessions_and_stream_reads_reach_no_shadow(
+    users: dict[str, str], queues: tuple[str, ...], conn: Conn
+) -> None:
+    """The owner-rights paths changed on 2026-11-29 under a hostile session: a producer's idempotent
+    sends with a scope (their dynamic SQL on the key tables, the PB009 path), a monitor's
+    blocking_sessions, a consumer's stream reads (the liveness guard's server clocks)."""
+    conn.execute("SELECT pgbroker.create_stream('clicks', 1)")
+    conn.execute("SELECT pgbroker.create_stream_group('clicks', 'g')")
+    conn.execute("SELECT pgbroker.stream_send('clicks', '{}')")
+    with psycopg.connect(users["producer"], autocommit=True) as c:
+        c.execute(SHADOW)
+        for scope in ("a", None):
+            send = "SELECT * FROM pgbroker.send_idempotent(%s, 'k', ARRAY['{}'::jsonb], scope => %s)"
+            assert c.execute(send, [queues[0], scope]).fetchall()
+            assert c.execute(send, [queues[0], scope]).fetchall()  # answered again
+        with pytest.raises(psycopg.Error) as refused:
+            c.execute("SELECT pgbroker.send_idempotent(%s, 'k', ARRAY['[1]'::jsonb])", [queues[0]])
+        assert refused.value.sqlstate == "PB009"
+        c.execute("GRANT USAGE ON SCHEMA shadow TO PUBLIC")  # the others' search_path finds it too
+    for kind, call in (
+        ("monitor", "SELECT * FROM pgbroker.blocking_sessions('0 seconds')"),
+        ("consumer", "SELECT * FROM pgbroker.stream_read('clicks', 'g', 'c1', 10)"),
+    ):
+        with psycopg.connect(users[kind], autocommit=True) as c:
+            c.execute("SET search_path = shadow, pg_temp, pg_catalog, pgmq, pgbroker")
+            c.execute(call.encode()).fetchall()
+    assert conn.execute(MARKER).fetchone() == (0,)
+
+
 def test_a_consumer_moving_the_bounds_past_a_held_horizon_reaches_no_shadow(
     users: dict[str, str], queues: tuple[str, ...], conn: Conn
 ) -> None:

@@ -99,6 +99,21 @@ def freezable(dsn: str) -> str:
     return make_conninfo(dsn, application_name=FROZEN_APP)
 
 
+def sessions_open(dsn: str, count: int) -> None:
+    """Wait until ``count`` sessions of a ``freezable`` DSN are open (60 s at most): a pool opens its
+    connections beyond the first in the background."""
+    deadline = time.monotonic() + 60
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (FROZEN_APP,)
+            ).fetchone()
+            if row is not None and row[0] >= count:
+                return
+            assert time.monotonic() < deadline, f"{count} sessions of the pool never opened"
+            time.sleep(0.05)
+
+
 @contextmanager
 def sessions_frozen(dsn: str, *, between_statements: bool = False) -> Iterator[list[int]]:
     """Every session of a ``freezable`` DSN open now stopped with SIGSTOP while inside (their

@@ -29,7 +29,7 @@ QUEUE_NAME_MAX = 47
 #: Every character that is whitespace (str.isspace), a control (Unicode category Cc) or an
 #: invisible space (zero-width space, byte-order mark), spelled as a class that a Postgres regular
 #: expression reads the same way whatever the locale: pgbroker._check_name_characters
-#: (_sql/functions/10_queues.sql) holds the same text, and tests/db/test_name_rule.py
+#: (_sql/functions/10_queues.sql) holds the same text, and tests/db/test_names.py
 #: keeps the two equal.
 UNPRINTABLE = "[\\x00-\\x20\\x7f-\\xa0\\u1680\\u2000-\\u200b\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff]"
 _UNPRINTABLE = re.compile(UNPRINTABLE)

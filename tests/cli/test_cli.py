@@ -179,6 +179,16 @@ def test_a_password_libpq_misreads_is_never_said(dsn: str) -> None:
             assert "***" in res.stderr, res.stderr
 
 
+def test_the_listeners_warning_never_says_a_password_libpq_misreads(dsn: str, orders: str) -> None:
+    # $PGBROKER_LISTEN_DSN is used as given: the listener's warning, at every reconnect, quoted it.
+    for options in ([], ["--log-format", "json"]):
+        listen = "postgresql://app:Xy7Q%zzZr8W@127.0.0.1/db"
+        res = run("--dsn", dsn, *options, "read", orders, "--wait", "1", env=_env(PGBROKER_LISTEN_DSN=listen))
+        assert res.returncode == 0, res.stderr
+        assert "listener cannot connect" in res.stderr, res.stderr
+        assert "Xy7Q" not in res.stderr, res.stderr
+
+
 def test_a_role_without_rights_is_told_how_to_get_them(dsn: str, conn: Conn, orders: str) -> None:
     # "permission denied for schema pgmq" alone names neither the cause nor the way out.
     role = f"nobody_{uuid.uuid4().hex[:10]}"

@@ -18,10 +18,10 @@ HIDDEN = "***"
 # The userinfo of a URL: after the scheme, up to the last @ before the query (a password with an
 # unencoded / or @ still ends there); the password follows the user's first colon.
 _URL_PASSWORD = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^:@]*:([^?]*)@")
-# password=... of key=value pairs, up to the next keyword= (an unquoted value with a space runs
-# on past it), and of a URL's query string.
-_PAIR_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*(.*?)(?=\s+\w+\s*=|\s*$)", re.DOTALL)
-_QUERY_PASSWORD = re.compile(r"[?&]password=([^&]*)")
+# password=... (and sslpassword=..., a client key's passphrase) of key=value pairs, up to the next
+# keyword= (an unquoted value with a space runs on past it), and of a URL's query string.
+_PAIR_PASSWORD = re.compile(r"(?:^|\s)(?:ssl)?password\s*=\s*(.*?)(?=\s+\w+\s*=|\s*$)", re.DOTALL)
+_QUERY_PASSWORD = re.compile(r"[?&](?:ssl)?password=([^&]*)")
 # What libpq ("...") and urllib ('...') quote of the text they could not parse.
 _QUOTED = re.compile(r"\"([^\"]*)\"|'([^']*)'")
 

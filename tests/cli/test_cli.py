@@ -171,6 +171,7 @@ def test_a_password_libpq_misreads_is_never_said(dsn: str) -> None:
         ("postgresql://app:Xy7Q%zzZr8W@127.0.0.1/db", "Xy7Q"),
         ("postgresql://app:Xy7Q@[::1/db?password=Zr8W", "Xy7Q"),
         (f"{dsn} password=Xy7Q Zr8Wsecret", "Zr8W"),
+        (f"{dsn} sslpassword=Xy7Q Zr8Wsecret", "Zr8W"),
     ):
         for options in ([], ["-v"], ["--log-format", "json"]):
             res = run("--dsn", bad, *options, "list")

@@ -107,6 +107,20 @@ def test_rabbitmq_errors_exit_6_with_a_hint_and_usage_errors_exit_2(
     assert unknown_queue.returncode == 4, err
 
 
+def test_a_broker_password_the_url_parser_misreads_is_never_said(broker: Broker, dsn: str) -> None:
+    """A password with an unencoded / ends the URL's host there: urllib read the port as 'Xy7Q'
+    and the error quoted it."""
+    broker.create_queue("outbox")
+    for scheme in ("redis", "nats", "mqtt", "amqp"):
+        done = pgbroker(
+            "bridge", "out", "--queue", "outbox", "--to", f"{scheme}://u:Xy7Q/Zr8W@127.0.0.1:1/", dsn=dsn
+        )
+        _, err = done.communicate(timeout=30)
+        assert done.returncode == 2, err
+        assert err.startswith("pgbroker: error: malformed "), err
+        assert "Xy7Q" not in err, err
+
+
 def test_an_option_the_bridge_would_not_use_is_a_usage_error(broker: Broker, dsn: str) -> None:
     """Each was taken without a word, and the bridge ran otherwise than its command line said."""
     broker.create_queue("outbox")

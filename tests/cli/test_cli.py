@@ -163,6 +163,33 @@ def test_each_connection_failure_gets_its_own_hint(dsn: str) -> None:
     _assert_error(run("--dsn", UNREACHABLE, "list"), 5, "hint: Is the server running, at that host and port?")
 
 
+def test_a_password_libpq_misreads_is_never_said(dsn: str) -> None:
+    # A password written unencoded with a character the URL form reserves, or unquoted with a
+    # space: libpq quotes the piece it stumbles on (the token of a stray %, the URL it could not
+    # end, the word after the space), in the error, the JSON log line and the traceback of -v.
+    for bad, secret in (
+        ("postgresql://app:Xy7Q%zzZr8W@127.0.0.1/db", "Xy7Q"),
+        ("postgresql://app:Xy7Q@[::1/db?password=Zr8W", "Xy7Q"),
+        (f"{dsn} password=Xy7Q Zr8Wsecret", "Zr8W"),
+        (f"{dsn} sslpassword=Xy7Q Zr8Wsecret", "Zr8W"),
+    ):
+        for options in ([], ["-v"], ["--log-format", "json"]):
+            res = run("--dsn", bad, *options, "list")
+            assert res.returncode in (Exit.USAGE, Exit.DATABASE), res.stderr
+            assert secret not in res.stderr + res.stdout, (bad, options, res.stderr)
+            assert "***" in res.stderr, res.stderr
+
+
+def test_the_listeners_warning_never_says_a_password_libpq_misreads(dsn: str, orders: str) -> None:
+    # $PGBROKER_LISTEN_DSN is used as given: the listener's warning, at every reconnect, quoted it.
+    for options in ([], ["--log-format", "json"]):
+        listen = "postgresql://app:Xy7Q%zzZr8W@127.0.0.1/db"
+        res = run("--dsn", dsn, *options, "read", orders, "--wait", "1", env=_env(PGBROKER_LISTEN_DSN=listen))
+        assert res.returncode == 0, res.stderr
+        assert "listener cannot connect" in res.stderr, res.stderr
+        assert "Xy7Q" not in res.stderr, res.stderr
+
+
 def test_a_role_without_rights_is_told_how_to_get_them(dsn: str, conn: Conn, orders: str) -> None:
     # "permission denied for schema pgmq" alone names neither the cause nor the way out.
     role = f"nobody_{uuid.uuid4().hex[:10]}"

@@ -186,6 +186,26 @@ def _refusing_call(schema: str, name: str, arg_types: list[str], arg_names: list
     )
 
 
+def test_a_scoped_consumer_peeks_at_its_queues_dead_letters_only_in_a_shared_dead_letter_queue(
+    dsn: str, conn: Conn, scoped: dict[str, str]
+) -> None:
+    # The dead-letter queue is not the consumer's (no grant covers it) and holds billing's letters
+    # too: a peek at orders-eu's dead letters reads that queue with the owner's rights, so its
+    # filter on the letter's queue is all that keeps billing's payloads from the consumer.
+    conn.execute("SELECT pgmq.create('shared_dlq')")
+    for name in ("orders-eu", "billing"):
+        conn.execute(
+            "SELECT pgbroker.set_policy(%s, max_deliveries => 1, dead_letter_queue => 'shared_dlq')", (name,)
+        )
+        [(receipt,)] = conn.execute("SELECT receipt FROM pgbroker.read(%s, 30, 1)", (name,)).fetchall()
+        conn.execute("SELECT * FROM pgbroker.fail(%s, ARRAY[%s])", (name, receipt))
+    assert conn.execute("SELECT count(*) FROM pgmq.q_shared_dlq").fetchone() == (2,)
+    with psycopg.connect(login(dsn, scoped["consumer"]), autocommit=True) as c:
+        letters = c.execute("SELECT message FROM pgbroker.peek('ORDERS-EU', 10, state => 'dead')").fetchall()
+        assert letters == [({"in": "orders-eu"},)]
+    assert refusal(login(dsn, scoped["consumer"]), "SELECT * FROM pgbroker.peek('shared_dlq')") == "42501"
+
+
 def test_every_scoped_entry_point_refuses_a_queue_outside_the_grants(
     dsn: str, conn: Conn, scoped: dict[str, str]
 ) -> None:

@@ -190,6 +190,46 @@ async def test_one_key_cannot_hold_every_request_slot(
         assert (await client.get("/v1/queues", headers=hog)).status_code == 200
 
 
+async def _hold_until_refused(
+    client: httpx.AsyncClient, queue: str, headers: dict[str, str]
+) -> list[asyncio.Task[httpx.Response]]:
+    """Long polls of a key on its empty queue, one after the other, until one is answered at once."""
+    polls: list[asyncio.Task[httpx.Response]] = []
+    while not polls or not polls[-1].done():
+        assert len(polls) < 16, "no long poll was refused"
+        polls.append(
+            asyncio.create_task(client.post(f"/v1/queues/{queue}/read", json={"wait": 20}, headers=headers))
+        )
+        await asyncio.wait(polls[-1:], timeout=0.5)  # a waiting poll takes 20 s, a refusal none
+    return polls
+
+
+@pytest.mark.anyio
+async def test_two_keys_cannot_hold_every_request_slot(
+    broker: AsyncBroker, conn: psycopg.Connection[Any]
+) -> None:
+    # Each key at its share (half of --max-concurrency), two keys held every slot with long polls,
+    # and every other key was answered 503 server_busy. The last quarter of the slots go one per
+    # key with none in hand: a third key is served while both hogs hold all they may.
+    hogs = [auth(create_key(conn, f"hog{n}", scopes=["read"], queues=[f"hog{n}"])[1]) for n in (1, 2)]
+    other = auth(create_key(conn, "other", scopes=["read"], queues=["other"])[1])
+    conn.execute("SELECT pgmq.create('hog1'), pgmq.create('hog2'), pgmq.create('other')")
+    settings = Settings(key_cache_seconds=0, rate_per_second=1000, rate_burst=1000, max_concurrency=8)
+    async with client_for(broker, settings) as client:
+        polls = [await _hold_until_refused(client, f"hog{n}", hogs[n - 1]) for n in (1, 2)]
+        assert [len(p) - 1 for p in polls] == [4, 2]  # the first at its share, the second short of it
+        refused = polls[1][-1].result()
+        assert (refused.status_code, refused.json()["error"]["code"]) == (429, "rate_limited"), refused.text
+        assert "kept for keys with none" in refused.json()["error"]["message"]
+        assert refused.headers["retry-after"] == "1"
+        r = await client.post("/v1/queues/other/read", json={}, headers=other)
+        assert r.status_code == 200, r.text
+        for n in (1, 2):
+            await broker.queue(f"hog{n}").send_many([{"n": i} for i in range(4)])  # the polls end
+        for held in polls:
+            assert [r.status_code for r in await asyncio.gather(*held)] == [200] * (len(held) - 1) + [429]
+
+
 @pytest.mark.anyio
 async def test_made_up_keys_stop_reaching_the_database(
     broker: AsyncBroker, conn: psycopg.Connection[Any], dsn: str

@@ -87,3 +87,12 @@ def test_bad_arguments_are_refused_before_any_query(call: Call, error: type[Exce
     found = refused(call)
     assert isinstance(found, error), found
     assert words in str(found)
+
+
+def test_a_dsn_libpq_cannot_parse_is_an_invalid_argument_without_its_password() -> None:
+    # An unencoded % in the password: psycopg's own error, raised as it was, quoted the password.
+    with pytest.raises(InvalidArgument) as info:
+        AsyncBroker("postgresql://app:Xy7Q%zzZr8W@127.0.0.1:1/db")
+    assert "invalid DSN" in str(info.value)
+    assert "Xy7Q" not in str(info.value)
+    assert info.value.__cause__ is None

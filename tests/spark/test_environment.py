@@ -10,7 +10,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from pgbroker._sql import new_install
+from pgbroker.errors import PgbrokerError
+from pgbroker.spark.connect import CANNOT_CONNECT, open_connection
 from pgbroker.spark.shipping import build_zip
 
 # Never reached: every case fails before it would connect.
@@ -58,6 +62,16 @@ def test_an_unreachable_database_is_named() -> None:
     done = pipeline("drain", "orders", "--output", "/tmp/unused", env={})
     assert done.returncode == 5, done.stderr
     assert "cannot connect to the database" in done.stderr
+
+
+def test_a_password_libpq_misreads_is_not_in_the_error() -> None:
+    # An unencoded % in the password: libpq quoted the token, and the raw psycopg error went to
+    # the executor's and the driver's logs.
+    with pytest.raises(PgbrokerError) as failed:
+        open_connection("postgresql://app:Xy7Q%zzZr8W@127.0.0.1:1/db", role="reader")
+    assert str(failed.value).startswith(CANNOT_CONNECT)
+    assert "Xy7Q" not in str(failed.value)
+    assert failed.value.__cause__ is None
 
 
 def test_the_shipped_zip_is_the_whole_package(tmp_path: Path) -> None:

@@ -11,12 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from pgbroker._db.dsn import POOLER_ENV
+from pgbroker.spark.arrow_read import copy_batches
+from pgbroker.spark.connect import connect
 from tests.spark.helpers import Conn, count, create, numbers, require_spark
 from tests.spark.pooler_job import PER_BATCH, TOTAL
 from tests.support.paths import ROOT
+from tests.support.pooler import transaction_pooler
 
 
 @pytest.mark.slow
@@ -45,3 +51,18 @@ def test_write_read_and_stream_through_the_pooler(
     assert said["batches"] >= TOTAL // PER_BATCH
     assert numbers(conn, "q_dst") == list(range(TOTAL)), "the stream lost or doubled messages"
     assert count(conn, "q_src") == 0
+
+
+@pytest.mark.pgbouncer
+def test_a_reads_settings_stay_in_its_transaction_behind_the_pooler(pg_admin_dsn: str, dsn: str) -> None:
+    """A range read turns enable_sort off for its COPY. Set for the session, it stayed with the
+    pooler's server connection: the next client given it (another application, sharing the pool)
+    planned without sorts. One server connection: both clients are given it."""
+    with transaction_pooler(pg_admin_dsn, pool_size=1) as pooler:
+        pooled = make_conninfo(pooler, dbname=conninfo_to_dict(dsn)["dbname"])
+        select = sql.SQL("SELECT current_setting('enable_sort') AS message")
+        with connect(pooled, role="reader") as reader:
+            [batch] = copy_batches(reader, select, ["message"], settings=[("enable_sort", "off")])
+            assert batch.column(0).to_pylist() == ["off"]
+            with psycopg.connect(pooled, autocommit=True) as other:
+                assert other.execute("SHOW enable_sort").fetchone() == ("on",)

@@ -26,6 +26,7 @@ import psycopg
 from psycopg import sql
 
 from pgbroker import _sql
+from pgbroker._credentials import hide_passwords
 from pgbroker._db.dsn import behind_transaction_pooler, listen_dsn
 from pgbroker._db.wakeups import (
     DEFAULT_POLL_INTERVAL,
@@ -71,6 +72,10 @@ class _Loop:
         self._wanted = threading.Event()
         self._stopped = threading.Event()
 
+    def _said(self, exc: psycopg.Error) -> str:
+        # libpq's words may quote a password it misread ($PGBROKER_LISTEN_DSN is read as given).
+        return hide_passwords(str(exc), self._conninfo)
+
     def want(self, channel: str) -> None:
         if channel not in self.counts:
             self.counts[channel] = 0
@@ -87,7 +92,8 @@ class _Loop:
             try:
                 conn = psycopg.Connection.connect(self._conninfo, autocommit=True)
             except psycopg.Error as exc:
-                log.warning("pgbroker listener cannot connect, waiting reads poll meanwhile: %s", exc)
+                said = self._said(exc)
+                log.warning("pgbroker listener cannot connect, waiting reads poll meanwhile: %s", said)
                 self._pause(reconnect_delay(failures))
                 failures += 1
                 continue
@@ -95,7 +101,7 @@ class _Loop:
                 with conn:
                     self._serve(conn)
             except psycopg.Error as exc:
-                log.warning("pgbroker listener lost its connection, reconnecting: %s", exc)
+                log.warning("pgbroker listener lost its connection, reconnecting: %s", self._said(exc))
             finally:
                 # A connection that LISTENed was of use; one that did not (a standby refuses
                 # LISTEN) counts as a failed attempt, so that the pauses grow.

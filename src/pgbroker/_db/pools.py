@@ -17,8 +17,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from pgbroker._credentials import hide_passwords
 from pgbroker._db.dsn import connection_kwargs
 from pgbroker.errors import InvalidArgument
 
@@ -56,7 +58,15 @@ class PoolTimeouts:
 
 def connect_timeout_for(dsn: str, seconds: float) -> dict[str, int]:
     """libpq's connect_timeout of ``seconds`` (whole, at least 2), unless the DSN or
-    $PGCONNECT_TIMEOUT sets one."""
-    if "connect_timeout" in conninfo_to_dict(dsn) or "PGCONNECT_TIMEOUT" in os.environ:
+    $PGCONNECT_TIMEOUT sets one. InvalidArgument for a DSN libpq cannot parse."""
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        # Not psycopg's error: its text may quote a password it misread (pgbroker._credentials).
+        raise InvalidArgument(
+            f"invalid DSN: {hide_passwords(str(exc), dsn)}",
+            hint="Use a URL (postgresql://user@host:5432/db) or key=value pairs (host=... dbname=...).",
+        ) from None
+    if "connect_timeout" in params or "PGCONNECT_TIMEOUT" in os.environ:
         return {}
     return {"connect_timeout": max(2, math.ceil(seconds))}

@@ -8,6 +8,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from pgbroker._credentials import hide_passwords
 from pgbroker.errors import InvalidArgument
 
 
@@ -40,7 +41,7 @@ def parse(
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise InvalidArgument(f"malformed broker URL: {exc}", hint=hint) from None
+        raise InvalidArgument(f"malformed broker URL: {hide_passwords(str(exc), url)}", hint=hint) from None
     if parts.scheme not in schemes:
         wanted = " or ".join(f"{s}://" for s in sorted(schemes))
         raise InvalidArgument(

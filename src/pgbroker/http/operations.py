@@ -254,12 +254,14 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
 def _in_hand(state: State, key: ApiKey | None) -> Iterator[None]:
     """The request counted among its key's in hand; 429 at once past the key's share of the
     server's slots (--max-concurrency counts every key's together: one key's long polls took
-    them all, and every other key was answered 503)."""
+    them all, and every other key was answered 503), or, for a key with requests in hand, when
+    only the slots kept for keys with none are left (two keys at their share took them all)."""
     if key is None:
         yield
         return
     held = state.in_flight.get(key.id, 0)
-    limit = state.settings.key_concurrency
+    settings = state.settings
+    limit = settings.key_concurrency
     if held >= limit:
         raise ApiError(
             429,
@@ -267,6 +269,17 @@ def _in_hand(state: State, key: ApiKey | None) -> Iterator[None]:
             f"key {key.name!r} has {limit} requests in hand already",
             hint="Fewer requests at once (long polls count), or start the server with a higher"
             " --max-concurrency-per-key.",
+            headers={"Retry-After": "1"},
+        )
+    reserved = settings.reserved_slots
+    if held and reserved and sum(state.in_flight.values()) >= settings.max_concurrency - reserved:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"key {key.name!r} has {held} requests in hand, and the server's last {reserved} slots are"
+            " kept for keys with none",
+            hint="Fewer requests at once (long polls count), or start the server with a higher"
+            " --max-concurrency.",
             headers={"Retry-After": "1"},
         )
     state.in_flight[key.id] = held + 1

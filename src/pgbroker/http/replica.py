@@ -26,6 +26,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgbroker import _sql as sql
+from pgbroker._credentials import hide_passwords
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.dsn import PoolerMode, database_place
 from pgbroker._db.liveness import answered_within
@@ -173,7 +174,8 @@ class WatchedReplica:
             await pool.close()
 
     def _unreachable(self, exc: BaseException) -> None:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        said = hide_passwords(str(exc).strip(), self._dsn)
+        reason = said.splitlines()[0] if said else type(exc).__name__
         if self._said_down:
             log.debug(
                 "serve.replica_retry_failed replica=%s error=%s", json.dumps(self._place), json.dumps(reason)

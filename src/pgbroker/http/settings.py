@@ -38,3 +38,9 @@ class Settings:
     def key_concurrency(self) -> int:
         """The requests one key may have in hand at once."""
         return self.max_concurrency_per_key or max(1, self.max_concurrency // 2)
+
+    @property
+    def reserved_slots(self) -> int:
+        """The last of the max_concurrency slots, each kept for a key with no request in hand: two
+        keys at their share held every slot. To lock a key out, this many other keys must hold one."""
+        return self.max_concurrency // 4

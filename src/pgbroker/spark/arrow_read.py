@@ -37,7 +37,10 @@ def copy_batches(
     """Run ``COPY (select) TO STDOUT`` and yield pyarrow RecordBatches of ``columns``.
 
     ``select`` must return exactly ``columns``, in that order. ``settings`` (name, value) are set
-    for the rest of the session first. ``body``: decode the message column (pgbroker.spark.bodies).
+    for the COPY's transaction only: behind a transaction pooler a session's setting stays with the
+    server connection, for whichever client gets it next (enable_sort off for another application's
+    queries), and the COPY may be given another. ``body``: decode the message column
+    (pgbroker.spark.bodies).
     """
     import pyarrow as pa
     from pyarrow import csv
@@ -64,17 +67,18 @@ def copy_batches(
         for batch in table.cast(schema).to_batches():
             yield batch if body is None else decode_batch(batch, body)
 
-    for name, value in settings:
-        conn.execute(_sql.queries("spark")["spark_read_setting"], (name, value))
     statement = sql.SQL(_sql.queries("spark")["spark_copy_out"]).format(select=select)
     pending = bytearray()
-    with closing(_copy_out(conn, statement)) as rows:
-        # Each chunk is one whole row: a block ends at a row's end.
-        for chunk in rows:
-            pending += chunk
-            if len(pending) >= BLOCK_BYTES:
-                yield from parse(bytes(pending))
-                pending.clear()
+    with conn.transaction():
+        for name, value in settings:
+            conn.execute(_sql.queries("spark")["spark_read_setting"], (name, value))
+        with closing(_copy_out(conn, statement)) as rows:
+            # Each chunk is one whole row: a block ends at a row's end.
+            for chunk in rows:
+                pending += chunk
+                if len(pending) >= BLOCK_BYTES:
+                    yield from parse(bytes(pending))
+                    pending.clear()
     if pending:
         yield from parse(bytes(pending))
 
@@ -83,7 +87,7 @@ def _copy_out(conn: Connection, statement: sql.Composable) -> Generator[Any, Non
     """The rows of ``COPY ... TO STDOUT``, one chunk per row, read from libpq directly.
 
     psycopg's Copy.read() costs about twice the Python time per row (0.9 against 0.45 µs here),
-    and a partition is hundreds of thousands of rows. ``conn`` must be idle and in autocommit. A
+    and a partition is hundreds of thousands of rows. ``conn`` must be idle. A
     generator closed before its end (Spark stopped reading, say) closes ``conn``, which is still
     busy with the COPY.
     """

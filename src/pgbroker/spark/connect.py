@@ -16,6 +16,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from pgbroker import _sql
+from pgbroker._credentials import hide_passwords
 from pgbroker._db.dsn import connection_kwargs
 from pgbroker.errors import PgbrokerError, from_postgres
 from pgbroker.spark.bounded import answered_within, answering_cursors
@@ -37,20 +38,21 @@ def open_connection(dsn: str, *, role: str, answer_within: float | None = None) 
     (pgbroker.spark.bounded); the connection is then cut.
     """
     extra: dict[str, Any] = connection_kwargs()
-    params = conninfo_to_dict(dsn)
-    if "connect_timeout" not in params:
-        extra["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
-    if "application_name" not in params:
-        extra["application_name"] = f"{APPLICATION_NAME} {role}"
     try:
+        params = conninfo_to_dict(dsn)
+        if "connect_timeout" not in params:
+            extra["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+        if "application_name" not in params:
+            extra["application_name"] = f"{APPLICATION_NAME} {role}"
         conn = psycopg.connect(dsn, autocommit=True, **extra)
         if answer_within is not None:
             conn.cursor_factory = answering_cursors(answer_within)
-    except psycopg.OperationalError as exc:
+    except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+        # Not chained: libpq's own words may quote a password it misread (pgbroker._credentials).
         raise PgbrokerError(
-            f"{CANNOT_CONNECT}: {str(exc).strip()}",
+            f"{CANNOT_CONNECT}: {hide_passwords(str(exc).strip(), dsn)}",
             hint="Check option dsn (or DATABASE_URL); every executor must reach that server.",
-        ) from exc
+        ) from None
     try:
         conn.execute(_sql.queries("spark")["spark_session_utc"])
         conn.execute(_sql.queries("spark")["spark_session_iso_dates"])

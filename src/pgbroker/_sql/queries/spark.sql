@@ -15,8 +15,8 @@ SET DateStyle = 'ISO'
 SELECT pgbroker._table(%s, %s)
 
 -- name: spark_read_setting
--- Set a session setting a read's SELECT needs, for the session.
-SELECT set_config(%s, %s, false)
+-- Set a setting a read's SELECT needs, for its transaction only (arrow_read.copy_batches says why).
+SELECT set_config(%s, %s, true)
 
 -- name: spark_copy_out
 -- A read's rows as CSV; {select} is the composed SELECT of the rows.

@@ -82,7 +82,8 @@ def register(subcommands: Subcommands) -> None:
         type=positive_int,
         default=256,
         metavar="N",
-        help="requests handled at once; more are answered 503 with Retry-After (256)",
+        help="requests handled at once; more are answered 503 with Retry-After (256); the last quarter go"
+        " one per API key with none in hand",
     )
     sub.add_argument(
         "--max-concurrency-per-key",

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgbroker._credentials import hide_passwords
 from pgbroker._db.dsn import PoolerMode, connection_kwargs, database_place, resolve_dsn
 from pgbroker._db.install import is_installed
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, connect_timeout_for
@@ -62,10 +63,11 @@ def connected(
     try:
         conn = psycopg.connect(conninfo, autocommit=True, **extra)
     except psycopg.OperationalError as exc:
-        message = first_line(str(exc))
+        message = first_line(hide_passwords(str(exc), conninfo))
+        # Not chained: -v would print libpq's own words, the password they may quote included.
         raise CliError(
             f"cannot connect to the database: {message}", code=Exit.DATABASE, hint=connect_hint(message)
-        ) from exc
+        ) from None
     with conn:
         yield Broker(connection=conn, pooler=pooler)
 
@@ -120,8 +122,8 @@ def dsn_of(dsn: str | None, connect_timeout: float = DEFAULT_CONNECT_TIMEOUT) ->
         conninfo_to_dict(resolved)
     except psycopg.ProgrammingError as exc:
         raise CliError(
-            f"invalid DSN: {first_line(str(exc))}",
+            f"invalid DSN: {first_line(hide_passwords(str(exc), resolved))}",
             code=Exit.USAGE,
             hint="Use a URL (postgresql://user@host:5432/db) or key=value pairs (host=... dbname=...).",
-        ) from exc
+        ) from None  # (not chained: as above)
     return make_conninfo(resolved, **connect_timeout_for(resolved, connect_timeout))

@@ -9,6 +9,7 @@ import pytest
 
 from pgbroker._db.listen import Listener, Subscription, _Loop
 from pgbroker._db.wakeups import (
+    NEWS_CREDIT,
     WAKE_BURST,
     WAKE_RATE,
     Waiting,
@@ -72,3 +73,16 @@ def test_wake_ups_by_news_come_in_a_burst_then_at_the_budgets_rate() -> None:
     turns = [budget.take() for _ in range(3)]
     # Past the burst a wake-up waits its turn; at most one is owed, however many were asked for.
     assert all(0 < turn <= 1 / WAKE_RATE for turn in turns)
+
+
+def test_a_wake_up_that_brought_messages_earns_its_competitors_wake_ups() -> None:
+    """Consumers competing for a queue's sends are each woken by every send and mostly find it
+    taken: a wake-up that brings messages lets NEWS_CREDIT empty ones through (no more, however
+    many brought messages), then the budget's rate holds again."""
+    budget = WakeBudget()
+    for _ in range(WAKE_BURST):
+        budget.take()
+    for _ in range(3):
+        budget.news(refund=False)
+    assert [budget.take() for _ in range(WAKE_BURST + NEWS_CREDIT)] == [0.0] * (WAKE_BURST + NEWS_CREDIT)
+    assert budget.take() > 0

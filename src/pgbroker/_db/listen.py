@@ -51,6 +51,9 @@ _RECEIVE_SLICE = 0.05
 _CLOSE_WAIT = 5.0
 # Seconds between two warnings that wake-ups are held (Subscription._held_back).
 _HELD_WARNING_EVERY = 60.0
+# Held wake-ups are a flood only when no read found messages for this long: a consumer that
+# competes for a queue's sends finds most of them taken, and its wake-ups are held too.
+_QUIET_BEFORE_WARNING = 10.0
 # LISTEN {channel}, the channel composed as an identifier.
 _LISTEN = sql.SQL(_sql.queries("listen")["listen_channel"])
 
@@ -155,11 +158,13 @@ class Subscription:
         self._seen = listener._count(channel)
         self._budget = WakeBudget()
         # Only a wake-up after one that brought nothing counts against the budget, and one that
-        # then brings messages is given back (confirm()): sends at any rate wake a reader at once.
+        # then brings messages is given back, with credit (confirm()): sends at any rate wake a
+        # reader at once, and so do its competitors' sends.
         self._unconfirmed = False  # the last wake-up has brought no message so far
         self._charged = False  # the last wake-up was counted
         self._held = 0  # wake-ups the budget delayed since the last warning
         self._warned_at: float | None = None
+        self._news_at = time.monotonic()  # when a read last found messages (subscribing counts)
 
     def wait(self, timeout: float) -> bool:
         """Sleep until a notification (or reconnect) since the last wait, or timeout; True if one came.
@@ -177,23 +182,30 @@ class Subscription:
         return heard
 
     def confirm(self) -> None:
-        """A read found messages: the last wake-up was news, and is not counted."""
-        if self._charged:
-            self._budget.give_back()
+        """A read found messages: the last wake-up, if one led here, was news; it is not counted and
+        earns the wake-ups of consumers competing for the same sends (wakeups.NEWS_CREDIT)."""
+        if self._unconfirmed:
+            self._budget.news(refund=self._charged)
         self._charged = self._unconfirmed = False
+        self._news_at = time.monotonic()
 
     def _held_back(self) -> None:
-        """Say so when wake-ups are held: empty ones faster than the budget are not pgbroker's sends
-        (another login NOTIFYing the channel, most likely). Once a minute at most."""
+        """Say so when wake-ups are held while no read finds messages: empty ones faster than the
+        budget, with no news for a while, are not pgbroker's sends (another login NOTIFYing the
+        channel, most likely). Once a minute at most."""
         self._held += 1
         now = time.monotonic()
+        if now - self._news_at < _QUIET_BEFORE_WARNING:
+            return  # reads find messages: competitors took the rest of the sends
         if self._warned_at is None or now - self._warned_at >= _HELD_WARNING_EVERY:
             log.warning(
                 "listen.wakeups_held channel=%s held=%d: notifications that brought no message came "
-                "faster than %g a second (another login NOTIFYing this channel?); waking is slowed",
+                "faster than %g a second, and none brought any for %g s (another login NOTIFYing this "
+                "channel?); waking is slowed",
                 json.dumps(self._channel),
                 self._held,
                 WAKE_RATE,
+                _QUIET_BEFORE_WARNING,
             )
             self._warned_at, self._held = now, 0
 

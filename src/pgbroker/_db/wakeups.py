@@ -24,6 +24,7 @@ from pgbroker.errors import InvalidArgument
 
 __all__ = [
     "DEFAULT_POLL_INTERVAL",
+    "NEWS_CREDIT",
     "WAKE_BURST",
     "WAKE_RATE",
     "Waiting",
@@ -45,6 +46,12 @@ DEFAULT_POLL_INTERVAL = 0.5
 # wake-ups a second), and a flood costs each subscriber WAKE_RATE reads a second.
 WAKE_BURST = 5
 WAKE_RATE = 20.0
+# What a wake-up that brought messages earns: as many more that bring nothing. Consumers that
+# compete for a queue (worker processes, a stream group's members) are each woken by every send
+# and most find it taken, N - 1 empty wake-ups a send for N of them: not a flood, and the budget
+# alone held them (two worker processes at 1,500 jobs a second warned of a flood). A flood still
+# gets no more than NEWS_CREDIT reads a real wake-up, and WAKE_RATE a second without any.
+NEWS_CREDIT = 16
 
 _RECONNECT_FIRST = 0.1
 _RECONNECT_MAX = 5.0
@@ -95,11 +102,13 @@ def reconnect_delay(failures: int) -> float:
 
 
 class WakeBudget:
-    """A subscriber's wake-ups by news (a token bucket): take() says how long to wait before one."""
+    """A subscriber's wake-ups by news (a token bucket, filled by time up to ``burst`` and by news
+    up to ``burst + credit``): take() says how long to wait before one."""
 
-    def __init__(self, burst: int = WAKE_BURST, rate: float = WAKE_RATE) -> None:
+    def __init__(self, burst: int = WAKE_BURST, rate: float = WAKE_RATE, credit: int = NEWS_CREDIT) -> None:
         self._burst = float(burst)
         self._rate = rate
+        self._credit = float(credit)
         self._tokens = float(burst)
         self._at = time.monotonic()
 
@@ -107,13 +116,16 @@ class WakeBudget:
         """Spend a wake-up: 0 within the budget, else the seconds until it has one. At most one is
         owed, so a wake-up cut short by its sleeper's timeout leaves no debt that grows."""
         now = time.monotonic()
-        self._tokens = max(min(self._burst, self._tokens + (now - self._at) * self._rate) - 1, -1.0)
+        if self._tokens < self._burst:  # time refills the burst, not what news earned beyond it
+            self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._tokens = max(self._tokens - 1, -1.0)
         self._at = now
         return max(0.0, -self._tokens / self._rate)
 
-    def give_back(self) -> None:
-        """The last wake-up brought messages: it does not count."""
-        self._tokens = min(self._burst, self._tokens + 1)
+    def news(self, *, refund: bool) -> None:
+        """The last wake-up brought messages: it earns ``credit`` wake-ups, and gives back the one
+        it cost (``refund``: it was counted)."""
+        self._tokens = min(self._burst + self._credit, self._tokens + self._credit + (1 if refund else 0))
 
 
 class Waiting:

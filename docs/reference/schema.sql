@@ -1466,8 +1466,6 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
         'idempotency_key must be 1 to 255 characters');
-    PERFORM pgbroker._check_arg(scope IS NOT NULL AND length(scope) <= 255,
-        'idempotency scope must be at most 255 characters');
     PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
         format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
     LOOP
@@ -1536,6 +1534,22 @@ BEGIN
     RETURN sent;
 END;
 $_$;
+
+--
+-- Name: _idempotency_scope(text); Type: FUNCTION; Schema: pgbroker; Owner: -
+--
+
+CREATE FUNCTION pgbroker._idempotency_scope(scope text) RETURNS text
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF scope IS NULL THEN
+        RETURN '';
+    END IF;
+    PERFORM pgbroker._check_arg(length(scope) <= 255, 'idempotency scope must be at most 255 characters');
+    RETURN to_jsonb(ARRAY[session_user::text, scope])::text;
+END;
+$$;
 
 --
 -- Name: _insert_channel(text); Type: FUNCTION; Schema: pgbroker; Owner: -
@@ -7368,12 +7382,12 @@ BEGIN
     PERFORM pgbroker._authorize('producer', queue_name);
     PERFORM pgbroker._table(queue_name);
     stored := pgbroker._stored_name(queue_name);
-    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),
-        idempotency_key, pgbroker._idempotency_digest(
+    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored,
+        pgbroker._idempotency_scope(scope), idempotency_key, pgbroker._idempotency_digest(
             to_jsonb(msgs), pgbroker._idempotency_headers(headers), to_jsonb(delay)), window_seconds);
     IF held IS NULL THEN
-        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),
-            idempotency_key, ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
+        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored,
+            pgbroker._idempotency_scope(scope), idempotency_key, ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
     END IF;
     RETURN QUERY SELECT unnest(held);
 END;
@@ -8276,12 +8290,12 @@ DECLARE
     held bigint[];
 BEGIN
     held := pgbroker._idempotency_claim('stream_idempotency_keys', 'stream_name', s.stream_name,
-        coalesce(scope, ''), idempotency_key, pgbroker._idempotency_digest(
+        pgbroker._idempotency_scope(scope), idempotency_key, pgbroker._idempotency_digest(
             to_jsonb(messages), pgbroker._idempotency_headers(headers), to_jsonb(keys)),
         window_seconds);
     IF held IS NULL THEN
         held := pgbroker._idempotency_record('stream_idempotency_keys', 'stream_name', s.stream_name,
-            coalesce(scope, ''), idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
+            pgbroker._idempotency_scope(scope), idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
     END IF;
     RETURN QUERY SELECT unnest(held);
 END;

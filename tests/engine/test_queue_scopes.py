@@ -564,3 +564,25 @@ def test_a_scoped_consumer_can_neither_overwrite_nor_remove_another_queues_worke
     assert refusal(consumer, beat, ("orders-eu", own, 2)) is None
     assert refusal(consumer, "SELECT pgbroker.worker_stopped(%s, %s)", ("orders-eu", own)) is None
     assert conn.execute(row, (own,)).fetchone() is None
+
+
+def test_an_idempotency_scope_is_the_login_that_names_it(
+    dsn: str, conn: Conn, scoped: dict[str, str]
+) -> None:
+    """The HTTP API keeps each API key's idempotency keys in the scope 'api key <id>'. Another
+    login that may send to the queue named that scope and got the API key's msg_ids for the same
+    request, and PB009 for another one: it learned which keys the API key used, and their
+    msg_ids. A scope is now the login's that names it."""
+    other = scoped["consumer"]
+    assert grant_queue_access(conn, "producer", other, "orders*")
+    send = "SELECT * FROM pgbroker.send_idempotent('orders-eu', %s, ARRAY[%s::jsonb], scope => 'api key 7')"
+
+    def ids(user: str, key: str, body: dict[str, int]) -> list[int]:
+        with psycopg.connect(login(dsn, user), autocommit=True) as c:
+            return [int(row[0]) for row in c.execute(send, (key, json.dumps(body)))]
+
+    same = ids(scoped["producer"], "order-7", {"n": 1})
+    different = ids(scoped["producer"], "order-8", {"n": 1})
+    assert ids(scoped["producer"], "order-7", {"n": 1}) == same  # its own retry: answered
+    assert set(ids(other, "order-7", {"n": 1})).isdisjoint(same)  # sent, not answered
+    assert set(ids(other, "order-8", {"n": 2})).isdisjoint(different)  # sent, not refused (PB009)

@@ -157,9 +157,26 @@ $$;
 -- answer nor refuse another's; pgbroker.trim_dedup_keys removes those whose
 -- time is over.
 
+-- The scope a sender's keys are stored under: '' for none (every sender of
+-- the queue's), else the scope named within the sender's login
+-- (session_user, which no SET ROLE changes). A scope is the login's own:
+-- another login naming 'api key 7' (the HTTP API's scope for its key 7) has
+-- keys of its own, and learns neither whether the API key used one nor its
+-- msg_ids. (A server whose login changes starts a new key space.)
+CREATE OR REPLACE FUNCTION pgbroker._idempotency_scope(scope text)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF scope IS NULL THEN
+        RETURN '';
+    END IF;
+    PERFORM pgbroker._check_arg(length(scope) <= 255, 'idempotency scope must be at most 255 characters');
+    RETURN to_jsonb(ARRAY[session_user::text, scope])::text;
+END;
+$$;
+
 -- Claim idempotency_key of a send to a queue (tbl pgbroker.idempotency_keys,
 -- its owner named in column owner_column) or a stream (the stream's table),
--- within the sender's scope ('' for none): NULL when the key was free or its
+-- within the sender's stored scope (_idempotency_scope): NULL when the key was free or its
 -- time over (the caller sends and records its ids with _idempotency_record),
 -- else the ids of the request that holds it; PB009 when that request was
 -- another one.
@@ -175,8 +192,6 @@ DECLARE
 BEGIN
     PERFORM pgbroker._check_arg(idempotency_key IS NOT NULL AND length(idempotency_key) BETWEEN 1 AND 255,
         'idempotency_key must be 1 to 255 characters');
-    PERFORM pgbroker._check_arg(scope IS NOT NULL AND length(scope) <= 255,
-        'idempotency scope must be at most 255 characters');
     PERFORM pgbroker._check_arg(window_seconds IS NOT NULL AND window_seconds BETWEEN 1 AND 2592000,
         format('window_seconds must be between 1 and 2592000, got %s', coalesce(window_seconds::text, 'NULL')));
     LOOP
@@ -241,7 +256,9 @@ $$;
 -- for idempotency_key; the same call again returns the same msg_ids.
 -- Arguments: window_seconds: how long the key is held (1 s to 30 days);
 --   scope: whose key it is (up to 255 characters; NULL: the queue's
---   senders without a scope): the same key in another scope is another key.
+--   senders without a scope): the same key in another scope is another key,
+--   and a scope is the login's that names it (the same scope named by
+--   another login is another one).
 -- Returns: the msg_ids, in the order of msgs: the first call's, each time.
 -- Errors: PB009 when the key was used for another request within its window;
 --   PB007 for an empty key, one over 255 characters, a scope over 255, or a
@@ -259,12 +276,12 @@ BEGIN
     PERFORM pgbroker._authorize('producer', queue_name);
     PERFORM pgbroker._table(queue_name);
     stored := pgbroker._stored_name(queue_name);
-    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),
-        idempotency_key, pgbroker._idempotency_digest(
+    held := pgbroker._idempotency_claim('idempotency_keys', 'queue_name', stored,
+        pgbroker._idempotency_scope(scope), idempotency_key, pgbroker._idempotency_digest(
             to_jsonb(msgs), pgbroker._idempotency_headers(headers), to_jsonb(delay)), window_seconds);
     IF held IS NULL THEN
-        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored, coalesce(scope, ''),
-            idempotency_key, ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
+        held := pgbroker._idempotency_record('idempotency_keys', 'queue_name', stored,
+            pgbroker._idempotency_scope(scope), idempotency_key, ARRAY(SELECT pgmq.send_batch(queue_name, msgs, headers, delay)));
     END IF;
     RETURN QUERY SELECT unnest(held);
 END;

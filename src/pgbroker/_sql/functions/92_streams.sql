@@ -571,12 +571,12 @@ DECLARE
     held bigint[];
 BEGIN
     held := pgbroker._idempotency_claim('stream_idempotency_keys', 'stream_name', s.stream_name,
-        coalesce(scope, ''), idempotency_key, pgbroker._idempotency_digest(
+        pgbroker._idempotency_scope(scope), idempotency_key, pgbroker._idempotency_digest(
             to_jsonb(messages), pgbroker._idempotency_headers(headers), to_jsonb(keys)),
         window_seconds);
     IF held IS NULL THEN
         held := pgbroker._idempotency_record('stream_idempotency_keys', 'stream_name', s.stream_name,
-            coalesce(scope, ''), idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
+            pgbroker._idempotency_scope(scope), idempotency_key, ARRAY(SELECT pgbroker.stream_send_many(s.stream_name, messages, headers, keys)));
     END IF;
     RETURN QUERY SELECT unnest(held);
 END;

@@ -246,6 +246,38 @@ def test_send_argument_then_stdin_lines_in_order(cli: Cli, orders: str, conn: Co
     assert [row[4] for row in rows[1:]] == [None] * 7
 
 
+def test_send_sends_the_lines_a_pausing_writer_gave_without_waiting_for_a_full_batch(
+    cli: Cli, orders: str, conn: Conn
+) -> None:
+    """`producer | pgbroker send orders`: a batch waited to be full (500 lines) or for the end of
+    the input, so the lines of a writer that pauses (tail -f, a person typing) stayed unsent for
+    as long as it paused, and a SIGTERM or Ctrl-C then lost them. A batch now also goes when the
+    input pauses."""
+    send = subprocess.Popen(
+        [sys.executable, "-m", "pgbroker.cli", "--dsn", cli.dsn, "send", orders],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        assert send.stdin is not None
+        send.stdin.write('{"n": 1}\n{"n": 2}\n')
+        send.stdin.flush()  # and the writer pauses, its pipe open
+        deadline = time.monotonic() + 60
+        while len(q_ids(conn, orders)) < 2 and send.poll() is None:
+            assert time.monotonic() < deadline, "the lines before the pause were not sent"
+            time.sleep(0.05)
+        send.stdin.write('{"n": 3}\n')
+        out, err = send.communicate(timeout=60)
+    finally:
+        send.kill()
+    assert send.returncode == 0, err
+    assert _ids(out) == q_ids(conn, orders)
+    assert [row[3] for row in q_rows(conn, orders)] == [{"n": 1}, {"n": 2}, {"n": 3}]
+
+
 def test_send_with_delay_hides_the_message(cli: Cli, orders: str) -> None:
     cli.ok("send", orders, '"later"', "--delay", "60")
     assert cli.ok("read", orders) == ""

@@ -49,6 +49,7 @@ from pgbroker._db.install_rules import (
     refuse_foreign_pgmq,
     refuse_other_owner,
     refuse_release_history,
+    refuse_without_create,
     role_check,
     version_rows,
 )
@@ -107,7 +108,10 @@ def _rows(
 
 def _install(conn: psycopg.Connection[Any]) -> InstallResult:
     _rows(conn, named("install_lock"), (INSTALL_LOCK,))
-    refuse_other_owner(_rows(conn, named("install_schema_owner")))
+    owner = _rows(conn, named("install_schema_owner"))
+    refuse_other_owner(owner)
+    if not owner:  # a first install
+        refuse_without_create(*(_rows(conn, named("install_may_create")))[0])
     refuse_foreign_pgmq(*(_rows(conn, named("install_foreign_pgmq")))[0])
     installed = _installed(conn)
     if installed.dev:

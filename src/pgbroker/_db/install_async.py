@@ -47,6 +47,7 @@ from pgbroker._db.install_rules import (
     refuse_foreign_pgmq,
     refuse_other_owner,
     refuse_release_history,
+    refuse_without_create,
     role_check,
     version_rows,
 )
@@ -105,7 +106,10 @@ async def _rows(
 
 async def _install(conn: psycopg.AsyncConnection[Any]) -> InstallResult:
     await _rows(conn, named("install_lock"), (INSTALL_LOCK,))
-    refuse_other_owner(await _rows(conn, named("install_schema_owner")))
+    owner = await _rows(conn, named("install_schema_owner"))
+    refuse_other_owner(owner)
+    if not owner:  # a first install
+        refuse_without_create(*(await _rows(conn, named("install_may_create")))[0])
     refuse_foreign_pgmq(*(await _rows(conn, named("install_foreign_pgmq")))[0])
     installed = await _installed(conn)
     if installed.dev:

@@ -20,6 +20,12 @@ SELECT n.nspowner::regrole::text, pg_catalog.pg_has_role(n.nspowner, 'USAGE'), c
 FROM pg_catalog.pg_namespace n
 WHERE n.nspname = 'pgbroker'
 
+-- name: install_may_create
+-- Whether the current user may create schemas in the database (a first install makes pgmq and
+-- pgbroker), who it is, and which database.
+SELECT pg_catalog.has_database_privilege(current_database(), 'CREATE'), current_user::text,
+       current_database()::text
+
 -- name: install_lock_set
 -- The tables an upgrade or re-applied functions lock, to take at once before they change anything
 -- (pgbroker._db.install): the engine's own tables and views of pgmq and pgbroker, and not a queue's or a

@@ -312,6 +312,19 @@ def test_send_delay_takes_fractions_and_units_rounded_up_to_the_engine_s_whole_s
     assert len(q_ids(conn, orders)) == len(kept)  # nothing of the bad ones sent
 
 
+def test_a_duration_rounded_up_to_whole_seconds_is_said_on_stderr(cli: Cli, orders: str) -> None:
+    """--delay 500ms became 1 s with only --help's word for it: the output was the msg_id alone.
+    Sub-second delays are not taken exactly: pgmq.send's delay is whole seconds, and a nack's
+    too; the CLI keeps the engine's unit, rounding up (nothing visible sooner than asked), and
+    now says so when it rounds. Stdout stays the result alone."""
+    res = cli("send", orders, '"soon"', "--delay", "500ms", "--json")
+    assert res.returncode == 0, res.stderr
+    assert list(json.loads(res.stdout)) == ["msg_id"]
+    said = "pgbroker: --delay 500ms is kept as 1 s: it takes whole seconds, a fraction rounded up\n"
+    assert res.stderr == said
+    assert cli("send", orders, '"later"', "--delay", "2").stderr == ""  # nothing rounded, no remark
+
+
 def test_bad_json_line_stops_before_its_batch(cli: Cli, orders: str, conn: Conn) -> None:
     # Batches of 3: lines 1-3 are sent; line 5 is bad, so its batch (lines 4-5) is not.
     lines = '{"n": 1}\n{"n": 2}\n{"n": 3}\n{"n": 4}\n{"n": 5\n{"n": 6}\n'

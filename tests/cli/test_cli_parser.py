@@ -113,6 +113,9 @@ def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> No
     for where, action in timed.items():
         parse = action.type
         assert callable(parse)
+        if parse in (whole_seconds, positive_whole_seconds, connect_seconds):
+            # What was rounded up is said by the option named after the dest (cli.support.running).
+            assert "--" + action.dest.replace("_", "-") in action.option_strings, where
         if parse is connect_seconds:  # libpq's: whole seconds, at least 2
             assert [parse(text) for text in ("2.5", "2500ms", "5m")] == [3, 3, 300], where
             continue

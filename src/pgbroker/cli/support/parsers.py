@@ -34,7 +34,8 @@ exit codes:
   130 interrupted (Ctrl-C)
 
 DURATION: {DURATION_FORMS}. A
-delay, lease, retention or window is kept in whole seconds: a fraction is rounded up.
+delay, lease, retention or window is kept in whole seconds: a fraction is rounded up,
+and the command says so on stderr.
 
 The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL
 (started on first use; see `pgbroker db status`).

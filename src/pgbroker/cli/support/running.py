@@ -14,6 +14,7 @@ from contextlib import ExitStack, contextmanager
 import psycopg
 
 from pgbroker._log_lines import LOG_FORMATS, chosen_format, say, set_up, writes_json
+from pgbroker.cli.support.arguments import RoundedUp
 from pgbroker.cli.support.connecting import connected, database_of, not_installed
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.cli.support.parsers import Handler, LocalHandler
@@ -58,6 +59,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         print_error(str(exc), f"Unset it, or pass --log-format {' or '.join(LOG_FORMATS)}.")
         return Exit.USAGE
     set_up(level, args.log_format)
+    _say_what_was_rounded(args)
     try:
         if not args.needs_database:
             local: LocalHandler = args.handler
@@ -91,6 +93,22 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             hint = "This is a bug in pgbroker; run again with -v and report the traceback."
         print_error(message, hint)
         return code
+
+
+def _say_what_was_rounded(args: argparse.Namespace) -> None:
+    """A remark for each duration kept in whole seconds that was given with a fraction (the
+    engine keeps a delay, lease, retention or window in whole seconds; libpq its timeout)."""
+    for dest, value in vars(args).items():
+        if isinstance(value, RoundedUp):
+            option = "--" + dest.replace("_", "-")  # each such option's dest is its name
+            say(
+                f"{option} {value.given} is kept as {int(value)} s: it takes whole seconds, a "
+                "fraction rounded up",
+                event="command.duration_rounded_up",
+                option=option,
+                given=value.given,
+                seconds=int(value),
+            )
 
 
 def _connect(args: argparse.Namespace, stack: ExitStack) -> Broker | None:

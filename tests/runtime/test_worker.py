@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, QueueNotFound, Worker
+from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, Queue, QueueNotFound, Worker
 from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker._db.wakeups import WAKE_BURST, WAKE_RATE
 from pgbroker.embedded import EmbeddedPostgres
@@ -27,6 +27,7 @@ from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
 from pgbroker.schedules._scheduler import Scheduler
 from tests.support.faults import freezable, impatient, listener_pid, sessions_frozen, table_locked
+from tests.support.roles import role_logins
 from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until, while_serving
@@ -499,6 +500,61 @@ def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
 
     sent_at = asyncio.run(scenario())
     assert handled_at[0] - sent_at < 1.0  # a notification, not the 10 s poll
+
+
+def _sleeping_worker_woken_by_a_send(worker_dsn: str, queue: Queue, handled_at: list[float]) -> float:
+    """Serve a worker of ``queue`` on ``worker_dsn`` (polling every 10 s) until it handles a
+    message sent once it sleeps; how long after the send it handled it."""
+    worker = Worker(queue.name, lambda message: handled_at.append(time.monotonic()), poll_min=10, poll_max=10)
+
+    async def scenario() -> float:
+        async def send_when_asleep() -> float:
+            await asyncio.sleep(1.0)
+            sent_at = time.monotonic()
+            await asyncio.to_thread(queue.send, "wake up")
+            return sent_at
+
+        sender = asyncio.create_task(send_when_asleep())
+        await run_until(worker_dsn, [worker], lambda: bool(handled_at), timeout=15)
+        return await sender
+
+    sent_at = asyncio.run(scenario())
+    return handled_at[0] - sent_at
+
+
+def test_a_consumer_s_worker_on_a_queue_with_notify_on_says_nothing_of_notify_and_wakes_on_a_send(
+    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker running as a consumer (docs/security.md) asked whether notify was on by reading
+    pgmq.notify_insert_throttle, which a consumer may not: it warned worker.notify_unavailable
+    ('permission denied for table notify_insert_throttle') on a queue its owner had turned notify
+    on for, and a send did wake it."""
+    queue = broker.create_queue("jobs")
+    queue.enable_notify()
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    with role_logins(dsn, conn, pg_admin_dsn) as logins:
+        woken_after = _sleeping_worker_woken_by_a_send(logins["consumer"], queue, [])
+    assert woken_after < 1.0  # a notification, not the 10 s poll
+    assert [r.getMessage() for r in caplog.records if "notify_unavailable" in r.getMessage()] == []
+
+
+def test_a_consumer_s_worker_on_a_queue_without_notify_says_how_it_is_turned_on(
+    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker.create_queue("jobs")
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    worker = Worker("jobs", lambda message: None, poll_min=0.1, poll_max=0.5)
+
+    def warned() -> list[str]:
+        return [
+            r.getMessage() for r in caplog.records if r.getMessage().startswith("worker.notify_unavailable")
+        ]
+
+    with role_logins(dsn, conn, pg_admin_dsn) as logins:
+        asyncio.run(run_until(logins["consumer"], [worker], lambda: bool(warned()), timeout=30))
+    [warning] = warned()
+    assert "SELECT pgmq.enable_notify_insert('jobs', 5)" in warning
+    assert "0.5 s at most" in warning
 
 
 def test_a_sleeping_worker_whose_listen_session_is_terminated_still_wakes_on_a_send(

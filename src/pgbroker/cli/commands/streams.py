@@ -231,10 +231,20 @@ def _create_group(args: argparse.Namespace, broker: Broker) -> int:
                 code=Exit.USAGE,
                 hint="For example --start 2026-11-25T08:00:00+00:00",
             ) from None
-    retry_queue = Stream(broker, args.name).create_group(
-        args.group, start=start, retry_queue=args.retry_queue
-    )
+    stream = Stream(broker, args.name)
+    existed = any(group.name == args.group for group in stream.groups())
+    retry_queue = stream.create_group(args.group, start=start, retry_queue=args.retry_queue)
     text = f"group {args.group} of stream {args.name} (failed messages go to queue {retry_queue})"
+    # Where a new group reads from: by default the end, so that a stream's first reader, made
+    # after its first sends, read nothing without a word.
+    if existed:
+        text += "\nit was there already: its position is as it was (--start sets a new group's)"
+    elif start == "end":
+        text += "\nit reads the messages sent from now on (--start start: also those the stream keeps)"
+    elif start == "start":
+        text += "\nit reads every message the stream keeps, then those sent from now on"
+    else:
+        text += f"\nit reads the messages sent since {args.start}"
     return print_result(args, {"stream": args.name, "group": args.group, "retry_queue": retry_queue}, text)
 
 

@@ -164,7 +164,9 @@ def test_each_connection_failure_gets_its_own_hint(dsn: str) -> None:
 
 
 def test_a_role_without_rights_is_told_how_to_get_them(dsn: str, conn: Conn, orders: str) -> None:
-    # "permission denied for schema pgmq" alone names neither the cause nor the way out.
+    # "permission denied for schema pgmq" alone names neither the cause nor the way out. The hint
+    # said "GRANT pgbroker_consumer TO <role> (or _producer, _monitor ...)" whatever the command:
+    # a consumer refused a send was told to get the role it had; it now says which kind does what.
     role = f"nobody_{uuid.uuid4().hex[:10]}"
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     try:
@@ -174,8 +176,9 @@ def test_a_role_without_rights_is_told_how_to_get_them(dsn: str, conn: Conn, ord
                 5,
                 "permission denied for ",
                 "hint: This database role may not do that",
-                "GRANT pgbroker_consumer TO",
-                "pgbroker grant consumer",
+                "GRANT pgbroker_KIND TO <role>, KIND being producer to send, consumer to read, ack and "
+                "run workers, monitor for metrics and lists",
+                "pgbroker grant KIND <role> --queue",
             )
     finally:
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -38,10 +38,13 @@ from pgbroker.runtime._signals import holding_stop_signals
 # The server's words name an object ("permission denied for schema pgmq", "... for function
 # queue_codec"): what the user can do about it is to change the role or its rights.
 INSUFFICIENT_PRIVILEGE = "42501"
+# Which role each kind of work takes: the hint named the consumer's first whatever the command,
+# and a consumer refused a send was told to get the role it had.
 NO_RIGHTS_HINT = (
     "This database role may not do that. Connect as the role that ran pgbroker install, or have it "
-    "give yours the rights: GRANT pgbroker_consumer TO <role> (or _producer, _monitor; made by "
-    "pgbroker install --roles), or on some queues: pgbroker grant consumer <role> --queue 'orders*' "
+    "give yours the role for the work: GRANT pgbroker_KIND TO <role>, KIND being producer to send, "
+    "consumer to read, ack and run workers, monitor for metrics and lists (roles made by pgbroker "
+    "install --roles); or on some queues only: pgbroker grant KIND <role> --queue 'orders*' "
     "(docs/security.md)."
 )
 

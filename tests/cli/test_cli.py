@@ -33,6 +33,7 @@ from tests.support.cli import UNREACHABLE, Cli, _assert_error, _env, _ids, _mess
 from tests.support.tables import a_ids, q_ids, q_rows
 
 Conn = psycopg.Connection[Any]
+KIND_SUFFIXES = ("_producer", "_consumer", "_monitor")
 
 # -- install and queue management ---------------------------------------------------------------
 
@@ -182,6 +183,35 @@ def test_a_role_without_rights_is_told_how_to_get_them(dsn: str, conn: Conn, ord
             )
     finally:
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_grant_s_or_a_key_s_pattern_that_covers_no_queue_now_is_said(
+    cli: Cli, orders: str, conn: Conn
+) -> None:
+    # A typo of a queue's name in a grant or a key (ordres) was taken without a word: it showed
+    # only as refusals once the role or the key was used. It is still taken (a pattern covers
+    # queues made later too), and said on stderr; stdout is unchanged.
+    prefix = f"p{uuid.uuid4().hex[:10]}"
+    role = f"{prefix}_user"
+    cli.ok("install", "--roles", "--role-prefix", prefix)
+    roles = sql.SQL(", ").join(sql.Identifier(f"{prefix}{suffix}") for suffix in ("_user", *KIND_SUFFIXES))
+    conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+    try:
+        res = cli("grant", "consumer", role, "--queue", "ordres", "--queue", "ORD?RS", "--queue", "*")
+        assert res.returncode == 0, res.stderr
+        assert len(res.stdout.splitlines()) == 3
+        assert res.stderr == (
+            "pgbroker: no queue matches 'ordres' now (a typo?); it will cover those made later that do "
+            "(pgbroker list shows the queues)\n"
+        )
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(roles))
+        conn.execute(sql.SQL("DROP ROLE {}").format(roles))
+    res = cli("keys", "create", "dash", "--scope", "read", "--queue", "ordres", "--queue", "Orders")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("pgb_")
+    assert res.stderr.startswith("pgbroker: no queue or stream matches 'ordres' now (a typo?)")
+    assert len(res.stderr.splitlines()) == 1
 
 
 def test_database_url_is_used_without_dsn(dsn: str, orders: str) -> None:

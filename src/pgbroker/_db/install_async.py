@@ -261,6 +261,17 @@ async def grant_queue_access(conn: psycopg.AsyncConnection[Any], kind: str, role
     return bool(await _one(conn, named("queue_grant"), (kind, role, pattern)))
 
 
+async def names_matching(conn: psycopg.AsyncConnection[Any], pattern: str) -> tuple[int, int]:
+    """How many queues and how many streams ``pattern`` (a glob of a grant or an API key) covers
+    now, matched as a grant matches them (sql/functions/14_scope_patterns.sql)."""
+    try:
+        async with conn.transaction():
+            rows = await _rows(conn, named("names_matching"), (pattern, pattern))
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return int(rows[0][0]), int(rows[0][1])
+
+
 async def revoke_queue_access(
     conn: psycopg.AsyncConnection[Any], kind: str, role: str, pattern: str | None = None
 ) -> int:

@@ -130,6 +130,12 @@ SELECT role_name, functions FROM pgbroker.grant_roles(%s)
 -- Let a role act as a kind on the queues matching a glob.
 SELECT pgbroker.grant_queue_access(%s, %s, %s)
 
+-- name: names_matching
+-- How many queues and how many streams a glob covers now (a queue grant's, an API key's): none
+-- may be a typo, said beside the grant or key made.
+SELECT (SELECT count(*) FROM pgmq.meta WHERE lower(queue_name) LIKE pgbroker._glob_like(%s)),
+       (SELECT count(*) FROM pgbroker.stream WHERE stream_name LIKE pgbroker._glob_like(%s))
+
 -- name: queue_revoke
 -- Take back a role's grants of a kind, on one glob or all.
 SELECT pgbroker.revoke_queue_access(%s, %s, %s)

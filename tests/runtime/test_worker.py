@@ -482,10 +482,11 @@ def test_acks_pass_over_connections_the_server_closed(
         assert [r[1] for r in a_rows(fresh, "jobs")] == [1]  # acked on its first delivery
 
 
-def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
-    queue = broker.create_queue("jobs")
+def _sleeping_worker_woken_by_a_send(worker_dsn: str, queue: Queue) -> float:
+    """Serve a worker of ``queue`` on ``worker_dsn`` (polling every 10 s) until it handles a
+    message sent once it sleeps; how long after the send it handled it."""
     handled_at: list[float] = []
-    worker = Worker("jobs", lambda message: handled_at.append(time.monotonic()), poll_min=10, poll_max=10)
+    worker = Worker(queue.name, lambda message: handled_at.append(time.monotonic()), poll_min=10, poll_max=10)
 
     async def scenario() -> float:
         async def send_when_asleep() -> float:
@@ -495,31 +496,16 @@ def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
             return sent_at
 
         sender = asyncio.create_task(send_when_asleep())
-        await run_until(dsn, [worker], lambda: bool(handled_at), timeout=8)
-        return await sender
-
-    sent_at = asyncio.run(scenario())
-    assert handled_at[0] - sent_at < 1.0  # a notification, not the 10 s poll
-
-
-def _sleeping_worker_woken_by_a_send(worker_dsn: str, queue: Queue, handled_at: list[float]) -> float:
-    """Serve a worker of ``queue`` on ``worker_dsn`` (polling every 10 s) until it handles a
-    message sent once it sleeps; how long after the send it handled it."""
-    worker = Worker(queue.name, lambda message: handled_at.append(time.monotonic()), poll_min=10, poll_max=10)
-
-    async def scenario() -> float:
-        async def send_when_asleep() -> float:
-            await asyncio.sleep(1.0)
-            sent_at = time.monotonic()
-            await asyncio.to_thread(queue.send, "wake up")
-            return sent_at
-
-        sender = asyncio.create_task(send_when_asleep())
-        await run_until(worker_dsn, [worker], lambda: bool(handled_at), timeout=15)
+        await run_until(worker_dsn, [worker], lambda: bool(handled_at), timeout=8)
         return await sender
 
     sent_at = asyncio.run(scenario())
     return handled_at[0] - sent_at
+
+
+def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
+    queue = broker.create_queue("jobs")
+    assert _sleeping_worker_woken_by_a_send(dsn, queue) < 1.0  # a notification, not the 10 s poll
 
 
 def test_a_consumer_s_worker_on_a_queue_with_notify_on_says_nothing_of_notify_and_wakes_on_a_send(
@@ -533,7 +519,7 @@ def test_a_consumer_s_worker_on_a_queue_with_notify_on_says_nothing_of_notify_an
     queue.enable_notify()
     caplog.set_level(logging.WARNING, logger="pgbroker.worker")
     with role_logins(dsn, conn, pg_admin_dsn) as logins:
-        woken_after = _sleeping_worker_woken_by_a_send(logins["consumer"], queue, [])
+        woken_after = _sleeping_worker_woken_by_a_send(logins["consumer"], queue)
     assert woken_after < 1.0  # a notification, not the 10 s poll
     assert [r.getMessage() for r in caplog.records if "notify_unavailable" in r.getMessage()] == []
 

@@ -368,6 +368,14 @@ def test_bad_json_line_stops_before_its_batch(cli: Cli, orders: str, conn: Conn)
     assert [row[3] for row in q_rows(conn, orders)] == [{"n": 1}, {"n": 2}, {"n": 3}]
 
 
+def test_a_message_nested_too_deeply_to_read_is_the_input_s_error(cli: Cli, orders: str, conn: Conn) -> None:
+    # The decoder's RecursionError was 'a bug in pgbroker; run again with -v and report it' (exit 70).
+    deep = "[" * 5000 + "]" * 5000
+    _assert_error(cli("send", orders, deep), 2, "the message is not valid JSON (nested too deeply to read")
+    _assert_error(cli("send", orders, stdin=f"1\n{deep}\n"), 2, "line 2 is not valid JSON (nested too deeply")
+    assert q_ids(conn, orders) == []
+
+
 def test_invalid_input_exits_2(cli: Cli, orders: str, conn: Conn) -> None:
     _assert_error(cli("send", orders, "{oops"), 2, "the message is not valid JSON")
     _assert_error(cli("send", orders, "NaN"), 2, "NaN")

@@ -5,6 +5,7 @@ queue with the same handler, order per key, a graceful stop that acks what it ha
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import threading
@@ -106,6 +107,32 @@ def test_failures_are_retried_with_the_same_handler_and_the_rest_acked(
     assert broker.queue(retry_queue).metrics().queue_length == 0
     stats = workers[0].stats
     assert stats.retried == len([i for i in ids if i % 7 == 0])
+
+
+def test_an_async_stream_handler_behind_a_sync_wrapper_runs(dsn: str, broker: Broker) -> None:
+    # Its coroutine was dropped, on the stream as on its retry queue: the batch was acked as
+    # handled, and the handler never ran.
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    ids = clicks.send_many([{"n": n} for n in range(3)])
+    ran: list[int] = []
+    done = threading.Event()
+
+    async def handle(message: StreamMessage) -> None:
+        await asyncio.sleep(0)
+        ran.append(message.id)
+        if len(ran) == len(ids):
+            done.set()
+
+    @functools.wraps(handle)
+    def wrapper(message: StreamMessage) -> Any:  # a decorator written for functions
+        return handle(message)
+
+    worker = StreamWorker("clicks", "g", wrapper, lease=10)
+    run_until(dsn, [worker], done, 60)
+    assert sorted(ran) == ids
+    assert worker.stats.completed == len(ids)
 
 
 def test_a_handler_that_raises_cancelled_error_fails_its_message_and_the_worker_goes_on(

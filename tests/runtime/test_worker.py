@@ -4,11 +4,13 @@ graceful stop, wake-ups, and what an idle worker costs the server."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -59,6 +61,40 @@ def test_sync_and_async_handlers_consume_every_message(broker: Broker, dsn: str,
     assert all(name.startswith("pgbroker-sync_jobs") for name in threads)  # sync handlers ran on threads
     assert [r[0] for r in a_rows(conn, "sync_jobs")] == sent
     assert q_rows(conn, "sync_jobs") == q_rows(conn, "async_jobs") == []
+
+
+def _run_by_a_sync_wrapper(handler: Callable[[Message], Awaitable[None]]) -> Callable[[Message], Any]:
+    """A decorator written for functions, as many are (logging, retries): the wrapper is sync, and
+    returns the async handler's coroutine."""
+
+    @functools.wraps(handler)
+    def wrapper(message: Message) -> Any:
+        return handler(message)
+
+    return wrapper
+
+
+def test_an_async_handler_behind_a_sync_wrapper_runs_and_its_failure_is_a_failure(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    # The worker ran the wrapper on a thread and dropped the coroutine it returned: the handler
+    # never ran, its message was acked as handled (a RuntimeWarning 'never awaited' the only sign),
+    # and a handler that would have raised was acked too.
+    queue = broker.create_queue("jobs")
+    sent = queue.send_many([{"fail": False}, {"fail": True}])
+    ran: list[int] = []
+
+    @_run_by_a_sync_wrapper
+    async def handle(message: Message) -> None:
+        await asyncio.sleep(0)
+        ran.append(message.msg_id)
+        if message.message["fail"]:
+            raise ValueError("handled, and failed")
+
+    worker = Worker("jobs", handle, max_deliveries=1)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed + worker.stats.dead_lettered == 2))
+    assert sorted(ran) == sent
+    assert (worker.stats.completed, worker.stats.dead_lettered) == (1, 1)
 
 
 def test_concurrency_is_the_number_of_messages_in_flight(broker: Broker, dsn: str) -> None:

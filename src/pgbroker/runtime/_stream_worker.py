@@ -56,7 +56,7 @@ from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, StreamConsumerSuperseded
 from pgbroker.queues._client_async import AsyncBroker, blocking_sessions
 from pgbroker.queues._records import Message
-from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
+from pgbroker.runtime._handler_threads import HandlerThreads, awaited_result, handler_failure
 from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
@@ -480,7 +480,7 @@ class StreamWorker:
         if self._is_async:
             await self.handler(converted)
         else:
-            await asyncio.to_thread(self.handler, converted)
+            await awaited_result(await asyncio.to_thread(self.handler, converted))
 
     async def _heartbeats(self, consumer: AsyncStreamConsumer) -> None:
         """Renew the lease every quarter lease while batches are in hand: at least a quarter lease

@@ -109,6 +109,29 @@ def test_failures_are_retried_with_the_same_handler_and_the_rest_acked(
     assert stats.retried == len([i for i in ids if i % 7 == 0])
 
 
+def test_a_stream_handler_s_failure_is_logged_at_warning_with_its_traceback(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It was logged at INFO without its traceback: a handler's bug showed only with -v.
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    [sent] = clicks.send_many([{"n": 1}])
+    done = threading.Event()
+
+    def handle(message: StreamMessage) -> None:
+        done.set()
+        raise ValueError("no stock")
+
+    run_until(dsn, [StreamWorker("clicks", "g", handle, lease=10)], done, 60)
+    [failed] = [r for r in caplog.records if r.getMessage().startswith("stream_worker.handler_failed")]
+    assert failed.levelno == logging.WARNING
+    assert f"stream=clicks group=g id={sent} " in failed.getMessage()
+    assert 'error="ValueError: no stock"' in failed.getMessage()
+    assert failed.exc_info is not None
+
+
 def test_an_async_stream_handler_behind_a_sync_wrapper_runs(dsn: str, broker: Broker) -> None:
     # Its coroutine was dropped, on the stream as on its retry queue: the batch was acked as
     # handled, and the handler never ran.

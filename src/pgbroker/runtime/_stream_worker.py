@@ -469,8 +469,15 @@ class StreamWorker:
                     await threads.run(self.handler, message)  # type: ignore[arg-type]
         except (Exception, asyncio.CancelledError) as raised:
             exc = handler_failure(raised)
-            log_event(
-                logging.INFO, "stream_worker.handler_failed", stream=self.stream, id=message.id, error=exc
+            # At WARNING, traceback included, as a queue worker's: at INFO a handler's bug showed
+            # only with -v, and the worker looked idle while its messages went to the retry queue.
+            log_failure(
+                "stream_worker.handler_failed",
+                exc,
+                stream=self.stream,
+                group=self.group,
+                id=message.id,
+                error=f"{type(exc).__name__}: {exc}",
             )
             held.batch.fail(message, f"{type(exc).__name__}: {exc}")
 

@@ -110,3 +110,25 @@ def test_create_group_says_where_the_new_group_reads_from(
     code, out, _ = run(capsys, dsn, "stream", "create-group", "clicks", "audit", "--start", "start")
     assert out.endswith("\nit reads every message the stream keeps, then those sent from now on\n")
     assert json.loads(run(capsys, dsn, "stream", "read", "clicks", "audit")[1])["message"] == {"n": 1}
+
+
+def test_a_read_that_acks_says_so_and_a_read_with_no_ack_takes_nothing(
+    capsys: pytest.CaptureFixture[str], dsn: str
+) -> None:
+    # stream read acks its batch for the whole group: run to look, under a working group's name,
+    # it took the messages from that group's workers, and said nothing of it.
+    run(capsys, dsn, "stream", "create", "clicks")
+    run(capsys, dsn, "stream", "create-group", "clicks", "billing", "--start", "start")
+    run(capsys, dsn, "stream", "send", "clicks", '{"n": 1}')
+    code, out, err = run(capsys, dsn, "stream", "read", "clicks", "billing", "--no-ack")
+    assert (code, len(out.splitlines())) == (Exit.OK, 1)
+    assert "acked" not in err
+    code, out, err = run(capsys, dsn, "stream", "read", "clicks", "billing")
+    assert (code, len(out.splitlines())) == (Exit.OK, 1)  # the same message: the peek took nothing
+    assert (
+        "pgbroker: acked 1 message for group billing: its other consumers will not get them "
+        "(--no-ack reads without taking them)\n"
+    ) in err
+    code, out, err = run(capsys, dsn, "stream", "read", "clicks", "billing")
+    assert (code, out) == (Exit.OK, "")
+    assert "acked" not in err

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
+from pgbroker._log_lines import say
 from pgbroker.cli.commands.messages import send_lines
 from pgbroker.cli.support.arguments import positive_int, seconds, whole_seconds
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
@@ -200,8 +201,20 @@ def _read(args: argparse.Namespace, broker: Broker) -> int:
         batch = consumer.read(args.qty, wait=args.wait)
         for message in batch:
             print(_message_json(message))
-        if not args.no_ack:
-            consumer.ack(batch)
+        if args.no_ack:
+            return Exit.OK
+        consumer.ack(batch)
+        if len(batch):
+            # Acked for the whole group: a look under a working group's name takes its messages
+            # from that group's workers, which was said only by --help.
+            say(
+                f"acked {plural(len(batch), 'message')} for group {args.group}: its other consumers "
+                "will not get them (--no-ack reads without taking them)",
+                event="command.stream_acked",
+                stream=args.name,
+                group=args.group,
+                messages=len(batch),
+            )
     finally:
         consumer.release()  # a one-shot consumer: its partitions are free at once
     return Exit.OK

@@ -113,6 +113,9 @@ def test_every_length_of_time_is_one_duration_taking_fractions_and_units() -> No
     for where, action in timed.items():
         parse = action.type
         assert callable(parse)
+        if parse in (whole_seconds, positive_whole_seconds, connect_seconds):
+            # What was rounded up is said by the option named after the dest (cli.support.running).
+            assert "--" + action.dest.replace("_", "-") in action.option_strings, where
         if parse is connect_seconds:  # libpq's: whole seconds, at least 2
             assert [parse(text) for text in ("2.5", "2500ms", "5m")] == [3, 3, 300], where
             continue
@@ -203,3 +206,26 @@ def test_the_connect_timeout_is_whole_seconds_of_at_least_2() -> None:
     assert "in whole seconds of at least 2 as libpq takes it: a fraction is rounded up" in " ".join(
         run("list", "--help").stdout.split()
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["send", "orders", "--delay", "5", '{"n": 1}'],
+        ["send", "orders", "--headers", '{"a": 1}', '{"n": 1}', "--priority", "2"],
+        ["stream", "send", "clicks", "--key", "user-1", '{"n": 1}'],
+    ],
+    ids=["send --delay", "send --headers", "stream send --key"],
+)
+def test_a_command_s_options_may_come_between_its_arguments(argv: list[str]) -> None:
+    # `pgbroker send orders --delay 5 '{"n": 1}'` was refused, exit 2, with 'unrecognized
+    # arguments: {"n": 1}': argparse gave MESSAGE (optional) nothing once an option followed QUEUE.
+    parsed = build_parser().parse_args(argv)
+    assert parsed.message == '{"n": 1}'
+
+
+def test_an_argument_too_many_is_still_refused_by_its_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["send", "orders", "--delay", "5", "1", "2"])
+    assert stopped.value.code == 2
+    assert "pgbroker send: error: unrecognized arguments: 2" in capsys.readouterr().err

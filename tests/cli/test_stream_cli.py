@@ -90,3 +90,45 @@ def test_a_group_whose_retry_queue_is_another_group_s_is_refused(
     assert "--retry-queue" in err
     code, out, _ = run(capsys, dsn, "stream", "create-group", "clicks", "Billing", "--retry-queue", "c_2")
     assert (code, "failed messages go to queue c_2" in out) == (Exit.OK, True)
+
+
+def test_create_group_says_where_the_new_group_reads_from(
+    capsys: pytest.CaptureFixture[str], dsn: str
+) -> None:
+    # A group starts at the end by default: a stream's first reader, made after the first sends,
+    # read nothing (exit 0), and create-group had said only the group's retry queue.
+    run(capsys, dsn, "stream", "create", "clicks")
+    run(capsys, dsn, "stream", "send", "clicks", '{"n": 1}')
+    code, out, _ = run(capsys, dsn, "stream", "create-group", "clicks", "billing")
+    assert code == Exit.OK
+    assert out.endswith(
+        "\nit reads the messages sent from now on (--start start: also those the stream keeps)\n"
+    )
+    assert run(capsys, dsn, "stream", "read", "clicks", "billing")[1] == ""  # as it said
+    code, out, _ = run(capsys, dsn, "stream", "create-group", "clicks", "billing", "--start", "start")
+    assert out.endswith("\nit was there already: its position is as it was (--start sets a new group's)\n")
+    code, out, _ = run(capsys, dsn, "stream", "create-group", "clicks", "audit", "--start", "start")
+    assert out.endswith("\nit reads every message the stream keeps, then those sent from now on\n")
+    assert json.loads(run(capsys, dsn, "stream", "read", "clicks", "audit")[1])["message"] == {"n": 1}
+
+
+def test_a_read_that_acks_says_so_and_a_read_with_no_ack_takes_nothing(
+    capsys: pytest.CaptureFixture[str], dsn: str
+) -> None:
+    # stream read acks its batch for the whole group: run to look, under a working group's name,
+    # it took the messages from that group's workers, and said nothing of it.
+    run(capsys, dsn, "stream", "create", "clicks")
+    run(capsys, dsn, "stream", "create-group", "clicks", "billing", "--start", "start")
+    run(capsys, dsn, "stream", "send", "clicks", '{"n": 1}')
+    code, out, err = run(capsys, dsn, "stream", "read", "clicks", "billing", "--no-ack")
+    assert (code, len(out.splitlines())) == (Exit.OK, 1)
+    assert "acked" not in err
+    code, out, err = run(capsys, dsn, "stream", "read", "clicks", "billing")
+    assert (code, len(out.splitlines())) == (Exit.OK, 1)  # the same message: the peek took nothing
+    assert (
+        "pgbroker: acked 1 message for group billing: its other consumers will not get them "
+        "(--no-ack reads without taking them)\n"
+    ) in err
+    code, out, err = run(capsys, dsn, "stream", "read", "clicks", "billing")
+    assert (code, out) == (Exit.OK, "")
+    assert "acked" not in err

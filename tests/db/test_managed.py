@@ -154,6 +154,17 @@ def _login_role(admin_dsn: str, database_dsn: str, *grants: str) -> Iterator[str
             admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def _install_by_cli(dsn: str) -> subprocess.CompletedProcess[str]:
+    """`pgbroker install`, as a deploy runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, "install"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
 @pytest.fixture
 def schema_owner_dsn(pg_admin_dsn: str, empty_dsn: str) -> Iterator[str]:
     """A role that may create schemas in the test's empty database, and nothing more."""
@@ -182,13 +193,7 @@ def test_an_install_by_a_role_that_does_not_own_pgbroker_names_the_owner_and_cha
             conn.execute(usage.format(sql.Identifier(application)))
     # A deploy that runs `pgbroker install` as the application's role.
 
-    done = subprocess.run(
-        [sys.executable, "-m", "pgbroker.cli", "--dsn", application_dsn, "install"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _install_by_cli(application_dsn)
 
     assert done.returncode == 5, done.stderr
     assert done.stderr.startswith(
@@ -200,3 +205,23 @@ def test_an_install_by_a_role_that_does_not_own_pgbroker_names_the_owner_and_cha
         row = conn.execute("SELECT checksum FROM pgbroker.schema_functions").fetchone()
         assert row == ("of an older package",)
         assert install(conn) == InstallResult(latest_version(), latest_version())
+
+
+def test_a_first_install_by_a_role_that_may_not_create_schemas_says_which_right_and_changes_nothing(
+    application_dsn: str,
+) -> None:
+    # It failed on its first CREATE SCHEMA, 'permission denied for database ...', with the CLI's
+    # hint for a role without a queue's grants ('GRANT pgbroker_consumer TO <role>').
+    role, database = _role(application_dsn), str(conninfo_to_dict(application_dsn)["dbname"])
+
+    done = _install_by_cli(application_dsn)
+
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.startswith(
+        f"pgbroker: error: role '{role}' may not create schemas in database '{database}'"
+    ), done.stderr
+    assert f"GRANT CREATE ON DATABASE {database} TO {role}" in done.stderr
+    assert "pgbroker_consumer" not in done.stderr
+    with psycopg.connect(application_dsn) as conn:
+        schemas = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname IN ('pgmq', 'pgbroker')")
+        assert schemas.fetchall() == []

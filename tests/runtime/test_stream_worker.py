@@ -5,6 +5,7 @@ queue with the same handler, order per key, a graceful stop that acks what it ha
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import threading
@@ -106,6 +107,55 @@ def test_failures_are_retried_with_the_same_handler_and_the_rest_acked(
     assert broker.queue(retry_queue).metrics().queue_length == 0
     stats = workers[0].stats
     assert stats.retried == len([i for i in ids if i % 7 == 0])
+
+
+def test_a_stream_handler_s_failure_is_logged_at_warning_with_its_traceback(
+    dsn: str, broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    # It was logged at INFO without its traceback: a handler's bug showed only with -v.
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    [sent] = clicks.send_many([{"n": 1}])
+    done = threading.Event()
+
+    def handle(message: StreamMessage) -> None:
+        done.set()
+        raise ValueError("no stock")
+
+    run_until(dsn, [StreamWorker("clicks", "g", handle, lease=10)], done, 60)
+    [failed] = [r for r in caplog.records if r.getMessage().startswith("stream_worker.handler_failed")]
+    assert failed.levelno == logging.WARNING
+    assert f"stream=clicks group=g id={sent} " in failed.getMessage()
+    assert 'error="ValueError: no stock"' in failed.getMessage()
+    assert failed.exc_info is not None
+
+
+def test_an_async_stream_handler_behind_a_sync_wrapper_runs(dsn: str, broker: Broker) -> None:
+    # Its coroutine was dropped, on the stream as on its retry queue: the batch was acked as
+    # handled, and the handler never ran.
+    clicks = Stream(broker, "clicks")
+    clicks.create(partitions=1)
+    clicks.create_group("g", start="start")
+    ids = clicks.send_many([{"n": n} for n in range(3)])
+    ran: list[int] = []
+    done = threading.Event()
+
+    async def handle(message: StreamMessage) -> None:
+        await asyncio.sleep(0)
+        ran.append(message.id)
+        if len(ran) == len(ids):
+            done.set()
+
+    @functools.wraps(handle)
+    def wrapper(message: StreamMessage) -> Any:  # a decorator written for functions
+        return handle(message)
+
+    worker = StreamWorker("clicks", "g", wrapper, lease=10)
+    run_until(dsn, [worker], done, 60)
+    assert sorted(ran) == ids
+    assert worker.stats.completed == len(ids)
 
 
 def test_a_handler_that_raises_cancelled_error_fails_its_message_and_the_worker_goes_on(

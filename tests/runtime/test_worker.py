@@ -4,11 +4,13 @@ graceful stop, wake-ups, and what an idle worker costs the server."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -17,7 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, QueueNotFound, Worker
+from pgbroker import App, Broker, DatabaseError, InvalidArgument, Message, Queue, QueueNotFound, Worker
 from pgbroker._db.listen_async import AsyncSubscription
 from pgbroker._db.wakeups import WAKE_BURST, WAKE_RATE
 from pgbroker.embedded import EmbeddedPostgres
@@ -27,6 +29,7 @@ from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
 from pgbroker.schedules._scheduler import Scheduler
 from tests.support.faults import freezable, impatient, listener_pid, sessions_frozen, table_locked
+from tests.support.roles import role_logins
 from tests.support.servers import free_port
 from tests.support.tables import Conn, a_rows, q_rows
 from tests.support.worker import run_until, while_serving
@@ -58,6 +61,40 @@ def test_sync_and_async_handlers_consume_every_message(broker: Broker, dsn: str,
     assert all(name.startswith("pgbroker-sync_jobs") for name in threads)  # sync handlers ran on threads
     assert [r[0] for r in a_rows(conn, "sync_jobs")] == sent
     assert q_rows(conn, "sync_jobs") == q_rows(conn, "async_jobs") == []
+
+
+def _run_by_a_sync_wrapper(handler: Callable[[Message], Awaitable[None]]) -> Callable[[Message], Any]:
+    """A decorator written for functions, as many are (logging, retries): the wrapper is sync, and
+    returns the async handler's coroutine."""
+
+    @functools.wraps(handler)
+    def wrapper(message: Message) -> Any:
+        return handler(message)
+
+    return wrapper
+
+
+def test_an_async_handler_behind_a_sync_wrapper_runs_and_its_failure_is_a_failure(
+    broker: Broker, dsn: str, conn: Conn
+) -> None:
+    # The worker ran the wrapper on a thread and dropped the coroutine it returned: the handler
+    # never ran, its message was acked as handled (a RuntimeWarning 'never awaited' the only sign),
+    # and a handler that would have raised was acked too.
+    queue = broker.create_queue("jobs")
+    sent = queue.send_many([{"fail": False}, {"fail": True}])
+    ran: list[int] = []
+
+    @_run_by_a_sync_wrapper
+    async def handle(message: Message) -> None:
+        await asyncio.sleep(0)
+        ran.append(message.msg_id)
+        if message.message["fail"]:
+            raise ValueError("handled, and failed")
+
+    worker = Worker("jobs", handle, max_deliveries=1)
+    asyncio.run(run_until(dsn, [worker], lambda: worker.stats.completed + worker.stats.dead_lettered == 2))
+    assert sorted(ran) == sent
+    assert (worker.stats.completed, worker.stats.dead_lettered) == (1, 1)
 
 
 def test_concurrency_is_the_number_of_messages_in_flight(broker: Broker, dsn: str) -> None:
@@ -481,10 +518,11 @@ def test_acks_pass_over_connections_the_server_closed(
         assert [r[1] for r in a_rows(fresh, "jobs")] == [1]  # acked on its first delivery
 
 
-def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
-    queue = broker.create_queue("jobs")
+def _sleeping_worker_woken_by_a_send(worker_dsn: str, queue: Queue) -> float:
+    """Serve a worker of ``queue`` on ``worker_dsn`` (polling every 10 s) until it handles a
+    message sent once it sleeps; how long after the send it handled it."""
     handled_at: list[float] = []
-    worker = Worker("jobs", lambda message: handled_at.append(time.monotonic()), poll_min=10, poll_max=10)
+    worker = Worker(queue.name, lambda message: handled_at.append(time.monotonic()), poll_min=10, poll_max=10)
 
     async def scenario() -> float:
         async def send_when_asleep() -> float:
@@ -494,11 +532,51 @@ def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
             return sent_at
 
         sender = asyncio.create_task(send_when_asleep())
-        await run_until(dsn, [worker], lambda: bool(handled_at), timeout=8)
+        await run_until(worker_dsn, [worker], lambda: bool(handled_at), timeout=8)
         return await sender
 
     sent_at = asyncio.run(scenario())
-    assert handled_at[0] - sent_at < 1.0  # a notification, not the 10 s poll
+    return handled_at[0] - sent_at
+
+
+def test_a_sleeping_worker_wakes_on_a_send(broker: Broker, dsn: str) -> None:
+    queue = broker.create_queue("jobs")
+    assert _sleeping_worker_woken_by_a_send(dsn, queue) < 1.0  # a notification, not the 10 s poll
+
+
+def test_a_consumer_s_worker_on_a_queue_with_notify_on_says_nothing_of_notify_and_wakes_on_a_send(
+    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker running as a consumer (docs/security.md) asked whether notify was on by reading
+    pgmq.notify_insert_throttle, which a consumer may not: it warned worker.notify_unavailable
+    ('permission denied for table notify_insert_throttle') on a queue its owner had turned notify
+    on for, and a send did wake it."""
+    queue = broker.create_queue("jobs")
+    queue.enable_notify()
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    with role_logins(dsn, conn, pg_admin_dsn) as logins:
+        woken_after = _sleeping_worker_woken_by_a_send(logins["consumer"], queue)
+    assert woken_after < 1.0  # a notification, not the 10 s poll
+    assert [r.getMessage() for r in caplog.records if "notify_unavailable" in r.getMessage()] == []
+
+
+def test_a_consumer_s_worker_on_a_queue_without_notify_says_how_it_is_turned_on(
+    broker: Broker, dsn: str, conn: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker.create_queue("jobs")
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    worker = Worker("jobs", lambda message: None, poll_min=0.1, poll_max=0.5)
+
+    def warned() -> list[str]:
+        return [
+            r.getMessage() for r in caplog.records if r.getMessage().startswith("worker.notify_unavailable")
+        ]
+
+    with role_logins(dsn, conn, pg_admin_dsn) as logins:
+        asyncio.run(run_until(logins["consumer"], [worker], lambda: bool(warned()), timeout=30))
+    [warning] = warned()
+    assert "SELECT pgmq.enable_notify_insert('jobs', 5)" in warning
+    assert "0.5 s at most" in warning
 
 
 def test_a_sleeping_worker_whose_listen_session_is_terminated_still_wakes_on_a_send(

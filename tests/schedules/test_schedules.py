@@ -24,6 +24,7 @@ from pgbroker.errors import InvalidArgument, QueueNotFound
 from pgbroker.queues._client_async import AsyncBroker
 from pgbroker.schedules._scheduler import Scheduler
 from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
+from tests.support.roles import role_logins
 from tests.support.tables import Conn
 
 
@@ -349,6 +350,24 @@ def test_the_scheduler_stops_alone_on_a_database_without_schedules(empty_dsn: st
             await asyncio.wait_for(Scheduler().run(broker), timeout=10)
 
     asyncio.run(scenario())
+
+
+def test_a_scheduler_under_a_role_that_may_not_run_schedules_stops_saying_who_may(
+    dsn: str, conn: Conn, pg_admin_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every worker runs a scheduler: one running as a consumer warned '(this role may not run
+    schedules)' at every start, saying neither who sends the schedules nor how to leave it out."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.scheduler")
+
+    async def scenario(consumer_dsn: str) -> None:
+        async with AsyncBroker(consumer_dsn) as broker:
+            await asyncio.wait_for(Scheduler().run(broker), timeout=30)
+
+    with role_logins(dsn, conn, pg_admin_dsn) as logins:
+        asyncio.run(scenario(logins["consumer"]))
+    [stopped] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduler.stopped")]
+    assert "as the role that ran pgbroker install" in stopped
+    assert "pgbroker worker --no-scheduler" in stopped
 
 
 def test_the_scheduler_outlives_a_pool_that_found_no_connection_in_time(dsn: str, queue: Queue) -> None:

@@ -29,6 +29,7 @@ from pgbroker._event_loop import LOOP_ENV
 from pgbroker.demo.stage import Demo
 from pgbroker.demo.workers import workers_stage
 from tests.support.postgres import server_socket
+from tests.support.roles import role_logins
 from tests.support.tables import Conn, a_rows, q_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,6 +187,26 @@ def test_a_worker_consumes_the_queue_and_exits_0_on_sigterm(
     assert "worker.started queue=jobs concurrency=4" in stderr
     assert "progress queue=jobs completed=" in stderr
     assert "worker.stopped queue=jobs completed=30 retried=0 dead_lettered=0 stale=0 released=0" in stderr
+    assert sorted(r[0] for r in handled(conn)) == sent
+
+
+def test_a_worker_runs_as_a_login_of_the_consumer_role(
+    dsn: str, conn: Conn, jobs: Queue, workers: Callable[..., WorkerProcess], pg_admin_dsn: str
+) -> None:
+    # The role docs/security.md gives a worker. Its check before the start-up line listed every
+    # queue (pgmq.list_queues, the monitor's): it failed with "permission denied for function
+    # list_queues" and a hint to GRANT pgbroker_consumer, which the login had (exit 5).
+    sent = jobs.send_many([{"n": n} for n in range(3)])
+    with role_logins(dsn, conn, pg_admin_dsn) as logins:
+        worker = workers(logins["consumer"], f"{HERE}:record", "--queue", "jobs", handler_dsn=dsn)
+        wait_for(
+            lambda: len(a_rows(conn, "jobs")) == 3 or worker.process.poll() is not None,
+            what="3 messages archived, or the worker's exit",
+        )
+        worker.signal(signal.SIGTERM)
+        code, stderr = worker.finish()
+    assert code == 0, stderr
+    assert "pgbroker: worker started: 1 process consuming jobs" in stderr
     assert sorted(r[0] for r in handled(conn)) == sent
 
 

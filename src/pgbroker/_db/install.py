@@ -49,6 +49,7 @@ from pgbroker._db.install_rules import (
     refuse_foreign_pgmq,
     refuse_other_owner,
     refuse_release_history,
+    refuse_without_create,
     role_check,
     version_rows,
 )
@@ -107,7 +108,10 @@ def _rows(
 
 def _install(conn: psycopg.Connection[Any]) -> InstallResult:
     _rows(conn, named("install_lock"), (INSTALL_LOCK,))
-    refuse_other_owner(_rows(conn, named("install_schema_owner")))
+    owner = _rows(conn, named("install_schema_owner"))
+    refuse_other_owner(owner)
+    if not owner:  # a first install
+        refuse_without_create(*(_rows(conn, named("install_may_create")))[0])
     refuse_foreign_pgmq(*(_rows(conn, named("install_foreign_pgmq")))[0])
     installed = _installed(conn)
     if installed.dev:
@@ -257,6 +261,17 @@ def grant_queue_access(conn: psycopg.Connection[Any], kind: str, role: str, patt
     a glob (``*`` any characters, ``?`` one) compared case-insensitively, now and for queues made
     later; True if the grant is new. Needs the roles of install_roles; see sql/functions/15_scopes.sql."""
     return bool(_one(conn, named("queue_grant"), (kind, role, pattern)))
+
+
+def names_matching(conn: psycopg.Connection[Any], pattern: str) -> tuple[int, int]:
+    """How many queues and how many streams ``pattern`` (a glob of a grant or an API key) covers
+    now, matched as a grant matches them (sql/functions/14_scope_patterns.sql)."""
+    try:
+        with conn.transaction():
+            rows = _rows(conn, named("names_matching"), (pattern, pattern))
+    except psycopg.Error as exc:
+        raise from_postgres(exc) from exc
+    return int(rows[0][0]), int(rows[0][1])
 
 
 def revoke_queue_access(

@@ -260,6 +260,19 @@ def refuse_other_owner(owner_rows: list[tuple[Any, ...]]) -> None:
             )
 
 
+def refuse_without_create(may_create: bool, user: str, database: str) -> None:
+    """Refuse a first install by a role that may not create schemas in the database: it failed on
+    its first CREATE SCHEMA, 'permission denied for database', with the hint of a role that lacks
+    a queue's grants."""
+    if not may_create:
+        raise InstallError(
+            f"role {user!r} may not create schemas in database {database!r}, and a first install "
+            "makes two (pgmq and pgbroker); nothing was changed",
+            hint=f"Run pgbroker install as the database's owner (or the server's admin role), or "
+            f"have one give this role the right: GRANT CREATE ON DATABASE {database} TO {user}.",
+        )
+
+
 def refuse_foreign_pgmq(has_extension: bool, has_schema: bool, has_pgbroker: bool) -> None:
     if has_extension:
         raise InstallError(

@@ -217,6 +217,10 @@ class AsyncQueue:
         ``codec`` (a name such as "msgpack" or "avro:shop.Order", or a pgbroker.codecs.Codec)
         encodes the bodies; None uses the queue's policy's codec (JSON unless set).
 
+        ``delay``: seconds, or a timedelta, kept in whole seconds as pgmq.send keeps them (a
+        fraction rounded up: nothing is visible sooner than asked); or a timezone-aware datetime,
+        the moment the messages become visible.
+
         A queue at its policy's max_depth refuses the send with QueueFull at once; with
         ``wait`` > 0 the send is tried again, less and less often, for up to that many
         seconds (inside a transaction, each try in a savepoint).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import queue
 import threading
 from collections.abc import Callable
@@ -29,11 +30,11 @@ class HandlerThreads:
 
     async def run(self, handler: Callable[[Message], object], message: Message) -> None:
         """Run ``handler(message)`` on a thread, in a copy of the caller's context (its current
-        span, say: pgbroker.tracing)."""
+        span, say: pgbroker.tracing), then what it returned if that is awaitable (awaited_result)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[object] = loop.create_future()
         self._work.put((loop, future, contextvars.copy_context(), handler, message))
-        await future
+        await awaited_result(await future)
 
     def close(self) -> None:
         """Let the threads end once their current handler returns."""
@@ -43,16 +44,26 @@ class HandlerThreads:
     def _serve(self) -> None:
         while (item := self._work.get()) is not None:
             loop, future, context, handler, message = item
+            result: object = None
             error: BaseException | None = None
             try:
-                context.run(handler, message)
+                result = context.run(handler, message)
             except Exception as exc:
                 error = exc
             except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler: a failure
                 error = RuntimeError(f"handler raised {exc!r}")
             # The loop is closed when the worker stopped without waiting for this handler.
             with suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, future, error)
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+
+async def awaited_result(result: object) -> None:
+    """What a sync handler returned, awaited when it is awaitable: an async handler behind a sync
+    wrapper (a decorator written for functions) returns its coroutine, which nothing ran, while
+    its message was acked as handled; it now runs, on the worker's loop, and what it raises is
+    the handler's failure."""
+    if inspect.isawaitable(result):
+        await result
 
 
 def handler_failure(raised: BaseException) -> Exception:
@@ -70,10 +81,12 @@ def handler_failure(raised: BaseException) -> Exception:
     return failure
 
 
-def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[object], result: object, error: BaseException | None) -> None:
     if future.done():  # cancelled: the worker gave the message back meanwhile
+        if inspect.iscoroutine(result):
+            result.close()  # never to run: no 'never awaited' warning
         return
     if error is None:
-        future.set_result(None)
+        future.set_result(result)
     else:
         future.set_exception(error)

@@ -56,7 +56,7 @@ from pgbroker._event_loop import running_loop
 from pgbroker.errors import InvalidArgument, StreamConsumerSuperseded
 from pgbroker.queues._client_async import AsyncBroker, blocking_sessions
 from pgbroker.queues._records import Message
-from pgbroker.runtime._handler_threads import HandlerThreads, handler_failure
+from pgbroker.runtime._handler_threads import HandlerThreads, awaited_result, handler_failure
 from pgbroker.runtime._log_events import log_event, log_failure, on_bug
 from pgbroker.runtime._maintenance import maintenance_bound, maintenance_rounds
 from pgbroker.runtime._stream_dispatch import HeldBatch, KeyedDispatch, joined
@@ -469,8 +469,15 @@ class StreamWorker:
                     await threads.run(self.handler, message)  # type: ignore[arg-type]
         except (Exception, asyncio.CancelledError) as raised:
             exc = handler_failure(raised)
-            log_event(
-                logging.INFO, "stream_worker.handler_failed", stream=self.stream, id=message.id, error=exc
+            # At WARNING, traceback included, as a queue worker's: at INFO a handler's bug showed
+            # only with -v, and the worker looked idle while its messages went to the retry queue.
+            log_failure(
+                "stream_worker.handler_failed",
+                exc,
+                stream=self.stream,
+                group=self.group,
+                id=message.id,
+                error=f"{type(exc).__name__}: {exc}",
             )
             held.batch.fail(message, f"{type(exc).__name__}: {exc}")
 
@@ -480,7 +487,7 @@ class StreamWorker:
         if self._is_async:
             await self.handler(converted)
         else:
-            await asyncio.to_thread(self.handler, converted)
+            await awaited_result(await asyncio.to_thread(self.handler, converted))
 
     async def _heartbeats(self, consumer: AsyncStreamConsumer) -> None:
         """Renew the lease every quarter lease while batches are in hand: at least a quarter lease

@@ -354,13 +354,17 @@ class Worker:
                     continue
                 if not isinstance(exc, PgbrokerError):
                     raise
-                # A role that may not create triggers, say: the worker still works, by polling.
+                # A role that may not turn notify on (a consumer's): the worker still works, by
+                # polling; its owner's notify, once on, wakes it.
                 log_event(
                     logging.WARNING,
                     "worker.notify_unavailable",
                     queue=self.queue,
                     poll_max=self.poll_max,
                     error=exc,
+                    hint=f"Sends reach this worker at its next poll, {self.poll_max:g} s at most; the "
+                    "queue's owner can turn notify on once: "
+                    f"SELECT pgmq.enable_notify_insert('{self.queue}', {_NOTIFY_THROTTLE_MS})",
                 )
                 return
 

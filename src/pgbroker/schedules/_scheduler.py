@@ -63,7 +63,12 @@ def _cannot_schedule(exc: PgbrokerError) -> bool:
     if exc.sqlstate == _INSUFFICIENT_PRIVILEGE:
         # A worker running as a role that may not send schedules (pgbroker_consumer): the
         # schedules are another process's job.
-        log.warning("scheduler.stopped reason=%r (this role may not run schedules)", exc.message)
+        log.warning(
+            "scheduler.stopped reason=%r (this role may not run schedules: run pgbroker scheduler, or "
+            "a worker, as the role that ran pgbroker install to send them; pgbroker worker "
+            "--no-scheduler leaves this out)",
+            exc.message,
+        )
         return True
     return False
 

@@ -20,6 +20,12 @@ SELECT n.nspowner::regrole::text, pg_catalog.pg_has_role(n.nspowner, 'USAGE'), c
 FROM pg_catalog.pg_namespace n
 WHERE n.nspname = 'pgbroker'
 
+-- name: install_may_create
+-- Whether the current user may create schemas in the database (a first install makes pgmq and
+-- pgbroker), who it is, and which database.
+SELECT pg_catalog.has_database_privilege(current_database(), 'CREATE'), current_user::text,
+       current_database()::text
+
 -- name: install_lock_set
 -- The tables an upgrade or re-applied functions lock, to take at once before they change anything
 -- (pgbroker._db.install): the engine's own tables and views of pgmq and pgbroker, and not a queue's or a
@@ -123,6 +129,12 @@ SELECT role_name, functions FROM pgbroker.grant_roles(%s)
 -- name: queue_grant
 -- Let a role act as a kind on the queues matching a glob.
 SELECT pgbroker.grant_queue_access(%s, %s, %s)
+
+-- name: names_matching
+-- How many queues and how many streams a glob covers now (a queue grant's, an API key's): none
+-- may be a typo, said beside the grant or key made.
+SELECT (SELECT count(*) FROM pgmq.meta WHERE lower(queue_name) LIKE pgbroker._glob_like(%s)),
+       (SELECT count(*) FROM pgbroker.stream WHERE stream_name LIKE pgbroker._glob_like(%s))
 
 -- name: queue_revoke
 -- Take back a role's grants of a kind, on one glob or all.

@@ -136,10 +136,17 @@ SELECT * FROM pgmq.set_vt(%(queue)s, %(msg_ids)s::bigint[], %(vt)s::integer)
 SELECT * FROM pgmq.set_vt(%(queue)s, %(msg_ids)s::bigint[], %(vt)s::timestamptz)
 
 -- name: notify_enable_if_disabled
--- A worker's start: turn on insert notifications unless the queue has them (keeping its owner's throttle).
+-- A worker's start: turn on insert notifications unless the queue has them (keeping its owner's
+-- throttle). Whether it has them is its trigger's, in the catalog any login reads: a consumer's
+-- worker may not read pgmq.notify_insert_throttle (nor turn notify on), and was told notify was
+-- unavailable on a queue that had it.
 SELECT pgmq.enable_notify_insert(%(queue)s, %(throttle_ms)s::integer)
-WHERE NOT EXISTS (SELECT 1 FROM pgmq.notify_insert_throttle t
-                  WHERE lower(t.queue_name) = lower(%(queue)s::text))
+WHERE NOT EXISTS (SELECT 1
+                  FROM pg_catalog.pg_trigger t
+                  JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+                  JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE n.nspname = 'pgmq' AND c.relname = lower('q_' || %(queue)s::text)
+                    AND t.tgname = 'pgbroker_notify_insert')
 
 -- name: message_complete_many
 -- Complete a batch of receipts by the queue's policy (archive or delete).

@@ -16,6 +16,7 @@ from pgbroker._db.install_rules import QueueGrant
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import plural, print_each, print_listing, print_result, timestamped_json
 from pgbroker.cli.support.parsers import Subcommands, add_command
+from pgbroker.cli.support.patterns import say_if_unmatched
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 
@@ -58,6 +59,7 @@ def _grant(args: argparse.Namespace, broker: Broker) -> int:
             added = grant_queue_access(conn, args.kind, args.role, pattern)
             record = {"role": args.role, "kind": args.kind, "queues": pattern, "granted": added}
             print_each(args, [record], _grant_text)
+    say_if_unmatched(broker, args.queues, streams=False)
     return Exit.OK
 
 

@@ -15,6 +15,7 @@ from pgbroker.cli.support.connecting import require_installed
 from pgbroker.cli.support.errors import CliError, Exit
 from pgbroker.cli.support.output import print_each, print_result, wants_json
 from pgbroker.cli.support.parsers import Subcommands, add_command, add_group
+from pgbroker.cli.support.patterns import say_if_unmatched
 from pgbroker.cli.support.tables import local_time, table
 from pgbroker.queues._client import Broker
 
@@ -100,6 +101,7 @@ def _create(args: argparse.Namespace, broker: Broker) -> int:
             )
         except ValueError as exc:
             raise CliError(str(exc), code=Exit.USAGE) from None
+    say_if_unmatched(broker, args.queues or [], streams=True)
     return print_result(args, {**_key_json(key), "token": token}, token)
 
 

@@ -23,6 +23,7 @@ from pgbroker.cli.support.json_input import json_argument, json_problem, loads
 from pgbroker.cli.support.output import message_json, plural, print_each, print_result
 from pgbroker.cli.support.parsers import Subcommands, add_command
 from pgbroker.cli.support.running import print_error
+from pgbroker.cli.support.stdin_lines import lines_as_they_come
 from pgbroker.errors import PgbrokerError, StaleReceipt
 from pgbroker.queues._client import Broker, Queue
 from pgbroker.queues._job_headers import with_job_headers
@@ -154,28 +155,32 @@ def _send(args: argparse.Namespace, broker: Broker) -> int:
 def send_lines(stream: TextIO, batch_size: int, send_batch: Callable[[list[Any]], int]) -> int:
     """Send the JSON lines of ``stream`` in batches; return how many were sent.
 
-    Each batch is parsed whole before it is sent, so a bad line stops the run with nothing of
-    its batch sent and every earlier batch sent: the output (the msg_ids) says exactly how far
-    it got.
+    A batch goes once it is full, or once the input pauses (cli.support.stdin_lines): the lines of
+    a writer that pauses are sent as they come, not held until a batch fills. Each batch is parsed
+    whole before it is sent, so a bad line stops the run with nothing of its batch sent and every
+    earlier batch sent: the output (the msg_ids) says exactly how far it got.
     """
     sent = 0
     batch: list[Any] = []
     batch_start = 0
-    for line_no, line in enumerate(stream, 1):
-        if not line.strip():
-            continue
-        if not batch:
-            batch_start = line_no
-        try:
-            batch.append(loads(line))
-        except ValueError as exc:
-            raise CliError(
-                f"line {line_no} is not valid JSON ({json_problem(exc)}): nothing from line "
-                f"{batch_start} on was sent ({plural(sent, 'message')} before it were)",
-                code=Exit.USAGE,
-                hint='Give one JSON value per line, for example {"order": 1}.',
-            ) from None
-        if len(batch) == batch_size:
+    line_no = 0
+    for line in lines_as_they_come(stream):
+        if line is not None:
+            line_no += 1
+            if not line.strip():
+                continue
+            if not batch:
+                batch_start = line_no
+            try:
+                batch.append(loads(line))
+            except ValueError as exc:
+                raise CliError(
+                    f"line {line_no} is not valid JSON ({json_problem(exc)}): nothing from line "
+                    f"{batch_start} on was sent ({plural(sent, 'message')} before it were)",
+                    code=Exit.USAGE,
+                    hint='Give one JSON value per line, for example {"order": 1}.',
+                ) from None
+        if batch and (line is None or len(batch) == batch_size):
             sent += send_batch(batch)
             batch = []
     if batch:

@@ -11,6 +11,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
+from pgbroker._log_lines import say
 from pgbroker.cli.commands.messages import send_lines
 from pgbroker.cli.support.arguments import positive_int, seconds, whole_seconds
 from pgbroker.cli.support.confirming import add_yes_option, confirmed
@@ -200,8 +201,20 @@ def _read(args: argparse.Namespace, broker: Broker) -> int:
         batch = consumer.read(args.qty, wait=args.wait)
         for message in batch:
             print(_message_json(message))
-        if not args.no_ack:
-            consumer.ack(batch)
+        if args.no_ack:
+            return Exit.OK
+        consumer.ack(batch)
+        if len(batch):
+            # Acked for the whole group: a look under a working group's name takes its messages
+            # from that group's workers, which was said only by --help.
+            say(
+                f"acked {plural(len(batch), 'message')} for group {args.group}: its other consumers "
+                "will not get them (--no-ack reads without taking them)",
+                event="command.stream_acked",
+                stream=args.name,
+                group=args.group,
+                messages=len(batch),
+            )
     finally:
         consumer.release()  # a one-shot consumer: its partitions are free at once
     return Exit.OK
@@ -231,10 +244,20 @@ def _create_group(args: argparse.Namespace, broker: Broker) -> int:
                 code=Exit.USAGE,
                 hint="For example --start 2026-11-25T08:00:00+00:00",
             ) from None
-    retry_queue = Stream(broker, args.name).create_group(
-        args.group, start=start, retry_queue=args.retry_queue
-    )
+    stream = Stream(broker, args.name)
+    existed = any(group.name == args.group for group in stream.groups())
+    retry_queue = stream.create_group(args.group, start=start, retry_queue=args.retry_queue)
     text = f"group {args.group} of stream {args.name} (failed messages go to queue {retry_queue})"
+    # Where a new group reads from: by default the end, so that a stream's first reader, made
+    # after its first sends, read nothing without a word.
+    if existed:
+        text += "\nit was there already: its position is as it was (--start sets a new group's)"
+    elif start == "end":
+        text += "\nit reads the messages sent from now on (--start start: also those the stream keeps)"
+    elif start == "start":
+        text += "\nit reads every message the stream keeps, then those sent from now on"
+    else:
+        text += f"\nit reads the messages sent since {args.start}"
     return print_result(args, {"stream": args.name, "group": args.group, "retry_queue": retry_queue}, text)
 
 

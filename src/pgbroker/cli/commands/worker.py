@@ -44,7 +44,7 @@ from pgbroker.cli.support.parsers import Subcommands, add_command, add_progress_
 from pgbroker.cli.support.running import classify, print_error
 from pgbroker.cli.support.user_modules import importable_from_cwd
 from pgbroker.cli.support.waiting import until_reachable
-from pgbroker.errors import StreamNotFound
+from pgbroker.errors import QueueNotFound, StreamNotFound
 from pgbroker.queues._client import Broker
 from pgbroker.queues._records import Message
 from pgbroker.runtime._app import App, serve
@@ -140,11 +140,14 @@ def _worker(args: argparse.Namespace, broker: Broker) -> int:
 
 def _all_there(broker: Broker, workers: Sequence[Worker | StreamWorker]) -> bool:
     """Whether every queue, and every stream with its group, the workers consume exists (a name
-    not found here only leaves the start-up line out: the worker itself judges)."""
-    queues = {info.queue_name.lower() for info in broker.list_queues()}
+    not found here only leaves the start-up line out: the worker itself judges). Each queue is
+    asked for its policy, which the consumer role may read, where a list of every queue is the
+    monitor's: a worker runs as a consumer."""
     for worker in workers:
         if isinstance(worker, Worker):
-            if worker.queue.lower() not in queues:
+            try:
+                broker.queue(worker.queue).policy()
+            except QueueNotFound:
                 return False
             continue
         try:

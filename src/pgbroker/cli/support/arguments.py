@@ -15,6 +15,7 @@ from pgbroker.queues._arguments import INTEGER_MAX
 __all__ = [
     "DURATION_FORMS",
     "DURATION_UNITS",
+    "RoundedUp",
     "connect_seconds",
     "msg_id",
     "port",
@@ -86,11 +87,23 @@ def whole(text: str) -> int:
 # dropped sooner than asked; pgbroker --help says so (parsers.EPILOG).
 
 
+class RoundedUp(int):
+    """Whole seconds rounded up from the fraction given (``given``, as typed): the command says
+    what it kept (cli.support.running), so that 500ms taken as 1 s is seen, not only in --help."""
+
+    given: str
+
+    def __new__(cls, value: int, given: str) -> RoundedUp:
+        made = super().__new__(cls, value)
+        made.given = given
+        return made
+
+
 def _whole(value: Fraction, text: str) -> int:
     whole_value = math.ceil(value)
     if whole_value > INTEGER_MAX:
         raise argparse.ArgumentTypeError(f"must be at most {INTEGER_MAX} seconds (68 years), got {text}")
-    return whole_value
+    return whole_value if whole_value == value else RoundedUp(whole_value, text.strip())
 
 
 def whole_seconds(text: str) -> int:

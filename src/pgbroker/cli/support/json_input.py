@@ -15,7 +15,12 @@ def _reject_constant(name: str) -> Any:
 def loads(text: str) -> Any:
     # json accepts NaN and Infinity, which PostgreSQL's jsonb rejects: refuse them here, where
     # the line number is known.
-    return json.loads(text, parse_constant=_reject_constant)
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        # The decoder recurses per level: a value nested a few thousand deep was 'a bug in
+        # pgbroker' (exit 70), where it is the input's.
+        raise ValueError("nested too deeply to read; flatten it") from None
 
 
 def json_problem(exc: ValueError) -> str:

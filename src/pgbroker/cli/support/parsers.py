@@ -34,7 +34,8 @@ exit codes:
   130 interrupted (Ctrl-C)
 
 DURATION: {DURATION_FORMS}. A
-delay, lease, retention or window is kept in whole seconds: a fraction is rounded up.
+delay, lease, retention or window is kept in whole seconds: a fraction is rounded up,
+and the command says so on stderr.
 
 The database is --dsn, else $DATABASE_URL, else pgbroker's embedded PostgreSQL
 (started on first use; see `pgbroker db status`).
@@ -77,12 +78,29 @@ class Parser(argparse.ArgumentParser):
 class CommandParser(Parser):
     """The parser of one command: an option it does not know is its own error, reported with
     its own usage (argparse would hand it up to the top-level parser, whose usage says nothing
-    of the command's options)."""
+    of the command's options).
+
+    A command's options may come between its arguments (``send orders --delay 5 '{}'``):
+    argparse alone gives an optional argument (MESSAGE) nothing once an option follows the one
+    before it, and then calls the message an unrecognized argument. A group's parser (``dlq``)
+    hands what follows its action to that action's parser, and ``pipeline`` the rest to its
+    job, as argparse does (it mixes neither)."""
+
+    _intermixing = False
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        parsed, extras = super().parse_known_args(args, namespace)
+        if self._intermixing:  # the passes of parse_known_intermixed_args
+            return super().parse_known_args(args, namespace)
+        if any(action.nargs in (argparse.PARSER, argparse.REMAINDER) for action in self._actions):
+            parsed, extras = super().parse_known_args(args, namespace)
+        else:
+            self._intermixing = True
+            try:
+                parsed, extras = self.parse_known_intermixed_args(args, namespace)
+            finally:
+                self._intermixing = False
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras

@@ -14,6 +14,7 @@ from contextlib import ExitStack, contextmanager
 import psycopg
 
 from pgbroker._log_lines import LOG_FORMATS, chosen_format, say, set_up, writes_json
+from pgbroker.cli.support.arguments import RoundedUp
 from pgbroker.cli.support.connecting import connected, database_of, not_installed
 from pgbroker.cli.support.errors import CliError, Exit, first_line
 from pgbroker.cli.support.parsers import Handler, LocalHandler
@@ -37,10 +38,13 @@ from pgbroker.runtime._signals import holding_stop_signals
 # The server's words name an object ("permission denied for schema pgmq", "... for function
 # queue_codec"): what the user can do about it is to change the role or its rights.
 INSUFFICIENT_PRIVILEGE = "42501"
+# Which role each kind of work takes: the hint named the consumer's first whatever the command,
+# and a consumer refused a send was told to get the role it had.
 NO_RIGHTS_HINT = (
     "This database role may not do that. Connect as the role that ran pgbroker install, or have it "
-    "give yours the rights: GRANT pgbroker_consumer TO <role> (or _producer, _monitor; made by "
-    "pgbroker install --roles), or on some queues: pgbroker grant consumer <role> --queue 'orders*' "
+    "give yours the role for the work: GRANT pgbroker_KIND TO <role>, KIND being producer to send, "
+    "consumer to read, ack and run workers, monitor for metrics and lists (roles made by pgbroker "
+    "install --roles); or on some queues only: pgbroker grant KIND <role> --queue 'orders*' "
     "(docs/security.md)."
 )
 
@@ -58,6 +62,7 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         print_error(str(exc), f"Unset it, or pass --log-format {' or '.join(LOG_FORMATS)}.")
         return Exit.USAGE
     set_up(level, args.log_format)
+    _say_what_was_rounded(args)
     try:
         if not args.needs_database:
             local: LocalHandler = args.handler
@@ -91,6 +96,22 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
             hint = "This is a bug in pgbroker; run again with -v and report the traceback."
         print_error(message, hint)
         return code
+
+
+def _say_what_was_rounded(args: argparse.Namespace) -> None:
+    """A remark for each duration kept in whole seconds that was given with a fraction (the
+    engine keeps a delay, lease, retention or window in whole seconds; libpq its timeout)."""
+    for dest, value in vars(args).items():
+        if isinstance(value, RoundedUp):
+            option = "--" + dest.replace("_", "-")  # each such option's dest is its name
+            say(
+                f"{option} {value.given} is kept as {int(value)} s: it takes whole seconds, a "
+                "fraction rounded up",
+                event="command.duration_rounded_up",
+                option=option,
+                given=value.given,
+                seconds=int(value),
+            )
 
 
 def _connect(args: argparse.Namespace, stack: ExitStack) -> Broker | None:

@@ -26,6 +26,7 @@ from pgbroker.queues._client_async import AsyncBroker, AsyncQueue
 from pgbroker.runtime import _registration, _worker
 from pgbroker.runtime._app import serve
 from pgbroker.runtime._worker import DEFAULT_MAX_DELIVERIES
+from pgbroker.runtime._worker_stats import WorkerStats
 from pgbroker.schedules._scheduler import Scheduler
 from tests.support.faults import freezable, impatient, listener_pid, sessions_frozen, table_locked
 from tests.support.servers import free_port
@@ -164,6 +165,40 @@ def test_a_running_worker_has_a_row_with_what_it_holds_and_its_row_goes_when_it_
     asyncio.run(run_until(dsn, [worker], done, timeout=120))
     assert seen == [("jobs", os.getpid(), 4, 3, True)]
     assert conn.execute("SELECT count(*) FROM pgbroker.queue_workers").fetchone() == (0,)  # gone at stop
+
+
+def test_a_registration_cancelled_as_a_pooled_connection_comes_free_ends(broker: Broker, dsn: str) -> None:
+    """A worker's stop cancels its registration's beats, and waits for them. A beat waiting for
+    the pool's connection, cancelled as that connection came free, went on: psycopg_pool waits
+    for a connection with asyncio.wait_for, which on Python 3.11 returns the result instead of
+    raising when the result and the cancellation come together (CPython gh-86296), so the beat
+    ran, slept until the next one, and beat for ever; the stop waited for it for good (a `pgbroker
+    worker --processes 2` stop hung, its process idle, its row still beating). Every turn of the
+    event loop between the hand-over and the cancellation is tried."""
+    broker.create_queue("jobs")
+
+    async def scenario() -> list[int]:
+        stuck = []
+        async with AsyncBroker(dsn, min_connections=1, max_connections=1) as broker:
+            pool = broker._pool
+            assert pool is not None
+            for turns in range(12):
+                registration = _registration.Registration("jobs", 1)
+                async with broker.connection():  # the pool's only connection, held
+                    beats = asyncio.create_task(registration.keep(broker, lambda: (0, WorkerStats())))
+                    while pool.get_stats().get("requests_waiting", 0) == 0:
+                        await asyncio.sleep(0.01)
+                for _ in range(turns):  # the connection, given back, goes to the waiting beat
+                    await asyncio.sleep(0)
+                beats.cancel()
+                done, _ = await asyncio.wait([beats], timeout=10)
+                if not done:
+                    stuck.append(turns)
+                    beats.cancel()
+                    await asyncio.wait([beats])
+        return stuck
+
+    assert asyncio.run(scenario()) == [], "beats that went on after their cancellation (turns)"
 
 
 def test_an_always_failing_handler_dead_letters_after_exactly_max_deliveries(

@@ -17,7 +17,12 @@ import psycopg
 import pytest
 
 from pgbroker._db.api_keys import create_key
+from pgbroker._db.dsn import pooler_mode
+from pgbroker._db.pools import PoolTimeouts
 from pgbroker.http import create_app
+from pgbroker.http.app import _server_pool
+from pgbroker.http.replica import HEALTH_INTERVAL, WatchedReplica
+from pgbroker.http.replica import POOL_NAME as REPLICA_POOL
 from tests.http.live import pgbroker_serve
 from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
 from tests.support.http import SETTINGS, auth
@@ -218,3 +223,34 @@ def test_serve_answer_within_sets_the_bound_of_a_request_on_a_database_that_hang
         assert hung.status_code == 503, hung.text
         assert hung.json()["error"]["code"] == "database_unavailable", hung.text
         assert took < 25, f"answered after {took:.1f} s: the default bound (30 s), not 1 s"
+
+
+def test_a_replica_watch_closed_as_the_replica_is_suspected_ends(dsn: str) -> None:
+    """`pgbroker serve --replica-dsn` closes its replica's watch at shutdown, and waits for it. A
+    watch told to look at the replica (a report failed on it) as it was closed went on: it waited
+    for that with asyncio.wait_for, which on Python 3.11 returns when the event comes together
+    with the cancellation (CPython gh-86296), so it looked at the replica and watched on, and the
+    shutdown waited for good. Every turn of the event loop between the two is tried."""
+    mode = pooler_mode(None)
+    timeouts = PoolTimeouts()
+
+    async def scenario() -> list[int]:
+        stuck = []
+        for turns in range(12):
+            watched = WatchedReplica(
+                dsn, lambda: _server_pool(dsn, 2, mode, timeouts, REPLICA_POOL), timeouts, mode
+            )
+            await watched.start()
+            watched.suspect()
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            closing = asyncio.create_task(watched.close())
+            done, _ = await asyncio.wait([closing], timeout=3 * HEALTH_INTERVAL)
+            if not done:
+                stuck.append(turns)
+                assert watched._task is not None
+                watched._task.cancel()
+                await closing
+        return stuck
+
+    assert asyncio.run(scenario()) == [], "watches that went on after close() (turns)"

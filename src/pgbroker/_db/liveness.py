@@ -143,8 +143,11 @@ async def answered_within(seconds: float, call: Awaitable[T]) -> T:
     The call given up is cancelled and left to end on its own (_abandon): psycopg asks the server
     to cancel the query and, with no answer to that within 5 s either, closes the connection (the
     pool replaces it, and it is never used again). Waiting for that here delayed the NoAnswer by
-    those 5 s. A caller that is cancelled itself cancels the call and waits for it, as if awaited
-    directly."""
+    those 5 s. A caller that is cancelled itself cancels the call, waits for it, and raises
+    CancelledError even when the call swallowed its own: psycopg_pool waits for a connection with
+    asyncio.wait_for, which on Python 3.11 returns a result that comes together with a cancellation
+    (CPython gh-86296), so a loop awaiting a pooled connection directly went on after the stop
+    cancelled it; through answered_within, it ends."""
     task = asyncio.ensure_future(call)
     stopping = _stopping.get()
     try:

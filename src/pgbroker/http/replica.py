@@ -112,7 +112,10 @@ class WatchedReplica:
                 backoff.reset()
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._suspected.wait(), HEALTH_INTERVAL)
+            # Not asyncio.wait_for: on Python 3.11 it returns when the event comes together with
+            # close()'s cancellation (CPython gh-86296), and the watch went on for good.
+            async with asyncio.timeout(HEALTH_INTERVAL):
+                await self._suspected.wait()
         self._suspected.clear()
         if not await self._answers():
             await self._disconnect()
@@ -143,12 +146,10 @@ class WatchedReplica:
     async def _answers(self) -> bool:
         """Whether the replica answers a round trip, on a pooled connection or, that one lost (a
         restart cuts them all), on a new one."""
-        assert self._pool is not None
         try:
-            async with self._pool.connection(timeout=self._timeouts.connect) as conn:
-                await answered_within(
-                    self._timeouts.connect, conn.execute(sql.queries("http")["health_check"])
-                )
+            # The wait for a pooled connection inside answered_within too: psycopg_pool's wait
+            # swallows a cancellation that comes with a connection; answered_within raises it.
+            await answered_within(self._timeouts.connect, self._round_trip())
             return True
         except _UNREACHABLE:
             pass
@@ -157,6 +158,11 @@ class WatchedReplica:
         except _UNREACHABLE:
             return False
         return True
+
+    async def _round_trip(self) -> None:
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            await conn.execute(sql.queries("http")["health_check"])
 
     async def _probe(self) -> None:
         """Connect to the replica and let go: what the failure of a pool does not say, it says."""

@@ -63,7 +63,8 @@ class Registration:
     async def _run(self, broker: AsyncBroker, query: Query[None]) -> None:
         try:
             # Bounded, the wait for a pooled connection included: a pool with none to give or a
-            # session that hangs must hold up neither the beats nor the stop.
+            # session that hangs must hold up neither the beats nor the stop. That wait also swallows
+            # a cancellation that comes with the connection (answered_within raises it all the same).
             await answered_within(BEAT_SECONDS, self._call(broker, query))
         except Exception as exc:
             if not self._failing:

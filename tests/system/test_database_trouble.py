@@ -27,11 +27,12 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from pgbroker import App, Broker, Message, Stream, StreamMessage
 from pgbroker.embedded import EmbeddedPostgres
-from tests.support.faults import freezable, sessions_frozen
+from tests.support.faults import freezable, sessions_frozen, table_locked
 from tests.support.passwords import refuse_login, with_passwords, write_passfile
 from tests.support.servers import PrivateServer
 
@@ -229,3 +230,36 @@ def test_a_command_says_at_error_that_its_login_is_refused_while_it_runs(
         time.sleep(0.5)
     assert 'password authentication failed for user "app"' in str(refused()[0]["error"]), refused()
     assert running.stop()[0] == 0, running.said()
+
+
+# The table each command reads just before it used to print its start line (command.started).
+READ_BEFORE_THE_LINE = {"scheduler": "pgbroker.schedules", "worker --processes 2": "pgmq.meta"}
+
+
+@pytest.mark.parametrize("command", READ_BEFORE_THE_LINE)
+def test_a_login_refused_before_the_pool_opens_fails_the_start_unannounced(
+    cluster: EmbeddedPostgres, tmp_path: Path, command: str
+) -> None:
+    """The start line says the command runs: it used to come before the command's own pool (the
+    scheduler's, each worker process's) was open, so a login refused in between exited 5 after
+    'started'. The command is held on its last read before that point (the table locked), the
+    login refused meanwhile: it exits 5 and never said it started."""
+    passfile = tmp_path / "pgpass"
+    write_passfile(passfile, ROLE, "first")
+    dsn = with_passwords(cluster, ROLE, "first")
+    with Broker(cluster.dsn()) as broker:
+        broker.create_queue("jobs")
+    with table_locked(cluster.dsn(), READ_BEFORE_THE_LINE[command]):
+        running = Command(dsn, COMMANDS[command][0], "", tmp_path, passfile)
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'"
+            deadline = time.monotonic() + 60
+            while conn.execute(waiting, [ROLE]).fetchone() == (0,):
+                assert running.process.poll() is None, running.said()
+                assert time.monotonic() < deadline, f"never waited on the lock:\n{running.said()}"
+                time.sleep(0.05)
+            conn.execute(f"ALTER ROLE {ROLE} PASSWORD 'rotated'")  # its session waiting on the lock stays
+    code = running.process.wait(timeout=120)
+    assert code == 5, running.said()
+    assert 'password authentication failed for user "app"' in running.said()
+    assert " started" not in running.said().replace("supervisor.started", ""), running.said()

@@ -40,7 +40,7 @@ from pgbroker.queues._refusal_watch import RefusalWatch
 from pgbroker.runtime._log_events import log_event, on_bug
 from pgbroker.runtime._signals import on_stop_signals
 from pgbroker.runtime._stream_worker import StreamHandler, StreamWorker
-from pgbroker.runtime._worker import Handler, Worker, WorkerStats
+from pgbroker.runtime._worker import WORKER_REFUSALS, Handler, Worker, WorkerStats
 from pgbroker.schedules._scheduler import Scheduler
 
 __all__ = ["App", "WorkerOptions", "serve", "serve_scheduler"]
@@ -210,6 +210,8 @@ async def serve(
             stopping = True
 
         stack.enter_context(on_stop_signals(on_signal, enabled=handle_signals))
+        # One watch for the pool, whatever its workers (a stream worker has none of its own).
+        await stack.enter_async_context(WORKER_REFUSALS.watching(broker))
         if progress_every is not None:
             reporter = asyncio.create_task(_report(workers, progress_every, progress_out or sys.stderr))
             stack.callback(reporter.cancel)

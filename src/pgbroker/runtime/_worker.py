@@ -83,12 +83,15 @@ from pgbroker.runtime._registration import Registration
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
 
-__all__ = ["DEFAULT_MAX_DELIVERIES", "Handler", "Worker", "WorkerStats"]
+__all__ = ["DEFAULT_MAX_DELIVERIES", "WORKER_REFUSALS", "Handler", "Worker", "WorkerStats"]
 
 # Called with each message; a coroutine function is awaited, anything else runs on a thread.
 # Returning normally is success; raising is a failure (see pgbroker.fail).
 Handler: TypeAlias = Callable[[Message], Any]
 T = TypeVar("T")
+
+# Says at ERROR that the server refuses the connections of a process's workers (a password changed).
+WORKER_REFUSALS = RefusalWatch(worker_log, "worker.database_refused", "worker")
 
 # Deliveries a message gets from a worker when its queue's policy sets no max_deliveries: the
 # count River and Sidekiq retry with, so finite that a poison message (or a first handler's bug)
@@ -236,8 +239,6 @@ class Worker:
         self._unavailable = False  # the last call lost its connection
         self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
-        # Says why at ERROR when the server refuses the worker's connections (a password changed).
-        self._refusals = RefusalWatch(worker_log, "worker.database_refused", "worker", queue=queue)
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
@@ -268,7 +269,7 @@ class Worker:
         # Once stopping, a call (a read, an ack, a release, the deregistration) waits for its
         # answer STOP_PATIENCE seconds at most, whatever the database does.
         with stops_with(self._stopping):
-            async with self._refusals.watching(broker):
+            async with WORKER_REFUSALS.watching(broker):  # joins serve()'s, one per pool
                 await self._run(broker)
 
     async def _run(self, broker: AsyncBroker) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
@@ -263,3 +264,29 @@ def test_a_login_refused_before_the_pool_opens_fails_the_start_unannounced(
     assert code == 5, running.said()
     assert 'password authentication failed for user "app"' in running.said()
     assert " started" not in running.said().replace("supervisor.started", ""), running.said()
+
+
+def test_serve_starts_with_fewer_connections_than_its_pool_when_its_role_is_limited(
+    cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """A role's CONNECTION LIMIT (3) below serve's --connections (10): serve answers with the
+    connections it gets, as a worker does, where its start waited for all ten, then exited 3 (a
+    stale receipt, by pgbroker's exit codes) after 30 s with uvicorn's 'Application startup
+    failed'."""
+    passfile = tmp_path / "pgpass"
+    write_passfile(passfile, ROLE, "first")
+    dsn = with_passwords(cluster, ROLE, "first")
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        conn.execute(f"ALTER ROLE {ROLE} CONNECTION LIMIT 3")
+    running = Command(
+        dsn, ["serve", "--port", "0", "--connections", "10"], "serving the API", tmp_path, passfile
+    )
+    try:
+        running.wait_started()
+        url = running.said().split("serving the API at ", 1)[1].split("/v1", 1)[0]
+        assert httpx.get(f"{url}/healthz", timeout=60).status_code == 200, running.said()
+        assert running.stop()[0] == 0, running.said()
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+            running.process.wait()

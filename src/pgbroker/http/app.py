@@ -96,7 +96,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if pool is not None:
-            await pool.open(wait=True)
+            # Its connections are made in the background, as the workers' are: waiting for all of
+            # them failed the start (uvicorn's exit 3, after 30 s) where a role's CONNECTION LIMIT
+            # is below the pool's size; the pool's warnings say why some are missing.
+            await pool.open()
         if watched is not None:
             # A replica that is down is said once; the reports read from the primary meanwhile.
             await watched.start()

@@ -925,6 +925,35 @@ def test_a_worker_whose_calls_keep_failing_says_so_again_while_it_lasts(
     assert any(r.getMessage().startswith("worker.database_available") for r in caplog.records)
 
 
+def test_a_worker_whose_start_meets_a_lock_timeout_turns_notify_on_once_it_passes(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A maintenance transaction holds the queue's table as the worker starts (its role's
+    lock_timeout: 55P03): turning notify on fails, the worker reads meanwhile (by polls) and
+    turns notify on once the lock is gone. It went without notify for good: every send waited
+    for a poll, up to poll_max, until a restart."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    broker.create_queue("jobs")
+    worker = Worker("jobs", print, poll_max=1.0)
+
+    def notifying() -> bool:
+        with psycopg.connect(dsn) as conn:
+            return bool(conn.execute("SELECT queue_name FROM pgmq.list_notify_insert_throttles()").fetchall())
+
+    async def scenario() -> None:
+        with table_locked(dsn, "pgmq.q_jobs"):
+            task = asyncio.create_task(serve([worker], dsn=impatient(dsn), handle_signals=False))
+            refused = "worker.notify_unavailable"
+            await while_serving(task, lambda: any(refused in r.getMessage() for r in caplog.records), refused)
+        try:
+            await while_serving(task, notifying, "notify never turned on", seconds=30)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+
+
 def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
     broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -109,6 +109,8 @@ _LISTEN_TIMEOUT = 1.0
 # notify lock, so at most 200 a second: 15 senders of single messages made 12,500 sends a
 # second against 12,900 with 250 (10,900 with 1 ms).
 _NOTIFY_THROTTLE_MS = 5
+# Pauses between tries to turn notify on after a refusal that passes: doubling up to a minute.
+_NOTIFY_RETRY = (1.0, 60.0)
 # While calls keep failing (the database away, or every read past a lock or statement timeout:
 # the latter may last for good), the worker warns again this often, so that a worker that never
 # gets through does not look idle after its first warning.
@@ -275,12 +277,15 @@ class Worker:
     async def _run(self, broker: AsyncBroker) -> None:
         queue = broker.queue(self.queue)
         self._unavailable = False
-        if self.notify:
-            await self._enable_notify(queue)
+        notify_later = self.notify and await self._enable_notify(queue)
         threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.queue}")
         self._threads = threads
         flusher = asyncio.create_task(self._send_lingering(broker), name=f"pgbroker-ack-{self.queue}")
         helpers = []
+        if notify_later:
+            helpers.append(
+                asyncio.create_task(self._enable_notify_later(queue), name=f"pgbroker-notify-{self.queue}")
+            )
         if self.heartbeat:
             beats = self._heartbeats(queue, partial(self._call, broker))
             helpers.append(asyncio.create_task(beats, name=f"pgbroker-beat-{self.queue}"))
@@ -337,16 +342,18 @@ class Worker:
             "released": s.released,
         }
 
-    async def _enable_notify(self, queue: AsyncQueue) -> None:
-        """Turn notify on. A lost connection (the database restarting as the worker starts) is
-        waited out as for reads: it stopped the worker, or left it without notify; so is a call
-        unanswered within the lease (a hung server: the worker never started). A lock or
-        statement timeout is not: the worker reads meanwhile, without notify."""
+    async def _enable_notify(self, queue: AsyncQueue) -> bool:
+        """Turn notify on; whether to try again later. A lost connection (the database restarting
+        as the worker starts) is waited out as for reads: it stopped the worker, or left it without
+        notify; so is a call unanswered within the lease (a hung server: the worker never started).
+        A refusal that passes (a lock or statement timeout, a deadlock) is not: the worker reads
+        meanwhile, without notify, and tries again later (_enable_notify_later), where it stayed
+        without notify for good, each send waiting for a poll."""
         trouble = Backoff(*RECONNECT)
         while not self._stopping.is_set():
             try:
                 await answered_within(self.vt, queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True))
-                return
+                return False
             except QueueNotFound:
                 raise
             except Exception as exc:
@@ -356,13 +363,24 @@ class Worker:
                 if not isinstance(exc, PgbrokerError):
                     raise
                 # A role that may not create triggers, say: the worker still works, by polling.
+                later = is_transient(exc)
                 log_event(
                     logging.WARNING,
                     "worker.notify_unavailable",
                     queue=self.queue,
                     poll_max=self.poll_max,
                     error=exc,
+                    **({"hint": "tried again later"} if later else {}),
                 )
+                return later
+        return False
+
+    async def _enable_notify_later(self, queue: AsyncQueue) -> None:
+        """Try to turn notify on again, less often each time, until it is on (or refused for good)."""
+        retry = Backoff(*_NOTIFY_RETRY)
+        while True:
+            await self._nap(None, retry.next())
+            if self._stopping.is_set() or not await self._enable_notify(queue):
                 return
 
     # -- reading, with the outcomes of the last messages -----------------------------------

@@ -246,7 +246,7 @@ async def test_serve_stops_within_its_stop_patience_while_a_history_sample_hangs
     await running.__aenter__()
     stopped = False
     try:
-        sessions_open(dsn, 2)
+        await asyncio.to_thread(sessions_open, dsn, 2)  # the pool opens them on this loop
         with sessions_frozen(dsn) as frozen:
             assert len(frozen) >= 2
             await asyncio.sleep(2.0)  # a round starts every 0.5 s: one waits on a frozen session now

@@ -290,3 +290,45 @@ def test_serve_starts_with_fewer_connections_than_its_pool_when_its_role_is_limi
         if running.process.poll() is None:
             running.process.kill()
             running.process.wait()
+
+
+def _worker_processes(supervisor: int) -> list[int]:
+    """The pids of the worker processes ``supervisor`` spawned (not multiprocessing's own helpers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == supervisor and b"spawn_main" in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_replacement_worker_process_waits_while_the_login_is_refused(
+    cluster: EmbeddedPostgres, start: Callable[[tuple[list[str], str]], Command], tmp_path: Path
+) -> None:
+    """Under --processes 2, the login refused (a password rotated), then one worker process killed:
+    its replacement waits for the login, as the running one does (start.database_unavailable, the
+    server's words), and starts once the passfile has the new password. It exited 5, and the
+    supervisor stopped every worker process for good, exit 5."""
+    running = start(COMMANDS["worker --processes 2"])
+    refuse_login(cluster, ROLE, "rotated")
+    killed = _worker_processes(running.process.pid)
+    assert len(killed) >= 2, killed
+    os.kill(killed[0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while "password authentication failed" not in running.said().split("supervisor.restarting", 1)[-1]:
+        assert running.process.poll() is None, running.said()
+        assert time.monotonic() < deadline, running.said()
+        time.sleep(0.2)
+    time.sleep(3.0)  # a replacement that exits, exits at once: the supervisor would be gone now
+    assert running.process.poll() is None, running.said()
+    write_passfile(tmp_path / "pgpass", ROLE, "rotated")
+    deadline = time.monotonic() + 60
+    while running.said().count("worker.started") < 3:
+        assert running.process.poll() is None, running.said()
+        assert time.monotonic() < deadline, f"the replacement never started:\n{running.said()[-3000:]}"
+        time.sleep(0.2)
+    assert running.stop()[0] == 0, running.said()

@@ -287,11 +287,11 @@ def _supervise(args: argparse.Namespace, dsn: str, announce: Callable[[], None] 
     stopping = False
     result: int = Exit.OK
 
-    def start() -> None:
+    def start(replacement: bool = False) -> None:
         if stopping:
             return
         child = context.Process(
-            target=_child, args=(args, dsn, level, started_writer), name="pgbroker-worker"
+            target=_child, args=(args, dsn, level, started_writer, replacement), name="pgbroker-worker"
         )
         child.start()
         children.append(child)
@@ -329,7 +329,7 @@ def _supervise(args: argparse.Namespace, dsn: str, announce: Callable[[], None] 
                 if code < 0:
                     log.warning("supervisor.restarting pid=%s signal=%s", child.pid, -code)
                     time.sleep(_RESTART_PAUSE)
-                    start()
+                    start(replacement=True)
                 else:
                     result = code
                     stop_all()
@@ -340,28 +340,37 @@ def _supervise(args: argparse.Namespace, dsn: str, announce: Callable[[], None] 
 
 
 def _child(
-    args: argparse.Namespace, dsn: str, level: int, started: multiprocessing.connection.Connection
+    args: argparse.Namespace,
+    dsn: str,
+    level: int,
+    started: multiprocessing.connection.Connection,
+    replacement: bool,
 ) -> None:
-    """A worker process under the supervisor, which alone decides when it stops."""
+    """A worker process under the supervisor, which alone decides when it stops. A replacement
+    waits for a login refused too, as the running worker processes do: exiting, it stopped them all."""
     # Out of the terminal's process group: Ctrl-C reaches the supervisor only, which passes it on.
     os.setpgrp()
     hold_stop_signals()  # the supervisor's SIGTERM, come while this process starts, stops it cleanly
     _stop_with(os.getppid())
     set_up(level, args.log_format)
     try:
-        code = _serve_once_reachable(args, dsn, _once(lambda: started.send(os.getpid())))
+        code = _serve_once_reachable(args, dsn, _once(lambda: started.send(os.getpid())), replacement)
     except Exception as exc:
         code, message, hint = classify(exc)
         print_error(message, hint)
     sys.exit(code)
 
 
-def _serve_once_reachable(args: argparse.Namespace, dsn: str, on_started: Callable[[], None] | None) -> int:
+def _serve_once_reachable(
+    args: argparse.Namespace, dsn: str, on_started: Callable[[], None] | None, refused_too: bool = False
+) -> int:
     """Serve, waiting for a database out of reach at the start (cli.support.waiting) until it
     answers or a stop signal comes. A worker process that exited instead stayed down; under the
     supervisor, a replacement that did made it stop every worker process for good."""
     code = until_reachable(
-        lambda: _serve(_workers(args), dsn, args, on_started), within=args.wait_for_database
+        lambda: _serve(_workers(args), dsn, args, on_started),
+        within=args.wait_for_database,
+        refused_too=refused_too,
     )
     return Exit.OK if code is None else code
 

@@ -35,6 +35,7 @@ from pgbroker import App, Broker, Message, Stream, StreamMessage
 from pgbroker.embedded import EmbeddedPostgres
 from tests.support.faults import freezable, sessions_frozen, table_locked
 from tests.support.passwords import refuse_login, with_passwords, write_passfile
+from tests.support.processes import worker_processes
 from tests.support.servers import PrivateServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -292,20 +293,6 @@ def test_serve_starts_with_fewer_connections_than_its_pool_when_its_role_is_limi
             running.process.wait()
 
 
-def _worker_processes(supervisor: int) -> list[int]:
-    """The pids of the worker processes ``supervisor`` spawned (not multiprocessing's own helpers)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            command = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if parent == supervisor and b"spawn_main" in command:
-            found.append(int(stat.parent.name))
-    return found
-
-
 def test_a_replacement_worker_process_waits_while_the_login_is_refused(
     cluster: EmbeddedPostgres, start: Callable[[tuple[list[str], str]], Command], tmp_path: Path
 ) -> None:
@@ -315,7 +302,7 @@ def test_a_replacement_worker_process_waits_while_the_login_is_refused(
     supervisor stopped every worker process for good, exit 5."""
     running = start(COMMANDS["worker --processes 2"])
     refuse_login(cluster, ROLE, "rotated")
-    killed = _worker_processes(running.process.pid)
+    killed = sorted(worker_processes(running.process.pid))
     assert len(killed) >= 2, killed
     os.kill(killed[0], signal.SIGKILL)
     deadline = time.monotonic() + 60

@@ -1018,6 +1018,36 @@ def test_a_worker_that_starts_on_sessions_that_hang_gives_them_up_and_starts(
     assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
 
 
+def test_a_worker_without_notify_that_starts_on_sessions_that_hang_subscribes_and_starts(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, without notify: the first call is the LISTEN's set-up, which asks the server for
+    the queue's channel. That question was not bounded: on a frozen session the worker waited for
+    good, never read, and no stop could end it (the bridges' reads and the stream worker ask it
+    too). It is given up within the lease, as every other call."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    queue.send(1)
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), vt=2, poll_max=0.2, notify=False)
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as frozen_pool:
+            await asyncio.gather(*(frozen_pool.metrics("jobs") for _ in range(4)))
+            with sessions_frozen(dsn) as frozen:
+                assert len(frozen) >= 2
+                task = asyncio.create_task(
+                    serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+                )
+                try:
+                    await while_serving(task, lambda: handled == [1], "not handled while the sessions hang")
+                finally:
+                    worker.stop()
+                    await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+
+
 def test_a_worker_whose_maintenance_hangs_gives_the_round_up_and_maintains_again(
     broker: Broker, dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:

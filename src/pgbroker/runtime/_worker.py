@@ -424,7 +424,8 @@ class Worker:
                     continue
                 if subscription is None:
                     try:
-                        subscription = await self._schema.call(broker, queue.listen(_LISTEN_TIMEOUT))
+                        # Bounded as every call: its set-up asks the server for the channel.
+                        subscription = await self._call(broker, queue.listen(_LISTEN_TIMEOUT))
                     except Exception as exc:
                         if not self._lost_connection(exc, []):
                             raise

@@ -18,13 +18,21 @@ import pytest
 
 from pgbroker._db.api_keys import create_key
 from pgbroker._db.dsn import pooler_mode
+from pgbroker._db.liveness import STOP_PATIENCE
 from pgbroker._db.pools import PoolTimeouts
 from pgbroker.http import create_app
 from pgbroker.http.app import _server_pool
 from pgbroker.http.replica import HEALTH_INTERVAL, WatchedReplica
 from pgbroker.http.replica import POOL_NAME as REPLICA_POOL
 from tests.http.live import pgbroker_serve
-from tests.support.faults import freezable, impatient, sessions_frozen, table_locked, terminate_sessions
+from tests.support.faults import (
+    freezable,
+    impatient,
+    sessions_frozen,
+    sessions_open,
+    table_locked,
+    terminate_sessions,
+)
 from tests.support.http import SETTINGS, auth
 
 
@@ -254,3 +262,36 @@ def test_a_replica_watch_closed_as_the_replica_is_suspected_ends(dsn: str) -> No
         return stuck
 
     assert asyncio.run(scenario()) == [], "watches that went on after close() (turns)"
+
+
+# psycopg's own wait for the cancel of a query whose task is cancelled, before it closes the
+# connection: what the stop of serve waited for on a hung server, past its stop's patience.
+DRIVER_CANCEL_WAIT = 5.0
+
+
+@pytest.mark.anyio
+async def test_serve_stops_within_its_stop_patience_while_a_history_sample_hangs(dsn: str) -> None:
+    """Every session of serve's pool frozen while the history sampler's round is in flight, then the
+    server stops: its shutdown gives the round STOP_PATIENCE, as every long-running command gives a
+    call at its stop. The sampler was cancelled instead, and the shutdown waited for psycopg's
+    cancel of the frozen query (5 s), pgbroker serve's SIGTERM taking 5.5 s where the scheduler
+    took 3.1 s."""
+    settings = replace(SETTINGS, history_interval_seconds=0.5)
+    app = create_app(freezable(dsn), settings=settings, max_connections=2)
+    running = app.router.lifespan_context(app)
+    await running.__aenter__()
+    stopped = False
+    try:
+        await asyncio.to_thread(sessions_open, dsn, 2)  # the pool opens them on this loop
+        with sessions_frozen(dsn) as frozen:
+            assert len(frozen) >= 2
+            await asyncio.sleep(2.0)  # a round starts every 0.5 s: one waits on a frozen session now
+            asked = time.monotonic()
+            stopped = True
+            await running.__aexit__(None, None, None)
+            took = time.monotonic() - asked
+    finally:
+        if not stopped:
+            await running.__aexit__(None, None, None)
+    assert took >= STOP_PATIENCE - 0.5, f"{took:.1f} s: no round was in flight"
+    assert took < DRIVER_CANCEL_WAIT, f"the shutdown took {took:.1f} s"

@@ -1067,6 +1067,35 @@ def first_acked(worker: Worker) -> Callable[[], bool]:
     return lambda: worker.stats.completed >= 1
 
 
+def test_a_worker_whose_start_meets_a_lock_timeout_turns_notify_on_once_it_passes(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A maintenance transaction holds the queue's table as the worker starts (its role's
+    lock_timeout: 55P03): turning notify on fails, the worker reads meanwhile (by polls) and
+    turns notify on once the lock is gone. It went without notify for good: every send waited
+    for a poll, up to poll_max, until a restart."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    broker.create_queue("jobs")
+    worker = Worker("jobs", print, poll_max=1.0)
+
+    def notifying() -> bool:
+        with psycopg.connect(dsn) as conn:
+            return bool(conn.execute("SELECT queue_name FROM pgmq.list_notify_insert_throttles()").fetchall())
+
+    async def scenario() -> None:
+        with table_locked(dsn, "pgmq.q_jobs"):
+            task = asyncio.create_task(serve([worker], dsn=impatient(dsn), handle_signals=False))
+            refused = "worker.notify_unavailable"
+            await while_serving(task, lambda: any(refused in r.getMessage() for r in caplog.records), refused)
+        try:
+            await while_serving(task, notifying, "notify never turned on", seconds=30)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
+
+
 def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
     broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1129,6 +1158,36 @@ def test_a_worker_that_starts_on_sessions_that_hang_gives_them_up_and_starts(
 
     asyncio.run(scenario())
     assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
+
+
+def test_a_worker_without_notify_that_starts_on_sessions_that_hang_subscribes_and_starts(
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As above, without notify: the first call is the LISTEN's set-up, which asks the server for
+    the queue's channel. That question was not bounded: on a frozen session the worker waited for
+    good, never read, and no stop could end it (the bridges' reads and the stream worker ask it
+    too). It is given up within the lease, as every other call."""
+    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
+    queue = broker.create_queue("jobs")
+    queue.send(1)
+    handled: list[int] = []
+    worker = Worker("jobs", lambda message: handled.append(message.message), vt=2, poll_max=0.2, notify=False)
+
+    async def scenario() -> None:
+        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as frozen_pool:
+            await asyncio.gather(*(frozen_pool.metrics("jobs") for _ in range(4)))
+            with sessions_frozen(dsn) as frozen:
+                assert len(frozen) >= 2
+                task = asyncio.create_task(
+                    serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
+                )
+                try:
+                    await while_serving(task, lambda: handled == [1], "not handled while the sessions hang")
+                finally:
+                    worker.stop()
+                    await asyncio.wait_for(task, 60)
+
+    asyncio.run(scenario())
 
 
 def test_a_worker_whose_maintenance_hangs_gives_the_round_up_and_maintains_again(

@@ -27,12 +27,15 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+import httpx
+import psycopg
 import pytest
 
 from pgbroker import App, Broker, Message, Stream, StreamMessage
 from pgbroker.embedded import EmbeddedPostgres
-from tests.support.faults import freezable, sessions_frozen
+from tests.support.faults import freezable, sessions_frozen, table_locked
 from tests.support.passwords import refuse_login, with_passwords, write_passfile
+from tests.support.processes import worker_processes
 from tests.support.servers import PrivateServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,4 +231,91 @@ def test_a_command_says_at_error_that_its_login_is_refused_while_it_runs(
         assert time.monotonic() < deadline, f"no ERROR naming the refusal:\n{running.said()[-3000:]}"
         time.sleep(0.5)
     assert 'password authentication failed for user "app"' in str(refused()[0]["error"]), refused()
+    assert running.stop()[0] == 0, running.said()
+
+
+# The table each command reads just before it used to print its start line (command.started).
+READ_BEFORE_THE_LINE = {"scheduler": "pgbroker.schedules", "worker --processes 2": "pgmq.meta"}
+
+
+@pytest.mark.parametrize("command", READ_BEFORE_THE_LINE)
+def test_a_login_refused_before_the_pool_opens_fails_the_start_unannounced(
+    cluster: EmbeddedPostgres, tmp_path: Path, command: str
+) -> None:
+    """The start line says the command runs: it used to come before the command's own pool (the
+    scheduler's, each worker process's) was open, so a login refused in between exited 5 after
+    'started'. The command is held on its last read before that point (the table locked), the
+    login refused meanwhile: it exits 5 and never said it started."""
+    passfile = tmp_path / "pgpass"
+    write_passfile(passfile, ROLE, "first")
+    dsn = with_passwords(cluster, ROLE, "first")
+    with Broker(cluster.dsn()) as broker:
+        broker.create_queue("jobs")
+    with table_locked(cluster.dsn(), READ_BEFORE_THE_LINE[command]):
+        running = Command(dsn, COMMANDS[command][0], "", tmp_path, passfile)
+        with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE usename = %s AND wait_event_type = 'Lock'"
+            deadline = time.monotonic() + 60
+            while conn.execute(waiting, [ROLE]).fetchone() == (0,):
+                assert running.process.poll() is None, running.said()
+                assert time.monotonic() < deadline, f"never waited on the lock:\n{running.said()}"
+                time.sleep(0.05)
+            conn.execute(f"ALTER ROLE {ROLE} PASSWORD 'rotated'")  # its session waiting on the lock stays
+    code = running.process.wait(timeout=120)
+    assert code == 5, running.said()
+    assert 'password authentication failed for user "app"' in running.said()
+    assert " started" not in running.said().replace("supervisor.started", ""), running.said()
+
+
+def test_serve_starts_with_fewer_connections_than_its_pool_when_its_role_is_limited(
+    cluster: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """A role's CONNECTION LIMIT (3) below serve's --connections (10): serve answers with the
+    connections it gets, as a worker does, where its start waited for all ten, then exited 3 (a
+    stale receipt, by pgbroker's exit codes) after 30 s with uvicorn's 'Application startup
+    failed'."""
+    passfile = tmp_path / "pgpass"
+    write_passfile(passfile, ROLE, "first")
+    dsn = with_passwords(cluster, ROLE, "first")
+    with psycopg.connect(cluster.dsn(), autocommit=True) as conn:
+        conn.execute(f"ALTER ROLE {ROLE} CONNECTION LIMIT 3")
+    running = Command(
+        dsn, ["serve", "--port", "0", "--connections", "10"], "serving the API", tmp_path, passfile
+    )
+    try:
+        running.wait_started()
+        url = running.said().split("serving the API at ", 1)[1].split("/v1", 1)[0]
+        assert httpx.get(f"{url}/healthz", timeout=60).status_code == 200, running.said()
+        assert running.stop()[0] == 0, running.said()
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+            running.process.wait()
+
+
+def test_a_replacement_worker_process_waits_while_the_login_is_refused(
+    cluster: EmbeddedPostgres, start: Callable[[tuple[list[str], str]], Command], tmp_path: Path
+) -> None:
+    """Under --processes 2, the login refused (a password rotated), then one worker process killed:
+    its replacement waits for the login, as the running one does (start.database_unavailable, the
+    server's words), and starts once the passfile has the new password. It exited 5, and the
+    supervisor stopped every worker process for good, exit 5."""
+    running = start(COMMANDS["worker --processes 2"])
+    refuse_login(cluster, ROLE, "rotated")
+    killed = sorted(worker_processes(running.process.pid))
+    assert len(killed) >= 2, killed
+    os.kill(killed[0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while "password authentication failed" not in running.said().split("supervisor.restarting", 1)[-1]:
+        assert running.process.poll() is None, running.said()
+        assert time.monotonic() < deadline, running.said()
+        time.sleep(0.2)
+    time.sleep(3.0)  # a replacement that exits, exits at once: the supervisor would be gone now
+    assert running.process.poll() is None, running.said()
+    write_passfile(tmp_path / "pgpass", ROLE, "rotated")
+    deadline = time.monotonic() + 60
+    while running.said().count("worker.started") < 3:
+        assert running.process.poll() is None, running.said()
+        assert time.monotonic() < deadline, f"the replacement never started:\n{running.said()[-3000:]}"
+        time.sleep(0.2)
     assert running.stop()[0] == 0, running.said()

@@ -29,6 +29,7 @@ from pgbroker._event_loop import LOOP_ENV
 from pgbroker.demo.stage import Demo
 from pgbroker.demo.workers import workers_stage
 from tests.support.postgres import server_socket
+from tests.support.processes import worker_processes
 from tests.support.roles import role_logins
 from tests.support.tables import Conn, a_rows, q_rows
 
@@ -110,17 +111,8 @@ class WorkerProcess:
         return self.process.returncode, stderr
 
     def children(self) -> set[int]:
-        """The pids of its worker processes (Linux: from /proc; multiprocessing's resource tracker aside)."""
-        found = set()
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-                command = (stat.parent / "cmdline").read_bytes()
-            except (OSError, IndexError, ValueError):
-                continue
-            if parent == self.process.pid and b"spawn_main" in command:
-                found.add(int(stat.parent.name))
-        return found
+        """The pids of its worker processes."""
+        return worker_processes(self.process.pid)
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -96,17 +96,21 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         if pool is not None:
-            await pool.open(wait=True)
+            # Its connections are made in the background, as the workers' are: waiting for all of
+            # them failed the start (uvicorn's exit 3, after 30 s) where a role's CONNECTION LIMIT
+            # is below the pool's size; the pool's warnings say why some are missing.
+            await pool.open()
         if watched is not None:
             # A replica that is down is said once; the reports read from the primary meanwhile.
             await watched.start()
-        sampling = _start_sampling(the_broker, cfg)
+        stopping = asyncio.Event()
+        sampling = _start_sampling(the_broker, cfg, stopping)
         try:
             async with _REFUSALS.watching(the_broker):
                 yield
         finally:
             if sampling is not None:
-                sampling.cancel()
+                stopping.set()  # a round in flight on a hung server: STOP_PATIENCE at most
                 await asyncio.gather(sampling, return_exceptions=True)
             if pool is not None:  # ours: the broker (its listener) and the pool under it
                 await the_broker.close()
@@ -157,8 +161,8 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
     return [route(path, by_method) for path, by_method in by_path.items()]
 
 
-def _start_sampling(broker: AsyncBroker, cfg: Settings) -> asyncio.Task[None] | None:
-    """The dashboard's history, sampled while the server runs (pgbroker.http.monitoring)."""
+def _start_sampling(broker: AsyncBroker, cfg: Settings, stopping: asyncio.Event) -> asyncio.Task[None] | None:
+    """The dashboard's history, sampled until ``stopping`` (pgbroker.http.monitoring)."""
     if cfg.history_retention_seconds <= 0:
         return None
     sampling = monitoring.keep_sampling(
@@ -166,6 +170,7 @@ def _start_sampling(broker: AsyncBroker, cfg: Settings) -> asyncio.Task[None] | 
         timedelta(seconds=cfg.history_interval_seconds),
         timedelta(seconds=cfg.history_retention_seconds),
         cfg.stats_exact_below,
+        stopping,
     )
     return asyncio.create_task(sampling, name="pgbroker-history")
 

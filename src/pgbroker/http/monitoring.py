@@ -18,7 +18,8 @@ from uuid import UUID
 import psycopg
 
 from pgbroker import _sql as sql
-from pgbroker._db.liveness import answered_within
+from pgbroker._db.listen_async import nap
+from pgbroker._db.liveness import answered_within, stops_with
 from pgbroker.errors import from_postgres
 from pgbroker.queues._client_async import AsyncBroker
 
@@ -110,23 +111,28 @@ async def sample(broker: AsyncBroker, interval: timedelta, retention: timedelta,
 
 
 async def keep_sampling(
-    broker: AsyncBroker, interval: timedelta, retention: timedelta, exact_below: int
+    broker: AsyncBroker, interval: timedelta, retention: timedelta, exact_below: int, stopping: asyncio.Event
 ) -> None:
-    """Sample every ``interval`` until cancelled. A failed round (the database away) is logged once
-    per outage and tried again next round: the API does not depend on it. A round unanswered
-    within a few intervals (SAMPLE_ANSWER_WITHIN at least) fails too: a hung server, a stuck pooler
-    or a network that drops packets without a word would otherwise stop the history for good."""
+    """Sample every ``interval`` until ``stopping`` is set. A failed round (the database away) is
+    logged once per outage and tried again next round: the API does not depend on it. A round
+    unanswered within a few intervals (SAMPLE_ANSWER_WITHIN at least) fails too: a hung server, a
+    stuck pooler or a network that drops packets without a word would otherwise stop the history
+    for good. Once stopping, a round in flight gets STOP_PATIENCE at most (stops_with): cancelled
+    instead, it waited for psycopg's cancellation of its query, 5 s more on a hung server."""
     failing = False
     within = max(SAMPLE_ANSWER_WITHIN, 3 * interval.total_seconds())
-    while True:
-        try:
-            await answered_within(within, sample(broker, interval, retention, exact_below))
-            failing = False
-        except Exception as exc:
-            if not failing:
-                log.warning("serve.history_sample_failed error=%s", json.dumps(str(exc)))
-            failing = True
-        await asyncio.sleep(interval.total_seconds())
+    with stops_with(stopping):
+        while not stopping.is_set():
+            try:
+                await answered_within(within, sample(broker, interval, retention, exact_below))
+                failing = False
+            except Exception as exc:
+                if stopping.is_set():
+                    return
+                if not failing:
+                    log.warning("serve.history_sample_failed error=%s", json.dumps(str(exc)))
+                failing = True
+            await nap(stopping, None, interval.total_seconds())
 
 
 __all__ = [

@@ -10,7 +10,8 @@ looked (psycopg_pool counts them), and if so tries a new connection once; a refu
 (pgbroker._db.refusals.passes is false) is said at ERROR, with the server's words, at once and
 then every minute while the attempts keep failing. The command goes on trying (a password rotated
 in a passfile, ~/.pgpass or $PGPASSFILE, which libpq reads at every connection, is taken at the
-next try).
+next try). One watch runs per pool: a second watching the same broker (each queue worker of a
+process, beside serve()'s) joins the first, so that a refusal is said once, not once per queue.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 
 from pgbroker._db.refusals import passes
 from pgbroker._log_lines import log_event_on
@@ -31,6 +33,18 @@ __all__ = ["RefusalWatch"]
 LOOK_EVERY = 5.0
 # A refusal that lasts is said again this often.
 REMINDER = 60.0
+
+
+@dataclass
+class _Running:
+    """The watch running on a broker's pool, and how many watching() blocks share it."""
+
+    task: asyncio.Task[None]
+    sharing: int = 1
+
+
+# By id() of the broker watched, while watched.
+_running: dict[int, _Running] = {}
 
 
 class RefusalWatch:
@@ -50,13 +64,21 @@ class RefusalWatch:
 
     @asynccontextmanager
     async def watching(self, broker: AsyncBroker) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._keep(broker), name=f"pgbroker-{self._event}")
+        running = _running.get(id(broker))
+        if running is None:
+            task = asyncio.create_task(self._keep(broker), name=f"pgbroker-{self._event}")
+            running = _running[id(broker)] = _Running(task)
+        else:
+            running.sharing += 1
         try:
             yield
         finally:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
+            running.sharing -= 1
+            if not running.sharing:
+                del _running[id(broker)]
+                running.task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await running.task
 
     async def _keep(self, broker: AsyncBroker) -> None:
         seen = broker.failed_connections()

@@ -40,7 +40,7 @@ from pgbroker.queues._refusal_watch import RefusalWatch
 from pgbroker.runtime._log_events import log_event, on_bug
 from pgbroker.runtime._signals import on_stop_signals
 from pgbroker.runtime._stream_worker import StreamHandler, StreamWorker
-from pgbroker.runtime._worker import Handler, Worker, WorkerStats
+from pgbroker.runtime._worker import WORKER_REFUSALS, Handler, Worker, WorkerStats
 from pgbroker.schedules._scheduler import Scheduler
 
 __all__ = ["App", "WorkerOptions", "serve", "serve_scheduler"]
@@ -164,6 +164,7 @@ async def serve(
     pooler: PoolerMode | None = None,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+    on_started: Callable[[], None] | None = None,
 ) -> None:
     """Run workers until they stop: by Worker.stop(), or by SIGTERM or SIGINT (see above) when
     ``handle_signals`` (it needs the main thread).
@@ -175,6 +176,7 @@ async def serve(
     ``pooler``, with ``connect_timeout`` and ``pool_timeout`` (as Broker's): a server that cannot
     be reached fails at once with libpq's words.
     With ``progress_every``, prints each worker's counts and rate that often (to stderr).
+    ``on_started`` is called once the pool is open and the workers run (a command's start line).
     Raises the error that stopped a worker (QueueNotFound, say) after stopping the others.
     """
     if not workers:
@@ -208,6 +210,8 @@ async def serve(
             stopping = True
 
         stack.enter_context(on_stop_signals(on_signal, enabled=handle_signals))
+        # One watch for the pool, whatever its workers (a stream worker has none of its own).
+        await stack.enter_async_context(WORKER_REFUSALS.watching(broker))
         if progress_every is not None:
             reporter = asyncio.create_task(_report(workers, progress_every, progress_out or sys.stderr))
             stack.callback(reporter.cancel)
@@ -219,6 +223,8 @@ async def serve(
             scheduling = asyncio.create_task(scheduler.run(broker), name="pgbroker-scheduler")
             scheduling.add_done_callback(on_bug("scheduler.failed", hint=_SCHEDULER_GONE))
             stack.push_async_callback(_stopped, scheduler, scheduling)
+        if on_started is not None:
+            on_started()
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = next((task for task in done if not task.cancelled() and task.exception()), None)
         if failed is not None:
@@ -284,13 +290,17 @@ async def serve_scheduler(
     handle_signals: bool = True,
     pooler: PoolerMode | None = None,
     pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+    on_started: Callable[[], None] | None = None,
 ) -> None:
     """Run a scheduler on its own (``pgbroker scheduler``) until SIGTERM or SIGINT; raises what
-    stopped it otherwise (NotInstalled, a role without the right): alone, it has nothing to do."""
+    stopped it otherwise (NotInstalled, a role without the right): alone, it has nothing to do.
+    ``on_started`` is called once its pool is open (a login refused before then raises)."""
     scheduler = Scheduler()
     scheduler_log = logging.getLogger("pgbroker.scheduler")
     refusals = RefusalWatch(scheduler_log, "scheduler.database_refused", "scheduler")
     async with AsyncBroker(dsn, max_connections=2, pooler=pooler, pool_timeout=pool_timeout) as broker:
+        if on_started is not None:
+            on_started()
         with on_stop_signals(lambda _: scheduler.stop(), enabled=handle_signals):
             async with refusals.watching(broker):
                 await scheduler.run(broker)

@@ -331,7 +331,7 @@ class StreamWorker:
                 elif reading is None and not stopping and not unsettled and (not dispatch.held or ahead):
                     try:
                         if subscription is None:
-                            subscription = await self._schema.call(broker, stream.listen(_LISTEN_TIMEOUT))
+                            subscription = await self._answered(broker, stream.listen(_LISTEN_TIMEOUT))
                     except Exception as exc:
                         await self._ride_out(exc, trouble)
                         continue

@@ -83,12 +83,15 @@ from pgbroker.runtime._registration import Registration
 from pgbroker.runtime._round_trips import run_together
 from pgbroker.runtime._worker_stats import WorkerStats
 
-__all__ = ["DEFAULT_MAX_DELIVERIES", "Handler", "Worker", "WorkerStats"]
+__all__ = ["DEFAULT_MAX_DELIVERIES", "WORKER_REFUSALS", "Handler", "Worker", "WorkerStats"]
 
 # Called with each message; a coroutine function is awaited, anything else runs on a thread.
 # Returning normally is success; raising is a failure (see pgbroker.fail).
 Handler: TypeAlias = Callable[[Message], Any]
 T = TypeVar("T")
+
+# Says at ERROR that the server refuses the connections of a process's workers (a password changed).
+WORKER_REFUSALS = RefusalWatch(worker_log, "worker.database_refused", "worker")
 
 # Deliveries a message gets from a worker when its queue's policy sets no max_deliveries: the
 # count River and Sidekiq retry with, so finite that a poison message (or a first handler's bug)
@@ -106,6 +109,8 @@ _LISTEN_TIMEOUT = 1.0
 # notify lock, so at most 200 a second: 15 senders of single messages made 12,500 sends a
 # second against 12,900 with 250 (10,900 with 1 ms).
 _NOTIFY_THROTTLE_MS = 5
+# Pauses between tries to turn notify on after a refusal that passes: doubling up to a minute.
+_NOTIFY_RETRY = (1.0, 60.0)
 # While calls keep failing (the database away, or every read past a lock or statement timeout:
 # the latter may last for good), the worker warns again this often, so that a worker that never
 # gets through does not look idle after its first warning.
@@ -236,8 +241,6 @@ class Worker:
         self._unavailable = False  # the last call lost its connection
         self._schema = SchemaWatch()  # tells an upgrade from a bug when the schema is found wanting
         self._warned_at = 0.0  # when worker.database_unavailable was last logged at WARNING
-        # Says why at ERROR when the server refuses the worker's connections (a password changed).
-        self._refusals = RefusalWatch(worker_log, "worker.database_refused", "worker", queue=queue)
         self._stopping = asyncio.Event()
         self._hurry = False
         self._changed = asyncio.Event()  # a slot came free, or stop() was called
@@ -268,18 +271,21 @@ class Worker:
         # Once stopping, a call (a read, an ack, a release, the deregistration) waits for its
         # answer STOP_PATIENCE seconds at most, whatever the database does.
         with stops_with(self._stopping):
-            async with self._refusals.watching(broker):
+            async with WORKER_REFUSALS.watching(broker):  # joins serve()'s, one per pool
                 await self._run(broker)
 
     async def _run(self, broker: AsyncBroker) -> None:
         queue = broker.queue(self.queue)
         self._unavailable = False
-        if self.notify:
-            await self._enable_notify(queue)
+        notify_later = self.notify and await self._enable_notify(queue)
         threads = None if self._is_async else HandlerThreads(self.concurrency, f"pgbroker-{self.queue}")
         self._threads = threads
         flusher = asyncio.create_task(self._send_lingering(broker), name=f"pgbroker-ack-{self.queue}")
         helpers = []
+        if notify_later:
+            helpers.append(
+                asyncio.create_task(self._enable_notify_later(queue), name=f"pgbroker-notify-{self.queue}")
+            )
         if self.heartbeat:
             beats = self._heartbeats(queue, partial(self._call, broker))
             helpers.append(asyncio.create_task(beats, name=f"pgbroker-beat-{self.queue}"))
@@ -336,16 +342,18 @@ class Worker:
             "released": s.released,
         }
 
-    async def _enable_notify(self, queue: AsyncQueue) -> None:
-        """Turn notify on. A lost connection (the database restarting as the worker starts) is
-        waited out as for reads: it stopped the worker, or left it without notify; so is a call
-        unanswered within the lease (a hung server: the worker never started). A lock or
-        statement timeout is not: the worker reads meanwhile, without notify."""
+    async def _enable_notify(self, queue: AsyncQueue) -> bool:
+        """Turn notify on; whether to try again later. A lost connection (the database restarting
+        as the worker starts) is waited out as for reads: it stopped the worker, or left it without
+        notify; so is a call unanswered within the lease (a hung server: the worker never started).
+        A refusal that passes (a lock or statement timeout, a deadlock) is not: the worker reads
+        meanwhile, without notify, and tries again later (_enable_notify_later), where it stayed
+        without notify for good, each send waiting for a poll."""
         trouble = Backoff(*RECONNECT)
         while not self._stopping.is_set():
             try:
                 await answered_within(self.vt, queue.enable_notify(_NOTIFY_THROTTLE_MS, keep_existing=True))
-                return
+                return False
             except QueueNotFound:
                 raise
             except Exception as exc:
@@ -354,18 +362,33 @@ class Worker:
                     continue
                 if not isinstance(exc, PgbrokerError):
                     raise
-                # A role that may not turn notify on (a consumer's): the worker still works, by
-                # polling; its owner's notify, once on, wakes it.
+                # A refusal that passes is tried again later. A role that may not turn notify on (a
+                # consumer's): the worker still works, by polling; its owner's notify, once on, wakes it.
+                later = is_transient(exc)
+                hint = (
+                    "tried again later"
+                    if later
+                    else f"Sends reach this worker at its next poll, {self.poll_max:g} s at most; the "
+                    "queue's owner can turn notify on once: "
+                    f"SELECT pgmq.enable_notify_insert('{self.queue}', {_NOTIFY_THROTTLE_MS})"
+                )
                 log_event(
                     logging.WARNING,
                     "worker.notify_unavailable",
                     queue=self.queue,
                     poll_max=self.poll_max,
                     error=exc,
-                    hint=f"Sends reach this worker at its next poll, {self.poll_max:g} s at most; the "
-                    "queue's owner can turn notify on once: "
-                    f"SELECT pgmq.enable_notify_insert('{self.queue}', {_NOTIFY_THROTTLE_MS})",
+                    hint=hint,
                 )
+                return later
+        return False
+
+    async def _enable_notify_later(self, queue: AsyncQueue) -> None:
+        """Try to turn notify on again, less often each time, until it is on (or refused for good)."""
+        retry = Backoff(*_NOTIFY_RETRY)
+        while True:
+            await self._nap(None, retry.next())
+            if self._stopping.is_set() or not await self._enable_notify(queue):
                 return
 
     # -- reading, with the outcomes of the last messages -----------------------------------
@@ -409,7 +432,8 @@ class Worker:
                     continue
                 if subscription is None:
                     try:
-                        subscription = await self._schema.call(broker, queue.listen(_LISTEN_TIMEOUT))
+                        # Bounded as every call: its set-up asks the server for the channel.
+                        subscription = await self._call(broker, queue.listen(_LISTEN_TIMEOUT))
                     except Exception as exc:
                         if not self._lost_connection(exc, []):
                             raise

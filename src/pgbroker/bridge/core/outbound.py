@@ -217,7 +217,7 @@ class OutboundBridge:
         found = await read()
         if found:
             return found
-        subscription = await self._queue.listen()
+        subscription = await self._answered(self._queue.listen())  # it asks the server for the channel
         # Subscribed before this read: a send committed from here on wakes the wait below.
         while not (found := await read()):
             heard = asyncio.ensure_future(subscription.wait(self.settings.idle_wait))

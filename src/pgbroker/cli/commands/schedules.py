@@ -138,8 +138,11 @@ def _resume(args: argparse.Namespace, broker: Broker) -> int:
 def _scheduler(args: argparse.Namespace, broker: Broker) -> int:
     schedules = broker.schedules()  # a database without pgbroker, or a role without rights: fail here
     dsn = dsn_of(args.dsn, args.connect_timeout)
-    _announce(schedules, dsn)
-    event_loop.run(serve_scheduler(dsn, pooler=args.pooler, pool_timeout=args.pool_timeout), args.loop)
+    # Said once its own pool is open: a login refused before then fails the start (exit 5), unsaid.
+    scheduling = serve_scheduler(
+        dsn, pooler=args.pooler, pool_timeout=args.pool_timeout, on_started=lambda: _announce(schedules, dsn)
+    )
+    event_loop.run(scheduling, args.loop)
     return Exit.OK
 
 

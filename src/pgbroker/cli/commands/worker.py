@@ -130,12 +130,25 @@ def _worker(args: argparse.Namespace, broker: Broker) -> int:
     event_loop.loop_factory(args.loop)  # and a wrong $PGBROKER_LOOP
     dsn = dsn_of(args.dsn, args.connect_timeout)
     # A missing queue, stream or group is the worker's to report (exit 4), with no start-up line
-    # before the error.
-    if _all_there(broker, workers):
-        _announce(workers, dsn, args.processes)
+    # before the error. The line is said once the pools are open: a login refused before then
+    # fails the start (exit 5), unsaid.
+    announce = _once(lambda: _announce(workers, dsn, args.processes)) if _all_there(broker, workers) else None
     if args.processes == 1:
-        return _serve_once_reachable(args, dsn)
-    return _supervise(args, dsn)
+        return _serve_once_reachable(args, dsn, announce)
+    return _supervise(args, dsn, announce)
+
+
+def _once(say_it: Callable[[], None]) -> Callable[[], None]:
+    """``say_it``, called the first time only (a start retried after a passing failure starts again)."""
+    said = False
+
+    def once() -> None:
+        nonlocal said
+        if not said:
+            said = True
+            say_it()
+
+    return once
 
 
 def _all_there(broker: Broker, workers: Sequence[Worker | StreamWorker]) -> bool:
@@ -170,7 +183,12 @@ def _announce(workers: Sequence[Worker | StreamWorker], dsn: str, processes: int
     )
 
 
-def _serve(workers: Sequence[Worker | StreamWorker], dsn: str, args: argparse.Namespace) -> int:
+def _serve(
+    workers: Sequence[Worker | StreamWorker],
+    dsn: str,
+    args: argparse.Namespace,
+    on_started: Callable[[], None] | None,
+) -> int:
     event_loop.run(
         serve(
             workers,
@@ -179,6 +197,7 @@ def _serve(workers: Sequence[Worker | StreamWorker], dsn: str, args: argparse.Na
             schedules=args.schedules,
             pooler=args.pooler,
             pool_timeout=args.pool_timeout,
+            on_started=on_started,
         ),
         args.loop,
     )
@@ -254,8 +273,9 @@ def _user_frames(exc: Exception) -> str:
     return "".join([error, *traceback.format_list(frames), *where]).rstrip()
 
 
-def _supervise(args: argparse.Namespace, dsn: str) -> int:
-    """Run args.processes worker processes until SIGTERM or SIGINT; restart one that is killed.
+def _supervise(args: argparse.Namespace, dsn: str, announce: Callable[[], None] | None) -> int:
+    """Run args.processes worker processes until SIGTERM or SIGINT; restart one that is killed;
+    ``announce`` once each of them has said that its pool is open.
 
     The first signal reaches the workers as SIGTERM (stop within the grace period), any later
     one as SIGINT (stop now). Exits with the first non-zero exit code of a worker process that
@@ -264,13 +284,18 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     context = multiprocessing.get_context("spawn")  # a fork would share the parent's connection
     level = logging.getLogger().getEffectiveLevel()
     children: list[BaseProcess] = []
+    # Each worker process sends its pid once its pool is open.
+    started_pids, started_writer = context.Pipe(duplex=False)
+    started: set[int] = set()
     stopping = False
     result: int = Exit.OK
 
-    def start() -> None:
+    def start(replacement: bool = False) -> None:
         if stopping:
             return
-        child = context.Process(target=_child, args=(args, dsn, level), name="pgbroker-worker")
+        child = context.Process(
+            target=_child, args=(args, dsn, level, started_writer, replacement), name="pgbroker-worker"
+        )
         child.start()
         children.append(child)
         if stopping and child.pid is not None:  # the stop signal came while it was being started
@@ -291,7 +316,13 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
             start()
         log.info("supervisor.started processes=%s pid=%s", args.processes, os.getpid())
         while children:
-            multiprocessing.connection.wait([child.sentinel for child in children], timeout=1.0)
+            multiprocessing.connection.wait(
+                [started_pids, *(child.sentinel for child in children)], timeout=1.0
+            )
+            while started_pids.poll():
+                started.add(started_pids.recv())
+            if announce is not None and all(child.pid in started for child in children):
+                announce()
             for child in [c for c in children if c.exitcode is not None]:
                 children.remove(child)
                 code = child.exitcode
@@ -301,7 +332,7 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
                 if code < 0:
                     log.warning("supervisor.restarting pid=%s signal=%s", child.pid, -code)
                     time.sleep(_RESTART_PAUSE)
-                    start()
+                    start(replacement=True)
                 else:
                     result = code
                     stop_all()
@@ -311,26 +342,39 @@ def _supervise(args: argparse.Namespace, dsn: str) -> int:
     return result
 
 
-def _child(args: argparse.Namespace, dsn: str, level: int) -> None:
-    """A worker process under the supervisor, which alone decides when it stops."""
+def _child(
+    args: argparse.Namespace,
+    dsn: str,
+    level: int,
+    started: multiprocessing.connection.Connection,
+    replacement: bool,
+) -> None:
+    """A worker process under the supervisor, which alone decides when it stops. A replacement
+    waits for a login refused too, as the running worker processes do: exiting, it stopped them all."""
     # Out of the terminal's process group: Ctrl-C reaches the supervisor only, which passes it on.
     os.setpgrp()
     hold_stop_signals()  # the supervisor's SIGTERM, come while this process starts, stops it cleanly
     _stop_with(os.getppid())
     set_up(level, args.log_format)
     try:
-        code = _serve_once_reachable(args, dsn)
+        code = _serve_once_reachable(args, dsn, _once(lambda: started.send(os.getpid())), replacement)
     except Exception as exc:
         code, message, hint = classify(exc)
         print_error(message, hint)
     sys.exit(code)
 
 
-def _serve_once_reachable(args: argparse.Namespace, dsn: str) -> int:
+def _serve_once_reachable(
+    args: argparse.Namespace, dsn: str, on_started: Callable[[], None] | None, refused_too: bool = False
+) -> int:
     """Serve, waiting for a database out of reach at the start (cli.support.waiting) until it
     answers or a stop signal comes. A worker process that exited instead stayed down; under the
     supervisor, a replacement that did made it stop every worker process for good."""
-    code = until_reachable(lambda: _serve(_workers(args), dsn, args), within=args.wait_for_database)
+    code = until_reachable(
+        lambda: _serve(_workers(args), dsn, args, on_started),
+        within=args.wait_for_database,
+        refused_too=refused_too,
+    )
     return Exit.OK if code is None else code
 
 

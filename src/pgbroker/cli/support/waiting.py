@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import psycopg
+
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.refusals import passes
 from pgbroker.cli.support.errors import CliError, first_line
@@ -29,10 +31,12 @@ T = TypeVar("T")
 REACH_RETRY = (0.5, 10.0)
 
 
-def until_reachable(attempt: Callable[[], T], *, within: float | None) -> T | None:
+def until_reachable(attempt: Callable[[], T], *, within: float | None, refused_too: bool = False) -> T | None:
     """``attempt()``, tried again while it fails to reach the database (refusals.passes), with a
     WARNING each try (what failed, the next try in how long), for ``within`` seconds at most
-    (None: for ever; 0: no second try); None when SIGTERM or SIGINT came before or during a pause."""
+    (None: for ever; 0: no second try); None when SIGTERM or SIGINT came before or during a pause.
+    ``refused_too``: a connection refused for a reason that stays (a login) is tried again as
+    well, as a running command's pool does (a replacement of a worker process)."""
     retry = Backoff(*REACH_RETRY)
     deadline = None if within is None else time.monotonic() + within
     while True:
@@ -40,7 +44,7 @@ def until_reachable(attempt: Callable[[], T], *, within: float | None) -> T | No
             return attempt()
         except Exception as exc:
             left = float("inf") if deadline is None else deadline - time.monotonic()
-            if left <= 0 or not passes(exc):
+            if left <= 0 or not (passes(exc) or (refused_too and _connection_refused(exc))):
                 raise
             pause = min(retry.next(), left)
             log_event(
@@ -48,6 +52,13 @@ def until_reachable(attempt: Callable[[], T], *, within: float | None) -> T | No
             )
             if stop_asked_within(pause):
                 return None
+
+
+def _connection_refused(exc: Exception) -> bool:
+    """Whether ``exc`` is a connection that could not be made (its cause libpq's, with no
+    SQLSTATE), not an error of a call on one (pgbroker not installed, a queue missing)."""
+    cause = exc.__cause__
+    return isinstance(cause, psycopg.OperationalError) and not cause.sqlstate
 
 
 def _message(exc: Exception) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["hide_passwords"]
+__all__ = ["hide_passwords", "safe_cause"]
 
 HIDDEN = "***"
 # The userinfo of a URL: after the scheme, up to the last @ before the query (a password with an
@@ -51,3 +51,11 @@ def hide_passwords(text: str, dsn: str) -> str:
     for password in sorted(passwords, key=len, reverse=True):
         hidden = hidden.replace(password, HIDDEN)
     return hidden
+
+
+def safe_cause(cause: BaseException, dsn: str) -> BaseException | None:
+    """``cause``, to chain an error about ``dsn`` to, or None when its text says a password of
+    ``dsn`` (a piece libpq or urllib quoted of one it misread), which -v's traceback would print.
+    A cause kept is what callers judge a failure by (pgbroker._db.refusals.passes: a server out of
+    reach, or starting, is waited for; a replacement worker process waits for a refused login)."""
+    return cause if hide_passwords(str(cause), dsn) == str(cause) else None

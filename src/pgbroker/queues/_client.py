@@ -24,7 +24,7 @@ from psycopg_pool import ConnectionPool
 
 from pgbroker import _tracing as tracing
 from pgbroker import codecs
-from pgbroker._credentials import hide_passwords
+from pgbroker._credentials import hide_passwords, safe_cause
 from pgbroker._db import session
 from pgbroker._db.backoff import SEND_RETRY, Patience
 from pgbroker._db.dsn import PoolerMode, listen_dsn, pooler_mode, resolve_dsn
@@ -593,11 +593,10 @@ class Broker:
         refused = self.connect_error()
         if refused is not None:
             assert isinstance(pool.conninfo, str)
-            # Not chained: libpq's own words may quote a password it misread (pgbroker._credentials).
             raise DatabaseError(
                 f"cannot connect to the database: {hide_passwords(str(refused).strip(), pool.conninfo)}",
                 hint="Is the server running, and the DSN right (host, port, user, password)?",
-            ) from None
+            ) from safe_cause(refused, pool.conninfo)
         pool.open()
 
     def connect_error(self) -> psycopg.OperationalError | None:

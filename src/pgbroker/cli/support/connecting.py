@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgbroker._credentials import hide_passwords
+from pgbroker._credentials import hide_passwords, safe_cause
 from pgbroker._db.dsn import PoolerMode, connection_kwargs, database_place, resolve_dsn
 from pgbroker._db.install import is_installed
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, connect_timeout_for
@@ -64,10 +64,9 @@ def connected(
         conn = psycopg.connect(conninfo, autocommit=True, **extra)
     except psycopg.OperationalError as exc:
         message = first_line(hide_passwords(str(exc), conninfo))
-        # Not chained: -v would print libpq's own words, the password they may quote included.
         raise CliError(
             f"cannot connect to the database: {message}", code=Exit.DATABASE, hint=connect_hint(message)
-        ) from None
+        ) from safe_cause(exc, conninfo)
     with conn:
         yield Broker(connection=conn, pooler=pooler)
 

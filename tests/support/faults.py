@@ -148,6 +148,19 @@ def sessions_frozen(dsn: str, *, between_statements: bool = False) -> Iterator[l
         _thaw(frozen)
 
 
+@contextmanager
+def pids_frozen(pids: list[int]) -> Iterator[None]:
+    """The sessions ``pids`` (of the tests' own clusters) stopped with SIGSTOP while inside."""
+    frozen: list[int] = []
+    try:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+            frozen.append(pid)
+        yield
+    finally:
+        _thaw(frozen)
+
+
 def _thaw(pids: list[int]) -> None:
     for pid in pids:
         os.kill(pid, signal.SIGCONT)

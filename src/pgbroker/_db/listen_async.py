@@ -28,6 +28,8 @@ from psycopg import sql
 from pgbroker import _sql
 from pgbroker._credentials import hide_passwords
 from pgbroker._db.dsn import behind_transaction_pooler, listen_dsn
+from pgbroker._db.liveness import NoAnswer
+from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT
 from pgbroker._db.wakeups import (
     DEFAULT_POLL_INTERVAL,
     WAKE_RATE,
@@ -35,6 +37,7 @@ from pgbroker._db.wakeups import (
     check_poll_interval,
     reconnect_delay,
 )
+from pgbroker.errors import from_postgres
 
 # True here; the generator drops this line and every `if ASYNC:` block (mypy: always_true).
 ASYNC = True
@@ -48,9 +51,10 @@ __all__ = ["AsyncListener", "AsyncSubscription"]
 
 log = logging.getLogger("pgbroker.listen")
 
-# What gives the dedicated connection's conninfo, and a queue's channel: called once each.
+# What gives the dedicated connection's conninfo, and a queue's channel (given the seconds the
+# server has to answer, or NoAnswer): called once each.
 _Conninfo: TypeAlias = Callable[[], Awaitable[str]]  # sync: _Conninfo: TypeAlias = Callable[[], str]
-_ChannelOf: TypeAlias = Callable[[], Awaitable[str]]  # sync: _ChannelOf: TypeAlias = Callable[[], str]
+_ChannelOf: TypeAlias = Callable[[float], Awaitable[str]]  # sync: _ChannelOf = Callable[[float], str]
 
 # Seconds the sync twin's thread waits for notifications at a time, between its looks for new
 # channels to LISTEN to and for close() (the asyncio loop is interrupted instead).
@@ -258,13 +262,19 @@ class AsyncListener:
     loop (in the sync twin, on a daemon thread).
 
     ``conninfo`` is called once, at start, for the dedicated connection's conninfo; ``pooler`` is
-    what stands in front of Postgres (pgbroker._db.dsn.pooler_mode).
+    what stands in front of Postgres (pgbroker._db.dsn.pooler_mode); ``answer_within``: the seconds
+    the server has to answer the look-up of a channel (the broker's connect_timeout).
     """
 
     def __init__(
-        self, conninfo: _Conninfo, poll_interval: float = DEFAULT_POLL_INTERVAL, pooler: str | None = None
+        self,
+        conninfo: _Conninfo,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        pooler: str | None = None,
+        answer_within: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         self.poll_interval = check_poll_interval(poll_interval)
+        self.answer_within = answer_within
         # Behind a transaction pooler a LISTEN ends with its transaction: without a direct
         # connection for it, waiting reads only poll (pgbroker._db.dsn).
         self.polling_only = behind_transaction_pooler(pooler) and listen_dsn() is None
@@ -283,13 +293,18 @@ class AsyncListener:
     async def subscribe(self, queue: str, channel_of: _ChannelOf, timeout: float) -> AsyncSubscription:
         """Listen to the queue's channel (waiting up to ``timeout`` for the LISTEN); see AsyncSubscription.
 
-        ``channel_of`` asks the server for the channel, once per queue name.
+        ``channel_of`` asks the server for the channel, once per queue name: ConnectionLost when
+        the server has not answered within ``answer_within`` seconds (a hung server, a stuck
+        pooler), where a reader waited for good.
         """
         if self.polling_only:
             return AsyncSubscription(self, "")
         channel = self._channels.get(queue)
         if channel is None:
-            channel = self._channels[queue] = await channel_of()
+            try:
+                channel = self._channels[queue] = await channel_of(self.answer_within)
+            except NoAnswer as exc:
+                raise from_postgres(exc) from exc
         listening = await self._start()
         listening.want(channel)
         await self._until(lambda: channel in listening.listening, timeout)

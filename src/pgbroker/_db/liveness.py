@@ -13,9 +13,10 @@ close that connection (the pool replaces a closed connection when it comes back)
 next one, at once (pgbroker.queues._client_async's ``_live_connection``). A connection
 cut without a word (a network partition), a hung server or a stuck pooler is not found this
 way, nor by a round trip before the TCP timeout: ``answered_within`` bounds the wait for an
-answer instead. ``is_transient`` tells such a lost connection from other errors, for the workers'
-retries; a connection to a server that has become read-only counts as lost: the clients close it
-(the pool replaces it) when a call fails on it.
+answer instead (``cut_if_unanswered`` on a blocking connection). ``is_transient`` tells such a
+lost connection from other errors, for the workers' retries; a connection to a server that has
+become read-only counts as lost: the clients close it (the pool replaces it) when a call fails
+on it.
 
 A loop of a long-running process runs its calls under ``stops_with(its stop event)``: once it is
 stopping, answered_within gives a call STOP_PATIENCE more seconds at most, so that a stop is prompt
@@ -25,7 +26,10 @@ whatever the database does (a pool that has no connection to give, a hung server
 from __future__ import annotations
 
 import asyncio
+import os
 import select
+import socket
+import threading
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -194,3 +198,51 @@ def _ended(task: asyncio.Future[Any]) -> None:
     _abandoned.discard(task)
     if not task.cancelled():
         task.exception()  # retrieved: it failed after it was given up, which NoAnswer said already
+
+
+@contextmanager
+def cut_if_unanswered(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
+    """answered_within for a blocking connection: a call on ``conn`` inside fails with NoAnswer
+    once ``seconds`` have passed without the block ending. The connection's socket is shut down
+    then, which wakes the call at once (statement_timeout cannot, nor can TCP keepalives: a
+    stopped backend's kernel still answers them); the connection is cut for good (a pool
+    discards it)."""
+    cut = _Cut(conn)
+    timer = threading.Timer(seconds, cut.fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except Exception as exc:
+        if cut.fired:  # whatever the call made of the cut (the clients wrap psycopg's error)
+            raise NoAnswer(seconds) from exc
+        raise
+    finally:
+        timer.cancel()
+        cut.disarm()
+
+
+class _Cut:
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._armed = True
+        self.fired = False
+
+    def fire(self) -> None:
+        with self._lock:
+            if not self._armed:
+                return  # the call ended meanwhile
+            self.fired = True
+        try:
+            sock = socket.socket(fileno=os.dup(self._conn.fileno()))
+        except (OSError, psycopg.Error):
+            return  # closed already: nothing waits on it
+        with sock:
+            # On a copy of the descriptor: the shutdown reaches the socket itself, and the call
+            # waiting on it reads the end of the stream.
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed = False

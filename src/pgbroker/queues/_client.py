@@ -32,7 +32,7 @@ from pgbroker._db.fetch import fetch_all
 from pgbroker._db.install import install
 from pgbroker._db.install_rules import InstallResult
 from pgbroker._db.listen import Listener, Subscription
-from pgbroker._db.liveness import is_read_only_server, server_has_written
+from pgbroker._db.liveness import cut_if_unanswered, is_read_only_server, server_has_written
 from pgbroker._db.pools import DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts
 from pgbroker._db.wakeups import DEFAULT_POLL_INTERVAL, Waiting, conninfo_of, listen_conninfo
 from pgbroker.codecs import Codec, CodecLike
@@ -71,6 +71,12 @@ _SCHEDULES_KEY = " schedules"
 
 class Executor(Protocol):
     def run(self, query: Query[T]) -> T: ...
+
+    def run_within(self, seconds: float, query: Query[T]) -> T:
+        """run(), failed with NoAnswer (pgbroker._db.liveness) when the server has not answered
+        within ``seconds`` (a hung server, a stuck pooler): given up (asyncio), or its connection
+        cut (the sync twin); a pooled connection is then replaced by the pool."""
+        ...
 
     def run_in_savepoint(self, query: Query[T]) -> T:
         """Run in a savepoint when the caller's transaction is open: a failure leaves it usable."""
@@ -130,6 +136,10 @@ class PoolExecutor:
         with _live_connection(self.pool) as conn:
             return _run_on(conn, query)
 
+    def run_within(self, seconds: float, query: Query[T]) -> T:
+        with _live_connection(self.pool) as conn, cut_if_unanswered(conn, seconds):
+            return _run_on(conn, query)
+
     run_in_savepoint = run  # each call is its own transaction: nothing to protect
 
 
@@ -141,6 +151,10 @@ class ConnectionExecutor:
 
     def run(self, query: Query[T]) -> T:
         return _run_on(self.conn, query)
+
+    def run_within(self, seconds: float, query: Query[T]) -> T:
+        with cut_if_unanswered(self.conn, seconds):
+            return _run_on(self.conn, query)
 
     def run_in_savepoint(self, query: Query[T]) -> T:
         if self.conn.info.transaction_status != pq.TransactionStatus.INTRANS:
@@ -289,6 +303,9 @@ class Queue:
         With ``wait`` > 0 and nothing to read, wait up to that many seconds for
         messages: woken by a notification when notify is enabled on the queue
         (see enable_notify), else by polling every poll interval of the broker.
+        The first such wait of a queue on a broker asks the server for the queue's
+        channel (listen()): a server that leaves that unanswered for the broker's
+        ``connect_timeout`` (a hung server, a stuck pooler) raises ConnectionLost.
         ``decode=False`` leaves bodies as stored (a binary codec's JSON envelope; ``codec``
         still names it): what a bridge forwards unread.
         """
@@ -313,11 +330,16 @@ class Queue:
         """Wake-ups for this queue: ``wait(seconds)`` returns early when a send was announced.
 
         Waits up to ``timeout`` seconds for the LISTEN to be in place. A wake-up is a hint
-        (see pgbroker._db.listen): read after it, and read now and then without one.
+        (see pgbroker._db.listen): read after it, and read now and then without one. The
+        queue's channel is asked of the server once per broker: ConnectionLost when the server
+        has not answered within the broker's ``connect_timeout`` (10 s by default), where the
+        call waited for good.
         """
         channel_of = q.notify_channel(self.name)
         wait = arg.duration(timeout, "timeout")
-        return self._listener.subscribe(self.name, lambda: self._executor.run(channel_of), wait)
+        return self._listener.subscribe(
+            self.name, lambda within: self._executor.run_within(within, channel_of), wait
+        )
 
     def peek(
         self,
@@ -559,7 +581,7 @@ class Broker:
                 f"min_connections must be an integer from 1 to max_connections ({max_connections}), "
                 f"got {min_connections!r}"
             )
-        self._listener = Listener(self._listen_conninfo, poll_interval, mode)
+        self._listener = Listener(self._listen_conninfo, poll_interval, mode, timeouts.connect)
         self._default_codecs = DefaultCodecs()  # each queue's send codec, shared by its AsyncQueues
         self._owned_pool: ConnectionPool | None = None
         self._connection = connection
@@ -751,7 +773,7 @@ class Broker:
     def listen_schedules(self, timeout: float = 5.0) -> Subscription:
         """Wake-ups when schedules are added, changed, paused, resumed or removed."""
         return self._listener.subscribe(
-            _SCHEDULES_KEY, lambda: self._executor.run(q.schedules_channel()), timeout
+            _SCHEDULES_KEY, lambda within: self._executor.run_within(within, q.schedules_channel()), timeout
         )
 
 

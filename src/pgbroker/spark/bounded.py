@@ -3,27 +3,22 @@
 A hung server, a stuck pooler or a network that drops packets without a word leaves a call
 waiting forever: statement_timeout cannot end it (the server may not be running the statement at
 all), nor can TCP keepalives (a stopped backend's kernel still answers them). So the calls of the
-driver's source process are bounded: past the bound the connection's socket is shut down, which
-wakes the call at once, and the call fails as a lost connection (NoAnswer, as the asyncio
-clients' answered_within in pgbroker._db.liveness; a ConnectionLost once pgbroker.spark.connect
-has it). The threads that run for the whole query (lease renewals, releases) make the call again
-on a new connection (connect.KeptConnection); a driver call that fails ends the query visibly
-(the jobs start it again) instead of stalling it without a word.
+driver's source process are bounded: past the bound the connection's socket is shut down
+(pgbroker._db.liveness.cut_if_unanswered), which wakes the call at once, and the call fails as a
+lost connection (NoAnswer, as the asyncio clients' answered_within; a ConnectionLost once
+pgbroker.spark.connect has it). The threads that run for the whole query (lease renewals,
+releases) make the call again on a new connection (connect.KeptConnection); a driver call that
+fails ends the query visibly (the jobs start it again) instead of stalling it without a word.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg.abc import Params, QueryNoTemplate
 
-from pgbroker._db.liveness import NoAnswer
+from pgbroker._db.liveness import cut_if_unanswered
 
 Cursor = psycopg.Cursor[tuple[Any, ...]]
 
@@ -35,25 +30,6 @@ DRIVER_ANSWER_SECONDS = 300.0
 def driver_answer_within(waits_seconds: float = 0.0) -> float:
     """The bound of a driver statement that may wait ``waits_seconds`` in the server on purpose."""
     return DRIVER_ANSWER_SECONDS + waits_seconds
-
-
-@contextmanager
-def answered_within(conn: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
-    """Calls on ``conn`` inside fail with NoAnswer once ``seconds`` have passed without the
-    block ending; the connection is then cut for good (close it)."""
-    cut = _Cut(conn)
-    timer = threading.Timer(seconds, cut.fire)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    except psycopg.OperationalError as exc:
-        if cut.fired:
-            raise NoAnswer(seconds) from exc
-        raise
-    finally:
-        timer.cancel()
-        cut.disarm()
 
 
 def answering_cursors(seconds: float) -> type[Cursor]:
@@ -68,33 +44,7 @@ def answering_cursors(seconds: float) -> type[Cursor]:
             prepare: bool | None = None,
             binary: bool | None = None,
         ) -> AnsweringCursor:
-            with answered_within(self.connection, seconds):
+            with cut_if_unanswered(self.connection, seconds):
                 return super().execute(query, params, prepare=prepare, binary=binary)
 
     return AnsweringCursor
-
-
-class _Cut:
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self._conn = conn
-        self._lock = threading.Lock()
-        self._armed = True
-        self.fired = False
-
-    def fire(self) -> None:
-        with self._lock:
-            if not self._armed:
-                return  # the call ended meanwhile
-            self.fired = True
-        try:
-            sock = socket.socket(fileno=os.dup(self._conn.fileno()))
-        except (OSError, psycopg.Error):
-            return  # closed already: nothing waits on it
-        with sock:
-            # On a copy of the descriptor: the shutdown reaches the socket itself, and the call
-            # waiting on it reads the end of the stream.
-            sock.shutdown(socket.SHUT_RDWR)
-
-    def disarm(self) -> None:
-        with self._lock:
-            self._armed = False

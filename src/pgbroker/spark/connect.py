@@ -18,8 +18,9 @@ from psycopg.conninfo import conninfo_to_dict
 from pgbroker import _sql
 from pgbroker._credentials import hide_passwords
 from pgbroker._db.dsn import connection_kwargs
+from pgbroker._db.liveness import cut_if_unanswered
 from pgbroker.errors import PgbrokerError, from_postgres
-from pgbroker.spark.bounded import answered_within, answering_cursors
+from pgbroker.spark.bounded import answering_cursors
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -117,7 +118,7 @@ class KeptConnection:
         try:
             self.open()
             assert self._conn is not None
-            with answered_within(self._conn, within):
+            with cut_if_unanswered(self._conn, within):
                 return scalar(self._conn, query, params)
         except psycopg.Error as exc:
             self.close()

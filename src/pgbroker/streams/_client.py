@@ -187,10 +187,11 @@ class Stream:
         return self._executor.run(sq.stream_maintain(self.name))
 
     def listen(self, timeout: float = 5.0) -> Subscription:
-        """Wake-ups for this stream (when it was made with notify=True); a hint, as for queues."""
+        """Wake-ups for this stream (when it was made with notify=True); a hint, as for queues (and
+        ConnectionLost as there, when the server leaves the look-up of the channel unanswered)."""
         channel_of = sq.stream_notify_channel(self.name)
         return self._listener.subscribe(
-            f"stream {self.name}", lambda: self._executor.run(channel_of), timeout
+            f"stream {self.name}", lambda within: self._executor.run_within(within, channel_of), timeout
         )
 
 
@@ -223,7 +224,9 @@ class StreamConsumer:
 
     def read(self, qty: int = 100, *, wait: float | timedelta = 0) -> StreamBatch:
         """Up to qty messages from the partitions this consumer owns, waiting up to ``wait``
-        seconds for some (woken by notifications when the stream has notify, else polling)."""
+        seconds for some (woken by notifications when the stream has notify, else polling). The
+        first wait asks the server for the stream's channel (listen()): ConnectionLost when the
+        server has not answered that within the broker's ``connect_timeout``."""
         return self.ack_and_read(None, qty, wait=wait)
 
     def ack_and_read(

@@ -47,6 +47,8 @@ if ASYNC:
     from collections.abc import Awaitable
     from contextlib import suppress
 
+    from pgbroker._db.liveness import stop_requested, unless_stopping
+
 __all__ = ["AsyncListener", "AsyncSubscription"]
 
 log = logging.getLogger("pgbroker.listen")
@@ -343,11 +345,11 @@ class AsyncListener:
             deadline = loop.time() + timeout
             while not ready():
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if remaining <= 0 or stop_requested():  # a long poll answers at the stop
                     return False
                 with suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
-                        await self._changed_event.wait()
+                        await unless_stopping(self._changed_event.wait())
             return True
         else:
             with self._cond:

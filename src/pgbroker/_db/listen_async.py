@@ -47,6 +47,7 @@ if ASYNC:
     from collections.abc import Awaitable
     from contextlib import suppress
 
+    from pgbroker._background import said_if_failed
     from pgbroker._db.liveness import stop_requested, unless_stopping
 
 __all__ = ["AsyncListener", "AsyncSubscription"]
@@ -362,6 +363,8 @@ class AsyncListener:
                 if self._listening is None:  # another reader may have started it meanwhile
                     self._listening = _Loop(conninfo, self._changed)
                     self._task = asyncio.get_running_loop().create_task(self._listening.run())
+                    # Wake-ups end with it (reads only poll then): said at once.
+                    self._task.add_done_callback(said_if_failed(log, "listen.ended"))
             return self._listening
         else:
             with self._start_lock:

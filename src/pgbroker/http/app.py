@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from pgbroker._background import said_if_failed
 from pgbroker._db.dsn import PoolerMode, pooler_mode
 from pgbroker._db.liveness import stops_with
 from pgbroker._db.pools import DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts
@@ -185,7 +186,9 @@ def _start_sampling(broker: AsyncBroker, cfg: Settings, stopping: asyncio.Event)
         cfg.stats_exact_below,
         stopping,
     )
-    return asyncio.create_task(sampling, name="pgbroker-history")
+    task = asyncio.create_task(sampling, name="pgbroker-history")
+    task.add_done_callback(said_if_failed(logging.getLogger("pgbroker.http"), "serve.history_ended"))
+    return task
 
 
 def _server_pool(

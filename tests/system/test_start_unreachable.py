@@ -12,6 +12,7 @@ restores (tests.support.postgres.socket_link): connecting fails as while a serve
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -59,16 +61,29 @@ def consume(message: Message) -> None:
 class Command:
     """`pgbroker --dsn DSN ARGS...` in the background, its stderr in a file (a pipe could fill)."""
 
-    def __init__(self, dsn: str, args: list[str], logs: Path) -> None:
+    def __init__(self, dsn: str, args: list[str], logs: Path, python: tuple[str, ...] = ()) -> None:
         self.log = logs / f"command-{time.monotonic_ns()}.err"
+        # Its processes, and theirs, carry this in their environment.
+        self.mark = uuid.uuid4().hex
         with self.log.open("wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pgbroker.cli", "--dsn", dsn, *args],
+                [sys.executable, *python, "-m", "pgbroker.cli", "--dsn", dsn, *args],
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=err,
-                env={**os.environ, "DATABASE_URL": UNREACHABLE},
+                env={**os.environ, "DATABASE_URL": UNREACHABLE, "PGBROKER_TEST_COMMAND": self.mark},
             )
+
+    def processes(self) -> list[int]:
+        """The pids of the processes that carry its mark (itself, its children, theirs)."""
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if f"PGBROKER_TEST_COMMAND={self.mark}".encode() in environ.read_bytes().split(b"\0"):
+                    found.append(int(environ.parent.name))
+            except (OSError, ValueError):
+                continue
+        return found
 
     def said(self) -> str:
         return self.log.read_text()
@@ -88,12 +103,15 @@ class Command:
         return self.process.wait(timeout=60)
 
 
+Run = Callable[..., Command]
+
+
 @pytest.fixture
-def run(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Command]]:
+def run(tmp_path: Path) -> Iterator[Run]:
     started: list[Command] = []
 
-    def start(dsn: str, args: list[str]) -> Command:
-        started.append(Command(dsn, args, tmp_path))
+    def start(dsn: str, args: list[str], python: tuple[str, ...] = ()) -> Command:
+        started.append(Command(dsn, args, tmp_path, python))
         return started[-1]
 
     yield start
@@ -383,3 +401,32 @@ def test_a_stop_signal_at_any_moment_of_a_bridge_start_exits_0(
     for _ in range(3):
         command = stop_signal_while_starting(dsn, conn, run, args, at_start_line=False)
         assert command.process.wait(timeout=60) == 0, command.said()
+
+
+# A module the command imports in the first half of its start: its line of `python -X importtime`
+# (written once it is imported) says the start is under way, and far from over.
+MID_START = re.compile(r"^import time: .*\| +psycopg$", re.MULTILINE)
+
+
+@pytest.mark.parametrize("name", ["worker --processes 2", "scheduler"])
+def test_a_stop_signal_while_the_command_still_imports_exits_0(
+    dsn: str, jobs: None, name: str, run: Run
+) -> None:
+    """SIGTERM while the command imports what it needs: the entry blocked it from its first line
+    (pgbroker.cli.entry), and the command stops cleanly once it holds its stop signals, leaving
+    no process behind. It met the default action (exit -15, 143 from a shell: 1 of 3 supervisors
+    under load), since the command held the signals only once it had parsed its arguments."""
+    for _ in range(3):
+        command = run(dsn, COMMANDS[name], ("-X", "importtime"))
+        deadline = time.monotonic() + 60
+        while not MID_START.search(command.said()):
+            assert command.process.poll() is None, f"exited {command.process.returncode}:\n{command.said()}"
+            assert time.monotonic() < deadline, "psycopg never imported"
+            time.sleep(0.005)
+        command.process.send_signal(signal.SIGTERM)
+        assert command.process.wait(timeout=60) == 0, command.said()[-3000:]
+        wait_for(partial(gone, command), "its processes gone", timeout=30)
+
+
+def gone(command: Command) -> bool:
+    return not command.processes()

@@ -47,6 +47,9 @@ if ASYNC:
     from collections.abc import Awaitable
     from contextlib import suppress
 
+    from pgbroker._background import said_if_failed
+    from pgbroker._db.liveness import stop_requested, unless_stopping
+
 __all__ = ["AsyncListener", "AsyncSubscription"]
 
 log = logging.getLogger("pgbroker.listen")
@@ -343,11 +346,11 @@ class AsyncListener:
             deadline = loop.time() + timeout
             while not ready():
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if remaining <= 0 or stop_requested():  # a long poll answers at the stop
                     return False
                 with suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
-                        await self._changed_event.wait()
+                        await unless_stopping(self._changed_event.wait())
             return True
         else:
             with self._cond:
@@ -360,6 +363,8 @@ class AsyncListener:
                 if self._listening is None:  # another reader may have started it meanwhile
                     self._listening = _Loop(conninfo, self._changed)
                     self._task = asyncio.get_running_loop().create_task(self._listening.run())
+                    # Wake-ups end with it (reads only poll then): said at once.
+                    self._task.add_done_callback(said_if_failed(log, "listen.ended"))
             return self._listening
         else:
             with self._start_lock:

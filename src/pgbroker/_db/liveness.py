@@ -20,7 +20,8 @@ on it.
 
 A loop of a long-running process runs its calls under ``stops_with(its stop event)``: once it is
 stopping, answered_within gives a call STOP_PATIENCE more seconds at most, so that a stop is prompt
-whatever the database does (a pool that has no connection to give, a hung server).
+whatever the database does (a pool that has no connection to give, a hung server); and a
+long poll's wait ends at the stop (unless_stopping, wakeups.Waiting), answering with what it has.
 """
 
 from __future__ import annotations
@@ -135,6 +136,27 @@ def stop_requested() -> bool:
     is then not tried again."""
     stopping = _stopping.get()
     return stopping is not None and stopping.is_set()
+
+
+async def unless_stopping(wait: Awaitable[object]) -> None:
+    """``wait`` (a sleep, a wait for news: nothing that changes anything), ended at once (cancelled)
+    when the loop the current task works for is stopping (stops_with): a long poll then answers
+    with what it has, at the stop rather than at the end of its wait."""
+    task = asyncio.ensure_future(wait)
+    stopping = _stopping.get()
+    if stopping is None:
+        await task
+        return
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+    if not task.cancelled():
+        task.result()
 
 
 async def answered_within(seconds: float, call: Awaitable[T]) -> T:

@@ -20,6 +20,7 @@ import psycopg
 from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgbroker._db.liveness import stop_requested
 from pgbroker.errors import InvalidArgument
 
 __all__ = [
@@ -142,7 +143,9 @@ class Waiting:
         self._deadline = time.monotonic() + wait
 
     def done(self, found: Sequence[object]) -> bool:
-        return bool(found) or time.monotonic() >= self._deadline
+        """Whether to answer ``found``: it holds messages, the wait is over, or the loop the read
+        works for is stopping (liveness.stops_with: its sleeps end then, liveness.unless_stopping)."""
+        return bool(found) or time.monotonic() >= self._deadline or stop_requested()
 
     def timeout(self) -> float:
         """How long to sleep: until the deadline, but never longer than a poll interval."""

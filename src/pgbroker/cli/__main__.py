@@ -2,6 +2,6 @@
 
 import sys
 
-from pgbroker.cli.main import main
+from pgbroker.cli.entry import main
 
 sys.exit(main())

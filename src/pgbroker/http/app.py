@@ -24,7 +24,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from pgbroker._background import said_if_failed
 from pgbroker._db.dsn import PoolerMode, pooler_mode
+from pgbroker._db.liveness import stops_with
 from pgbroker._db.pools import DEFAULT_POOL_TIMEOUT, RECONNECT_CEILING, PoolTimeouts
 from pgbroker._db.session import configure_async
 from pgbroker.errors import PgbrokerError
@@ -103,14 +105,14 @@ def create_app(
         if watched is not None:
             # A replica that is down is said once; the reports read from the primary meanwhile.
             await watched.start()
-        stopping = asyncio.Event()
+        state.stopping = stopping = asyncio.Event()  # this run's (begin_stop)
         sampling = _start_sampling(the_broker, cfg, stopping)
         try:
             async with _REFUSALS.watching(the_broker):
                 yield
         finally:
+            stopping.set()  # a call in flight on a hung server: STOP_PATIENCE at most
             if sampling is not None:
-                stopping.set()  # a round in flight on a hung server: STOP_PATIENCE at most
                 await asyncio.gather(sampling, return_exceptions=True)
             if pool is not None:  # ours: the broker (its listener) and the pool under it
                 await the_broker.close()
@@ -118,7 +120,7 @@ def create_app(
             if watched is not None:  # ours too
                 await watched.close()
 
-    return Starlette(
+    app = Starlette(
         routes=_routes(operations, state),
         lifespan=lifespan,
         # Expected failures are answered by the exception middleware (a client gone mid-upload
@@ -138,6 +140,17 @@ def create_app(
         },
         middleware=[Middleware(ConcurrencyLimit, limit=cfg.max_concurrency)],
     )
+    app.state.pgbroker = state
+    return app
+
+
+def begin_stop(app: Starlette) -> None:
+    """The server stops (SIGTERM), before it waits for the requests in flight: each long poll
+    answers at once with what it has, and each database call still in flight gets STOP_PATIENCE
+    (pgbroker._db.liveness), then its request answers 503 (outcome_unknown for a send). A request
+    on a hung server held the stop until uvicorn's graceful timeout, then was cut and answered 500."""
+    state: State = app.state.pgbroker
+    state.stopping.set()
 
 
 # Says why at ERROR when the server refuses the server's connections (a password changed).
@@ -153,7 +166,8 @@ def _routes(operations: Sequence[Operation], state: State) -> list[Route]:
     def route(path: str, by_method: dict[str, Operation]) -> Route:
         async def dispatch(request: Request) -> Response:
             method = "GET" if request.method == "HEAD" else request.method
-            return await run(by_method[method], state, request)
+            with stops_with(state.stopping):
+                return await run(by_method[method], state, request)
 
         # A msg_id is digits: /dead-letters/replay is not a dead letter's path, and keeps its Allow.
         return Route(path.replace("{msg_id}", "{msg_id:int}"), dispatch, methods=list(by_method))
@@ -172,7 +186,9 @@ def _start_sampling(broker: AsyncBroker, cfg: Settings, stopping: asyncio.Event)
         cfg.stats_exact_below,
         stopping,
     )
-    return asyncio.create_task(sampling, name="pgbroker-history")
+    task = asyncio.create_task(sampling, name="pgbroker-history")
+    task.add_done_callback(said_if_failed(logging.getLogger("pgbroker.http"), "serve.history_ended"))
+    return task
 
 
 def _server_pool(
@@ -194,4 +210,4 @@ def _server_pool(
     )
 
 
-__all__ = ["Settings", "create_app"]
+__all__ = ["Settings", "begin_stop", "create_app"]

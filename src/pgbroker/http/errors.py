@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from pgbroker._db.liveness import NoAnswer, StopCut
 from pgbroker.codecs import CodecNotInstalled, UnknownCodec
 from pgbroker.errors import (
     IdempotencyKeyReused,
@@ -125,11 +126,14 @@ _OUTCOME_UNKNOWN_HINT = (
 
 class Unanswered(ApiError):
     """A request whose database calls the server gave up on, unanswered within their bound (a hung
-    server, a stuck pooler: pgbroker._db.liveness.NoAnswer). A send's outcome is unknown: the
-    server may yet run it."""
+    server, a stuck pooler: pgbroker._db.liveness.NoAnswer) or within STOP_PATIENCE of the server's
+    stop (StopCut). A send's outcome is unknown: the server may yet run it."""
 
-    def __init__(self, seconds: float, *, sends: bool) -> None:
+    def __init__(self, given_up: NoAnswer, *, sends: bool) -> None:
+        seconds = given_up.seconds
         message = f"the database did not answer within {seconds:g} s"
+        if isinstance(given_up, StopCut):
+            message = f"the server is stopping, and {message} of the stop"
         if sends:
             message += ": the send may or may not be stored"
         super().__init__(

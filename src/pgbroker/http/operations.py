@@ -189,6 +189,9 @@ class State:
     spec: dict[str, Any] = field(default_factory=dict)
     replica: Replica | None = None
     in_flight: dict[int, int] = field(default_factory=dict)  # requests in hand, by key id
+    # Set once the server stops (pgbroker.http.app.begin_stop): long polls answer with what they
+    # have, database calls in flight get STOP_PATIENCE (pgbroker._db.liveness.stops_with).
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(frozen=True)
@@ -239,15 +242,18 @@ async def run(operation: Operation, state: State, request: Request) -> Response:
     lasts, and a few such requests starve the whole API. Given up, the request is answered 503
     (Unanswered) and its connection closed, never used again (pgbroker._db.liveness)."""
     within = state.settings.answer_within_seconds
-    try:
-        key = None
-        if operation.access == "key" or (operation.access == "metrics" and not state.settings.metrics_public):
-            checked = authenticate(request, state.keys, state.limiter, state.failures)
+    key = None
+    if operation.access == "key" or (operation.access == "metrics" and not state.settings.metrics_public):
+        checked = authenticate(request, state.keys, state.limiter, state.failures)
+        try:
             key = await answered_within(within, checked)
-        with _in_hand(state, key):
+        except NoAnswer as exc:  # nothing was sent yet
+            raise Unanswered(exc, sends=False) from exc
+    with _in_hand(state, key):
+        try:
             return await _run(operation, state, request, key, within)
-    except NoAnswer as exc:
-        raise Unanswered(exc.seconds, sends=IDEMPOTENCY_KEY in operation.headers) from exc
+        except NoAnswer as exc:
+            raise Unanswered(exc, sends=IDEMPOTENCY_KEY in operation.headers) from exc
 
 
 @contextmanager

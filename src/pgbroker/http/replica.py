@@ -26,6 +26,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from pgbroker import _sql as sql
+from pgbroker._background import said_if_failed
 from pgbroker._credentials import hide_passwords
 from pgbroker._db.backoff import Backoff
 from pgbroker._db.dsn import PoolerMode, database_place
@@ -86,6 +87,7 @@ class WatchedReplica:
         logging.getLogger("psycopg.pool").addFilter(self._pool_noise)
         await self._connect()
         self._task = asyncio.create_task(self._watch(), name="pgbroker-replica")
+        self._task.add_done_callback(said_if_failed(log, "serve.replica_watch_ended"))
 
     async def close(self) -> None:
         if self._task is not None:

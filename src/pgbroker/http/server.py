@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
+from starlette.applications import Starlette
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from pgbroker._event_loop import running_loop
 from pgbroker._log_lines import say
+from pgbroker.http.app import begin_stop
 
 __all__ = ["AnnouncingServer", "protocol_with_head_timeout"]
 
 
 class AnnouncingServer(uvicorn.Server):
     """uvicorn's server, printing to stderr where the API and the dashboard are once it listens
-    (uvicorn's own line is at INFO, which the CLI shows only with -v)."""
+    (uvicorn's own line is at INFO, which the CLI shows only with -v), and telling the application
+    of its stop before it waits for the requests in flight (pgbroker.http.app.begin_stop)."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -40,6 +43,12 @@ class AnnouncingServer(uvicorn.Server):
                     command="serve",
                     url=url,
                 )
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # The application is told first: uvicorn then waits for the requests in flight, which
+        # now end within STOP_PATIENCE (a long poll at once) instead of its graceful timeout.
+        begin_stop(cast(Starlette, self.config.app))  # pgbroker serve's, create_app's
+        await super().shutdown(sockets)
 
 
 class _HeadDeadline(HttpToolsProtocol):

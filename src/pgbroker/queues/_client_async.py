@@ -696,10 +696,13 @@ class AsyncBroker:
         connection in time says only that (PoolTimeout), not that the server refused its login."""
         if self._pool is None:
             return None
-        assert isinstance(self._pool.conninfo, str)
-        assert isinstance(self._pool.kwargs, dict)
+        # A pool made without kwargs keeps None (psycopg_pool 3.3): the watch died on it. Made
+        # with callables instead (3.3 too), a pool resolves them at each connection: not here.
+        conninfo, kwargs = self._pool.conninfo, self._pool.kwargs or {}
+        assert isinstance(conninfo, str)
+        assert isinstance(kwargs, dict)
         try:
-            probe = await psycopg.AsyncConnection.connect(self._pool.conninfo, **self._pool.kwargs)
+            probe = await psycopg.AsyncConnection.connect(conninfo, **kwargs)
         except psycopg.OperationalError as exc:
             return exc
         await probe.close()

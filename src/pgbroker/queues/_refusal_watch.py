@@ -22,7 +22,9 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 
+from pgbroker._background import restarting
 from pgbroker._db.refusals import passes
 from pgbroker._log_lines import log_event_on
 from pgbroker.queues._client_async import AsyncBroker
@@ -66,7 +68,12 @@ class RefusalWatch:
     async def watching(self, broker: AsyncBroker) -> AsyncIterator[None]:
         running = _running.get(id(broker))
         if running is None:
-            task = asyncio.create_task(self._keep(broker), name=f"pgbroker-{self._event}")
+            # Anything _keep does not expect (a bug, the machine's limits) is said at ERROR at once,
+            # and the watch starts again: it alone says why the calls fail. It ended in silence.
+            watch = restarting(
+                partial(self._keep, broker), self._logger, f"{self._event}_watch_failed", LOOK_EVERY
+            )
+            task = asyncio.create_task(watch, name=f"pgbroker-{self._event}")
             running = _running[id(broker)] = _Running(task)
         else:
             running.sharing += 1

@@ -214,6 +214,7 @@ async def serve(
         await stack.enter_async_context(WORKER_REFUSALS.watching(broker))
         if progress_every is not None:
             reporter = asyncio.create_task(_report(workers, progress_every, progress_out or sys.stderr))
+            reporter.add_done_callback(on_bug("worker.progress_failed"))
             stack.callback(reporter.cancel)
         tasks = [
             asyncio.create_task(worker.run(broker), name=f"pgbroker-worker-{worker.queue}")

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from pgbroker._background import said_if_failed
 from pgbroker._log_lines import log_event_on
 
 __all__ = ["log_event", "log_failure", "on_bug"]
@@ -28,13 +29,7 @@ def log_failure(event: str, failure: BaseException, /, **fields: object) -> None
 
 
 def on_bug(event: str, **fields: object) -> Callable[[asyncio.Task[Any]], None]:
-    """A task's done callback that logs the exception it ended with at ERROR as ``event`` (the
-    task's name, the fields, the traceback). The runtime's loops catch what they meet, so that is
-    a bug; said at once, where it was swallowed at the stop while the process ran on without the
-    loop."""
-
-    def said(task: asyncio.Task[Any]) -> None:
-        if not task.cancelled() and (failure := task.exception()) is not None:
-            log_event_on(log, logging.ERROR, event, {"task": task.get_name(), **fields}, failure)
-
-    return said
+    """A task's done callback that logs the exception it ended with at ERROR as ``event``
+    (pgbroker._background.said_if_failed). The runtime's loops catch what they meet, so that is a
+    bug; said at once, where it was swallowed at the stop while the process ran on without the loop."""
+    return said_if_failed(log, event, **fields)

@@ -21,6 +21,7 @@ __all__ = [
     "hold_stop_signals",
     "holding_stop_signals",
     "on_stop_signals",
+    "release_stop_signals",
     "stop_asked_within",
     "take_held",
 ]
@@ -35,9 +36,17 @@ _asked = threading.Event()
 def hold_stop_signals() -> None:
     """From now on, SIGTERM and SIGINT are kept for the loop that will handle them (on_stop_signals,
     take_held) instead of ending the process; a second SIGINT (Ctrl-C twice) still interrupts at
-    once (KeyboardInterrupt), for a start that hangs. Main thread only."""
+    once (KeyboardInterrupt), for a start that hangs. Main thread only. Unblocks them too: one the
+    command's entry blocked until now (pgbroker.cli.entry) comes at once, and is held."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, _hold)
+    release_stop_signals()
+
+
+def release_stop_signals() -> None:
+    """SIGTERM and SIGINT no longer blocked (pgbroker.cli.entry blocks them first): one that came
+    meanwhile acts now, as its handler says."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 @contextmanager

@@ -35,6 +35,7 @@ import logging
 from contextlib import suppress
 from dataclasses import dataclass
 
+from pgbroker._background import said_if_failed
 from pgbroker._db.backoff import SEND_RETRY, Backoff
 from pgbroker._db.liveness import answered_within, stops_with
 from pgbroker.bridge import body
@@ -111,7 +112,8 @@ class InboundBridge:
         # QueueNotFound (StreamNotFound) now rather than on the first batch, within the bound of
         # every database call.
         await answered_within(self.settings.ack_wait, self._target.check())
-        pruner = asyncio.create_task(self._prune())
+        pruner = asyncio.create_task(self._prune(), name="pgbroker-bridge-prune")
+        pruner.add_done_callback(said_if_failed(log, "bridge.in.prune_ended"))
         try:
             await run_connected(
                 self._endpoint,

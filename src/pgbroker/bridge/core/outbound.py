@@ -55,6 +55,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import TypeVar
 
+from pgbroker._background import said_if_failed
 from pgbroker._db.backoff import Backoff, Patience
 from pgbroker._db.liveness import answered_within, is_denied, stop_requested, stops_with
 from pgbroker.bridge import body
@@ -234,7 +235,9 @@ class OutboundBridge:
         receipts: dict[int, Receipt] = {m.msg_id: m.receipt for m in messages if m.receipt is not None}
         outgoing = [out_message(m) for m in messages]
         keeper_done = asyncio.Event()
-        keeper = asyncio.create_task(self._keep_leases(receipts, keeper_done))
+        keeper = asyncio.create_task(self._keep_leases(receipts, keeper_done), name="pgbroker-bridge-leases")
+        # Raised here only once the window's publish ends: said now (the leases run out meanwhile).
+        keeper.add_done_callback(said_if_failed(log, "bridge.out.extend_ended", queue=self._queue.name))
         try:
             outcomes = await publisher.publish(outgoing, self.settings.confirm_timeout)
         finally:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import signal
 import socket
 from types import FrameType
 
 from pgbroker import _event_loop as event_loop
+from pgbroker._db.liveness import STOP_PATIENCE
 from pgbroker.cli.support.arguments import (
     port,
     positive_int,
@@ -189,8 +191,10 @@ def _serve(args: argparse.Namespace, broker: Broker) -> int:
             log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
             http=protocol_with_head_timeout(args.head_timeout),
             timeout_keep_alive=args.keep_alive,
-            # Requests in flight are answered first; the longest is a long poll.
-            timeout_graceful_shutdown=int(args.max_wait) + 5,
+            # Requests in flight are answered first: at the stop a long poll answers at once, and
+            # a database call gets STOP_PATIENCE (pgbroker.http.app.begin_stop); past this, what a
+            # client still holds (a body, an answer it reads slowly) is cut.
+            timeout_graceful_shutdown=math.ceil(STOP_PATIENCE) + 5,
             loop=event_loop.chosen(args.loop),  # uvicorn knows the same names
         )
         AnnouncingServer(config).run()

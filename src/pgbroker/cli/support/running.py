@@ -33,7 +33,7 @@ from pgbroker.errors import (
     StreamNotFound,
 )
 from pgbroker.queues._client import Broker
-from pgbroker.runtime._signals import holding_stop_signals
+from pgbroker.runtime._signals import holding_stop_signals, release_stop_signals
 
 # The server's words name an object ("permission denied for schema pgmq", "... for function
 # queue_codec"): what the user can do about it is to change the role or its rights.
@@ -63,13 +63,16 @@ def execute(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
         return Exit.USAGE
     set_up(level, args.log_format)
     _say_what_was_rounded(args)
+    long_running = args.needs_database and "wait_for_database" in args
+    if not long_running:
+        release_stop_signals()  # blocked by the entry (pgbroker.cli.entry): Ctrl-C interrupts it
     try:
         if not args.needs_database:
             local: LocalHandler = args.handler
             return local(args)
         with ExitStack() as stack:
-            if "wait_for_database" in args:
-                # A long-running command: a stop signal from now on is a clean stop, whenever it comes.
+            if long_running:
+                # A stop signal from the entry on (pgbroker.cli.entry) is a clean stop, whenever it came.
                 stack.enter_context(holding_stop_signals())
             broker = _connect(args, stack)
             if broker is None:  # stopped while it waited for the database

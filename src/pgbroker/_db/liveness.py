@@ -47,8 +47,16 @@ def server_has_written(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[A
     """Whether the idle connection is closed or has input waiting, found without reading."""
     if conn.closed or conn.broken:
         return True
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    return bool(readable)
+    return ready_within(conn.fileno(), 0)
+
+
+def ready_within(fd: int, seconds: float, *, for_writing: bool = False) -> bool:
+    """Whether ``fd`` can be read (or written, ``for_writing``) within ``seconds``. With poll, not
+    select: select refuses a descriptor numbered 1024 or above (ValueError), which a busy process
+    with a raised limit has (a server's client sockets), and every checkout of a connection failed."""
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if for_writing else select.POLLIN)
+    return bool(poller.poll(max(0, round(seconds * 1000))))
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -16,7 +16,6 @@ import ctypes
 import functools
 import os
 import re
-import select
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import psycopg
 from psycopg import pq
 from psycopg.pq.abc import PGconn
 
-from pgbroker._db.liveness import is_read_only_server
+from pgbroker._db.liveness import is_read_only_server, ready_within
 
 __all__ = ["CONNECTS_NOW", "passes", "refusal_sqlstates"]
 
@@ -141,8 +140,7 @@ def _refused(libpq: ctypes.CDLL, conninfo: bytes, timeout: float) -> str | None:
             left = deadline - time.monotonic()
             if left <= 0:
                 return ""
-            reading = status == pq.PollingStatus.READING
-            select.select([pgconn.socket] if reading else [], [] if reading else [pgconn.socket], [], left)
+            ready_within(pgconn.socket, left, for_writing=status != pq.PollingStatus.READING)
             status = pgconn.connect_poll()
         return None if status == pq.PollingStatus.OK else pgconn.error_message.decode(errors="replace")
     finally:

@@ -8,11 +8,15 @@ test_transient.py.
 from __future__ import annotations
 
 import traceback
+import uuid
 
+import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from pgbroker.errors import DatabaseError, PgbrokerError, QueueNotFound
-from pgbroker.spark.connect import connect, queue_table
+from pgbroker.spark.connect import CANNOT_CONNECT, connect, queue_table
 from pgbroker.spark.jobs.common import JobFailed, relayed_sqlstate
 from pgbroker.spark.jobs.restarts import _database_cause, _server_started_at
 from tests.spark.helpers import Conn, create
@@ -99,8 +103,27 @@ def test_only_a_pgbroker_error_line_is_read(dsn: str) -> None:
     assert _database_cause(failed, dsn, _server_started_at(dsn)) is None
 
 
-def test_a_marker_on_a_later_line_of_the_message_is_not_read(dsn: str) -> None:
-    # The first line of a message is what the jobs read: a marker past it ends the job (safe side).
+def test_a_message_of_several_lines_is_marked_on_its_first(dsn: str) -> None:
+    # The line Spark's text shows after the error's class, and the one the jobs read.
     error = data_source_error(dsn, raising("40P01", "two\\nlines"))
-    assert error.message.endswith(" [SQLSTATE 40P01]")
-    assert relayed_sqlstate(relayed(error)) is None
+    assert error.message == "two [SQLSTATE 40P01]\nlines"
+    assert relayed_sqlstate(relayed(error)) == "40P01"
+
+
+def test_no_connection_slot_left_restarts_the_job(dsn: str, conn: Conn) -> None:
+    role = f"t{uuid.uuid4().hex[:10]}_one_slot"  # roles belong to the server: a name of its own
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN CONNECTION LIMIT 1").format(sql.Identifier(role)))
+    try:
+        one_slot = make_conninfo(dsn, user=role)
+        with psycopg.connect(one_slot):  # the role's only slot, taken
+            error = data_source_error(one_slot)
+    finally:
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+    assert error.message.startswith(CANNOT_CONNECT), error.message
+    assert relayed_sqlstate(relayed(error)) == "53300", error.message
+    assert _database_cause(relayed(error), dsn, _server_started_at(dsn)) == "transient"
+
+
+def test_a_connection_refused_for_good_is_not_transient(dsn: str) -> None:
+    error = data_source_error(make_conninfo(dsn, dbname=f"missing_{uuid.uuid4().hex[:10]}"))
+    assert relayed_sqlstate(relayed(error)) == "3D000", error.message

@@ -19,9 +19,10 @@ from pgbroker import _sql
 from pgbroker._credentials import hide_passwords
 from pgbroker._db.dsn import connection_kwargs
 from pgbroker._db.liveness import cut_if_unanswered
+from pgbroker._db.refusals import refusal_sqlstate
 from pgbroker.errors import PgbrokerError
 from pgbroker.spark.bounded import answering_cursors
-from pgbroker.spark.sqlstate_marker import database_error
+from pgbroker.spark.sqlstate_marker import database_error, mark
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -51,8 +52,10 @@ def open_connection(dsn: str, *, role: str, answer_within: float | None = None) 
             conn.cursor_factory = answering_cursors(answer_within)
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         # Not chained: libpq's own words may quote a password it misread (pgbroker._credentials).
+        # The refusal's SQLSTATE tells the job one that passes (53300: no connection slot left).
+        refused = mark(f"{CANNOT_CONNECT}: {hide_passwords(str(exc).strip(), dsn)}", refusal_sqlstate(exc))
         raise PgbrokerError(
-            f"{CANNOT_CONNECT}: {hide_passwords(str(exc).strip(), dsn)}",
+            refused,
             hint="Check option dsn (or DATABASE_URL); every executor must reach that server.",
         ) from None
     try:

@@ -11,10 +11,10 @@ committed.
 
 A failure counts as the database's when the server the job reaches started after the query did
 (pg_postmaster_start_time moved: a restart, or a failover to another server), or when the query
-failed on a lost or refused connection (common.lost_connection), or on a statement the server
-refused for now (a SQLSTATE of TRANSIENT_SQLSTATES, which the data source marks in the error
-Spark relays: common.relayed_sqlstate), and the server answers again, either found within
-PATIENCE_SECONDS. Any other failure is the job's own and ends it (a function of the job raising,
+failed on a lost or refused connection (common.lost_connection), or on a statement or a
+connection the server refused for now (a SQLSTATE of TRANSIENT_SQLSTATES, which the data source
+marks in the error Spark relays: common.relayed_sqlstate), and the server answers again, either
+found within PATIENCE_SECONDS. Any other failure is the job's own and ends it (a function of the job raising,
 a permission denied, a missing queue), as does a database failing MAX_RESTARTS times in a row (a
 run of RECOVERED_AFTER_SECONDS ends the row).
 """
@@ -96,9 +96,10 @@ def _database_cause(failed: JobFailed, dsn: str, before: datetime | None) -> str
         time.sleep(_PROBE_EVERY)
     if started != before:
         return "server_restarted"
-    if lost_connection(failed):
-        return "connection_lost"
-    return "transient" if relayed_sqlstate(failed) in TRANSIENT_SQLSTATES else None
+    # Before a lost connection: a connection refused for want of a slot (53300) is transient.
+    if relayed_sqlstate(failed) in TRANSIENT_SQLSTATES:
+        return "transient"
+    return "connection_lost" if lost_connection(failed) else None
 
 
 def _server_started_at(dsn: str) -> datetime | None:

@@ -5,24 +5,70 @@ target queue's table (no inserts) while messages come. Every write of a batch fa
 lock_not_available (or 57014 query_canceled) until the lock goes; the job starts its query again
 from its checkpoint each time (cause=transient sqlstate=...), then routes every message exactly
 once, none left unreleased in the source. Before, the first timeout ended the job for good, as if
-the error were its own.
+the error were its own. The same with the database's new sessions read-only (25006), as after a
+failover before the DSN finds the new primary.
 
 A refusal that stays (a permission denied, 42501) still ends the job at once, with its error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from tests.spark.helpers import BATCH, Conn, count, create, fill, following_route, numbers
 
 TOTAL = 2 * BATCH
-UNDER_THE_LOCK = 5_000  # sent while the target's table is locked: a batch must meet the lock
-RESTARTS_UNDER_THE_LOCK = 2
+DURING_THE_FAULT = 5_000  # sent while the fault lasts: a batch must meet it
+RESTARTS_DURING_THE_FAULT = 2
+
+
+def restarts_through(
+    job_dsn: str, conn: Conn, checkpoint: Path, fault: AbstractContextManager[None]
+) -> list[str]:
+    """The following route job's restart lines, ``fault`` held from its first batch routed until it
+    restarted twice; every message routed exactly once, none left in the source."""
+    create(conn, "src", "dst")
+    fill(conn, "src", TOTAL)
+    with following_route(job_dsn, checkpoint) as job:
+        job.wait_until(lambda: count(conn, "q_dst") >= BATCH, f"{BATCH:,} routed")
+        with fault:
+            fill(conn, "src", DURING_THE_FAULT, start=TOTAL)
+            job.wait_until(lambda: len(job.restarts()) >= RESTARTS_DURING_THE_FAULT, "restarts in the fault")
+        job.wait_until(lambda: count(conn, "q_dst") >= TOTAL + DURING_THE_FAULT, "every message routed")
+        # The last batch is released at the next trigger.
+        job.wait_until(lambda: count(conn, "q_src") == 0, "the last batch released")
+        job.stop()
+    print(*job.restarts(), sep="\n")
+    assert numbers(conn, "q_dst") == list(range(TOTAL + DURING_THE_FAULT)), "lost or routed twice"
+    assert count(conn, "q_src") == 0
+    return job.restarts()
+
+
+@contextmanager
+def target_locked(dsn: str) -> Iterator[None]:
+    """A maintenance transaction's SHARE lock on the target queue's table: no inserts."""
+    with psycopg.connect(dsn) as maintenance, maintenance.transaction():
+        maintenance.execute("LOCK TABLE pgmq.q_dst IN SHARE MODE")
+        yield
+
+
+@contextmanager
+def read_only_sessions(conn: Conn) -> Iterator[None]:
+    """New sessions of the database read-only, as those that reach an old primary (the data
+    source opens a session per task and call)."""
+    database = sql.Identifier(conn.info.dbname)
+    conn.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(database))
+    try:
+        yield
+    finally:
+        conn.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only").format(database))
 
 
 @pytest.mark.slow
@@ -34,25 +80,17 @@ RESTARTS_UNDER_THE_LOCK = 2
 def test_a_following_route_rides_out_timeouts(
     dsn: str, conn: Conn, tmp_path: Path, setting: str, sqlstate: str
 ) -> None:
-    create(conn, "src", "dst")
-    fill(conn, "src", TOTAL)
     impatient = make_conninfo(dsn, options=f"-c {setting}")
-    with following_route(impatient, tmp_path / "checkpoint") as job:
-        job.wait_until(lambda: count(conn, "q_dst") >= BATCH, f"{BATCH:,} routed")
-        with psycopg.connect(dsn) as maintenance, maintenance.transaction():
-            maintenance.execute("LOCK TABLE pgmq.q_dst IN SHARE MODE")
-            fill(conn, "src", UNDER_THE_LOCK, start=TOTAL)
-            job.wait_until(
-                lambda: len(job.restarts()) >= RESTARTS_UNDER_THE_LOCK, "restarts while the lock is held"
-            )
-        job.wait_until(lambda: count(conn, "q_dst") >= TOTAL + UNDER_THE_LOCK, "every message routed")
-        # The last batch is released at the next trigger.
-        job.wait_until(lambda: count(conn, "q_src") == 0, "the last batch released")
-        job.stop()
-    print(*job.restarts(), sep="\n")
-    assert all(f"cause=transient sqlstate={sqlstate}" in line for line in job.restarts()), job.restarts()
-    assert numbers(conn, "q_dst") == list(range(TOTAL + UNDER_THE_LOCK)), "lost or routed twice"
-    assert count(conn, "q_src") == 0
+    restarts = restarts_through(impatient, conn, tmp_path / "checkpoint", target_locked(dsn))
+    assert all(f"cause=transient sqlstate={sqlstate}" in line for line in restarts), restarts
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_a_following_route_rides_out_read_only_sessions(dsn: str, conn: Conn, tmp_path: Path) -> None:
+    restarts = restarts_through(dsn, conn, tmp_path / "checkpoint", read_only_sessions(conn))
+    assert all("cause=transient sqlstate=25006" in line for line in restarts), restarts
 
 
 @pytest.mark.slow

@@ -5,14 +5,17 @@ target queue's table (no inserts) while messages come. Every write of a batch fa
 lock_not_available (or 57014 query_canceled) until the lock goes; the job starts its query again
 from its checkpoint each time (cause=transient sqlstate=...), then routes every message exactly
 once, none left unreleased in the source. Before, the first timeout ended the job for good, as if
-the error were its own. The same with the database's new sessions read-only (25006), as after a
-failover before the DSN finds the new primary.
+the error were its own. The same with a deadlock between the job's writers and a maintenance
+transaction (40P01), and with the database's new sessions read-only (25006), as after a failover
+before the DSN finds the new primary.
 
 A refusal that stays (a permission denied, 42501) still ends the job at once, with its error.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -26,21 +29,20 @@ from tests.spark.helpers import BATCH, Conn, count, create, fill, following_rout
 
 TOTAL = 2 * BATCH
 DURING_THE_FAULT = 5_000  # sent while the fault lasts: a batch must meet it
-RESTARTS_DURING_THE_FAULT = 2
 
 
 def restarts_through(
-    job_dsn: str, conn: Conn, checkpoint: Path, fault: AbstractContextManager[None]
+    job_dsn: str, conn: Conn, checkpoint: Path, fault: AbstractContextManager[None], restarts: int = 2
 ) -> list[str]:
     """The following route job's restart lines, ``fault`` held from its first batch routed until it
-    restarted twice; every message routed exactly once, none left in the source."""
+    restarted ``restarts`` times; every message routed exactly once, none left in the source."""
     create(conn, "src", "dst")
     fill(conn, "src", TOTAL)
     with following_route(job_dsn, checkpoint) as job:
         job.wait_until(lambda: count(conn, "q_dst") >= BATCH, f"{BATCH:,} routed")
         with fault:
             fill(conn, "src", DURING_THE_FAULT, start=TOTAL)
-            job.wait_until(lambda: len(job.restarts()) >= RESTARTS_DURING_THE_FAULT, "restarts in the fault")
+            job.wait_until(lambda: len(job.restarts()) >= restarts, "restarts in the fault")
         job.wait_until(lambda: count(conn, "q_dst") >= TOTAL + DURING_THE_FAULT, "every message routed")
         # The last batch is released at the next trigger.
         job.wait_until(lambda: count(conn, "q_src") == 0, "the last batch released")
@@ -57,6 +59,29 @@ def target_locked(dsn: str) -> Iterator[None]:
     with psycopg.connect(dsn) as maintenance, maintenance.transaction():
         maintenance.execute("LOCK TABLE pgmq.q_dst IN SHARE MODE")
         yield
+
+
+@contextmanager
+def writers_deadlocked(dsn: str) -> Iterator[None]:
+    """A maintenance transaction that locks the target queue's table, then, once a writer of the
+    job waits for it (holding its key's row in pgbroker.spark_sink_commits), that table too: a
+    deadlock, which the writer loses (this transaction's deadlock_timeout is far longer)."""
+    with psycopg.connect(dsn) as maintenance, maintenance.transaction():
+        maintenance.execute("SET LOCAL deadlock_timeout = '1h'")
+        maintenance.execute("LOCK TABLE pgmq.q_dst IN SHARE MODE")
+        closing = threading.Thread(target=close_the_cycle, args=(maintenance, dsn), daemon=True)
+        closing.start()
+        yield
+        closing.join()
+
+
+def close_the_cycle(maintenance: Conn, dsn: str) -> None:
+    """Once a writer waits for the lock on q_dst, take the lock it holds."""
+    waiting = "SELECT EXISTS (SELECT FROM pg_locks WHERE relation = 'pgmq.q_dst'::regclass AND NOT granted)"
+    with psycopg.connect(dsn, autocommit=True) as watcher:
+        while watcher.execute(waiting).fetchone() != (True,):
+            time.sleep(0.05)
+    maintenance.execute("LOCK TABLE pgbroker.spark_sink_commits IN SHARE MODE")
 
 
 @contextmanager
@@ -83,6 +108,15 @@ def test_a_following_route_rides_out_timeouts(
     impatient = make_conninfo(dsn, options=f"-c {setting}")
     restarts = restarts_through(impatient, conn, tmp_path / "checkpoint", target_locked(dsn))
     assert all(f"cause=transient sqlstate={sqlstate}" in line for line in restarts), restarts
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_a_following_route_rides_out_a_deadlock(dsn: str, conn: Conn, tmp_path: Path) -> None:
+    # One restart: the query started again waits for the lock, now held without a cycle.
+    restarts = restarts_through(dsn, conn, tmp_path / "checkpoint", writers_deadlocked(dsn), 1)
+    assert all("cause=transient sqlstate=40P01" in line for line in restarts), restarts
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from psycopg.pq.abc import PGconn
 
 from pgbroker._db.liveness import is_read_only_server, ready_within
 
-__all__ = ["CONNECTS_NOW", "passes", "refusal_sqlstates"]
+__all__ = ["CONNECTS_NOW", "passes", "refusal_sqlstate", "refusal_sqlstates"]
 
 # successful_completion: the server took the connection when asked again.
 CONNECTS_NOW = frozenset({"00000"})
@@ -98,6 +98,18 @@ def _passes(error: psycopg.OperationalError) -> bool:
     if states:
         return any(_passing_state(state) for state in states)
     return bool(_SERVER_PASSING.search(message))
+
+
+def refusal_sqlstate(error: psycopg.Error) -> str | None:
+    """The SQLSTATE of the server's refusal of the connection that failed with ``error``, asked
+    for again (refusal_sqlstates) unless libpq's words say no server was reached; None when there
+    is not exactly one (no server refused, several refused otherwise, it connects now)."""
+    if error.pgconn is None or _NOT_REACHED.search(str(error)):
+        return None
+    states = refusal_sqlstates(error.pgconn)
+    if states is None or len(states) != 1 or states == CONNECTS_NOW:
+        return None
+    return next(iter(states))
 
 
 def _passing_state(sqlstate: str) -> bool:

@@ -19,8 +19,10 @@ from pgbroker import _sql
 from pgbroker._credentials import hide_passwords
 from pgbroker._db.dsn import connection_kwargs
 from pgbroker._db.liveness import cut_if_unanswered
-from pgbroker.errors import PgbrokerError, from_postgres
+from pgbroker._db.refusals import refusal_sqlstate
+from pgbroker.errors import PgbrokerError
 from pgbroker.spark.bounded import answering_cursors
+from pgbroker.spark.sqlstate_marker import database_error, mark
 
 Connection = psycopg.Connection[tuple[Any, ...]]
 
@@ -50,8 +52,10 @@ def open_connection(dsn: str, *, role: str, answer_within: float | None = None) 
             conn.cursor_factory = answering_cursors(answer_within)
     except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
         # Not chained: libpq's own words may quote a password it misread (pgbroker._credentials).
+        # The refusal's SQLSTATE tells the job one that passes (53300: no connection slot left).
+        refused = mark(f"{CANNOT_CONNECT}: {hide_passwords(str(exc).strip(), dsn)}", refusal_sqlstate(exc))
         raise PgbrokerError(
-            f"{CANNOT_CONNECT}: {hide_passwords(str(exc).strip(), dsn)}",
+            refused,
             hint="Check option dsn (or DATABASE_URL); every executor must reach that server.",
         ) from None
     try:
@@ -59,20 +63,20 @@ def open_connection(dsn: str, *, role: str, answer_within: float | None = None) 
         conn.execute(_sql.queries("spark")["spark_session_iso_dates"])
     except psycopg.Error as exc:
         conn.close()
-        raise from_postgres(exc) from exc
+        raise database_error(exc) from exc
     return conn
 
 
 @contextmanager
 def connect(dsn: str, *, role: str, answer_within: float | None = None) -> Iterator[Connection]:
     """A connection for one task or call, closed after; errors from Postgres come out as
-    PgbrokerError (with their SQLSTATE's class)."""
+    PgbrokerError (with their SQLSTATE's class; a DatabaseError's marked, sqlstate_marker)."""
     conn = open_connection(dsn, role=role, answer_within=answer_within)
     try:
         with conn:
             yield conn
     except psycopg.Error as exc:
-        raise from_postgres(exc) from exc
+        raise database_error(exc) from exc
 
 
 def queue_table(conn: Connection, queue: str, *, archive: bool = False) -> str:
@@ -122,7 +126,7 @@ class KeptConnection:
                 return scalar(self._conn, query, params)
         except psycopg.Error as exc:
             self.close()
-            raise from_postgres(exc) from exc
+            raise database_error(exc) from exc
         except BaseException:
             self.close()
             raise

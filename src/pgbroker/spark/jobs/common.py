@@ -20,6 +20,7 @@ from pgbroker.errors import InvalidArgument, PgbrokerError, QueueNotFound
 from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import CANNOT_CONNECT, connect, queue_table
 from pgbroker.spark.requirements import MissingRequirement
+from pgbroker.spark.sqlstate_marker import marked_sqlstate
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -190,11 +191,24 @@ _LOST_CONNECTION = ("pgbroker.errors.ConnectionLost", "pgbroker.errors.OutcomeUn
 def lost_connection(failed: JobFailed) -> bool:
     """Whether the Spark failure behind ``failed`` (watch's) is a connection of the data source
     that broke (a terminated session, a restart) or could not be made."""
-    relayed = _RELAYED.findall(str(failed.__cause__ or ""))
-    if not relayed:
+    relayed = _relayed_error(failed)
+    if relayed is None:
         return False
-    name, message = relayed[-1]
+    name, message = relayed
     return name in _LOST_CONNECTION or message.startswith(CANNOT_CONNECT)
+
+
+def relayed_sqlstate(failed: JobFailed) -> str | None:
+    """The SQLSTATE of the database error behind ``failed`` (watch's), as the data source marked
+    it (pgbroker.spark.sqlstate_marker); None for any other failure."""
+    relayed = _relayed_error(failed)
+    return None if relayed is None else marked_sqlstate(relayed[1])
+
+
+def _relayed_error(failed: JobFailed) -> tuple[str, str] | None:
+    """The class name and first message line of the pgbroker error Spark relayed last."""
+    relayed: list[tuple[str, str]] = _RELAYED.findall(str(failed.__cause__ or ""))
+    return relayed[-1] if relayed else None
 
 
 def check_requirements() -> None:

@@ -11,9 +11,12 @@ committed.
 
 A failure counts as the database's when the server the job reaches started after the query did
 (pg_postmaster_start_time moved: a restart, or a failover to another server), or when the query
-failed on a lost or refused connection (common.lost_connection) and the server answers again,
-either found within PATIENCE_SECONDS. Any other failure is the job's own and ends it, as does a
-database failing MAX_RESTARTS times in a row (a run of RECOVERED_AFTER_SECONDS ends the row).
+failed on a lost or refused connection (common.lost_connection), or on a statement or a
+connection the server refused for now (a SQLSTATE of TRANSIENT_SQLSTATES, which the data source
+marks in the error Spark relays: common.relayed_sqlstate), and the server answers again, either
+found within PATIENCE_SECONDS. Any other failure is the job's own and ends it (a function of the job raising,
+a permission denied, a missing queue), as does a database failing MAX_RESTARTS times in a row (a
+run of RECOVERED_AFTER_SECONDS ends the row).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pgbroker._db.backoff import Backoff
 from pgbroker.errors import PgbrokerError
 from pgbroker.spark.bounded import driver_answer_within
 from pgbroker.spark.connect import connect, scalar
-from pgbroker.spark.jobs.common import JobFailed, lost_connection, watch
+from pgbroker.spark.jobs.common import JobFailed, lost_connection, relayed_sqlstate, watch
 
 __all__ = ["watch_restarting"]
 
@@ -41,6 +44,11 @@ MAX_RESTARTS = 10  # a database failing the query this many times in a row ends 
 PAUSES = (1.0, 60.0)  # the pause before a restart doubles from the first to the second
 RECOVERED_AFTER_SECONDS = 120.0  # a run that lasted this long ends a row of restarts
 _PROBE_EVERY = 0.5
+# What the server refuses for a moment, not for the job's work: a serialization failure or a
+# deadlock (40001, 40P01), a lock or statement timeout (55P03, 57014: a maintenance lock, a server
+# under load), no connection slot left (53300), a read-only transaction (25006: a failover the
+# DSN has not followed yet). A new run of the batch may pass.
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "55P03", "57014", "53300", "25006"})
 
 
 def watch_restarting(start: Callable[[], Any], label: str, dsn: str) -> int:
@@ -65,10 +73,11 @@ def watch_restarting(start: Callable[[], Any], label: str, dsn: str) -> int:
             in_a_row += 1
             pause = pauses.next()
             log.warning(
-                "pipeline.restarting job=%s cause=%s restart=%d pause=%.1fs error=%s: reconnecting, "
-                "then starting the query again from its checkpoint",
+                "pipeline.restarting job=%s cause=%s sqlstate=%s restart=%d pause=%.1fs error=%s: "
+                "reconnecting, then starting the query again from its checkpoint",
                 label,
                 cause,
+                relayed_sqlstate(failed) or "none",
                 in_a_row,
                 pause,
                 json.dumps(failed.message),
@@ -77,8 +86,9 @@ def watch_restarting(start: Callable[[], Any], label: str, dsn: str) -> int:
 
 
 def _database_cause(failed: JobFailed, dsn: str, before: datetime | None) -> str | None:
-    """Why the query failed, when the database is to blame: "server_restarted" (or failed over)
-    or "connection_lost"; None when the failure is the job's own, or the server stayed away."""
+    """Why the query failed, when the database is to blame: "server_restarted" (or failed over),
+    "connection_lost" or "transient" (TRANSIENT_SQLSTATES); None when the failure is the job's
+    own, or the server stayed away."""
     deadline = time.monotonic() + PATIENCE_SECONDS
     while (started := _server_started_at(dsn)) is None:
         if time.monotonic() >= deadline:
@@ -86,6 +96,9 @@ def _database_cause(failed: JobFailed, dsn: str, before: datetime | None) -> str
         time.sleep(_PROBE_EVERY)
     if started != before:
         return "server_restarted"
+    # Before a lost connection: a connection refused for want of a slot (53300) is transient.
+    if relayed_sqlstate(failed) in TRANSIENT_SQLSTATES:
+        return "transient"
     return "connection_lost" if lost_connection(failed) else None
 
 

@@ -1127,19 +1127,25 @@ def test_a_worker_whose_connections_hang_gives_up_on_them_and_goes_on(
     assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
 
 
+@pytest.mark.parametrize("notify", [True, False], ids=["notify", "no-notify"])
 def test_a_worker_that_starts_on_sessions_that_hang_gives_them_up_and_starts(
-    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
+    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture, notify: bool
 ) -> None:
     """Every session of the worker's pool stops answering before it starts (frozen with SIGSTOP):
     its first call, turning notify on, is given up within the lease (warned) and made again on a
     new session, and the worker handles the queue while the old sessions still hang. The call
     waited for as long as the hang lasted (for good behind a stuck pooler): the worker never
-    started, saying nothing."""
+    started, saying nothing. Without notify, the first call is the LISTEN's set-up, which asks the
+    server for the queue's channel. That question was not bounded: on a frozen session the worker
+    waited for good, never read, and no stop could end it (the bridges' reads and the stream worker
+    ask it too). It is given up within the lease, as every other call."""
     caplog.set_level(logging.WARNING, logger="pgbroker.worker")
     queue = broker.create_queue("jobs")
     queue.send(1)
     handled: list[int] = []
-    worker = Worker("jobs", lambda message: handled.append(message.message), vt=2, poll_max=0.2)
+    worker = Worker(
+        "jobs", lambda message: handled.append(message.message), vt=2, poll_max=0.2, notify=notify
+    )
 
     async def scenario() -> None:
         # Every connection the pool will hand out is open before the hang, so the first call meets it.
@@ -1154,40 +1160,11 @@ def test_a_worker_that_starts_on_sessions_that_hang_gives_them_up_and_starts(
                     await while_serving(task, lambda: handled == [1], "not handled while the sessions hang")
                 finally:
                     worker.stop()
-            await asyncio.wait_for(task, 60)
+                    await asyncio.wait_for(task, 60)  # the stop too, while they hang
 
     asyncio.run(scenario())
-    assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
-
-
-def test_a_worker_without_notify_that_starts_on_sessions_that_hang_subscribes_and_starts(
-    broker: Broker, dsn: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """As above, without notify: the first call is the LISTEN's set-up, which asks the server for
-    the queue's channel. That question was not bounded: on a frozen session the worker waited for
-    good, never read, and no stop could end it (the bridges' reads and the stream worker ask it
-    too). It is given up within the lease, as every other call."""
-    caplog.set_level(logging.WARNING, logger="pgbroker.worker")
-    queue = broker.create_queue("jobs")
-    queue.send(1)
-    handled: list[int] = []
-    worker = Worker("jobs", lambda message: handled.append(message.message), vt=2, poll_max=0.2, notify=False)
-
-    async def scenario() -> None:
-        async with AsyncBroker(freezable(dsn), min_connections=2, max_connections=2) as frozen_pool:
-            await asyncio.gather(*(frozen_pool.metrics("jobs") for _ in range(4)))
-            with sessions_frozen(dsn) as frozen:
-                assert len(frozen) >= 2
-                task = asyncio.create_task(
-                    serve([worker], broker=frozen_pool, handle_signals=False, schedules=False)
-                )
-                try:
-                    await while_serving(task, lambda: handled == [1], "not handled while the sessions hang")
-                finally:
-                    worker.stop()
-                    await asyncio.wait_for(task, 60)
-
-    asyncio.run(scenario())
+    if notify:
+        assert any(r.getMessage().startswith("worker.database_unavailable") for r in caplog.records)
 
 
 def test_a_worker_whose_maintenance_hangs_gives_the_round_up_and_maintains_again(
